@@ -5,6 +5,7 @@
 # environment is built with uv, overriding jax/jaxlib to 0.4.13 (requirements/overrides.txt) and bounding a
 # few transitive packages (requirements/constraints.txt). Source this file; it is idempotent and fast when
 # the environment is already up to date (a stamp records the hash of the requirement files).
+_fp_saved_opts="$(set +o)"
 set -euo pipefail
 FP_ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 FP_VENV="${FP_VENV:-$FP_ROOT/.venv}"
@@ -36,3 +37,5 @@ fi
 export PATH="$FP_VENV/bin:$PATH"
 export VIRTUAL_ENV="$FP_VENV"
 export TF_CPP_MIN_LOG_LEVEL="${TF_CPP_MIN_LOG_LEVEL:-2}"
+eval "$_fp_saved_opts"
+unset _fp_saved_opts _fp_stamp

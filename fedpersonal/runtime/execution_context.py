@@ -1,0 +1,218 @@
+"""Ownership of TFF's execution context and of its C++ `worker_binary` processes.
+
+TFF 0.87 installs a local C++ execution context when it is imported. That context
+starts a `worker_binary` subprocess on first use and keeps the `subprocess.Popen`
+handle in a closure, so nothing ever stops it: the worker outlives the Python
+process (and keeps any pipe it inherited open, which hangs `python ... | tee`).
+
+This module owns that lifetime:
+
+* `install_worker_tracking()` (called when `fedpersonal` is imported) replaces the
+  `subprocess` name inside TFF's executor factory module with a proxy whose
+  `Popen` records every worker it starts and asks the kernel to kill the worker
+  when the process that started it dies (`PR_SET_PDEATHSIG`, Linux), so even a
+  `SIGKILL`ed experiment leaves no orphan.
+* `shutdown()` stops every tracked worker (SIGINT, then SIGKILL after a grace
+  period). It runs at interpreter exit and is idempotent.
+* `LocalRuntime` is a context manager that installs a fresh C++ context with the
+  given options and shuts its workers down on exit.
+"""
+
+from __future__ import annotations
+
+import atexit
+import ctypes
+import gc
+import os
+import signal
+import subprocess
+import sys
+import threading
+import types
+from typing import Any, Optional
+
+_PR_SET_PDEATHSIG = 1
+_lock = threading.Lock()
+_workers: list[subprocess.Popen] = []
+_installed = False
+
+
+def _kill_when_parent_dies() -> None:  # Runs in the child between fork and exec.
+    if sys.platform.startswith('linux'):
+        try:
+            ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
+        except (OSError, AttributeError):
+            pass
+
+
+class _TrackedPopen(subprocess.Popen):
+    """`subprocess.Popen` that registers the process and binds it to its parent."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        kwargs.setdefault('preexec_fn', _kill_when_parent_dies)
+        super().__init__(*args, **kwargs)
+        with _lock:
+            _workers.append(self)
+
+
+class _TrackingSubprocessModule(types.ModuleType):
+    """Stands in for `subprocess` inside TFF's executor factory module."""
+
+    Popen = _TrackedPopen
+
+    def __init__(self) -> None:
+        super().__init__('subprocess')
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(subprocess, name)
+
+
+def install_worker_tracking() -> None:
+    """Makes every TFF C++ worker started from now on tracked and parent-bound.
+
+    Idempotent. Must run before the first TFF computation is invoked (importing
+    `fedpersonal` does it).
+    """
+    global _installed
+    with _lock:
+        if _installed:
+            return
+        from tensorflow_federated.python.core.impl.executor_stacks import (  # pylint: disable=g-import-not-at-top
+            executor_factory,
+        )
+
+        executor_factory.subprocess = _TrackingSubprocessModule()
+        _installed = True
+    atexit.register(_shutdown_at_exit)
+
+
+def running_workers() -> list[int]:
+    """Returns the pids of tracked workers that are still running."""
+    with _lock:
+        return [p.pid for p in _workers if p.poll() is None]
+
+
+def _replace_default_context(*, at_exit: bool = False) -> None:
+    """Releases the current default context, and with it TFF's own handle on its
+    worker, while the interpreter is still intact.
+
+    Mid-run the replacement is a fresh C++ context (it starts a worker only if
+    another computation runs); at exit it is TFF's runtime-error context.
+    """
+    import tensorflow_federated as tff  # pylint: disable=g-import-not-at-top
+    from tensorflow_federated.python.core.impl.context_stack import (  # pylint: disable=g-import-not-at-top
+        context_stack_impl,
+        runtime_error_context,
+    )
+
+    if at_exit:
+        context_stack_impl.context_stack.set_default_context(runtime_error_context.create_runtime_error_context())
+    else:
+        tff.backends.native.set_sync_local_cpp_execution_context()
+    gc.collect()
+
+
+def _shutdown_at_exit() -> None:
+    _replace_default_context(at_exit=True)
+    shutdown()
+
+
+def shutdown(timeout_seconds: float = 5.0) -> int:
+    """Stops every `worker_binary` process started by this process.
+
+    The current default execution context is replaced by a fresh one (which
+    starts a new worker only if another computation runs), then any tracked
+    worker still running is stopped. Safe to call repeatedly; runs at exit.
+
+    Args:
+      timeout_seconds: How long to wait for a worker to exit after SIGINT before
+        it is killed.
+
+    Returns:
+      The number of workers that had to be stopped here (workers released by
+      TFF's own cleanup when the old context was dropped are not counted).
+    """
+    if _installed and running_workers():
+        _replace_default_context()
+    with _lock:
+        workers, _workers[:] = list(_workers), []
+    stopped = 0
+    for process in workers:
+        if process.poll() is not None:
+            continue
+        stopped += 1
+        try:
+            process.send_signal(signal.SIGINT)
+            process.wait(timeout=timeout_seconds)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
+        except ProcessLookupError:
+            pass
+    return stopped
+
+
+class LocalRuntime:
+    """A local C++ TFF execution context whose workers stop when it exits.
+
+    Example:
+
+    ```python
+    with fedpersonal.runtime.LocalRuntime():
+        state = process.initialize()
+        ...
+    ```
+
+    Args:
+      default_num_clients: Cardinality used when it cannot be inferred.
+      max_concurrent_computation_calls: Limit on concurrent calls of one
+        computation in the C++ runtime (non-positive: no limit).
+    """
+
+    def __init__(self, default_num_clients: int = 0, max_concurrent_computation_calls: int = -1):
+        self._default_num_clients = default_num_clients
+        self._max_concurrent = max_concurrent_computation_calls
+        self._previous: Optional[Any] = None
+
+    def __enter__(self) -> 'LocalRuntime':
+        import tensorflow_federated as tff  # pylint: disable=g-import-not-at-top
+        from tensorflow_federated.python.core.impl.context_stack import (  # pylint: disable=g-import-not-at-top
+            context_stack_impl,
+        )
+
+        install_worker_tracking()
+        self._previous = context_stack_impl.context_stack.current
+        tff.backends.native.set_sync_local_cpp_execution_context(
+            default_num_clients=self._default_num_clients,
+            max_concurrent_computation_calls=self._max_concurrent,
+        )
+        return self
+
+    def __exit__(self, *exc_info: Any) -> None:
+        from tensorflow_federated.python.core.impl.context_stack import (  # pylint: disable=g-import-not-at-top
+            context_stack_impl,
+        )
+
+        shutdown()
+        if self._previous is not None:
+            context_stack_impl.context_stack.set_default_context(self._previous)
+
+
+def worker_pids_of_this_process() -> list[int]:
+    """Pids of any `worker_binary` whose parent is this process (tracked or not)."""
+    pids = []
+    for entry in os.listdir('/proc') if os.path.isdir('/proc') else []:
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f'/proc/{entry}/stat', 'rb') as f:
+                stat = f.read().decode(errors='replace')
+            with open(f'/proc/{entry}/cmdline', 'rb') as f:
+                cmdline = f.read()
+        except OSError:
+            continue
+        ppid = int(stat.rsplit(')', 1)[1].split()[1])
+        state = stat.rsplit(')', 1)[1].split()[0]
+        if ppid == os.getpid() and b'worker_binary' in cmdline and state != 'Z':
+            pids.append(int(entry))
+    return pids
