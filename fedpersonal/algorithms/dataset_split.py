@@ -1,0 +1,161 @@
+"""Support/query split of a client's dataset for reconstruction algorithms.
+
+TFF 0.87's `ReconstructionModel.build_dataset_split_fn(split_dataset=True)`
+sends even-indexed *batches* to reconstruction and odd-indexed ones to the
+update. It iterates the client dataset twice, so a dataset that reshuffles on
+each iteration puts some examples in both sets (and drops others).
+
+`build_dataset_split_fn` here iterates the client dataset exactly once,
+materializes its examples and assigns each one to the support or the query set:
+
+* `strategy='hash'` (default): examples are ordered by a fingerprint of their
+  content, and the first `support_fraction` of that order is the support set.
+  The split is therefore a deterministic function of the client's *set* of
+  examples: the same examples land in the support set whatever order the
+  dataset yields them in, and the two sets are always disjoint.
+* `strategy='order'`: the first `support_fraction` of the examples as the
+  dataset yields them (e.g. the earliest half of a time-ordered client, as in
+  the paper's Stack Overflow setup). Deterministic only if the order is.
+
+`allow_overlap=True` uses every example for both reconstruction and the update
+(the paper's Appendix D option for clients with very little data).
+
+Both sets are re-batched with the client's original batch size; epochs and
+step caps follow TFF's `build_dataset_split_fn`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Callable, Optional
+
+import tensorflow as tf
+
+DatasetSplitFn = Callable[[tf.data.Dataset], tuple[tf.data.Dataset, tf.data.Dataset]]
+
+_STRATEGIES = ('hash', 'order')
+_MAX_EXAMPLES = 2**31 - 1
+
+
+@dataclasses.dataclass(frozen=True)
+class ReconstructionSplit:
+    """How a client's data is divided and iterated by reconstruction algorithms.
+
+    Attributes:
+      support_fraction: Fraction of a client's examples used for reconstruction
+        (rounded; at least one example in each set when the client has two).
+      strategy: `'hash'` (order-invariant, default) or `'order'`.
+      allow_overlap: Use all examples for both phases (no split).
+      recon_epochs: Passes over the support set during reconstruction.
+      recon_steps_max: Cap on reconstruction steps (batches), after epochs.
+      post_recon_epochs: Passes over the query set during the global update.
+      post_recon_steps_max: Cap on update steps (batches), after epochs.
+    """
+
+    support_fraction: float = 0.5
+    strategy: str = 'hash'
+    allow_overlap: bool = False
+    recon_epochs: int = 1
+    recon_steps_max: Optional[int] = None
+    post_recon_epochs: int = 1
+    post_recon_steps_max: Optional[int] = None
+
+    def __post_init__(self):
+        if not 0.0 < self.support_fraction < 1.0:
+            raise ValueError(f'support_fraction must be in (0, 1), got {self.support_fraction}.')
+        if self.strategy not in _STRATEGIES:
+            raise ValueError(f'strategy must be one of {_STRATEGIES}, got {self.strategy!r}.')
+        for name in ('recon_epochs', 'post_recon_epochs'):
+            if getattr(self, name) < 1:
+                raise ValueError(f'{name} must be >= 1, got {getattr(self, name)}.')
+        for name in ('recon_steps_max', 'post_recon_steps_max'):
+            value = getattr(self, name)
+            if value is not None and value < 0:
+                raise ValueError(f'{name} must be None or >= 0, got {value}.')
+
+
+def _first_leaf(structure: Any) -> tf.Tensor:
+    return tf.nest.flatten(structure)[0]
+
+
+def _materialize(dataset: tf.data.Dataset) -> tuple[Any, tf.Tensor]:
+    """All examples of a batched dataset as one structure of `[n, ...]` tensors, plus the batch size."""
+    examples = dataset.unbatch()
+
+    def empty(spec: tf.TensorSpec) -> tf.Tensor:
+        dims = [0] + [d if d is not None else 0 for d in spec.shape.as_list()]
+        return tf.zeros(dims, spec.dtype)
+
+    initial = tf.nest.map_structure(empty, examples.element_spec)
+    stacked = examples.batch(_MAX_EXAMPLES).reduce(initial, lambda _, batch: batch)
+    batch_size = dataset.take(1).reduce(tf.constant(1, tf.int64), lambda _, b: tf.shape(_first_leaf(b), tf.int64)[0])
+    return stacked, tf.maximum(batch_size, 1)
+
+
+def example_fingerprints(examples: Any) -> tf.Tensor:
+    """An int64 fingerprint of each example's content (row of every leaf tensor)."""
+    parts = []
+    for leaf in tf.nest.flatten(examples):
+        n = tf.shape(leaf)[0]
+        if leaf.dtype == tf.bool:
+            leaf = tf.cast(leaf, tf.uint8)
+        parts.append(tf.fingerprint(tf.reshape(leaf, [n, -1])))
+    combined = tf.fingerprint(tf.concat(parts, axis=1))
+    return tf.bitcast(combined, tf.int64)
+
+
+def split_examples(examples: Any, split: ReconstructionSplit) -> tuple[Any, Any]:
+    """Splits a structure of `[n, ...]` example tensors into (support, query)."""
+    n = tf.shape(_first_leaf(examples))[0]
+    if split.strategy == 'hash':
+        order = tf.argsort(example_fingerprints(examples), stable=True)
+    else:
+        order = tf.range(n)
+    if split.allow_overlap:
+        return examples, examples
+    n_float = tf.cast(n, tf.float32)
+    n_support = tf.cast(tf.round(n_float * split.support_fraction), tf.int32)
+    n_support = tf.where(n >= 2, tf.clip_by_value(n_support, 1, tf.maximum(n - 1, 1)), n)
+    support_idx, query_idx = order[:n_support], order[n_support:]
+    gather = lambda idx: tf.nest.map_structure(lambda t: tf.gather(t, idx), examples)
+    return gather(support_idx), gather(query_idx)
+
+
+def _iterate(examples: Any, batch_size: tf.Tensor, epochs: int, steps_max: Optional[int]) -> tf.data.Dataset:
+    dataset = tf.data.Dataset.from_tensor_slices(examples).batch(batch_size).repeat(epochs)
+    if steps_max is not None:
+        dataset = dataset.take(steps_max)
+    return dataset
+
+
+def build_dataset_split_fn(split: ReconstructionSplit = ReconstructionSplit()) -> DatasetSplitFn:
+    """Returns a `tff.learning.models.ReconstructionDatasetSplitFn` for `split`.
+
+    The function maps a batched client dataset to `(support, query)` datasets,
+    iterating the input exactly once. It can also be passed to TFF's
+    `tff.learning.algorithms.build_fed_recon`.
+    """
+
+    def dataset_split_fn(dataset: tf.data.Dataset) -> tuple[tf.data.Dataset, tf.data.Dataset]:
+        examples, batch_size = _materialize(dataset)
+        support, query = split_examples(examples, split)
+        return (
+            _iterate(support, batch_size, split.recon_epochs, split.recon_steps_max),
+            _iterate(query, batch_size, split.post_recon_epochs, split.post_recon_steps_max),
+        )
+
+    return dataset_split_fn
+
+
+def build_support_only_fn(split: ReconstructionSplit = ReconstructionSplit()) -> Callable[[tf.data.Dataset], tuple]:
+    """Like `build_dataset_split_fn`, but the query set is one plain pass (for evaluation)."""
+
+    def dataset_split_fn(dataset: tf.data.Dataset) -> tuple[tf.data.Dataset, tf.data.Dataset]:
+        examples, batch_size = _materialize(dataset)
+        support, query = split_examples(examples, split)
+        return (
+            _iterate(support, batch_size, split.recon_epochs, split.recon_steps_max),
+            _iterate(query, batch_size, 1, None),
+        )
+
+    return dataset_split_fn

@@ -1,0 +1,186 @@
+"""Federated evaluation of partially local models: ReconEval and StandardEval.
+
+* **ReconEval** (`build_recon_eval`, paper Section 4.1): each client splits its
+  data into support and query sets, reconstructs its local variables on the
+  support set with the global variables frozen, optionally fine-tunes the
+  global variables on the support set too (FedRecon+Finetune), and reports
+  metrics on its query set. Works for clients never seen in training.
+* **StandardEval** (`build_standard_eval`): the model is evaluated on each
+  client's whole dataset as received (no reconstruction). Used for seen users
+  whose parameters were trained (e.g. a user table trained centrally or by
+  FedAvg, evaluated on their held-out ratings).
+
+Both return a `tff.Computation` `(weights@SERVER, {dataset}@CLIENTS) ->
+<eval=..., per_client=...>@SERVER`: `eval` is the example-weighted aggregate
+(TFF's `sum_then_finalize`), `per_client` holds each client's own finalized
+metrics (a reservoir sample of up to `per_client_sample_size` clients, via
+`tff.aggregators.UnweightedReservoirSamplingFactory`) for distributions
+(`fedpersonal.metrics.summarize_per_client`). Locally reconstructed variables
+never leave the client computation.
+"""
+
+from __future__ import annotations
+
+import collections
+from typing import Callable, Optional
+
+import tensorflow as tf
+import tensorflow_federated as tff
+from tensorflow_federated.python.learning.metrics import keras_finalizer
+from tensorflow_federated.python.learning.optimizers import keras_optimizer
+
+from fedpersonal.algorithms import dataset_split as dataset_split_lib
+from fedpersonal.algorithms import fed_recon
+
+ReconstructionModel = tff.learning.models.ReconstructionModel
+
+
+def _build_evaluation(
+    model_fn: fed_recon.ModelFn,
+    *,
+    loss_fn: fed_recon.LossFn,
+    metrics_fn: Optional[fed_recon.MetricsFn],
+    dataset_split: Optional[dataset_split_lib.ReconstructionSplit],
+    reconstruction_optimizer: Optional[tff.learning.optimizers.Optimizer],
+    finetune_optimizer: Optional[tff.learning.optimizers.Optimizer],
+    learn_local_init: bool,
+    per_client_sample_size: int,
+    metrics_aggregator: Callable[..., tff.Computation],
+) -> tff.Computation:
+    with tf.Graph().as_default():
+        element_type = tff.types.tensorflow_to_type(model_fn().input_spec)
+
+    @tff.tensorflow.computation
+    def initial_weights():
+        return fed_recon.global_weights_with_local_default(model_fn(), learn_local_init)
+
+    weights_type = initial_weights.type_signature.result
+    dataset_type = tff.SequenceType(element_type)
+    split_fn = dataset_split_lib.build_support_only_fn(dataset_split) if dataset_split else None
+    metric_finalizers: collections.OrderedDict = collections.OrderedDict()
+
+    @tff.tensorflow.computation(weights_type, dataset_type)
+    @tf.function
+    def client_eval(server_weights, dataset):
+        with tf.init_scope():
+            model = model_fn()
+            metrics = (metrics_fn() if metrics_fn else []) + [
+                tf.keras.metrics.MeanMetricWrapper(loss_fn(), name='loss'),
+                tff.learning.metrics.NumExamplesCounter(),
+            ]
+            for metric in metrics:
+                metric_finalizers[metric.name] = keras_finalizer.create_keras_metric_finalizer(metric)
+            loss = loss_fn()
+            recon_opt = finetune_opt = None
+            if split_fn is not None:
+                recon_opt = keras_optimizer.build_or_verify_tff_optimizer(
+                    reconstruction_optimizer, model.local_trainable_variables, disjoint_init_and_next=False
+                )
+                if finetune_optimizer is not None:
+                    finetune_opt = keras_optimizer.build_or_verify_tff_optimizer(
+                        finetune_optimizer, model.global_trainable_variables, disjoint_init_and_next=False
+                    )
+
+        global_trainable = list(model.global_trainable_variables)
+        num_global = len(global_trainable)
+        fed_recon.assign(global_trainable, server_weights.trainable[:num_global])
+        fed_recon.assign(model.global_non_trainable_variables, server_weights.non_trainable)
+        if learn_local_init:
+            fed_recon.assign(model.local_trainable_variables, server_weights.trainable[num_global:])
+
+        if split_fn is not None:
+            support, query = split_fn(dataset)
+            fed_recon.optimizer_steps(model, support, list(model.local_trainable_variables), recon_opt, loss)
+            if finetune_opt is not None:
+                fed_recon.optimizer_steps(model, support, global_trainable, finetune_opt, loss)
+        else:
+            query = dataset
+        for batch in query:
+            output = model.forward_pass(batch, training=False)
+            for metric in metrics:
+                metric.update_state(output.labels, output.predictions)
+        unfinalized = ReconstructionModel.read_metric_variables(metrics)
+        finalized = collections.OrderedDict(
+            (name, tf.cast(metric_finalizers[name](value), tf.float32)) for name, value in unfinalized.items()
+        )
+        return unfinalized, finalized
+
+    @tff.federated_computation(tff.FederatedType(weights_type, tff.SERVER), tff.FederatedType(dataset_type, tff.CLIENTS))
+    def evaluate(server_weights, client_datasets):
+        client_weights = tff.federated_broadcast(server_weights)
+        unfinalized, per_client = tff.federated_map(client_eval, (client_weights, client_datasets))
+        aggregate = metrics_aggregator(metric_finalizers, unfinalized.type_signature.member)(unfinalized)
+        sampler = tff.aggregators.UnweightedReservoirSamplingFactory(per_client_sample_size).create(
+            per_client.type_signature.member
+        )
+        sampled = sampler.next(sampler.initialize(), per_client).result
+        return tff.federated_zip(collections.OrderedDict(eval=aggregate, per_client=sampled))
+
+    return evaluate
+
+
+def build_recon_eval(
+    model_fn: fed_recon.ModelFn,
+    *,
+    loss_fn: fed_recon.LossFn,
+    metrics_fn: Optional[fed_recon.MetricsFn] = None,
+    reconstruction_optimizer: tff.learning.optimizers.Optimizer = tff.learning.optimizers.build_sgdm(0.1),
+    dataset_split: dataset_split_lib.ReconstructionSplit = dataset_split_lib.ReconstructionSplit(),
+    finetune_optimizer: Optional[tff.learning.optimizers.Optimizer] = None,
+    learn_local_init: bool = False,
+    per_client_sample_size: int = 100_000,
+    metrics_aggregator: Callable[..., tff.Computation] = tff.learning.metrics.sum_then_finalize,
+) -> tff.Computation:
+    """Builds ReconEval (optionally FedRecon+Finetune).
+
+    Args:
+      model_fn: No-arg function returning a new `ReconstructionModel`.
+      loss_fn: Loss used for reconstruction (and fine-tuning) and reported as `loss`.
+      metrics_fn: Metrics computed on each client's query set.
+      reconstruction_optimizer: Optimizer for the k_r reconstruction steps.
+      dataset_split: Support/query split; its reconstruction epochs and step cap
+        apply, the query set is evaluated in one full pass.
+      finetune_optimizer: If set, the global variables are also trained on the
+        support set after reconstruction, before evaluating (FedRecon+Finetune).
+      learn_local_init: The weights carry learned local defaults (as produced by
+        `build_fed_recon(..., learn_local_init=True)`).
+      per_client_sample_size: Max number of clients whose own metrics are kept.
+      metrics_aggregator: As in TFF.
+
+    Returns:
+      A `tff.Computation` `(weights@SERVER, datasets@CLIENTS) -> <eval, per_client>@SERVER`.
+    """
+    return _build_evaluation(
+        model_fn,
+        loss_fn=loss_fn,
+        metrics_fn=metrics_fn,
+        dataset_split=dataset_split,
+        reconstruction_optimizer=reconstruction_optimizer,
+        finetune_optimizer=finetune_optimizer,
+        learn_local_init=learn_local_init,
+        per_client_sample_size=per_client_sample_size,
+        metrics_aggregator=metrics_aggregator,
+    )
+
+
+def build_standard_eval(
+    model_fn: fed_recon.ModelFn,
+    *,
+    loss_fn: fed_recon.LossFn,
+    metrics_fn: Optional[fed_recon.MetricsFn] = None,
+    learn_local_init: bool = False,
+    per_client_sample_size: int = 100_000,
+    metrics_aggregator: Callable[..., tff.Computation] = tff.learning.metrics.sum_then_finalize,
+) -> tff.Computation:
+    """Builds StandardEval: metrics of the given weights on each client's whole dataset."""
+    return _build_evaluation(
+        model_fn,
+        loss_fn=loss_fn,
+        metrics_fn=metrics_fn,
+        dataset_split=None,
+        reconstruction_optimizer=None,
+        finetune_optimizer=None,
+        learn_local_init=learn_local_init,
+        per_client_sample_size=per_client_sample_size,
+        metrics_aggregator=metrics_aggregator,
+    )
