@@ -62,10 +62,10 @@ class PartiallyLocalModel(ReconstructionModel):
         input_spec: Any,
     ):
         self._keras_model = keras_model
-        self._global_trainable = tuple(global_trainable_variables)
-        self._global_non_trainable = tuple(global_non_trainable_variables)
-        self._local_trainable = tuple(local_trainable_variables)
-        self._local_non_trainable = tuple(local_non_trainable_variables)
+        self._global_trainable = list(global_trainable_variables)
+        self._global_non_trainable = list(global_non_trainable_variables)
+        self._local_trainable = list(local_trainable_variables)
+        self._local_non_trainable = list(local_non_trainable_variables)
         self._input_spec = input_spec
 
     @property
@@ -74,20 +74,20 @@ class PartiallyLocalModel(ReconstructionModel):
         return self._keras_model
 
     @property
-    def global_trainable_variables(self) -> tuple[tf.Variable, ...]:
-        return self._global_trainable
+    def global_trainable_variables(self) -> list[tf.Variable]:
+        return list(self._global_trainable)
 
     @property
-    def global_non_trainable_variables(self) -> tuple[tf.Variable, ...]:
-        return self._global_non_trainable
+    def global_non_trainable_variables(self) -> list[tf.Variable]:
+        return list(self._global_non_trainable)
 
     @property
-    def local_trainable_variables(self) -> tuple[tf.Variable, ...]:
-        return self._local_trainable
+    def local_trainable_variables(self) -> list[tf.Variable]:
+        return list(self._local_trainable)
 
     @property
-    def local_non_trainable_variables(self) -> tuple[tf.Variable, ...]:
-        return self._local_non_trainable
+    def local_non_trainable_variables(self) -> list[tf.Variable]:
+        return list(self._local_non_trainable)
 
     @property
     def input_spec(self) -> Any:

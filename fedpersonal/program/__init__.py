@@ -1,0 +1,8 @@
+"""Experiment programs: resumable training loop and the output directory."""
+
+from fedpersonal.program.outputs import ExperimentOutputs
+from fedpersonal.program.outputs import flatten_metrics
+from fedpersonal.program.outputs import plot_curves
+from fedpersonal.program.outputs import write_json
+from fedpersonal.program.training_loop import run_learning_process
+from fedpersonal.program.training_loop import sample_clients

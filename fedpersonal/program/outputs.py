@@ -1,0 +1,141 @@
+"""Everything an experiment reports, written under one output directory.
+
+Layout of `ExperimentOutputs(root_dir, run_name)`:
+
+    root_dir/run_name/metrics.csv          per-round metrics (tff.program.CSVFileReleaseManager)
+    root_dir/run_name/tensorboard/         the same as TensorBoard summaries
+    root_dir/run_name/checkpoints/         resumable program state (tff.program.FileProgramStateManager)
+    root_dir/run_name/<name>.json          hyperparameters, final results
+    root_dir/run_name/learning_curve.png   plots
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+from collections.abc import Mapping
+from typing import Any, Optional, Sequence
+
+import numpy as np
+import tensorflow_federated as tff
+
+
+def flatten_metrics(metrics: Mapping[str, Any], prefix: str = '') -> dict[str, float]:
+    """Flattens nested metric mappings into `{'a/b/c': float}` (scalars only)."""
+    flat = {}
+    for key, value in metrics.items():
+        name = f'{prefix}{key}'
+        if isinstance(value, Mapping):
+            flat.update(flatten_metrics(value, f'{name}/'))
+        else:
+            array = np.asarray(value)
+            if array.ndim == 0 and array.dtype.kind in 'fiub':
+                flat[name] = float(array)
+    return flat
+
+
+def _to_jsonable(value: Any) -> Any:
+    if isinstance(value, Mapping):
+        return {str(k): _to_jsonable(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_to_jsonable(v) for v in value]
+    if isinstance(value, np.ndarray):
+        return value.tolist()
+    if isinstance(value, (np.floating, np.integer)):
+        return value.item()
+    return value
+
+
+def write_json(path: str, value: Any) -> None:
+    """Writes `value` as indented JSON atomically (temp file + rename)."""
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    tmp = f'{path}.tmp'
+    with open(tmp, 'w') as f:
+        json.dump(_to_jsonable(value), f, indent=2, sort_keys=False)
+        f.write('\n')
+    os.replace(tmp, path)
+
+
+class ExperimentOutputs:
+    """Writers for one run's metrics, checkpoints, JSON files and plots.
+
+    Args:
+      root_dir: The output directory the user named.
+      run_name: Sub-directory for this run (e.g. one configuration).
+    """
+
+    def __init__(self, root_dir: str, run_name: str):
+        self.directory = os.path.join(root_dir, run_name)
+        os.makedirs(self.directory, exist_ok=True)
+        self.metrics_csv = os.path.join(self.directory, 'metrics.csv')
+        self._csv = tff.program.CSVFileReleaseManager(self.metrics_csv, key_fieldname='round')
+        self._tensorboard = tff.program.TensorBoardReleaseManager(os.path.join(self.directory, 'tensorboard'))
+        self.state_manager = tff.program.FileProgramStateManager(
+            os.path.join(self.directory, 'checkpoints'), keep_total=2, keep_first=False
+        )
+
+    def path(self, name: str) -> str:
+        return os.path.join(self.directory, name)
+
+    def release_metrics(self, round_num: int, metrics: Mapping[str, Any]) -> dict[str, float]:
+        """Appends one row (replacing rows at or after `round_num` from an interrupted run)."""
+        flat = flatten_metrics(metrics)
+        asyncio.run(self._release(flat, round_num))
+        return flat
+
+    async def _release(self, flat: dict[str, float], round_num: int) -> None:
+        await self._csv.release(flat, key=round_num)
+        await self._tensorboard.release(flat, key=round_num)
+
+    def write_json(self, name: str, value: Any) -> str:
+        path = self.path(name)
+        write_json(path, value)
+        return path
+
+    def read_metrics(self) -> list[dict[str, float]]:
+        """Rows of `metrics.csv` as dicts (empty values dropped)."""
+        import csv  # pylint: disable=g-import-not-at-top
+
+        if not os.path.exists(self.metrics_csv):
+            return []
+        with open(self.metrics_csv) as f:
+            return [{k: float(v) for k, v in row.items() if v not in ('', None)} for row in csv.DictReader(f)]
+
+    def plot_learning_curve(
+        self, keys: Sequence[str], *, filename: str = 'learning_curve.png', title: Optional[str] = None
+    ) -> Optional[str]:
+        """Plots the given metric columns against rounds; returns the PNG path."""
+        return plot_curves({self.directory: self.read_metrics()}, keys, self.path(filename), title=title)
+
+
+def plot_curves(
+    runs: Mapping[str, list[dict[str, float]]], keys: Sequence[str], path: str, *, title: Optional[str] = None
+) -> Optional[str]:
+    """One subplot per metric key, one line per run (rows need a 'round' column)."""
+    import matplotlib  # pylint: disable=g-import-not-at-top
+
+    matplotlib.use('Agg')
+    import matplotlib.pyplot as plt  # pylint: disable=g-import-not-at-top
+
+    keys = [k for k in keys if any(k in row for rows in runs.values() for row in rows)]
+    if not keys:
+        return None
+    fig, axes = plt.subplots(1, len(keys), figsize=(5 * len(keys), 3.6), squeeze=False)
+    for ax, key in zip(axes[0], keys):
+        for label, rows in runs.items():
+            points = [(row['round'], row[key]) for row in rows if key in row and 'round' in row]
+            if points:
+                xs, ys = zip(*points)
+                ax.plot(xs, ys, marker='.' if len(xs) < 30 else None, label=os.path.basename(str(label)))
+        ax.set_xlabel('round')
+        ax.set_title(key)
+        ax.grid(alpha=0.3)
+    axes[0][-1].legend(fontsize=8)
+    if title:
+        fig.suptitle(title)
+    fig.tight_layout()
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path

@@ -1,0 +1,1 @@
+"""Tasks: data, models and algorithms wired together for the papers' experiments."""

@@ -1,0 +1,481 @@
+"""MovieLens matrix factorization: the FedRecon paper's Table 1, end to end.
+
+Configurations (names as in the paper's Table 1):
+
+* `centralized_standard`: a user-table MF model trained on pooled data (each
+  user's first 80% of ratings by time), StandardEval on the users' last 10%.
+* `centralized_recon`: the same model trained on the train *users* (80/10/10
+  split by user); user embeddings of held-out test users are reconstructed
+  from their support set (ReconEval) with the trained item matrix.
+* `fedavg_standard` / `fedavg_recon`: as above, but the user-table model is
+  trained with TFF's FedAvg (user embeddings stored on the server, footnote 4).
+* `fedrecon`: Federated Reconstruction on the train users, ReconEval on the
+  test users (`implementation='tff'` runs TFF 0.87's own `build_fed_recon`
+  instead of `fedpersonal.algorithms.build_fed_recon`, with the same model,
+  data, hyperparameters and evaluation).
+
+Configuration flows one way: flags -> `MovieLensMFConfig` -> builders.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from typing import Any, Optional
+
+import numpy as np
+import tensorflow as tf
+import tensorflow_federated as tff
+from absl import logging
+
+from fedpersonal import algorithms
+from fedpersonal import data as data_lib
+from fedpersonal import evaluation
+from fedpersonal import metrics as metrics_lib
+from fedpersonal import models
+from fedpersonal import program
+from fedpersonal.algorithms import centralized
+from fedpersonal.algorithms import optimizers
+from fedpersonal.models import matrix_factorization as mf
+
+CONFIGURATIONS = ('centralized_standard', 'centralized_recon', 'fedavg_standard', 'fedavg_recon', 'fedrecon')
+ROW_NAMES = {
+    'centralized_standard': 'Centralized + StandardEval',
+    'centralized_recon': 'Centralized + ReconEval',
+    'fedavg_standard': 'FedAvg + StandardEval',
+    'fedavg_recon': 'FedAvg + ReconEval',
+    'fedrecon': 'FedRecon (ReconEval)',
+}
+METRIC_KEYS = ('rmse', 'mae', 'accuracy', 'loss', 'num_examples')
+
+
+@dataclasses.dataclass(frozen=True)
+class MovieLensMFConfig:
+    """Everything a MovieLens MF experiment needs (defaults: the paper code's settings)."""
+
+    output_dir: str
+    configurations: tuple[str, ...] = ('fedrecon',)
+    data_dir: Optional[str] = None
+    variant: str = 'auto'
+    synthetic_num_users: int = 943
+    synthetic_num_items: int = 1682
+    synthetic_seed: int = 0
+    max_examples_per_user: Optional[int] = 300
+    train_fraction: float = 0.8
+    val_fraction: float = 0.1
+    split_seed: int = 0
+    num_latent_factors: int = 50
+    add_biases: bool = False
+    l2_regularization: float = 0.0
+    accuracy_threshold: float = 0.5
+    batch_size: int = 5
+    clients_per_round: int = 100
+    total_rounds: int = 100
+    seed: int = 0
+    client_optimizer: str = 'sgd'
+    client_learning_rate: float = 0.5
+    server_optimizer: str = 'sgd'
+    server_learning_rate: float = 1.0
+    reconstruction_optimizer: str = 'sgd'
+    reconstruction_learning_rate: float = 0.1
+    recon_epochs: int = 5
+    recon_steps_max: Optional[int] = 50
+    post_recon_epochs: int = 1
+    post_recon_steps_max: Optional[int] = 50
+    support_fraction: float = 0.5
+    split_strategy: str = 'hash'
+    allow_overlap: bool = False
+    jointly_train_locals: bool = False
+    learn_local_init: bool = False
+    client_weighting: str = 'num_examples'
+    finetune_learning_rate: float = 0.0
+    fedrecon_implementation: str = 'fedpersonal'
+    centralized_optimizer: str = 'adam'
+    centralized_learning_rate: float = 0.001
+    centralized_batch_size: int = 64
+    centralized_max_epochs: int = 100
+    centralized_patience: int = 3
+    rounds_per_eval: int = 10
+    eval_clients: int = 100
+    rounds_per_checkpoint: int = 10
+
+    def __post_init__(self):
+        unknown = [c for c in self.configurations if c not in CONFIGURATIONS]
+        if unknown or not self.configurations:
+            raise ValueError(f'configurations must be a non-empty subset of {CONFIGURATIONS}; unknown: {unknown}.')
+        if self.fedrecon_implementation not in ('fedpersonal', 'tff'):
+            raise ValueError(f"fedrecon_implementation must be 'fedpersonal' or 'tff', got {self.fedrecon_implementation!r}.")
+        if self.client_weighting not in ('num_examples', 'uniform'):
+            raise ValueError(f"client_weighting must be 'num_examples' or 'uniform', got {self.client_weighting!r}.")
+        for name in ('batch_size', 'clients_per_round', 'total_rounds', 'num_latent_factors', 'eval_clients'):
+            if getattr(self, name) < 1:
+                raise ValueError(f'{name} must be >= 1, got {getattr(self, name)}.')
+
+    @property
+    def split(self) -> algorithms.ReconstructionSplit:
+        return algorithms.ReconstructionSplit(
+            support_fraction=self.support_fraction,
+            strategy=self.split_strategy,
+            allow_overlap=self.allow_overlap,
+            recon_epochs=self.recon_epochs,
+            recon_steps_max=self.recon_steps_max,
+            post_recon_epochs=self.post_recon_epochs,
+            post_recon_steps_max=self.post_recon_steps_max,
+        )
+
+
+@dataclasses.dataclass
+class PreparedData:
+    """The two splits the table needs, as `ClientData`."""
+
+    data: data_lib.MovieLensData
+    description: str
+    user_train: tff.simulation.datasets.ClientData
+    user_val: tff.simulation.datasets.ClientData
+    user_test: tff.simulation.datasets.ClientData
+    time_train: tff.simulation.datasets.ClientData
+    time_val: tff.simulation.datasets.ClientData
+    time_test: tff.simulation.datasets.ClientData
+    user_split_ratings: dict[str, Any]
+    time_split_ratings: dict[str, Any]
+
+
+def load_data(config: MovieLensMFConfig) -> PreparedData:
+    """Loads MovieLens from `config.data_dir` (or generates the default) and splits it."""
+    if config.data_dir:
+        ratings = data_lib.load_ratings(config.data_dir, variant=config.variant)
+        description = f'MovieLens ({config.variant}) from {config.data_dir}'
+    else:
+        ratings = data_lib.generate_movielens_like(
+            num_users=config.synthetic_num_users, num_items=config.synthetic_num_items, seed=config.synthetic_seed
+        )
+        description = (
+            f'generated MovieLens-like data ({config.synthetic_num_users} users, '
+            f'{config.synthetic_num_items} items, seed {config.synthetic_seed})'
+        )
+    data = data_lib.preprocess_ratings(ratings, max_examples_per_user=config.max_examples_per_user, seed=config.seed)
+    train_users, val_users, test_users = data_lib.split_by_user(
+        data, train_fraction=config.train_fraction, val_fraction=config.val_fraction, seed=config.split_seed
+    )
+    time_train, time_val, time_test = data_lib.split_by_time(
+        data, train_fraction=config.train_fraction, val_fraction=config.val_fraction
+    )
+    frame = data.ratings
+    return PreparedData(
+        data=data,
+        description=description,
+        user_train=data_lib.to_client_data(frame, train_users),
+        user_val=data_lib.to_client_data(frame, val_users),
+        user_test=data_lib.to_client_data(frame, test_users),
+        time_train=data_lib.to_client_data(time_train),
+        time_val=data_lib.to_client_data(time_val),
+        time_test=data_lib.to_client_data(time_test),
+        user_split_ratings={
+            'train': frame[frame.user_id.isin(train_users)],
+            'val': frame[frame.user_id.isin(val_users)],
+            'test': frame[frame.user_id.isin(test_users)],
+        },
+        time_split_ratings={'train': time_train, 'val': time_val, 'test': time_test},
+    )
+
+
+class MovieLensMFTask:
+    """Builds models, processes and evaluations for one `MovieLensMFConfig`."""
+
+    def __init__(self, config: MovieLensMFConfig, prepared: PreparedData):
+        self.config = config
+        self.prepared = prepared
+        self.num_items = prepared.data.num_items
+        self.num_users = prepared.data.num_users
+        self.loss_fn = tf.keras.losses.MeanSquaredError
+        self.metrics_fn = metrics_lib.rating_metrics_fn(config.accuracy_threshold)
+        self.personal_model_fn = mf.personal_model_fn(
+            self.num_items,
+            config.num_latent_factors,
+            add_biases=config.add_biases,
+            l2_regularization=config.l2_regularization,
+        )
+        self._evaluations: dict[str, tff.Computation] = {}
+
+    # ----- datasets -------------------------------------------------------
+    def personal_dataset_fn(self, dataset: tf.data.Dataset) -> tf.data.Dataset:
+        return dataset.map(mf.personal_example).batch(self.config.batch_size)
+
+    def table_dataset_fn_eval(self, dataset: tf.data.Dataset) -> tf.data.Dataset:
+        return dataset.map(mf.table_example).batch(self.config.batch_size)
+
+    def table_dataset_fn(self, dataset: tf.data.Dataset) -> tf.data.Dataset:
+        dataset = self.table_dataset_fn_eval(dataset)
+        if self.config.post_recon_steps_max is not None:
+            dataset = dataset.take(self.config.post_recon_steps_max)  # Same k_u cap as FedRecon's update.
+        return dataset
+
+    def _client_datasets(self, client_data, dataset_fn, limit: Optional[int] = None) -> list[tf.data.Dataset]:
+        ids = list(client_data.client_ids)
+        if limit is not None and limit < len(ids):
+            ids = program.sample_clients(ids, limit, round_num=0, seed=self.config.seed + 1)
+        return [dataset_fn(client_data.create_tf_dataset_for_client(cid)) for cid in ids]
+
+    # ----- models ---------------------------------------------------------
+    def table_keras_model(self) -> tf.keras.Model:
+        return mf.table_keras_model(
+            self.num_users,
+            self.num_items,
+            self.config.num_latent_factors,
+            add_biases=self.config.add_biases,
+            l2_regularization=self.config.l2_regularization,
+        )
+
+    def table_model_fn(self) -> models.PartiallyLocalModel:
+        keras_model = self.table_keras_model()
+        return models.from_keras_model(
+            keras_model,
+            input_spec=mf.table_input_spec(),
+            global_variables=list(keras_model.trainable_variables) + list(keras_model.non_trainable_variables),
+        )
+
+    def table_tff_model_fn(self) -> tff.learning.models.VariableModel:
+        return tff.learning.models.from_keras_model(
+            self.table_keras_model(), loss=self.loss_fn(), input_spec=mf.table_input_spec(), metrics=self.metrics_fn()
+        )
+
+    def personal_globals_from_table(self, table_trainable: list[np.ndarray]) -> tff.learning.models.ModelWeights:
+        """Item-side weights of a trained table model as personal-model global weights."""
+        keras_model = self.table_keras_model()
+        for variable, value in zip(keras_model.trainable_variables, table_trainable):
+            variable.assign(value)
+        return tff.learning.models.ModelWeights(trainable=mf.item_weights_from_table_model(keras_model), non_trainable=[])
+
+    # ----- evaluation -----------------------------------------------------
+    def recon_eval(self) -> tff.Computation:
+        if 'recon' not in self._evaluations:
+            cfg = self.config
+            self._evaluations['recon'] = evaluation.build_recon_eval(
+                self.personal_model_fn,
+                loss_fn=self.loss_fn,
+                metrics_fn=self.metrics_fn,
+                reconstruction_optimizer=optimizers.build_optimizer(
+                    cfg.reconstruction_optimizer, cfg.reconstruction_learning_rate
+                ),
+                dataset_split=cfg.split,
+                finetune_optimizer=(
+                    optimizers.build_optimizer(cfg.client_optimizer, cfg.finetune_learning_rate)
+                    if cfg.finetune_learning_rate > 0 else None
+                ),
+                learn_local_init=cfg.learn_local_init,
+            )
+        return self._evaluations['recon']
+
+    def standard_eval(self) -> tff.Computation:
+        if 'standard' not in self._evaluations:
+            self._evaluations['standard'] = evaluation.build_standard_eval(
+                self.table_model_fn, loss_fn=self.loss_fn, metrics_fn=self.metrics_fn
+            )
+        return self._evaluations['standard']
+
+    def evaluate(self, kind: str, weights, client_data, dataset_fn, limit: Optional[int] = None) -> dict[str, Any]:
+        computation = self.recon_eval() if kind == 'recon' else self.standard_eval()
+        result = computation(weights, self._client_datasets(client_data, dataset_fn, limit))
+        return {
+            'metrics': {k: float(v) for k, v in result['eval'].items()},
+            'per_client': metrics_lib.summarize_per_client(result['per_client']),
+        }
+
+    # ----- training -------------------------------------------------------
+    def build_fed_recon(self) -> tff.learning.templates.LearningProcess:
+        cfg = self.config
+        kwargs = dict(loss_fn=self.loss_fn, metrics_fn=self.metrics_fn)
+        weighting = (
+            tff.learning.ClientWeighting.NUM_EXAMPLES
+            if cfg.client_weighting == 'num_examples' else tff.learning.ClientWeighting.UNIFORM
+        )
+        server = optimizers.build_optimizer(cfg.server_optimizer, cfg.server_learning_rate)
+        client = optimizers.build_optimizer(cfg.client_optimizer, cfg.client_learning_rate)
+        recon = optimizers.build_optimizer(cfg.reconstruction_optimizer, cfg.reconstruction_learning_rate)
+        if cfg.fedrecon_implementation == 'tff':
+            return tff.learning.algorithms.build_fed_recon(
+                self.personal_model_fn,
+                server_optimizer_fn=server,
+                client_optimizer_fn=client,
+                reconstruction_optimizer_fn=recon,
+                dataset_split_fn=tff.learning.models.ReconstructionModel.build_dataset_split_fn(
+                    recon_epochs=cfg.recon_epochs,
+                    recon_steps_max=cfg.recon_steps_max,
+                    post_recon_epochs=cfg.post_recon_epochs,
+                    post_recon_steps_max=cfg.post_recon_steps_max,
+                    split_dataset=not cfg.allow_overlap,
+                ),
+                client_weighting=weighting,
+                **kwargs,
+            )
+        return algorithms.build_fed_recon(
+            self.personal_model_fn,
+            server_optimizer=server,
+            client_optimizer=client,
+            reconstruction_optimizer=recon,
+            dataset_split=cfg.split,
+            jointly_train_locals=cfg.jointly_train_locals,
+            learn_local_init=cfg.learn_local_init,
+            client_weighting=weighting,
+            **kwargs,
+        )
+
+    def build_fed_avg(self) -> tff.learning.templates.LearningProcess:
+        cfg = self.config
+        return tff.learning.algorithms.build_weighted_fed_avg(
+            self.table_tff_model_fn,
+            client_optimizer_fn=optimizers.build_optimizer(cfg.client_optimizer, cfg.client_learning_rate),
+            server_optimizer_fn=optimizers.build_optimizer(cfg.server_optimizer, cfg.server_learning_rate),
+        )
+
+
+def _validate_personal(input_spec):
+    def validate(client_id: str, dataset: tf.data.Dataset) -> None:
+        models.check_dataset_matches(input_spec, dataset, client_id=client_id)
+
+    return validate
+
+
+def run_configuration(task: MovieLensMFTask, name: str) -> dict[str, Any]:
+    """Trains and evaluates one Table 1 configuration; returns its result row."""
+    cfg, prepared = task.config, task.prepared
+    outputs = program.ExperimentOutputs(cfg.output_dir, name)
+    started = time.time()
+    row: dict[str, Any] = {'name': ROW_NAMES[name], 'configuration': name}
+    if name == 'fedrecon':
+        process = task.build_fed_recon()
+        eval_fn = lambda w: task.evaluate('recon', w, prepared.user_val, task.personal_dataset_fn, cfg.eval_clients)['metrics']
+        state, history = program.run_learning_process(
+            process,
+            client_data=prepared.user_train,
+            dataset_fn=task.personal_dataset_fn,
+            clients_per_round=cfg.clients_per_round,
+            total_rounds=cfg.total_rounds,
+            outputs=outputs,
+            seed=cfg.seed,
+            evaluation_fn=eval_fn,
+            rounds_per_evaluation=cfg.rounds_per_eval,
+            rounds_per_checkpoint=cfg.rounds_per_checkpoint,
+            name=name,
+            validate_fn=_validate_personal(mf.personal_input_spec()),
+        )
+        final = task.evaluate('recon', process.get_model_weights(state), prepared.user_test, task.personal_dataset_fn)
+        row['seconds_per_round'] = float(np.median([h['round_seconds'] for h in history])) if history else None
+    elif name.startswith('fedavg'):
+        standard = name == 'fedavg_standard'
+        train = prepared.time_train if standard else prepared.user_train
+        process = task.build_fed_avg()
+
+        def eval_fn(weights):
+            if standard:
+                return task.evaluate('standard', weights, prepared.time_val, task.table_dataset_fn_eval, cfg.eval_clients)['metrics']
+            return task.evaluate(
+                'recon', task.personal_globals_from_table(weights.trainable), prepared.user_val,
+                task.personal_dataset_fn, cfg.eval_clients,
+            )['metrics']
+
+        state, history = program.run_learning_process(
+            process,
+            client_data=train,
+            dataset_fn=task.table_dataset_fn,
+            clients_per_round=cfg.clients_per_round,
+            total_rounds=cfg.total_rounds,
+            outputs=outputs,
+            seed=cfg.seed,
+            evaluation_fn=eval_fn,
+            rounds_per_evaluation=cfg.rounds_per_eval,
+            rounds_per_checkpoint=cfg.rounds_per_checkpoint,
+            name=name,
+        )
+        weights = process.get_model_weights(state)
+        if standard:
+            final = task.evaluate('standard', weights, prepared.time_test, task.table_dataset_fn_eval)
+        else:
+            final = task.evaluate(
+                'recon', task.personal_globals_from_table(weights.trainable), prepared.user_test, task.personal_dataset_fn
+            )
+        row['seconds_per_round'] = float(np.median([h['round_seconds'] for h in history])) if history else None
+    else:
+        standard = name == 'centralized_standard'
+        keras_model = task.table_keras_model()
+        if standard:
+            train_frame, val_frame = prepared.time_split_ratings['train'], prepared.time_split_ratings['val']
+        else:
+            # Early stopping needs held-out ratings of *train* users: their last 10% by time.
+            pooled = prepared.user_split_ratings['train']
+            ranks = pooled.groupby('user_id').cumcount()
+            sizes = pooled.groupby('user_id')['user_id'].transform('size')
+            holdout = ranks >= np.floor(sizes * 0.9)
+            train_frame, val_frame = pooled[~holdout], pooled[holdout]
+
+        def pooled_dataset(frame, shuffle):
+            elements = {c: frame[c].to_numpy() for c in ('user_id', 'item_id', 'rating')}
+            ds = tf.data.Dataset.from_tensor_slices(elements).map(mf.table_example)
+            if shuffle:
+                ds = ds.shuffle(len(frame), seed=cfg.seed, reshuffle_each_iteration=True)
+            return ds.batch(cfg.centralized_batch_size)
+
+        def on_epoch_end(epoch, logs):
+            outputs.release_metrics(epoch, {'train': {k: v for k, v in logs.items() if not k.startswith('val_')},
+                                            'eval': {k[4:]: v for k, v in logs.items() if k.startswith('val_')}})
+            logging.info('[%s] epoch %d  %s', name, epoch, '  '.join(f'{k}={v:.4f}' for k, v in logs.items()))
+
+        centralized.train_centralized(
+            keras_model,
+            train_dataset=pooled_dataset(train_frame, shuffle=True),
+            validation_dataset=pooled_dataset(val_frame, shuffle=False),
+            optimizer=tf.keras.optimizers.get(
+                {'class_name': cfg.centralized_optimizer, 'config': {'learning_rate': cfg.centralized_learning_rate}}
+            ),
+            loss=task.loss_fn(),
+            metrics=task.metrics_fn(),
+            max_epochs=cfg.centralized_max_epochs,
+            patience=cfg.centralized_patience,
+            monitor='val_rmse',
+            on_epoch_end=on_epoch_end,
+        )
+        trainable = [v.numpy() for v in keras_model.trainable_variables]
+        if standard:
+            weights = tff.learning.models.ModelWeights(
+                trainable=trainable + [v.numpy() for v in keras_model.non_trainable_variables], non_trainable=[]
+            )
+            final = task.evaluate('standard', weights, prepared.time_test, task.table_dataset_fn_eval)
+        else:
+            final = task.evaluate('recon', task.personal_globals_from_table(trainable), prepared.user_test, task.personal_dataset_fn)
+    row.update({k: final['metrics'][k] for k in METRIC_KEYS if k in final['metrics']})
+    row['per_client'] = final['per_client']
+    row['wall_seconds'] = time.time() - started
+    outputs.write_json('results.json', row)
+    outputs.plot_learning_curve(['train/loss', 'eval/rmse', 'eval/accuracy'], title=ROW_NAMES[name])
+    return row
+
+
+def run(config: MovieLensMFConfig) -> dict[str, Any]:
+    """Runs every configuration in `config.configurations`; writes `results.json` and plots."""
+    prepared = load_data(config)
+    stats = data_lib.dataset_statistics(prepared.data)
+    logging.info('Data: %s; %s', prepared.description, {k: v for k, v in stats.items() if not isinstance(v, dict)})
+    program.write_json(f'{config.output_dir}/config.json', dataclasses.asdict(config))
+    task = MovieLensMFTask(config, prepared)
+    rows = [run_configuration(task, name) for name in config.configurations]
+    results = {'dataset': prepared.description, 'statistics': stats, 'rows': rows}
+    program.write_json(f'{config.output_dir}/results.json', results)
+    runs = {ROW_NAMES[r['configuration']]: program.ExperimentOutputs(config.output_dir, r['configuration']).read_metrics()
+            for r in rows}
+    program.plot_curves(runs, ['train/loss', 'eval/rmse', 'eval/accuracy'], f'{config.output_dir}/learning_curves.png')
+    return results
+
+
+def format_table(rows: list[dict[str, Any]]) -> str:
+    """A Markdown table of the rows (RMSE, MAE, accuracy, per-client RMSE median, s/round)."""
+    lines = ['| configuration | RMSE | MAE | accuracy | per-client RMSE p50 [p10, p90] | s/round |', '|---|---|---|---|---|---|']
+    for r in rows:
+        pc = r.get('per_client', {}).get('rmse', {})
+        spr = r.get('seconds_per_round')
+        lines.append(
+            f"| {r['name']} | {r.get('rmse', float('nan')):.3f} | {r.get('mae', float('nan')):.3f} | "
+            f"{r.get('accuracy', float('nan')):.3f} | "
+            f"{pc.get('p50', float('nan')):.3f} [{pc.get('p10', float('nan')):.3f}, {pc.get('p90', float('nan')):.3f}] | "
+            f"{'' if spr is None else f'{spr:.2f}'} |"
+        )
+    return '\n'.join(lines)
