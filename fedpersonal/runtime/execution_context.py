@@ -45,11 +45,26 @@ def _kill_when_parent_dies() -> None:  # Runs in the child between fork and exec
             pass
 
 
+def _has_fileno(stream: Any) -> bool:
+    if stream is None or isinstance(stream, int):
+        return True
+    try:
+        stream.fileno()
+        return True
+    except (AttributeError, OSError, ValueError):
+        return False
+
+
 class _TrackedPopen(subprocess.Popen):
     """`subprocess.Popen` that registers the process and binds it to its parent."""
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         kwargs.setdefault('preexec_fn', _kill_when_parent_dies)
+        for stream in ('stdout', 'stderr'):
+            # TFF passes sys.stdout/sys.stderr, which may be replaced by objects with no
+            # file descriptor (pytest capture, notebooks): then inherit the real fds.
+            if not _has_fileno(kwargs.get(stream)):
+                kwargs[stream] = None
         super().__init__(*args, **kwargs)
         with _lock:
             _workers.append(self)

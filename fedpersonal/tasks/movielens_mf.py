@@ -59,6 +59,7 @@ class MovieLensMFConfig:
     variant: str = 'auto'
     synthetic_num_users: int = 943
     synthetic_num_items: int = 1682
+    synthetic_mean_ratings_per_user: int = 106
     synthetic_seed: int = 0
     max_examples_per_user: Optional[int] = 300
     train_fraction: float = 0.8
@@ -146,8 +147,14 @@ def load_data(config: MovieLensMFConfig) -> PreparedData:
         ratings = data_lib.load_ratings(config.data_dir, variant=config.variant)
         description = f'MovieLens ({config.variant}) from {config.data_dir}'
     else:
+        # Small catalogues (tests, quick demos) cap the per-user activity at half the items.
+        mean = min(config.synthetic_mean_ratings_per_user, config.synthetic_num_items // 2)
         ratings = data_lib.generate_movielens_like(
-            num_users=config.synthetic_num_users, num_items=config.synthetic_num_items, seed=config.synthetic_seed
+            num_users=config.synthetic_num_users,
+            num_items=config.synthetic_num_items,
+            mean_ratings_per_user=mean,
+            min_ratings_per_user=min(20, mean),
+            seed=config.synthetic_seed,
         )
         description = (
             f'generated MovieLens-like data ({config.synthetic_num_users} users, '

@@ -1,0 +1,81 @@
+"""The runtime owns the TFF C++ worker: no worker outlives a run, even a killed one."""
+
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import numpy as np
+import tensorflow_federated as tff
+
+from fedpersonal import runtime
+
+_CHILD = r'''
+import os, sys
+import fedpersonal, numpy as np, tensorflow_federated as tff
+from fedpersonal import runtime
+
+@tff.tensorflow.computation(np.int32)
+def add_one(x):
+    return x + 1
+
+assert add_one(1) == 2
+print(runtime.running_workers()[0], flush=True)
+if sys.argv[1] == 'kill':
+    os.kill(os.getpid(), 9)
+'''
+
+
+def _alive(pid):
+    try:
+        with open(f'/proc/{pid}/stat') as f:
+            return f.read().rsplit(')', 1)[1].split()[0] != 'Z'
+    except OSError:
+        return False
+
+
+def _run_child(mode):
+    proc = subprocess.run([sys.executable, '-c', _CHILD, mode], capture_output=True, text=True, timeout=180,
+                          env={**os.environ, 'TF_CPP_MIN_LOG_LEVEL': '3'})
+    worker = int(proc.stdout.strip().splitlines()[-1])
+    return proc, worker
+
+
+def _wait_dead(pid, seconds=10):
+    deadline = time.time() + seconds
+    while time.time() < deadline and _alive(pid):
+        time.sleep(0.1)
+    return not _alive(pid)
+
+
+def test_worker_stops_when_the_program_exits_normally():
+    proc, worker = _run_child('normal')
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert 'Exception ignored' not in proc.stderr
+    assert _wait_dead(worker)
+
+
+def test_worker_dies_with_a_killed_program():
+    proc, worker = _run_child('kill')
+    assert proc.returncode == -signal.SIGKILL
+    assert _wait_dead(worker)
+
+
+@tff.tensorflow.computation(np.int32)
+def _double(x):
+    return x * 2
+
+
+def test_local_runtime_and_shutdown_in_process():
+    with runtime.LocalRuntime():
+        assert _double(3) == 6
+        workers = runtime.running_workers()
+        assert workers
+    assert runtime.running_workers() == []
+    assert all(_wait_dead(pid) for pid in workers)
+    assert _double(4) == 8  # A fresh context starts a new worker on demand...
+    assert runtime.running_workers()
+    runtime.shutdown()
+    assert runtime.running_workers() == []  # ...and shutdown() stops it again.
+    assert runtime.worker_pids_of_this_process() == []
