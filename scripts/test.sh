@@ -1,0 +1,7 @@
+#!/usr/bin/env bash
+# The test suite: creates the environment on first use (scripts/env.sh), checks the BUILD files, runs pytest.
+set -euo pipefail
+cd "$(dirname "${BASH_SOURCE[0]}")/.."
+source scripts/env.sh
+if [ -x scripts/check_build.sh ]; then bash scripts/check_build.sh; fi
+python -m pytest tests -q -p no:warnings --durations=15 "$@"
