@@ -95,10 +95,13 @@ def _build_evaluation(
                 fed_recon.optimizer_steps(model, support, global_trainable, finetune_opt, loss)
         else:
             query = dataset
-        for batch in query:
+        def evaluate_batch(count, batch):
             output = model.forward_pass(batch, training=False)
             for metric in metrics:
                 metric.update_state(output.labels, output.predictions)
+            return count + output.num_examples
+
+        query.reduce(tf.constant(0, tf.int32), evaluate_batch)
         unfinalized = ReconstructionModel.read_metric_variables(metrics)
         finalized = collections.OrderedDict(
             (name, tf.cast(metric_finalizers[name](value), tf.float32)) for name, value in unfinalized.items()
