@@ -84,10 +84,12 @@ def optimizer_steps(
     optimizer: tff.learning.optimizers.Optimizer,
     loss: tf.keras.losses.Loss,
     metrics: Optional[list[tf.keras.metrics.Metric]] = None,
+    extra_loss: Optional[Callable[[], tf.Tensor]] = None,
 ) -> tf.Tensor:
     """Runs one optimizer step per batch of `dataset` on `variables`.
 
-    Only `variables` change; everything else is read. Returns the number of
+    Only `variables` change; everything else is read. `extra_loss`, if given,
+    is added to every batch loss (e.g. a norm penalty). Returns the number of
     examples processed. Must be called inside a `tf.function`.
     """
     if not variables:
@@ -101,6 +103,8 @@ def optimizer_steps(
             batch_loss = loss(output.labels, output.predictions)
             if regularized:
                 batch_loss += regularization_loss(model)
+            if extra_loss is not None:
+                batch_loss += extra_loss()
         gradients = tape.gradient(batch_loss, variables)
         optimizer_state, updated = optimizer.next(optimizer_state, tuple(variables), tuple(gradients))
         if not isinstance(optimizer, keras_optimizer.KerasOptimizer):

@@ -1,0 +1,253 @@
+"""FURL: Federated User Representation Learning (Bui et al., 2019).
+
+Model parameters are split into *federated* parameters (the model's global
+variables) and *private* parameters (its local variables, e.g. a user
+embedding). Each round, every sampled client
+
+1. receives the federated parameters;
+2. starts its private parameters from the value its last participation left
+   on the device (or a default on first participation) -- they are a
+   `tff.CLIENTS`-placed *input* of the round;
+3. trains federated and private parameters jointly on its data (optionally
+   with a norm penalty on its own private parameters, which keeps the
+   independent-local-training constraint, Eq. 1);
+4. sends back only the federated update and a weight; its trained private
+   parameters are a `tff.CLIENTS`-placed *output* of the round (global update
+   rule a_p = identity, Eq. 7).
+
+Federated parameters are aggregated with any `tff.aggregators` factory
+(a_f = FedAvg by default, Eq. 4) and applied by a server optimizer. Private
+parameters never reach a SERVER-placed intrinsic or the server state.
+
+The process is a `tff.templates.IterativeProcess` (a `LearningProcess` cannot
+return CLIENTS-placed values):
+
+    initialize: ( -> state@SERVER)
+    next: (<state@SERVER, {data}@CLIENTS, {private}@CLIENTS> ->
+           <state@SERVER, metrics@SERVER, {private}@CLIENTS>)
+"""
+
+from __future__ import annotations
+
+import collections
+from typing import Any, Callable, NamedTuple, Optional, Union
+
+import numpy as np
+import tensorflow as tf
+import tensorflow_federated as tff
+from tensorflow_federated.python.learning import tensor_utils
+from tensorflow_federated.python.learning.metrics import keras_finalizer
+from tensorflow_federated.python.learning.optimizers import keras_optimizer
+
+from fedpersonal.algorithms import fed_recon
+from fedpersonal.models import partially_local_model
+
+ModelWeights = tff.learning.models.ModelWeights
+ReconstructionModel = tff.learning.models.ReconstructionModel
+AggregationFactory = Union[tff.aggregators.WeightedAggregationFactory, tff.aggregators.UnweightedAggregationFactory]
+
+
+class FurlOutput(NamedTuple):
+    """Result of one FURL round: server state, server metrics, and each client's new private state."""
+
+    state: Any
+    metrics: Any
+    private_states: Any
+
+
+class FurlProcess(tff.templates.IterativeProcess):
+    """The FURL iterative process, with helpers to read and set the federated weights."""
+
+    def __init__(self, initialize_fn, next_fn, *, private_state_type, global_weights_type, initial_private_state_fn):
+        super().__init__(initialize_fn, next_fn)
+        self.private_state_type = private_state_type
+        self.global_weights_type = global_weights_type
+        self._initial_private_state_fn = initial_private_state_fn
+
+    def get_model_weights(self, state) -> ModelWeights:
+        """The federated (global) model weights in `state`."""
+        return state.global_model_weights
+
+    def initial_private_state(self) -> ModelWeights:
+        """A freshly initialized private state (the model's local variables at their initializers)."""
+        return self._initial_private_state_fn()
+
+
+def local_weights(model: ReconstructionModel) -> ModelWeights:
+    """The model's private (local) variables as `ModelWeights`."""
+    return ModelWeights(
+        trainable=list(model.local_trainable_variables), non_trainable=list(model.local_non_trainable_variables)
+    )
+
+
+def global_weights(model: ReconstructionModel) -> ModelWeights:
+    """The model's federated (global) variables as `ModelWeights`."""
+    return ModelWeights(
+        trainable=list(model.global_trainable_variables), non_trainable=list(model.global_non_trainable_variables)
+    )
+
+
+def build_furl(
+    model_fn: Callable[[], ReconstructionModel],
+    *,
+    loss_fn: Callable[[], tf.keras.losses.Loss],
+    metrics_fn: Optional[Callable[[], list[tf.keras.metrics.Metric]]] = None,
+    client_optimizer: tff.learning.optimizers.Optimizer = tff.learning.optimizers.build_sgdm(learning_rate=0.1),
+    server_optimizer: tff.learning.optimizers.Optimizer = tff.learning.optimizers.build_sgdm(learning_rate=1.0),
+    client_epochs: int = 1,
+    private_norm_regularization: float = 0.0,
+    client_weighting: Any = tff.learning.ClientWeighting.NUM_EXAMPLES,
+    model_aggregator: Optional[AggregationFactory] = None,
+    metrics_aggregator: Callable[..., tff.Computation] = tff.learning.metrics.sum_then_finalize,
+) -> FurlProcess:
+    """Builds the FURL iterative process.
+
+    Args:
+      model_fn: No-arg function returning a new model whose local variables are
+        the private parameters (e.g. `fedpersonal.models.from_keras_model` with
+        the user-embedding layer declared local).
+      loss_fn: No-arg function returning the training loss.
+      metrics_fn: No-arg function returning Keras metrics computed during local
+        training (`loss` and `num_examples` are added).
+      client_optimizer: Optimizer for the joint local training.
+      server_optimizer: Applied to the aggregated federated update.
+      client_epochs: Local epochs per round (the paper: 1).
+      private_norm_regularization: lambda of a `lambda * ||w_p||^2` penalty on
+        the client's own private parameters (allowed by Eq. 1).
+      client_weighting: `NUM_EXAMPLES` (FedAvg, Eq. 4), `UNIFORM`, or a callable.
+      model_aggregator: Any `tff.aggregators` factory for the federated update.
+      metrics_aggregator: As in TFF.
+
+    Returns:
+      A `FurlProcess`.
+    """
+    if client_epochs < 1:
+        raise ValueError(f'client_epochs must be >= 1, got {client_epochs}.')
+    with tf.Graph().as_default():
+        probe = model_fn()
+        partially_local_model.require_parts(probe, algorithm='FURL', needs_global=True, needs_local=True)
+        element_type = tff.types.tensorflow_to_type(probe.input_spec)
+
+    @tff.tensorflow.computation
+    def initial_global_weights():
+        return global_weights(model_fn())
+
+    @tff.tensorflow.computation
+    def initial_private_state():
+        return local_weights(model_fn())
+
+    weights_type = initial_global_weights.type_signature.result
+    private_type = initial_private_state.type_signature.result
+    dataset_type = tff.SequenceType(element_type)
+
+    if model_aggregator is None:
+        model_aggregator = tff.aggregators.MeanFactory()
+    if isinstance(model_aggregator, tff.aggregators.UnweightedAggregationFactory):
+        if client_weighting is not tff.learning.ClientWeighting.UNIFORM:
+            raise ValueError('An unweighted aggregator needs client_weighting=tff.learning.ClientWeighting.UNIFORM.')
+        model_aggregator = tff.aggregators.as_weighted_aggregator(model_aggregator)
+    aggregator = model_aggregator.create(weights_type.trainable, tff.TensorType(np.float32))
+    distributor = tff.learning.templates.build_broadcast_process(weights_type)
+    finalizer = tff.learning.templates.build_apply_optimizer_finalizer(server_optimizer, weights_type)
+    metric_finalizers: collections.OrderedDict = collections.OrderedDict()
+
+    @tff.tensorflow.computation(weights_type, dataset_type, private_type)
+    @tf.function
+    def client_update(server_weights, dataset, private_state):
+        with tf.init_scope():
+            model = model_fn()
+            metrics = (metrics_fn() if metrics_fn else []) + [
+                tf.keras.metrics.MeanMetricWrapper(loss_fn(), name='loss'),
+                tff.learning.metrics.NumExamplesCounter(),
+            ]
+            for metric in metrics:
+                metric_finalizers[metric.name] = keras_finalizer.create_keras_metric_finalizer(metric)
+            loss = loss_fn()
+            trainable = list(model.global_trainable_variables) + list(model.local_trainable_variables)
+            optimizer = keras_optimizer.build_or_verify_tff_optimizer(
+                client_optimizer, trainable, disjoint_init_and_next=False
+            )
+        fed_recon.assign(model.global_trainable_variables, server_weights.trainable)
+        fed_recon.assign(model.global_non_trainable_variables, server_weights.non_trainable)
+        fed_recon.assign(model.local_trainable_variables, private_state.trainable)
+        fed_recon.assign(model.local_non_trainable_variables, private_state.non_trainable)
+
+        penalty = None
+        if private_norm_regularization > 0:
+            private = list(model.local_trainable_variables)
+            penalty = lambda: private_norm_regularization * tf.add_n([tf.reduce_sum(tf.square(v)) for v in private])
+        num_examples = fed_recon.optimizer_steps(
+            model, dataset.repeat(client_epochs), trainable, optimizer, loss, metrics, extra_loss=penalty
+        )
+        delta = [a - b for a, b in zip(server_weights.trainable, model.global_trainable_variables)]
+        delta, has_non_finite = tensor_utils.zero_all_if_any_non_finite(delta)
+        unfinalized = ReconstructionModel.read_metric_variables(metrics)
+        if client_weighting is tff.learning.ClientWeighting.NUM_EXAMPLES:
+            weight = tf.cast(num_examples, tf.float32)
+        elif client_weighting is tff.learning.ClientWeighting.UNIFORM:
+            weight = tf.constant(1.0)
+        else:
+            weight = tf.cast(client_weighting(unfinalized), tf.float32)
+        weight = tf.where(tf.logical_or(has_non_finite > 0, num_examples == 0), 0.0, weight)
+        # A non-finite round keeps the client's previous private state.
+        new_private = tf.cond(
+            has_non_finite > 0,
+            lambda: ModelWeights(trainable=list(private_state.trainable), non_trainable=list(private_state.non_trainable)),
+            lambda: ModelWeights(
+                trainable=[tf.identity(v) for v in model.local_trainable_variables],
+                non_trainable=[tf.identity(v) for v in model.local_non_trainable_variables],
+            ),
+        )
+        return tff.learning.templates.ClientResult(update=delta, update_weight=weight), unfinalized, new_private
+
+    @tff.federated_computation
+    def initialize():
+        return tff.federated_zip(
+            tff.learning.templates.LearningAlgorithmState(
+                global_model_weights=tff.federated_eval(initial_global_weights, tff.SERVER),
+                distributor=distributor.initialize(),
+                client_work=tff.federated_value((), tff.SERVER),
+                aggregator=aggregator.initialize(),
+                finalizer=finalizer.initialize(),
+            )
+        )
+
+    state_type = initialize.type_signature.result
+
+    @tff.federated_computation(
+        state_type, tff.FederatedType(dataset_type, tff.CLIENTS), tff.FederatedType(private_type, tff.CLIENTS)
+    )
+    def next_fn(state, client_data, private_states):
+        distributed = distributor.next(state.distributor, state.global_model_weights)
+        client_result, unfinalized, new_private = tff.federated_map(
+            client_update, (distributed.result, client_data, private_states)
+        )
+        aggregated = aggregator.next(state.aggregator, client_result.update, client_result.update_weight)
+        finalized = finalizer.next(state.finalizer, state.global_model_weights, aggregated.result)
+        train_metrics = metrics_aggregator(metric_finalizers, unfinalized.type_signature.member)(unfinalized)
+        new_state = tff.federated_zip(
+            tff.learning.templates.LearningAlgorithmState(
+                global_model_weights=finalized.result,
+                distributor=distributed.state,
+                client_work=state.client_work,
+                aggregator=aggregated.state,
+                finalizer=finalized.state,
+            )
+        )
+        metrics = tff.federated_zip(
+            collections.OrderedDict(
+                distributor=distributed.measurements,
+                client_work=tff.federated_zip(collections.OrderedDict(train=train_metrics)),
+                aggregator=aggregated.measurements,
+                finalizer=finalized.measurements,
+            )
+        )
+        return FurlOutput(state=new_state, metrics=metrics, private_states=new_private)
+
+    return FurlProcess(
+        initialize,
+        next_fn,
+        private_state_type=private_type,
+        global_weights_type=weights_type,
+        initial_private_state_fn=initial_private_state,
+    )
