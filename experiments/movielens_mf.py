@@ -29,9 +29,13 @@ def main(argv):
     if len(argv) > 1:
         raise app.UsageError(f'Unexpected arguments: {argv[1:]}')
     logging.set_verbosity(logging.INFO)
-    config = config_flags.config_from_flags(movielens_mf.MovieLensMFConfig)
-    with runtime.LocalRuntime():
-        results = movielens_mf.run(config)
+    try:
+        config = config_flags.config_from_flags(movielens_mf.MovieLensMFConfig)
+        with runtime.LocalRuntime():
+            results = movielens_mf.run(config)
+    except (ValueError, TypeError, flags.IllegalFlagValueError) as error:
+        # Configuration and data errors name the flag, file, line or client; no TF stack trace.
+        raise app.UsageError(str(error)) from None
     print(f'\nDataset: {results["dataset"]}')
     print(movielens_mf.format_table(results['rows']))
     print(f'\nOutputs: {config.output_dir}')

@@ -96,7 +96,7 @@ def run_learning_process(
             asyncio.run(outputs.state_manager.save(state, round_num))
         done = round_num - start_round
         eta = (time.time() - started) / done * (total_rounds - round_num)
-        shown = {k: v for k, v in history[-1].items() if k.startswith('eval/') or k == 'train/loss'}
+        shown = {k: v for k, v in history[-1].items() if k in ('train/loss', 'eval/rmse', 'eval/accuracy', 'eval/per_client/rmse/p50')}
         logging.info(
             '[%s] round %d/%d  %.2fs  eta %.0fs  %s',
             name, round_num, total_rounds, metrics['round_seconds'], eta,

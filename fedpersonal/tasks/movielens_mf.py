@@ -280,6 +280,12 @@ class MovieLensMFTask:
             )
         return self._evaluations['standard']
 
+    def periodic_metrics(self, kind: str, weights, client_data, dataset_fn) -> dict[str, Any]:
+        """Aggregate metrics and per-client RMSE/accuracy quantiles on up to `eval_clients` clients."""
+        result = self.evaluate(kind, weights, client_data, dataset_fn, self.config.eval_clients)
+        per_client = {name: result['per_client'][name] for name in ('rmse', 'accuracy') if name in result['per_client']}
+        return {**result['metrics'], 'per_client': per_client}
+
     def evaluate(self, kind: str, weights, client_data, dataset_fn, limit: Optional[int] = None) -> dict[str, Any]:
         computation = self.recon_eval() if kind == 'recon' else self.standard_eval()
         result = computation(weights, self._client_datasets(client_data, dataset_fn, limit))
@@ -351,7 +357,7 @@ def run_configuration(task: MovieLensMFTask, name: str) -> dict[str, Any]:
     row: dict[str, Any] = {'name': ROW_NAMES[name], 'configuration': name}
     if name == 'fedrecon':
         process = task.build_fed_recon()
-        eval_fn = lambda w: task.evaluate('recon', w, prepared.user_val, task.personal_dataset_fn, cfg.eval_clients)['metrics']
+        eval_fn = lambda w: task.periodic_metrics('recon', w, prepared.user_val, task.personal_dataset_fn)
         state, history = program.run_learning_process(
             process,
             client_data=prepared.user_train,
@@ -375,11 +381,10 @@ def run_configuration(task: MovieLensMFTask, name: str) -> dict[str, Any]:
 
         def eval_fn(weights):
             if standard:
-                return task.evaluate('standard', weights, prepared.time_val, task.table_dataset_fn_eval, cfg.eval_clients)['metrics']
-            return task.evaluate(
-                'recon', task.personal_globals_from_table(weights.trainable), prepared.user_val,
-                task.personal_dataset_fn, cfg.eval_clients,
-            )['metrics']
+                return task.periodic_metrics('standard', weights, prepared.time_val, task.table_dataset_fn_eval)
+            return task.periodic_metrics(
+                'recon', task.personal_globals_from_table(weights.trainable), prepared.user_val, task.personal_dataset_fn
+            )
 
         state, history = program.run_learning_process(
             process,

@@ -5,6 +5,7 @@ import json
 import os
 
 import pytest
+from absl import app
 from absl import flags
 
 from experiments import movielens_mf as binary
@@ -44,6 +45,9 @@ def test_all_five_configurations_two_rounds(tmp_path, capsys):
         assert 0 < row['rmse'] < 10 and 0 <= row['accuracy'] <= 1
         assert row['per_client']['rmse']['clients'] > 0
     assert 'generated' in results['dataset']
+    with open(os.path.join(out, 'fedrecon', 'metrics.csv')) as f:
+        header = f.readline()
+    assert 'eval/per_client/rmse/p50' in header and 'eval/per_client/accuracy/p90' in header
     for name in ('fedrecon', 'fedavg_recon'):
         assert _rounds(os.path.join(out, name, 'metrics.csv')) == [1, 2]
         assert os.listdir(os.path.join(out, name, 'checkpoints'))
@@ -65,5 +69,12 @@ def test_resumes_from_checkpoint(tmp_path):
 
 def test_bad_data_dir_gives_a_clear_error(tmp_path):
     (tmp_path / 'u.data').write_text('1\t2\t3\t881250949\n1\t2\n')
-    with pytest.raises(ValueError, match=r'u\.data.*line 2'):
+    with pytest.raises(app.UsageError, match=r'u\.data.*line 2'):
         _run(TINY + ['--total_rounds=1', f'--data_dir={tmp_path}', f'--output_dir={tmp_path / "o"}'])
+
+
+def test_bad_flag_values_give_clear_errors(tmp_path):
+    with pytest.raises(app.UsageError, match='configurations must be a non-empty subset'):
+        _run(TINY + ['--configurations=fedprox', f'--output_dir={tmp_path}'])
+    with pytest.raises(app.UsageError, match=r"--recon_steps_max='many': expected int or 'none'"):
+        _run(TINY + ['--recon_steps_max=many', f'--output_dir={tmp_path}'])

@@ -1,0 +1,1 @@
+"""Privacy analysis of federated computations."""
