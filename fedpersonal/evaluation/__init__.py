@@ -2,3 +2,4 @@
 
 from fedpersonal.evaluation.federated_evaluation import build_recon_eval
 from fedpersonal.evaluation.federated_evaluation import build_standard_eval
+from fedpersonal.evaluation.federated_evaluation import build_private_state_eval

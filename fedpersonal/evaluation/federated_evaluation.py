@@ -46,9 +46,18 @@ def _build_evaluation(
     learn_local_init: bool,
     per_client_sample_size: int,
     metrics_aggregator: Callable[..., tff.Computation],
+    with_private_states: bool = False,
 ) -> tff.Computation:
     with tf.Graph().as_default():
         element_type = tff.types.tensorflow_to_type(model_fn().input_spec)
+
+    @tff.tensorflow.computation
+    def initial_private_state():
+        model = model_fn()
+        return tff.learning.models.ModelWeights(
+            trainable=list(model.local_trainable_variables), non_trainable=list(model.local_non_trainable_variables))
+
+    private_type = initial_private_state.type_signature.result
 
     @tff.tensorflow.computation
     def initial_weights():
@@ -59,9 +68,8 @@ def _build_evaluation(
     split_fn = dataset_split_lib.build_support_only_fn(dataset_split) if dataset_split else None
     metric_finalizers: collections.OrderedDict = collections.OrderedDict()
 
-    @tff.tensorflow.computation(weights_type, dataset_type)
     @tf.function
-    def client_eval(server_weights, dataset):
+    def client_eval_fn(server_weights, dataset, private_state):
         with tf.init_scope():
             model = model_fn()
             metrics = (metrics_fn() if metrics_fn else []) + [
@@ -87,6 +95,9 @@ def _build_evaluation(
         fed_recon.assign(model.global_non_trainable_variables, server_weights.non_trainable)
         if learn_local_init:
             fed_recon.assign(model.local_trainable_variables, server_weights.trainable[num_global:])
+        if private_state is not None:
+            fed_recon.assign(model.local_trainable_variables, private_state.trainable)
+            fed_recon.assign(model.local_non_trainable_variables, private_state.non_trainable)
 
         if split_fn is not None:
             support, query = split_fn(dataset)
@@ -108,16 +119,37 @@ def _build_evaluation(
         )
         return unfinalized, finalized
 
-    @tff.federated_computation(tff.FederatedType(weights_type, tff.SERVER), tff.FederatedType(dataset_type, tff.CLIENTS))
-    def evaluate(server_weights, client_datasets):
-        client_weights = tff.federated_broadcast(server_weights)
-        unfinalized, per_client = tff.federated_map(client_eval, (client_weights, client_datasets))
+    def aggregate_results(unfinalized, per_client):
         aggregate = metrics_aggregator(metric_finalizers, unfinalized.type_signature.member)(unfinalized)
         sampler = tff.aggregators.UnweightedReservoirSamplingFactory(per_client_sample_size).create(
             per_client.type_signature.member
         )
         sampled = sampler.next(sampler.initialize(), per_client).result
         return tff.federated_zip(collections.OrderedDict(eval=aggregate, per_client=sampled))
+
+    server_weights_type = tff.FederatedType(weights_type, tff.SERVER)
+    client_datasets_type = tff.FederatedType(dataset_type, tff.CLIENTS)
+    if with_private_states:
+
+        @tff.tensorflow.computation(weights_type, dataset_type, private_type)
+        def client_eval_private(server_weights, dataset, private_state):
+            return client_eval_fn(server_weights, dataset, private_state)
+
+        @tff.federated_computation(server_weights_type, client_datasets_type, tff.FederatedType(private_type, tff.CLIENTS))
+        def evaluate_with_private(server_weights, client_datasets, private_states):
+            client_weights = tff.federated_broadcast(server_weights)
+            return aggregate_results(*tff.federated_map(client_eval_private, (client_weights, client_datasets, private_states)))
+
+        return evaluate_with_private
+
+    @tff.tensorflow.computation(weights_type, dataset_type)
+    def client_eval(server_weights, dataset):
+        return client_eval_fn(server_weights, dataset, None)
+
+    @tff.federated_computation(server_weights_type, client_datasets_type)
+    def evaluate(server_weights, client_datasets):
+        client_weights = tff.federated_broadcast(server_weights)
+        return aggregate_results(*tff.federated_map(client_eval, (client_weights, client_datasets)))
 
     return evaluate
 
@@ -186,4 +218,34 @@ def build_standard_eval(
         learn_local_init=learn_local_init,
         per_client_sample_size=per_client_sample_size,
         metrics_aggregator=metrics_aggregator,
+    )
+
+
+def build_private_state_eval(
+    model_fn: fed_recon.ModelFn,
+    *,
+    loss_fn: fed_recon.LossFn,
+    metrics_fn: Optional[fed_recon.MetricsFn] = None,
+    per_client_sample_size: int = 100_000,
+    metrics_aggregator: Callable[..., tff.Computation] = tff.learning.metrics.sum_then_finalize,
+) -> tff.Computation:
+    """StandardEval for stateful personalization (FURL): each client uses its own private state.
+
+    Returns a `tff.Computation` `(global_weights@SERVER, {dataset}@CLIENTS,
+    {private_state}@CLIENTS) -> <eval, per_client>@SERVER`. Seen users pass the
+    private state their training left; never-seen users pass a default (e.g.
+    `FurlProcess.initial_private_state()`). Private states are only read inside
+    the client computation.
+    """
+    return _build_evaluation(
+        model_fn,
+        loss_fn=loss_fn,
+        metrics_fn=metrics_fn,
+        dataset_split=None,
+        reconstruction_optimizer=None,
+        finetune_optimizer=None,
+        learn_local_init=False,
+        per_client_sample_size=per_client_sample_size,
+        metrics_aggregator=metrics_aggregator,
+        with_private_states=True,
     )

@@ -23,6 +23,17 @@ def sample_clients(client_ids: list[str], clients_per_round: int, round_num: int
     return [client_ids[i] for i in rng.choice(len(client_ids), size=size, replace=False)]
 
 
+def from_model_weights(weights: tff.learning.models.ModelWeights) -> list[np.ndarray]:
+    """A private state as the flat array list stored per client (trainable, then non-trainable)."""
+    return [np.asarray(v) for v in list(weights.trainable) + list(weights.non_trainable)]
+
+
+def to_model_weights(arrays: list[np.ndarray], private_type: tff.Type) -> tff.learning.models.ModelWeights:
+    """Inverse of `from_model_weights` for a process's `private_state_type`."""
+    num_trainable = len(private_type.trainable)
+    return tff.learning.models.ModelWeights(trainable=list(arrays[:num_trainable]), non_trainable=list(arrays[num_trainable:]))
+
+
 def run_learning_process(
     process: tff.learning.templates.LearningProcess,
     *,
@@ -38,6 +49,7 @@ def run_learning_process(
     name: str = 'train',
     initial_state: Any = None,
     validate_fn: Optional[Callable[[str, tf.data.Dataset], None]] = None,
+    client_state_store: Any = None,
 ) -> tuple[Any, list[dict[str, float]]]:
     """Runs `total_rounds` rounds, resuming from the latest checkpoint if any.
 
@@ -63,6 +75,12 @@ def run_learning_process(
       initial_state: State to start from instead of `process.initialize()`.
       validate_fn: Called as `validate_fn(client_id, dataset)` for each sampled
         client before the round (e.g. an input-spec check naming the client).
+      client_state_store: For stateful algorithms (FURL): a
+        `fedpersonal.client_state.ClientStateStore` holding each client's private
+        state. The sampled clients' states are passed to `process.next` as its
+        CLIENTS-placed third argument and the returned ones written back; the
+        store is committed right after each server checkpoint and rolled back to
+        the checkpointed round on resume, so both always agree.
 
     Returns:
       `(final_state, history)`: the state and the released metric rows.
@@ -73,6 +91,8 @@ def run_learning_process(
     if loaded is not None:
         state, start_round = loaded, int(version)
         logging.info('[%s] resumed from checkpoint at round %d', name, start_round)
+    if client_state_store is not None:
+        client_state_store.rollback(start_round)
     client_ids = list(client_data.client_ids)
     history = []
     started = time.time()
@@ -85,7 +105,12 @@ def run_learning_process(
             if validate_fn is not None:
                 validate_fn(client_id, dataset)
             datasets.append(dataset)
-        result = process.next(state, datasets)
+        if client_state_store is None:
+            result = process.next(state, datasets)
+        else:
+            private = [to_model_weights(s, process.private_state_type) for s in client_state_store.get(sampled)]
+            result = process.next(state, datasets, private)
+            client_state_store.put(sampled, [from_model_weights(p) for p in result.private_states], round_num)
         state = result.state
         metrics = {'train': result.metrics.get('client_work', {}).get('train', {})}
         metrics['round_seconds'] = time.time() - round_start
@@ -94,6 +119,8 @@ def run_learning_process(
         history.append(outputs.release_metrics(round_num, metrics))
         if round_num % rounds_per_checkpoint == 0 or round_num == total_rounds:
             asyncio.run(outputs.state_manager.save(state, round_num))
+            if client_state_store is not None:
+                client_state_store.commit(round_num)
         done = round_num - start_round
         eta = (time.time() - started) / done * (total_rounds - round_num)
         shown = {k: v for k, v in history[-1].items() if k in ('train/loss', 'eval/rmse', 'eval/accuracy', 'eval/per_client/rmse/p50')}
