@@ -1,0 +1,132 @@
+"""`InMemoryClientStateStore`: a dict-based client state store for simulations that fit in memory.
+
+Values are kept encoded (one `bytes` blob per client, the arrays' raw bytes in
+spec order), which costs about 4x less memory than lists of small arrays: ~0.3 KB
+per client for a 32-float embedding. Committed values live in one dict; writes
+since the last commit live in a second dict of per-round versions, so `commit`
+and `rollback` cost time proportional to the clients written since the last
+commit, never to the number of registered clients. Nothing survives the process.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from typing import Any, Optional
+
+from fedpersonal.client_state import store as store_lib
+
+
+class InMemoryClientStateStore(store_lib.ClientStateStore):
+    """Client states in process memory, with the commit/rollback semantics of `ClientStateStore`."""
+
+    def __init__(self, spec: Iterable[tuple[Sequence[int], Any]], default_fn: store_lib.DefaultFn):
+        """Creates an empty store.
+
+        Args:
+          spec: `(shape, dtype)` of each array of a state.
+          default_fn: `client_id -> State` for clients never stored.
+        """
+        super().__init__(spec, default_fn)
+        self._committed: dict[str, bytes] = {}
+        self._pending: dict[str, dict[int, bytes]] = {}  # client id -> {round: blob}, rounds > committed.
+        self._pending_only = 0  # Clients in _pending but not in _committed.
+        self._committed_round = 0
+        self._closed = False
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise ValueError('the client state store is closed')
+
+    def _blob(self, client_id: str) -> Optional[bytes]:
+        versions = self._pending.get(client_id)
+        if versions:
+            return versions[max(versions)]
+        return self._committed.get(client_id)
+
+    def get(self, client_ids: Sequence[str]) -> list[store_lib.State]:
+        self._check_open()
+        result = []
+        for cid in client_ids:
+            blob = self._blob(store_lib.check_client_id(cid))
+            result.append(self._default(cid) if blob is None else self._codec.decode(cid, blob))
+        return result
+
+    def contains(self, client_id: str) -> bool:
+        self._check_open()
+        return client_id in self._committed or client_id in self._pending
+
+    def __len__(self) -> int:
+        self._check_open()
+        return len(self._committed) + self._pending_only
+
+    def put(self, client_ids: Sequence[str], states: Sequence[store_lib.State], round_num: int) -> None:
+        self._check_open()
+        round_num = store_lib.check_round(round_num, self._committed_round, 'put')
+        client_ids = [store_lib.check_client_id(cid) for cid in client_ids]
+        if len(client_ids) != len(states):
+            raise ValueError(f'put: {len(client_ids)} client ids but {len(states)} states')
+        store_lib.check_distinct(client_ids, 'put')
+        blobs = [self._codec.encode(cid, state) for cid, state in zip(client_ids, states)]  # Validate all first.
+        for cid, blob in zip(client_ids, blobs):
+            versions = self._pending.get(cid)
+            if versions is None:
+                if cid not in self._committed:
+                    self._pending_only += 1
+                versions = self._pending[cid] = {}
+            versions[round_num] = blob
+
+    def register(self, client_ids: Sequence[str], states: Optional[Sequence[store_lib.State]] = None) -> None:
+        self._check_open()
+        new: dict[str, bytes] = {}
+        if states is None:
+            pairs = ((cid, None) for cid in client_ids)
+        else:
+            if len(client_ids) != len(states):
+                raise ValueError(f'register: {len(client_ids)} client ids but {len(states)} states')
+            pairs = zip(client_ids, states)
+        for cid, state in pairs:  # Everything is checked before anything is registered.
+            store_lib.check_client_id(cid)
+            if cid in new:
+                raise ValueError(f'register: client {cid!r} is listed more than once')
+            if cid in self._committed or cid in self._pending:
+                raise ValueError(f'register: client {cid!r} is already registered')
+            new[cid] = self._codec.encode(cid, self.default_fn(cid) if state is None else state)
+        self._committed.update(new)
+
+    def commit(self, round_num: int) -> None:
+        self._check_open()
+        round_num = store_lib.check_round(round_num, self._committed_round, 'commit')
+        for cid in list(self._pending):
+            versions = self._pending[cid]
+            done = [r for r in versions if r <= round_num]
+            if not done:
+                continue
+            if cid not in self._committed:
+                self._pending_only -= 1
+            self._committed[cid] = versions[max(done)]
+            for r in done:
+                del versions[r]
+            if not versions:
+                del self._pending[cid]
+        self._committed_round = round_num
+
+    def rollback(self, round_num: int) -> None:
+        self._check_open()
+        round_num = store_lib.check_round(round_num, self._committed_round, 'rollback')
+        for cid in list(self._pending):
+            versions = self._pending[cid]
+            for r in [r for r in versions if r > round_num]:
+                del versions[r]
+            if not versions:
+                del self._pending[cid]
+                if cid not in self._committed:
+                    self._pending_only -= 1
+
+    def committed_round(self) -> int:
+        self._check_open()
+        return self._committed_round
+
+    def close(self) -> None:
+        self._closed = True
+        self._committed = {}
+        self._pending = {}

@@ -1,0 +1,285 @@
+"""`SqliteClientStateStore`: a durable on-disk client state store (stdlib `sqlite3`, WAL mode).
+
+Schema (one SQLite file):
+
+* `meta(key PRIMARY KEY, value)`: `format` (schema version), `spec` (canonical
+  JSON of the spec, byte order included), `committed_round`, `num_clients`
+  (maintained in the transaction of every write, so `len()` never counts rows).
+* `states(client_id PRIMARY KEY, round, blob) WITHOUT ROWID`: each registered
+  client's committed value and the round that wrote it (0: `register`).
+* `pending(client_id, round, blob, PRIMARY KEY (client_id, round)) WITHOUT ROWID`:
+  the versions written by `put` since the last commit, one per (client, round).
+
+A blob is a state's arrays' raw C-order bytes concatenated in spec order; its
+length is checked on every read (`CorruptStateError` names the client).
+
+Operations (each is one SQLite transaction, so it is atomic and a killed process
+leaves either all or none of it):
+
+* `get(ids)`: indexed `IN (...)` lookups in `pending` (latest round wins), then
+  in `states`: O(k log N) for k clients among N.
+* `put(ids, states, r)`: `INSERT OR REPLACE` of k rows into `pending`
+  (`executemany`) plus the `num_clients` update: O(k log N).
+* `commit(r)`: copies each client's latest pending version with round <= r over
+  its row in `states` (garbage-collecting the superseded committed value), deletes
+  those pending versions and records `committed_round = r`: O(P log N) for the P
+  versions pending. Runs with `synchronous=FULL`, so a commit also survives power
+  loss; other writes use `synchronous=NORMAL` (they survive a killed process,
+  and WAL keeps the file consistent on power loss).
+* `rollback(r)`: deletes the pending versions with round > r (and counts the
+  clients that had no other version): O(P log N).
+* `register`: streams the (id, blob) rows into one `executemany` `INSERT` (memory
+  stays flat for millions of clients), then truncates the WAL.
+
+Opening an existing file with a different spec raises ValueError. One store
+object per file at a time (committed round and client count are cached).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sqlite3
+from collections.abc import Iterable, Iterator, Sequence
+from typing import Any, Optional, Union
+
+from fedpersonal.client_state import store as store_lib
+
+_FORMAT = 1
+_CHUNK = 500  # Host parameters per `IN (...)` query (SQLite allows 32766).
+_SCHEMA = (
+    'CREATE TABLE meta (key TEXT PRIMARY KEY, value) WITHOUT ROWID',
+    'CREATE TABLE states (client_id TEXT PRIMARY KEY, round INTEGER NOT NULL, blob BLOB NOT NULL) WITHOUT ROWID',
+    'CREATE TABLE pending (client_id TEXT NOT NULL, round INTEGER NOT NULL, blob BLOB NOT NULL, '
+    'PRIMARY KEY (client_id, round)) WITHOUT ROWID',
+)
+
+
+def _chunks(items: Sequence[str]) -> Iterator[Sequence[str]]:
+    for start in range(0, len(items), _CHUNK):
+        yield items[start:start + _CHUNK]
+
+
+def _placeholders(n: int) -> str:
+    return ','.join('?' * n)
+
+
+class SqliteClientStateStore(store_lib.ClientStateStore):
+    """Client states in an SQLite file, with the commit/rollback semantics of `ClientStateStore`."""
+
+    def __init__(self, path: Union[str, os.PathLike], spec: Iterable[tuple[Sequence[int], Any]],
+                 default_fn: store_lib.DefaultFn, *, cache_mb: int = 16):
+        """Opens the store at `path`, creating it if the file does not exist or is empty.
+
+        Args:
+          path: The SQLite file (its directory must exist); `-wal` and `-shm`
+            files appear beside it while it is open.
+          spec: `(shape, dtype)` of each array of a state; must equal the spec the
+            file was created with.
+          default_fn: `client_id -> State` for clients never stored.
+          cache_mb: SQLite page cache size of the connection, in MiB.
+
+        Raises:
+          ValueError: If the file is a store with another spec or format, or an
+            SQLite database that is not a client state store.
+        """
+        super().__init__(spec, default_fn)
+        self.path = os.fspath(path)
+        self._conn: Optional[sqlite3.Connection] = None
+        conn = sqlite3.connect(self.path, isolation_level=None)  # Transactions are explicit.
+        try:
+            conn.execute('PRAGMA journal_mode=WAL')
+            conn.execute('PRAGMA synchronous=NORMAL')
+            conn.execute('PRAGMA journal_size_limit=67108864')  # Truncate the WAL to 64 MiB after checkpoints.
+            conn.execute(f'PRAGMA cache_size={-1024 * int(cache_mb)}')
+            self._conn = conn
+            self._open_or_create()
+        except BaseException:
+            self._conn = None
+            conn.close()
+            raise
+
+    # ------------------------------------------------------------------------------------------- internals
+
+    def _db(self) -> sqlite3.Connection:
+        if self._conn is None:
+            raise ValueError(f'the client state store {self.path} is closed')
+        return self._conn
+
+    def _write(self, body, *, durable: bool = False):
+        """Runs `body(conn)` in one write transaction (fsynced when `durable`); returns its result."""
+        conn = self._db()
+        if durable:
+            conn.execute('PRAGMA synchronous=FULL')
+        try:
+            conn.execute('BEGIN IMMEDIATE')
+            try:
+                result = body(conn)
+                conn.execute('COMMIT')
+            except BaseException:
+                conn.execute('ROLLBACK')
+                raise
+        finally:
+            if durable:
+                conn.execute('PRAGMA synchronous=NORMAL')
+        return result
+
+    def _open_or_create(self) -> None:
+        spec_json = store_lib.spec_to_json(self.spec)
+
+        def body(conn: sqlite3.Connection) -> dict[str, Any]:
+            tables = {row[0] for row in conn.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
+            if not tables:
+                for statement in _SCHEMA:
+                    conn.execute(statement)
+                conn.executemany('INSERT INTO meta (key, value) VALUES (?, ?)', [
+                    ('format', _FORMAT), ('spec', spec_json), ('committed_round', 0), ('num_clients', 0)])
+            elif not {'meta', 'states', 'pending'} <= tables:
+                raise ValueError(f'{self.path} is an SQLite database but not a client state store '
+                                 f'(tables: {sorted(tables)})')
+            return dict(conn.execute('SELECT key, value FROM meta'))
+
+        meta = self._write(body)
+        if meta.get('format') != _FORMAT:
+            raise ValueError(f'{self.path}: client state store format {meta.get("format")!r} is not supported '
+                             f'(this code reads format {_FORMAT})')
+        if meta['spec'] != spec_json:
+            stored = store_lib.normalize_spec((e['shape'], e['dtype']) for e in json.loads(meta['spec']))
+            raise ValueError(f'{self.path}: the client state store was created with spec '
+                             f'{store_lib.format_spec(stored)} but is opened with spec '
+                             f'{store_lib.format_spec(self.spec)}')
+        self._committed_round = int(meta['committed_round'])
+        self._num_clients = int(meta['num_clients'])
+
+    def _blobs(self, conn: sqlite3.Connection, client_ids: Sequence[str]) -> dict[str, bytes]:
+        """Latest blob of each stored client among distinct `client_ids` (pending first, then committed)."""
+        blobs: dict[str, bytes] = {}
+        for chunk in _chunks(client_ids):
+            rows = conn.execute(f'SELECT client_id, blob FROM pending WHERE client_id IN ({_placeholders(len(chunk))}) '
+                                'ORDER BY client_id, round', chunk)
+            blobs.update(rows)  # Rounds ascend per client: the latest one is kept.
+            missing = [cid for cid in chunk if cid not in blobs]
+            if missing:
+                blobs.update(conn.execute(
+                    f'SELECT client_id, blob FROM states WHERE client_id IN ({_placeholders(len(missing))})', missing))
+        return blobs
+
+    def _existing(self, conn: sqlite3.Connection, client_ids: Sequence[str]) -> set[str]:
+        """The stored clients among `client_ids`."""
+        found: set[str] = set()
+        for chunk in _chunks(client_ids):
+            marks = _placeholders(len(chunk))
+            found.update(row[0] for row in conn.execute(
+                f'SELECT client_id FROM states WHERE client_id IN ({marks}) '
+                f'UNION SELECT client_id FROM pending WHERE client_id IN ({marks})', [*chunk, *chunk]))
+        return found
+
+    # ------------------------------------------------------------------------------------------------- API
+
+    def get(self, client_ids: Sequence[str]) -> list[store_lib.State]:
+        conn = self._db()
+        client_ids = [store_lib.check_client_id(cid) for cid in client_ids]
+        conn.execute('BEGIN')  # One consistent snapshot.
+        try:
+            blobs = self._blobs(conn, list(dict.fromkeys(client_ids)))
+        finally:
+            conn.execute('COMMIT')
+        return [self._codec.decode(cid, blobs[cid]) if cid in blobs else self._default(cid) for cid in client_ids]
+
+    def contains(self, client_id: str) -> bool:
+        row = self._db().execute(
+            'SELECT 1 FROM states WHERE client_id = ?1 UNION ALL SELECT 1 FROM pending WHERE client_id = ?1 LIMIT 1',
+            (store_lib.check_client_id(client_id),)).fetchone()
+        return row is not None
+
+    def __len__(self) -> int:
+        self._db()
+        return self._num_clients
+
+    def put(self, client_ids: Sequence[str], states: Sequence[store_lib.State], round_num: int) -> None:
+        self._db()
+        round_num = store_lib.check_round(round_num, self._committed_round, 'put')
+        client_ids = [store_lib.check_client_id(cid) for cid in client_ids]
+        if len(client_ids) != len(states):
+            raise ValueError(f'put: {len(client_ids)} client ids but {len(states)} states')
+        store_lib.check_distinct(client_ids, 'put')
+        rows = [(cid, round_num, self._codec.encode(cid, state)) for cid, state in zip(client_ids, states)]
+
+        def body(conn: sqlite3.Connection) -> int:
+            new = len(client_ids) - len(self._existing(conn, client_ids))
+            conn.executemany('INSERT OR REPLACE INTO pending (client_id, round, blob) VALUES (?, ?, ?)', rows)
+            if new:
+                conn.execute("UPDATE meta SET value = value + ? WHERE key = 'num_clients'", (new,))
+            return new
+
+        self._num_clients += self._write(body)
+
+    def register(self, client_ids: Sequence[str], states: Optional[Sequence[store_lib.State]] = None) -> None:
+        conn = self._db()
+        if states is not None and len(client_ids) != len(states):
+            raise ValueError(f'register: {len(client_ids)} client ids but {len(states)} states')
+        pairs = ((cid, None) for cid in client_ids) if states is None else zip(client_ids, states)
+        pending_ids = {row[0] for row in conn.execute('SELECT DISTINCT client_id FROM pending')}
+        last = [None, 0]  # Id of the row being inserted, rows yielded.
+
+        def rows() -> Iterator[tuple[str, bytes]]:
+            for cid, state in pairs:
+                store_lib.check_client_id(cid)
+                if cid in pending_ids:
+                    raise ValueError(f'register: client {cid!r} is already registered')
+                blob = self._codec.encode(cid, self.default_fn(cid) if state is None else state)
+                last[0] = cid
+                last[1] += 1
+                yield cid, blob
+
+        def body(conn: sqlite3.Connection) -> int:
+            try:
+                conn.executemany('INSERT INTO states (client_id, round, blob) VALUES (?, 0, ?)', rows())
+            except sqlite3.IntegrityError as e:
+                raise ValueError(f'register: client {last[0]!r} is already registered or listed more than once') from e
+            conn.execute("UPDATE meta SET value = value + ? WHERE key = 'num_clients'", (last[1],))
+            return last[1]
+
+        self._num_clients += self._write(body, durable=True)
+        conn.execute('PRAGMA wal_checkpoint(TRUNCATE)')
+
+    def commit(self, round_num: int) -> None:
+        self._db()
+        round_num = store_lib.check_round(round_num, self._committed_round, 'commit')
+
+        def body(conn: sqlite3.Connection) -> None:
+            conn.execute('INSERT OR REPLACE INTO states (client_id, round, blob) '
+                         'SELECT client_id, round, blob FROM pending AS p WHERE round <= ?1 AND round = '
+                         '(SELECT MAX(round) FROM pending AS q WHERE q.client_id = p.client_id AND q.round <= ?1)',
+                         (round_num,))
+            conn.execute('DELETE FROM pending WHERE round <= ?', (round_num,))
+            conn.execute("UPDATE meta SET value = ? WHERE key = 'committed_round'", (round_num,))
+
+        self._write(body, durable=True)
+        self._committed_round = round_num
+
+    def rollback(self, round_num: int) -> None:
+        self._db()
+        round_num = store_lib.check_round(round_num, self._committed_round, 'rollback')
+
+        def body(conn: sqlite3.Connection) -> int:
+            (removed,) = conn.execute(
+                'SELECT COUNT(DISTINCT client_id) FROM pending AS p WHERE round > ?1 '
+                'AND NOT EXISTS (SELECT 1 FROM pending AS q WHERE q.client_id = p.client_id AND q.round <= ?1) '
+                'AND NOT EXISTS (SELECT 1 FROM states AS s WHERE s.client_id = p.client_id)', (round_num,)).fetchone()
+            conn.execute('DELETE FROM pending WHERE round > ?', (round_num,))
+            if removed:
+                conn.execute("UPDATE meta SET value = value - ? WHERE key = 'num_clients'", (removed,))
+            return removed
+
+        self._num_clients -= self._write(body, durable=True)
+
+    def committed_round(self) -> int:
+        self._db()
+        return self._committed_round
+
+    def close(self) -> None:
+        if self._conn is not None:
+            conn, self._conn = self._conn, None
+            conn.close()
+

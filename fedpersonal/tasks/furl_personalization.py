@@ -1,0 +1,350 @@
+"""FURL's four configurations (Bui et al., Table 2/3): Global/Personalized x Server/FL.
+
+* `global_server`: the document model without user embedding, trained centrally (SGD).
+* `personalized_server`: with a user-embedding *table* (`user_id` lookup), trained centrally.
+* `global_fl`: without user embedding, trained with TFF's FedAvg.
+* `personalized_fl`: FURL -- the user embedding is a private parameter kept in a
+  client state store between rounds (`fedpersonal.algorithms.build_furl`).
+
+FL settings as in the paper: `clients_per_round` users per round (10), one local
+epoch; an "epoch" of FL is `num_users / clients_per_round` rounds. Every
+configuration is evaluated on each user's held-out test examples (the same
+users are seen in training, as in the paper); Personalized FL is also
+evaluated with the default private state (as for a never-seen user).
+The analysis compares the user embeddings learned on the server and in FL
+(t-SNE projection, k-nearest-neighbour overlap).
+
+Configuration flows one way: flags -> `FurlConfig` -> builders.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import os
+import time
+from typing import Any, Optional
+
+import numpy as np
+import tensorflow as tf
+import tensorflow_federated as tff
+from absl import logging
+
+from fedpersonal import client_state
+from fedpersonal import evaluation
+from fedpersonal import program
+from fedpersonal.program import training_loop
+from fedpersonal.algorithms import centralized
+from fedpersonal.algorithms import furl
+from fedpersonal.algorithms import optimizers
+from fedpersonal.data import furl_tasks
+from fedpersonal.models import furl_models
+
+CONFIGURATIONS = ('global_server', 'personalized_server', 'global_fl', 'personalized_fl')
+ROW_NAMES = {
+    'global_server': 'Global Server',
+    'personalized_server': 'Personalized Server',
+    'global_fl': 'Global FL',
+    'personalized_fl': 'Personalized FL',
+}
+DATASETS = ('synthetic_subreddit', 'movielens_likes', 'assistments')
+
+
+@dataclasses.dataclass(frozen=True)
+class FurlConfig:
+    """Everything a FURL experiment needs."""
+
+    output_dir: str
+    dataset: str = 'synthetic_subreddit'
+    data_dir: Optional[str] = None
+    configurations: tuple[str, ...] = CONFIGURATIONS
+    synthetic_num_users: int = 400
+    max_chars: int = 64
+    char_embedding_dim: int = 16
+    lstm_units: int = 32
+    user_embedding_dim: int = 32
+    mlp_units: int = 64
+    batch_size: int = 16
+    epochs: int = 5
+    total_rounds: Optional[int] = None
+    clients_per_round: int = 10
+    client_epochs: int = 1
+    client_optimizer: str = 'sgd'
+    client_learning_rate: float = 0.1
+    server_optimizer: str = 'sgd'
+    server_learning_rate: float = 1.0
+    centralized_optimizer: str = 'sgd'
+    centralized_learning_rate: float = 0.1
+    private_norm_regularization: float = 0.0
+    state_store: str = 'sqlite'
+    rounds_per_eval: int = 50
+    eval_clients: int = 100
+    rounds_per_checkpoint: int = 50
+    knn: int = 10
+    seed: int = 0
+
+    def __post_init__(self):
+        unknown = [c for c in self.configurations if c not in CONFIGURATIONS]
+        if unknown or not self.configurations:
+            raise ValueError(f'configurations must be a non-empty subset of {CONFIGURATIONS}; unknown: {unknown}.')
+        if self.dataset not in DATASETS:
+            raise ValueError(f'dataset must be one of {DATASETS}, got {self.dataset!r}.')
+        if self.dataset != 'synthetic_subreddit' and not self.data_dir:
+            raise ValueError(f'dataset {self.dataset!r} needs --data_dir (the generated default is synthetic_subreddit).')
+        if self.state_store not in ('sqlite', 'memory'):
+            raise ValueError(f"state_store must be 'sqlite' or 'memory', got {self.state_store!r}.")
+        for name in ('batch_size', 'epochs', 'clients_per_round', 'client_epochs', 'eval_clients', 'knn'):
+            if getattr(self, name) < 1:
+                raise ValueError(f'{name} must be >= 1, got {getattr(self, name)}.')
+
+
+def load_data(config: FurlConfig) -> furl_tasks.FurlData:
+    """The dataset named by `config.dataset` (generated or read from `config.data_dir`)."""
+    if config.dataset == 'synthetic_subreddit':
+        from fedpersonal.data import synthetic_subreddit  # pylint: disable=g-import-not-at-top
+        return synthetic_subreddit.generate_subreddit_like(
+            num_users=config.synthetic_num_users, max_chars=config.max_chars, seed=config.seed)
+    if config.dataset == 'movielens_likes':
+        from fedpersonal.data import movielens_likes  # pylint: disable=g-import-not-at-top
+        return movielens_likes.load_movielens_likes(config.data_dir, max_chars=config.max_chars, seed=config.seed)
+    from fedpersonal.data import assistments  # pylint: disable=g-import-not-at-top
+    return assistments.load_assistments(config.data_dir, seed=config.seed)
+
+
+class FurlTask:
+    """Models, datasets and evaluations for one `FurlConfig` and dataset."""
+
+    def __init__(self, config: FurlConfig, data: furl_tasks.FurlData):
+        self.config = config
+        self.data = data
+        self.binary = data.num_classes == 2
+        self.loss_fn = furl_models.loss_fn
+        self.metrics_fn = functools.partial(furl_models.metrics_fn, num_classes=data.num_classes)
+
+    def model_fn(self, personalization: str):
+        cfg = self.config
+        return furl_models.furl_model_fn(
+            **self.data.model_kwargs(), personalization=personalization,
+            char_embedding_dim=cfg.char_embedding_dim, lstm_units=cfg.lstm_units,
+            user_embedding_dim=cfg.user_embedding_dim, mlp_units=(cfg.mlp_units,))
+
+    def dataset_fn(self, dataset: tf.data.Dataset) -> tf.data.Dataset:
+        return furl_models.batch_dataset(dataset, batch_size=self.config.batch_size)
+
+    def total_rounds(self) -> int:
+        cfg = self.config
+        if cfg.total_rounds is not None:
+            return cfg.total_rounds
+        return max(1, int(round(cfg.epochs * self.data.num_users / cfg.clients_per_round)))
+
+    def test_datasets(self, split: str = 'test') -> list[tf.data.Dataset]:
+        client_data = self.data.client_data(split)
+        return [self.dataset_fn(client_data.create_tf_dataset_for_client(c)) for c in self.data.client_ids]
+
+    # --- evaluation of fully global models (TFF's federated evaluation) ---
+    def tff_model_fn(self, personalization: str):
+        model_fn = self.model_fn(personalization)
+
+        def build() -> tff.learning.models.VariableModel:
+            model = model_fn()
+            return tff.learning.models.from_keras_model(
+                model.keras_model, loss=self.loss_fn(), input_spec=model.input_spec, metrics=self.metrics_fn())
+
+        return build
+
+    def evaluate_global(self, personalization: str, weights, split: str = 'test') -> dict[str, float]:
+        fed_eval = tff.learning.algorithms.build_fed_eval(self.tff_model_fn(personalization))
+        state = fed_eval.set_model_weights(fed_eval.initialize(), weights)
+        metrics = fed_eval.next(state, self.test_datasets(split)).metrics['client_work']['eval']['current_round_metrics']
+        return {k: float(v) for k, v in metrics.items()}
+
+
+def _keras_weights(keras_model: tf.keras.Model) -> tff.learning.models.ModelWeights:
+    return tff.learning.models.ModelWeights(
+        trainable=[v.numpy() for v in keras_model.trainable_variables],
+        non_trainable=[v.numpy() for v in keras_model.non_trainable_variables])
+
+
+def _user_table(keras_model: tf.keras.Model, num_users: int) -> Optional[np.ndarray]:
+    for layer in keras_model.layers:
+        if isinstance(layer, tf.keras.layers.Embedding) and layer.input_dim == num_users:
+            return layer.get_weights()[0]
+    return None
+
+
+def run_server(task: FurlTask, name: str, outputs: program.ExperimentOutputs) -> tuple[dict[str, Any], Any]:
+    """Centralized SGD on the pooled training examples, best epoch by eval loss."""
+    cfg, data = task.config, task.data
+    personalization = 'table' if name == 'personalized_server' else 'none'
+    model = task.model_fn(personalization)()
+    pooled = lambda split, shuffle: (
+        tf.data.Dataset.from_tensor_slices(data.arrays(split))
+        .shuffle(data.num_examples(split), seed=cfg.seed, reshuffle_each_iteration=True) if shuffle
+        else tf.data.Dataset.from_tensor_slices(data.arrays(split))
+    ).map(furl_models.to_model_input).batch(cfg.batch_size)
+
+    def on_epoch_end(epoch, logs):
+        outputs.release_metrics(epoch, {'train': {k: v for k, v in logs.items() if not k.startswith('val_')},
+                                        'eval': {k[4:]: v for k, v in logs.items() if k.startswith('val_')}})
+        logging.info('[%s] epoch %d  %s', name, epoch, '  '.join(f'{k}={v:.4f}' for k, v in logs.items()))
+
+    centralized.train_centralized(
+        model.keras_model,
+        train_dataset=pooled('train', True),
+        validation_dataset=pooled('eval', False),
+        optimizer=tf.keras.optimizers.get(
+            {'class_name': cfg.centralized_optimizer, 'config': {'learning_rate': cfg.centralized_learning_rate}}),
+        loss=task.loss_fn(),
+        metrics=task.metrics_fn(),
+        max_epochs=cfg.epochs,
+        patience=max(2, cfg.epochs),
+        monitor='val_loss',
+        on_epoch_end=on_epoch_end,
+    )
+    row = task.evaluate_global(personalization, _keras_weights(model.keras_model))
+    return row, _user_table(model.keras_model, data.num_users)
+
+
+def run_global_fl(task: FurlTask, outputs: program.ExperimentOutputs) -> dict[str, Any]:
+    cfg = task.config
+    process = tff.learning.algorithms.build_weighted_fed_avg(
+        task.tff_model_fn('none'),
+        client_optimizer_fn=optimizers.build_optimizer(cfg.client_optimizer, cfg.client_learning_rate),
+        server_optimizer_fn=optimizers.build_optimizer(cfg.server_optimizer, cfg.server_learning_rate))
+    state, history = program.run_learning_process(
+        process, client_data=task.data.train, dataset_fn=lambda d: task.dataset_fn(d.repeat(cfg.client_epochs)),
+        clients_per_round=cfg.clients_per_round, total_rounds=task.total_rounds(), outputs=outputs, seed=cfg.seed,
+        evaluation_fn=lambda w: task.evaluate_global('none', w, 'eval'), rounds_per_evaluation=cfg.rounds_per_eval,
+        rounds_per_checkpoint=cfg.rounds_per_checkpoint, name='global_fl')
+    row = task.evaluate_global('none', process.get_model_weights(state))
+    row['seconds_per_round'] = float(np.median([h['round_seconds'] for h in history])) if history else None
+    return row
+
+
+def _open_store(task: FurlTask, process: furl.FurlProcess, outputs: program.ExperimentOutputs):
+    spec = [(tuple(t.shape), t.dtype) for t in list(process.private_state_type.trainable)
+            + list(process.private_state_type.non_trainable)]
+    default = client_state.seeded_uniform_default(spec, scale=0.05, seed=task.config.seed)
+    if task.config.state_store == 'memory':
+        return client_state.InMemoryClientStateStore(spec, default), default
+    return client_state.SqliteClientStateStore(outputs.path('client_states.sqlite'), spec, default), default
+
+
+def run_personalized_fl(task: FurlTask, outputs: program.ExperimentOutputs) -> tuple[dict[str, Any], np.ndarray]:
+    cfg, data = task.config, task.data
+    model_fn = task.model_fn('private')
+    process = furl.build_furl(
+        model_fn, loss_fn=task.loss_fn, metrics_fn=task.metrics_fn,
+        client_optimizer=optimizers.build_optimizer(cfg.client_optimizer, cfg.client_learning_rate),
+        server_optimizer=optimizers.build_optimizer(cfg.server_optimizer, cfg.server_learning_rate),
+        client_epochs=cfg.client_epochs, private_norm_regularization=cfg.private_norm_regularization)
+    evaluate = evaluation.build_private_state_eval(model_fn, loss_fn=task.loss_fn, metrics_fn=task.metrics_fn)
+    ids = data.client_ids
+    to_weights = lambda arrays: training_loop.to_model_weights(arrays, process.private_state_type)
+
+    store, default = _open_store(task, process, outputs)
+    with store:
+        def eval_fn(weights, split='eval', private=True):
+            states = store.get(ids) if private else [default(c) for c in ids]
+            result = evaluate(weights, task.test_datasets(split), [to_weights(s) for s in states])
+            return {k: float(v) for k, v in result['eval'].items()}
+
+        state, history = program.run_learning_process(
+            process, client_data=data.train, dataset_fn=task.dataset_fn, clients_per_round=cfg.clients_per_round,
+            total_rounds=task.total_rounds(), outputs=outputs, seed=cfg.seed, evaluation_fn=eval_fn,
+            rounds_per_evaluation=cfg.rounds_per_eval, rounds_per_checkpoint=cfg.rounds_per_checkpoint,
+            name='personalized_fl', client_state_store=store)
+        weights = process.get_model_weights(state)
+        row = eval_fn(weights, 'test')
+        default_metrics = eval_fn(weights, 'test', private=False)
+        row.update({f'default_state_{k}': v for k, v in default_metrics.items()})
+        row['seconds_per_round'] = float(np.median([h['round_seconds'] for h in history])) if history else None
+        row['clients_with_trained_state'] = int(sum(store.contains(c) for c in ids))
+        embeddings = np.stack([s[0].reshape(-1) for s in store.get(ids)])
+    return row, embeddings
+
+
+def knn_overlap(a: np.ndarray, b: np.ndarray, k: int) -> float:
+    """Mean |kNN_a(u) & kNN_b(u)| / k over users (cosine similarity); chance is about k / (n - 1)."""
+    def neighbours(x):
+        x = x / np.maximum(np.linalg.norm(x, axis=1, keepdims=True), 1e-12)
+        sim = x @ x.T
+        np.fill_diagonal(sim, -np.inf)
+        return np.argsort(-sim, axis=1)[:, :k]
+
+    na, nb = neighbours(a), neighbours(b)
+    return float(np.mean([len(set(na[i]) & set(nb[i])) / k for i in range(a.shape[0])]))
+
+
+def embedding_analysis(server: np.ndarray, fl: np.ndarray, rate: np.ndarray, path: str, k: int, seed: int) -> dict[str, float]:
+    """t-SNE of both embedding sets side by side (coloured by the user's positive rate) + kNN overlap."""
+    import matplotlib  # pylint: disable=g-import-not-at-top
+    matplotlib.use('Agg')
+    import matplotlib.pyplot as plt  # pylint: disable=g-import-not-at-top
+    from sklearn.manifold import TSNE  # pylint: disable=g-import-not-at-top
+
+    overlap = knn_overlap(server, fl, k)
+    chance = k / max(server.shape[0] - 1, 1)
+    fig, axes = plt.subplots(1, 2, figsize=(11, 4.8))
+    for ax, emb, title in ((axes[0], server, 'Personalized Server'), (axes[1], fl, 'Personalized FL (FURL)')):
+        xy = TSNE(n_components=2, perplexity=min(30, max(5, emb.shape[0] // 4)), random_state=seed,
+                  init='pca').fit_transform(emb)
+        points = ax.scatter(xy[:, 0], xy[:, 1], c=rate, cmap='viridis', s=10)
+        ax.set_title(f'{title} user embeddings (t-SNE)')
+        ax.set_xticks([]), ax.set_yticks([])
+    fig.colorbar(points, ax=axes, label='user positive rate')
+    fig.suptitle(f'{k}-NN overlap between the two embedding sets: {overlap:.3f} (chance {chance:.3f})')
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return {'knn_overlap': overlap, 'knn_chance': chance, 'knn_k': k}
+
+
+def run(config: FurlConfig) -> dict[str, Any]:
+    """Runs the configured FURL configurations; writes results.json, curves and the embedding plot."""
+    data = load_data(config)
+    task = FurlTask(config, data)
+    program.write_json(os.path.join(config.output_dir, 'config.json'), dataclasses.asdict(config))
+    logging.info('FURL data: %s; %s', data.description, data.statistics())
+    rows, embeddings = [], {}
+    for name in config.configurations:
+        outputs = program.ExperimentOutputs(config.output_dir, name)
+        started = time.time()
+        if name in ('global_server', 'personalized_server'):
+            metrics, table = run_server(task, name, outputs)
+            if table is not None:
+                embeddings['server'] = table
+        elif name == 'global_fl':
+            metrics = run_global_fl(task, outputs)
+        else:
+            metrics, embeddings['fl'] = run_personalized_fl(task, outputs)
+        row = {'name': ROW_NAMES[name], 'configuration': name, **metrics, 'wall_seconds': time.time() - started}
+        outputs.write_json('results.json', row)
+        outputs.plot_learning_curve(['train/loss', 'eval/loss', 'eval/accuracy', 'eval/auc'], title=ROW_NAMES[name])
+        rows.append(row)
+    results = {'dataset': data.description, 'statistics': data.statistics(), 'rows': rows,
+               'rounds': task.total_rounds()}
+    if 'server' in embeddings and 'fl' in embeddings:
+        results['embeddings'] = embedding_analysis(
+            embeddings['server'], embeddings['fl'], data.user_positive_rate,
+            os.path.join(config.output_dir, 'user_embeddings.png'), config.knn, config.seed)
+    program.write_json(os.path.join(config.output_dir, 'results.json'), results)
+    curves = {ROW_NAMES[r['configuration']]: program.ExperimentOutputs(config.output_dir, r['configuration']).read_metrics()
+              for r in rows}
+    program.plot_curves(curves, ['eval/loss', 'eval/accuracy', 'eval/auc'],
+                        os.path.join(config.output_dir, 'learning_curves.png'))
+    return results
+
+
+def format_table(rows: list[dict[str, Any]], binary: bool) -> str:
+    """Markdown table in the paper's Table 3 shape (AUC for binary tasks, accuracy otherwise)."""
+    metrics = ['auc', 'accuracy'] if binary else ['accuracy']
+    head = ' | '.join(m.upper() if m == 'auc' else m for m in metrics)
+    lines = [f'| configuration | {head} | loss | default-state {metrics[0]} | s/round |',
+             '|---' * (len(metrics) + 4) + '|']
+    for r in rows:
+        values = ' | '.join(f"{r.get(m, float('nan')):.4f}" for m in metrics)
+        default = r.get(f'default_state_{metrics[0]}')
+        spr = r.get('seconds_per_round')
+        lines.append(f"| {r['name']} | {values} | {r.get('loss', float('nan')):.4f} | "
+                     f"{'' if default is None else f'{default:.4f}'} | {'' if spr is None else f'{spr:.2f}'} |")
+    return '\n'.join(lines)

@@ -1,0 +1,54 @@
+"""The FURL binary end to end on the generated default: four configurations, outputs, embedding analysis."""
+
+import json
+import os
+
+import numpy as np
+import pytest
+from absl import app
+from absl import flags
+
+from experiments import furl_personalization as binary
+from fedpersonal.tasks import furl_personalization
+
+FLAGS = flags.FLAGS
+
+
+def _run(argv):
+    FLAGS.unparse_flags()
+    FLAGS(['furl_personalization'] + argv)
+    try:
+        binary.main([])
+    finally:
+        FLAGS.unparse_flags()
+
+
+def test_four_configurations_on_generated_data(tmp_path, capsys):
+    out = str(tmp_path / 'furl')
+    _run(['--synthetic_num_users=12', '--epochs=1', '--clients_per_round=4', '--max_chars=16', '--lstm_units=8',
+          '--user_embedding_dim=4', '--mlp_units=8', '--rounds_per_eval=3', '--knn=2', f'--output_dir={out}'])
+    printed = capsys.readouterr().out
+    for name in ('Global Server', 'Personalized Server', 'Global FL', 'Personalized FL'):
+        assert name in printed
+    with open(os.path.join(out, 'results.json')) as f:
+        results = json.load(f)
+    assert results['rounds'] == 3
+    rows = {r['configuration']: r for r in results['rows']}
+    assert set(rows) == set(furl_personalization.CONFIGURATIONS)
+    assert 0 <= rows['personalized_fl']['accuracy'] <= 1 and 'default_state_accuracy' in rows['personalized_fl']
+    assert rows['personalized_fl']['clients_with_trained_state'] > 0
+    assert 0 <= results['embeddings']['knn_overlap'] <= 1
+    assert os.path.getsize(os.path.join(out, 'user_embeddings.png')) > 1000
+    assert os.path.exists(os.path.join(out, 'personalized_fl', 'client_states.sqlite'))
+
+
+def test_knn_overlap_identical_and_unrelated():
+    rng = np.random.default_rng(0)
+    a = rng.normal(size=[50, 4])
+    assert furl_personalization.knn_overlap(a, a * 3.0, 5) == 1.0
+    assert furl_personalization.knn_overlap(a, rng.normal(size=[50, 4]), 5) < 0.4
+
+
+def test_real_dataset_needs_a_data_dir(tmp_path):
+    with pytest.raises(app.UsageError, match='needs --data_dir'):
+        _run(['--dataset=assistments', f'--output_dir={tmp_path}'])
