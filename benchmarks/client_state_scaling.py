@@ -34,7 +34,6 @@ import tempfile
 import time
 
 _REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-_START, _END = '<!-- client_state_scaling:start -->', '<!-- client_state_scaling:end -->'
 _DIM = 32
 
 
@@ -171,17 +170,6 @@ def interpretation(rows: list[dict]) -> str:
             f'~{sql_hi["commit_seconds"] * 1e3:.1f} ms per round.')
 
 
-def update_markdown(path: str, section: str) -> None:
-    text = open(path).read() if os.path.exists(path) else '# Results\n'
-    block = f'{_START}\n{section}\n{_END}'
-    if _START in text and _END in text:
-        text = text[: text.index(_START)] + block + text[text.index(_END) + len(_END):]
-    else:
-        text = text.rstrip('\n') + '\n\n' + block + '\n'
-    with open(path, 'w') as f:
-        f.write(text)
-
-
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split('\n', 1)[0])
     parser.add_argument('--sizes', default='1000,1000000', help='Registered clients N (comma-separated).')
@@ -250,7 +238,8 @@ def main() -> int:
             '',
             interpretation(rows),
         ])
-        update_markdown(args.results_md, section)
+        from fedpersonal.program import outputs  # pylint: disable=g-import-not-at-top  (parent only: imports TFF)
+        outputs.replace_marked_section(args.results_md, 'client_state_scaling', section)
     return 0
 
 

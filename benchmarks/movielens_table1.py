@@ -39,9 +39,6 @@ flags.DEFINE_string('results_json', 'docs/results/movielens_table1.json', 'Machi
 flags.DEFINE_string('results_md', 'docs/RESULTS.md', 'Markdown results file (its Table 1 section is replaced).')
 FLAGS = flags.FLAGS
 
-_START, _END = '<!-- movielens_table1:start -->', '<!-- movielens_table1:end -->'
-
-
 def interleaved_speed(config: movielens_mf.MovieLensMFConfig, rounds: int) -> dict[str, float]:
     """Median seconds per round of both implementations on identical client samples."""
     prepared = movielens_mf.load_data(config)
@@ -65,17 +62,6 @@ def interleaved_speed(config: movielens_mf.MovieLensMFConfig, rounds: int) -> di
             processes[impl] = (task, process, state)
         logging.info('speed round %d: %s', round_num, {k: round(v[-1], 2) for k, v in times.items() if v})
     return {impl: float(np.median(t)) for impl, t in times.items()}
-
-
-def update_markdown(path: str, section: str) -> None:
-    text = open(path).read() if os.path.exists(path) else '# Results\n'
-    block = f'{_START}\n{section}\n{_END}'
-    if _START in text and _END in text:
-        text = text[: text.index(_START)] + block + text[text.index(_END) + len(_END):]
-    else:
-        text = text.rstrip('\n') + '\n\n' + block + '\n'
-    with open(path, 'w') as f:
-        f.write(text)
 
 
 def main(argv):
@@ -119,7 +105,7 @@ def main(argv):
         f'Interleaved speed test ({FLAGS.speed_rounds} rounds each, identical clients, alternating order):'
         f'{speed_lines}\n\nMachine-readable: `{FLAGS.results_json}`.'
     )
-    update_markdown(FLAGS.results_md, section)
+    program.replace_marked_section(FLAGS.results_md, 'movielens_table1', section)
     print(table)
     print(json.dumps({r['name']: r.get('seconds_per_round_interleaved') for r in interleaved}))
 

@@ -77,6 +77,38 @@ def assign(variables, values) -> None:
         variable.assign(value)
 
 
+def build_metrics(
+    metrics_fn: Optional[MetricsFn], loss_fn: LossFn, finalizers: collections.OrderedDict
+) -> list[tf.keras.metrics.Metric]:
+    """The user's metrics plus `loss` and `num_examples`; records each metric's TFF finalizer in `finalizers`.
+
+    Call while tracing a client computation (inside `tf.init_scope`).
+    """
+    metrics = (metrics_fn() if metrics_fn else []) + [
+        tf.keras.metrics.MeanMetricWrapper(loss_fn(), name='loss'),
+        tff.learning.metrics.NumExamplesCounter(),
+    ]
+    names = [metric.name for metric in metrics]
+    if len(set(names)) != len(names):
+        raise ValueError(f'Metric names must be unique (loss and num_examples are added): {names}.')
+    for metric in metrics:
+        finalizers[metric.name] = keras_finalizer.create_keras_metric_finalizer(metric)
+    return metrics
+
+
+def client_weight(
+    client_weighting: Any, num_examples: tf.Tensor, unfinalized_metrics: Any, has_non_finite: tf.Tensor
+) -> tf.Tensor:
+    """The aggregation weight of a client update; 0 for an empty client or a non-finite update."""
+    if client_weighting is tff.learning.ClientWeighting.NUM_EXAMPLES:
+        weight = tf.cast(num_examples, tf.float32)
+    elif client_weighting is tff.learning.ClientWeighting.UNIFORM:
+        weight = tf.constant(1.0)
+    else:
+        weight = tf.cast(client_weighting(unfinalized_metrics), tf.float32)
+    return tf.where(tf.logical_or(has_non_finite > 0, num_examples == 0), 0.0, weight)
+
+
 def optimizer_steps(
     model: ReconstructionModel,
     dataset: tf.data.Dataset,
@@ -141,15 +173,7 @@ def _build_client_work(
     def client_update(server_weights, dataset):
         with tf.init_scope():
             model = model_fn()
-            metrics = (metrics_fn() if metrics_fn else []) + [
-                tf.keras.metrics.MeanMetricWrapper(loss_fn(), name='loss'),
-                tff.learning.metrics.NumExamplesCounter(),
-            ]
-            names = [metric.name for metric in metrics]
-            if len(set(names)) != len(names):
-                raise ValueError(f'Metric names must be unique (loss and num_examples are added): {names}.')
-            for metric in metrics:
-                metric_finalizers[metric.name] = keras_finalizer.create_keras_metric_finalizer(metric)
+            metrics = build_metrics(metrics_fn, loss_fn, metric_finalizers)
             loss = loss_fn()
             recon_opt = keras_optimizer.build_or_verify_tff_optimizer(
                 reconstruction_optimizer, model.local_trainable_variables, disjoint_init_and_next=False
@@ -179,14 +203,7 @@ def _build_client_work(
             delta += [a - b for a, b in zip(received[num_global:], local_trainable)]
         delta, has_non_finite = tensor_utils.zero_all_if_any_non_finite(delta)
         unfinalized_metrics = ReconstructionModel.read_metric_variables(metrics)
-        if client_weighting is tff.learning.ClientWeighting.NUM_EXAMPLES:
-            weight = tf.cast(num_examples, tf.float32)
-        elif client_weighting is tff.learning.ClientWeighting.UNIFORM:
-            weight = tf.constant(1.0)
-        else:
-            weight = tf.cast(client_weighting(unfinalized_metrics), tf.float32)
-        # A client with no query data, or a non-finite update, contributes nothing.
-        weight = tf.where(tf.logical_or(has_non_finite > 0, num_examples == 0), 0.0, weight)
+        weight = client_weight(client_weighting, num_examples, unfinalized_metrics, has_non_finite)
         return tff.learning.templates.ClientResult(update=delta, update_weight=weight), unfinalized_metrics
 
     @tff.federated_computation

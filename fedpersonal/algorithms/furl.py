@@ -36,7 +36,6 @@ import numpy as np
 import tensorflow as tf
 import tensorflow_federated as tff
 from tensorflow_federated.python.learning import tensor_utils
-from tensorflow_federated.python.learning.metrics import keras_finalizer
 from tensorflow_federated.python.learning.optimizers import keras_optimizer
 
 from fedpersonal.algorithms import fed_recon
@@ -156,12 +155,7 @@ def build_furl(
     def client_update(server_weights, dataset, private_state):
         with tf.init_scope():
             model = model_fn()
-            metrics = (metrics_fn() if metrics_fn else []) + [
-                tf.keras.metrics.MeanMetricWrapper(loss_fn(), name='loss'),
-                tff.learning.metrics.NumExamplesCounter(),
-            ]
-            for metric in metrics:
-                metric_finalizers[metric.name] = keras_finalizer.create_keras_metric_finalizer(metric)
+            metrics = fed_recon.build_metrics(metrics_fn, loss_fn, metric_finalizers)
             loss = loss_fn()
             trainable = list(model.global_trainable_variables) + list(model.local_trainable_variables)
             optimizer = keras_optimizer.build_or_verify_tff_optimizer(
@@ -182,13 +176,7 @@ def build_furl(
         delta = [a - b for a, b in zip(server_weights.trainable, model.global_trainable_variables)]
         delta, has_non_finite = tensor_utils.zero_all_if_any_non_finite(delta)
         unfinalized = ReconstructionModel.read_metric_variables(metrics)
-        if client_weighting is tff.learning.ClientWeighting.NUM_EXAMPLES:
-            weight = tf.cast(num_examples, tf.float32)
-        elif client_weighting is tff.learning.ClientWeighting.UNIFORM:
-            weight = tf.constant(1.0)
-        else:
-            weight = tf.cast(client_weighting(unfinalized), tf.float32)
-        weight = tf.where(tf.logical_or(has_non_finite > 0, num_examples == 0), 0.0, weight)
+        weight = fed_recon.client_weight(client_weighting, num_examples, unfinalized, has_non_finite)
         # A non-finite round keeps the client's previous private state.
         new_private = tf.cond(
             has_non_finite > 0,

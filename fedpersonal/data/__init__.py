@@ -29,3 +29,17 @@ __all__ = [
     'to_client_data',
     'write_movielens_100k_layout',
 ]
+
+# FURL document-classification tasks (fedpersonal.data.furl_tasks): MovieLens likes, ASSISTments, synthetic Subreddit.
+from fedpersonal.data.assistments import AssistmentsFormatError, load_assistments  # noqa: E402
+from fedpersonal.data.furl_tasks import FurlData  # noqa: E402
+from fedpersonal.data.movielens_likes import load_movielens_likes  # noqa: E402
+from fedpersonal.data.synthetic_subreddit import generate_subreddit_like  # noqa: E402
+
+__all__ += [
+    'AssistmentsFormatError',
+    'FurlData',
+    'generate_subreddit_like',
+    'load_assistments',
+    'load_movielens_likes',
+]

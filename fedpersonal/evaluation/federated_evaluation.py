@@ -26,7 +26,6 @@ from typing import Callable, Optional
 
 import tensorflow as tf
 import tensorflow_federated as tff
-from tensorflow_federated.python.learning.metrics import keras_finalizer
 from tensorflow_federated.python.learning.optimizers import keras_optimizer
 
 from fedpersonal.algorithms import dataset_split as dataset_split_lib
@@ -72,12 +71,7 @@ def _build_evaluation(
     def client_eval_fn(server_weights, dataset, private_state):
         with tf.init_scope():
             model = model_fn()
-            metrics = (metrics_fn() if metrics_fn else []) + [
-                tf.keras.metrics.MeanMetricWrapper(loss_fn(), name='loss'),
-                tff.learning.metrics.NumExamplesCounter(),
-            ]
-            for metric in metrics:
-                metric_finalizers[metric.name] = keras_finalizer.create_keras_metric_finalizer(metric)
+            metrics = fed_recon.build_metrics(metrics_fn, loss_fn, metric_finalizers)
             loss = loss_fn()
             recon_opt = finetune_opt = None
             if split_fn is not None:

@@ -6,3 +6,5 @@ from fedpersonal.models.partially_local_model import PartiallyLocalModel
 from fedpersonal.models.partially_local_model import check_dataset_matches
 from fedpersonal.models.partially_local_model import from_keras_model
 from fedpersonal.models.partially_local_model import require_parts
+from fedpersonal.models.furl_models import BinaryAUC
+from fedpersonal.models.furl_models import furl_model_fn

@@ -6,3 +6,4 @@ from fedpersonal.program.outputs import plot_curves
 from fedpersonal.program.outputs import write_json
 from fedpersonal.program.training_loop import run_learning_process
 from fedpersonal.program.training_loop import sample_clients
+from fedpersonal.program.outputs import replace_marked_section

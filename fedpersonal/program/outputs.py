@@ -57,6 +57,23 @@ def write_json(path: str, value: Any) -> None:
     os.replace(tmp, path)
 
 
+def replace_marked_section(path: str, marker: str, section: str) -> None:
+    """Replaces (or appends) the part of a Markdown file between `<!-- {marker}:start -->` and `:end -->`.
+
+    Other content of the file is left as it is, so several scripts can each own one section.
+    """
+    start, end = f'<!-- {marker}:start -->', f'<!-- {marker}:end -->'
+    text = open(path).read() if os.path.exists(path) else '# Results\n'
+    block = f'{start}\n{section.strip()}\n{end}'
+    if start in text and end in text:
+        text = text[: text.index(start)] + block + text[text.index(end) + len(end):]
+    else:
+        text = text.rstrip('\n') + '\n\n' + block + '\n'
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    with open(path, 'w') as f:
+        f.write(text)
+
+
 class ExperimentOutputs:
     """Writers for one run's metrics, checkpoints, JSON files and plots.
 
