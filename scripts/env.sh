@@ -5,7 +5,8 @@
 # environment is built with uv, overriding jax/jaxlib to 0.4.13 (requirements/overrides.txt) and bounding a
 # few transitive packages (requirements/constraints.txt). Source this file; it is idempotent and fast when
 # the environment is already up to date (a stamp records the hash of the requirement files).
-_fp_saved_opts="$(set +o)"
+# Save the caller's shell options without a subshell ($(set +o) would report errexit as off).
+_fp_flags="$-"; _fp_pipefail=0; shopt -qo pipefail && _fp_pipefail=1
 set -euo pipefail
 FP_ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 FP_VENV="${FP_VENV:-$FP_ROOT/.venv}"
@@ -37,5 +38,7 @@ fi
 export PATH="$FP_VENV/bin:$PATH"
 export VIRTUAL_ENV="$FP_VENV"
 export TF_CPP_MIN_LOG_LEVEL="${TF_CPP_MIN_LOG_LEVEL:-2}"
-eval "$_fp_saved_opts"
-unset _fp_saved_opts _fp_stamp
+case "$_fp_flags" in *e*) set -e ;; *) set +e ;; esac
+case "$_fp_flags" in *u*) set -u ;; *) set +u ;; esac
+if [ "$_fp_pipefail" = 1 ]; then set -o pipefail; else set +o pipefail; fi
+unset _fp_flags _fp_pipefail _fp_stamp
