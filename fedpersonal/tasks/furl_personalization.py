@@ -165,11 +165,12 @@ def _keras_weights(keras_model: tf.keras.Model) -> tff.learning.models.ModelWeig
         non_trainable=[v.numpy() for v in keras_model.non_trainable_variables])
 
 
-def _user_table(keras_model: tf.keras.Model, num_users: int) -> Optional[np.ndarray]:
-    for layer in keras_model.layers:
-        if isinstance(layer, tf.keras.layers.Embedding) and layer.input_dim == num_users:
-            return layer.get_weights()[0]
-    return None
+def _user_table(keras_model: tf.keras.Model) -> Optional[np.ndarray]:
+    """The `[num_users, dim]` user-embedding table of a 'table' model (None for models without one)."""
+    try:
+        return keras_model.get_layer(furl_models.USER_EMBEDDING_LAYER).get_weights()[0]
+    except ValueError:
+        return None
 
 
 def run_server(task: FurlTask, name: str, outputs: program.ExperimentOutputs) -> tuple[dict[str, Any], Any]:
@@ -202,7 +203,7 @@ def run_server(task: FurlTask, name: str, outputs: program.ExperimentOutputs) ->
         on_epoch_end=on_epoch_end,
     )
     row = task.evaluate_global(personalization, _keras_weights(model.keras_model))
-    return row, _user_table(model.keras_model, data.num_users)
+    return row, _user_table(model.keras_model)
 
 
 def run_global_fl(task: FurlTask, outputs: program.ExperimentOutputs) -> dict[str, Any]:
