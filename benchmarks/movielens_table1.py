@@ -32,7 +32,8 @@ from fedpersonal import runtime
 from fedpersonal.program import config_flags
 from fedpersonal.tasks import movielens_mf
 
-config_flags.define_flags(movielens_mf.MovieLensMFConfig, overrides={'output_dir': 'output/table1'})
+_DEFAULTS = {'output_dir': 'output/table1'}
+config_flags.define_flags(movielens_mf.MovieLensMFConfig, overrides=_DEFAULTS)
 flags.DEFINE_integer('speed_rounds', 20, 'Rounds of the interleaved speed comparison (per implementation).')
 flags.DEFINE_bool('skip_tff', False, 'Skip the TFF reference run.')
 flags.DEFINE_string('results_json', 'docs/results/movielens_table1.json', 'Machine-readable results.')
@@ -68,7 +69,7 @@ def main(argv):
     del argv
     logging.set_verbosity(logging.INFO)
     command = 'python benchmarks/movielens_table1.py ' + ' '.join(shlex.quote(a) for a in sys.argv[1:])
-    config = config_flags.config_from_flags(movielens_mf.MovieLensMFConfig)
+    config = config_flags.config_from_flags(movielens_mf.MovieLensMFConfig, overrides=_DEFAULTS)
     with runtime.LocalRuntime():
         results = movielens_mf.run(config)
         rows = results['rows']

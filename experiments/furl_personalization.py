@@ -17,7 +17,8 @@ from fedpersonal import runtime
 from fedpersonal.program import config_flags
 from fedpersonal.tasks import furl_personalization
 
-config_flags.define_flags(furl_personalization.FurlConfig, overrides={'output_dir': 'output/furl'})
+_DEFAULTS = {'output_dir': 'output/furl'}
+config_flags.define_flags(furl_personalization.FurlConfig, overrides=_DEFAULTS)
 FLAGS = flags.FLAGS
 
 
@@ -26,7 +27,7 @@ def main(argv):
         raise app.UsageError(f'Unexpected arguments: {argv[1:]}')
     logging.set_verbosity(logging.INFO)
     try:
-        config = config_flags.config_from_flags(furl_personalization.FurlConfig)
+        config = config_flags.config_from_flags(furl_personalization.FurlConfig, overrides=_DEFAULTS)
         with runtime.LocalRuntime():
             results = furl_personalization.run(config)
     except (ValueError, TypeError, flags.IllegalFlagValueError) as error:

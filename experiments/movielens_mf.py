@@ -18,9 +18,10 @@ from fedpersonal import runtime
 from fedpersonal.program import config_flags
 from fedpersonal.tasks import movielens_mf
 
+_DEFAULTS = {'output_dir': 'output/movielens_mf'}
 config_flags.define_flags(
     movielens_mf.MovieLensMFConfig,
-    overrides={'output_dir': 'output/movielens_mf'},
+    overrides=_DEFAULTS,
 )
 FLAGS = flags.FLAGS
 
@@ -30,7 +31,7 @@ def main(argv):
         raise app.UsageError(f'Unexpected arguments: {argv[1:]}')
     logging.set_verbosity(logging.INFO)
     try:
-        config = config_flags.config_from_flags(movielens_mf.MovieLensMFConfig)
+        config = config_flags.config_from_flags(movielens_mf.MovieLensMFConfig, overrides=_DEFAULTS)
         with runtime.LocalRuntime():
             results = movielens_mf.run(config)
     except (ValueError, TypeError, flags.IllegalFlagValueError) as error:

@@ -33,11 +33,13 @@ def define_flags(config_cls: type, *, exclude: Sequence[str] = (), overrides: Op
 
     `Optional[...]` fields accept the string 'none'; `tuple[str, ...]` fields
     are comma-separated lists. Help text comes from the field's `help` metadata
-    if present.
+    if present. A flag another config already defined (several binaries in one
+    process, e.g. a test session) is shared; `config_from_flags` then takes its
+    value only if it was given, and this config's own default otherwise.
     """
     overrides = overrides or {}
     for field in dataclasses.fields(config_cls):
-        if field.name in exclude:
+        if field.name in exclude or field.name in flag_values:
             continue
         default = overrides.get(field.name, field.default if field.default is not dataclasses.MISSING else None)
         base, optional = _base_type(field.type)
@@ -57,30 +59,56 @@ def define_flags(config_cls: type, *, exclude: Sequence[str] = (), overrides: Op
             flags.DEFINE_string(field.name, default, help_text, flag_values=flag_values)
 
 
-def config_from_flags(config_cls: type, *, flag_values: flags.FlagValues = flags.FLAGS, **fixed: Any) -> Any:
+def _coerce(name: str, raw: Any, base: type, optional: bool) -> Any:
+    """`raw` as `base` (a shared flag may have been defined with another config's type)."""
+    if base is bool and isinstance(raw, str):
+        if raw.lower() in ('true', '1', 'yes'):
+            return True
+        if raw.lower() in ('false', '0', 'no'):
+            return False
+    elif base in (int, float, str):
+        try:
+            return base(raw)
+        except (TypeError, ValueError):
+            pass
+    else:
+        return raw
+    expected = 'true or false' if base is bool else base.__name__ + (f' or {_NONE!r}' if optional else '')
+    raise flags.IllegalFlagValueError(f'--{name}={raw!r}: expected {expected}.')
+
+
+def config_from_flags(
+    config_cls: type,
+    *,
+    overrides: Optional[dict[str, Any]] = None,
+    flag_values: flags.FlagValues = flags.FLAGS,
+    **fixed: Any,
+) -> Any:
     """Builds a `config_cls` instance from parsed flags (plus `fixed` values).
+
+    Flags that were not given on the command line or in a flagfile take the
+    config's default (or `overrides`, the same dict given to `define_flags`).
 
     Raises:
       flags.IllegalFlagValueError: an Optional flag that is neither 'none' nor
         a value of the field's type (the message names the flag).
     """
     values = dict(fixed)
+    overrides = overrides or {}
     for field in dataclasses.fields(config_cls):
         if field.name in values or field.name not in flag_values:
             continue
+        if not flag_values[field.name].present:
+            if field.name in overrides:
+                values[field.name] = overrides[field.name]
+            continue  # The dataclass default applies.
         raw = flag_values[field.name].value
         base, optional = _base_type(field.type)
         if typing.get_origin(base) is tuple:
-            raw = tuple(raw or ())
-        elif optional:
-            if raw is None or str(raw).lower() == _NONE:
-                raw = None
-            else:
-                try:
-                    raw = base(raw)
-                except ValueError:
-                    raise flags.IllegalFlagValueError(
-                        f'--{field.name}={raw!r}: expected {base.__name__} or {_NONE!r}.'
-                    ) from None
+            raw = tuple(raw.split(',') if isinstance(raw, str) else (raw or ()))
+        elif optional and (raw is None or str(raw).lower() == _NONE):
+            raw = None
+        else:
+            raw = _coerce(field.name, raw, base, optional)
         values[field.name] = raw
     return config_cls(**values)

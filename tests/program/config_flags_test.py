@@ -1,0 +1,48 @@
+"""Flags generated from config dataclasses: types, None values, shared flags between configs."""
+
+import dataclasses
+from typing import Optional
+
+import pytest
+from absl import flags
+
+from fedpersonal.program import config_flags
+
+
+@dataclasses.dataclass(frozen=True)
+class A:
+    output_dir: str
+    rounds: int = 3
+    steps: Optional[int] = 50
+    rate: float = 0.5
+    names: tuple[str, ...] = ('x',)
+    joint: bool = False
+
+
+@dataclasses.dataclass(frozen=True)
+class B:
+    output_dir: str
+    rounds: int = 7
+
+
+def test_types_none_and_shared_flags():
+    fv = flags.FlagValues()
+    config_flags.define_flags(A, overrides={'output_dir': 'out/a'}, flag_values=fv)
+    config_flags.define_flags(B, overrides={'output_dir': 'out/b'}, flag_values=fv)  # Shares output_dir, rounds.
+    fv(['prog', '--steps=none', '--names=p,q', '--rate=0.25', '--joint'])
+    a = config_flags.config_from_flags(A, overrides={'output_dir': 'out/a'}, flag_values=fv)
+    assert a == A(output_dir='out/a', rounds=3, steps=None, rate=0.25, names=('p', 'q'), joint=True)
+    b = config_flags.config_from_flags(B, overrides={'output_dir': 'out/b'}, flag_values=fv)
+    assert b == B(output_dir='out/b', rounds=7)  # Its own defaults, not A's.
+    fv.unparse_flags()
+    fv(['prog', '--rounds=11', '--steps=9'])
+    assert config_flags.config_from_flags(B, overrides={'output_dir': 'o'}, flag_values=fv).rounds == 11
+    assert config_flags.config_from_flags(A, flag_values=fv, output_dir='x').steps == 9
+
+
+def test_bad_optional_value_names_the_flag():
+    fv = flags.FlagValues()
+    config_flags.define_flags(A, flag_values=fv)
+    fv(['prog', '--steps=lots'])
+    with pytest.raises(flags.IllegalFlagValueError, match="--steps='lots'"):
+        config_flags.config_from_flags(A, flag_values=fv, output_dir='x')
