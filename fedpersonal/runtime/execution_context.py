@@ -28,6 +28,7 @@ import signal
 import subprocess
 import sys
 import threading
+import time
 import types
 from typing import Any, Optional
 
@@ -104,7 +105,36 @@ def install_worker_tracking() -> None:
 def running_workers() -> list[int]:
     """Returns the pids of tracked workers that are still running."""
     with _lock:
-        return [p.pid for p in _workers if p.poll() is None]
+        return [p.pid for p in _workers if _is_running(p.pid)]
+
+
+def _process_state(pid: int) -> Optional[str]:
+    try:
+        with open(f'/proc/{pid}/stat', 'rb') as f:
+            return f.read().decode(errors='replace').rsplit(')', 1)[1].split()[0]
+    except (OSError, IndexError):
+        return None
+
+
+def _is_running(pid: int) -> bool:
+    state = _process_state(pid)
+    return state is not None and state not in ('Z', 'X')
+
+
+def _signal(pid: int, sig: int) -> None:
+    try:
+        os.kill(pid, sig)
+    except ProcessLookupError:
+        pass
+
+
+def _wait_exited(pid: int, timeout_seconds: float) -> bool:
+    deadline = time.monotonic() + timeout_seconds
+    while _is_running(pid):
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.02)
+    return True
 
 
 def _replace_default_context(*, at_exit: bool = False) -> None:
@@ -153,17 +183,15 @@ def shutdown(timeout_seconds: float = 5.0) -> int:
         workers, _workers[:] = list(_workers), []
     stopped = 0
     for process in workers:
-        if process.poll() is not None:
+        if not _is_running(process.pid):
             continue
         stopped += 1
-        try:
-            process.send_signal(signal.SIGINT)
-            process.wait(timeout=timeout_seconds)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait()
-        except ProcessLookupError:
-            pass
+        # Wait for the exit but leave the zombie for TFF's own handle to reap: a context still
+        # holding this worker then finds it dead (os.kill on a zombie succeeds) and starts a new one.
+        _signal(process.pid, signal.SIGINT)
+        if not _wait_exited(process.pid, timeout_seconds):
+            _signal(process.pid, signal.SIGKILL)
+            _wait_exited(process.pid, timeout_seconds)
     return stopped
 
 

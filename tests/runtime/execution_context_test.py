@@ -79,3 +79,13 @@ def test_local_runtime_and_shutdown_in_process():
     runtime.shutdown()
     assert runtime.running_workers() == []  # ...and shutdown() stops it again.
     assert runtime.worker_pids_of_this_process() == []
+
+
+def test_a_restored_context_whose_worker_was_stopped_recovers():
+    """LocalRuntime restores the previous context; its worker was stopped too, and it must restart cleanly."""
+    assert _double(1) == 2  # The outer (default) context starts its worker.
+    with runtime.LocalRuntime():
+        assert _double(2) == 4
+    assert _double(5) == 10  # Outer context again: its old worker is gone, a new one starts.
+    runtime.shutdown()
+    assert runtime.worker_pids_of_this_process() == []
