@@ -277,7 +277,8 @@ def knn_overlap(a: np.ndarray, b: np.ndarray, k: int) -> float:
     return float(np.mean([len(set(na[i]) & set(nb[i])) / k for i in range(a.shape[0])]))
 
 
-def embedding_analysis(server: np.ndarray, fl: np.ndarray, rate: np.ndarray, path: str, k: int, seed: int) -> dict[str, float]:
+def embedding_analysis(server: np.ndarray, fl: np.ndarray, rate: np.ndarray, path: str, k: int, seed: int,
+                       rate_label: str = 'user positive rate') -> dict[str, float]:
     """t-SNE of both embedding sets side by side (coloured by the user's positive rate) + kNN overlap."""
     import matplotlib  # pylint: disable=g-import-not-at-top
     matplotlib.use('Agg')
@@ -287,14 +288,14 @@ def embedding_analysis(server: np.ndarray, fl: np.ndarray, rate: np.ndarray, pat
     overlap = knn_overlap(server, fl, k)
     chance = k / max(server.shape[0] - 1, 1)
     fig, axes = plt.subplots(1, 2, figsize=(11, 4.8))
-    for ax, emb, title in ((axes[0], server, 'Personalized Server'), (axes[1], fl, 'Personalized FL (FURL)')):
+    for ax, emb, title in ((axes[0], server, 'Personalized Server'), (axes[1], fl, 'Personalized FL')):
         xy = TSNE(n_components=2, perplexity=min(30, max(5, emb.shape[0] // 4)), random_state=seed,
                   init='pca').fit_transform(emb)
         points = ax.scatter(xy[:, 0], xy[:, 1], c=rate, cmap='viridis', s=10)
-        ax.set_title(f'{title} user embeddings (t-SNE)')
+        ax.set_title(f'{title} (t-SNE)')
         ax.set_xticks([]), ax.set_yticks([])
-    fig.colorbar(points, ax=axes, label='user positive rate')
-    fig.suptitle(f'{k}-NN overlap between the two embedding sets: {overlap:.3f} (chance {chance:.3f})')
+    fig.colorbar(points, ax=axes, label=rate_label)
+    fig.suptitle(f'User embeddings; {k}-NN overlap of the two sets: {overlap:.3f} (chance {chance:.3f})')
     fig.savefig(path, dpi=110)
     plt.close(fig)
     return {'knn_overlap': overlap, 'knn_chance': chance, 'knn_k': k}
@@ -327,7 +328,8 @@ def run(config: FurlConfig) -> dict[str, Any]:
     if 'server' in embeddings and 'fl' in embeddings:
         results['embeddings'] = embedding_analysis(
             embeddings['server'], embeddings['fl'], data.user_positive_rate,
-            os.path.join(config.output_dir, 'user_embeddings.png'), config.knn, config.seed)
+            os.path.join(config.output_dir, 'user_embeddings.png'), config.knn, config.seed,
+            rate_label='user positive rate' if data.num_classes == 2 else "share of the user's top class")
     program.write_json(os.path.join(config.output_dir, 'results.json'), results)
     curves = {ROW_NAMES[r['configuration']]: program.ExperimentOutputs(config.output_dir, r['configuration']).read_metrics()
               for r in rows}
