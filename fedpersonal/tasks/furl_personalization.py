@@ -120,6 +120,7 @@ class FurlTask:
         self.binary = data.num_classes == 2
         self.loss_fn = furl_models.loss_fn
         self.metrics_fn = functools.partial(furl_models.metrics_fn, num_classes=data.num_classes)
+        self._fed_evals: dict[str, tff.learning.templates.LearningProcess] = {}
 
     def model_fn(self, personalization: str):
         cfg = self.config
@@ -153,7 +154,9 @@ class FurlTask:
         return build
 
     def evaluate_global(self, personalization: str, weights, split: str = 'test') -> dict[str, float]:
-        fed_eval = tff.learning.algorithms.build_fed_eval(self.tff_model_fn(personalization))
+        if personalization not in self._fed_evals:  # Built (and traced) once, reused every evaluation.
+            self._fed_evals[personalization] = tff.learning.algorithms.build_fed_eval(self.tff_model_fn(personalization))
+        fed_eval = self._fed_evals[personalization]
         state = fed_eval.set_model_weights(fed_eval.initialize(), weights)
         metrics = fed_eval.next(state, self.test_datasets(split)).metrics['client_work']['eval']['current_round_metrics']
         return {k: float(v) for k, v in metrics.items()}

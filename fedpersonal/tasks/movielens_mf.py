@@ -349,6 +349,26 @@ def _validate_personal(input_spec):
     return validate
 
 
+def _train(task, process, name, outputs, client_data, dataset_fn, eval_fn, validate_fn=None):
+    """Runs the configured rounds; returns the final state and the median seconds per round."""
+    cfg = task.config
+    state, history = program.run_learning_process(
+        process,
+        client_data=client_data,
+        dataset_fn=dataset_fn,
+        clients_per_round=cfg.clients_per_round,
+        total_rounds=cfg.total_rounds,
+        outputs=outputs,
+        seed=cfg.seed,
+        evaluation_fn=eval_fn,
+        rounds_per_evaluation=cfg.rounds_per_eval,
+        rounds_per_checkpoint=cfg.rounds_per_checkpoint,
+        name=name,
+        validate_fn=validate_fn,
+    )
+    return state, (float(np.median([h['round_seconds'] for h in history])) if history else None)
+
+
 def run_configuration(task: MovieLensMFTask, name: str) -> dict[str, Any]:
     """Trains and evaluates one Table 1 configuration; returns its result row."""
     cfg, prepared = task.config, task.prepared
@@ -358,22 +378,11 @@ def run_configuration(task: MovieLensMFTask, name: str) -> dict[str, Any]:
     if name == 'fedrecon':
         process = task.build_fed_recon()
         eval_fn = lambda w: task.periodic_metrics('recon', w, prepared.user_val, task.personal_dataset_fn)
-        state, history = program.run_learning_process(
-            process,
-            client_data=prepared.user_train,
-            dataset_fn=task.personal_dataset_fn,
-            clients_per_round=cfg.clients_per_round,
-            total_rounds=cfg.total_rounds,
-            outputs=outputs,
-            seed=cfg.seed,
-            evaluation_fn=eval_fn,
-            rounds_per_evaluation=cfg.rounds_per_eval,
-            rounds_per_checkpoint=cfg.rounds_per_checkpoint,
-            name=name,
+        state, row['seconds_per_round'] = _train(
+            task, process, name, outputs, prepared.user_train, task.personal_dataset_fn, eval_fn,
             validate_fn=_validate_personal(mf.personal_input_spec()),
         )
         final = task.evaluate('recon', process.get_model_weights(state), prepared.user_test, task.personal_dataset_fn)
-        row['seconds_per_round'] = float(np.median([h['round_seconds'] for h in history])) if history else None
     elif name.startswith('fedavg'):
         standard = name == 'fedavg_standard'
         train = prepared.time_train if standard else prepared.user_train
@@ -386,19 +395,7 @@ def run_configuration(task: MovieLensMFTask, name: str) -> dict[str, Any]:
                 'recon', task.personal_globals_from_table(weights.trainable), prepared.user_val, task.personal_dataset_fn
             )
 
-        state, history = program.run_learning_process(
-            process,
-            client_data=train,
-            dataset_fn=task.table_dataset_fn,
-            clients_per_round=cfg.clients_per_round,
-            total_rounds=cfg.total_rounds,
-            outputs=outputs,
-            seed=cfg.seed,
-            evaluation_fn=eval_fn,
-            rounds_per_evaluation=cfg.rounds_per_eval,
-            rounds_per_checkpoint=cfg.rounds_per_checkpoint,
-            name=name,
-        )
+        state, row['seconds_per_round'] = _train(task, process, name, outputs, train, task.table_dataset_fn, eval_fn)
         weights = process.get_model_weights(state)
         if standard:
             final = task.evaluate('standard', weights, prepared.time_test, task.table_dataset_fn_eval)
@@ -406,7 +403,6 @@ def run_configuration(task: MovieLensMFTask, name: str) -> dict[str, Any]:
             final = task.evaluate(
                 'recon', task.personal_globals_from_table(weights.trainable), prepared.user_test, task.personal_dataset_fn
             )
-        row['seconds_per_round'] = float(np.median([h['round_seconds'] for h in history])) if history else None
     else:
         standard = name == 'centralized_standard'
         keras_model = task.table_keras_model()
