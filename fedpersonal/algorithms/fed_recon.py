@@ -68,6 +68,16 @@ def global_weights_with_local_default(model: ReconstructionModel, learn_local_in
     return ModelWeights(trainable=trainable, non_trainable=list(model.global_non_trainable_variables))
 
 
+def server_weights_type(model_fn: Callable[[], ReconstructionModel], learn_local_init: bool = False) -> tff.Type:
+    """The type of the weights `build_fed_recon` broadcasts (e.g. for a custom `model_distributor`)."""
+
+    @tff.tensorflow.computation
+    def initial_weights():
+        return global_weights_with_local_default(model_fn(), learn_local_init)
+
+    return initial_weights.type_signature.result
+
+
 def _specs(variables) -> tuple:
     return tuple(tf.TensorSpec(v.shape, v.dtype) for v in variables)
 

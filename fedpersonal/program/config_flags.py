@@ -106,6 +106,9 @@ def config_from_flags(
         base, optional = _base_type(field.type)
         if typing.get_origin(base) is tuple:
             raw = tuple(raw.split(',') if isinstance(raw, str) else (raw or ()))
+            element = (typing.get_args(base) or (str,))[0]
+            if element in (int, float):
+                raw = tuple(_coerce(field.name, item, element, False) for item in raw)
         elif optional and (raw is None or str(raw).lower() == _NONE):
             raw = None
         else:

@@ -11,6 +11,7 @@ import tensorflow as tf
 import tensorflow_federated as tff
 from absl import logging
 
+from fedpersonal.metrics import communication
 from fedpersonal.program import outputs as outputs_lib
 
 EvaluationFn = Callable[[Any], dict[str, Any]]
@@ -113,6 +114,9 @@ def run_learning_process(
             client_state_store.put(sampled, [from_model_weights(p) for p in result.private_states], round_num)
         state = result.state
         metrics = {'train': result.metrics.get('client_work', {}).get('train', {})}
+        measured = communication.communication_from_metrics(result.metrics)
+        if measured:
+            metrics['communication'] = measured
         metrics['round_seconds'] = time.time() - round_start
         if evaluation_fn is not None and (round_num % rounds_per_evaluation == 0 or round_num == total_rounds):
             metrics['eval'] = evaluation_fn(process.get_model_weights(state))

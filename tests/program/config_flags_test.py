@@ -46,3 +46,21 @@ def test_bad_optional_value_names_the_flag():
     fv(['prog', '--steps=lots'])
     with pytest.raises(flags.IllegalFlagValueError, match="--steps='lots'"):
         config_flags.config_from_flags(A, flag_values=fv, output_dir='x')
+
+
+@dataclasses.dataclass(frozen=True)
+class C:
+    output_dir: str
+    sizes: tuple[int, ...] = (1, 2)
+    rates: tuple[float, ...] = (0.5,)
+
+
+def test_numeric_tuple_flags_are_coerced_and_bad_items_named():
+    fv = flags.FlagValues()
+    config_flags.define_flags(C, flag_values=fv)
+    fv(['prog', '--sizes=10,20', '--rates=0.1,1e-3'])
+    assert config_flags.config_from_flags(C, flag_values=fv, output_dir='o') == C('o', (10, 20), (0.1, 0.001))
+    fv.unparse_flags()
+    fv(['prog', '--sizes=10,many'])
+    with pytest.raises(flags.IllegalFlagValueError, match="--sizes='many'"):
+        config_flags.config_from_flags(C, flag_values=fv, output_dir='o')

@@ -1,0 +1,151 @@
+"""The FedRecon paper's Figure 3: accuracy relative to base FedRecon when varying k_r and k_u.
+
+  python benchmarks/reconstruction_steps_sweep.py --task=movielens \
+      --flagfile=configs/movielens_100k_table1.flags --data_dir=DIR --total_rounds=50 --output_dir=output/sweep_ml
+  python benchmarks/reconstruction_steps_sweep.py --task=nwp --flagfile=configs/nwp_shakespeare.flags \
+      --data_dir=../shared/data/shakespeare --output_dir=output/sweep_nwp
+
+For each k_r in --recon_steps (0 = no reconstruction) FedRecon is trained and
+evaluated with exactly k_r reconstruction steps (batches) on the support set
+(`recon_steps_max = k_r`, enough epochs to reach it), the update phase as in
+the base configuration; for each k_u in --update_steps, with exactly k_u
+update steps. Each run has the same rounds and client sampling. Relative
+accuracy = accuracy / accuracy of the base configuration (the flagfile's
+settings, run the same way). Metric: `accuracy` (rating accuracy) for
+MovieLens, `accuracy_no_oov_no_eos` for next-word prediction (the vocabulary
+size is --sweep_vocab_size, default the first of --vocab_sizes).
+
+Writes `docs/results/fedrecon_steps_<dataset>.json`, a PNG next to it and the
+`fedrecon_steps_<dataset>` section of `docs/RESULTS.md`.
+"""
+
+import dataclasses
+import os
+import shlex
+import sys
+
+from absl import app
+from absl import flags
+from absl import logging
+
+from fedpersonal import program
+from fedpersonal import runtime
+from fedpersonal.program import config_flags
+from fedpersonal.tasks import movielens_mf
+from fedpersonal.tasks import next_word_prediction as nwp_task
+
+_DEFAULTS = {'output_dir': 'output/fedrecon_steps'}
+config_flags.define_flags(movielens_mf.MovieLensMFConfig, overrides=_DEFAULTS)
+config_flags.define_flags(nwp_task.NextWordPredictionConfig, overrides=_DEFAULTS)
+flags.DEFINE_enum('task', 'nwp', ['nwp', 'movielens'], 'Which FedRecon task to sweep.')
+flags.DEFINE_list('recon_steps', ['0', '1', '2', '5', '10'], 'k_r values.')
+flags.DEFINE_list('update_steps', ['1', '2', '5', '10'], 'k_u values.')
+flags.DEFINE_integer('sweep_vocab_size', None, 'NWP vocabulary size (default: first of --vocab_sizes).')
+flags.DEFINE_string('results_dir', 'docs/results', 'Where the JSON and PNG go.')
+flags.DEFINE_string('results_md', 'docs/RESULTS.md', 'Markdown results file.')
+FLAGS = flags.FLAGS
+
+
+def _settings(base_split):
+    """(name, kind, steps, split) for the base, every k_r and every k_u."""
+    out = [('base', 'base', None, base_split)]
+    for k in (int(v) for v in FLAGS.recon_steps):
+        out.append((f'k_r={k}', 'recon_steps', k, dataclasses.replace(
+            base_split, recon_epochs=max(k, base_split.recon_epochs, 1), recon_steps_max=k)))
+    for k in (int(v) for v in FLAGS.update_steps):
+        out.append((f'k_u={k}', 'update_steps', k, dataclasses.replace(
+            base_split, post_recon_epochs=max(k, 1), post_recon_steps_max=k)))
+    return out
+
+
+def _run_movielens(output_dir: str):
+    config = config_flags.config_from_flags(movielens_mf.MovieLensMFConfig, overrides=_DEFAULTS)
+    rows = []
+    for name, kind, steps, split in _settings(config.split):
+        run_config = dataclasses.replace(
+            config, configurations=('fedrecon',), output_dir=os.path.join(output_dir, name.replace('=', '')),
+            recon_epochs=split.recon_epochs, recon_steps_max=split.recon_steps_max,
+            post_recon_epochs=split.post_recon_epochs, post_recon_steps_max=split.post_recon_steps_max)
+        results = movielens_mf.run(run_config)
+        row = results['rows'][0]
+        rows.append({'name': name, 'kind': kind, 'steps': steps, 'accuracy': row['accuracy'], 'rmse': row['rmse'],
+                     'seconds_per_round': row.get('seconds_per_round')})
+        logging.info('sweep %s: %s', name, rows[-1])
+    return results['dataset'], 'movielens', 'accuracy', rows, config.total_rounds
+
+
+def _run_nwp(output_dir: str):
+    config = config_flags.config_from_flags(nwp_task.NextWordPredictionConfig, overrides=_DEFAULTS)
+    vocab_size = FLAGS.sweep_vocab_size or config.vocab_sizes[0]
+    corpus = nwp_task.load_corpus(config)
+    task = nwp_task.NextWordPredictionTask(config, corpus, vocab_size)
+    rows = []
+    for name, kind, steps, split in _settings(config.split):
+        row = nwp_task.run_fed_recon(task, split, name.replace('=', ''), output_dir)
+        rows.append({'name': name, 'kind': kind, 'steps': steps, **{
+            k: row[k] for k in ('accuracy', 'accuracy_no_oov', 'accuracy_no_oov_no_eos', 'loss', 'seconds_per_round')
+            if k in row}})
+        logging.info('sweep %s: %s', name, rows[-1])
+    dataset = f'{corpus.name}, vocabulary {vocab_size}, {config.num_oov_buckets} OOV buckets'
+    return dataset, config.dataset, 'accuracy_no_oov_no_eos', rows, config.total_rounds
+
+
+def _plot(rows, metric: str, title: str, path: str) -> None:
+    import matplotlib  # pylint: disable=import-outside-toplevel
+    matplotlib.use('Agg')
+    import matplotlib.pyplot as plt  # pylint: disable=import-outside-toplevel
+
+    fig, axes = plt.subplots(1, 2, figsize=(9, 3.5), sharey=True)
+    for ax, kind, label in ((axes[0], 'recon_steps', 'reconstruction steps $k_r$'),
+                            (axes[1], 'update_steps', 'client update steps $k_u$')):
+        points = sorted((r['steps'], r['relative_accuracy']) for r in rows if r['kind'] == kind)
+        if points:
+            ax.plot([p[0] for p in points], [p[1] for p in points], 'o-')
+        ax.axhline(1.0, color='grey', lw=0.8, ls='--')
+        ax.set_xlabel(label)
+        ax.grid(alpha=0.3)
+    axes[0].set_ylabel(f'{metric} / base')
+    fig.suptitle(title)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def main(argv):
+    del argv
+    logging.set_verbosity(logging.INFO)
+    command = 'python benchmarks/reconstruction_steps_sweep.py ' + ' '.join(shlex.quote(a) for a in sys.argv[1:])
+    output_dir = FLAGS.output_dir
+    with runtime.LocalRuntime():
+        if FLAGS.task == 'movielens':
+            dataset, key, metric, rows, rounds = _run_movielens(output_dir)
+        else:
+            dataset, key, metric, rows, rounds = _run_nwp(output_dir)
+    base = next(r for r in rows if r['kind'] == 'base')[metric]
+    for row in rows:
+        row['relative_accuracy'] = row[metric] / base if base else float('nan')
+    name = f'fedrecon_steps_{key}'
+    os.makedirs(FLAGS.results_dir, exist_ok=True)
+    png = os.path.join(FLAGS.results_dir, f'{name}.png')
+    _plot(rows, metric, f'FedRecon steps sweep: {dataset}', png)
+    program.write_json(os.path.join(FLAGS.results_dir, f'{name}.json'),
+                       {'command': command, 'dataset': dataset, 'metric': metric, 'rounds': rounds, 'rows': rows})
+    lines = ['| setting | ' + metric + ' | relative to base | s/round |', '|---|---|---|---|']
+    for r in rows:
+        spr = r.get('seconds_per_round')
+        lines.append(f"| {r['name']} | {r[metric]:.4f} | {r['relative_accuracy']:.3f} | "
+                     f"{'' if spr is None else f'{spr:.2f}'} |")
+    md_dir = os.path.dirname(os.path.abspath(FLAGS.results_md))
+    section = '\n'.join([
+        f'## FedRecon Figure 3: reconstruction and update steps, {dataset}', '',
+        f'Command: `{command}`', '',
+        f'{rounds} rounds per setting; each k_r / k_u is used in training and in evaluation (held-out clients); '
+        f'relative = {metric} / base.', '', *lines, '',
+        f'![steps sweep]({os.path.relpath(os.path.abspath(png), md_dir)})', '',
+        f'Machine-readable: `{os.path.join(FLAGS.results_dir, name + ".json")}`.'])
+    program.replace_marked_section(FLAGS.results_md, name, section)
+    print('\n'.join(lines))
+
+
+if __name__ == '__main__':
+    app.run(main)

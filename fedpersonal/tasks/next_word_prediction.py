@@ -1,0 +1,454 @@
+"""Next-word prediction with local OOV embeddings: the FedRecon paper's Table 2 and Figure 3, end to end.
+
+Rows (the paper's Table 2; B = `num_oov_buckets`, default 500):
+
+* `fedyogi`: a fully global model with 1 OOV bucket trained with FedAvg and a
+  Yogi server optimizer (TFF's `build_weighted_fed_avg`) on all of each
+  client's data;
+* `fedrecon_1oov` / `fedrecon`: FedRecon with a local OOV table of 1 / B rows,
+  reconstructed from the support set (first half of the client's examples in
+  time order) each round; only the global part is broadcast and aggregated;
+* `oov_finetuning`: a fully global model with B OOV buckets trained like
+  `fedyogi`; at evaluation the OOV table (starting from its trained value) is
+  fine-tuned on the support set;
+* `full_finetuning`: the same trained model; the OOV table and then all global
+  variables are fine-tuned on the support set;
+* `fedrecon_finetune`: FedRecon (B buckets); at evaluation the OOV table is
+  reconstructed and then the global variables fine-tuned on the support set.
+
+Every row is evaluated on the same held-out clients' query sets (second half
+in time order). Communication per client per round is measured from the
+values each process broadcasts and aggregates
+(`fedpersonal.metrics.communication`).
+
+Configuration flows one way: flags -> `NextWordPredictionConfig` -> builders.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from typing import Any, Optional
+
+import numpy as np
+import tensorflow as tf
+import tensorflow_federated as tff
+from absl import logging
+
+from fedpersonal import algorithms
+from fedpersonal import evaluation
+from fedpersonal import metrics as metrics_lib
+from fedpersonal import program
+from fedpersonal.algorithms import fed_recon
+from fedpersonal.algorithms import optimizers
+from fedpersonal.data import shakespeare
+from fedpersonal.data import stackoverflow
+from fedpersonal.data import synthetic_text
+from fedpersonal.data import text_corpus
+from fedpersonal.data import text_pipeline
+from fedpersonal.metrics import communication
+from fedpersonal.models import next_word_prediction as nwp
+
+CONFIGURATIONS = ('fedyogi', 'fedrecon_1oov', 'fedrecon', 'oov_finetuning', 'full_finetuning', 'fedrecon_finetune')
+DATASETS = ('synthetic_text', 'shakespeare', 'stackoverflow')
+METRIC_KEYS = nwp.METRIC_NAMES + ('loss', 'num_examples')
+COMMUNICATION_KEYS = ('scalars_down_per_client', 'scalars_up_per_client', 'bytes_down_per_client',
+                      'bytes_up_per_client')
+
+
+def row_name(configuration: str, num_oov_buckets: int) -> str:
+    return {
+        'fedyogi': 'FedYogi (1 OOV)',
+        'fedrecon_1oov': 'FedRecon (1 OOV)',
+        'fedrecon': f'FedRecon ({num_oov_buckets} OOV)',
+        'oov_finetuning': f'OOV Finetuning ({num_oov_buckets} OOV)',
+        'full_finetuning': f'Full Finetuning ({num_oov_buckets} OOV)',
+        'fedrecon_finetune': f'FedRecon+Finetune ({num_oov_buckets} OOV)',
+    }[configuration]
+
+
+@dataclasses.dataclass(frozen=True)
+class NextWordPredictionConfig:
+    """Everything a next-word-prediction experiment needs.
+
+    Paper settings (Stack Overflow): vocabularies 1K/5K/10K, 500 OOV buckets,
+    sequences of 20 tokens, at most 1024 examples per client, embedding 96,
+    LSTM 670, FedYogi. Defaults here are CPU-sized (see `docs/RESULTS.md`).
+    """
+
+    output_dir: str
+    dataset: str = 'synthetic_text'
+    data_dir: Optional[str] = None
+    configurations: tuple[str, ...] = CONFIGURATIONS
+    vocab_sizes: tuple[int, ...] = (1000, 5000, 10000)
+    num_oov_buckets: int = 500
+    max_sequence_length: int = 20
+    max_elements_per_client: int = 256
+    min_examples_per_client: int = 20
+    synthetic_num_clients: int = 300
+    test_fraction: float = 0.2
+    validation_fraction: float = 0.1
+    embedding_dim: int = 64
+    lstm_units: int = 128
+    batch_size: int = 16
+    total_rounds: int = 100
+    clients_per_round: int = 10
+    client_optimizer: str = 'sgd'
+    client_learning_rate: float = 0.3
+    server_optimizer: str = 'yogi'
+    server_learning_rate: float = 0.01
+    reconstruction_optimizer: str = 'sgd'
+    reconstruction_learning_rate: float = 0.3
+    finetune_learning_rate: float = 0.1
+    recon_epochs: int = 1
+    recon_steps_max: Optional[int] = None
+    post_recon_epochs: int = 1
+    post_recon_steps_max: Optional[int] = None
+    rounds_per_eval: int = 25
+    eval_clients: int = 50
+    test_clients: Optional[int] = None
+    rounds_per_checkpoint: int = 50
+    seed: int = 0
+
+    def __post_init__(self):
+        unknown = [c for c in self.configurations if c not in CONFIGURATIONS]
+        if unknown or not self.configurations:
+            raise ValueError(f'configurations must be a non-empty subset of {CONFIGURATIONS}; unknown: {unknown}.')
+        if self.dataset not in DATASETS:
+            raise ValueError(f'dataset must be one of {DATASETS}, got {self.dataset!r}.')
+        if self.dataset == 'stackoverflow' and not self.data_dir:
+            raise ValueError('dataset=stackoverflow needs --data_dir (a stackoverflow.sqlite file or its directory).')
+        if not self.vocab_sizes or min(self.vocab_sizes) < 1:
+            raise ValueError(f'vocab_sizes must be positive, got {self.vocab_sizes}.')
+        for name in ('num_oov_buckets', 'max_sequence_length', 'max_elements_per_client', 'batch_size',
+                     'total_rounds', 'clients_per_round', 'eval_clients', 'embedding_dim', 'lstm_units'):
+            if getattr(self, name) < 1:
+                raise ValueError(f'{name} must be >= 1, got {getattr(self, name)}.')
+
+    @property
+    def split(self) -> algorithms.ReconstructionSplit:
+        """Support = the first half of a client's examples in time order (the paper's Stack Overflow setup)."""
+        return algorithms.ReconstructionSplit(
+            support_fraction=0.5, strategy='order', recon_epochs=self.recon_epochs,
+            recon_steps_max=self.recon_steps_max, post_recon_epochs=self.post_recon_epochs,
+            post_recon_steps_max=self.post_recon_steps_max)
+
+
+def load_corpus(config: NextWordPredictionConfig) -> text_corpus.TextCorpus:
+    """The configured corpus, at most `max_elements_per_client` examples per client."""
+    if config.dataset == 'shakespeare':
+        path = config.data_dir or '../shared/data/shakespeare'
+        corpus = shakespeare.load_shakespeare(
+            path, min_examples=config.min_examples_per_client, test_fraction=config.test_fraction, seed=config.seed)
+    elif config.dataset == 'stackoverflow':
+        corpus = stackoverflow.load_stackoverflow(config.data_dir, seed=config.seed)
+    else:
+        corpus = synthetic_text.generate_text_corpus(
+            num_clients=config.synthetic_num_clients, test_fraction=config.test_fraction, seed=config.seed)
+    return text_corpus.limit_examples(corpus, config.max_elements_per_client)
+
+
+@dataclasses.dataclass
+class PreparedVocab:
+    """One vocabulary size's encoded clients."""
+
+    vocab_size: int
+    coverage: float
+    layouts: dict[int, text_pipeline.TokenLayout]
+    train: dict[int, tff.simulation.datasets.ClientData]
+    validation: dict[int, tff.simulation.datasets.ClientData]
+    test: dict[int, tff.simulation.datasets.ClientData]
+    token_statistics: dict[str, float]
+
+
+class NextWordPredictionTask:
+    """Data, models, processes and evaluations for one config and vocabulary size."""
+
+    def __init__(self, config: NextWordPredictionConfig, corpus: text_corpus.TextCorpus, vocab_size: int):
+        self.config = config
+        self.corpus = corpus
+        counts = text_corpus.word_counts(corpus.train)
+        self.vocab = text_corpus.vocabulary(counts, vocab_size)
+        total = sum(counts.values())
+        self.coverage = sum(counts[w] for w in self.vocab) / total if total else 0.0
+        train_ids = sorted(corpus.train)
+        validation_ids = set(program.sample_clients(
+            train_ids, max(1, int(round(config.validation_fraction * len(train_ids)))), round_num=0,
+            seed=config.seed + 7))
+        self._clients = {
+            'train': {c: corpus.train[c] for c in train_ids if c not in validation_ids},
+            'validation': {c: corpus.train[c] for c in train_ids if c in validation_ids},
+            'test': dict(corpus.test),
+        }
+        self._client_data: dict[tuple[int, str], Any] = {}
+        self._evaluations: dict[tuple, tff.Computation] = {}
+
+    # ----- data -----------------------------------------------------------
+    def layout(self, num_oov_buckets: int) -> text_pipeline.TokenLayout:
+        return text_pipeline.TokenLayout(len(self.vocab), num_oov_buckets)
+
+    def client_data(self, num_oov_buckets: int, split: str) -> tff.simulation.datasets.ClientData:
+        key = (num_oov_buckets, split)
+        if key not in self._client_data:
+            encoder = text_pipeline.TokenIdEncoder(self.vocab, num_oov_buckets, self.config.max_sequence_length)
+            encoded = text_pipeline.encode_clients(self._clients[split], encoder)
+            if split == 'train':
+                self.token_statistics = text_pipeline.token_statistics(encoded, encoder.layout)
+            self._client_data[key] = text_pipeline.to_client_data(encoded)
+        return self._client_data[key]
+
+    def dataset_fn(self, dataset: tf.data.Dataset) -> tf.data.Dataset:
+        return dataset.batch(self.config.batch_size)
+
+    def eval_datasets(self, num_oov_buckets: int, split: str, limit: Optional[int]) -> list[tf.data.Dataset]:
+        data = self.client_data(num_oov_buckets, split)
+        ids = list(data.client_ids)
+        if limit is not None and limit < len(ids):
+            ids = program.sample_clients(ids, limit, round_num=0, seed=self.config.seed + 1)
+        return [self.dataset_fn(data.create_tf_dataset_for_client(c)) for c in ids]
+
+    # ----- models ---------------------------------------------------------
+    def model_fn(self, num_oov_buckets: int, oov_local: bool):
+        cfg = self.config
+        return nwp.model_fn(self.layout(num_oov_buckets), oov_local=oov_local,
+                            max_sequence_length=cfg.max_sequence_length, embedding_dim=cfg.embedding_dim,
+                            lstm_units=cfg.lstm_units, seed=cfg.seed)
+
+    def tff_model_fn(self, num_oov_buckets: int):
+        """The fully global model as a TFF `VariableModel` (for TFF's FedAvg)."""
+        cfg = self.config
+        layout = self.layout(num_oov_buckets)
+
+        def build():
+            keras_model, _, _ = nwp.build_keras_model(
+                layout, max_sequence_length=cfg.max_sequence_length, embedding_dim=cfg.embedding_dim,
+                lstm_units=cfg.lstm_units, seed=cfg.seed)
+            return tff.learning.models.from_keras_model(
+                keras_model, loss=nwp.loss_fn(), input_spec=nwp.input_spec(cfg.max_sequence_length),
+                metrics=nwp.metrics_fn(layout)())
+
+        return build
+
+    def partially_local_weights(self, num_oov_buckets: int, keras_order_trainable: list[np.ndarray]):
+        """Weights of a fully global Keras model, rearranged as (globals, OOV table) for ReconEval with a learned init."""
+        cfg = self.config
+        with tf.Graph().as_default():
+            keras_model, global_layers, local_layers = nwp.build_keras_model(
+                self.layout(num_oov_buckets), max_sequence_length=cfg.max_sequence_length,
+                embedding_dim=cfg.embedding_dim, lstm_units=cfg.lstm_units, seed=cfg.seed)
+            by_name = {v.name: value for v, value in zip(keras_model.trainable_variables, keras_order_trainable)}
+            ordered = [by_name[v.name] for layer in global_layers for v in layer.trainable_variables]
+            ordered += [by_name[v.name] for layer in local_layers for v in layer.trainable_variables]
+        if len(ordered) != len(keras_order_trainable):
+            raise RuntimeError('Global/local layer split does not cover the Keras model exactly.')
+        return tff.learning.models.ModelWeights(trainable=ordered, non_trainable=[])
+
+    # ----- evaluation -----------------------------------------------------
+    def evaluation(self, num_oov_buckets: int, *, oov_local: bool, learn_local_init: bool = False,
+                   finetune: bool = False, split: Optional[algorithms.ReconstructionSplit] = None) -> tff.Computation:
+        cfg = self.config
+        split = split or cfg.split
+        key = (num_oov_buckets, oov_local, learn_local_init, finetune, split)
+        if key not in self._evaluations:
+            self._evaluations[key] = evaluation.build_recon_eval(
+                self.model_fn(num_oov_buckets, oov_local),
+                loss_fn=nwp.loss_fn,
+                metrics_fn=nwp.metrics_fn(self.layout(num_oov_buckets)),
+                reconstruction_optimizer=optimizers.build_optimizer(
+                    cfg.reconstruction_optimizer,
+                    cfg.finetune_learning_rate if learn_local_init else cfg.reconstruction_learning_rate),
+                dataset_split=split,
+                finetune_optimizer=(
+                    optimizers.build_optimizer(cfg.client_optimizer, cfg.finetune_learning_rate) if finetune else None),
+                learn_local_init=learn_local_init,
+            )
+        return self._evaluations[key]
+
+    def evaluate(self, computation, weights, num_oov_buckets: int, split: str, limit: Optional[int]) -> dict:
+        result = computation(weights, self.eval_datasets(num_oov_buckets, split, limit))
+        return {'metrics': {k: float(v) for k, v in result['eval'].items()},
+                'per_client': metrics_lib.summarize_per_client(result['per_client'])}
+
+    # ----- training -------------------------------------------------------
+    def build_fed_recon(self, num_oov_buckets: int, split: Optional[algorithms.ReconstructionSplit] = None):
+        cfg = self.config
+        model_fn = self.model_fn(num_oov_buckets, oov_local=True)
+        return algorithms.build_fed_recon(
+            model_fn,
+            loss_fn=nwp.loss_fn,
+            metrics_fn=nwp.metrics_fn(self.layout(num_oov_buckets)),
+            server_optimizer=optimizers.build_optimizer(cfg.server_optimizer, cfg.server_learning_rate),
+            client_optimizer=optimizers.build_optimizer(cfg.client_optimizer, cfg.client_learning_rate),
+            reconstruction_optimizer=optimizers.build_optimizer(
+                cfg.reconstruction_optimizer, cfg.reconstruction_learning_rate),
+            dataset_split=split or cfg.split,
+            model_distributor=communication.build_measured_broadcast(fed_recon.server_weights_type(model_fn)),
+            model_aggregator=communication.MeasuredAggregationFactory(),
+        )
+
+    def build_fed_yogi(self, num_oov_buckets: int):
+        cfg = self.config
+        model_fn = self.tff_model_fn(num_oov_buckets)
+        return tff.learning.algorithms.build_weighted_fed_avg(
+            model_fn,
+            client_optimizer_fn=optimizers.build_optimizer(cfg.client_optimizer, cfg.client_learning_rate),
+            server_optimizer_fn=optimizers.build_optimizer(cfg.server_optimizer, cfg.server_learning_rate),
+            model_distributor=communication.build_measured_broadcast(
+                tff.learning.models.weights_type_from_model(model_fn)),
+            model_aggregator=communication.MeasuredAggregationFactory(),
+        )
+
+
+def _train(task: NextWordPredictionTask, process, name: str, outputs, num_oov_buckets: int, eval_fn):
+    cfg = task.config
+    state, history = program.run_learning_process(
+        process,
+        client_data=task.client_data(num_oov_buckets, 'train'),
+        dataset_fn=task.dataset_fn,
+        clients_per_round=cfg.clients_per_round,
+        total_rounds=cfg.total_rounds,
+        outputs=outputs,
+        seed=cfg.seed,
+        evaluation_fn=eval_fn,
+        rounds_per_evaluation=cfg.rounds_per_eval,
+        rounds_per_checkpoint=cfg.rounds_per_checkpoint,
+        name=name,
+    )
+    summary = {'seconds_per_round': float(np.median([h['round_seconds'] for h in history])) if history else None}
+    for key in COMMUNICATION_KEYS:
+        values = [h[f'communication/{key}'] for h in history if f'communication/{key}' in h]
+        if values:
+            summary[key] = float(np.median(values))
+    return state, summary
+
+
+class _Runner:
+    """Trains each underlying model once per vocabulary size and derives the Table 2 rows from it."""
+
+    def __init__(self, task: NextWordPredictionTask, output_dir: str):
+        self.task = task
+        self.output_dir = output_dir
+        self._trained: dict[str, tuple] = {}
+
+    def trained(self, kind: str, num_oov_buckets: int):
+        """`(weights, training summary)` of `fedyogi` or `fedrecon` with `num_oov_buckets`."""
+        key = f'{kind}_{num_oov_buckets}oov'
+        if key in self._trained:
+            return self._trained[key]
+        task, cfg = self.task, self.task.config
+        outputs = program.ExperimentOutputs(self.output_dir, key)
+        if kind == 'fedrecon':
+            process = task.build_fed_recon(num_oov_buckets)
+            eval_computation = task.evaluation(num_oov_buckets, oov_local=True)
+            eval_fn = lambda w: task.evaluate(eval_computation, w, num_oov_buckets, 'validation', cfg.eval_clients)[
+                'metrics']
+        else:
+            process = task.build_fed_yogi(num_oov_buckets)
+            eval_computation = task.evaluation(num_oov_buckets, oov_local=True, learn_local_init=True)
+            eval_fn = lambda w: task.evaluate(
+                eval_computation, task.partially_local_weights(num_oov_buckets, list(w.trainable)),
+                num_oov_buckets, 'validation', cfg.eval_clients)['metrics']
+        state, summary = _train(task, process, key, outputs, num_oov_buckets, eval_fn)
+        weights = process.get_model_weights(state)
+        outputs.plot_learning_curve(['train/loss', 'eval/accuracy_no_oov_no_eos'], title=key)
+        self._trained[key] = (weights, summary)
+        return self._trained[key]
+
+    def row(self, configuration: str) -> dict[str, Any]:
+        task, cfg = self.task, self.task.config
+        b = cfg.num_oov_buckets
+        started = time.time()
+        if configuration == 'fedyogi':
+            weights, summary = self.trained('fedyogi', 1)
+            # No local variables: "reconstruction" is a no-op, the trained OOV row is used as is.
+            computation = task.evaluation(1, oov_local=True, learn_local_init=True,
+                                          split=dataclasses.replace(cfg.split, recon_steps_max=0))
+            final = task.evaluate(computation, task.partially_local_weights(1, list(weights.trainable)), 1, 'test',
+                                  cfg.test_clients)
+        elif configuration in ('fedrecon', 'fedrecon_1oov', 'fedrecon_finetune'):
+            buckets = 1 if configuration == 'fedrecon_1oov' else b
+            weights, summary = self.trained('fedrecon', buckets)
+            computation = task.evaluation(buckets, oov_local=True, finetune=configuration == 'fedrecon_finetune')
+            final = task.evaluate(computation, weights, buckets, 'test', cfg.test_clients)
+        else:
+            weights, summary = self.trained('fedyogi', b)
+            computation = task.evaluation(b, oov_local=True, learn_local_init=True,
+                                          finetune=configuration == 'full_finetuning')
+            final = task.evaluate(computation, task.partially_local_weights(b, list(weights.trainable)), b, 'test',
+                                  cfg.test_clients)
+        row = {'name': row_name(configuration, b), 'configuration': configuration}
+        row.update({k: final['metrics'][k] for k in METRIC_KEYS if k in final['metrics']})
+        row.update(summary)
+        row['per_client'] = final['per_client']
+        row['eval_seconds'] = time.time() - started
+        return row
+
+
+def run(config: NextWordPredictionConfig, corpus: Optional[text_corpus.TextCorpus] = None) -> dict[str, Any]:
+    """Runs every configuration for every vocabulary size; writes `results.json` and learning curves."""
+    corpus = corpus if corpus is not None else load_corpus(config)
+    statistics = text_corpus.corpus_statistics(corpus, vocab_sizes=config.vocab_sizes)
+    logging.info('NWP data %s: %s', corpus.name, statistics)
+    program.write_json(f'{config.output_dir}/config.json', dataclasses.asdict(config))
+    tables = []
+    for vocab_size in config.vocab_sizes:
+        task = NextWordPredictionTask(config, corpus, vocab_size)
+        directory = f'{config.output_dir}/vocab_{vocab_size}'
+        runner = _Runner(task, directory)
+        rows = []
+        for configuration in config.configurations:
+            row = runner.row(configuration)
+            row['vocab_size'] = vocab_size
+            logging.info('[vocab %d] %s: %s', vocab_size, row['name'],
+                         {k: row.get(k) for k in METRIC_KEYS + COMMUNICATION_KEYS})
+            rows.append(row)
+        task.client_data(config.num_oov_buckets, 'train')
+        tables.append({'vocab_size': vocab_size, 'vocabulary_coverage': task.coverage,
+                       'token_statistics': getattr(task, 'token_statistics', {}), 'rows': rows})
+        runs = {name: program.ExperimentOutputs(directory, name).read_metrics() for name in sorted(runner._trained)}
+        program.plot_curves(runs, ['train/loss', 'eval/accuracy_no_oov_no_eos'],
+                            f'{directory}/learning_curves.png')
+    results = {'dataset': corpus.name, 'source': corpus.source, 'statistics': statistics, 'tables': tables}
+    program.write_json(f'{config.output_dir}/results.json', results)
+    return results
+
+
+def format_table(tables: list[dict[str, Any]], metric: str = 'accuracy_no_oov_no_eos') -> str:
+    """The paper's Table 2 shape: rows x vocabulary sizes of `metric` (percent), plus measured communication."""
+    sizes = [t['vocab_size'] for t in tables]
+    names = [r['name'] for r in tables[0]['rows']]
+    header = '| method | ' + ' | '.join(f'{s} vocab' for s in sizes) + ' | scalars down/up per client per round |'
+    lines = [header, '|---' * (len(sizes) + 2) + '|']
+    for i, name in enumerate(names):
+        cells = []
+        for t in tables:
+            value = t['rows'][i].get(metric)
+            cells.append('' if value is None else f'{100 * value:.1f}')
+        last = tables[-1]['rows'][i]
+        comm = (f"{last.get('scalars_down_per_client', float('nan')):,.0f} / "
+                f"{last.get('scalars_up_per_client', float('nan')):,.0f}")
+        lines.append(f'| {name} | ' + ' | '.join(cells) + f' | {comm} (vocab {sizes[-1]}) |')
+    return '\n'.join(lines)
+
+
+def run_fed_recon(
+    task: NextWordPredictionTask,
+    split: algorithms.ReconstructionSplit,
+    name: str,
+    output_dir: str,
+    num_oov_buckets: Optional[int] = None,
+) -> dict[str, Any]:
+    """Trains FedRecon with `split` (k_r / k_u settings) and evaluates it on the test clients with the same split.
+
+    Used by the reconstruction/update-steps sweeps (the paper's Figure 3).
+    """
+    cfg = task.config
+    buckets = num_oov_buckets or cfg.num_oov_buckets
+    outputs = program.ExperimentOutputs(output_dir, name)
+    process = task.build_fed_recon(buckets, split)
+    state, summary = _train(task, process, name, outputs, buckets, eval_fn=None)
+    final = task.evaluate(task.evaluation(buckets, oov_local=True, split=split), process.get_model_weights(state),
+                          buckets, 'test', cfg.test_clients)
+    row = {'name': name, **{k: final['metrics'][k] for k in METRIC_KEYS if k in final['metrics']}, **summary}
+    outputs.write_json('results.json', row)
+    return row
