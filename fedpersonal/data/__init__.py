@@ -43,3 +43,29 @@ __all__ += [
     'load_assistments',
     'load_movielens_likes',
 ]
+
+# Next-word prediction corpora (fedpersonal.data.text_corpus and loaders); token ids: fedpersonal.data.text_pipeline.
+from fedpersonal.data.shakespeare import ShakespeareFormatError, load_shakespeare  # noqa: E402
+from fedpersonal.data.stackoverflow import StackOverflowFormatError, load_stackoverflow  # noqa: E402
+from fedpersonal.data.synthetic_text import generate_text_corpus  # noqa: E402
+from fedpersonal.data.text_corpus import TextCorpus  # noqa: E402
+
+# HPFL cross-silo user modeling (fedpersonal.data.user_modeling and loaders).
+from fedpersonal.data.hpfl_assistments import load_assist_silos  # noqa: E402
+from fedpersonal.data.hpfl_movielens import load_movielens_silos  # noqa: E402
+from fedpersonal.data.synthetic_user_modeling import generate_user_modeling  # noqa: E402
+from fedpersonal.data.user_modeling import ClientSilo, UserModelingData  # noqa: E402
+
+__all__ += [
+    'ClientSilo',
+    'ShakespeareFormatError',
+    'StackOverflowFormatError',
+    'TextCorpus',
+    'UserModelingData',
+    'generate_text_corpus',
+    'generate_user_modeling',
+    'load_assist_silos',
+    'load_movielens_silos',
+    'load_shakespeare',
+    'load_stackoverflow',
+]

@@ -10,8 +10,8 @@ The input embedding is split in two tables over the `TokenLayout` id space:
 Each id is looked up in exactly one table (the other contributes zeros); the
 sum feeds an LSTM, a projection back to the embedding size and an output layer
 over every id (V + 3 + B classes; the model predicts OOV buckets too, as in the
-paper's code). Sizes default to a CPU-sized model (embedding 64, LSTM 128); the
-paper used embedding 96 and LSTM 670.
+paper's code). Sizes are arguments; the experiments use a CPU-sized model
+(embedding 32, LSTM 64); the paper used embedding 96 and LSTM 670.
 
 `oov_local=False` builds the same network with the OOV table global (the FedYogi
 and fine-tuning baselines, which send everything).

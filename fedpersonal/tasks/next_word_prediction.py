@@ -83,29 +83,29 @@ class NextWordPredictionConfig:
     vocab_sizes: tuple[int, ...] = (1000, 5000, 10000)
     num_oov_buckets: int = 500
     max_sequence_length: int = 20
-    max_elements_per_client: int = 256
+    max_elements_per_client: int = 128
     min_examples_per_client: int = 20
     synthetic_num_clients: int = 300
     test_fraction: float = 0.2
     validation_fraction: float = 0.1
-    embedding_dim: int = 64
-    lstm_units: int = 128
+    embedding_dim: int = 32
+    lstm_units: int = 64
     batch_size: int = 16
-    total_rounds: int = 100
+    total_rounds: int = 60
     clients_per_round: int = 10
     client_optimizer: str = 'sgd'
-    client_learning_rate: float = 0.3
+    client_learning_rate: float = 1.0
     server_optimizer: str = 'yogi'
-    server_learning_rate: float = 0.01
+    server_learning_rate: float = 0.1
     reconstruction_optimizer: str = 'sgd'
-    reconstruction_learning_rate: float = 0.3
+    reconstruction_learning_rate: float = 1.0
     finetune_learning_rate: float = 0.1
     recon_epochs: int = 1
     recon_steps_max: Optional[int] = None
     post_recon_epochs: int = 1
     post_recon_steps_max: Optional[int] = None
-    rounds_per_eval: int = 25
-    eval_clients: int = 50
+    rounds_per_eval: int = 30
+    eval_clients: int = 20
     test_clients: Optional[int] = None
     rounds_per_checkpoint: int = 50
     seed: int = 0
@@ -254,9 +254,9 @@ class NextWordPredictionTask:
                 self.model_fn(num_oov_buckets, oov_local),
                 loss_fn=nwp.loss_fn,
                 metrics_fn=nwp.metrics_fn(self.layout(num_oov_buckets)),
+                # The OOV table is reconstructed (FedRecon) or fine-tuned (from trained values) with the same optimizer.
                 reconstruction_optimizer=optimizers.build_optimizer(
-                    cfg.reconstruction_optimizer,
-                    cfg.finetune_learning_rate if learn_local_init else cfg.reconstruction_learning_rate),
+                    cfg.reconstruction_optimizer, cfg.reconstruction_learning_rate),
                 dataset_split=split,
                 finetune_optimizer=(
                     optimizers.build_optimizer(cfg.client_optimizer, cfg.finetune_learning_rate) if finetune else None),
