@@ -349,8 +349,9 @@ def _validate_personal(input_spec):
     return validate
 
 
-def _train(task, process, name, outputs, client_data, dataset_fn, eval_fn, validate_fn=None):
-    """Runs the configured rounds; returns the final state and the median seconds per round."""
+def train_process(task, process, name, outputs, client_data, dataset_fn, eval_fn, validate_fn=None):
+    """Runs the configured rounds (resuming from `outputs`' checkpoints); returns the final state and the median
+    seconds per round."""
     cfg = task.config
     state, history = program.run_learning_process(
         process,
@@ -378,7 +379,7 @@ def run_configuration(task: MovieLensMFTask, name: str) -> dict[str, Any]:
     if name == 'fedrecon':
         process = task.build_fed_recon()
         eval_fn = lambda w: task.periodic_metrics('recon', w, prepared.user_val, task.personal_dataset_fn)
-        state, row['seconds_per_round'] = _train(
+        state, row['seconds_per_round'] = train_process(
             task, process, name, outputs, prepared.user_train, task.personal_dataset_fn, eval_fn,
             validate_fn=_validate_personal(mf.personal_input_spec()),
         )
@@ -395,7 +396,7 @@ def run_configuration(task: MovieLensMFTask, name: str) -> dict[str, Any]:
                 'recon', task.personal_globals_from_table(weights.trainable), prepared.user_val, task.personal_dataset_fn
             )
 
-        state, row['seconds_per_round'] = _train(task, process, name, outputs, train, task.table_dataset_fn, eval_fn)
+        state, row['seconds_per_round'] = train_process(task, process, name, outputs, train, task.table_dataset_fn, eval_fn)
         weights = process.get_model_weights(state)
         if standard:
             final = task.evaluate('standard', weights, prepared.time_test, task.table_dataset_fn_eval)

@@ -431,6 +431,38 @@ def format_table(tables: list[dict[str, Any]], metric: str = 'accuracy_no_oov_no
     return '\n'.join(lines)
 
 
+def train_fed_recon(
+    task: NextWordPredictionTask,
+    split: algorithms.ReconstructionSplit,
+    name: str,
+    output_dir: str,
+    num_oov_buckets: Optional[int] = None,
+) -> tuple[tff.learning.models.ModelWeights, dict[str, Any]]:
+    """Trains FedRecon with `split` (k_r / k_u settings); returns the final global weights and a training summary.
+
+    Used by the reconstruction/update-steps sweeps (the paper's Figure 3). Resumes from `output_dir/name`'s
+    checkpoints.
+    """
+    buckets = num_oov_buckets or task.config.num_oov_buckets
+    outputs = program.ExperimentOutputs(output_dir, name)
+    process = task.build_fed_recon(buckets, split)
+    state, summary = _train(task, process, name, outputs, buckets, eval_fn=None)
+    return process.get_model_weights(state), summary
+
+
+def evaluate_fed_recon(
+    task: NextWordPredictionTask,
+    weights: tff.learning.models.ModelWeights,
+    split: algorithms.ReconstructionSplit,
+    num_oov_buckets: Optional[int] = None,
+) -> dict[str, float]:
+    """ReconEval of FedRecon `weights` on the test clients, reconstructing with `split`."""
+    buckets = num_oov_buckets or task.config.num_oov_buckets
+    final = task.evaluate(task.evaluation(buckets, oov_local=True, split=split), weights, buckets, 'test',
+                          task.config.test_clients)
+    return {k: final['metrics'][k] for k in METRIC_KEYS if k in final['metrics']}
+
+
 def run_fed_recon(
     task: NextWordPredictionTask,
     split: algorithms.ReconstructionSplit,
@@ -438,17 +470,8 @@ def run_fed_recon(
     output_dir: str,
     num_oov_buckets: Optional[int] = None,
 ) -> dict[str, Any]:
-    """Trains FedRecon with `split` (k_r / k_u settings) and evaluates it on the test clients with the same split.
-
-    Used by the reconstruction/update-steps sweeps (the paper's Figure 3).
-    """
-    cfg = task.config
-    buckets = num_oov_buckets or cfg.num_oov_buckets
-    outputs = program.ExperimentOutputs(output_dir, name)
-    process = task.build_fed_recon(buckets, split)
-    state, summary = _train(task, process, name, outputs, buckets, eval_fn=None)
-    final = task.evaluate(task.evaluation(buckets, oov_local=True, split=split), process.get_model_weights(state),
-                          buckets, 'test', cfg.test_clients)
-    row = {'name': name, **{k: final['metrics'][k] for k in METRIC_KEYS if k in final['metrics']}, **summary}
-    outputs.write_json('results.json', row)
+    """Trains FedRecon with `split` and evaluates it on the test clients with the same split."""
+    weights, summary = train_fed_recon(task, split, name, output_dir, num_oov_buckets)
+    row = {'name': name, **evaluate_fed_recon(task, weights, split, num_oov_buckets), **summary}
+    program.write_json(f'{output_dir}/{name}/results.json', row)
     return row
