@@ -165,9 +165,9 @@ def _shutdown_at_exit() -> None:
 def shutdown(timeout_seconds: float = 5.0) -> int:
     """Stops every `worker_binary` process started by this process.
 
-    The current default execution context is replaced by a fresh one (which
-    starts a new worker only if another computation runs), then any tracked
-    worker still running is stopped. Safe to call repeatedly; runs at exit.
+    Every tracked worker still running is stopped (SIGINT, then SIGKILL after
+    `timeout_seconds`), then the current default execution context is replaced
+    by a fresh one (which starts a new worker only if another computation runs). Safe to call repeatedly; runs at exit.
 
     Args:
       timeout_seconds: How long to wait for a worker to exit after SIGINT before
@@ -177,8 +177,9 @@ def shutdown(timeout_seconds: float = 5.0) -> int:
       The number of workers that had to be stopped here (workers released by
       TFF's own cleanup when the old context was dropped are not counted).
     """
-    if _installed and running_workers():
-        _replace_default_context()
+    # Workers are stopped *before* the context is replaced: dropping TFF's context makes TFF signal its worker and
+    # wait for it without a timeout, which hung when a busy worker ignored SIGINT. A dead worker returns at once.
+    replace = _installed and bool(running_workers())
     with _lock:
         workers, _workers[:] = list(_workers), []
     stopped = 0
@@ -192,6 +193,8 @@ def shutdown(timeout_seconds: float = 5.0) -> int:
         if not _wait_exited(process.pid, timeout_seconds):
             _signal(process.pid, signal.SIGKILL)
             _wait_exited(process.pid, timeout_seconds)
+    if replace:
+        _replace_default_context()
     return stopped
 
 
