@@ -1,0 +1,599 @@
+"""HPFL's experiment (Wu et al., WWW 2021): centralized baselines, federated baselines, HPFL and its ablations.
+
+One row per method, all on the same data, splits and GUM (`fedpersonal.models.gum`):
+
+* centralized, on the pooled data of all silos (global user and item ids): NCD (binary task) or NCF (rating task)
+  and the GUM (`fedpersonal.models.user_modeling_baselines`);
+* federated (`fedpersonal.algorithms.hpfl_baselines`): Distributed (local only), FedSGD, FedAvg, Fednoise, FedProx,
+  FedAtt;
+* HPFL (`fedpersonal.algorithms.hpfl.build_hpfl`): HPFL-K (public components only), HPFL-R (private components
+  only), HPFL with the published distance weighting of the global centres and HPFL with inverse-distance weighting
+  (the issue asks for both).
+
+**Model selection** never looks at test data: federated methods are evaluated on the validation split every
+``rounds_per_eval`` rounds and the client states of the round with the lowest validation RMSE are kept (each silo
+predicts with its own personalized model); centralized models keep the epoch with the lowest validation loss.
+
+**Metrics** on the TEST split pooled over silos (`fedpersonal.metrics.user_modeling_metrics`): binary task ACC, AUC,
+RMSE; rating task ACC (rounded rating equals the true one), MAE, RMSE (ratings on the 1..5 scale); for both DOA and
+NDCG@``ndcg_k`` (gain ``ndcg_gain``: linear = the label itself, 0/1 or the rating). DOA pairs are formed between
+records of the same item **within one silo** (every method sees exactly the same pairs; a federated model's user
+scores are only comparable inside its silo), with per-attribute user scores: for GUM rows the model-implied
+proficiency `gum_attribute_proficiency` (with each silo's own public components; DOA on raw theta is reported too,
+as ``doa_theta``), sigmoid(theta) for NCD, NCF's mean predicted score over the items of the attribute. NDCG ranks
+each user's test items by predicted score.
+``seconds_per_round`` is the median wall time of ``next`` (federated rows; centralized rows give
+``seconds_per_epoch``).
+
+**Private components analysis** (`private_components_analysis`): after training, are the clients distinguishable
+from the user embeddings theta (private components) of their users? For each federated method: the 5-fold
+cross-validated accuracy of a multinomial logistic-regression probe predicting a user's client from their theta row
+(chance: the largest client's share of users) and the silhouette score of theta with the client as the cluster
+label; a 2-D PCA projection of Distributed vs HPFL thetas coloured by client (the largest 10 clients).
+
+Outputs under ``output_dir``: per method ``<method>/metrics.csv`` (per round or epoch; `program.ExperimentOutputs`)
+and ``<method>/results.json``; ``results.json`` (all rows, statistics, analysis), ``learning_curves.png``,
+``attribute_distribution.png`` and ``private_components.png``.
+
+Configuration flows one way: flags -> `HpflConfig` -> builders.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import time
+from typing import Any, Optional, Sequence
+
+import numpy as np
+import tensorflow as tf
+from absl import logging
+
+from fedpersonal import program
+from fedpersonal.algorithms import hpfl
+from fedpersonal.algorithms import hpfl_baselines
+from fedpersonal.algorithms import optimizers
+from fedpersonal.data import user_modeling
+from fedpersonal.metrics import user_modeling_metrics as um_metrics
+from fedpersonal.models import gum
+from fedpersonal.models import user_modeling_baselines as baselines
+
+__all__ = ['DATASETS', 'METHODS', 'ROW_NAMES', 'HpflConfig', 'load_data', 'PooledIndex', 'evaluate_predictions',
+           'gum_attribute_proficiency',
+           'run', 'private_components_analysis', 'format_statistics_table', 'format_accuracy_table',
+           'format_ranking_table', 'format_private_table']
+
+DATASETS = ('synthetic', 'assist', 'movielens')
+CENTRALIZED = ('ncd', 'ncf', 'gum')
+HPFL_METHODS = ('hpfl_k', 'hpfl_r', 'hpfl', 'hpfl_inverse')
+METHODS = CENTRALIZED + hpfl_baselines.BASELINES + HPFL_METHODS
+ROW_NAMES = {
+    'ncd': 'NCD', 'ncf': 'NCF', 'gum': 'GUM', 'distributed': 'Distributed', 'fedsgd': 'FedSGD', 'fedavg': 'FedAvg',
+    'fednoise': 'Fednoise', 'fedprox': 'FedProx', 'fedatt': 'FedAtt', 'hpfl_k': 'HPFL-K', 'hpfl_r': 'HPFL-R',
+    'hpfl': 'HPFL', 'hpfl_inverse': 'HPFL (inverse distance)',
+}
+NDCG_GAINS = ('linear', 'exponential')
+
+
+@dataclasses.dataclass(frozen=True)
+class HpflConfig:
+    """Everything an HPFL experiment needs (flags are generated from these fields)."""
+
+    output_dir: str
+    dataset: str = dataclasses.field(default='synthetic', metadata={'help': f'One of {DATASETS}.'})
+    data_dir: Optional[str] = dataclasses.field(
+        default=None,
+        metadata={'help': 'assist: dir with record.csv/item.csv; movielens: dir with u.data/u.item/u.user.'})
+    methods: tuple[str, ...] = dataclasses.field(
+        default=METHODS,
+        metadata={'help': f'Rows to run, subset of {METHODS} (ncd runs on binary, ncf on rating data).'})
+    rounds: int = dataclasses.field(default=20, metadata={'help': 'Federated rounds (every client, every round).'})
+    client_epochs: int = dataclasses.field(default=1, metadata={'help': 'Local epochs per round (FedSGD: ignored).'})
+    client_optimizer: str = dataclasses.field(default='adam', metadata={'help': f'One of {optimizers.OPTIMIZERS}.'})
+    client_learning_rate: float = 0.01
+    batch_size: int = 64
+    hidden_dim: int = dataclasses.field(default=16, metadata={'help': 'GUM width h of skill_W/know_W.'})
+    accuracy_threshold: float = dataclasses.field(
+        default=0.5, metadata={'help': "HPFL's p: a client's attribute k is aggregated only if Acc_ki > p."})
+    center_weighting: str = dataclasses.field(
+        default='distance', metadata={'help': "Weighting of the global centres for HPFL-R ('distance' as published or "
+                                              "'inverse_distance'); the HPFL rows run both."})
+    proximal_strength: float = dataclasses.field(default=0.01, metadata={'help': "FedProx's mu."})
+    noise_stddev: float = dataclasses.field(default=0.01, metadata={'help': "Fednoise's upload noise stddev."})
+    attention_step: float = dataclasses.field(default=1.0, metadata={'help': "FedAtt's server step eps."})
+    max_local_clusters: int = 32
+    max_global_clusters: int = 64
+    kmeans_iterations: int = 10
+    centralized_epochs: int = 10
+    centralized_learning_rate: float = 0.01
+    centralized_batch_size: int = 256
+    ncd_hidden_units: tuple[int, ...] = (64, 32)
+    ncf_embedding_dim: int = 16
+    rounds_per_eval: int = dataclasses.field(default=1, metadata={'help': 'Validation evaluation (model selection) '
+                                                                          'every this many rounds (and the last).'})
+    eval_batch_size: int = 1024
+    ndcg_k: int = 10
+    ndcg_gain: str = dataclasses.field(default='linear', metadata={'help': f'One of {NDCG_GAINS}.'})
+    assist_num_clients: int = 40
+    assist_grouping: str = 'exercises'
+    max_items_per_silo: Optional[int] = dataclasses.field(
+        default=None, metadata={'help': 'Silos with more items than this are left out (the GUM tables of every client '
+                                        'are padded to the largest silo, so one huge silo makes every step slow).'})
+    synthetic_task: str = 'binary'
+    synthetic_num_clients: int = 8
+    synthetic_users_per_client: int = 40
+    seed: int = 0
+
+    def __post_init__(self):
+        if self.dataset not in DATASETS:
+            raise ValueError(f'dataset must be one of {DATASETS}, got {self.dataset!r}.')
+        if self.dataset != 'synthetic' and not self.data_dir:
+            raise ValueError(f'dataset {self.dataset!r} needs --data_dir (the generated default is synthetic).')
+        unknown = [m for m in self.methods if m not in METHODS]
+        if unknown or not self.methods:
+            raise ValueError(f'methods must be a non-empty subset of {METHODS}; unknown: {unknown}.')
+        for name in ('rounds', 'client_epochs', 'batch_size', 'hidden_dim', 'max_local_clusters',
+                     'max_global_clusters', 'centralized_epochs', 'centralized_batch_size', 'ncf_embedding_dim',
+                     'rounds_per_eval', 'eval_batch_size', 'ndcg_k', 'assist_num_clients', 'synthetic_num_clients',
+                     'synthetic_users_per_client'):
+            if getattr(self, name) < 1:
+                raise ValueError(f'{name} must be >= 1, got {getattr(self, name)}.')
+        if any(int(h) < 1 for h in self.ncd_hidden_units) or not self.ncd_hidden_units:
+            raise ValueError(f'ncd_hidden_units must be positive widths, got {self.ncd_hidden_units!r}.')
+        if self.client_optimizer not in optimizers.OPTIMIZERS:
+            raise ValueError(f'client_optimizer must be one of {optimizers.OPTIMIZERS}, got {self.client_optimizer!r}.')
+        for name in ('client_learning_rate', 'centralized_learning_rate'):
+            if not getattr(self, name) > 0:
+                raise ValueError(f'{name} must be positive, got {getattr(self, name)}.')
+        if not 0.0 <= self.accuracy_threshold < 1.0:
+            raise ValueError(f'accuracy_threshold must be in [0, 1), got {self.accuracy_threshold}.')
+        if self.center_weighting not in hpfl.CENTER_WEIGHTINGS:
+            raise ValueError(
+                f'center_weighting must be one of {hpfl.CENTER_WEIGHTINGS}, got {self.center_weighting!r}.')
+        if self.ndcg_gain not in NDCG_GAINS:
+            raise ValueError(f'ndcg_gain must be one of {NDCG_GAINS}, got {self.ndcg_gain!r}.')
+        if self.max_items_per_silo is not None and self.max_items_per_silo < 1:
+            raise ValueError(f'max_items_per_silo must be >= 1 or None, got {self.max_items_per_silo}.')
+        if self.synthetic_task not in gum.TASKS:
+            raise ValueError(f'synthetic_task must be one of {gum.TASKS}, got {self.synthetic_task!r}.')
+        object.__setattr__(self, 'ncd_hidden_units', tuple(int(h) for h in self.ncd_hidden_units))
+
+
+def load_data(config: HpflConfig) -> user_modeling.UserModelingData:
+    """The dataset named by `config.dataset` (generated, or read from `config.data_dir`), without the silos that
+    have more than `config.max_items_per_silo` items."""
+    data = _load_all(config)
+    if config.max_items_per_silo is None:
+        return data
+    kept = [s for s in data.silos if s.num_items <= config.max_items_per_silo]
+    if not kept:
+        raise ValueError(f'max_items_per_silo={config.max_items_per_silo} leaves no silo of {data.name} (smallest: '
+                         f'{min(s.num_items for s in data.silos)} items).')
+    left_out = [f'{s.client_id} ({s.num_items} items)' for s in data.silos if s.num_items > config.max_items_per_silo]
+    if not left_out:
+        return data
+    logging.info('Leaving out %d silos with more than %d items: %s', len(left_out), config.max_items_per_silo,
+                 ', '.join(left_out))
+    return dataclasses.replace(data, silos=kept, source=f'{data.source}; left out (more than '
+                                                        f'{config.max_items_per_silo} items): {", ".join(left_out)}')
+
+
+def _load_all(config: HpflConfig) -> user_modeling.UserModelingData:
+    if config.dataset == 'synthetic':
+        from fedpersonal.data import synthetic_user_modeling  # pylint: disable=g-import-not-at-top
+        return synthetic_user_modeling.generate_user_modeling(
+            num_clients=config.synthetic_num_clients, users_per_client=config.synthetic_users_per_client,
+            task=config.synthetic_task, seed=config.seed)
+    if config.dataset == 'assist':
+        from fedpersonal.data import hpfl_assistments  # pylint: disable=g-import-not-at-top
+        return hpfl_assistments.load_assist_silos(config.data_dir, num_clients=config.assist_num_clients,
+                                                  seed=config.seed, grouping=config.assist_grouping)
+    from fedpersonal.data import hpfl_movielens  # pylint: disable=g-import-not-at-top
+    return hpfl_movielens.load_movielens_silos(config.data_dir)
+
+
+# ------------------------------------------------------------------------------------------------ pooled indices
+class PooledIndex:
+    """Index spaces of the pooled silos.
+
+    * *stacked*: silo s's local user u is ``user_offset[s] + u`` (items likewise); every (silo, user) and
+      (silo, item) is distinct. Metrics are computed here (DOA pairs form within a silo).
+    * *global*: the dataset's global user/item ids, numbered ``0..`` in increasing id order (the centralized models'
+      tables; an item shared by several silos is one row).
+    """
+
+    def __init__(self, data: user_modeling.UserModelingData):
+        self.data = data
+        silos = data.silos
+        self.user_offset = np.concatenate([[0], np.cumsum([s.num_users for s in silos])]).astype(np.int64)
+        self.item_offset = np.concatenate([[0], np.cumsum([s.num_items for s in silos])]).astype(np.int64)
+        user_ids = np.concatenate([s.global_user_ids for s in silos])
+        item_ids = np.concatenate([s.global_item_ids for s in silos])
+        self.global_user_ids, self.user_to_global = np.unique(user_ids, return_inverse=True)
+        self.global_item_ids, self.item_to_global = np.unique(item_ids, return_inverse=True)
+        self.num_global_users = self.global_user_ids.size
+        self.num_global_items = self.global_item_ids.size
+        self.stacked_item_attributes = np.concatenate([s.item_attributes for s in silos]).astype(np.float32)
+        self.global_item_attributes = np.zeros([self.num_global_items, data.num_attributes], np.float32)
+        self.global_item_attributes[self.item_to_global] = self.stacked_item_attributes
+        self.silo_of_user = np.repeat(np.arange(len(silos)), [s.num_users for s in silos])
+
+    def split(self, name: str) -> dict[str, np.ndarray]:
+        """Records of one split in silo order: stacked and global user/item indices, labels (original scale), silo."""
+        parts = []
+        for s, silo in enumerate(self.data.silos):
+            keep = silo.split == hpfl.SPLITS[name]
+            parts.append((silo.user[keep] + self.user_offset[s], silo.item[keep] + self.item_offset[s],
+                          silo.label[keep], np.full(int(keep.sum()), s)))
+        user, item, label, silo_index = (np.concatenate(p) for p in zip(*parts))
+        return {'user': user, 'item': item, 'global_user': self.user_to_global[user],
+                'global_item': self.item_to_global[item], 'label': label.astype(np.float32), 'silo': silo_index}
+
+    def pooled_arrays(self, name: str) -> baselines.PooledArrays:
+        """A split with global indices and unit-scale labels, for the centralized models."""
+        records = self.split(name)
+        return baselines.PooledArrays(
+            user=records['global_user'], item=records['global_item'],
+            attributes=self.global_item_attributes[records['global_item']],
+            label=gum.to_unit(records['label'], self.data.rating_range).astype(np.float32))
+
+
+def evaluate_predictions(task: str, rating_range: Sequence[float], label: np.ndarray, prediction: np.ndarray, *,
+                         user: Optional[np.ndarray] = None, item: Optional[np.ndarray] = None,
+                         user_scores: Optional[np.ndarray] = None, item_attributes: Optional[np.ndarray] = None,
+                         ndcg_k: int = 10, ndcg_gain: str = 'linear') -> dict[str, float]:
+    """The table's metrics of predictions on the original label scale.
+
+    Binary task: ``accuracy``, ``auc``, ``rmse``; rating task: ``accuracy`` (rounded rating), ``mae``, ``rmse``.
+    With `user` and `item` (stacked indices) also ``ndcg``; with `user_scores` ``[users, K]`` and
+    `item_attributes` ``[items, K]`` also ``doa``.
+    """
+    label = np.asarray(label, np.float64)
+    prediction = np.asarray(prediction, np.float64)
+    if task == 'binary':
+        out = {'accuracy': um_metrics.accuracy_binary(label, prediction), 'auc': um_metrics.auc(label, prediction),
+               'rmse': um_metrics.rmse(label, prediction)}
+    else:
+        out = {'accuracy': um_metrics.rating_accuracy(label, prediction, rating_range=tuple(rating_range)),
+               'mae': um_metrics.mae(label, prediction), 'rmse': um_metrics.rmse(label, prediction)}
+    if user is not None:
+        out['ndcg'] = um_metrics.ndcg(user, label, prediction, k=ndcg_k, gain=ndcg_gain)
+    if user is not None and item is not None and user_scores is not None and item_attributes is not None:
+        out['doa'] = um_metrics.doa(user, item, label, user_scores, item_attributes)
+    return out
+
+
+def gum_attribute_proficiency(public: gum.PublicWeights, theta: np.ndarray) -> np.ndarray:
+    """A GUM user's proficiency on each attribute as the model uses it (the DOA score of GUM rows).
+
+    For an item with the single attribute k (``q = e_k``, so ``q M = M[k]``), GUM's skill representation is
+    ``sigmoid((theta_u * M[k]) skill_W)``; its mean over the h coordinates is what the prediction compares with the
+    item's knowledge requirement (``x = mean(skill - knowledge) * w``), so the prediction for a fixed item rises with
+    it (for ``w > 0`` and ``1 - S - G > 0``). Raw theta coordinates are not ordered that way: ``skill_W`` can weigh a
+    coordinate negatively, so DOA on raw theta (reported as ``doa_theta``) can fall below 0.5 for a good model.
+
+    Args:
+      public: The (client's) public components.
+      theta: ``[num_users, K]`` user embeddings.
+
+    Returns:
+      float64 ``[num_users, K]``.
+    """
+    theta = np.asarray(theta, np.float64)
+    relation = np.asarray(public.relative_M, np.float64)
+    skill = np.asarray(public.skill_W, np.float64)
+    out = np.empty_like(theta)
+    for start in range(0, theta.shape[0], 256):
+        block = theta[start:start + 256][:, None, :] * relation[None, :, :]  # [u, k, K]
+        out[start:start + 256] = (1.0 / (1.0 + np.exp(-(block @ skill)))).mean(axis=-1)
+    return out
+
+
+# ------------------------------------------------------------------------------------------------ centralized
+def _run_centralized(method: str, config: HpflConfig, data: user_modeling.UserModelingData, index: PooledIndex,
+                     outputs: program.ExperimentOutputs) -> tuple[dict[str, Any], Optional[np.ndarray]]:
+    k = data.num_attributes
+    if method == 'ncd':
+        model = baselines.NcdModel(index.num_global_users, index.num_global_items, k,
+                                   hidden_units=config.ncd_hidden_units, seed=config.seed)
+    elif method == 'ncf':
+        model = baselines.NcfModel(index.num_global_users, index.num_global_items,
+                                   embedding_dim=config.ncf_embedding_dim, task=data.task, seed=config.seed)
+    else:
+        gum_config = gum.GumConfig(num_attributes=k, max_users=index.num_global_users,
+                                   max_items=index.num_global_items, hidden_dim=config.hidden_dim, task=data.task,
+                                   rating_range=tuple(data.rating_range))
+        model = baselines.CentralGumModel(gum_config, seed=config.seed)
+    train, validation, test = (index.pooled_arrays(s) for s in ('train', 'validation', 'test'))
+    validation_labels = index.split('validation')['label']
+
+    def on_epoch_end(epoch, row):
+        prediction = gum.from_unit(baselines.predict_arrays(model, validation, config.eval_batch_size),
+                                   data.rating_range)
+        val = evaluate_predictions(data.task, data.rating_range, validation_labels, prediction)
+        outputs.release_metrics(epoch, {'train': {'loss': row['train_loss']},
+                                        'validation': {'loss': row['validation_loss'], **val},
+                                        'seconds': row['seconds']})
+        logging.info('[%s] epoch %d train_loss=%.4f validation_loss=%.4f %s', method, epoch, row['train_loss'],
+                     row['validation_loss'], ' '.join(f'{a}={b:.4f}' for a, b in val.items()))
+
+    result = baselines.train_centralized(
+        model, train, validation, epochs=config.centralized_epochs, learning_rate=config.centralized_learning_rate,
+        batch_size=config.centralized_batch_size, seed=config.seed, on_epoch_end=on_epoch_end)
+    records = index.split('test')
+    prediction = gum.from_unit(baselines.predict_arrays(model, test, config.eval_batch_size), data.rating_range)
+    scores = model.user_attribute_scores(index.global_item_attributes)
+    theta = None
+    if method == 'gum':
+        theta = scores[index.user_to_global]
+        public = gum.PublicWeights(*[v.numpy() for v in model.public])
+        scores = gum_attribute_proficiency(public, scores)
+    # Stacked rows take their global user's scores: metrics are computed in the stacked index space.
+    stacked_scores = scores[index.user_to_global]
+    row = evaluate_predictions(data.task, data.rating_range, records['label'], prediction, user=records['user'],
+                               item=records['item'], user_scores=stacked_scores,
+                               item_attributes=index.stacked_item_attributes, ndcg_k=config.ndcg_k,
+                               ndcg_gain=config.ndcg_gain)
+    if theta is not None:
+        row['doa_theta'] = um_metrics.doa(records['user'], records['item'], records['label'], theta,
+                                          index.stacked_item_attributes)
+    row.update(best_epoch=result.best_epoch, best_validation_loss=result.best_validation_loss,
+               seconds_per_epoch=float(np.median([h['seconds'] for h in result.history])), seconds_per_round=None)
+    return row, theta
+
+
+# ------------------------------------------------------------------------------------------------ federated
+def _build_process(method: str, config: HpflConfig, gum_config: gum.GumConfig, num_silos: int):
+    optimizer = optimizers.build_optimizer(config.client_optimizer, config.client_learning_rate)
+    if method in hpfl_baselines.BASELINES:
+        return hpfl_baselines.build_baseline(
+            method, gum_config, client_optimizer=optimizer, client_epochs=config.client_epochs,
+            proximal_strength=config.proximal_strength, noise_stddev=config.noise_stddev,
+            attention_step=config.attention_step, public_seed=config.seed)
+    switches = {'hpfl_k': (True, False), 'hpfl_r': (False, True), 'hpfl': (True, True), 'hpfl_inverse': (True, True)}
+    aggregate_public, aggregate_private = switches[method]
+    weighting = {'hpfl': 'distance', 'hpfl_inverse': 'inverse_distance'}.get(method, config.center_weighting)
+    return hpfl.build_hpfl(
+        gum_config, client_optimizer=optimizer, client_epochs=config.client_epochs,
+        accuracy_threshold=config.accuracy_threshold, center_weighting=weighting, aggregate_public=aggregate_public,
+        aggregate_private=aggregate_private, max_clients=max(num_silos, 1),
+        max_local_clusters=config.max_local_clusters, max_global_clusters=config.max_global_clusters,
+        kmeans_iterations=config.kmeans_iterations, public_seed=config.seed)
+
+
+def _stacked_theta(states: Sequence[hpfl.ClientState], data: user_modeling.UserModelingData) -> np.ndarray:
+    return np.concatenate([np.asarray(state.model.private.theta)[:silo.num_users]
+                           for state, silo in zip(states, data.silos)]).astype(np.float64)
+
+
+def _stacked_proficiency(states: Sequence[hpfl.ClientState], data: user_modeling.UserModelingData) -> np.ndarray:
+    """`gum_attribute_proficiency` of every silo's users with the silo's own (personalized) public components."""
+    return np.concatenate([
+        gum_attribute_proficiency(gum.PublicWeights(*[np.asarray(v) for v in state.model.public]),
+                                  np.asarray(state.model.private.theta)[:silo.num_users])
+        for state, silo in zip(states, data.silos)])
+
+
+def _evaluate_states(config: HpflConfig, gum_config: gum.GumConfig, data: user_modeling.UserModelingData,
+                     index: PooledIndex, states, split: str, full: bool) -> dict[str, float]:
+    predictions = hpfl.predict_silos(gum_config, states, data, split=split, batch_size=config.eval_batch_size)
+    records = index.split(split)
+    prediction = np.concatenate([p.prediction for p in predictions])
+    if not full:
+        return evaluate_predictions(data.task, data.rating_range, records['label'], prediction)
+    out = evaluate_predictions(data.task, data.rating_range, records['label'], prediction, user=records['user'],
+                               item=records['item'], user_scores=_stacked_proficiency(states, data),
+                               item_attributes=index.stacked_item_attributes, ndcg_k=config.ndcg_k,
+                               ndcg_gain=config.ndcg_gain)
+    out['doa_theta'] = um_metrics.doa(records['user'], records['item'], records['label'], _stacked_theta(states, data),
+                                      index.stacked_item_attributes)
+    return out
+
+
+def _run_federated(method: str, config: HpflConfig, data: user_modeling.UserModelingData, index: PooledIndex,
+                   outputs: program.ExperimentOutputs) -> tuple[dict[str, Any], np.ndarray]:
+    gum_config = gum.GumConfig.for_data(data, hidden_dim=config.hidden_dim)
+    process = _build_process(method, config, gum_config, len(data.silos))
+    client_data = hpfl.federated_data(data, gum_config, batch_size=config.batch_size, seed=config.seed)
+    states = hpfl.initial_client_states(data, gum_config, public_seed=config.seed, seed=config.seed)
+    state = process.initialize()
+    best_rmse, best_round, best_states = np.inf, 0, states
+    round_seconds = []
+    for round_num in range(1, config.rounds + 1):
+        started = time.time()
+        out = process.next(state, client_data, states)
+        round_seconds.append(time.time() - started)
+        state, states = out.state, out.private_states
+        released = {'train': out.metrics, 'seconds': round_seconds[-1]}
+        if round_num % config.rounds_per_eval == 0 or round_num == config.rounds:
+            validation = _evaluate_states(config, gum_config, data, index, states, 'validation', full=False)
+            released['validation'] = validation
+            if np.isfinite(validation['rmse']) and validation['rmse'] < best_rmse:
+                best_rmse, best_round, best_states = validation['rmse'], round_num, states
+        flat = outputs.release_metrics(round_num, released)
+        logging.info('[%s] round %d (%.1f s) %s', method, round_num, round_seconds[-1],
+                     ' '.join(f'{k}={v:.4f}' for k, v in flat.items() if k.startswith('validation/')
+                              or k.endswith('train_loss')))
+    row = _evaluate_states(config, gum_config, data, index, best_states, 'test', full=True)
+    row.update(best_round=best_round, best_validation_rmse=float(best_rmse),
+               seconds_per_round=float(np.median(round_seconds)), rounds=config.rounds)
+    return row, _stacked_theta(best_states, data)
+
+
+# ------------------------------------------------------------------------------------------------ analysis
+def private_components_analysis(thetas: dict[str, np.ndarray], silo_of_user: np.ndarray, client_ids: Sequence[str],
+                                path: Optional[str] = None, *, seed: int = 0,
+                                plot_methods: Sequence[str] = ('distributed', 'hpfl')) -> dict[str, Any]:
+    """Are clients distinguishable from their users' private embeddings theta?
+
+    Per method: ``probe_accuracy``, the 5-fold cross-validated accuracy (shuffled folds) of a multinomial
+    logistic-regression probe predicting the client from a user's (standardized) theta row; ``chance``, the largest
+    client's share of users; ``silhouette``, sklearn's silhouette score of theta with the client as the label
+    (near 0 or negative: clients overlap; near 1: separated clusters). With `path`, a 2-D PCA projection of the
+    `plot_methods` present, coloured by client (the 10 clients with most users), is saved there.
+
+    Args:
+      thetas: ``{method: [num_stacked_users, K]}``.
+      silo_of_user: ``[num_stacked_users]`` client index of each row.
+      client_ids: Names of the clients (for the legend).
+      path: PNG path, or None.
+      seed: Seed of the folds and the probe.
+      plot_methods: Methods to project side by side.
+
+    Returns:
+      ``{'methods': {method: {...}}, 'num_users': n, 'num_clients': c, 'figure': path or None}``.
+    """
+    from sklearn.decomposition import PCA  # pylint: disable=g-import-not-at-top
+    from sklearn.linear_model import LogisticRegression  # pylint: disable=g-import-not-at-top
+    from sklearn.metrics import silhouette_score  # pylint: disable=g-import-not-at-top
+    from sklearn.model_selection import KFold, cross_val_score  # pylint: disable=g-import-not-at-top
+    from sklearn.pipeline import make_pipeline  # pylint: disable=g-import-not-at-top
+    from sklearn.preprocessing import StandardScaler  # pylint: disable=g-import-not-at-top
+
+    labels = np.asarray(silo_of_user)
+    counts = np.bincount(labels)
+    chance = float(counts.max() / counts.sum())
+    results: dict[str, Any] = {}
+    for method, theta in thetas.items():
+        theta = np.asarray(theta, np.float64)
+        if theta.shape[0] != labels.size:
+            raise ValueError(f'theta of {method!r} has {theta.shape[0]} rows for {labels.size} users.')
+        probe = make_pipeline(StandardScaler(), LogisticRegression(max_iter=2000, C=1.0))
+        folds = KFold(5, shuffle=True, random_state=seed)
+        accuracy = float(np.mean(cross_val_score(probe, theta, labels, cv=folds)))
+        silhouette = float(silhouette_score(theta, labels)) if len(set(labels)) > 1 else float('nan')
+        results[method] = {'probe_accuracy': accuracy, 'chance': chance, 'silhouette': silhouette}
+    figure = None
+    shown = [m for m in plot_methods if m in thetas]
+    if path and shown:
+        import matplotlib  # pylint: disable=g-import-not-at-top
+        matplotlib.use('Agg')
+        from matplotlib import pyplot as plt  # pylint: disable=g-import-not-at-top
+        top = np.argsort(-counts, kind='stable')[:10]
+        fig, axes = plt.subplots(1, len(shown), figsize=(5.5 * len(shown), 4.8), squeeze=False)
+        colours = matplotlib.colormaps['tab10']
+        for ax, method in zip(axes[0], shown):
+            xy = PCA(2, random_state=seed).fit_transform(np.asarray(thetas[method], np.float64))
+            for rank, c in enumerate(top):
+                rows = labels == c
+                ax.scatter(xy[rows, 0], xy[rows, 1], s=8, color=colours(rank), label=client_ids[c], alpha=0.7)
+            r = results[method]
+            ax.set_title(f"{ROW_NAMES.get(method, method)}: probe acc {r['probe_accuracy']:.2f} (chance "
+                         f"{r['chance']:.2f}), silhouette {r['silhouette']:.2f}", fontsize=9)
+            ax.set_xticks([]), ax.set_yticks([])
+        axes[0][-1].legend(fontsize=7, markerscale=2, loc='best')
+        fig.suptitle('User embeddings theta (private components), PCA, coloured by client (largest 10 clients)')
+        fig.tight_layout()
+        os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+        fig.savefig(path, dpi=110)
+        plt.close(fig)
+        figure = path
+    return {'methods': results, 'num_users': int(labels.size), 'num_clients': int(counts.size), 'figure': figure}
+
+
+# ------------------------------------------------------------------------------------------------ run
+def _applicable(method: str, task: str) -> bool:
+    return not ((method == 'ncd' and task != 'binary') or (method == 'ncf' and task != 'rating'))
+
+
+def run(config: HpflConfig) -> dict[str, Any]:
+    """Runs the configured methods; writes the outputs described in the module docstring and returns the results.
+
+    Returns:
+      ``{'dataset', 'task', 'statistics', 'rows', 'private_components', 'rounds', 'ndcg_k', 'ndcg_gain',
+      'skipped'}``; one row per method run, in `METHODS` order, each with ``name``, ``method`` and the metrics.
+    """
+    data = user_modeling.validate(load_data(config))
+    tf.random.set_seed(config.seed)
+    os.makedirs(config.output_dir, exist_ok=True)
+    program.write_json(os.path.join(config.output_dir, 'config.json'), dataclasses.asdict(config))
+    statistics = user_modeling.statistics(data)
+    logging.info('HPFL data %s: %s', data.name, statistics)
+    user_modeling.plot_attribute_distribution(data, os.path.join(config.output_dir, 'attribute_distribution.png'))
+    index = PooledIndex(data)
+    rows, thetas, skipped = [], {}, []
+    for method in [m for m in METHODS if m in config.methods]:
+        if not _applicable(method, data.task):
+            skipped.append(method)
+            logging.info('Skipping %s: it is the baseline of the other task (data task: %s).', method, data.task)
+            continue
+        outputs = program.ExperimentOutputs(config.output_dir, method)
+        started = time.time()
+        if method in CENTRALIZED:
+            metrics, theta = _run_centralized(method, config, data, index, outputs)
+        else:
+            metrics, theta = _run_federated(method, config, data, index, outputs)
+        if theta is not None and method not in CENTRALIZED:
+            thetas[method] = theta
+        row = {'name': ROW_NAMES[method], 'method': method, **metrics, 'wall_seconds': time.time() - started}
+        outputs.write_json('results.json', row)
+        logging.info('[%s] %s', method, row)
+        rows.append(row)
+    analysis = None
+    if thetas:
+        analysis = private_components_analysis(
+            thetas, index.silo_of_user, [s.client_id for s in data.silos],
+            os.path.join(config.output_dir, 'private_components.png'), seed=config.seed)
+    results = {'dataset': data.name, 'task': data.task, 'source': data.source, 'statistics': statistics,
+               'rows': rows, 'private_components': analysis, 'rounds': config.rounds, 'ndcg_k': config.ndcg_k,
+               'ndcg_gain': config.ndcg_gain, 'skipped': skipped}
+    program.write_json(os.path.join(config.output_dir, 'results.json'), results)
+    curves = {r['name']: program.ExperimentOutputs(config.output_dir, r['method']).read_metrics() for r in rows}
+    # The legend is drawn on the last panel: validation RMSE, which every row (centralized too) has.
+    program.plot_curves(curves, ['train/client_work/train_loss', 'validation/accuracy', 'validation/rmse'],
+                        os.path.join(config.output_dir, 'learning_curves.png'),
+                        title=f'{data.name}: validation metrics per round (centralized rows: per epoch)')
+    return results
+
+
+# ------------------------------------------------------------------------------------------------ tables
+def _cell(value: Any, digits: int = 3) -> str:
+    if value is None or (isinstance(value, float) and not np.isfinite(value)):
+        return '-'
+    return f'{value:.{digits}f}' if isinstance(value, float) else str(value)
+
+
+def format_statistics_table(statistics: dict[str, Any], dataset: str) -> str:
+    """The paper's statistics table (one dataset column)."""
+    keys = [('# of clients', 'num_clients'), ('# of records', 'num_records'), ('# of users', 'num_users'),
+            ('# of items', 'num_items'), ('# of attributes', 'num_attributes'),
+            ('# attributes per item', 'attributes_per_item'), ('# attributes per record', 'attributes_per_record'),
+            ('mean TV distance of a client\'s attribute mix to the pooled one', 'attribute_tv_distance_mean'),
+            ('missing attributes per client (median)', 'missing_attributes_per_client_median')]
+    lines = [f'| Statistics | {dataset} |', '|---|---|']
+    for label, key in keys:
+        value = statistics.get(key)
+        lines.append(f'| {label} | {_cell(value, 2) if isinstance(value, float) else f"{value:,}"} |')
+    return '\n'.join(lines)
+
+
+def format_accuracy_table(rows: list[dict[str, Any]], task: str) -> str:
+    """The paper's accuracy table: ACC/AUC/RMSE (binary) or ACC/MAE/RMSE (rating), plus seconds per round."""
+    metrics = ['accuracy', 'auc', 'rmse'] if task == 'binary' else ['accuracy', 'mae', 'rmse']
+    head = ' | '.join('ACC' if m == 'accuracy' else m.upper() for m in metrics)
+    lines = [f'| Method | {head} | s/round | selected round (epoch) |', '|---' * (len(metrics) + 3) + '|']
+    for r in rows:
+        selected = r.get('best_round', r.get('best_epoch'))
+        spr = r.get('seconds_per_round')
+        spr = f"{spr:.2f}" if spr is not None else f"({r.get('seconds_per_epoch', float('nan')):.2f} s/epoch)"
+        lines.append(f"| {r['name']} | {' | '.join(_cell(r.get(m)) for m in metrics)} | {spr} | {selected} |")
+    return '\n'.join(lines)
+
+
+def format_ranking_table(rows: list[dict[str, Any]]) -> str:
+    """The paper's DOA/NDCG table: methods as columns."""
+    lines = ['| | ' + ' | '.join(r['name'] for r in rows) + ' |', '|---' * (len(rows) + 1) + '|']
+    for metric, label in (('doa', 'DOA'), ('ndcg', 'NDCG'), ('doa_theta', 'DOA on raw theta (GUM rows)')):
+        lines.append(f'| {label} | ' + ' | '.join(_cell(r.get(metric)) for r in rows) + ' |')
+    return '\n'.join(lines)
+
+
+def format_private_table(analysis: Optional[dict[str, Any]]) -> str:
+    """Probe accuracy, chance and silhouette of the private-components analysis, one row per method."""
+    if not analysis:
+        return ''
+    lines = ['| Method | client probe accuracy (5-fold) | chance | silhouette (client labels) |', '|---|---|---|---|']
+    for method, r in analysis['methods'].items():
+        lines.append(f"| {ROW_NAMES.get(method, method)} | {r['probe_accuracy']:.3f} | {r['chance']:.3f} | "
+                     f"{r['silhouette']:.3f} |")
+    return '\n'.join(lines)

@@ -1,0 +1,110 @@
+"""The HPFL binary end to end on the generated default (tiny settings): every row, outputs, sane metrics."""
+
+import json
+import os
+
+import numpy as np
+import pytest
+import tensorflow as tf
+from absl import app
+from absl import flags
+
+from experiments import hpfl_user_modeling as binary
+from fedpersonal.models import gum
+from fedpersonal.tasks import hpfl_user_modeling
+
+FLAGS = flags.FLAGS
+TINY = ['--synthetic_num_clients=3', '--synthetic_users_per_client=8', '--rounds=2', '--centralized_epochs=2',
+        '--hidden_dim=4', '--batch_size=64', '--max_local_clusters=4', '--max_global_clusters=4',
+        '--kmeans_iterations=2', '--ncd_hidden_units=8,4', '--ncf_embedding_dim=4']
+# One of each kind (centralized, federated baseline, HPFL) keeps the test short; every baseline and HPFL variant is
+# built by the same two code paths (tests/algorithms/hpfl*_test.py test them one by one).
+METHODS = ('ncd', 'ncf', 'gum', 'distributed', 'fedavg', 'hpfl')
+
+
+def _run(argv):
+    FLAGS.unparse_flags()
+    FLAGS(['hpfl_user_modeling'] + argv)
+    try:
+        binary.main([])
+    finally:
+        FLAGS.unparse_flags()
+
+
+def test_every_method_on_generated_data(tmp_path, capsys):
+    out = str(tmp_path / 'hpfl')
+    _run(TINY + [f'--methods={",".join(METHODS)}', f'--output_dir={out}'])
+    printed = capsys.readouterr().out
+    with open(os.path.join(out, 'results.json')) as f:
+        results = json.load(f)
+    names = [r['name'] for r in results['rows']]
+    expected = [hpfl_user_modeling.ROW_NAMES[m] for m in METHODS if m != 'ncf']
+    assert names == expected  # Binary generated default: NCD, not NCF.
+    assert results['skipped'] == ['ncf']
+    for name in expected:
+        assert f'| {name} |' in printed
+    for row in results['rows']:
+        assert 0.0 <= row['accuracy'] <= 1.0 and 0.0 <= row['auc'] <= 1.0, row
+        assert 0.0 < row['rmse'] < 1.0 and 0.0 <= row['doa'] <= 1.0 and 0.0 < row['ndcg'] <= 1.0, row
+        if row['method'] not in hpfl_user_modeling.CENTRALIZED:
+            assert row['seconds_per_round'] > 0 and 1 <= row['best_round'] <= 2
+            metrics = os.path.join(out, row['method'], 'metrics.csv')
+            with open(metrics) as f:
+                header = f.readline()
+            assert 'validation/rmse' in header
+    analysis = results['private_components']['methods']
+    assert set(analysis) == {'distributed', 'fedavg', 'hpfl'}
+    assert all(0.0 <= a['probe_accuracy'] <= 1.0 and -1.0 <= a['silhouette'] <= 1.0 for a in analysis.values())
+    for png in ('learning_curves.png', 'attribute_distribution.png', 'private_components.png'):
+        assert os.path.getsize(os.path.join(out, png)) > 1000
+
+
+def test_private_components_analysis_separates_separated_clients(tmp_path):
+    rng = np.random.default_rng(0)
+    labels = np.repeat(np.arange(3), 30)
+    separated = rng.normal(size=[90, 4]) + 5.0 * np.eye(4)[labels]
+    mixed = rng.normal(size=[90, 4])
+    result = hpfl_user_modeling.private_components_analysis(
+        {'distributed': separated, 'hpfl': mixed}, labels, ['a', 'b', 'c'], str(tmp_path / 'p.png'))
+    methods = result['methods']
+    assert methods['distributed']['probe_accuracy'] > 0.95 and methods['distributed']['silhouette'] > 0.5
+    assert methods['hpfl']['probe_accuracy'] < 0.6 and abs(methods['hpfl']['silhouette']) < 0.1
+    assert methods['hpfl']['chance'] == pytest.approx(1 / 3)
+    assert os.path.getsize(result['figure']) > 1000
+
+
+def test_doa_pairs_stay_within_a_silo():
+    # Two silos, stacked items 0 (silo 0) and 1 (silo 1); a pair needs the same stacked item.
+    metrics = hpfl_user_modeling.evaluate_predictions(
+        'binary', (0.0, 1.0), np.array([1, 0, 1, 0.]), np.array([0.9, 0.1, 0.8, 0.3]), user=np.array([0, 1, 2, 3]),
+        item=np.array([0, 0, 1, 1]), user_scores=np.array([[1.0], [0.0], [0.0], [1.0]]),
+        item_attributes=np.ones([2, 1]))
+    assert metrics['doa'] == 0.5  # Silo 0's pair agrees, silo 1's disagrees.
+    assert metrics['accuracy'] == 1.0 and metrics['auc'] == 1.0
+
+
+def test_real_dataset_needs_a_data_dir(tmp_path):
+    with pytest.raises(app.UsageError, match='needs --data_dir'):
+        _run(['--dataset=assist', f'--output_dir={tmp_path}'])
+
+
+def test_unknown_method_is_a_usage_error(tmp_path):
+    with pytest.raises(app.UsageError, match='unknown'):
+        _run(['--methods=hpfl,fedbn', f'--output_dir={tmp_path}'])
+
+
+def test_gum_proficiency_orders_predictions_on_single_attribute_items():
+    config = gum.GumConfig(num_attributes=3, max_users=20, max_items=1, hidden_dim=4)
+    weights = gum.initial_weights(config, 1, 2)
+    rng = np.random.default_rng(0)
+    public = gum.PublicWeights(*[v + rng.normal(0, 0.5, v.shape).astype(np.float32) for v in weights.public])
+    theta = rng.normal(0, 2, (20, 3)).astype(np.float32)
+    weights = gum.GumWeights(public, weights.private._replace(theta=theta))
+    proficiency = hpfl_user_modeling.gum_attribute_proficiency(public, theta)
+    for k in range(3):
+        attributes = np.zeros([20, 3], np.float32)
+        attributes[:, k] = 1
+        y = gum.predict(weights, tf.range(20, dtype=tf.int64), tf.zeros([20], tf.int64), attributes).numpy()
+        # Same item for every user: the prediction is increasing in the proficiency on k.
+        order = np.argsort(proficiency[:, k])
+        assert np.all(np.diff(y[order]) >= -1e-6)
