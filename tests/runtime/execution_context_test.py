@@ -89,3 +89,21 @@ def test_a_restored_context_whose_worker_was_stopped_recovers():
     assert _double(5) == 10  # Outer context again: its old worker is gone, a new one starts.
     runtime.shutdown()
     assert runtime.worker_pids_of_this_process() == []
+
+
+def test_shutdown_kills_a_worker_that_ignores_sigint():
+    """A busy worker may ignore SIGINT; shutdown must still return (SIGKILL after the timeout), before any context
+    replacement could wait on it."""
+    from fedpersonal.runtime import execution_context  # pylint: disable=g-import-not-at-top
+
+    stubborn = execution_context._TrackedPopen(  # pylint: disable=protected-access
+        [sys.executable, '-c', 'import signal, time; signal.signal(signal.SIGINT, signal.SIG_IGN); '
+                               'print("ready", flush=True); time.sleep(120)'],
+        stdout=subprocess.PIPE, text=True)
+    assert stubborn.stdout.readline().strip() == 'ready'
+    assert stubborn.pid in runtime.running_workers()
+    started = time.time()
+    assert runtime.shutdown(timeout_seconds=1.0) == 1
+    assert time.time() - started < 10
+    assert stubborn.wait(timeout=5) == -signal.SIGKILL
+    assert runtime.running_workers() == []
