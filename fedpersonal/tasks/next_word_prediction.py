@@ -314,9 +314,12 @@ def _train(task: NextWordPredictionTask, process, name: str, outputs, num_oov_bu
         rounds_per_checkpoint=cfg.rounds_per_checkpoint,
         name=name,
     )
-    summary = {'seconds_per_round': float(np.median([h['round_seconds'] for h in history])) if history else None}
+    del history  # Only this process' rounds; metrics.csv has every round, also those of a resumed run.
+    rows = outputs.read_metrics()
+    seconds = [r['round_seconds'] for r in rows if 'round_seconds' in r]
+    summary = {'seconds_per_round': float(np.median(seconds)) if seconds else None}
     for key in COMMUNICATION_KEYS:
-        values = [h[f'communication/{key}'] for h in history if f'communication/{key}' in h]
+        values = [r[f'communication/{key}'] for r in rows if f'communication/{key}' in r]
         if values:
             summary[key] = float(np.median(values))
     return state, summary
