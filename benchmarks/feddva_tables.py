@@ -1,0 +1,105 @@
+"""FedDVA's tables for one dataset: personalized classification (both settings) and disentanglement evidence.
+
+  python benchmarks/feddva_tables.py --flagfile=configs/feddva_scaled.flags --dataset=mnist \
+      --data_dir=../shared/data/mnist --output_dir=/tmp/feddva_mnist
+  python benchmarks/feddva_tables.py --flagfile=configs/feddva_scaled.flags --dataset=fashion_mnist \
+      --output_dir=/tmp/feddva_fashion
+
+Runs `fedpersonal.tasks.feddva.run` and writes `docs/results/feddva_<dataset>.json` (rows with `accuracy`,
+`client_mean_accuracy`, `client_min_accuracy`, `seconds_per_round`, and the probe accuracies `probe_client_from_c`,
+`probe_client_from_z`, `probe_label_from_z`, ...), the PNGs next to it, and the `feddva_<dataset>` section of
+`docs/RESULTS.md`.
+"""
+
+import dataclasses
+import json
+import os
+import shlex
+import shutil
+import sys
+
+from absl import app
+from absl import flags
+from absl import logging
+
+from fedpersonal import program
+from fedpersonal import runtime
+from fedpersonal.program import config_flags
+from fedpersonal.tasks import feddva
+
+_DEFAULTS = {'output_dir': 'output/feddva'}
+config_flags.define_flags(feddva.FeddvaConfig, overrides=_DEFAULTS)
+flags.DEFINE_string('results_dir', 'docs/results', 'Where the JSON and PNG copies go.')
+flags.DEFINE_string('results_md', 'docs/RESULTS.md',
+                    'Markdown results file (its feddva_<dataset> section is replaced).')
+flags.DEFINE_string('notes', '', 'Extra Markdown (e.g. the reading of the results) appended to the section.')
+flags.DEFINE_bool('rerender', False, 'Do not train: re-read --output_dir (results.json and the runs\' metrics.csv), '
+                  'redraw the accuracy curves and rewrite the JSON and Markdown (the command recorded is the one '
+                  'without --rerender).')
+FLAGS = flags.FLAGS
+
+_DATASET_NAMES = {'generated': 'generated digits', 'mnist': 'MNIST', 'fashion_mnist': 'Fashion-MNIST',
+                  'cifar10': 'CIFAR-10'}
+
+
+def rerender(config: feddva.FeddvaConfig) -> dict:
+    """The results of a finished run in `config.output_dir`, with the curves re-read from its metrics."""
+    with open(os.path.join(config.output_dir, 'results.json')) as f:
+        results = json.load(f)
+    curves = feddva.load_curves(config.output_dir, config.settings, config.methods)
+    results['figures']['accuracy_vs_rounds'] = feddva.plot_accuracy_curves(
+        curves, os.path.join(config.output_dir, 'accuracy_vs_rounds.png'),
+        title=f'{config.dataset}: test accuracy of every client')
+    results['curves'] = {f'{s}/{m}': c for (s, m), c in curves.items()}
+    program.write_json(os.path.join(config.output_dir, 'results.json'), results)
+    return results
+
+
+def main(argv):
+    del argv
+    logging.set_verbosity(logging.INFO)
+    args = [a for a in sys.argv[1:] if a.split('=')[0] not in ('--rerender', '--norerender', '--notes')]
+    command = 'python benchmarks/feddva_tables.py ' + ' '.join(shlex.quote(a) for a in args)
+    config = config_flags.config_from_flags(feddva.FeddvaConfig, overrides=_DEFAULTS)
+    if FLAGS.rerender:
+        results = rerender(config)
+    else:
+        with runtime.LocalRuntime():
+            results = feddva.run(config)
+    name = f'feddva_{config.dataset}'
+    os.makedirs(FLAGS.results_dir, exist_ok=True)
+    images = {}
+    for key, path in results['figures'].items():
+        if path and os.path.exists(path):
+            images[key] = os.path.join(FLAGS.results_dir, f'{name}_{key}.png')
+            shutil.copy(path, images[key])
+    json_path = os.path.join(FLAGS.results_dir, f'{name}.json')
+    program.write_json(json_path, {
+        'command': command, 'dataset': config.dataset, 'statistics': results['statistics'],
+        'rounds': results['rounds'], 'config': dataclasses.asdict(config), 'rows': results['rows'],
+        'curves': results['curves']})
+    table = feddva.format_tables(results['rows'])
+    md_dir = os.path.dirname(os.path.abspath(FLAGS.results_md))
+    rel = lambda p: os.path.relpath(os.path.abspath(p), md_dir)
+    stats = next(iter(results['statistics'].values()))
+    lines = [f'## FedDVA: {_DATASET_NAMES.get(config.dataset, config.dataset)}', '', f'Command: `{command}`', '',
+             f"{config.num_clients} clients ({stats['train_examples'] // config.num_clients} training and "
+             f"{stats['test_examples'] // config.num_clients} test images each), {config.total_rounds} rounds of "
+             f'{config.clients_per_round} clients, batch {config.batch_size}, Adam lr {config.learning_rate:g}; '
+             f'FedDVA: {config.decoder_epochs}/{config.z_epochs}/{config.c_epochs} decoder/z/c epochs and '
+             f'{config.head_epochs} head epoch(s) per round, z_dim={config.z_dim}, c_dim={config.c_dim}, '
+             f"'{config.architecture}' architecture, decoder-phase c from the {config.decoder_c_source}; "
+             f'baselines: {config.client_epochs} local epoch(s), Ditto lambda={config.ditto_lambda:g}, '
+             f'fine-tuning {config.finetune_epochs} epoch(s). Accuracy: over all test images of all clients, each '
+             "classified by that client's model.", '', table]
+    for key, path in images.items():
+        lines += ['', f'![{key}]({rel(path)})']
+    if FLAGS.notes:
+        lines += ['', FLAGS.notes]
+    lines += ['', f'Machine-readable: `{os.path.join(FLAGS.results_dir, name + ".json")}`.']
+    program.replace_marked_section(FLAGS.results_md, name, '\n'.join(lines))
+    print(table)
+
+
+if __name__ == '__main__':
+    app.run(main)

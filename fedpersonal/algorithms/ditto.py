@@ -1,0 +1,195 @@
+"""Ditto (Li et al., "Ditto: Fair and Robust Federated Learning Through Personalization", ICML 2021).
+
+The global model w is trained by FedAvg. Every sampled client k also trains its *personal* model v_k on
+
+    h_k(v_k; w) = F_k(v_k) + lambda / 2 * ||v_k - w||^2
+
+with w the global model it received this round (Algorithm 1 of the paper), for `personal_epochs` epochs:
+v_k <- v_k - eta * (grad F_k(v_k) + lambda * (v_k - w)) with SGD (any TFF optimizer may be given). The
+personal models never leave the clients: they are the process's `tff.CLIENTS`-placed private state, like
+FURL's (`fedpersonal.algorithms.furl`), kept between rounds in a client state store.
+
+    next: (<state@SERVER, {data}@CLIENTS, {personal}@CLIENTS> -> <state@SERVER, metrics@SERVER, {personal}@CLIENTS>)
+"""
+
+from __future__ import annotations
+
+import collections
+from typing import Any, Callable
+
+import numpy as np
+import tensorflow as tf
+import tensorflow_federated as tff
+from tensorflow_federated.python.learning import tensor_utils
+
+from fedpersonal.algorithms import fed_recon
+from fedpersonal.algorithms import furl
+
+ModelWeights = tff.learning.models.ModelWeights
+
+
+def keras_weights(model: tf.keras.Model) -> ModelWeights:
+    return ModelWeights(trainable=list(model.trainable_variables), non_trainable=list(model.non_trainable_variables))
+
+
+def _cross_entropy(model: tf.keras.Model, batch) -> tuple[tf.Tensor, tf.Tensor]:
+    logits = model(batch['x'], training=True)
+    labels = tf.cast(batch['y'], tf.int32)
+    loss = tf.reduce_mean(tf.nn.sparse_softmax_cross_entropy_with_logits(labels=labels, logits=logits))
+    correct = tf.reduce_sum(tf.cast(tf.equal(tf.argmax(logits, -1, output_type=tf.int32), labels), tf.float32))
+    return loss, correct
+
+
+def personal_steps(personal: tf.keras.Model, global_values: list[tf.Tensor], dataset: tf.data.Dataset, epochs: int,
+                   optimizer: tff.learning.optimizers.Optimizer, lam: float):
+    """Ditto's personal update in place on `personal` (inside a `tf.function`); returns (n, loss sum, correct)."""
+    variables = list(personal.trainable_variables)
+    zero = (tf.constant(0.0), tf.constant(0.0), tf.constant(0.0))
+    if epochs < 1:
+        return zero
+
+    def step(carry, batch):
+        count, total, correct, opt_state = carry
+        with tf.GradientTape() as tape:
+            loss, batch_correct = _cross_entropy(personal, batch)
+        gradients = tape.gradient(loss, variables)
+        gradients = [g + lam * (v - w) for g, v, w in zip(gradients, variables, global_values)]
+        opt_state, updated = optimizer.next(opt_state, tuple(variables), tuple(gradients))
+        fed_recon.assign(variables, updated)
+        n = tf.cast(tf.shape(batch['y'])[0], tf.float32)
+        return count + n, total + loss * n, correct + batch_correct, opt_state
+
+    specs = tuple(tf.TensorSpec(v.shape, v.dtype) for v in variables)
+    count, total, correct, _ = dataset.repeat(epochs).reduce(zero + (optimizer.initialize(specs),), step)
+    return count, total, correct
+
+
+def global_steps(model: tf.keras.Model, dataset: tf.data.Dataset, epochs: int,
+                 optimizer: tff.learning.optimizers.Optimizer):
+    """Local FedAvg training of the global model copy in place; returns (n, loss sum)."""
+    variables = list(model.trainable_variables)
+
+    def step(carry, batch):
+        count, total, opt_state = carry
+        with tf.GradientTape() as tape:
+            loss, _ = _cross_entropy(model, batch)
+        opt_state, updated = optimizer.next(opt_state, tuple(variables), tuple(tape.gradient(loss, variables)))
+        fed_recon.assign(variables, updated)
+        n = tf.cast(tf.shape(batch['y'])[0], tf.float32)
+        return count + n, total + loss * n, opt_state
+
+    specs = tuple(tf.TensorSpec(v.shape, v.dtype) for v in variables)
+    zero = (tf.constant(0.0), tf.constant(0.0), optimizer.initialize(specs))
+    count, total, _ = dataset.repeat(max(epochs, 1)).reduce(zero, step)
+    return count, total
+
+
+def build_ditto(
+    model_fn: Callable[[], tf.keras.Model],
+    *,
+    element_spec: Any,
+    lam: float = 0.1,
+    client_epochs: int = 1,
+    personal_epochs: int = 1,
+    client_optimizer: tff.learning.optimizers.Optimizer = tff.learning.optimizers.build_adam(learning_rate=1e-3),
+    personal_optimizer: tff.learning.optimizers.Optimizer = tff.learning.optimizers.build_sgdm(learning_rate=0.05),
+    server_optimizer: tff.learning.optimizers.Optimizer = tff.learning.optimizers.build_sgdm(learning_rate=1.0),
+) -> furl.FurlProcess:
+    """Builds Ditto as an iterative process with personal models as CLIENTS-placed private state.
+
+    Args:
+      model_fn: No-arg function returning a new Keras classifier (logits) on `element_spec['x']`.
+      element_spec: `OrderedDict(x=..., y=[None] int)` of the client datasets.
+      lam: Ditto's lambda (the proximal weight; 0 gives independent local models).
+      client_epochs: Local epochs of the global model (FedAvg) per round.
+      personal_epochs: Epochs of the personal model per round.
+      client_optimizer: For the global model's local training (fresh state every round).
+      personal_optimizer: For the personal model (fresh state every round; SGD as in the paper).
+      server_optimizer: Applied to the averaged global update.
+
+    Returns:
+      A `furl.FurlProcess` whose private state is the personal model.
+    """
+    if lam < 0:
+        raise ValueError(f'lam must be >= 0, got {lam}')
+    if client_epochs < 1 or personal_epochs < 0:
+        raise ValueError(f'client_epochs must be >= 1 and personal_epochs >= 0, got {client_epochs}, {personal_epochs}')
+
+    @tff.tensorflow.computation
+    def initial_weights():
+        return keras_weights(model_fn())
+
+    weights_type = initial_weights.type_signature.result
+    dataset_type = tff.SequenceType(tff.types.tensorflow_to_type(element_spec))
+    aggregator = tff.aggregators.MeanFactory().create(weights_type.trainable, tff.TensorType(np.float32))
+    distributor = tff.learning.templates.build_broadcast_process(weights_type)
+    finalizer = tff.learning.templates.build_apply_optimizer_finalizer(server_optimizer, weights_type)
+
+    @tff.tensorflow.computation(weights_type, dataset_type, weights_type)
+    @tf.function
+    def client_update(server_weights, dataset, personal_state):
+        with tf.init_scope():
+            model = model_fn()
+            personal = model_fn()
+        fed_recon.assign(model.trainable_variables, server_weights.trainable)
+        fed_recon.assign(model.non_trainable_variables, server_weights.non_trainable)
+        fed_recon.assign(personal.trainable_variables, personal_state.trainable)
+        fed_recon.assign(personal.non_trainable_variables, personal_state.non_trainable)
+        global_values = [tf.identity(w) for w in server_weights.trainable]
+        p_count, p_total, p_correct = personal_steps(personal, global_values, dataset, personal_epochs,
+                                                     personal_optimizer, lam)
+        count, total = global_steps(model, dataset, client_epochs, client_optimizer)
+        delta = [a - b for a, b in zip(server_weights.trainable, model.trainable_variables)]
+        delta, has_non_finite = tensor_utils.zero_all_if_any_non_finite(delta)
+        num_examples = count / float(max(client_epochs, 1))
+        weight = tf.where(tf.logical_or(has_non_finite > 0, num_examples == 0), 0.0, num_examples)
+        new_personal = ModelWeights(trainable=[tf.identity(v) for v in personal.trainable_variables],
+                                    non_trainable=[tf.identity(v) for v in personal.non_trainable_variables])
+        sums = collections.OrderedDict(
+            global_loss=tf.stack([total, count]), personal_loss=tf.stack([p_total, p_count]),
+            personal_accuracy=tf.stack([p_correct, p_count]), num_examples=tf.stack([num_examples, 1.0]))
+        return tff.learning.templates.ClientResult(update=delta, update_weight=weight), sums, new_personal
+
+    sums_type = client_update.type_signature.result[1]
+
+    @tff.tensorflow.computation(sums_type)
+    def finalize_metrics(sums):
+        return collections.OrderedDict(
+            (k, v[0] if k == 'num_examples' else v[0] / tf.maximum(v[1], 1.0)) for k, v in sums.items())
+
+    @tff.federated_computation
+    def initialize():
+        return tff.federated_zip(tff.learning.templates.LearningAlgorithmState(
+            global_model_weights=tff.federated_eval(initial_weights, tff.SERVER),
+            distributor=distributor.initialize(),
+            client_work=tff.federated_value((), tff.SERVER),
+            aggregator=aggregator.initialize(),
+            finalizer=finalizer.initialize(),
+        ))
+
+    @tff.federated_computation(initialize.type_signature.result, tff.FederatedType(dataset_type, tff.CLIENTS),
+                               tff.FederatedType(weights_type, tff.CLIENTS))
+    def next_fn(state, client_data, personal_states):
+        distributed = distributor.next(state.distributor, state.global_model_weights)
+        client_result, sums, new_personal = tff.federated_map(
+            client_update, (distributed.result, client_data, personal_states))
+        aggregated = aggregator.next(state.aggregator, client_result.update, client_result.update_weight)
+        finalized = finalizer.next(state.finalizer, state.global_model_weights, aggregated.result)
+        new_state = tff.federated_zip(tff.learning.templates.LearningAlgorithmState(
+            global_model_weights=finalized.result,
+            distributor=distributed.state,
+            client_work=state.client_work,
+            aggregator=aggregated.state,
+            finalizer=finalized.state,
+        ))
+        metrics = tff.federated_zip(collections.OrderedDict(
+            distributor=distributed.measurements,
+            client_work=tff.federated_zip(collections.OrderedDict(
+                train=tff.federated_map(finalize_metrics, tff.federated_sum(sums)))),
+            aggregator=aggregated.measurements,
+            finalizer=finalized.measurements,
+        ))
+        return furl.FurlOutput(state=new_state, metrics=metrics, private_states=new_personal)
+
+    return furl.FurlProcess(initialize, next_fn, private_state_type=weights_type, global_weights_type=weights_type,
+                            initial_private_state_fn=initial_weights)

@@ -1,0 +1,236 @@
+"""FedDVA: the federated dual variational autoencoder (Yan et al., "Personalization Disentanglement for FL").
+
+Only the two encoders (z and c, with the c-encoder's embeddings) are federated: they are broadcast, trained on
+each sampled client and averaged (FedAvg with a server optimizer, plain averaging by default). Each client's
+decoder, classifier head and every batch-norm statistic are its *private state*: a `tff.CLIENTS`-placed input and
+output of the round, kept between rounds in a `fedpersonal.client_state` store, never reaching a SERVER intrinsic
+(as in `fedpersonal.algorithms.furl`).
+
+A client round (fresh Adam for every phase of every round, as in the authors' code):
+
+1. `decoder_epochs` epochs on the reconstruction loss, stepping only the decoder;
+2. `z_epochs` epochs on reconstruction + KL(q(z|x) || N(0, I)), stepping only the z-encoder;
+3. `c_epochs` epochs on reconstruction + the c regularizers, stepping only the c-encoder (and its embeddings);
+4. optionally `head_epochs` epochs of the classifier head on the fixed [mu_z, mu_c] (a personalized head).
+
+See `fedpersonal.models.feddva_models` for the losses. The process has FURL's signature:
+
+    next: (<state@SERVER, {data}@CLIENTS, {private}@CLIENTS> -> <state@SERVER, metrics@SERVER, {private}@CLIENTS>)
+"""
+
+from __future__ import annotations
+
+import collections
+from typing import Any, Callable
+
+import numpy as np
+import tensorflow as tf
+import tensorflow_federated as tff
+from tensorflow_federated.python.learning import tensor_utils
+
+from fedpersonal.algorithms import fed_recon
+from fedpersonal.algorithms import furl
+from fedpersonal.models import feddva_models
+
+ModelWeights = tff.learning.models.ModelWeights
+_METRIC_TERMS = ('decoder_loss', 'z_loss', 'c_loss', 'head_loss', 'head_accuracy')
+
+
+def global_weights(model: feddva_models.DualVae) -> ModelWeights:
+    """The federated (encoder) variables as `ModelWeights`."""
+    return ModelWeights(trainable=model.global_trainable, non_trainable=[])
+
+
+def private_weights(model: feddva_models.DualVae) -> ModelWeights:
+    """The private variables (decoder, head; batch-norm statistics) as `ModelWeights`."""
+    return ModelWeights(trainable=model.private_trainable, non_trainable=model.private_non_trainable)
+
+
+def set_weights(model: feddva_models.DualVae, global_state: Any, private_state: Any) -> None:
+    """Assigns federated and private weights (eagerly or in a `tf.function`)."""
+    fed_recon.assign(model.global_trainable, global_state.trainable)
+    fed_recon.assign(model.private_trainable, private_state.trainable)
+    fed_recon.assign(model.private_non_trainable, private_state.non_trainable)
+
+
+def run_phase(model: feddva_models.DualVae, phase: str, dataset: tf.data.Dataset, epochs: int,
+              optimizer: tff.learning.optimizers.Optimizer) -> tuple[tf.Tensor, tf.Tensor, tf.Tensor]:
+    """`epochs` passes of one phase with a freshly initialized optimizer on that phase's variables.
+
+    Must run inside a `tf.function`. Returns (examples seen, summed batch loss x batch size, correct predictions;
+    the last only for the head phase).
+    """
+    variables = model.variables_of(phase)
+    zero = (tf.constant(0, tf.int32), tf.constant(0.0), tf.constant(0.0))
+    if epochs < 1 or not variables:
+        return zero
+
+    def step(carry, batch):
+        count, total, correct, opt_state = carry
+        x = batch['x']
+        n = tf.shape(x)[0]
+        with tf.GradientTape() as tape:
+            loss = model.phase_loss(phase, x, batch['y'])
+        gradients = tape.gradient(loss, variables)
+        opt_state, updated = optimizer.next(opt_state, tuple(variables), tuple(gradients))
+        fed_recon.assign(variables, updated)
+        if phase == 'head':
+            predicted = tf.argmax(model.classify(x), axis=-1, output_type=tf.int32)
+            correct += tf.reduce_sum(tf.cast(tf.equal(predicted, tf.cast(batch['y'], tf.int32)), tf.float32))
+        return count + n, total + loss * tf.cast(n, tf.float32), correct, opt_state
+
+    specs = tuple(tf.TensorSpec(v.shape, v.dtype) for v in variables)
+    count, total, correct, _ = dataset.repeat(epochs).reduce(zero + (optimizer.initialize(specs),), step)
+    return count, total, correct
+
+
+def client_round(model: feddva_models.DualVae, dataset: tf.data.Dataset, *, decoder_epochs: int, z_epochs: int,
+                 c_epochs: int, head_epochs: int, optimizer: tff.learning.optimizers.Optimizer,
+                 head_optimizer: tff.learning.optimizers.Optimizer) -> collections.OrderedDict:
+    """The three (four) phases of a client round on `model` in place; returns summed per-phase metrics."""
+    metrics = collections.OrderedDict()
+    num_examples = tf.constant(0.0)
+    for phase, epochs in (('decoder', decoder_epochs), ('z', z_epochs), ('c', c_epochs), ('head', head_epochs)):
+        count, total, correct = run_phase(model, phase, dataset, epochs,
+                                          head_optimizer if phase == 'head' else optimizer)
+        count = tf.cast(count, tf.float32)
+        metrics[f'{phase}_loss'] = (total, count)
+        if phase == 'head':
+            metrics['head_accuracy'] = (correct, count)
+        num_examples = tf.maximum(num_examples, count / float(max(epochs, 1)))
+    metrics['num_examples'] = (num_examples, tf.constant(1.0))
+    return metrics
+
+
+def build_feddva(
+    model_fn: Callable[[], feddva_models.DualVae],
+    *,
+    element_spec: Any,
+    decoder_epochs: int = 1,
+    z_epochs: int = 1,
+    c_epochs: int = 1,
+    head_epochs: int = 0,
+    learning_rate: float = 1e-3,
+    head_learning_rate: float = 1e-2,
+    server_optimizer: tff.learning.optimizers.Optimizer = tff.learning.optimizers.build_sgdm(learning_rate=1.0),
+    client_weighting: Any = tff.learning.ClientWeighting.NUM_EXAMPLES,
+) -> furl.FurlProcess:
+    """Builds the FedDVA iterative process.
+
+    Args:
+      model_fn: No-arg function returning a new `DualVae` (its variables at their initializers).
+      element_spec: The client datasets' element spec: `OrderedDict(x=[None, h, w, c] float32, y=[None] int32)`.
+      decoder_epochs: Epochs of phase 1 per round.
+      z_epochs: Epochs of phase 2 per round.
+      c_epochs: Epochs of phase 3 per round.
+      head_epochs: Epochs of the personalized classifier head per round (0: no head training).
+      learning_rate: Adam learning rate of phases 1-3 (the paper: 1e-3); Adam is re-initialized every phase.
+      head_learning_rate: Adam learning rate of the head.
+      server_optimizer: Applied to the averaged encoder update (SGD 1.0: FedAvg).
+      client_weighting: `NUM_EXAMPLES` or `UNIFORM`.
+
+    Returns:
+      A `fedpersonal.algorithms.furl.FurlProcess` (private state: decoder + head + batch-norm statistics).
+    """
+    for name, value in (('decoder_epochs', decoder_epochs), ('z_epochs', z_epochs), ('c_epochs', c_epochs),
+                        ('head_epochs', head_epochs)):
+        if value < 0:
+            raise ValueError(f'{name} must be >= 0, got {value}')
+    if client_weighting not in (tff.learning.ClientWeighting.NUM_EXAMPLES, tff.learning.ClientWeighting.UNIFORM):
+        raise ValueError('client_weighting must be NUM_EXAMPLES or UNIFORM')
+
+    @tff.tensorflow.computation
+    def initial_global_weights():
+        return global_weights(model_fn())
+
+    @tff.tensorflow.computation
+    def initial_private_state():
+        return private_weights(model_fn())
+
+    weights_type = initial_global_weights.type_signature.result
+    private_type = initial_private_state.type_signature.result
+    dataset_type = tff.SequenceType(tff.types.tensorflow_to_type(element_spec))
+    aggregator = tff.aggregators.MeanFactory().create(weights_type.trainable, tff.TensorType(np.float32))
+    distributor = tff.learning.templates.build_broadcast_process(weights_type)
+    finalizer = tff.learning.templates.build_apply_optimizer_finalizer(server_optimizer, weights_type)
+    optimizer = tff.learning.optimizers.build_adam(learning_rate=learning_rate)
+    head_optimizer = tff.learning.optimizers.build_adam(learning_rate=head_learning_rate)
+
+    @tff.tensorflow.computation(weights_type, dataset_type, private_type)
+    @tf.function
+    def client_update(server_weights, dataset, private_state):
+        with tf.init_scope():
+            model = model_fn()
+        set_weights(model, server_weights, private_state)
+        metrics = client_round(model, dataset, decoder_epochs=decoder_epochs, z_epochs=z_epochs, c_epochs=c_epochs,
+                               head_epochs=head_epochs, optimizer=optimizer, head_optimizer=head_optimizer)
+        delta = [a - b for a, b in zip(server_weights.trainable, model.global_trainable)]
+        delta, has_non_finite = tensor_utils.zero_all_if_any_non_finite(delta)
+        num_examples = metrics['num_examples'][0]
+        if client_weighting is tff.learning.ClientWeighting.UNIFORM:
+            weight = tf.constant(1.0)
+        else:
+            weight = num_examples
+        weight = tf.where(tf.logical_or(has_non_finite > 0, num_examples == 0), 0.0, weight)
+        new_private = tf.cond(
+            has_non_finite > 0,
+            lambda: ModelWeights(trainable=list(private_state.trainable),
+                                 non_trainable=list(private_state.non_trainable)),
+            lambda: ModelWeights(trainable=[tf.identity(v) for v in model.private_trainable],
+                                 non_trainable=[tf.identity(v) for v in model.private_non_trainable]),
+        )
+        sums = collections.OrderedDict((k, tf.stack(v)) for k, v in metrics.items())
+        return tff.learning.templates.ClientResult(update=delta, update_weight=weight), sums, new_private
+
+    sums_type = client_update.type_signature.result[1]
+
+    @tff.tensorflow.computation(sums_type)
+    def finalize_metrics(sums):
+        out = collections.OrderedDict()
+        for key, value in sums.items():
+            out[key] = value[0] if key == 'num_examples' else value[0] / tf.maximum(value[1], 1.0)
+        return out
+
+    @tff.federated_computation
+    def initialize():
+        return tff.federated_zip(
+            tff.learning.templates.LearningAlgorithmState(
+                global_model_weights=tff.federated_eval(initial_global_weights, tff.SERVER),
+                distributor=distributor.initialize(),
+                client_work=tff.federated_value((), tff.SERVER),
+                aggregator=aggregator.initialize(),
+                finalizer=finalizer.initialize(),
+            )
+        )
+
+    state_type = initialize.type_signature.result
+
+    @tff.federated_computation(
+        state_type, tff.FederatedType(dataset_type, tff.CLIENTS), tff.FederatedType(private_type, tff.CLIENTS)
+    )
+    def next_fn(state, client_data, private_states):
+        distributed = distributor.next(state.distributor, state.global_model_weights)
+        client_result, sums, new_private = tff.federated_map(
+            client_update, (distributed.result, client_data, private_states))
+        aggregated = aggregator.next(state.aggregator, client_result.update, client_result.update_weight)
+        finalized = finalizer.next(state.finalizer, state.global_model_weights, aggregated.result)
+        train_metrics = tff.federated_map(finalize_metrics, tff.federated_sum(sums))
+        new_state = tff.federated_zip(
+            tff.learning.templates.LearningAlgorithmState(
+                global_model_weights=finalized.result,
+                distributor=distributed.state,
+                client_work=state.client_work,
+                aggregator=aggregated.state,
+                finalizer=finalized.state,
+            )
+        )
+        metrics = tff.federated_zip(collections.OrderedDict(
+            distributor=distributed.measurements,
+            client_work=tff.federated_zip(collections.OrderedDict(train=train_metrics)),
+            aggregator=aggregated.measurements,
+            finalizer=finalized.measurements,
+        ))
+        return furl.FurlOutput(state=new_state, metrics=metrics, private_states=new_private)
+
+    return furl.FurlProcess(initialize, next_fn, private_state_type=private_type, global_weights_type=weights_type,
+                            initial_private_state_fn=initial_private_state)

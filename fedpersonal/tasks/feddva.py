@@ -1,0 +1,518 @@
+"""FedDVA experiments: personalized classification in two settings, and disentanglement evidence.
+
+Settings (both on `num_clients` clients with per-client train/test splits, `fedpersonal.data.federated_images`):
+
+* `heterogeneous_inputs`: client marks (mark type = client id mod 4) on near-uniform labels (Dirichlet alpha 100);
+* `heterogeneous_outputs`: skewed labels (Dirichlet alpha 0.5), no marks (unless `marks_in_outputs`).
+
+Methods (all evaluated as the example-weighted accuracy over every client's own test split):
+
+* `feddva`: the dual VAE trained by `fedpersonal.algorithms.build_feddva` (encoders federated; decoder, head and
+  batch-norm statistics private in a client state store); each client's personalized head on the fixed
+  [mu_z, mu_c] is trained in the same rounds (`head_epochs`);
+* `fedavg`: TFF's weighted FedAvg of the CNN classifier (`feddva_models.build_cnn_classifier`);
+* `fedavg_ft`: the FedAvg model fine-tuned on each client's training data (`finetune_epochs`, fresh Adam);
+* `ditto`: `fedpersonal.algorithms.build_ditto`, the personal models' accuracy.
+
+Disentanglement (FedDVA in `disentanglement_setting`): linear probes (client from c vs z, label from z vs c,
+mark type from c vs z), manifold grids through client decoders, t-SNE of z and c coloured by client.
+
+Configuration flows one way: flags -> `FeddvaConfig` -> builders.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import time
+from typing import Any, Callable, Optional
+
+import numpy as np
+import tensorflow as tf
+import tensorflow_federated as tff
+from absl import logging
+
+from fedpersonal import client_state
+from fedpersonal import program
+from fedpersonal.algorithms import ditto
+from fedpersonal.algorithms import feddva
+from fedpersonal.algorithms import optimizers
+from fedpersonal.data import federated_images
+from fedpersonal.evaluation import disentanglement
+from fedpersonal.models import feddva_models
+from fedpersonal.program import training_loop
+
+SETTINGS = ('heterogeneous_inputs', 'heterogeneous_outputs')
+METHODS = ('feddva', 'fedavg', 'fedavg_ft', 'ditto')
+METHOD_NAMES = {'feddva': 'FedDVA head on [z, c]', 'fedavg': 'FedAvg', 'fedavg_ft': 'FedAvg + fine-tuning',
+                'ditto': 'Ditto'}
+SETTING_NAMES = {'heterogeneous_inputs': 'heterogeneous inputs', 'heterogeneous_outputs': 'heterogeneous outputs'}
+DATASETS = ('generated', 'mnist', 'fashion_mnist', 'cifar10')
+ARCHITECTURES = {'paper': feddva_models.PAPER, 'scaled': feddva_models.SCALED}
+_EVAL_BATCH = 500
+
+
+@dataclasses.dataclass(frozen=True)
+class FeddvaConfig:
+    """Everything a FedDVA experiment needs (defaults: a small run on the generated data)."""
+
+    output_dir: str
+    dataset: str = 'generated'
+    data_dir: Optional[str] = None
+    settings: tuple[str, ...] = SETTINGS
+    methods: tuple[str, ...] = METHODS
+    num_clients: int = 20
+    train_per_client: int = 300
+    test_per_client: int = 100
+    alpha_inputs: float = 100.0
+    alpha_outputs: float = 0.5
+    marks_in_outputs: bool = False
+    generated_train: int = 12000
+    generated_test: int = 2000
+    architecture: str = 'scaled'
+    z_dim: int = 8
+    c_dim: int = 8
+    head_hidden: int = 0
+    total_rounds: int = 20
+    clients_per_round: int = 20
+    batch_size: int = 64
+    learning_rate: float = 1e-3
+    decoder_epochs: int = 1
+    z_epochs: int = 1
+    c_epochs: int = 1
+    head_epochs: int = 1
+    head_learning_rate: float = 1e-2
+    lambda_c: float = 1.0
+    lambda_cc: float = 0.75
+    xi: Optional[float] = None
+    decoder_c_source: str = 'posterior'
+    client_epochs: int = 1
+    cnn_channels: tuple[int, ...] = (16, 32, 64)
+    cnn_dense: int = 64
+    ditto_lambda: float = 0.1
+    ditto_personal_learning_rate: float = 0.05
+    finetune_epochs: int = 2
+    finetune_learning_rate: float = 1e-3
+    rounds_per_eval: int = 5
+    rounds_per_checkpoint: int = 10
+    state_store: str = 'memory'
+    disentanglement_setting: str = 'heterogeneous_inputs'
+    grid_size: int = 6
+    projection: str = 'tsne'
+    projection_points: int = 1000
+    seed: int = 0
+
+    def __post_init__(self):
+        if self.dataset not in DATASETS:
+            raise ValueError(f'dataset must be one of {DATASETS}, got {self.dataset!r}.')
+        if self.dataset in ('mnist', 'cifar10') and not self.data_dir:
+            raise ValueError(f'dataset {self.dataset!r} needs --data_dir (the generated default is "generated").')
+        for field, allowed in (('settings', SETTINGS), ('methods', METHODS)):
+            values = getattr(self, field)
+            unknown = [v for v in values if v not in allowed]
+            if unknown or not values:
+                raise ValueError(f'{field} must be a non-empty subset of {allowed}; unknown: {unknown}.')
+        if self.architecture not in ARCHITECTURES:
+            raise ValueError(f'architecture must be one of {tuple(ARCHITECTURES)}, got {self.architecture!r}.')
+        if self.state_store not in ('sqlite', 'memory'):
+            raise ValueError(f"state_store must be 'sqlite' or 'memory', got {self.state_store!r}.")
+        if self.disentanglement_setting not in SETTINGS + ('none',):
+            raise ValueError(f"disentanglement_setting must be one of {SETTINGS + ('none',)}.")
+        for name in ('num_clients', 'train_per_client', 'test_per_client', 'total_rounds', 'clients_per_round',
+                     'batch_size', 'client_epochs', 'rounds_per_eval', 'rounds_per_checkpoint', 'z_dim', 'c_dim'):
+            if getattr(self, name) < 1:
+                raise ValueError(f'{name} must be >= 1, got {getattr(self, name)}.')
+        feddva_models.LossWeights(self.lambda_c, self.lambda_cc, self.xi, self.decoder_c_source)  # Validates.
+
+    def dva_architecture(self, image_shape: tuple[int, int, int], num_classes: int) -> feddva_models.DvaArchitecture:
+        return dataclasses.replace(ARCHITECTURES[self.architecture], image_shape=tuple(image_shape),
+                                   z_dim=self.z_dim, c_dim=self.c_dim, head_hidden=self.head_hidden,
+                                   num_classes=num_classes)
+
+
+def load_setting(config: FeddvaConfig, source, setting: str) -> federated_images.FederatedImageData:
+    """The federated data of one setting."""
+    inputs = setting == 'heterogeneous_inputs'
+    return federated_images.federate(
+        source, num_clients=config.num_clients, train_per_client=config.train_per_client,
+        test_per_client=config.test_per_client, alpha=config.alpha_inputs if inputs else config.alpha_outputs,
+        marks=inputs or config.marks_in_outputs, seed=config.seed, setting=SETTING_NAMES[setting])
+
+
+class FeddvaTask:
+    """Datasets, models and evaluations of one setting."""
+
+    def __init__(self, config: FeddvaConfig, data: federated_images.FederatedImageData):
+        self.config = config
+        self.data = data
+        self.train = data.client_data('train')
+        self.arch = config.dva_architecture(data.image_shape, data.num_classes)
+        self.loss_weights = feddva_models.LossWeights(config.lambda_c, config.lambda_cc, config.xi,
+                                                      config.decoder_c_source)
+        self.element_spec = self.dataset_fn(self.train.create_tf_dataset_for_client(data.client_ids[0])).element_spec
+
+    def dataset_fn(self, dataset: tf.data.Dataset) -> tf.data.Dataset:
+        return dataset.shuffle(1000, seed=self.config.seed, reshuffle_each_iteration=True).batch(self.config.batch_size)
+
+    def dva_fn(self) -> feddva_models.DualVae:
+        return feddva_models.DualVae(self.arch, self.loss_weights)
+
+    def cnn_fn(self) -> tf.keras.Model:
+        cfg = self.config
+        return feddva_models.build_cnn_classifier(self.data.image_shape, tuple(cfg.cnn_channels), cfg.cnn_dense,
+                                                  self.data.num_classes, seed=cfg.seed)
+
+    def accuracy(self, logits_fn: Callable[[str, np.ndarray], np.ndarray], split: str = 'test') -> dict[str, float]:
+        """Example-weighted and client-mean accuracy of `logits_fn(client_id, images)` on every client."""
+        source = self.data.test if split == 'test' else self.data.train
+        correct, total, per_client = 0, 0, []
+        for cid in self.data.client_ids:
+            images, labels = source[cid]
+            logits = np.concatenate([logits_fn(cid, images[i:i + _EVAL_BATCH])
+                                     for i in range(0, len(images), _EVAL_BATCH)])
+            hits = int(np.sum(np.argmax(logits, axis=-1) == labels))
+            correct, total = correct + hits, total + labels.size
+            per_client.append(hits / max(labels.size, 1))
+        return {'accuracy': correct / max(total, 1), 'client_mean_accuracy': float(np.mean(per_client)),
+                'client_min_accuracy': float(np.min(per_client))}
+
+
+def _open_store(task: FeddvaTask, process, outputs: program.ExperimentOutputs):
+    initial = training_loop.from_model_weights(process.initial_private_state())
+    spec = client_state.spec_of(initial)
+    default = lambda client_id: [a.copy() for a in initial]
+    if task.config.state_store == 'memory':
+        return client_state.InMemoryClientStateStore(spec, default)
+    return client_state.SqliteClientStateStore(outputs.path('client_states.sqlite'), spec, default)
+
+
+def load_curves(output_dir: str, settings, methods) -> dict[tuple[str, str], list[tuple[int, float]]]:
+    """Test accuracy against rounds of each (setting, method), from the runs' `metrics.csv` files (FedAvg +
+    fine-tuning is evaluated in the FedAvg run, as `eval/ft_accuracy`)."""
+    import csv  # pylint: disable=g-import-not-at-top
+
+    curves = {}
+    for setting in settings:
+        for method in methods:
+            run, key = ('fedavg', 'eval/ft_accuracy') if method == 'fedavg_ft' else (method, 'eval/accuracy')
+            path = os.path.join(output_dir, setting, run, 'metrics.csv')
+            if not os.path.exists(path):
+                continue
+            with open(path) as f:
+                rows = [r for r in csv.DictReader(f) if r.get(key) not in (None, '') and r.get('round')]
+            curves[(setting, method)] = [(int(float(r['round'])), float(r[key])) for r in rows]
+    return curves
+
+
+def _seconds_per_round(history) -> Optional[float]:
+    return float(np.median([h['round_seconds'] for h in history])) if history else None
+
+
+def run_feddva(task: FeddvaTask, outputs: program.ExperimentOutputs) -> tuple[dict[str, Any], Any]:
+    """Trains FedDVA; returns (row, analysis context with the final weights and client states)."""
+    cfg = task.config
+    process = feddva.build_feddva(
+        task.dva_fn, element_spec=task.element_spec, decoder_epochs=cfg.decoder_epochs, z_epochs=cfg.z_epochs,
+        c_epochs=cfg.c_epochs, head_epochs=cfg.head_epochs, learning_rate=cfg.learning_rate,
+        head_learning_rate=cfg.head_learning_rate)
+    model = task.dva_fn()
+    classify = tf.function(model.classify, input_signature=[tf.TensorSpec([None, *task.arch.image_shape])])
+    to_weights = lambda arrays: training_loop.to_model_weights(arrays, process.private_state_type)
+    store = _open_store(task, process, outputs)
+    with store:
+        def logits_for(weights):
+            """`(client id, images) -> logits` with each client's stored private state (loaded once per client)."""
+            states = dict(zip(task.data.client_ids, store.get(task.data.client_ids)))
+            current = {}
+
+            def logits(cid, images):
+                if current.get('cid') != cid:
+                    feddva.set_weights(model, weights, to_weights(states[cid]))
+                    current['cid'] = cid
+                return classify(images).numpy()
+            return logits
+
+        state, history = program.run_learning_process(
+            process, client_data=task.train, dataset_fn=task.dataset_fn, clients_per_round=cfg.clients_per_round,
+            total_rounds=cfg.total_rounds, outputs=outputs, seed=cfg.seed,
+            evaluation_fn=lambda w: task.accuracy(logits_for(w)), rounds_per_evaluation=cfg.rounds_per_eval,
+            rounds_per_checkpoint=cfg.rounds_per_checkpoint, name='feddva', client_state_store=store)
+        weights = process.get_model_weights(state)
+        row = task.accuracy(logits_for(weights))
+        states = dict(zip(task.data.client_ids, [to_weights(s) for s in store.get(task.data.client_ids)]))
+    row['seconds_per_round'] = _seconds_per_round(history)
+    encodings = encode_clients(task, model, weights, states)
+    row.update(local_logistic_heads(task, encodings))
+    return row, {'model': model, 'weights': weights, 'states': states, 'encodings': encodings}
+
+
+def encode_clients(task: FeddvaTask, model: feddva_models.DualVae, weights, states) -> dict[str, dict[str, Any]]:
+    """Per client and split: (mu_z, mu_c, labels), each client encoding with its own batch-norm statistics."""
+    encode = tf.function(lambda x: model.encode(x, training=False),
+                         input_signature=[tf.TensorSpec([None, *task.arch.image_shape])])
+    result = {}
+    for cid in task.data.client_ids:
+        feddva.set_weights(model, weights, states[cid])
+        result[cid] = {}
+        for split, source in (('train', task.data.train), ('test', task.data.test)):
+            images, labels = source[cid]
+            parts = [[t.numpy() for t in encode(images[i:i + _EVAL_BATCH])] for i in range(0, len(images), _EVAL_BATCH)]
+            result[cid][split] = (np.concatenate([p[0] for p in parts]), np.concatenate([p[2] for p in parts]), labels)
+    return result
+
+
+def local_logistic_heads(task: FeddvaTask, encodings: dict[str, dict[str, Any]]) -> dict[str, float]:
+    """Accuracy of per-client logistic-regression heads fitted to convergence on the client's own training
+    encodings ([z, c], z only, c only): `local_logistic_{zc,z,c}_accuracy` (example-weighted over clients)."""
+    out = {}
+    for name, pick in (('zc', lambda z, c: np.concatenate([z, c], 1)), ('z', lambda z, c: z), ('c', lambda z, c: c)):
+        correct = total = 0
+        for cid in task.data.client_ids:
+            (z_tr, c_tr, y_tr), (z_te, c_te, y_te) = encodings[cid]['train'], encodings[cid]['test']
+            accuracy = disentanglement.linear_probe_accuracy(pick(z_tr, c_tr), y_tr, pick(z_te, c_te), y_te,
+                                                             task.config.seed)
+            correct, total = correct + accuracy * y_te.size, total + y_te.size
+        out[f'local_logistic_{name}_accuracy'] = correct / max(total, 1)
+    return out
+
+
+def _cnn_logits(model: tf.keras.Model, shape) -> Callable:
+    return tf.function(lambda x: model(x, training=False), input_signature=[tf.TensorSpec([None, *shape])])
+
+
+def run_fedavg(task: FeddvaTask, outputs: program.ExperimentOutputs, finetune: bool) -> dict[str, dict[str, Any]]:
+    """FedAvg, and (if `finetune`) FedAvg + fine-tuning evaluated on the same FedAvg models."""
+    cfg = task.config
+    element_spec = task.element_spec
+
+    def tff_model_fn():
+        return tff.learning.models.from_keras_model(
+            task.cnn_fn(), loss=tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+            input_spec=element_spec, metrics=[tf.keras.metrics.SparseCategoricalAccuracy()])
+
+    process = tff.learning.algorithms.build_weighted_fed_avg(
+        tff_model_fn, client_optimizer_fn=optimizers.build_optimizer('adam', cfg.learning_rate),
+        server_optimizer_fn=optimizers.build_optimizer('sgd', 1.0))
+    model = task.cnn_fn()
+    logits = _cnn_logits(model, task.data.image_shape)
+    ft_optimizer = tff.learning.optimizers.build_adam(learning_rate=cfg.finetune_learning_rate)
+    finetune_fn = tf.function(lambda ds: ditto.global_steps(model, ds, cfg.finetune_epochs, ft_optimizer))
+
+    def evaluate(weights, with_ft: bool):
+        weights.assign_weights_to(model)
+        result = task.accuracy(lambda cid, x: logits(x).numpy())
+        if with_ft:
+            def ft_logits(cid, images, cache={}):  # pylint: disable=dangerous-default-value
+                if cache.get('cid') != cid:
+                    weights.assign_weights_to(model)
+                    finetune_fn(task.dataset_fn(task.train.create_tf_dataset_for_client(cid)))
+                    cache['cid'] = cid
+                return logits(images).numpy()
+            result.update({f'ft_{k}': v for k, v in task.accuracy(ft_logits).items()})
+        return result
+
+    def eval_fn(weights):
+        return evaluate(weights, finetune)
+
+    state, history = program.run_learning_process(
+        process, client_data=task.train, dataset_fn=lambda d: task.dataset_fn(d.repeat(cfg.client_epochs)),
+        clients_per_round=cfg.clients_per_round, total_rounds=cfg.total_rounds, outputs=outputs, seed=cfg.seed,
+        evaluation_fn=eval_fn, rounds_per_evaluation=cfg.rounds_per_eval,
+        rounds_per_checkpoint=cfg.rounds_per_checkpoint, name='fedavg')
+    final = evaluate(process.get_model_weights(state), finetune)
+    spr = _seconds_per_round(history)
+    rows = {'fedavg': {k: v for k, v in final.items() if not k.startswith('ft_')}}
+    rows['fedavg']['seconds_per_round'] = spr
+    if finetune:
+        rows['fedavg_ft'] = {k[3:]: v for k, v in final.items() if k.startswith('ft_')}
+        rows['fedavg_ft']['seconds_per_round'] = spr
+    return rows
+
+
+def run_ditto(task: FeddvaTask, outputs: program.ExperimentOutputs) -> dict[str, Any]:
+    """Ditto; the accuracy of every client's personal model."""
+    cfg = task.config
+    process = ditto.build_ditto(
+        task.cnn_fn, element_spec=task.element_spec, lam=cfg.ditto_lambda, client_epochs=cfg.client_epochs,
+        personal_epochs=cfg.client_epochs,
+        client_optimizer=tff.learning.optimizers.build_adam(learning_rate=cfg.learning_rate),
+        personal_optimizer=tff.learning.optimizers.build_sgdm(learning_rate=cfg.ditto_personal_learning_rate))
+    model = task.cnn_fn()
+    logits = _cnn_logits(model, task.data.image_shape)
+    to_weights = lambda arrays: training_loop.to_model_weights(arrays, process.private_state_type)
+    store = _open_store(task, process, outputs)
+    with store:
+        def personal_accuracy(_):
+            states = dict(zip(task.data.client_ids, store.get(task.data.client_ids)))
+
+            def fn(cid, images, cache={}):  # pylint: disable=dangerous-default-value
+                if cache.get('cid') != cid:
+                    to_weights(states[cid]).assign_weights_to(model)
+                    cache['cid'] = cid
+                return logits(images).numpy()
+            return task.accuracy(fn)
+
+        _, history = program.run_learning_process(
+            process, client_data=task.train, dataset_fn=task.dataset_fn, clients_per_round=cfg.clients_per_round,
+            total_rounds=cfg.total_rounds, outputs=outputs, seed=cfg.seed, evaluation_fn=personal_accuracy,
+            rounds_per_evaluation=cfg.rounds_per_eval, rounds_per_checkpoint=cfg.rounds_per_checkpoint,
+            name='ditto', client_state_store=store)
+        row = personal_accuracy(None)
+    row['seconds_per_round'] = _seconds_per_round(history)
+    return row
+
+
+def analyze_disentanglement(task: FeddvaTask, context: dict[str, Any], output_dir: str) -> dict[str, Any]:
+    """Probes, manifold grids and projections of a trained FedDVA model (each client encodes with its own
+    batch-norm statistics and decodes with its own decoder)."""
+    cfg, data = task.config, task.data
+    model, weights, states, encodings = context['model'], context['weights'], context['states'], context['encodings']
+    decode = tf.function(lambda z, c: tf.sigmoid(model.decode(z, c, training=False)))
+    marks = data.mark_types()
+    sets = {'train': {k: [] for k in ('z', 'c', 'client', 'label', 'mark')},
+            'test': {k: [] for k in ('z', 'c', 'client', 'label', 'mark')}}
+    codes = {}
+    for i, cid in enumerate(data.client_ids):
+        for split in ('train', 'test'):
+            mu_z, mu_c, labels = encodings[cid][split]
+            out = sets[split]
+            out['z'].append(mu_z), out['c'].append(mu_c), out['label'].append(labels)
+            out['client'].append(np.full(labels.size, i)), out['mark'].append(np.full(labels.size, marks[i]))
+            if split == 'test':
+                codes[cid] = (mu_z, mu_c, labels)
+    sets = {s: {k: np.concatenate(v) for k, v in d.items()} for s, d in sets.items()}
+    report = disentanglement.probe_report(sets['train'], sets['test'], seed=cfg.seed)
+
+    # Manifold grids: rows = z of test images with distinct labels (from the first client), columns = c of the
+    # panel client's own test images, decoded by the panel client's decoder.
+    n = cfg.grid_size
+    z_ref, _, labels_ref = codes[data.client_ids[0]]
+    order = [int(np.flatnonzero(labels_ref == k)[0]) for k in np.unique(labels_ref)][:n]
+    order += [i for i in range(len(labels_ref)) if i not in order][: n - len(order)]
+    z_rows = z_ref[order]
+    panels = []
+    for cid in data.client_ids[: min(4, len(data.client_ids))]:
+        feddva.set_weights(model, weights, states[cid])
+        c_cols = codes[cid][1][:n]
+        z_grid = np.repeat(z_rows, len(c_cols), axis=0)
+        c_grid = np.tile(c_cols, (len(z_rows), 1))
+        images = decode(tf.constant(z_grid), tf.constant(c_grid)).numpy()
+        mark_name = federated_images.MARK_TYPES[marks[int(cid)]] if data.marks else 'no marks'
+        panels.append((f'client {cid} decoder ({mark_name})',
+                       images.reshape(len(z_rows), len(c_cols), *task.arch.image_shape)))
+    grid_path = disentanglement.plot_manifold_grids(
+        panels, os.path.join(output_dir, 'manifold.png'),
+        title=f'{data.description}: rows vary z (same z in every panel), columns vary c')
+
+    rng = np.random.default_rng(cfg.seed)
+    test = sets['test']
+    keep = rng.permutation(test['z'].shape[0])[: cfg.projection_points]
+    projection_path = disentanglement.plot_projections(
+        test['z'][keep], test['c'][keep], test['client'][keep], os.path.join(output_dir, 'projections.png'),
+        method=cfg.projection, seed=cfg.seed, title=f'FedDVA representations of test images: {data.description}')
+    return {'probes': report, 'figures': {'manifold': grid_path, 'projections': projection_path}}
+
+
+def run(config: FeddvaConfig) -> dict[str, Any]:
+    """Runs every configured setting and method; writes results.json and the figures to `config.output_dir`."""
+    program.write_json(os.path.join(config.output_dir, 'config.json'), dataclasses.asdict(config))
+    source = federated_images.load_source(config.dataset, config.data_dir, generated_train=config.generated_train,
+                                          generated_test=config.generated_test, seed=config.seed)
+    rows, analyses, statistics = [], {}, {}
+    for setting in config.settings:
+        data = load_setting(config, source, setting)
+        statistics[setting] = data.statistics()
+        logging.info('FedDVA data: %s; %s', data.description, statistics[setting])
+        task = FeddvaTask(config, data)
+        results: dict[str, dict[str, Any]] = {}
+        for method in config.methods:
+            if method in results:
+                continue
+            outputs = program.ExperimentOutputs(config.output_dir, f'{setting}/{method}')
+            started = time.time()
+            if method == 'feddva':
+                results['feddva'], context = run_feddva(task, outputs)
+                if setting == config.disentanglement_setting:
+                    analyses[setting] = analyze_disentanglement(task, context,
+                                                                os.path.join(config.output_dir, setting))
+            elif method in ('fedavg', 'fedavg_ft'):
+                results.update(run_fedavg(task, outputs, finetune='fedavg_ft' in config.methods))
+            else:
+                results['ditto'] = run_ditto(task, outputs)
+            logging.info('[%s/%s] done in %.0fs', setting, method, time.time() - started)
+        for method in METHODS:
+            if method in results and method in config.methods:
+                result = dict(results[method])
+                rows.append({'name': f'{METHOD_NAMES[method]} ({SETTING_NAMES[setting]})', 'method': method,
+                             'setting': setting, **result})
+    for setting, analysis in analyses.items():
+        rows.append({'name': f'FedDVA disentanglement ({SETTING_NAMES[setting]})', 'method': 'feddva',
+                     'setting': setting, **analysis['probes']})
+    curves = load_curves(config.output_dir, config.settings, config.methods)
+    curves_path = plot_accuracy_curves(curves, os.path.join(config.output_dir, 'accuracy_vs_rounds.png'),
+                                       title=f'{config.dataset}: test accuracy of every client')
+    results = {'dataset': config.dataset, 'statistics': statistics, 'rows': rows,
+               'curves': {f'{s}/{m}': c for (s, m), c in curves.items()},
+               'figures': {'accuracy_vs_rounds': curves_path,
+                           **{f'{s}_{k}': v for s, a in analyses.items() for k, v in a['figures'].items()}},
+               'rounds': config.total_rounds}
+    program.write_json(os.path.join(config.output_dir, 'results.json'), results)
+    return results
+
+
+def plot_accuracy_curves(curves: dict[tuple[str, str], list[tuple[int, float]]], path: str, title: str = '') -> str:
+    """One subplot per setting, one line per method: test accuracy against rounds."""
+    import matplotlib  # pylint: disable=g-import-not-at-top
+    matplotlib.use('Agg')
+    import matplotlib.pyplot as plt  # pylint: disable=g-import-not-at-top
+
+    settings = [s for s in SETTINGS if any(k[0] == s for k in curves)]
+    fig, axes = plt.subplots(1, max(1, len(settings)), figsize=(5.5 * max(1, len(settings)), 4), squeeze=False)
+    for ax, setting in zip(axes[0], settings):
+        for method in METHODS:
+            points = curves.get((setting, method))
+            if points:
+                xs, ys = zip(*points)
+                ax.plot(xs, ys, marker='.', label=METHOD_NAMES[method])
+        ax.set_title(SETTING_NAMES[setting])
+        ax.set_xlabel('round')
+        ax.set_ylabel('test accuracy')
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=8)
+    if title:
+        fig.suptitle(title)
+    fig.tight_layout()
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def format_tables(rows: list[dict[str, Any]]) -> str:
+    """Markdown: the classification table (method x setting) and the probe table."""
+    classification = [r for r in rows if 'accuracy' in r]
+    lines = ['| method | setting | accuracy | client-mean accuracy | worst client | s/round |',
+             '|---|---|---|---|---|---|']
+    logistic = [r for r in classification if 'local_logistic_zc_accuracy' in r]
+    for r in classification:
+        spr = r.get('seconds_per_round')
+        lines.append(f"| {METHOD_NAMES[r['method']]} | {SETTING_NAMES[r['setting']]} | {r['accuracy']:.4f} | "
+                     f"{r['client_mean_accuracy']:.4f} | {r['client_min_accuracy']:.4f} | "
+                     f"{'' if spr is None else f'{spr:.2f}'} |")
+    if logistic:
+        lines += ['', 'FedDVA representations with per-client logistic-regression heads fitted to convergence on the '
+                      "client's own training encodings (accuracy on its test images):", '',
+                  '| setting | [z, c] | z only | c only |', '|---|---|---|---|']
+        for r in logistic:
+            lines.append(f"| {SETTING_NAMES[r['setting']]} | {r['local_logistic_zc_accuracy']:.4f} | "
+                         f"{r['local_logistic_z_accuracy']:.4f} | {r['local_logistic_c_accuracy']:.4f} |")
+    probes = [r for r in rows if any(k.startswith('probe_') for k in r)]
+    for r in probes:
+        lines += ['', f"Linear probes, {r['name']} (logistic regression on mu; trained on the clients' training "
+                      'encodings, scored on their test encodings):', '',
+                  '| target | from c | from z | majority baseline |', '|---|---|---|---|']
+        for target in ('client', 'label', 'mark'):
+            if f'probe_{target}_from_c' in r:
+                lines.append(f"| {target} | {r[f'probe_{target}_from_c']:.4f} | {r[f'probe_{target}_from_z']:.4f} | "
+                             f"{r[f'chance_{target}']:.4f} |")
+    return '\n'.join(lines)

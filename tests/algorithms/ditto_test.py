@@ -1,0 +1,67 @@
+"""Ditto: the personal update against a hand computation, the global FedAvg step, personal models on clients."""
+
+import collections
+
+import numpy as np
+import tensorflow as tf
+import tensorflow_federated as tff
+
+from fedpersonal.algorithms import ditto
+from fedpersonal.privacy import audit
+
+W0 = np.array([[0.2, -0.1, 0.0], [0.1, 0.3, -0.2]], np.float32)  # [features, classes]
+X = np.array([[1.0, 2.0], [0.5, -1.0], [-1.0, 0.5]], np.float32)
+Y = np.array([0, 2, 1], np.int32)
+
+
+def linear_model():
+    x = tf.keras.Input([2])
+    layer = tf.keras.layers.Dense(3, use_bias=False, kernel_initializer=tf.keras.initializers.Constant(W0))
+    return tf.keras.Model(x, layer(x))
+
+
+def data(x=X, y=Y):
+    return tf.data.Dataset.from_tensor_slices(collections.OrderedDict(x=x, y=y)).batch(3)
+
+
+def ce_gradient(w, x, y):
+    logits = x @ w
+    p = np.exp(logits - logits.max(1, keepdims=True))
+    p /= p.sum(1, keepdims=True)
+    p[np.arange(len(y)), y] -= 1.0
+    return x.T @ p / len(y)
+
+
+def test_personal_and_global_updates_match_hand_computation():
+    lam, eta, eta_global = 0.5, 0.3, 0.2
+    process = ditto.build_ditto(
+        linear_model, element_spec=data().element_spec, lam=lam, personal_epochs=1, client_epochs=1,
+        client_optimizer=tff.learning.optimizers.build_sgdm(eta_global),
+        personal_optimizer=tff.learning.optimizers.build_sgdm(eta))
+    state = process.initialize()
+    v0 = W0 + np.array([[0.5, 0.0, -0.5], [0.0, 0.2, 0.0]], np.float32)
+    personal = tff.learning.models.ModelWeights(trainable=[v0], non_trainable=[])
+    out = process.next(state, [data()], [personal])
+    # v <- v - eta * (grad F(v) + lam * (v - w)), w the received global model.
+    expected_v = v0 - eta * (ce_gradient(v0, X, Y) + lam * (v0 - W0))
+    np.testing.assert_allclose(out.private_states[0].trainable[0], expected_v, rtol=1e-5, atol=1e-6)
+    # The global model: one local SGD step, averaged (one client) and applied with server SGD 1.0.
+    expected_w = W0 - eta_global * ce_gradient(W0, X, Y)
+    np.testing.assert_allclose(process.get_model_weights(out.state).trainable[0], expected_w, rtol=1e-5, atol=1e-6)
+
+    # Two clients: the global model is the example-weighted mean; lam = 0 gives plain local SGD.
+    process0 = ditto.build_ditto(
+        linear_model, element_spec=data().element_spec, lam=0.0,
+        client_optimizer=tff.learning.optimizers.build_sgdm(eta_global),
+        personal_optimizer=tff.learning.optimizers.build_sgdm(eta))
+    x2, y2 = X[:1], Y[:1]
+    out = process0.next(process0.initialize(), [data(), data(x2, y2)], [personal, personal])
+    np.testing.assert_allclose(out.private_states[1].trainable[0], v0 - eta * ce_gradient(v0, x2, y2), rtol=1e-5)
+    expected_w = (3 * (W0 - eta_global * ce_gradient(W0, X, Y)) + (W0 - eta_global * ce_gradient(W0, x2, y2))) / 4
+    np.testing.assert_allclose(process0.get_model_weights(out.state).trainable[0], expected_w, rtol=1e-5, atol=1e-6)
+
+
+def test_personal_models_never_reach_the_server():
+    process = ditto.build_ditto(linear_model, element_spec=data().element_spec)
+    assert process.next.type_signature.result.private_states.placement is tff.CLIENTS
+    assert audit.audit_private_dataflow(process.next, private_parameter_index=2) == []

@@ -1,0 +1,54 @@
+"""The FedDVA binary end to end on the generated default (tiny sizes), and its configuration errors."""
+
+import json
+import os
+
+import pytest
+from absl import app
+from absl import flags
+
+from experiments import feddva as binary
+
+FLAGS = flags.FLAGS
+
+
+def _run(argv):
+    FLAGS.unparse_flags()
+    FLAGS(['feddva'] + argv)
+    try:
+        binary.main([])
+    finally:
+        FLAGS.unparse_flags()
+
+
+def test_generated_default_end_to_end(tmp_path, capsys):
+    out = str(tmp_path / 'feddva')
+    _run(['--settings=heterogeneous_inputs', '--num_clients=4', '--train_per_client=24', '--test_per_client=12',
+          '--generated_train=200', '--generated_test=100', '--total_rounds=2', '--clients_per_round=4',
+          '--rounds_per_eval=1', '--z_dim=2', '--c_dim=2', '--batch_size=12', '--cnn_channels=4,8', '--cnn_dense=8',
+          '--projection=pca', '--projection_points=40', '--grid_size=3', f'--output_dir={out}'])
+    printed = capsys.readouterr().out
+    for name in ('FedDVA head on [z, c]', 'FedAvg', 'FedAvg + fine-tuning', 'Ditto', 'Linear probes'):
+        assert name in printed
+    with open(os.path.join(out, 'results.json')) as f:
+        results = json.load(f)
+    rows = {r['method']: r for r in results['rows'] if 'accuracy' in r}
+    assert set(rows) == {'feddva', 'fedavg', 'fedavg_ft', 'ditto'}
+    for row in rows.values():
+        assert 0 <= row['accuracy'] <= 1 and row['seconds_per_round'] > 0
+    probes = next(r for r in results['rows'] if 'probe_client_from_c' in r)
+    for key in ('probe_client_from_z', 'probe_label_from_z', 'probe_label_from_c', 'probe_mark_from_c'):
+        assert 0 <= probes[key] <= 1
+    assert [r for r, _ in results['curves']['heterogeneous_inputs/feddva']] == [1, 2]
+    for figure in ('accuracy_vs_rounds', 'heterogeneous_inputs_manifold', 'heterogeneous_inputs_projections'):
+        assert os.path.getsize(results['figures'][figure]) > 1000
+
+
+@pytest.mark.parametrize('argv,message', [
+    (['--dataset=mnist'], 'needs --data_dir'),
+    (['--methods=fedprox'], 'methods must be a non-empty subset'),
+    (['--decoder_c_source=both'], "decoder_c_source must be 'prior' or 'posterior'"),
+])
+def test_configuration_errors(tmp_path, argv, message):
+    with pytest.raises(app.UsageError, match=message):
+        _run(argv + [f'--output_dir={tmp_path}'])
