@@ -158,11 +158,11 @@ def _replace_default_context(*, at_exit: bool = False) -> None:
 
 
 def _shutdown_at_exit() -> None:
-    _replace_default_context(at_exit=True)
-    shutdown()
+    # Same order as `shutdown`: stop the workers first, so TFF's cleanup never waits on a live one.
+    shutdown(_at_exit=True)
 
 
-def shutdown(timeout_seconds: float = 5.0) -> int:
+def shutdown(timeout_seconds: float = 5.0, *, _at_exit: bool = False) -> int:
     """Stops every `worker_binary` process started by this process.
 
     Every tracked worker still running is stopped (SIGINT, then SIGKILL after
@@ -179,7 +179,7 @@ def shutdown(timeout_seconds: float = 5.0) -> int:
     """
     # Workers are stopped *before* the context is replaced: dropping TFF's context makes TFF signal its worker and
     # wait for it without a timeout, which hung when a busy worker ignored SIGINT. A dead worker returns at once.
-    replace = _installed and bool(running_workers())
+    replace = _at_exit or (_installed and bool(running_workers()))
     with _lock:
         workers, _workers[:] = list(_workers), []
     stopped = 0
@@ -194,7 +194,7 @@ def shutdown(timeout_seconds: float = 5.0) -> int:
             _signal(process.pid, signal.SIGKILL)
             _wait_exited(process.pid, timeout_seconds)
     if replace:
-        _replace_default_context()
+        _replace_default_context(at_exit=_at_exit)
     return stopped
 
 
