@@ -32,6 +32,7 @@ the lowest validation loss (model selection never looks at test data).
 
 from __future__ import annotations
 
+import abc
 import dataclasses
 from typing import Any, Callable, Optional, Sequence
 
@@ -44,24 +45,27 @@ __all__ = ['CentralizedModel', 'NcdModel', 'NcfModel', 'CentralGumModel', 'Poole
            'train_centralized', 'predict_arrays']
 
 
-class CentralizedModel:
+class CentralizedModel(abc.ABC):
     """Interface of a centralized user model (see the module docstring)."""
 
     variables: list[tf.Variable]
 
+    @abc.abstractmethod
     def predict(self, user: tf.Tensor, item: tf.Tensor, attributes: tf.Tensor) -> tf.Tensor:
-        raise NotImplementedError
+        """Predictions on the label scale."""
 
+    @abc.abstractmethod
     def loss(self, user: tf.Tensor, item: tf.Tensor, attributes: tf.Tensor, label: tf.Tensor) -> tf.Tensor:
-        raise NotImplementedError
+        """Training loss of a batch."""
 
     @tf.autograph.experimental.do_not_convert
     def constrain(self) -> None:
         """Projection after each optimizer step (default: none)."""
         return None
 
+    @abc.abstractmethod
     def user_attribute_scores(self, item_attributes: np.ndarray) -> np.ndarray:
-        raise NotImplementedError
+        """Per-user, per-attribute proficiency/preference scores (for DOA)."""
 
 
 def _bce(prediction: tf.Tensor, label: tf.Tensor) -> tf.Tensor:
