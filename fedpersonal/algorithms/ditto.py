@@ -150,46 +150,12 @@ def build_ditto(
             personal_accuracy=tf.stack([p_correct, p_count]), num_examples=tf.stack([num_examples, 1.0]))
         return tff.learning.templates.ClientResult(update=delta, update_weight=weight), sums, new_personal
 
-    sums_type = client_update.type_signature.result[1]
-
-    @tff.tensorflow.computation(sums_type)
-    def finalize_metrics(sums):
-        return collections.OrderedDict(
-            (k, v[0] if k == 'num_examples' else v[0] / tf.maximum(v[1], 1.0)) for k, v in sums.items())
-
-    @tff.federated_computation
-    def initialize():
-        return tff.federated_zip(tff.learning.templates.LearningAlgorithmState(
-            global_model_weights=tff.federated_eval(initial_weights, tff.SERVER),
-            distributor=distributor.initialize(),
-            client_work=tff.federated_value((), tff.SERVER),
-            aggregator=aggregator.initialize(),
-            finalizer=finalizer.initialize(),
-        ))
-
-    @tff.federated_computation(initialize.type_signature.result, tff.FederatedType(dataset_type, tff.CLIENTS),
-                               tff.FederatedType(weights_type, tff.CLIENTS))
-    def next_fn(state, client_data, personal_states):
-        distributed = distributor.next(state.distributor, state.global_model_weights)
-        client_result, sums, new_personal = tff.federated_map(
-            client_update, (distributed.result, client_data, personal_states))
-        aggregated = aggregator.next(state.aggregator, client_result.update, client_result.update_weight)
-        finalized = finalizer.next(state.finalizer, state.global_model_weights, aggregated.result)
-        new_state = tff.federated_zip(tff.learning.templates.LearningAlgorithmState(
-            global_model_weights=finalized.result,
-            distributor=distributed.state,
-            client_work=state.client_work,
-            aggregator=aggregated.state,
-            finalizer=finalized.state,
-        ))
-        metrics = tff.federated_zip(collections.OrderedDict(
-            distributor=distributed.measurements,
-            client_work=tff.federated_zip(collections.OrderedDict(
-                train=tff.federated_map(finalize_metrics, tff.federated_sum(sums)))),
-            aggregator=aggregated.measurements,
-            finalizer=finalized.measurements,
-        ))
-        return furl.FurlOutput(state=new_state, metrics=metrics, private_states=new_personal)
-
-    return furl.FurlProcess(initialize, next_fn, private_state_type=weights_type, global_weights_type=weights_type,
-                            initial_private_state_fn=initial_weights)
+    return furl.compose_stateful_process(
+        initial_global_weights=initial_weights,
+        initial_private_state=initial_weights,
+        client_update=client_update,
+        distributor=distributor,
+        aggregator=aggregator,
+        finalizer=finalizer,
+        aggregate_metrics=furl.build_ratio_metrics_aggregation(client_update.type_signature.result[1]),
+    )

@@ -172,65 +172,17 @@ def build_feddva(
         else:
             weight = num_examples
         weight = tf.where(tf.logical_or(has_non_finite > 0, num_examples == 0), 0.0, weight)
-        new_private = tf.cond(
-            has_non_finite > 0,
-            lambda: ModelWeights(trainable=list(private_state.trainable),
-                                 non_trainable=list(private_state.non_trainable)),
-            lambda: ModelWeights(trainable=[tf.identity(v) for v in model.private_trainable],
-                                 non_trainable=[tf.identity(v) for v in model.private_non_trainable]),
-        )
+        new_private = furl.keep_previous_if_non_finite(has_non_finite, private_state, model.private_trainable,
+                                                       model.private_non_trainable)
         sums = collections.OrderedDict((k, tf.stack(v)) for k, v in metrics.items())
         return tff.learning.templates.ClientResult(update=delta, update_weight=weight), sums, new_private
 
-    sums_type = client_update.type_signature.result[1]
-
-    @tff.tensorflow.computation(sums_type)
-    def finalize_metrics(sums):
-        out = collections.OrderedDict()
-        for key, value in sums.items():
-            out[key] = value[0] if key == 'num_examples' else value[0] / tf.maximum(value[1], 1.0)
-        return out
-
-    @tff.federated_computation
-    def initialize():
-        return tff.federated_zip(
-            tff.learning.templates.LearningAlgorithmState(
-                global_model_weights=tff.federated_eval(initial_global_weights, tff.SERVER),
-                distributor=distributor.initialize(),
-                client_work=tff.federated_value((), tff.SERVER),
-                aggregator=aggregator.initialize(),
-                finalizer=finalizer.initialize(),
-            )
-        )
-
-    state_type = initialize.type_signature.result
-
-    @tff.federated_computation(
-        state_type, tff.FederatedType(dataset_type, tff.CLIENTS), tff.FederatedType(private_type, tff.CLIENTS)
+    return furl.compose_stateful_process(
+        initial_global_weights=initial_global_weights,
+        initial_private_state=initial_private_state,
+        client_update=client_update,
+        distributor=distributor,
+        aggregator=aggregator,
+        finalizer=finalizer,
+        aggregate_metrics=furl.build_ratio_metrics_aggregation(client_update.type_signature.result[1]),
     )
-    def next_fn(state, client_data, private_states):
-        distributed = distributor.next(state.distributor, state.global_model_weights)
-        client_result, sums, new_private = tff.federated_map(
-            client_update, (distributed.result, client_data, private_states))
-        aggregated = aggregator.next(state.aggregator, client_result.update, client_result.update_weight)
-        finalized = finalizer.next(state.finalizer, state.global_model_weights, aggregated.result)
-        train_metrics = tff.federated_map(finalize_metrics, tff.federated_sum(sums))
-        new_state = tff.federated_zip(
-            tff.learning.templates.LearningAlgorithmState(
-                global_model_weights=finalized.result,
-                distributor=distributed.state,
-                client_work=state.client_work,
-                aggregator=aggregated.state,
-                finalizer=finalized.state,
-            )
-        )
-        metrics = tff.federated_zip(collections.OrderedDict(
-            distributor=distributed.measurements,
-            client_work=tff.federated_zip(collections.OrderedDict(train=train_metrics)),
-            aggregator=aggregated.measurements,
-            finalizer=finalized.measurements,
-        ))
-        return furl.FurlOutput(state=new_state, metrics=metrics, private_states=new_private)
-
-    return furl.FurlProcess(initialize, next_fn, private_state_type=private_type, global_weights_type=weights_type,
-                            initial_private_state_fn=initial_private_state)

@@ -177,16 +177,97 @@ def build_furl(
         delta, has_non_finite = tensor_utils.zero_all_if_any_non_finite(delta)
         unfinalized = ReconstructionModel.read_metric_variables(metrics)
         weight = fed_recon.client_weight(client_weighting, num_examples, unfinalized, has_non_finite)
-        # A non-finite round keeps the client's previous private state.
-        new_private = tf.cond(
-            has_non_finite > 0,
-            lambda: ModelWeights(trainable=list(private_state.trainable), non_trainable=list(private_state.non_trainable)),
-            lambda: ModelWeights(
-                trainable=[tf.identity(v) for v in model.local_trainable_variables],
-                non_trainable=[tf.identity(v) for v in model.local_non_trainable_variables],
-            ),
+        new_private = keep_previous_if_non_finite(
+            has_non_finite, private_state, model.local_trainable_variables, model.local_non_trainable_variables
         )
         return tff.learning.templates.ClientResult(update=delta, update_weight=weight), unfinalized, new_private
+
+    def aggregate_metrics(unfinalized):
+        return metrics_aggregator(metric_finalizers, unfinalized.type_signature.member)(unfinalized)
+
+    return compose_stateful_process(
+        initial_global_weights=initial_global_weights,
+        initial_private_state=initial_private_state,
+        client_update=client_update,
+        distributor=distributor,
+        aggregator=aggregator,
+        finalizer=finalizer,
+        aggregate_metrics=aggregate_metrics,
+    )
+
+
+def keep_previous_if_non_finite(
+    has_non_finite: tf.Tensor, previous: ModelWeights, trainable: list[tf.Variable], non_trainable: list[tf.Variable]
+) -> ModelWeights:
+    """A client's new private state: the trained variables' values, or `previous` if the round went non-finite.
+
+    Must run inside the client's `tf.function`; `has_non_finite` is the flag of
+    `tensor_utils.zero_all_if_any_non_finite` on the federated update.
+    """
+    return tf.cond(
+        has_non_finite > 0,
+        lambda: ModelWeights(trainable=list(previous.trainable), non_trainable=list(previous.non_trainable)),
+        lambda: ModelWeights(
+            trainable=[tf.identity(v) for v in trainable], non_trainable=[tf.identity(v) for v in non_trainable]
+        ),
+    )
+
+
+def build_ratio_metrics_aggregation(sums_type: tff.Type) -> Callable[[Any], Any]:
+    """Server metrics from per-client `[numerator, denominator]` pairs (an `OrderedDict` of 2-vectors).
+
+    The returned function maps the CLIENTS-placed pairs to SERVER-placed metrics:
+    each metric is sum(numerators) / sum(denominators), except `num_examples`,
+    which is the sum of its numerators.
+    """
+
+    @tff.tensorflow.computation(sums_type)
+    def finalize(sums):
+        return collections.OrderedDict(
+            (k, v[0] if k == 'num_examples' else v[0] / tf.maximum(v[1], 1.0)) for k, v in sums.items()
+        )
+
+    def aggregate(client_sums):
+        return tff.federated_map(finalize, tff.federated_sum(client_sums))
+
+    return aggregate
+
+
+def compose_stateful_process(
+    *,
+    initial_global_weights: tff.Computation,
+    initial_private_state: tff.Computation,
+    client_update: tff.Computation,
+    distributor: tff.templates.MeasuredProcess,
+    aggregator: tff.templates.AggregationProcess,
+    finalizer: tff.templates.MeasuredProcess,
+    aggregate_metrics: Callable[[Any], Any],
+) -> FurlProcess:
+    """Composes a stateful-client learning process (FURL, FedDVA, Ditto) from its parts.
+
+    The round broadcasts the global weights with `distributor`, runs
+    `client_update: (<global weights, dataset, private state> -> <ClientResult,
+    client metrics, new private state>)` on every client, aggregates only the
+    `ClientResult` with `aggregator`, applies it with `finalizer`, and turns the
+    CLIENTS-placed client metrics into SERVER-placed ones with
+    `aggregate_metrics`. The new private states are returned CLIENTS-placed and
+    never reach a SERVER-placed intrinsic.
+
+    Args:
+      initial_global_weights: No-arg TF computation returning the initial global `ModelWeights`.
+      initial_private_state: No-arg TF computation returning a default private state.
+      client_update: The client work as a TF computation (see above).
+      distributor: A `tff.learning.templates.DistributionProcess` for the global weights.
+      aggregator: An aggregation process for `ClientResult.update`, weighted by `ClientResult.update_weight`.
+      finalizer: A `tff.learning.templates.FinalizerProcess` (the server optimizer).
+      aggregate_metrics: Python function from CLIENTS-placed client metrics to
+        SERVER-placed metrics, called while tracing the federated computation.
+
+    Returns:
+      A `FurlProcess`.
+    """
+    dataset_type = client_update.type_signature.parameter[1]
+    private_type = initial_private_state.type_signature.result
 
     @tff.federated_computation
     def initialize():
@@ -200,19 +281,18 @@ def build_furl(
             )
         )
 
-    state_type = initialize.type_signature.result
-
     @tff.federated_computation(
-        state_type, tff.FederatedType(dataset_type, tff.CLIENTS), tff.FederatedType(private_type, tff.CLIENTS)
+        initialize.type_signature.result,
+        tff.FederatedType(dataset_type, tff.CLIENTS),
+        tff.FederatedType(private_type, tff.CLIENTS),
     )
     def next_fn(state, client_data, private_states):
         distributed = distributor.next(state.distributor, state.global_model_weights)
-        client_result, unfinalized, new_private = tff.federated_map(
+        client_result, client_metrics, new_private = tff.federated_map(
             client_update, (distributed.result, client_data, private_states)
         )
         aggregated = aggregator.next(state.aggregator, client_result.update, client_result.update_weight)
         finalized = finalizer.next(state.finalizer, state.global_model_weights, aggregated.result)
-        train_metrics = metrics_aggregator(metric_finalizers, unfinalized.type_signature.member)(unfinalized)
         new_state = tff.federated_zip(
             tff.learning.templates.LearningAlgorithmState(
                 global_model_weights=finalized.result,
@@ -225,7 +305,7 @@ def build_furl(
         metrics = tff.federated_zip(
             collections.OrderedDict(
                 distributor=distributed.measurements,
-                client_work=tff.federated_zip(collections.OrderedDict(train=train_metrics)),
+                client_work=tff.federated_zip(collections.OrderedDict(train=aggregate_metrics(client_metrics))),
                 aggregator=aggregated.measurements,
                 finalizer=finalized.measurements,
             )
@@ -236,6 +316,6 @@ def build_furl(
         initialize,
         next_fn,
         private_state_type=private_type,
-        global_weights_type=weights_type,
+        global_weights_type=initial_global_weights.type_signature.result,
         initial_private_state_fn=initial_private_state,
     )

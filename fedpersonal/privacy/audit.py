@@ -366,3 +366,26 @@ def audit_private_dataflow(computation: tff.Computation, private_parameter_index
                 interpreter.violations.append(Violation(
                     where=f'result {name or ""}', detail='the SERVER-placed result contains a private-only value'))
     return interpreter.violations
+
+
+def tensor_shapes(*type_specs: tff.Type) -> set[tuple[Optional[int], ...]]:
+    """The shapes of every tensor in `type_specs`, through structures and placements.
+
+    A coarse complement to `audit_private_dataflow`: for example, no tensor of a
+    private parameter's shape (when no global parameter shares it) may appear in
+    a process's server state or metrics.
+    """
+    shapes = set()
+
+    def visit(type_spec):
+        if isinstance(type_spec, tff.StructType):
+            for _, member in tff.structure.iter_elements(type_spec):
+                visit(member)
+        elif isinstance(type_spec, tff.FederatedType):
+            visit(type_spec.member)
+        elif isinstance(type_spec, tff.TensorType):
+            shapes.add(tuple(type_spec.shape))
+
+    for type_spec in type_specs:
+        visit(type_spec)
+    return shapes

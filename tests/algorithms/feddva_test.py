@@ -54,19 +54,7 @@ def test_decoders_stay_on_clients_and_encoders_are_averaged():
     signature = process.next.type_signature
     assert signature.parameter[2].placement is tff.CLIENTS
     assert signature.result.private_states.placement is tff.CLIENTS
-    server_shapes = set()
-
-    def collect(type_spec):
-        if isinstance(type_spec, tff.StructType):
-            for _, member in tff.structure.iter_elements(type_spec):
-                collect(member)
-        elif isinstance(type_spec, tff.FederatedType):
-            collect(type_spec.member)
-        elif isinstance(type_spec, tff.TensorType):
-            server_shapes.add(tuple(type_spec.shape))
-
-    collect(signature.result.state)
-    collect(signature.result.metrics)
+    server_shapes = audit.tensor_shapes(signature.result.state, signature.result.metrics)
     decoder_shapes = {tuple(t.shape) for t in process.private_state_type.trainable}
     decoder_kernels = {(2 + 2, 7), (7, 2 * 2 * 3)}  # dec_dense0 and dec_project kernels: shapes no encoder has.
     assert decoder_kernels <= decoder_shapes and not decoder_kernels & server_shapes

@@ -130,19 +130,7 @@ def test_private_state_is_client_placed_input_and_output_only():
     signature = process.next.type_signature
     assert signature.parameter[2].placement is tff.CLIENTS
     assert signature.result.private_states.placement is tff.CLIENTS
-    server_shapes = set()
-
-    def collect(type_spec):
-        if isinstance(type_spec, tff.StructType):
-            for _, member in tff.structure.iter_elements(type_spec):
-                collect(member)
-        elif isinstance(type_spec, tff.FederatedType):
-            collect(type_spec.member)
-        elif isinstance(type_spec, tff.TensorType):
-            server_shapes.add(tuple(type_spec.shape))
-
-    collect(signature.result.state)
-    collect(signature.result.metrics)
+    server_shapes = audit.tensor_shapes(signature.result.state, signature.result.metrics)
     assert (NUM_ITEMS, DIM) in server_shapes and (1, DIM) not in server_shapes
 
 
