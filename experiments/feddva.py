@@ -10,33 +10,23 @@ accuracy_vs_rounds.png and the manifold/projection figures to --output_dir.
       --data_dir=../shared/data/mnist --output_dir=/tmp/feddva
 """
 
-from absl import app
-from absl import flags
-from absl import logging
+from typing import Any
 
-from fedpersonal import runtime
-from fedpersonal.program import config_flags
+from absl import app
+
+from fedpersonal.program import experiment_main
 from fedpersonal.tasks import feddva
 
-_DEFAULTS = {'output_dir': 'output/feddva'}
-config_flags.define_flags(feddva.FeddvaConfig, overrides=_DEFAULTS)
-FLAGS = flags.FLAGS
+
+def report(results: dict[str, Any], config: Any) -> str:
+    """The tables printed at the end of the run."""
+    del config
+    return f'Dataset: {results["dataset"]} ({results["rounds"]} rounds)\n' + feddva.format_tables(results['rows'])
 
 
-def main(argv):
-    if len(argv) > 1:
-        raise app.UsageError(f'Unexpected arguments: {argv[1:]}')
-    logging.set_verbosity(logging.INFO)
-    try:
-        config = config_flags.config_from_flags(feddva.FeddvaConfig, overrides=_DEFAULTS)
-        with runtime.LocalRuntime():
-            results = feddva.run(config)
-    except (ValueError, TypeError, flags.IllegalFlagValueError) as error:
-        raise app.UsageError(str(error)) from None
-    print(f'\nDataset: {results["dataset"]} ({results["rounds"]} rounds)')
-    print(feddva.format_tables(results['rows']))
-    print(f'\nOutputs: {config.output_dir}')
-
+main = experiment_main.define_main(
+    feddva.FeddvaConfig, feddva.run, report, default_output_dir='output/feddva'
+)
 
 if __name__ == '__main__':
     app.run(main)

@@ -9,37 +9,30 @@ curves and the user-embedding projection to --output_dir.
   python experiments/furl_personalization.py --flagfile=configs/furl_synthetic_subreddit.flags --output_dir=/tmp/furl
 """
 
-from absl import app
-from absl import flags
-from absl import logging
+from typing import Any
 
-from fedpersonal import runtime
-from fedpersonal.program import config_flags
+from absl import app
+
+from fedpersonal.program import experiment_main
 from fedpersonal.tasks import furl_personalization
 
-_DEFAULTS = {'output_dir': 'output/furl'}
-config_flags.define_flags(furl_personalization.FurlConfig, overrides=_DEFAULTS)
-FLAGS = flags.FLAGS
 
-
-def main(argv):
-    if len(argv) > 1:
-        raise app.UsageError(f'Unexpected arguments: {argv[1:]}')
-    logging.set_verbosity(logging.INFO)
-    try:
-        config = config_flags.config_from_flags(furl_personalization.FurlConfig, overrides=_DEFAULTS)
-        with runtime.LocalRuntime():
-            results = furl_personalization.run(config)
-    except (ValueError, TypeError, flags.IllegalFlagValueError) as error:
-        raise app.UsageError(str(error)) from None
+def report(results: dict[str, Any], config: Any) -> str:
+    """The tables printed at the end of the run."""
+    del config
     binary = results['statistics'].get('num_classes') == 2
-    print(f'\nDataset: {results["dataset"]} ({results["rounds"]} FL rounds)')
-    print(furl_personalization.format_table(results['rows'], binary))
+    lines = [f'Dataset: {results["dataset"]} ({results["rounds"]} FL rounds)',
+             furl_personalization.format_table(results['rows'], binary)]
     if 'embeddings' in results:
         e = results['embeddings']
-        print(f"\nUser-embedding {e['knn_k']}-NN overlap, server vs FL: {e['knn_overlap']:.3f} (chance {e['knn_chance']:.3f})")
-    print(f'\nOutputs: {config.output_dir}')
+        lines.append(f"\nUser-embedding {e['knn_k']}-NN overlap, server vs FL: {e['knn_overlap']:.3f} "
+                     f"(chance {e['knn_chance']:.3f})")
+    return '\n'.join(lines)
 
+
+main = experiment_main.define_main(
+    furl_personalization.FurlConfig, furl_personalization.run, report, default_output_dir='output/furl'
+)
 
 if __name__ == '__main__':
     app.run(main)

@@ -9,40 +9,29 @@ projection to --output_dir.
   python experiments/hpfl_user_modeling.py --flagfile=configs/hpfl_synthetic.flags --output_dir=/tmp/hpfl
 """
 
-from absl import app
-from absl import flags
-from absl import logging
+from typing import Any
 
-from fedpersonal import runtime
-from fedpersonal.program import config_flags
+from absl import app
+
+from fedpersonal.program import experiment_main
 from fedpersonal.tasks import hpfl_user_modeling
 
-_DEFAULTS = {'output_dir': 'output/hpfl'}
-config_flags.define_flags(hpfl_user_modeling.HpflConfig, overrides=_DEFAULTS)
-FLAGS = flags.FLAGS
 
-
-def main(argv):
-    if len(argv) > 1:
-        raise app.UsageError(f'Unexpected arguments: {argv[1:]}')
-    logging.set_verbosity(logging.INFO)
-    try:
-        config = config_flags.config_from_flags(hpfl_user_modeling.HpflConfig, overrides=_DEFAULTS)
-        with runtime.LocalRuntime():
-            results = hpfl_user_modeling.run(config)
-    except (ValueError, TypeError, OSError, flags.IllegalFlagValueError) as error:
-        raise app.UsageError(str(error)) from None
-    print(f'\nDataset: {results["dataset"]} ({results["task"]} task, {results["rounds"]} federated rounds)')
-    print(hpfl_user_modeling.format_statistics_table(results['statistics'], results['dataset']))
-    print()
-    print(hpfl_user_modeling.format_accuracy_table(results['rows'], results['task']))
-    print()
-    print(hpfl_user_modeling.format_ranking_table(results['rows']))
+def report(results: dict[str, Any], config: Any) -> str:
+    """The tables printed at the end of the run."""
+    del config
+    lines = [f'Dataset: {results["dataset"]} ({results["task"]} task, {results["rounds"]} federated rounds)',
+             hpfl_user_modeling.format_statistics_table(results['statistics'], results['dataset']), '',
+             hpfl_user_modeling.format_accuracy_table(results['rows'], results['task']), '',
+             hpfl_user_modeling.format_ranking_table(results['rows'])]
     if results['private_components']:
-        print()
-        print(hpfl_user_modeling.format_private_table(results['private_components']))
-    print(f'\nOutputs: {config.output_dir}')
+        lines += ['', hpfl_user_modeling.format_private_table(results['private_components'])]
+    return '\n'.join(lines)
 
+
+main = experiment_main.define_main(
+    hpfl_user_modeling.HpflConfig, hpfl_user_modeling.run, report, default_output_dir='output/hpfl'
+)
 
 if __name__ == '__main__':
     app.run(main)

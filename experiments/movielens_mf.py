@@ -10,37 +10,23 @@ Runs any of the five Table 1 configurations on MovieLens 100K/1M read from
       --data_dir=/path/to/ml-100k --output_dir=/tmp/table1
 """
 
-from absl import app
-from absl import flags
-from absl import logging
+from typing import Any
 
-from fedpersonal import runtime
-from fedpersonal.program import config_flags
+from absl import app
+
+from fedpersonal.program import experiment_main
 from fedpersonal.tasks import movielens_mf
 
-_DEFAULTS = {'output_dir': 'output/movielens_mf'}
-config_flags.define_flags(
-    movielens_mf.MovieLensMFConfig,
-    overrides=_DEFAULTS,
+
+def report(results: dict[str, Any], config: Any) -> str:
+    """The tables printed at the end of the run."""
+    del config
+    return f'Dataset: {results["dataset"]}\n' + movielens_mf.format_table(results['rows'])
+
+
+main = experiment_main.define_main(
+    movielens_mf.MovieLensMFConfig, movielens_mf.run, report, default_output_dir='output/movielens_mf'
 )
-FLAGS = flags.FLAGS
-
-
-def main(argv):
-    if len(argv) > 1:
-        raise app.UsageError(f'Unexpected arguments: {argv[1:]}')
-    logging.set_verbosity(logging.INFO)
-    try:
-        config = config_flags.config_from_flags(movielens_mf.MovieLensMFConfig, overrides=_DEFAULTS)
-        with runtime.LocalRuntime():
-            results = movielens_mf.run(config)
-    except (ValueError, TypeError, flags.IllegalFlagValueError) as error:
-        # Configuration and data errors name the flag, file, line or client; no TF stack trace.
-        raise app.UsageError(str(error)) from None
-    print(f'\nDataset: {results["dataset"]}')
-    print(movielens_mf.format_table(results['rows']))
-    print(f'\nOutputs: {config.output_dir}')
-
 
 if __name__ == '__main__':
     app.run(main)

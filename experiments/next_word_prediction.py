@@ -13,36 +13,26 @@ checkpoints (resumable), config.json, results.json and learning curves to
       --data_dir=../shared/data/shakespeare --output_dir=/tmp/nwp_shakespeare
 """
 
-from absl import app
-from absl import flags
-from absl import logging
+from typing import Any
 
-from fedpersonal import runtime
-from fedpersonal.program import config_flags
+from absl import app
+
+from fedpersonal.program import experiment_main
 from fedpersonal.tasks import next_word_prediction
 
-_DEFAULTS = {'output_dir': 'output/next_word_prediction'}
-config_flags.define_flags(next_word_prediction.NextWordPredictionConfig, overrides=_DEFAULTS)
-FLAGS = flags.FLAGS
 
-
-def main(argv):
-    if len(argv) > 1:
-        raise app.UsageError(f'Unexpected arguments: {argv[1:]}')
-    logging.set_verbosity(logging.INFO)
-    try:
-        config = config_flags.config_from_flags(next_word_prediction.NextWordPredictionConfig, overrides=_DEFAULTS)
-        with runtime.LocalRuntime():
-            results = next_word_prediction.run(config)
-    except (ValueError, TypeError, flags.IllegalFlagValueError) as error:
-        # Configuration and data errors name the flag, file, line or client; no TF stack trace.
-        raise app.UsageError(str(error)) from None
-    print(f'\nDataset: {results["dataset"]}')
+def report(results: dict[str, Any], config: Any) -> str:
+    """The tables printed at the end of the run."""
+    del config
+    lines = [f'Dataset: {results["dataset"]}']
     for metric in ('accuracy_no_oov_no_eos', 'accuracy_no_oov', 'accuracy'):
-        print(f'\n{metric} (%):')
-        print(next_word_prediction.format_table(results['tables'], metric))
-    print(f'\nOutputs: {config.output_dir}')
+        lines += [f'\n{metric} (%):', next_word_prediction.format_table(results['tables'], metric)]
+    return '\n'.join(lines)
 
+
+main = experiment_main.define_main(
+    next_word_prediction.NextWordPredictionConfig, next_word_prediction.run, report, default_output_dir='output/next_word_prediction'
+)
 
 if __name__ == '__main__':
     app.run(main)
