@@ -149,9 +149,17 @@ def plot_curves(
         ax.set_title(key)
         ax.grid(alpha=0.3)
     axes[0][-1].legend(fontsize=8)
+    return save_figure(fig, path, title=title)
+
+
+def save_figure(fig: Any, path: str, *, title: Optional[str] = None, tight_layout: bool = True) -> str:
+    """Writes a matplotlib figure as a PNG (creating its directory), closes it, and returns `path`."""
+    import matplotlib.pyplot as plt  # pylint: disable=g-import-not-at-top
+
     if title:
         fig.suptitle(title)
-    fig.tight_layout()
+    if tight_layout:
+        fig.tight_layout()
     os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
     fig.savefig(path, dpi=110)
     plt.close(fig)

@@ -479,13 +479,7 @@ def plot_accuracy_curves(curves: dict[tuple[str, str], list[tuple[int, float]]],
         ax.set_ylabel('test accuracy')
         ax.grid(alpha=0.3)
         ax.legend(fontsize=8)
-    if title:
-        fig.suptitle(title)
-    fig.tight_layout()
-    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    return program.save_figure(fig, path, title=title)
 
 
 def format_tables(rows: list[dict[str, Any]]) -> str:

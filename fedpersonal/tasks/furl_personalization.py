@@ -298,9 +298,8 @@ def embedding_analysis(server: np.ndarray, fl: np.ndarray, rate: np.ndarray, pat
         ax.set_title(f'{title} (t-SNE)')
         ax.set_xticks([]), ax.set_yticks([])
     fig.colorbar(points, ax=axes, label=rate_label)
-    fig.suptitle(f'User embeddings; {k}-NN overlap of the two sets: {overlap:.3f} (chance {chance:.3f})')
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    program.save_figure(fig, path, title=f'User embeddings; {k}-NN overlap of the two sets: {overlap:.3f} '
+                                         f'(chance {chance:.3f})', tight_layout=False)
     return {'knn_overlap': overlap, 'knn_chance': chance, 'knn_k': k}
 
 

@@ -482,12 +482,8 @@ def private_components_analysis(thetas: dict[str, np.ndarray], silo_of_user: np.
                          f"{r['chance']:.2f}), silhouette {r['silhouette']:.2f}", fontsize=9)
             ax.set_xticks([]), ax.set_yticks([])
         axes[0][-1].legend(fontsize=7, markerscale=2, loc='best')
-        fig.suptitle('User embeddings theta (private components), PCA, coloured by client (largest 10 clients)')
-        fig.tight_layout()
-        os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-        fig.savefig(path, dpi=110)
-        plt.close(fig)
-        figure = path
+        figure = program.save_figure(
+            fig, path, title='User embeddings theta (private components), PCA, coloured by client (largest 10 clients)')
     return {'methods': results, 'num_users': int(labels.size), 'num_clients': int(counts.size), 'figure': figure}
 
 
