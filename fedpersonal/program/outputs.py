@@ -119,6 +119,11 @@ class ExperimentOutputs:
         with open(self.metrics_csv) as f:
             return [{k: float(v) for k, v in row.items() if v not in ('', None)} for row in csv.DictReader(f)]
 
+    def median_round_seconds(self) -> Optional[float]:
+        """Median `round_seconds` over every round in `metrics.csv`, including those of a resumed earlier run."""
+        seconds = [row['round_seconds'] for row in self.read_metrics() if 'round_seconds' in row]
+        return float(np.median(seconds)) if seconds else None
+
     def plot_learning_curve(
         self, keys: Sequence[str], *, filename: str = 'learning_curve.png', title: Optional[str] = None
     ) -> Optional[str]:

@@ -221,7 +221,8 @@ def run_global_fl(task: FurlTask, outputs: program.ExperimentOutputs) -> dict[st
         evaluation_fn=lambda w: task.evaluate_global('none', w, 'eval'), rounds_per_evaluation=cfg.rounds_per_eval,
         rounds_per_checkpoint=cfg.rounds_per_checkpoint, name='global_fl')
     row = task.evaluate_global('none', process.get_model_weights(state))
-    row['seconds_per_round'] = float(np.median([h['round_seconds'] for h in history])) if history else None
+    del history  # Only this process' rounds; metrics.csv has every round, also those of a resumed run.
+    row['seconds_per_round'] = outputs.median_round_seconds()
     return row
 
 
@@ -262,7 +263,8 @@ def run_personalized_fl(task: FurlTask, outputs: program.ExperimentOutputs) -> t
         row = eval_fn(weights, 'test')
         default_metrics = eval_fn(weights, 'test', private=False)
         row.update({f'default_state_{k}': v for k, v in default_metrics.items()})
-        row['seconds_per_round'] = float(np.median([h['round_seconds'] for h in history])) if history else None
+        del history  # Only this process' rounds; metrics.csv has every round, also those of a resumed run.
+        row['seconds_per_round'] = outputs.median_round_seconds()
         row['clients_with_trained_state'] = int(sum(store.contains(c) for c in ids))
         embeddings = np.stack([s[0].reshape(-1) for s in store.get(ids)])
     return row, embeddings

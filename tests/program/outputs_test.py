@@ -43,3 +43,13 @@ def test_plot_curves_writes_a_png_and_skips_missing_keys(tmp_path):
         assert f.read(8) == b'\x89PNG\r\n\x1a\n'
     assert program.plot_curves({'run': rows}, ['absent'], str(tmp_path / 'none.png')) is None
     assert not os.path.exists(tmp_path / 'none.png')
+
+
+def test_median_round_seconds_counts_the_rounds_of_a_resumed_run(tmp_path):
+    first = program.ExperimentOutputs(str(tmp_path), 'run')
+    assert first.median_round_seconds() is None
+    for round_num, seconds in ((1, 1.0), (2, 2.0)):
+        first.release_metrics(round_num, {'round_seconds': seconds, 'train': {'loss': 0.0}})
+    resumed = program.ExperimentOutputs(str(tmp_path), 'run')
+    resumed.release_metrics(3, {'round_seconds': 9.0, 'train': {'loss': 0.0}})
+    assert resumed.median_round_seconds() == 2.0
