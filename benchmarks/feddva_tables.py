@@ -17,6 +17,7 @@ import os
 import shlex
 import shutil
 import sys
+import time
 
 from absl import app
 from absl import flags
@@ -61,11 +62,15 @@ def main(argv):
     args = [a for a in sys.argv[1:] if a.split('=')[0] not in ('--rerender', '--norerender', '--notes')]
     command = 'python benchmarks/feddva_tables.py ' + ' '.join(shlex.quote(a) for a in args)
     config = config_flags.config_from_flags(feddva.FeddvaConfig, overrides=_DEFAULTS)
+    started, load_before = time.time(), os.getloadavg()[0]
     if FLAGS.rerender:
         results = rerender(config)
     else:
         with runtime.LocalRuntime():
             results = feddva.run(config)
+    timing = None if FLAGS.rerender else {
+        'wall_seconds': time.time() - started, 'load_average_1min_start': load_before,
+        'load_average_1min_end': os.getloadavg()[0], 'cpu_count': os.cpu_count()}
     name = f'feddva_{config.dataset}'
     os.makedirs(FLAGS.results_dir, exist_ok=True)
     images = {}
@@ -77,7 +82,7 @@ def main(argv):
     program.write_json(json_path, {
         'command': command, 'dataset': config.dataset, 'statistics': results['statistics'],
         'rounds': results['rounds'], 'config': dataclasses.asdict(config), 'rows': results['rows'],
-        'curves': results['curves']})
+        'curves': results['curves'], 'timing': timing})
     table = feddva.format_tables(results['rows'])
     md_dir = os.path.dirname(os.path.abspath(FLAGS.results_md))
     rel = lambda p: os.path.relpath(os.path.abspath(p), md_dir)
@@ -92,6 +97,10 @@ def main(argv):
              f'baselines: {config.client_epochs} local epoch(s), Ditto lambda={config.ditto_lambda:g}, '
              f'fine-tuning {config.finetune_epochs} epoch(s). Accuracy: over all test images of all clients, each '
              "classified by that client's model.", '', table]
+    if timing:
+        lines += ['', f"Whole run (both settings, every method, figures): {timing['wall_seconds'] / 60:.1f} min wall on "
+                      f"{timing['cpu_count']} CPU cores (1-minute load average {timing['load_average_1min_start']:.1f} "
+                      f"at the start, {timing['load_average_1min_end']:.1f} at the end)."]
     for key, path in images.items():
         lines += ['', f'![{key}]({rel(path)})']
     if FLAGS.notes:
