@@ -367,7 +367,8 @@ def train_process(task, process, name, outputs, client_data, dataset_fn, eval_fn
         name=name,
         validate_fn=validate_fn,
     )
-    return state, (float(np.median([h['round_seconds'] for h in history])) if history else None)
+    del history  # Only this process' rounds; metrics.csv has every round, also those of a resumed run.
+    return state, outputs.median_round_seconds()
 
 
 def run_configuration(task: MovieLensMFTask, name: str) -> dict[str, Any]:
