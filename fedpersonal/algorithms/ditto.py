@@ -17,7 +17,6 @@ from __future__ import annotations
 import collections
 from typing import Any, Callable
 
-import numpy as np
 import tensorflow as tf
 import tensorflow_federated as tff
 from tensorflow_federated.python.learning import tensor_utils
@@ -121,9 +120,6 @@ def build_ditto(
 
     weights_type = initial_weights.type_signature.result
     dataset_type = tff.SequenceType(tff.types.tensorflow_to_type(element_spec))
-    aggregator = tff.aggregators.MeanFactory().create(weights_type.trainable, tff.TensorType(np.float32))
-    distributor = tff.learning.templates.build_broadcast_process(weights_type)
-    finalizer = tff.learning.templates.build_apply_optimizer_finalizer(server_optimizer, weights_type)
 
     @tff.tensorflow.computation(weights_type, dataset_type, weights_type)
     @tf.function
@@ -154,8 +150,7 @@ def build_ditto(
         initial_global_weights=initial_weights,
         initial_private_state=initial_weights,
         client_update=client_update,
-        distributor=distributor,
-        aggregator=aggregator,
-        finalizer=finalizer,
+        model_aggregator=tff.aggregators.MeanFactory(),
+        server_optimizer=server_optimizer,
         aggregate_metrics=furl.build_ratio_metrics_aggregation(client_update.type_signature.result[1]),
     )

@@ -23,7 +23,6 @@ from __future__ import annotations
 import collections
 from typing import Any, Callable
 
-import numpy as np
 import tensorflow as tf
 import tensorflow_federated as tff
 from tensorflow_federated.python.learning import tensor_utils
@@ -150,9 +149,6 @@ def build_feddva(
     weights_type = initial_global_weights.type_signature.result
     private_type = initial_private_state.type_signature.result
     dataset_type = tff.SequenceType(tff.types.tensorflow_to_type(element_spec))
-    aggregator = tff.aggregators.MeanFactory().create(weights_type.trainable, tff.TensorType(np.float32))
-    distributor = tff.learning.templates.build_broadcast_process(weights_type)
-    finalizer = tff.learning.templates.build_apply_optimizer_finalizer(server_optimizer, weights_type)
     optimizer = tff.learning.optimizers.build_adam(learning_rate=learning_rate)
     head_optimizer = tff.learning.optimizers.build_adam(learning_rate=head_learning_rate)
 
@@ -181,8 +177,7 @@ def build_feddva(
         initial_global_weights=initial_global_weights,
         initial_private_state=initial_private_state,
         client_update=client_update,
-        distributor=distributor,
-        aggregator=aggregator,
-        finalizer=finalizer,
+        model_aggregator=tff.aggregators.MeanFactory(),
+        server_optimizer=server_optimizer,
         aggregate_metrics=furl.build_ratio_metrics_aggregation(client_update.type_signature.result[1]),
     )

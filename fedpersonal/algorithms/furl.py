@@ -145,9 +145,6 @@ def build_furl(
         if client_weighting is not tff.learning.ClientWeighting.UNIFORM:
             raise ValueError('An unweighted aggregator needs client_weighting=tff.learning.ClientWeighting.UNIFORM.')
         model_aggregator = tff.aggregators.as_weighted_aggregator(model_aggregator)
-    aggregator = model_aggregator.create(weights_type.trainable, tff.TensorType(np.float32))
-    distributor = tff.learning.templates.build_broadcast_process(weights_type)
-    finalizer = tff.learning.templates.build_apply_optimizer_finalizer(server_optimizer, weights_type)
     metric_finalizers: collections.OrderedDict = collections.OrderedDict()
 
     @tff.tensorflow.computation(weights_type, dataset_type, private_type)
@@ -189,9 +186,8 @@ def build_furl(
         initial_global_weights=initial_global_weights,
         initial_private_state=initial_private_state,
         client_update=client_update,
-        distributor=distributor,
-        aggregator=aggregator,
-        finalizer=finalizer,
+        model_aggregator=model_aggregator,
+        server_optimizer=server_optimizer,
         aggregate_metrics=aggregate_metrics,
     )
 
@@ -238,17 +234,17 @@ def compose_stateful_process(
     initial_global_weights: tff.Computation,
     initial_private_state: tff.Computation,
     client_update: tff.Computation,
-    distributor: tff.templates.MeasuredProcess,
-    aggregator: tff.templates.AggregationProcess,
-    finalizer: tff.templates.MeasuredProcess,
+    model_aggregator: tff.aggregators.WeightedAggregationFactory,
+    server_optimizer: tff.learning.optimizers.Optimizer,
     aggregate_metrics: Callable[[Any], Any],
 ) -> FurlProcess:
     """Composes a stateful-client learning process (FURL, FedDVA, Ditto) from its parts.
 
-    The round broadcasts the global weights with `distributor`, runs
+    The round broadcasts the global weights (TFF's broadcast process), runs
     `client_update: (<global weights, dataset, private state> -> <ClientResult,
     client metrics, new private state>)` on every client, aggregates only the
-    `ClientResult` with `aggregator`, applies it with `finalizer`, and turns the
+    `ClientResult` with `model_aggregator`, applies it with `server_optimizer`
+    (TFF's apply-optimizer finalizer), and turns the
     CLIENTS-placed client metrics into SERVER-placed ones with
     `aggregate_metrics`. The new private states are returned CLIENTS-placed and
     never reach a SERVER-placed intrinsic.
@@ -257,9 +253,9 @@ def compose_stateful_process(
       initial_global_weights: No-arg TF computation returning the initial global `ModelWeights`.
       initial_private_state: No-arg TF computation returning a default private state.
       client_update: The client work as a TF computation (see above).
-      distributor: A `tff.learning.templates.DistributionProcess` for the global weights.
-      aggregator: An aggregation process for `ClientResult.update`, weighted by `ClientResult.update_weight`.
-      finalizer: A `tff.learning.templates.FinalizerProcess` (the server optimizer).
+      model_aggregator: A weighted `tff.aggregators` factory for `ClientResult.update`
+        (weighted by `ClientResult.update_weight`).
+      server_optimizer: Applied to the aggregated update.
       aggregate_metrics: Python function from CLIENTS-placed client metrics to
         SERVER-placed metrics, called while tracing the federated computation.
 
@@ -268,6 +264,10 @@ def compose_stateful_process(
     """
     dataset_type = client_update.type_signature.parameter[1]
     private_type = initial_private_state.type_signature.result
+    weights_type = initial_global_weights.type_signature.result
+    aggregator = model_aggregator.create(weights_type.trainable, tff.TensorType(np.float32))
+    distributor = tff.learning.templates.build_broadcast_process(weights_type)
+    finalizer = tff.learning.templates.build_apply_optimizer_finalizer(server_optimizer, weights_type)
 
     @tff.federated_computation
     def initialize():
@@ -316,6 +316,6 @@ def compose_stateful_process(
         initialize,
         next_fn,
         private_state_type=private_type,
-        global_weights_type=initial_global_weights.type_signature.result,
+        global_weights_type=weights_type,
         initial_private_state_fn=initial_private_state,
     )
