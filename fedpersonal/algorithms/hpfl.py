@@ -72,7 +72,7 @@ from fedpersonal.models import gum
 
 __all__ = [
     'HpflDataError', 'ClientData', 'ClientState', 'ClientReport', 'Centres', 'GlobalComponents', 'HpflState',
-    'HpflOutput', 'HpflProcess', 'SiloPredictions', 'CENTER_WEIGHTINGS', 'build_hpfl', 'client_data',
+    'HpflOutput', 'HpflProcess', 'SiloPredictions', 'CENTER_WEIGHTINGS', 'ROW_UPDATES', 'build_hpfl', 'client_data',
     'federated_data', 'split_dataset', 'initial_client_state', 'initial_client_states', 'local_training',
     'validation_statistics', 'public_aggregation_weights', 'personalize_public', 'global_embedding',
     'personalize_embeddings', 'maximin_init', 'lloyd_step', 'kmeans', 'predict_silos', 'batch_type',
@@ -316,41 +316,112 @@ def _rebuild(weights: gum.GumWeights, values: Sequence[tf.Tensor], fields: Seque
     return gum.GumWeights(public=public, private=weights.private._replace(**dict(zip(fields, values[3:]))))
 
 
+ROW_UPDATES = ('lazy', 'dense')
+
+
+def _per_weight_state_keys(optimizer_state, specs: Sequence[tf.TensorSpec]) -> tuple[str, ...]:
+    """Keys of a `tff.learning.optimizers` state whose values hold one tensor per weight (Adam's moments, ...)."""
+    keys = []
+    for key, value in optimizer_state.items():
+        if isinstance(value, (tuple, list)) and len(value) == len(specs) and all(
+                tf.TensorShape(getattr(v, 'shape', ())) == spec.shape for v, spec in zip(value, specs)):
+            keys.append(key)
+    return tuple(keys)
+
+
 def local_training(weights: gum.GumWeights, dataset: tf.data.Dataset, item_attributes: tf.Tensor,
                    optimizer: tff.learning.optimizers.Optimizer, config: gum.GumConfig, *, epochs: int = 1,
-                   proximal_center: Optional[gum.PublicWeights] = None, proximal_strength: float = 0.0):
+                   proximal_center: Optional[gum.PublicWeights] = None, proximal_strength: float = 0.0,
+                   row_updates: str = 'dense'):
     """Trains all GUM weights (public and private) on `dataset` with one optimizer step per batch.
 
     The optimizer state starts fresh. With `proximal_center`, ``proximal_strength / 2 * ||public - center||^2`` is
     added to every batch loss (FedProx). Call inside a TF graph (a TFF computation or `tf.function`).
+
+    ``row_updates='dense'`` (default) applies the optimizer to the full tables (the gradients of untouched rows
+    are zeros: plain Adam, as published). ``'lazy'`` steps only the table rows a batch touches: the step gathers
+    the batch's unique user and item rows of the private tables and of the optimizer's per-weight state (e.g.
+    Adam's moments), runs ``optimizer.next`` on those rows and the public components, and scatters the results
+    back, so the optimizer's work per step is O(batch) instead of O(table). For SGD (any optimizer whose update of
+    a zero-gradient row is zero) this is exactly the dense step; for Adam it is lazy Adam (untouched rows keep
+    their values and moments instead of drifting on stale momentum; the bias-correction step count is shared).
+    Measured (`benchmarks/hpfl_row_updates.py`, docs/RESULTS.md): at ASSIST's table sizes whole rounds cost the
+    same either way, since the per-step cost is dominated by fixed per-op overhead; lazy pays off for much larger
+    padded tables.
 
     Returns:
       ``(weights, num_examples, loss_sum, attribute_iterations)``: the trained weights, the number of records
       processed (over all epochs), the sum over batches of batch MSE x batch size (before each step), and I_k
       ``[K]``, the number of processed records whose item has attribute k.
     """
+    if row_updates not in ROW_UPDATES:
+        raise ValueError(f'row_updates must be one of {ROW_UPDATES}, got {row_updates!r}.')
     fields = gum.trainable_private_fields(config)
     values = _trainable(weights, fields)
     specs = tuple(tf.TensorSpec(v.shape, v.dtype) for v in values)
+    num_public = len(gum.PublicWeights._fields)
+    initial_state = optimizer.initialize(specs)
+    per_weight = _per_weight_state_keys(initial_state, specs)
+
+    def loss_of(current, user, item, attributes, label):
+        loss = gum.mse_loss(current, user, item, attributes, label)
+        total = loss
+        if proximal_center is not None and proximal_strength > 0:
+            total += 0.5 * proximal_strength * tf.add_n(
+                [tf.reduce_sum(tf.square(a - b)) for a, b in zip(current.public, proximal_center)])
+        return loss, total
+
+    def dense_step(values, optimizer_state, batch, attributes):
+        with tf.GradientTape() as tape:
+            tape.watch(values)
+            loss, total = loss_of(_rebuild(weights, values, fields), batch['user'], batch['item'], attributes,
+                                  batch['label'])
+        gradients = tuple(tf.convert_to_tensor(g) for g in tape.gradient(total, values))
+        optimizer_state, values = optimizer.next(optimizer_state, values, gradients)
+        return tuple(values), optimizer_state, loss
+
+    def lazy_step(values, optimizer_state, batch, attributes):
+        users, user_index = tf.unique(batch['user'])
+        items, item_index = tf.unique(batch['item'])
+        rows = tuple(users if field == 'theta' else items for field in fields)
+        rows = (None,) * num_public + rows
+
+        def gather(tensors):
+            return tuple(t if r is None else tf.gather(t, r) for t, r in zip(tensors, rows))
+
+        def scatter(tensors, updates):
+            return tuple(u if r is None else tf.tensor_scatter_nd_update(t, r[:, None], u)
+                         for t, u, r in zip(tensors, updates, rows))
+
+        local_values = gather(values)
+        local_state = collections.OrderedDict(
+            (key, gather(value) if key in per_weight else value) for key, value in optimizer_state.items())
+        # The non-trained private fields (discrimination without use_discrimination) are read at the same rows.
+        local_weights = weights._replace(private=weights.private._replace(**{
+            f: tf.gather(getattr(weights.private, f), users if f == 'theta' else items)
+            for f in gum.PrivateWeights._fields if f not in fields}))
+        with tf.GradientTape() as tape:
+            tape.watch(local_values)
+            loss, total = loss_of(_rebuild(local_weights, local_values, fields), user_index, item_index,
+                                  attributes, batch['label'])
+        gradients = tuple(tf.convert_to_tensor(g) for g in tape.gradient(total, local_values))
+        local_state, local_values = optimizer.next(local_state, local_values, gradients)
+        new_state = collections.OrderedDict(
+            (key, scatter(optimizer_state[key], local_state[key]) if key in per_weight else local_state[key])
+            for key in optimizer_state)
+        return scatter(values, tuple(local_values)), new_state, loss
+
+    update = lazy_step if row_updates == 'lazy' else dense_step
 
     def step(carry, batch):
         values, optimizer_state, n, loss_sum, iterations = carry
         attributes = tf.gather(item_attributes, batch['item'])
-        with tf.GradientTape() as tape:
-            tape.watch(values)
-            current = _rebuild(weights, values, fields)
-            loss = gum.mse_loss(current, batch['user'], batch['item'], attributes, batch['label'])
-            total = loss
-            if proximal_center is not None and proximal_strength > 0:
-                total += 0.5 * proximal_strength * tf.add_n(
-                    [tf.reduce_sum(tf.square(a - b)) for a, b in zip(current.public, proximal_center)])
-        gradients = tuple(tf.convert_to_tensor(g) for g in tape.gradient(total, values))
-        optimizer_state, values = optimizer.next(optimizer_state, values, gradients)
+        values, optimizer_state, loss = update(values, optimizer_state, batch, attributes)
         size = tf.shape(batch['label'])[0]
-        return (tuple(values), optimizer_state, n + size, loss_sum + loss * tf.cast(size, tf.float32),
+        return (values, optimizer_state, n + size, loss_sum + loss * tf.cast(size, tf.float32),
                 iterations + tf.reduce_sum(tf.cast(attributes > 0, tf.float32), axis=0))
 
-    initial = (values, optimizer.initialize(specs), tf.constant(0, tf.int32), tf.constant(0.0),
+    initial = (values, initial_state, tf.constant(0, tf.int32), tf.constant(0.0),
                tf.zeros([config.num_attributes]))
     values, _, n, loss_sum, iterations = dataset.repeat(epochs).reduce(initial, step)
     return _rebuild(weights, values, fields), n, loss_sum, iterations
@@ -379,17 +450,19 @@ def validation_statistics(weights: gum.GumWeights, dataset: tf.data.Dataset, ite
 
 def client_round(data: ClientData, state: ClientState, optimizer: tff.learning.optimizers.Optimizer,
                  config: gum.GumConfig, *, epochs: int, proximal_center: Optional[gum.PublicWeights] = None,
-                 proximal_strength: float = 0.0, start_public: Optional[gum.PublicWeights] = None):
+                 proximal_strength: float = 0.0, start_public: Optional[gum.PublicWeights] = None,
+                 row_updates: str = 'dense'):
     """Local training then validation statistics: ``(trained ClientState, ClientReport)`` (TF, shared by baselines).
 
-    `start_public`, if given, replaces the client's public components before training (the FedAvg family).
+    `start_public`, if given, replaces the client's public components before training (the FedAvg family);
+    `row_updates` as in `local_training`.
     """
     weights = state.model
     if start_public is not None:
         weights = weights._replace(public=gum.PublicWeights(*[tf.identity(v) for v in start_public]))
     trained, n, loss_sum, iterations = local_training(
         weights, data.train, data.item_attributes, optimizer, config, epochs=epochs,
-        proximal_center=proximal_center, proximal_strength=proximal_strength)
+        proximal_center=proximal_center, proximal_strength=proximal_strength, row_updates=row_updates)
     val_loss, val_right, val_n, attribute_right, attribute_count = validation_statistics(
         trained, data.validation, data.item_attributes, config)
     report = ClientReport(
@@ -590,6 +663,7 @@ def build_hpfl(
     kmeans_iterations: int = 10,
     public_sum_factory: Optional[tff.aggregators.UnweightedAggregationFactory] = None,
     public_seed: int = 0,
+    row_updates: str = 'dense',
 ) -> HpflProcess:
     """Builds HPFL (or HPFL-K / HPFL-R / Distributed with the two switches); see the module docstring.
 
@@ -614,6 +688,8 @@ def build_hpfl(
         `tff.aggregators.SumFactory()`).
       public_seed: Seed of the initial public components (clients' initial states must use the same one:
         `HpflProcess.initial_client_state`).
+      row_updates: ``'dense'`` (default: the optimizer steps the full padded tables) or ``'lazy'`` (each local
+        step updates only the table rows its batch touches, lazy Adam); see `local_training`.
 
     Returns:
       An `HpflProcess`.
@@ -631,6 +707,8 @@ def build_hpfl(
         raise ValueError(f'kmeans_iterations must be >= 0, got {kmeans_iterations}.')
     if not 0.0 <= accuracy_threshold < 1.0:
         raise ValueError(f'accuracy_threshold must be in [0, 1), got {accuracy_threshold}.')
+    if row_updates not in ROW_UPDATES:
+        raise ValueError(f'row_updates must be one of {ROW_UPDATES}, got {row_updates!r}.')
     optimizer = client_optimizer or tff.learning.optimizers.build_adam(learning_rate=0.01)
     k, dim = config.num_attributes, config.num_attributes
     data_type = client_data_type(config)
@@ -650,7 +728,7 @@ def build_hpfl(
     # ------------------------------------------------------------------ client upload phase
     @tff.tensorflow.computation(data_type, state_type)
     def client_train(data, state):
-        return client_round(data, state, optimizer, config, epochs=client_epochs)
+        return client_round(data, state, optimizer, config, epochs=client_epochs, row_updates=row_updates)
 
     report_type = client_train.type_signature.result[1]
 

@@ -89,6 +89,13 @@ class BaselineProcess(tff.templates.IterativeProcess):
         return gum.PublicWeights(*state.global_model_weights.trainable)
 
 
+def _add_scaled(total, gradient, scale):
+    """``total + scale * gradient``; an `IndexedSlices` gradient (a table's batch rows) is scattered, O(batch)."""
+    if isinstance(gradient, tf.IndexedSlices):
+        return tf.tensor_scatter_nd_add(total, gradient.indices[:, None], scale * gradient.values)
+    return total + scale * tf.convert_to_tensor(gradient)
+
+
 def _fedsgd_client(global_public, data: hpfl.ClientData, state: hpfl.ClientState, optimizer, config: gum.GumConfig):
     """One pass of gradients at (global public, own private): one private step, the public mean gradient."""
     fields = gum.trainable_private_fields(config)
@@ -107,7 +114,7 @@ def _fedsgd_client(global_public, data: hpfl.ClientData, state: hpfl.ClientState
         public_grads, private_grads = tape.gradient(loss, (public, private))
         size = tf.cast(tf.shape(batch['label'])[0], tf.float32)
         return (tuple(s + size * tf.convert_to_tensor(g) for s, g in zip(public_sum, public_grads)),
-                tuple(s + size * tf.convert_to_tensor(g) for s, g in zip(private_sum, private_grads)),
+                tuple(_add_scaled(s, g, size) for s, g in zip(private_sum, private_grads)),
                 n + size, loss_sum + size * loss,
                 iterations + tf.reduce_sum(tf.cast(attributes > 0, tf.float32), axis=0))
 
@@ -141,6 +148,7 @@ def build_baseline(
     noise_stddev: float = 0.01,
     attention_step: float = 1.0,
     public_seed: int = 0,
+    row_updates: str = 'dense',
 ):
     """Builds one of `BASELINES` (see the module docstring).
 
@@ -157,6 +165,8 @@ def build_baseline(
       noise_stddev: Fednoise's standard deviation of the noise added to every uploaded coordinate.
       attention_step: FedAtt's eps.
       public_seed: Seed of the initial public components.
+      row_updates: Local table updates, ``'lazy'`` or ``'dense'`` (`hpfl.local_training`; FedSGD's single
+        full-batch step is the same either way).
 
     Returns:
       A `BaselineProcess` (`hpfl.HpflProcess` for ``'distributed'``).
@@ -172,7 +182,8 @@ def build_baseline(
     optimizer = client_optimizer or tff.learning.optimizers.build_adam(learning_rate=0.01)
     if method == 'distributed':
         return hpfl.build_hpfl(config, client_optimizer=optimizer, client_epochs=client_epochs,
-                               aggregate_public=False, aggregate_private=False, public_seed=public_seed)
+                               aggregate_public=False, aggregate_private=False, public_seed=public_seed,
+                               row_updates=row_updates)
     if server_optimizer is None:
         server_optimizer = tff.learning.optimizers.build_sgdm(
             learning_rate=attention_step if method == 'fedatt' else 1.0)
@@ -198,7 +209,7 @@ def build_baseline(
             trained, report = hpfl.client_round(
                 data, state, optimizer, config, epochs=client_epochs, start_public=start,
                 proximal_center=start if method == 'fedprox' else None,
-                proximal_strength=proximal_strength if method == 'fedprox' else 0.0)
+                proximal_strength=proximal_strength if method == 'fedprox' else 0.0, row_updates=row_updates)
             update = [g - w for g, w in zip(global_public, trained.model.public)]
         if method == 'fednoise':
             seed = tf.cast(data.seed, tf.int64)

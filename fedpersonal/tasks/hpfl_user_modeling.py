@@ -91,6 +91,9 @@ class HpflConfig:
     client_epochs: int = dataclasses.field(default=1, metadata={'help': 'Local epochs per round (FedSGD: ignored).'})
     client_optimizer: str = dataclasses.field(default='adam', metadata={'help': f'One of {optimizers.OPTIMIZERS}.'})
     client_learning_rate: float = 0.01
+    row_updates: str = dataclasses.field(
+        default='dense', metadata={'help': "Local steps update the full padded tables ('dense') or only the table "
+                                           "rows a batch touches ('lazy', lazy Adam)."})
     batch_size: int = 64
     hidden_dim: int = dataclasses.field(default=16, metadata={'help': 'GUM width h of skill_W/know_W.'})
     accuracy_threshold: float = dataclasses.field(
@@ -142,6 +145,8 @@ class HpflConfig:
             raise ValueError(f'ncd_hidden_units must be positive widths, got {self.ncd_hidden_units!r}.')
         if self.client_optimizer not in optimizers.OPTIMIZERS:
             raise ValueError(f'client_optimizer must be one of {optimizers.OPTIMIZERS}, got {self.client_optimizer!r}.')
+        if self.row_updates not in hpfl.ROW_UPDATES:
+            raise ValueError(f'row_updates must be one of {hpfl.ROW_UPDATES}, got {self.row_updates!r}.')
         for name in ('client_learning_rate', 'centralized_learning_rate'):
             if not getattr(self, name) > 0:
                 raise ValueError(f'{name} must be positive, got {getattr(self, name)}.')
@@ -349,7 +354,7 @@ def _build_process(method: str, config: HpflConfig, gum_config: gum.GumConfig, n
         return hpfl_baselines.build_baseline(
             method, gum_config, client_optimizer=optimizer, client_epochs=config.client_epochs,
             proximal_strength=config.proximal_strength, noise_stddev=config.noise_stddev,
-            attention_step=config.attention_step, public_seed=config.seed)
+            attention_step=config.attention_step, public_seed=config.seed, row_updates=config.row_updates)
     switches = {'hpfl_k': (True, False), 'hpfl_r': (False, True), 'hpfl': (True, True), 'hpfl_inverse': (True, True)}
     aggregate_public, aggregate_private = switches[method]
     weighting = {'hpfl': 'distance', 'hpfl_inverse': 'inverse_distance'}.get(method, config.center_weighting)
@@ -358,7 +363,7 @@ def _build_process(method: str, config: HpflConfig, gum_config: gum.GumConfig, n
         accuracy_threshold=config.accuracy_threshold, center_weighting=weighting, aggregate_public=aggregate_public,
         aggregate_private=aggregate_private, max_clients=max(num_silos, 1),
         max_local_clusters=config.max_local_clusters, max_global_clusters=config.max_global_clusters,
-        kmeans_iterations=config.kmeans_iterations, public_seed=config.seed)
+        kmeans_iterations=config.kmeans_iterations, public_seed=config.seed, row_updates=config.row_updates)
 
 
 def _stacked_theta(states: Sequence[hpfl.ClientState], data: user_modeling.UserModelingData) -> np.ndarray:

@@ -281,6 +281,63 @@ def test_hpfl_training_decreases_validation_loss():
     assert out.metrics['attributes_aggregated'] >= 1
 
 
+def _train_locally(optimizer, row_updates, epochs=2, use_discrimination=True, silo=0):
+    config = dataclasses.replace(CONFIG, use_discrimination=use_discrimination)
+    data = hpfl.client_data(DATA.silos[silo], config, batch_size=16, shuffle=False)
+    weights = hpfl.initial_client_states(DATA, config)[silo].model
+    weights = tf.nest.map_structure(tf.constant, weights)
+    trained = tf.function(lambda: hpfl.local_training(
+        weights, data.train, data.item_attributes, optimizer, config, epochs=epochs, row_updates=row_updates))()
+    return weights, trained
+
+
+@pytest.mark.parametrize('use_discrimination', [True, False])
+def test_lazy_row_updates_equal_dense_updates_for_sgd(use_discrimination):
+    """SGD leaves a zero-gradient row unchanged, so stepping only the batch's rows is the dense step exactly."""
+    sgd = tff.learning.optimizers.build_sgdm(learning_rate=0.5)
+    _, (dense, n_dense, loss_dense, it_dense) = _train_locally(sgd, 'dense', use_discrimination=use_discrimination)
+    start, (lazy, n_lazy, loss_lazy, it_lazy) = _train_locally(sgd, 'lazy', use_discrimination=use_discrimination)
+    for a, b in zip(tf.nest.flatten(dense), tf.nest.flatten(lazy)):
+        np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
+    assert int(n_dense) == int(n_lazy) and float(loss_dense) == pytest.approx(float(loss_lazy), rel=1e-5)
+    np.testing.assert_array_equal(it_dense, it_lazy)
+    assert not np.allclose(start.private.theta, lazy.private.theta)  # It did train.
+
+
+def test_lazy_adam_steps_only_the_rows_a_batch_touches():
+    adam = tff.learning.optimizers.build_adam(learning_rate=0.05)
+    # One step from fresh moments: rows without gradient do not move in dense Adam either, so both agree.
+    silo = DATA.silos[0]  # 10 of the 14 padded item rows and 8 of the 12 user rows are real.
+    config = CONFIG
+    train = hpfl.split_dataset(silo, config, "train", batch_size=10_000)
+    attributes = tf.constant(hpfl.client_data(silo, config).item_attributes)
+    weights = tf.nest.map_structure(tf.constant, hpfl.initial_client_states(DATA, config)[0].model)
+    one = {mode: tf.function(lambda mode=mode: hpfl.local_training(
+        weights, train.take(1), attributes, adam, config, row_updates=mode))()[0] for mode in hpfl.ROW_UPDATES}
+    for a, b in zip(tf.nest.flatten(one['dense']), tf.nest.flatten(one['lazy'])):
+        np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
+    # Several small batches: lazy Adam never moves a row no batch touched (padded rows, unrated items) and does
+    # move the rows that were touched; dense Adam moves touched rows on stale momentum after their last batch, so
+    # the two differ.
+    start, (lazy, *_) = _train_locally(adam, 'lazy')
+    _, (dense, *_) = _train_locally(adam, 'dense')
+    touched_items = np.unique(silo.item[silo.split == um.SPLIT_TRAIN])
+    untouched_items = np.setdiff1d(np.arange(config.max_items), touched_items)
+    assert untouched_items.size > 0
+    np.testing.assert_array_equal(np.asarray(lazy.private.difficulty)[untouched_items],
+                                  np.asarray(start.private.difficulty)[untouched_items])
+    np.testing.assert_array_equal(np.asarray(lazy.private.theta)[silo.num_users:],
+                                  np.asarray(start.private.theta)[silo.num_users:])
+    moved = np.abs(np.asarray(lazy.private.difficulty) - np.asarray(start.private.difficulty)).max(axis=1)
+    assert np.all(moved[touched_items] > 0)
+    assert not np.allclose(lazy.private.theta, dense.private.theta)
+
+
+def test_row_updates_must_be_known():
+    with pytest.raises(ValueError, match='row_updates'):
+        hpfl.build_hpfl(CONFIG, row_updates='sparse', **SMALL)
+
+
 def _intrinsics(computation) -> str:
     return computation.to_building_block().compact_representation()
 

@@ -93,6 +93,11 @@ def test_unknown_method_is_a_usage_error(tmp_path):
         _run(['--methods=hpfl,fedbn', f'--output_dir={tmp_path}'])
 
 
+def test_unknown_row_updates_is_a_usage_error(tmp_path):
+    with pytest.raises(app.UsageError, match='row_updates'):
+        _run(['--row_updates=sparse', f'--output_dir={tmp_path}'])
+
+
 def test_gum_proficiency_orders_predictions_on_single_attribute_items():
     config = gum.GumConfig(num_attributes=3, max_users=20, max_items=1, hidden_dim=4)
     weights = gum.initial_weights(config, 1, 2)
