@@ -56,6 +56,13 @@ def rerender(config: feddva.FeddvaConfig) -> dict:
     return results
 
 
+def _has_checkpoints(output_dir: str) -> bool:
+    for _, dirs, _ in os.walk(output_dir):
+        if 'checkpoints' in dirs:
+            return True
+    return False
+
+
 def main(argv):
     del argv
     logging.set_verbosity(logging.INFO)
@@ -63,14 +70,24 @@ def main(argv):
     command = 'python benchmarks/feddva_tables.py ' + ' '.join(shlex.quote(a) for a in args)
     config = config_flags.config_from_flags(feddva.FeddvaConfig, overrides=_DEFAULTS)
     started, load_before = time.time(), os.getloadavg()[0]
+    timing_path = os.path.join(config.output_dir, 'timing.json')
+    # Only an invocation that trains from scratch measures the whole run; one that resumes from checkpoints (or
+    # re-renders) keeps the measurement of the run that trained, if there is one.
+    resumed = FLAGS.rerender or _has_checkpoints(config.output_dir)
     if FLAGS.rerender:
         results = rerender(config)
     else:
         with runtime.LocalRuntime():
             results = feddva.run(config)
-    timing = None if FLAGS.rerender else {
-        'wall_seconds': time.time() - started, 'load_average_1min_start': load_before,
-        'load_average_1min_end': os.getloadavg()[0], 'cpu_count': os.cpu_count()}
+    if resumed:
+        timing = None
+        if os.path.exists(timing_path):
+            with open(timing_path) as f:
+                timing = json.load(f)
+    else:
+        timing = {'wall_seconds': time.time() - started, 'load_average_1min_start': load_before,
+                  'load_average_1min_end': os.getloadavg()[0], 'cpu_count': os.cpu_count()}
+        program.write_json(timing_path, timing)
     name = f'feddva_{config.dataset}'
     os.makedirs(FLAGS.results_dir, exist_ok=True)
     images = {}

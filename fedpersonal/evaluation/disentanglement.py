@@ -104,19 +104,37 @@ def project_2d(x: np.ndarray, method: str = 'tsne', seed: int = 0) -> np.ndarray
 
 
 def plot_projections(z: np.ndarray, c: np.ndarray, clients: np.ndarray, path: str, *, method: str = 'tsne',
-                     seed: int = 0, title: str = '') -> str:
-    """Scatter plots of 2-D projections of z (left) and c (right), coloured by client."""
+                     seed: int = 0, title: str = '',
+                     also_by: Sequence[tuple[str, np.ndarray]] = ()) -> str:
+    """Scatter plots of 2-D projections of z (left) and c (right), coloured by client.
+
+    Args:
+      z: ``[n, z_dim]`` shared representations.
+      c: ``[n, c_dim]`` personalized representations.
+      clients: ``[n]`` int client ids (the colour of the first row).
+      path: The PNG to write.
+      method: 'tsne' or 'pca' (`project_2d`).
+      seed: Seed of the projection.
+      title: Figure title.
+      also_by: More rows with the same projections coloured by other integer labels, as ``(name, values [n])``
+        (e.g. the class label and the client's mark type: c should separate what the client changes, z the
+        content).
+    """
     import matplotlib  # pylint: disable=g-import-not-at-top
     matplotlib.use('Agg')
     import matplotlib.pyplot as plt  # pylint: disable=g-import-not-at-top
 
-    fig, axes = plt.subplots(1, 2, figsize=(11, 4.8))
-    for ax, rep, name in ((axes[0], z, 'z (shared)'), (axes[1], c, 'c (personalized)')):
-        xy = project_2d(rep, method, seed)
-        points = ax.scatter(xy[:, 0], xy[:, 1], c=clients, cmap='tab20', s=6, vmin=0, vmax=max(19, clients.max()))
-        ax.set_title(f'{name} ({method})')
-        ax.set_xticks([]), ax.set_yticks([])
-    fig.colorbar(points, ax=axes, label='client')
+    colourings = [('client', np.asarray(clients))] + [(name, np.asarray(v)) for name, v in also_by]
+    projections = [(project_2d(z, method, seed), 'z (shared)'), (project_2d(c, method, seed), 'c (personalized)')]
+    fig, axes = plt.subplots(len(colourings), 2, figsize=(11, 4.6 * len(colourings)), squeeze=False)
+    for row, (label_name, values) in enumerate(colourings):
+        for ax, (xy, name) in zip(axes[row], projections):
+            top = max(int(values.max()) if values.size else 0, 1)
+            cmap = 'tab10' if top < 10 else 'tab20'
+            points = ax.scatter(xy[:, 0], xy[:, 1], c=values, cmap=cmap, s=6, vmin=-0.5, vmax=top + 0.5)
+            ax.set_title(f'{name} ({method}), coloured by {label_name}')
+            ax.set_xticks([]), ax.set_yticks([])
+        fig.colorbar(points, ax=list(axes[row]), label=label_name)
     if title:
         fig.suptitle(title)
     os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)

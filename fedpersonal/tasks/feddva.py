@@ -409,7 +409,8 @@ def analyze_disentanglement(task: FeddvaTask, context: dict[str, Any], output_di
     keep = rng.permutation(test['z'].shape[0])[: cfg.projection_points]
     projection_path = disentanglement.plot_projections(
         test['z'][keep], test['c'][keep], test['client'][keep], os.path.join(output_dir, 'projections.png'),
-        method=cfg.projection, seed=cfg.seed, title=f'FedDVA representations of test images: {data.description}')
+        method=cfg.projection, seed=cfg.seed, title=f'FedDVA representations of test images: {data.description}',
+        also_by=[('label', test['label'][keep])] + ([('mark type', test['mark'][keep])] if data.marks else []))
     return {'probes': report, 'figures': {'manifold': grid_path, 'projections': projection_path}}
 
 

@@ -36,7 +36,8 @@ def test_figures(tmp_path):
         str(tmp_path / 'grid.png'), title='t')
     codes = synthetic_codes(60, 2)
     projections = disentanglement.plot_projections(codes['z'], codes['c'], codes['client'],
-                                                   str(tmp_path / 'proj.png'), method='pca')
+                                                   str(tmp_path / 'proj.png'), method='pca',
+                                                   also_by=[('label', codes['label'])])
     for path in (grid, projections):
         with open(path, 'rb') as f:
             assert f.read(8) == b'\x89PNG\r\n\x1a\n'
