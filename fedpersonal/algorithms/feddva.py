@@ -11,7 +11,8 @@ A client round (fresh Adam for every phase of every round, as in the authors' co
 1. `decoder_epochs` epochs on the reconstruction loss, stepping only the decoder;
 2. `z_epochs` epochs on reconstruction + KL(q(z|x) || N(0, I)), stepping only the z-encoder;
 3. `c_epochs` epochs on reconstruction + the c regularizers, stepping only the c-encoder (and its embeddings);
-4. optionally `head_epochs` epochs of the classifier head on the fixed [mu_z, mu_c] (a personalized head).
+4. optionally `head_epochs` epochs of the classifier head on [mu_z, mu_c] (a personalized head; the encoders step
+   too when the model's ``head_tunes_encoders`` is set, and their change is part of the averaged update).
 
 See `fedpersonal.models.feddva_models` for the losses. The process has FURL's signature:
 
@@ -124,7 +125,7 @@ def build_feddva(
       c_epochs: Epochs of phase 3 per round.
       head_epochs: Epochs of the personalized classifier head per round (0: no head training).
       learning_rate: Adam learning rate of phases 1-3 (the paper: 1e-3); Adam is re-initialized every phase.
-      head_learning_rate: Adam learning rate of the head.
+      head_learning_rate: Adam learning rate of the head phase (head, and encoders if the model tunes them).
       server_optimizer: Applied to the averaged encoder update (SGD 1.0: FedAvg).
       client_weighting: `NUM_EXAMPLES` or `UNIFORM`.
 

@@ -5,8 +5,10 @@
 * c-encoder `q(c|x, z)`: a 1x1 conv embedding of x concatenated, as a channel, with a dense embedding of
   stop_gradient(z) reshaped to the image size; then the same kind of conv backbone and mu_c / log-variance heads.
 * decoder `p(x|z, c)`: dense layers on [z, c], then transposed convs to per-pixel Bernoulli logits.
-* classifier head: on stop_gradient([mu_z, mu_c]), standardized by a batch norm without scale/offset (linear or one
-  hidden layer).
+* classifier head: on [mu_z, mu_c], standardized by a batch norm without scale/offset (linear or one hidden
+  layer). By default the head sees stop_gradient([mu_z, mu_c]) (a head on frozen representations); with
+  ``head_tunes_encoders`` the head phase also steps both encoders through the cross-entropy, as the paper's
+  classification experiments do ("we tune the dual encoders along with a classification head").
 
 Variable groups (`DualVae`): the *federated* parameters are both encoders' trainable variables (including the
 embeddings); the *private* ones are the decoder's and the head's trainable variables plus every batch-norm
@@ -23,7 +25,8 @@ The three phases of a client round (`phase_loss`):
    + lambda_cc * relu(xi + L_reg - KL(q(c|x) || N(0, I))), with L_reg the mean KL from q(c|x_i) to the other
    in-batch posteriors q(c|x_j), j != i (the slack regularizer and Inequality 5); only the c branch steps.
 
-Plus an optional 'head' phase: softmax cross-entropy of the head on the (fixed) posterior means.
+Plus an optional 'head' phase: softmax cross-entropy of the head on the posterior means (fixed, or tuned with the
+head: ``head_tunes_encoders``).
 """
 
 from __future__ import annotations
@@ -230,11 +233,16 @@ class DualVae:
     Args:
       arch: Sizes.
       weights: Loss weights of the phases.
+      head_tunes_encoders: The 'head' phase also steps both encoders (the federated variables) through the
+        classification loss (encoder batch norms in inference mode); otherwise only the head steps, on
+        stop_gradient of the posterior means.
     """
 
-    def __init__(self, arch: DvaArchitecture = SCALED, weights: LossWeights = LossWeights()):
+    def __init__(self, arch: DvaArchitecture = SCALED, weights: LossWeights = LossWeights(),
+                 head_tunes_encoders: bool = False):
         self.arch = arch
         self.weights = weights
+        self.head_tunes_encoders = bool(head_tunes_encoders)
         self.xi = float(weights.xi if weights.xi is not None else 8.0 * arch.c_dim)
         self.z_encoder = build_z_encoder(arch)
         self.c_encoder = build_c_encoder(arch)
@@ -276,8 +284,8 @@ class DualVae:
 
     def variables_of(self, phase: str) -> list[tf.Variable]:
         """The trainable variables stepped in `phase`."""
-        return {'decoder': self.decoder_variables, 'z': self.z_branch, 'c': self.c_branch,
-                'head': self.head_variables}[phase]
+        head = self.head_variables + (self.global_trainable if self.head_tunes_encoders else [])
+        return {'decoder': self.decoder_variables, 'z': self.z_branch, 'c': self.c_branch, 'head': head}[phase]
 
     # Forward passes.
     def encode(self, x: tf.Tensor, training: bool = False):
@@ -290,10 +298,11 @@ class DualVae:
         """Pixel logits."""
         return self.decoder(tf.concat([z, c], axis=-1), training=training)
 
-    def features(self, x: tf.Tensor) -> tf.Tensor:
-        """stop_gradient([mu_z, mu_c]) at inference (the head's input)."""
+    def features(self, x: tf.Tensor, stop_gradient: bool = True) -> tf.Tensor:
+        """[mu_z, mu_c] at inference (the head's input), by default under stop_gradient."""
         mu_z, _, mu_c, _ = self.encode(x, training=False)
-        return tf.stop_gradient(tf.concat([mu_z, mu_c], axis=-1))
+        features = tf.concat([mu_z, mu_c], axis=-1)
+        return tf.stop_gradient(features) if stop_gradient else features
 
     def classify(self, x: tf.Tensor) -> tf.Tensor:
         """Class logits of the head on [mu_z, mu_c]."""
@@ -307,7 +316,7 @@ class DualVae:
         'kl_c_slack', 'constraint', 'cross_entropy' as applicable).
         """
         if phase == 'head':
-            logits = self.head(self.features(x), training=True)
+            logits = self.head(self.features(x, stop_gradient=not self.head_tunes_encoders), training=True)
             ce = tf.reduce_mean(tf.nn.sparse_softmax_cross_entropy_with_logits(labels=tf.cast(y, tf.int32),
                                                                                 logits=logits))
             return {'loss': ce, 'cross_entropy': ce}

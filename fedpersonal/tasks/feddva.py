@@ -9,13 +9,17 @@ Methods (all evaluated as the example-weighted accuracy over every client's own 
 
 * `feddva`: the dual VAE trained by `fedpersonal.algorithms.build_feddva` (encoders federated; decoder, head and
   batch-norm statistics private in a client state store); each client's personalized head on the fixed
-  [mu_z, mu_c] is trained in the same rounds (`head_epochs`);
+  [mu_z, mu_c] is trained in the same rounds (`head_epochs`): how good the unsupervised representations are;
+* `feddva_tuned`: the same, but the head phase also tunes both encoders through the classification loss (the
+  paper's classification protocol: "we tune the dual encoders along with a classification head"), at the
+  paper's single learning rate (`learning_rate`; `head_learning_rate` is the frozen-encoder head's);
 * `fedavg`: TFF's weighted FedAvg of the CNN classifier (`feddva_models.build_cnn_classifier`);
 * `fedavg_ft`: the FedAvg model fine-tuned on each client's training data (`finetune_epochs`, fresh Adam);
 * `ditto`: `fedpersonal.algorithms.build_ditto`, the personal models' accuracy.
 
 Disentanglement (FedDVA in `disentanglement_setting`): linear probes (client from c vs z, label from z vs c,
-mark type from c vs z), manifold grids through client decoders, t-SNE of z and c coloured by client.
+mark type from c vs z), manifold grids through client decoders, t-SNE of z and c coloured by client, label and
+mark type; on `feddva` (whose encoders see no labels) when it runs, else on `feddva_tuned`.
 
 Configuration flows one way: flags -> `FeddvaConfig` -> builders.
 """
@@ -23,6 +27,7 @@ Configuration flows one way: flags -> `FeddvaConfig` -> builders.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import os
 import time
 from typing import Any, Callable, Optional
@@ -43,8 +48,9 @@ from fedpersonal.models import feddva_models
 from fedpersonal.program import training_loop
 
 SETTINGS = ('heterogeneous_inputs', 'heterogeneous_outputs')
-METHODS = ('feddva', 'fedavg', 'fedavg_ft', 'ditto')
-METHOD_NAMES = {'feddva': 'FedDVA head on [z, c]', 'fedavg': 'FedAvg', 'fedavg_ft': 'FedAvg + fine-tuning',
+METHODS = ('feddva', 'feddva_tuned', 'fedavg', 'fedavg_ft', 'ditto')
+METHOD_NAMES = {'feddva': 'FedDVA head on [z, c]', 'feddva_tuned': 'FedDVA, encoders tuned with the head',
+                'fedavg': 'FedAvg', 'fedavg_ft': 'FedAvg + fine-tuning',
                 'ditto': 'Ditto'}
 SETTING_NAMES = {'heterogeneous_inputs': 'heterogeneous inputs', 'heterogeneous_outputs': 'heterogeneous outputs'}
 DATASETS = ('generated', 'mnist', 'fashion_mnist', 'cifar10')
@@ -154,8 +160,8 @@ class FeddvaTask:
     def dataset_fn(self, dataset: tf.data.Dataset) -> tf.data.Dataset:
         return dataset.shuffle(1000, seed=self.config.seed, reshuffle_each_iteration=True).batch(self.config.batch_size)
 
-    def dva_fn(self) -> feddva_models.DualVae:
-        return feddva_models.DualVae(self.arch, self.loss_weights)
+    def dva_fn(self, head_tunes_encoders: bool = False) -> feddva_models.DualVae:
+        return feddva_models.DualVae(self.arch, self.loss_weights, head_tunes_encoders=head_tunes_encoders)
 
     def cnn_fn(self) -> tf.keras.Model:
         cfg = self.config
@@ -208,14 +214,16 @@ def _seconds_per_round(history) -> Optional[float]:
     return float(np.median([h['round_seconds'] for h in history])) if history else None
 
 
-def run_feddva(task: FeddvaTask, outputs: program.ExperimentOutputs) -> tuple[dict[str, Any], Any]:
+def run_feddva(task: FeddvaTask, outputs: program.ExperimentOutputs, *,
+               head_tunes_encoders: bool = False) -> tuple[dict[str, Any], Any]:
     """Trains FedDVA; returns (row, analysis context with the final weights and client states)."""
     cfg = task.config
+    model_fn = functools.partial(task.dva_fn, head_tunes_encoders)
     process = feddva.build_feddva(
-        task.dva_fn, element_spec=task.element_spec, decoder_epochs=cfg.decoder_epochs, z_epochs=cfg.z_epochs,
+        model_fn, element_spec=task.element_spec, decoder_epochs=cfg.decoder_epochs, z_epochs=cfg.z_epochs,
         c_epochs=cfg.c_epochs, head_epochs=cfg.head_epochs, learning_rate=cfg.learning_rate,
-        head_learning_rate=cfg.head_learning_rate)
-    model = task.dva_fn()
+        head_learning_rate=cfg.learning_rate if head_tunes_encoders else cfg.head_learning_rate)
+    model = model_fn()
     classify = tf.function(model.classify, input_signature=[tf.TensorSpec([None, *task.arch.image_shape])])
     to_weights = lambda arrays: training_loop.to_model_weights(arrays, process.private_state_type)
     store = _open_store(task, process, outputs)
@@ -236,7 +244,8 @@ def run_feddva(task: FeddvaTask, outputs: program.ExperimentOutputs) -> tuple[di
             process, client_data=task.train, dataset_fn=task.dataset_fn, clients_per_round=cfg.clients_per_round,
             total_rounds=cfg.total_rounds, outputs=outputs, seed=cfg.seed,
             evaluation_fn=lambda w: task.accuracy(logits_for(w)), rounds_per_evaluation=cfg.rounds_per_eval,
-            rounds_per_checkpoint=cfg.rounds_per_checkpoint, name='feddva', client_state_store=store)
+            rounds_per_checkpoint=cfg.rounds_per_checkpoint,
+            name='feddva_tuned' if head_tunes_encoders else 'feddva', client_state_store=store)
         weights = process.get_model_weights(state)
         row = task.accuracy(logits_for(weights))
         states = dict(zip(task.data.client_ids, [to_weights(s) for s in store.get(task.data.client_ids)]))
@@ -431,9 +440,10 @@ def run(config: FeddvaConfig) -> dict[str, Any]:
                 continue
             outputs = program.ExperimentOutputs(config.output_dir, f'{setting}/{method}')
             started = time.time()
-            if method == 'feddva':
-                results['feddva'], context = run_feddva(task, outputs)
-                if setting == config.disentanglement_setting:
+            if method in ('feddva', 'feddva_tuned'):
+                results[method], context = run_feddva(task, outputs, head_tunes_encoders=method == 'feddva_tuned')
+                analyzed = 'feddva' if 'feddva' in config.methods else 'feddva_tuned'
+                if setting == config.disentanglement_setting and method == analyzed:
                     analyses[setting] = analyze_disentanglement(task, context,
                                                                 os.path.join(config.output_dir, setting))
             elif method in ('fedavg', 'fedavg_ft'):
@@ -447,7 +457,8 @@ def run(config: FeddvaConfig) -> dict[str, Any]:
                 rows.append({'name': f'{METHOD_NAMES[method]} ({SETTING_NAMES[setting]})', 'method': method,
                              'setting': setting, **result})
     for setting, analysis in analyses.items():
-        rows.append({'name': f'FedDVA disentanglement ({SETTING_NAMES[setting]})', 'method': 'feddva',
+        analyzed = 'feddva' if 'feddva' in config.methods else 'feddva_tuned'
+        rows.append({'name': f'FedDVA disentanglement ({SETTING_NAMES[setting]})', 'method': analyzed,
                      'setting': setting, **analysis['probes']})
     curves = load_curves(config.output_dir, config.settings, config.methods)
     curves_path = plot_accuracy_curves(curves, os.path.join(config.output_dir, 'accuracy_vs_rounds.png'),
@@ -497,9 +508,10 @@ def format_tables(rows: list[dict[str, Any]]) -> str:
     if logistic:
         lines += ['', 'FedDVA representations with per-client logistic-regression heads fitted to convergence on the '
                       "client's own training encodings (accuracy on its test images):", '',
-                  '| setting | [z, c] | z only | c only |', '|---|---|---|---|']
+                  '| method | setting | [z, c] | z only | c only |', '|---|---|---|---|---|']
         for r in logistic:
-            lines.append(f"| {SETTING_NAMES[r['setting']]} | {r['local_logistic_zc_accuracy']:.4f} | "
+            lines.append(f"| {METHOD_NAMES[r['method']]} | {SETTING_NAMES[r['setting']]} | "
+                         f"{r['local_logistic_zc_accuracy']:.4f} | "
                          f"{r['local_logistic_z_accuracy']:.4f} | {r['local_logistic_c_accuracy']:.4f} |")
     probes = [r for r in rows if any(k.startswith('probe_') for k in r)]
     for r in probes:

@@ -44,6 +44,23 @@ def test_each_phase_steps_only_its_variables():
         assert changed(before, snapshot(model)) == expected, phase
 
 
+def test_head_phase_tunes_the_encoders_only_when_asked():
+    tf.keras.utils.set_random_seed(0)
+    model = fm.DualVae(TINY, head_tunes_encoders=True)
+    adam = tff.learning.optimizers.build_adam(learning_rate=1e-2)
+    before = snapshot(model)
+    encoders = model.z_encoder.non_trainable_variables + model.c_encoder.non_trainable_variables
+    encoder_stats = [v.numpy().copy() for v in encoders]
+    assert encoder_stats
+    tf.function(lambda ds: feddva.run_phase(model, 'head', ds, 2, adam))(dataset(0))
+    assert changed(before, snapshot(model)) == {'head', 'z', 'c'}
+    # The encoders run in inference mode: their batch-norm statistics do not move.
+    after = model.z_encoder.non_trainable_variables + model.c_encoder.non_trainable_variables
+    assert all(np.array_equal(a, b.numpy()) for a, b in zip(encoder_stats, after))
+    frozen = fm.DualVae(TINY)
+    assert len(frozen.variables_of('head')) == len(frozen.head_variables)
+
+
 def build(head_epochs=1):
     return feddva.build_feddva(lambda: fm.DualVae(TINY), element_spec=dataset(0).element_spec, head_epochs=head_epochs,
                                learning_rate=1e-2)

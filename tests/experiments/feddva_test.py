@@ -28,15 +28,17 @@ def test_generated_default_end_to_end(tmp_path, capsys):
           '--rounds_per_eval=1', '--z_dim=2', '--c_dim=2', '--batch_size=12', '--cnn_channels=4,8', '--cnn_dense=8',
           '--projection=pca', '--projection_points=40', '--grid_size=3', f'--output_dir={out}'])
     printed = capsys.readouterr().out
-    for name in ('FedDVA head on [z, c]', 'FedAvg', 'FedAvg + fine-tuning', 'Ditto', 'Linear probes'):
+    for name in ('FedDVA head on [z, c]', 'FedDVA, encoders tuned with the head', 'FedAvg', 'FedAvg + fine-tuning',
+                 'Ditto', 'Linear probes'):
         assert name in printed
     with open(os.path.join(out, 'results.json')) as f:
         results = json.load(f)
     rows = {r['method']: r for r in results['rows'] if 'accuracy' in r}
-    assert set(rows) == {'feddva', 'fedavg', 'fedavg_ft', 'ditto'}
+    assert set(rows) == {'feddva', 'feddva_tuned', 'fedavg', 'fedavg_ft', 'ditto'}
     for row in rows.values():
         assert 0 <= row['accuracy'] <= 1 and row['seconds_per_round'] > 0
     probes = next(r for r in results['rows'] if 'probe_client_from_c' in r)
+    assert probes['method'] == 'feddva'  # The representations trained without labels.
     for key in ('probe_client_from_z', 'probe_label_from_z', 'probe_label_from_c', 'probe_mark_from_c'):
         assert 0 <= probes[key] <= 1
     assert [r for r, _ in results['curves']['heterogeneous_inputs/feddva']] == [1, 2]
