@@ -130,7 +130,7 @@ def plot_projections(z: np.ndarray, c: np.ndarray, clients: np.ndarray, path: st
     for row, (label_name, values) in enumerate(colourings):
         for ax, (xy, name) in zip(axes[row], projections):
             top = max(int(values.max()) if values.size else 0, 1)
-            cmap = 'tab10' if top < 10 else 'tab20'
+            cmap = plt.get_cmap('tab10' if top < 10 else 'tab20', top + 1)  # One colour per value.
             points = ax.scatter(xy[:, 0], xy[:, 1], c=values, cmap=cmap, s=6, vmin=-0.5, vmax=top + 0.5)
             ax.set_title(f'{name} ({method}), coloured by {label_name}')
             ax.set_xticks([]), ax.set_yticks([])
