@@ -144,12 +144,16 @@ def plot_curves(
     if not keys:
         return None
     fig, axes = plt.subplots(1, len(keys), figsize=(5 * len(keys), 3.6), squeeze=False)
+    # A distinct (colour, line style) per run: the default cycle repeats after 10 colours.
+    colours = plt.get_cmap('tab10' if len(runs) <= 10 else 'tab20').colors
+    styles = ['-', '--', ':', '-.']
     for ax, key in zip(axes[0], keys):
-        for label, rows in runs.items():
+        for i, (label, rows) in enumerate(runs.items()):
             points = [(row['round'], row[key]) for row in rows if key in row and 'round' in row]
             if points:
                 xs, ys = zip(*points)
-                ax.plot(xs, ys, marker='.' if len(xs) < 30 else None, label=os.path.basename(str(label)))
+                ax.plot(xs, ys, marker='.' if len(xs) < 30 else None, label=os.path.basename(str(label)),
+                        color=colours[i % len(colours)], linestyle=styles[(i // len(colours)) % len(styles)])
         ax.set_xlabel('round')
         ax.set_title(key)
         ax.grid(alpha=0.3)
