@@ -17,6 +17,10 @@ from fedpersonal.program import outputs as outputs_lib
 EvaluationFn = Callable[[Any], dict[str, Any]]
 
 
+class ClientStatesLostError(ValueError):
+    """A stateful run cannot resume: its client state store lacks the states of the checkpointed rounds."""
+
+
 def sample_clients(client_ids: list[str], clients_per_round: int, round_num: int, seed: int) -> list[str]:
     """Deterministic uniform sample without replacement for `round_num`."""
     rng = np.random.default_rng([seed, round_num])
@@ -83,6 +87,12 @@ def run_learning_process(
         store is committed right after each server checkpoint and rolled back to
         the checkpointed round on resume, so both always agree.
 
+    Raises:
+      ClientStatesLostError: On resume from a checkpoint of round R when
+        `client_state_store` has committed only up to a round < R (e.g. a fresh
+        in-memory store): continuing would silently pair the checkpointed server
+        state with initial client states.
+
     Returns:
       `(final_state, history)`: the state and the released metric rows.
     """
@@ -93,6 +103,14 @@ def run_learning_process(
         state, start_round = loaded, int(version)
         logging.info('[%s] resumed from checkpoint at round %d', name, start_round)
     if client_state_store is not None:
+        committed = client_state_store.committed_round()
+        if committed < start_round:
+            raise ClientStatesLostError(
+                f'[{name}] cannot resume from the server checkpoint of round {start_round} in '
+                f'{outputs.path("checkpoints")}: the client state store has no private client states committed '
+                f'after round {committed}, so the clients would continue from stale or initial states (an '
+                f'in-memory store does not outlive its process). Use a persistent store (e.g. --state_store=sqlite) '
+                f'to make stateful runs resumable, or delete the checkpoints to start over.')
         client_state_store.rollback(start_round)
     client_ids = list(client_data.client_ids)
     history = []

@@ -101,7 +101,10 @@ class FeddvaConfig:
     finetune_learning_rate: float = 1e-3
     rounds_per_eval: int = 5
     rounds_per_checkpoint: int = 10
-    state_store: str = 'memory'
+    state_store: str = dataclasses.field(
+        default='sqlite', metadata={'help': "Where each client's private state (decoder, head, batch-norm statistics; "
+                                            "Ditto's personal model) lives between rounds: 'sqlite' (in the run's "
+                                            "output directory, so an interrupted run resumes) or 'memory'."})
     disentanglement_setting: str = 'heterogeneous_inputs'
     grid_size: int = 6
     projection: str = 'tsne'
@@ -210,10 +213,6 @@ def load_curves(output_dir: str, settings, methods) -> dict[tuple[str, str], lis
     return curves
 
 
-def _seconds_per_round(history) -> Optional[float]:
-    return float(np.median([h['round_seconds'] for h in history])) if history else None
-
-
 def run_feddva(task: FeddvaTask, outputs: program.ExperimentOutputs, *,
                head_tunes_encoders: bool = False) -> tuple[dict[str, Any], Any]:
     """Trains FedDVA; returns (row, analysis context with the final weights and client states)."""
@@ -240,7 +239,7 @@ def run_feddva(task: FeddvaTask, outputs: program.ExperimentOutputs, *,
                 return classify(images).numpy()
             return logits
 
-        state, history = program.run_learning_process(
+        state, _ = program.run_learning_process(
             process, client_data=task.train, dataset_fn=task.dataset_fn, clients_per_round=cfg.clients_per_round,
             total_rounds=cfg.total_rounds, outputs=outputs, seed=cfg.seed,
             evaluation_fn=lambda w: task.accuracy(logits_for(w)), rounds_per_evaluation=cfg.rounds_per_eval,
@@ -249,7 +248,7 @@ def run_feddva(task: FeddvaTask, outputs: program.ExperimentOutputs, *,
         weights = process.get_model_weights(state)
         row = task.accuracy(logits_for(weights))
         states = dict(zip(task.data.client_ids, [to_weights(s) for s in store.get(task.data.client_ids)]))
-    row['seconds_per_round'] = _seconds_per_round(history)
+    row['seconds_per_round'] = outputs.median_round_seconds()
     encodings = encode_clients(task, model, weights, states)
     row.update(local_logistic_heads(task, encodings))
     return row, {'model': model, 'weights': weights, 'states': states, 'encodings': encodings}
@@ -323,13 +322,13 @@ def run_fedavg(task: FeddvaTask, outputs: program.ExperimentOutputs, finetune: b
     def eval_fn(weights):
         return evaluate(weights, finetune)
 
-    state, history = program.run_learning_process(
+    state, _ = program.run_learning_process(
         process, client_data=task.train, dataset_fn=lambda d: task.dataset_fn(d.repeat(cfg.client_epochs)),
         clients_per_round=cfg.clients_per_round, total_rounds=cfg.total_rounds, outputs=outputs, seed=cfg.seed,
         evaluation_fn=eval_fn, rounds_per_evaluation=cfg.rounds_per_eval,
         rounds_per_checkpoint=cfg.rounds_per_checkpoint, name='fedavg')
     final = evaluate(process.get_model_weights(state), finetune)
-    spr = _seconds_per_round(history)
+    spr = outputs.median_round_seconds()
     rows = {'fedavg': {k: v for k, v in final.items() if not k.startswith('ft_')}}
     rows['fedavg']['seconds_per_round'] = spr
     if finetune:
@@ -361,13 +360,13 @@ def run_ditto(task: FeddvaTask, outputs: program.ExperimentOutputs) -> dict[str,
                 return logits(images).numpy()
             return task.accuracy(fn)
 
-        _, history = program.run_learning_process(
+        program.run_learning_process(
             process, client_data=task.train, dataset_fn=task.dataset_fn, clients_per_round=cfg.clients_per_round,
             total_rounds=cfg.total_rounds, outputs=outputs, seed=cfg.seed, evaluation_fn=personal_accuracy,
             rounds_per_evaluation=cfg.rounds_per_eval, rounds_per_checkpoint=cfg.rounds_per_checkpoint,
             name='ditto', client_state_store=store)
         row = personal_accuracy(None)
-    row['seconds_per_round'] = _seconds_per_round(history)
+    row['seconds_per_round'] = outputs.median_round_seconds()
     return row
 
 

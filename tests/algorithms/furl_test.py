@@ -226,6 +226,7 @@ def _run(tmp_path, name, total_rounds, store):
 
 
 def test_stateful_loop_resumes_consistently_with_a_durable_store(tmp_path):
+    from fedpersonal import program  # pylint: disable=g-import-not-at-top
     from fedpersonal import client_state  # pylint: disable=g-import-not-at-top
     from fedpersonal import evaluation  # pylint: disable=g-import-not-at-top
     spec = [((1, DIM), np.float32)]
@@ -246,6 +247,11 @@ def test_stateful_loop_resumes_consistently_with_a_durable_store(tmp_path):
                                process.get_model_weights(straight).trainable[0], rtol=1e-6)
     for a, b in zip(expected_private, resumed_private):
         np.testing.assert_allclose(a[0], b[0], rtol=1e-6)
+
+    # Resuming with a store that lost the checkpointed rounds' states (a fresh in-memory store) is refused.
+    with client_state.InMemoryClientStateStore(spec, default) as fresh_store:
+        with pytest.raises(program.ClientStatesLostError, match='round 4.*committed after round 0'):
+            _run(tmp_path, 'resumed', 6, fresh_store)
 
     # StandardEval of seen users with their own private state beats the default for the same users.
     evaluate = evaluation.build_private_state_eval(furl_model_fn, loss_fn=tf.keras.losses.MeanSquaredError)

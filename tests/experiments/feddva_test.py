@@ -23,10 +23,11 @@ def _run(argv):
 
 def test_generated_default_end_to_end(tmp_path, capsys):
     out = str(tmp_path / 'feddva')
-    _run(['--settings=heterogeneous_inputs', '--num_clients=4', '--train_per_client=24', '--test_per_client=12',
-          '--generated_train=200', '--generated_test=100', '--total_rounds=2', '--clients_per_round=4',
-          '--rounds_per_eval=1', '--z_dim=2', '--c_dim=2', '--batch_size=12', '--cnn_channels=4,8', '--cnn_dense=8',
-          '--projection=pca', '--projection_points=40', '--grid_size=3', f'--output_dir={out}'])
+    argv = ['--settings=heterogeneous_inputs', '--num_clients=4', '--train_per_client=24', '--test_per_client=12',
+            '--generated_train=200', '--generated_test=100', '--total_rounds=2', '--clients_per_round=4',
+            '--rounds_per_eval=1', '--z_dim=2', '--c_dim=2', '--batch_size=12', '--cnn_channels=4,8',
+            '--cnn_dense=8', '--projection=pca', '--projection_points=40', '--grid_size=3', f'--output_dir={out}']
+    _run(argv)
     printed = capsys.readouterr().out
     for name in ('FedDVA head on [z, c]', 'FedDVA, encoders tuned with the head', 'FedAvg', 'FedAvg + fine-tuning',
                  'Ditto', 'Linear probes'):
@@ -54,3 +55,12 @@ def test_generated_default_end_to_end(tmp_path, capsys):
 def test_configuration_errors(tmp_path, argv, message):
     with pytest.raises(app.UsageError, match=message):
         _run(argv + [f'--output_dir={tmp_path}'])
+
+    # Running it again resumes every method from its checkpoint with the clients' stored private states
+    # (decoders, heads, Ditto's personal models): the same numbers, not a fresh start.
+    _run(argv)
+    with open(os.path.join(out, 'results.json')) as f:
+        again = {r['method']: r for r in json.load(f)['rows'] if 'accuracy' in r}
+    for method, row in rows.items():
+        assert again[method]['accuracy'] == pytest.approx(row['accuracy'], abs=1e-6), method
+        assert again[method]['seconds_per_round'] == pytest.approx(row['seconds_per_round']), method
