@@ -1,6 +1,6 @@
 """Cost of one HPFL local epoch with dense vs lazy table updates, as the padded item table grows.
 
-  python benchmarks/hpfl_row_updates.py [--max_items 1000,10745,100000] [--records 8000] [--batch_size 512] \
+  python benchmarks/hpfl_row_updates.py [--max_items 2000,10745,100000] [--records 8000] [--batch_size 512] \
       [--assist_dir ../shared/data/assist-a0910]
 
 Every HPFL client's private tables are padded to the largest silo (`fedpersonal.models.gum`), so a small silo pays
@@ -74,7 +74,7 @@ def _assist_rounds(assist_dir: str, num_rounds: int) -> list[dict]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split('\n')[0])
-    parser.add_argument('--max_items', default='1000,10745,100000')
+    parser.add_argument('--max_items', default='2000,10745,100000')
     parser.add_argument('--records', type=int, default=8000)
     parser.add_argument('--batch_size', type=int, default=512)
     parser.add_argument('--repeats', type=int, default=5)
