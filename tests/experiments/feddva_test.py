@@ -46,6 +46,15 @@ def test_generated_default_end_to_end(tmp_path, capsys):
     for figure in ('accuracy_vs_rounds', 'heterogeneous_inputs_manifold', 'heterogeneous_inputs_projections'):
         assert os.path.getsize(results['figures'][figure]) > 1000
 
+    # Running it again resumes every method from its checkpoint with the clients' stored private states
+    # (decoders, heads, Ditto's personal models): the same numbers, not a fresh start.
+    _run(argv)
+    with open(os.path.join(out, 'results.json')) as f:
+        again = {r['method']: r for r in json.load(f)['rows'] if 'accuracy' in r}
+    for method, row in rows.items():
+        assert again[method]['accuracy'] == pytest.approx(row['accuracy'], abs=1e-6), method
+        assert again[method]['seconds_per_round'] == pytest.approx(row['seconds_per_round']), method
+
 
 @pytest.mark.parametrize('argv,message', [
     (['--dataset=mnist'], 'needs --data_dir'),
@@ -55,12 +64,3 @@ def test_generated_default_end_to_end(tmp_path, capsys):
 def test_configuration_errors(tmp_path, argv, message):
     with pytest.raises(app.UsageError, match=message):
         _run(argv + [f'--output_dir={tmp_path}'])
-
-    # Running it again resumes every method from its checkpoint with the clients' stored private states
-    # (decoders, heads, Ditto's personal models): the same numbers, not a fresh start.
-    _run(argv)
-    with open(os.path.join(out, 'results.json')) as f:
-        again = {r['method']: r for r in json.load(f)['rows'] if 'accuracy' in r}
-    for method, row in rows.items():
-        assert again[method]['accuracy'] == pytest.approx(row['accuracy'], abs=1e-6), method
-        assert again[method]['seconds_per_round'] == pytest.approx(row['seconds_per_round']), method
