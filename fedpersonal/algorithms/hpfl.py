@@ -384,8 +384,8 @@ def local_training(weights: gum.GumWeights, dataset: tf.data.Dataset, item_attri
     def lazy_step(values, optimizer_state, batch, attributes):
         users, user_index = tf.unique(batch['user'])
         items, item_index = tf.unique(batch['item'])
-        rows = tuple(users if field == 'theta' else items for field in fields)
-        rows = (None,) * num_public + rows
+        rows_of = lambda field: users if field == 'theta' else items  # Every other private table is per item.
+        rows = (None,) * num_public + tuple(rows_of(field) for field in fields)
 
         def gather(tensors):
             return tuple(t if r is None else tf.gather(t, r) for t, r in zip(tensors, rows))
@@ -399,7 +399,7 @@ def local_training(weights: gum.GumWeights, dataset: tf.data.Dataset, item_attri
             (key, gather(value) if key in per_weight else value) for key, value in optimizer_state.items())
         # The non-trained private fields (discrimination without use_discrimination) are read at the same rows.
         local_weights = weights._replace(private=weights.private._replace(**{
-            f: tf.gather(getattr(weights.private, f), users if f == 'theta' else items)
+            f: tf.gather(getattr(weights.private, f), rows_of(f))
             for f in gum.PrivateWeights._fields if f not in fields}))
         with tf.GradientTape() as tape:
             tape.watch(local_values)

@@ -128,9 +128,9 @@ def plot_projections(z: np.ndarray, c: np.ndarray, clients: np.ndarray, path: st
     projections = [(project_2d(z, method, seed), 'z (shared)'), (project_2d(c, method, seed), 'c (personalized)')]
     fig, axes = plt.subplots(len(colourings), 2, figsize=(11, 4.6 * len(colourings)), squeeze=False)
     for row, (label_name, values) in enumerate(colourings):
+        top = max(int(values.max()) if values.size else 0, 1)
+        cmap = plt.get_cmap('tab10' if top < 10 else 'tab20', top + 1)  # One colour per value.
         for ax, (xy, name) in zip(axes[row], projections):
-            top = max(int(values.max()) if values.size else 0, 1)
-            cmap = plt.get_cmap('tab10' if top < 10 else 'tab20', top + 1)  # One colour per value.
             points = ax.scatter(xy[:, 0], xy[:, 1], c=values, cmap=cmap, s=6, vmin=-0.5, vmax=top + 0.5)
             ax.set_title(f'{name} ({method}), coloured by {label_name}')
             ax.set_xticks([]), ax.set_yticks([])

@@ -428,6 +428,8 @@ def run(config: FeddvaConfig) -> dict[str, Any]:
     source = federated_images.load_source(config.dataset, config.data_dir, generated_train=config.generated_train,
                                           generated_test=config.generated_test, seed=config.seed)
     rows, analyses, statistics = [], {}, {}
+    # The disentanglement evidence comes from the label-free FedDVA when it runs.
+    analyzed = 'feddva' if 'feddva' in config.methods else 'feddva_tuned'
     for setting in config.settings:
         data = load_setting(config, source, setting)
         statistics[setting] = data.statistics()
@@ -441,7 +443,6 @@ def run(config: FeddvaConfig) -> dict[str, Any]:
             started = time.time()
             if method in ('feddva', 'feddva_tuned'):
                 results[method], context = run_feddva(task, outputs, head_tunes_encoders=method == 'feddva_tuned')
-                analyzed = 'feddva' if 'feddva' in config.methods else 'feddva_tuned'
                 if setting == config.disentanglement_setting and method == analyzed:
                     analyses[setting] = analyze_disentanglement(task, context,
                                                                 os.path.join(config.output_dir, setting))
@@ -456,7 +457,6 @@ def run(config: FeddvaConfig) -> dict[str, Any]:
                 rows.append({'name': f'{METHOD_NAMES[method]} ({SETTING_NAMES[setting]})', 'method': method,
                              'setting': setting, **result})
     for setting, analysis in analyses.items():
-        analyzed = 'feddva' if 'feddva' in config.methods else 'feddva_tuned'
         rows.append({'name': f'FedDVA disentanglement ({SETTING_NAMES[setting]})', 'method': analyzed,
                      'setting': setting, **analysis['probes']})
     curves = load_curves(config.output_dir, config.settings, config.methods)
