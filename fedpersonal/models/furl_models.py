@@ -19,6 +19,14 @@ ignore the value of ``user_id``), so one dataset pipeline serves all configurati
 Outputs: logits ``[B, num_classes]``, also for binary tasks (``num_classes = 2``: softmax over two logits). Use
 `loss_fn` (sparse categorical cross-entropy from logits) and `metrics_fn` (accuracy, plus `BinaryAUC` on the
 positive-class probability for binary tasks).
+
+Seeding: `build_keras_model` and `furl_model_fn` take a keyword-only ``seed`` (default 0). Every random initializer
+gets its own op-level seed ``partially_local_model.initializer_seed(seed, k)`` with a fixed index per variable
+(`_INIT_SEEDS`; the same in every personalization mode, so the configurations of one run start from the same
+shared weights), including the backward LSTM of the text encoder (which would otherwise copy the forward LSTM's
+initializers and start identical to it). Keras draws seeded values with stateless ops: each model built with one
+seed has bit-identical initial weights (also the private user embedding, the initial private state of every
+client), wherever it is built (eagerly or in a TFF computation's graph).
 """
 
 from __future__ import annotations
@@ -46,6 +54,9 @@ __all__ = [
 ]
 
 PERSONALIZATION_MODES = ('none', 'private', 'table')
+# Index of each random initializer in `partially_local_model.initializer_seed(seed, index)`; mlp_k uses 10 + k.
+_INIT_SEEDS = dict(char_embedding=0, forward_kernel=1, forward_recurrent=2, backward_kernel=3, backward_recurrent=4,
+                   item_embedding=5, user_embedding=6, logits=9, mlp=10)
 USER_EMBEDDING_LAYER = 'user_embedding'
 """Name of the user-embedding layer (private vector or table) in every personalized model."""
 
@@ -132,8 +143,12 @@ def build_keras_model(
     user_embedding_dim: int = 32,
     item_embedding_dim: int = 16,
     mlp_units: Sequence[int] = (64,),
+    seed: int = 0,
 ) -> tuple[tf.keras.Model, list[tf.keras.layers.Layer], list[tf.keras.layers.Layer]]:
     """Builds the (functional, built, uncompiled) Keras document model.
+
+    ``seed`` (default 0) determines every initial weight: the same seed gives bit-identical weights (see the module
+    docstring).
 
     Returns:
         ``(keras_model, global_layers, local_layers)``: ``local_layers`` is ``[user embedding]`` in ``'private'``
@@ -151,6 +166,10 @@ def build_keras_model(
     if personalization == 'table' and num_users < 1:
         raise ValueError("personalization='table' needs num_users >= 1 (the size of the user table)")
 
+    init_seed = lambda name, offset=0: partially_local_model.initializer_seed(seed, _INIT_SEEDS[name] + offset)
+    uniform = lambda name: tf.keras.initializers.RandomUniform(-0.05, 0.05, seed=init_seed(name))
+    glorot = lambda name, offset=0: tf.keras.initializers.GlorotUniform(seed=init_seed(name, offset))
+    orthogonal = lambda name: tf.keras.initializers.Orthogonal(seed=init_seed(name))
     inputs = collections.OrderedDict(
         user_id=tf.keras.Input(shape=(), dtype=tf.int64, name='user_id'),
         chars=tf.keras.Input(shape=(max_chars,), dtype=tf.int32, name='chars'),
@@ -162,27 +181,36 @@ def build_keras_model(
     parts = []
     if max_chars > 0:
         char_embedding = tf.keras.layers.Embedding(char_vocab_size, char_embedding_dim, mask_zero=True,
+                                                   embeddings_initializer=uniform('char_embedding'),
                                                    name='char_embedding')
         # RNN(LSTMCell) is the same LSTM as tf.keras.layers.LSTM but skips its cuDNN/CPU backend selection, which
         # makes building the model ~10x and tracing it ~2x faster on CPU (model_fn runs in every TFF trace).
-        lstm = tf.keras.layers.RNN(tf.keras.layers.LSTMCell(lstm_units, name='cell'), name='lstm')
-        encoder = tf.keras.layers.Bidirectional(lstm, name='text_encoder')
+        # The backward LSTM is built here (not copied from the forward one by Bidirectional) to get its own seeds.
+        lstm, backward_lstm = (
+            tf.keras.layers.RNN(
+                tf.keras.layers.LSTMCell(lstm_units, kernel_initializer=glorot(f'{direction}_kernel'),
+                                         recurrent_initializer=orthogonal(f'{direction}_recurrent'), name='cell'),
+                go_backwards=direction == 'backward', name='lstm')
+            for direction in ('forward', 'backward'))
+        encoder = tf.keras.layers.Bidirectional(lstm, backward_layer=backward_lstm, name='text_encoder')
         parts.append(encoder(char_embedding(TrimPadding(name='trim_padding')(inputs['chars']))))
     if num_features > 0:
         parts.append(inputs['features'])
     if num_items > 0:
-        item_embedding = tf.keras.layers.Embedding(num_items, item_embedding_dim, name='item_embedding')
+        item_embedding = tf.keras.layers.Embedding(num_items, item_embedding_dim,
+                                                   embeddings_initializer=uniform('item_embedding'),
+                                                   name='item_embedding')
         parts.append(item_embedding(inputs['item_id']))
 
     local_layers: list[tf.keras.layers.Layer] = []
     if personalization == 'private':
-        user_layer = matrix_factorization.UserEmbedding(user_embedding_dim, name=USER_EMBEDDING_LAYER)
+        user_layer = matrix_factorization.UserEmbedding(user_embedding_dim, seed=init_seed('user_embedding'),
+                                                        name=USER_EMBEDDING_LAYER)
         parts.append(user_layer(inputs['user_id']))
         local_layers.append(user_layer)
     elif personalization == 'table':
         user_layer = tf.keras.layers.Embedding(
-            num_users, user_embedding_dim, embeddings_initializer=tf.keras.initializers.RandomUniform(-0.05, 0.05),
-            name=USER_EMBEDDING_LAYER)
+            num_users, user_embedding_dim, embeddings_initializer=uniform('user_embedding'), name=USER_EMBEDDING_LAYER)
         parts.append(user_layer(inputs['user_id']))
     if not parts:
         raise ValueError('the model has no input representation: no text (max_chars=0), no features, no items and '
@@ -190,8 +218,9 @@ def build_keras_model(
 
     hidden = tf.keras.layers.Concatenate(name='concat')(parts) if len(parts) > 1 else parts[0]
     for k, units in enumerate(mlp_units):
-        hidden = tf.keras.layers.Dense(units, activation='relu', name=f'mlp_{k}')(hidden)
-    logits = tf.keras.layers.Dense(num_classes, name='logits')(hidden)
+        hidden = tf.keras.layers.Dense(units, activation='relu', kernel_initializer=glorot('mlp', k),
+                                       name=f'mlp_{k}')(hidden)
+    logits = tf.keras.layers.Dense(num_classes, kernel_initializer=glorot('logits'), name='logits')(hidden)
     keras_model = tf.keras.Model(inputs=inputs, outputs=logits, name=f'furl_{personalization}')
     local_ids = {id(layer) for layer in local_layers}
     global_layers = [layer for layer in keras_model.layers if layer.weights and id(layer) not in local_ids]
@@ -212,18 +241,22 @@ def furl_model_fn(
     user_embedding_dim: int = 32,
     item_embedding_dim: int = 16,
     mlp_units: Sequence[int] = (64,),
+    seed: int = 0,
 ) -> Callable[[], partially_local_model.PartiallyLocalModel]:
     """A no-arg ``model_fn`` returning a new `PartiallyLocalModel` of the FURL document model.
 
     Pass ``**furl_data.model_kwargs()`` for the input sizes. ``num_users`` is needed (and used) only by
     ``personalization='table'``. In ``'private'`` mode the user embedding is the only local variable, in the other
-    modes there are none. See `build_keras_model` and the module docstring.
+    modes there are none. Every call builds the model with the same ``seed`` (default 0), so every call returns
+    bit-identical initial weights (the private user embedding's initial value, used by a client without a stored
+    state if the algorithm takes it from ``model_fn``, is a function of ``seed`` only). See `build_keras_model` and
+    the module docstring.
     """
     kwargs = dict(char_vocab_size=char_vocab_size, max_chars=max_chars, num_features=num_features,
                   num_classes=num_classes, personalization=personalization, num_users=num_users,
                   num_items=num_items, char_embedding_dim=char_embedding_dim, lstm_units=lstm_units,
                   user_embedding_dim=user_embedding_dim, item_embedding_dim=item_embedding_dim,
-                  mlp_units=tuple(mlp_units))
+                  mlp_units=tuple(mlp_units), seed=seed)
     # Validate the arguments now, not when an algorithm first calls model_fn inside a TFF computation.
     if personalization not in PERSONALIZATION_MODES:
         raise ValueError(f'personalization must be one of {PERSONALIZATION_MODES}, got {personalization!r}')

@@ -14,6 +14,18 @@ when `add_biases`). Two layouts:
 
 Both share layer names, so item weights move between them with
 `item_weights_from_table_model`.
+
+Seeding: every builder takes a keyword-only `seed` (default 0). Each random
+initializer gets its own op-level seed `partially_local_model.initializer_seed(seed, k)`
+with a fixed index per variable (0: item embeddings, 1: user embedding / user
+table, 2: the personal model's user bias; the other variables start at zero), so
+the personal and the table model built with the same seed start from the same
+item embeddings. Keras draws seeded initial values with stateless random ops:
+a model built twice with the same seed has bit-identical weights. In particular
+FedRecon, whose clients build the model (`model_fn()` inside `tf.init_scope`)
+and start reconstruction from the local variables' initial values, starts
+every client in every round from the same user embedding (a function of the
+seed only), and two runs with the same seed start identically.
 """
 
 from __future__ import annotations
@@ -28,18 +40,23 @@ from fedpersonal.models import partially_local_model
 
 
 class UserEmbedding(tf.keras.layers.Layer):
-    """One user's embedding row, broadcast to the batch of its input: `[B, dim]`."""
+    """One user's embedding row, broadcast to the batch of its input: `[B, dim]`.
 
-    def __init__(self, dim: int, l2_regularization: float = 0.0, **kwargs):
+    Initialized uniformly in [-0.05, 0.05] with the op-level `seed` (deterministic: the same value every time a
+    layer with that seed is built; give each such layer of a model its own seed).
+    """
+
+    def __init__(self, dim: int, l2_regularization: float = 0.0, *, seed: int = 0, **kwargs):
         super().__init__(**kwargs)
         self.dim = dim
         self.l2_regularization = l2_regularization
+        self.seed = seed
 
     def build(self, input_shape):
         self.embedding = self.add_weight(
             name='embedding',
             shape=(1, self.dim),
-            initializer=_uniform_init(),
+            initializer=_uniform_init(self.seed),
             regularizer=tf.keras.regularizers.l2(self.l2_regularization) if self.l2_regularization else None,
         )
         super().build(input_shape)
@@ -60,9 +77,17 @@ class GlobalBias(tf.keras.layers.Layer):
         return inputs + self.bias
 
 
-def _uniform_init() -> tf.keras.initializers.Initializer:
-    # Keras' default 'uniform' embedding init, as in the paper's code; a fresh instance per variable.
-    return tf.keras.initializers.RandomUniform(-0.05, 0.05)
+def _uniform_init(seed: int) -> tf.keras.initializers.Initializer:
+    # Keras' default 'uniform' embedding init, as in the paper's code; a fresh, seeded instance per variable.
+    return tf.keras.initializers.RandomUniform(-0.05, 0.05, seed=seed)
+
+
+# Initializer indices (`partially_local_model.initializer_seed(seed, index)`), shared by both layouts.
+_ITEM_EMBEDDING_SEED, _USER_EMBEDDING_SEED, _USER_BIAS_SEED = 0, 1, 2
+
+
+def _seed(seed: int, index: int) -> int:
+    return partially_local_model.initializer_seed(seed, index)
 
 
 def _regularizer(l2: float):
@@ -86,9 +111,17 @@ def table_input_spec() -> collections.OrderedDict:
 
 
 def personal_keras_model(
-    num_items: int, num_latent_factors: int, *, add_biases: bool = False, l2_regularization: float = 0.0
+    num_items: int,
+    num_latent_factors: int,
+    *,
+    add_biases: bool = False,
+    l2_regularization: float = 0.0,
+    seed: int = 0,
 ) -> tuple[tf.keras.Model, list[tf.keras.layers.Layer], list[tf.keras.layers.Layer]]:
     """Builds the one-user MF Keras model.
+
+    `seed` (default 0) determines every initial weight (see the module docstring): the same seed gives
+    bit-identical initial weights, including the local user embedding.
 
     Returns:
       `(keras_model, global_layers, local_layers)`.
@@ -97,18 +130,19 @@ def personal_keras_model(
     item_embedding = tf.keras.layers.Embedding(
         num_items,
         num_latent_factors,
-        embeddings_initializer=_uniform_init(),
+        embeddings_initializer=_uniform_init(_seed(seed, _ITEM_EMBEDDING_SEED)),
         embeddings_regularizer=_regularizer(l2_regularization),
         name='ItemEmbedding',
     )
-    user_embedding = UserEmbedding(num_latent_factors, l2_regularization, name='UserEmbedding')
+    user_embedding = UserEmbedding(
+        num_latent_factors, l2_regularization, seed=_seed(seed, _USER_EMBEDDING_SEED), name='UserEmbedding')
     item_vec = tf.keras.layers.Flatten()(item_embedding(item_input))
     user_vec = user_embedding(item_input)
     pred = tf.keras.layers.Dot(axes=1, name='Dot')([item_vec, user_vec])
     global_layers, local_layers = [item_embedding], [user_embedding]
     if add_biases:
         item_bias = tf.keras.layers.Embedding(num_items, 1, embeddings_initializer='zeros', name='ItemBias')
-        user_bias = UserEmbedding(1, l2_regularization, name='UserBias')
+        user_bias = UserEmbedding(1, l2_regularization, seed=_seed(seed, _USER_BIAS_SEED), name='UserBias')
         global_bias = GlobalBias(name='GlobalBias')
         pred = global_bias(tf.keras.layers.Add()([pred, tf.keras.layers.Flatten()(item_bias(item_input)), user_bias(item_input)]))
         global_layers += [item_bias, global_bias]
@@ -122,12 +156,18 @@ def personal_model_fn(
     *,
     add_biases: bool = False,
     l2_regularization: float = 0.0,
+    seed: int = 0,
 ) -> Callable[[], partially_local_model.PartiallyLocalModel]:
-    """A no-arg `model_fn` for the personal MF model (user part local, items global)."""
+    """A no-arg `model_fn` for the personal MF model (user part local, items global).
+
+    Every call builds the model with the same `seed` (default 0), so every call returns bit-identical initial
+    weights: FedRecon's per-round local initialization (the clients' user embeddings before reconstruction) is
+    the same value for every client in every round, and a function of `seed` only.
+    """
 
     def model_fn() -> partially_local_model.PartiallyLocalModel:
         keras_model, global_layers, local_layers = personal_keras_model(
-            num_items, num_latent_factors, add_biases=add_biases, l2_regularization=l2_regularization
+            num_items, num_latent_factors, add_biases=add_biases, l2_regularization=l2_regularization, seed=seed
         )
         return partially_local_model.from_keras_model(
             keras_model, input_spec=personal_input_spec(), global_layers=global_layers, local_layers=local_layers
@@ -143,16 +183,21 @@ def table_keras_model(
     *,
     add_biases: bool = False,
     l2_regularization: float = 0.0,
+    seed: int = 0,
 ) -> tf.keras.Model:
-    """Builds the MF Keras model with a full user table (fully global)."""
+    """Builds the MF Keras model with a full user table (fully global).
+
+    `seed` (default 0) determines every initial weight; the item embeddings start as those of
+    `personal_keras_model` with the same seed.
+    """
     user_input = tf.keras.Input(shape=[1], dtype=tf.int64, name='user_id')
     item_input = tf.keras.Input(shape=[1], dtype=tf.int64, name='item_id')
     item_embedding = tf.keras.layers.Embedding(
-        num_items, num_latent_factors, embeddings_initializer=_uniform_init(),
+        num_items, num_latent_factors, embeddings_initializer=_uniform_init(_seed(seed, _ITEM_EMBEDDING_SEED)),
         embeddings_regularizer=_regularizer(l2_regularization), name='ItemEmbedding',
     )
     user_embedding = tf.keras.layers.Embedding(
-        num_users, num_latent_factors, embeddings_initializer=_uniform_init(),
+        num_users, num_latent_factors, embeddings_initializer=_uniform_init(_seed(seed, _USER_EMBEDDING_SEED)),
         embeddings_regularizer=_regularizer(l2_regularization), name='UserTable',
     )
     item_vec = tf.keras.layers.Flatten()(item_embedding(item_input))

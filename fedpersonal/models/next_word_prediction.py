@@ -19,6 +19,16 @@ and fine-tuning baselines, which send everything).
 Loss and metrics skip pad targets. Accuracy is reported three ways
 (`NextWordAccuracy`): over all targets, without OOV targets, and without OOV and
 EOS targets.
+
+Seeding: `build_keras_model` and `model_fn` take a keyword-only `seed` (default
+0); the k-th random initializer (0: global embedding, 1: OOV table, 2: LSTM
+kernel, 3: LSTM recurrent kernel, 4: projection kernel, 5: output kernel; biases
+start at zero) gets the op-level seed `partially_local_model.initializer_seed(seed, k)`
+(for seed 0 simply k). Keras draws seeded values with stateless ops, so a model
+built twice with one seed has bit-identical weights; in particular FedRecon's
+clients, which build the model inside their computation and reconstruct the
+local OOV table from its initial value, start every round from the same OOV
+table (a function of the seed only).
 """
 
 from __future__ import annotations
@@ -85,20 +95,25 @@ def build_keras_model(
     lstm_units: int = 128,
     seed: int = 0,
 ) -> tuple[tf.keras.Model, list[tf.keras.layers.Layer], list[tf.keras.layers.Layer]]:
-    """The Keras LSTM and its (global layers, local layers) split (local = the OOV table)."""
+    """The Keras LSTM and its (global layers, local layers) split (local = the OOV table).
+
+    `seed` (default 0) determines every initial weight (see the module docstring).
+    """
+    init_seed = lambda index: partially_local_model.initializer_seed(seed, index)
     ids = tf.keras.Input(shape=(max_sequence_length,), dtype=tf.int64, name='x')
-    global_embedding = GlobalTokenEmbedding(layout.num_global_ids, embedding_dim, seed=seed, name=GLOBAL_EMBEDDING)
+    global_embedding = GlobalTokenEmbedding(
+        layout.num_global_ids, embedding_dim, seed=init_seed(0), name=GLOBAL_EMBEDDING)
     oov_embedding = LocalOovEmbedding(
-        layout.num_oov_buckets, embedding_dim, layout.oov_start, seed=seed + 1, name=LOCAL_OOV_EMBEDDING)
+        layout.num_oov_buckets, embedding_dim, layout.oov_start, seed=init_seed(1), name=LOCAL_OOV_EMBEDDING)
     embedded = tf.keras.layers.Add()([global_embedding(ids), oov_embedding(ids)])
     lstm = tf.keras.layers.LSTM(
         lstm_units, return_sequences=True, name='lstm',
-        kernel_initializer=tf.keras.initializers.GlorotUniform(seed=seed + 2),
-        recurrent_initializer=tf.keras.initializers.Orthogonal(seed=seed + 3))
+        kernel_initializer=tf.keras.initializers.GlorotUniform(seed=init_seed(2)),
+        recurrent_initializer=tf.keras.initializers.Orthogonal(seed=init_seed(3)))
     projection = tf.keras.layers.Dense(
-        embedding_dim, name='projection', kernel_initializer=tf.keras.initializers.GlorotUniform(seed=seed + 4))
+        embedding_dim, name='projection', kernel_initializer=tf.keras.initializers.GlorotUniform(seed=init_seed(4)))
     output = tf.keras.layers.Dense(
-        layout.num_classes, name='logits', kernel_initializer=tf.keras.initializers.GlorotUniform(seed=seed + 5))
+        layout.num_classes, name='logits', kernel_initializer=tf.keras.initializers.GlorotUniform(seed=init_seed(5)))
     logits = output(projection(lstm(embedded)))
     model = tf.keras.Model(ids, logits, name='next_word_lstm')
     return model, [global_embedding, lstm, projection, output], [oov_embedding]
@@ -113,7 +128,11 @@ def model_fn(
     lstm_units: int = 128,
     seed: int = 0,
 ) -> Callable[[], partially_local_model.PartiallyLocalModel]:
-    """A no-arg `model_fn` for `build_fed_recon` / evaluations (OOV table local unless `oov_local=False`)."""
+    """A no-arg `model_fn` for `build_fed_recon` / evaluations (OOV table local unless `oov_local=False`).
+
+    Every call builds the model with the same `seed` (default 0): bit-identical initial weights, so the OOV table
+    FedRecon reconstructs from is the same for every client in every round.
+    """
 
     def build() -> partially_local_model.PartiallyLocalModel:
         keras_model, global_layers, local_layers = build_keras_model(

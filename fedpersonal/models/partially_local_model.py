@@ -28,6 +28,19 @@ ReconstructionBatchOutput = tff.learning.models.reconstruction_model.Reconstruct
 ModelFn = Callable[[], ReconstructionModel]
 
 
+def initializer_seed(seed: int, index: int) -> int:
+    """The op-level seed of a model's `index`-th random initializer when the model is built with `seed`.
+
+    ``(seed * 1024 + index) mod 2**31``: distinct for every variable of a model (``0 <= index < 1024``) and, for
+    ``0 <= seed < 2**21``, across the models of different seeds (``seed + index`` would give seed 0's second
+    variable the values of seed 1's first). For seed 0 the seeds are just ``0, 1, 2, ...``. Keras' seeded
+    initializers draw with stateless random ops, so a variable's initial value depends only on this seed, its
+    shape and its initializer: a model built twice (eagerly, or inside a TFF computation's fresh graph, with or
+    without a graph-level seed) starts from bit-identical weights.
+    """
+    return (int(seed) * 1024 + int(index)) % 2**31
+
+
 class ModelSpecError(ValueError):
     """A model, its global/local declaration or its input spec is inconsistent."""
 
