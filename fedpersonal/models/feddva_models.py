@@ -27,6 +27,19 @@ The three phases of a client round (`phase_loss`):
 
 Plus an optional 'head' phase: softmax cross-entropy of the head on the posterior means (fixed, or tuned with the
 head: ``head_tunes_encoders``).
+
+Seeding (reproducibility): every builder takes a keyword-only ``seed`` (default 0).
+
+* Initial weights: the k-th random initializer (conv/dense kernels; biases and batch norms start at constants) gets
+  the op-level seed ``initializer_seed(seed, k)`` = ``(seed * 1024 + k) mod 2**31`` (the formula of
+  `fedpersonal.models.partially_local_model.initializer_seed`), with a fixed index per variable (`_INIT_SEEDS`).
+  Keras draws seeded values with stateless ops, so a `DualVae` built twice with one seed has bit-identical weights
+  (FedDVA's clients build it inside their computation: the same seed gives the same initial private state, and
+  two runs start identically).
+* Reparameterization noise (`DualVae.noise`, used by `phase_loss`): stateless N(0, I) draws whose seed is a
+  function of the model's seed, the phase, the batch's pixel values and the current values of the variables the
+  phase steps. The noise is therefore deterministic, yet differs between clients (their batches differ), between
+  steps and between rounds (the stepped variables change), without any random state to carry between rounds.
 """
 
 from __future__ import annotations
@@ -85,77 +98,103 @@ SCALED = DvaArchitecture(encoder_channels=(8, 16, 32), decoder_dense=(64,), deco
 """A CPU-sized variant: 3 conv layers of 8/16/32 channels per encoder, a 64-unit decoder layer, 16/8-channel
 transposed convs (the paper: 4 layers of 64..512 channels)."""
 
+# Index of each random initializer in `initializer_seed(seed, index)`; layers numbered i use base + i (i < 10).
+_INIT_SEEDS = dict(z_conv=10, z_mu=30, z_logvar=31, c_x_embedding=40, c_z_embedding=41, c_conv=50, c_mu=70,
+                   c_logvar=71, dec_dense=80, dec_project=100, dec_deconv=110, dec_out=120, head_hidden=130,
+                   head_logits=131)
 
-def _backbone(arch: DvaArchitecture, name: str) -> list[tf.keras.layers.Layer]:
+
+def initializer_seed(seed: int, index: int) -> int:
+    """``(seed * 1024 + index) mod 2**31``: the op-level seed of a model's `index`-th initializer (the formula of
+    `fedpersonal.models.partially_local_model.initializer_seed`, repeated here to keep this module dependency-free)."""
+    return (int(seed) * 1024 + int(index)) % 2**31
+
+
+def _glorot(seed: int, name: str, offset: int = 0) -> tf.keras.initializers.Initializer:
+    """A fresh, seeded Glorot-uniform initializer (Keras' default kernel initializer) for variable `name`."""
+    return tf.keras.initializers.GlorotUniform(seed=initializer_seed(seed, _INIT_SEEDS[name] + offset))
+
+
+def _backbone(arch: DvaArchitecture, name: str, seed: int) -> list[tf.keras.layers.Layer]:
     layers = []
     for i, channels in enumerate(arch.encoder_channels):
         layers += [
             tf.keras.layers.Conv2D(channels, arch.kernel_size, strides=2, padding='same', use_bias=False,
-                                   name=f'{name}_conv{i}'),
+                                   kernel_initializer=_glorot(seed, f'{name}_conv', i), name=f'{name}_conv{i}'),
             tf.keras.layers.BatchNormalization(momentum=arch.batch_norm_momentum, name=f'{name}_bn{i}'),
             tf.keras.layers.LeakyReLU(0.2),
         ]
     return layers + [tf.keras.layers.Flatten()]
 
 
-def _gaussian_heads(features, dim: int, name: str):
-    mu = tf.keras.layers.Dense(dim, name=f'{name}_mu')(features)
-    logvar = tf.keras.layers.Dense(dim, name=f'{name}_logvar')(features)
+def _gaussian_heads(features, dim: int, name: str, seed: int):
+    mu = tf.keras.layers.Dense(dim, kernel_initializer=_glorot(seed, f'{name}_mu'), name=f'{name}_mu')(features)
+    logvar = tf.keras.layers.Dense(dim, kernel_initializer=_glorot(seed, f'{name}_logvar'),
+                                   name=f'{name}_logvar')(features)
     return mu, logvar
 
 
-def build_z_encoder(arch: DvaArchitecture) -> tf.keras.Model:
-    """x -> (mu_z, logvar_z)."""
+def build_z_encoder(arch: DvaArchitecture, *, seed: int = 0) -> tf.keras.Model:
+    """x -> (mu_z, logvar_z). `seed` (default 0) determines the initial weights (see the module docstring)."""
     x = tf.keras.Input(arch.image_shape)
     h = x
-    for layer in _backbone(arch, 'z'):
+    for layer in _backbone(arch, 'z', seed):
         h = layer(h)
-    return tf.keras.Model(x, _gaussian_heads(h, arch.z_dim, 'z'), name='z_encoder')
+    return tf.keras.Model(x, _gaussian_heads(h, arch.z_dim, 'z', seed), name='z_encoder')
 
 
-def build_c_encoder(arch: DvaArchitecture) -> tf.keras.Model:
-    """(x, z) -> (mu_c, logvar_c). The caller passes stop_gradient(z)."""
+def build_c_encoder(arch: DvaArchitecture, *, seed: int = 0) -> tf.keras.Model:
+    """(x, z) -> (mu_c, logvar_c). The caller passes stop_gradient(z). `seed`: as for `build_z_encoder`."""
     height, width, _ = arch.image_shape
     x = tf.keras.Input(arch.image_shape)
     z = tf.keras.Input([arch.z_dim])
-    x_embedding = tf.keras.layers.Conv2D(arch.embedding_channels, 1, name='c_x_embedding')(x)
+    x_embedding = tf.keras.layers.Conv2D(arch.embedding_channels, 1, kernel_initializer=_glorot(seed, 'c_x_embedding'),
+                                         name='c_x_embedding')(x)
     z_embedding = tf.keras.layers.Reshape([height, width, 1])(
-        tf.keras.layers.Dense(height * width, name='c_z_embedding')(z))
+        tf.keras.layers.Dense(height * width, kernel_initializer=_glorot(seed, 'c_z_embedding'),
+                              name='c_z_embedding')(z))
     h = tf.keras.layers.Concatenate(axis=-1)([x_embedding, z_embedding])
-    for layer in _backbone(arch, 'c'):
+    for layer in _backbone(arch, 'c', seed):
         h = layer(h)
-    return tf.keras.Model([x, z], _gaussian_heads(h, arch.c_dim, 'c'), name='c_encoder')
+    return tf.keras.Model([x, z], _gaussian_heads(h, arch.c_dim, 'c', seed), name='c_encoder')
 
 
-def build_decoder(arch: DvaArchitecture) -> tf.keras.Model:
-    """[z, c] -> per-pixel logits `[n, h, w, channels]`."""
+def build_decoder(arch: DvaArchitecture, *, seed: int = 0) -> tf.keras.Model:
+    """[z, c] -> per-pixel logits `[n, h, w, channels]`. `seed`: as for `build_z_encoder`."""
     height, width, channels = arch.image_shape
     latent = tf.keras.Input([arch.z_dim + arch.c_dim])
     h = latent
     for i, units in enumerate(arch.decoder_dense):
-        h = tf.keras.layers.LeakyReLU(0.2)(tf.keras.layers.Dense(units, name=f'dec_dense{i}')(h))
+        h = tf.keras.layers.LeakyReLU(0.2)(tf.keras.layers.Dense(
+            units, kernel_initializer=_glorot(seed, 'dec_dense', i), name=f'dec_dense{i}')(h))
     first = arch.decoder_channels[0]
-    h = tf.keras.layers.Dense((height // 4) * (width // 4) * first, name='dec_project')(h)
+    h = tf.keras.layers.Dense((height // 4) * (width // 4) * first, kernel_initializer=_glorot(seed, 'dec_project'),
+                              name='dec_project')(h)
     h = tf.keras.layers.Reshape([height // 4, width // 4, first])(h)
     for i, ch in enumerate(arch.decoder_channels):
         h = tf.keras.layers.Conv2DTranspose(ch, arch.kernel_size, strides=2, padding='same', use_bias=False,
+                                            kernel_initializer=_glorot(seed, 'dec_deconv', i),
                                             name=f'dec_deconv{i}')(h)
         h = tf.keras.layers.BatchNormalization(momentum=arch.batch_norm_momentum, name=f'dec_bn{i}')(h)
         h = tf.keras.layers.LeakyReLU(0.2)(h)
-    logits = tf.keras.layers.Conv2D(channels, 3, padding='same', name='dec_out')(h)
+    logits = tf.keras.layers.Conv2D(channels, 3, padding='same', kernel_initializer=_glorot(seed, 'dec_out'),
+                                    name='dec_out')(h)
     return tf.keras.Model(latent, logits, name='decoder')
 
 
-def build_head(arch: DvaArchitecture) -> tf.keras.Model:
-    """[mu_z, mu_c] -> class logits."""
+def build_head(arch: DvaArchitecture, *, seed: int = 0) -> tf.keras.Model:
+    """[mu_z, mu_c] -> class logits. `seed`: as for `build_z_encoder`."""
     features = tf.keras.Input([arch.z_dim + arch.c_dim])
     # Standardizes the representation per client (moving statistics are private), like a linear probe's scaler:
     # the c regularizers push mu_c far from the origin (KL >= xi), so the raw scales differ a lot.
     h = tf.keras.layers.BatchNormalization(center=False, scale=False, momentum=arch.batch_norm_momentum,
                                            name='head_standardize')(features)
     if arch.head_hidden:
-        h = tf.keras.layers.Dense(arch.head_hidden, activation='relu', name='head_hidden')(h)
-    return tf.keras.Model(features, tf.keras.layers.Dense(arch.num_classes, name='head_logits')(h), name='head')
+        h = tf.keras.layers.Dense(arch.head_hidden, activation='relu', kernel_initializer=_glorot(seed, 'head_hidden'),
+                                  name='head_hidden')(h)
+    logits = tf.keras.layers.Dense(arch.num_classes, kernel_initializer=_glorot(seed, 'head_logits'),
+                                   name='head_logits')(h)
+    return tf.keras.Model(features, logits, name='head')
 
 
 # ------------------------------------------------------------------ losses
@@ -236,18 +275,22 @@ class DualVae:
       head_tunes_encoders: The 'head' phase also steps both encoders (the federated variables) through the
         classification loss (encoder batch norms in inference mode); otherwise only the head steps, on
         stop_gradient of the posterior means.
+      seed: Determines the initial weights (bit-identical for every `DualVae` built with the same seed and
+        architecture, e.g. the initial private state of every FedDVA client) and, with the data and the current
+        weights, the reparameterization noise (`noise`). Default 0.
     """
 
     def __init__(self, arch: DvaArchitecture = SCALED, weights: LossWeights = LossWeights(),
-                 head_tunes_encoders: bool = False):
+                 head_tunes_encoders: bool = False, *, seed: int = 0):
         self.arch = arch
         self.weights = weights
         self.head_tunes_encoders = bool(head_tunes_encoders)
+        self.seed = int(seed)
         self.xi = float(weights.xi if weights.xi is not None else 8.0 * arch.c_dim)
-        self.z_encoder = build_z_encoder(arch)
-        self.c_encoder = build_c_encoder(arch)
-        self.decoder = build_decoder(arch)
-        self.head = build_head(arch)
+        self.z_encoder = build_z_encoder(arch, seed=seed)
+        self.c_encoder = build_c_encoder(arch, seed=seed)
+        self.decoder = build_decoder(arch, seed=seed)
+        self.head = build_head(arch, seed=seed)
 
     # Variable groups.
     @property
@@ -346,20 +389,51 @@ class DualVae:
             return {'loss': loss, 'reconstruction': recon, 'kl_c_slack': slack, 'constraint': constraint}
         raise ValueError(f'unknown phase {phase!r}; expected one of {PHASES}')
 
-    def phase_loss(self, phase: str, x: tf.Tensor, y: Optional[tf.Tensor] = None) -> tf.Tensor:
-        """The loss of `phase` on a batch, with fresh N(0, I) reparameterization noise."""
+    def noise_seed(self, phase: str, x: tf.Tensor) -> tf.Tensor:
+        """The `[2]` int64 stateless seed of the noise of one step of `phase` on the batch `x`.
+
+        A fingerprint (farmhash64) of the bits of `x` and of the current values of `variables_of(phase)`, folded
+        into ``[seed, phase index]``: a deterministic function of the model's seed, the phase, the batch and the
+        weights about to be stepped. Clients see different batches, and the stepped variables change with every
+        step and every round, so the noise is fresh for each step of each client in each round while two runs
+        with the same seed and data draw the same noise.
+        """
+        state = [tf.reshape(tf.cast(x, tf.float32), [1, -1])]
+        state += [tf.reshape(tf.cast(v, tf.float32), [1, -1]) for v in self.variables_of(phase)]
+        fingerprint = tf.bitcast(tf.fingerprint(tf.stop_gradient(tf.concat(state, axis=1))), tf.int64)[0]
+        base = tf.constant([self.seed, PHASES.index(phase)], tf.int64)
+        return tf.random.experimental.stateless_fold_in(base, fingerprint)
+
+    def noise(self, phase: str, x: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor]:
+        """N(0, I) reparameterization noise `(eps_z [n, z_dim], eps_c [n, c_dim])` for one step of `phase` on `x`,
+        drawn by stateless random ops seeded by `noise_seed` (deterministic; see there)."""
         n = tf.shape(x)[0]
-        eps_z = tf.random.normal([n, self.arch.z_dim])
-        eps_c = tf.random.normal([n, self.arch.c_dim])
+        seed = self.noise_seed(phase, x)
+        fold_in = tf.random.experimental.stateless_fold_in
+        eps_z = tf.random.stateless_normal([n, self.arch.z_dim], seed=fold_in(seed, tf.constant(0, tf.int64)))
+        eps_c = tf.random.stateless_normal([n, self.arch.c_dim], seed=fold_in(seed, tf.constant(1, tf.int64)))
+        return eps_z, eps_c
+
+    def phase_loss(self, phase: str, x: tf.Tensor, y: Optional[tf.Tensor] = None) -> tf.Tensor:
+        """The loss of `phase` on a batch, with N(0, I) reparameterization noise from `noise` (fresh for every step,
+        client and round, yet a deterministic function of the seed, the batch and the current weights)."""
+        if phase == 'head':  # No sampling in the head phase.
+            n = tf.shape(x)[0]
+            eps_z, eps_c = tf.zeros([n, self.arch.z_dim]), tf.zeros([n, self.arch.c_dim])
+        else:
+            eps_z, eps_c = self.noise(phase, x)
         return self.phase_terms(phase, x, eps_z, eps_c, y)['loss']
 
 
 def build_cnn_classifier(image_shape: tuple[int, int, int] = (28, 28, 1),
                          channels: tuple[int, ...] = (32, 64, 128, 256),
-                         dense_units: int = 128, num_classes: int = 10, seed: int = 0) -> tf.keras.Model:
+                         dense_units: int = 128, num_classes: int = 10, *, seed: int = 0) -> tf.keras.Model:
     """The baselines' classifier (FedAvg, FedAvg + fine-tuning, Ditto): stride-2 conv layers (kernel 3, ReLU;
-    the FedDVA appendix uses 4) and a 2-layer dense head, no batch norm (all weights federated). Returns logits."""
-    init = lambda i: tf.keras.initializers.GlorotUniform(seed=seed * 100 + i)
+    the FedDVA appendix uses 4) and a 2-layer dense head, no batch norm (all weights federated). Returns logits.
+
+    `seed` (default 0): conv kernel i gets ``initializer_seed(seed, i)``, the dense kernels indices 50 and 51
+    (biases start at zero), so every model built with one seed has bit-identical initial weights."""
+    init = lambda i: tf.keras.initializers.GlorotUniform(seed=initializer_seed(seed, i))
     x = tf.keras.Input(image_shape)
     h = x
     for i, ch in enumerate(channels):
