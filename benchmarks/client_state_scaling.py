@@ -75,6 +75,7 @@ def run_child(config: dict) -> dict:
     pkg.__path__ = [os.path.join(_REPO, 'fedpersonal')]
     sys.modules['fedpersonal'] = pkg  # Skip fedpersonal/__init__.py (imports TFF); see the module docstring.
     import numpy as np  # pylint: disable=g-import-not-at-top
+
     from fedpersonal import client_state  # pylint: disable=g-import-not-at-top
 
     n, k, rounds = config['n'], config['k'], config['rounds']

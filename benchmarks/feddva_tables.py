@@ -57,10 +57,7 @@ def rerender(config: feddva.FeddvaConfig) -> dict:
 
 
 def _has_checkpoints(output_dir: str) -> bool:
-    for _, dirs, _ in os.walk(output_dir):
-        if 'checkpoints' in dirs:
-            return True
-    return False
+    return any('checkpoints' in dirs for _, dirs, _ in os.walk(output_dir))
 
 
 def main(argv):

@@ -43,10 +43,10 @@ def run_child(config: dict) -> dict:
     import tensorflow as tf  # pylint: disable=g-import-not-at-top
 
     from fedpersonal import client_state  # pylint: disable=g-import-not-at-top
-    from fedpersonal.program import training_loop  # pylint: disable=g-import-not-at-top
     from fedpersonal import runtime  # pylint: disable=g-import-not-at-top
     from fedpersonal.algorithms import furl  # pylint: disable=g-import-not-at-top
     from fedpersonal.models import furl_models  # pylint: disable=g-import-not-at-top
+    from fedpersonal.program import training_loop  # pylint: disable=g-import-not-at-top
 
     n, k, rounds, features = config['n'], config['k'], config['rounds'], 8
     model_fn = furl_models.furl_model_fn(

@@ -93,7 +93,7 @@ def main(argv):
         'statistics': {k: v for k, v in results['statistics'].items() if not isinstance(v, dict)},
         'machine': f'{platform.processor() or platform.machine()}, {os.cpu_count()} cores',
         'config': dataclasses.asdict(config),
-        'rows': [{k: v for k, v in r.items()} for r in rows],
+        'rows': [dict(r) for r in rows],
     }
     program.write_json(FLAGS.results_json, payload)
     table = movielens_mf.format_table(rows)

@@ -10,8 +10,9 @@ commit, never to the number of registered clients. Nothing survives the process.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
-from typing import Any, Optional
+from collections.abc import Iterable
+from collections.abc import Sequence
+from typing import Any
 
 from fedpersonal.client_state import store as store_lib
 
@@ -37,7 +38,7 @@ class InMemoryClientStateStore(store_lib.ClientStateStore):
         if self._closed:
             raise ValueError('the client state store is closed')
 
-    def _blob(self, client_id: str) -> Optional[bytes]:
+    def _blob(self, client_id: str) -> bytes | None:
         versions = self._pending.get(client_id)
         if versions:
             return versions[max(versions)]
@@ -75,9 +76,10 @@ class InMemoryClientStateStore(store_lib.ClientStateStore):
                 versions = self._pending[cid] = {}
             versions[round_num] = blob
 
-    def register(self, client_ids: Sequence[str], states: Optional[Sequence[store_lib.State]] = None) -> None:
+    def register(self, client_ids: Sequence[str], states: Sequence[store_lib.State] | None = None) -> None:
         self._check_open()
         new: dict[str, bytes] = {}
+        pairs: Iterable[tuple[str, store_lib.State | None]]
         if states is None:
             pairs = ((cid, None) for cid in client_ids)
         else:

@@ -40,8 +40,10 @@ from __future__ import annotations
 import json
 import os
 import sqlite3
-from collections.abc import Iterable, Iterator, Sequence
-from typing import Any, Optional, Union
+from collections.abc import Iterable
+from collections.abc import Iterator
+from collections.abc import Sequence
+from typing import Any
 
 from fedpersonal.client_state import store as store_lib
 
@@ -67,7 +69,7 @@ def _placeholders(n: int) -> str:
 class SqliteClientStateStore(store_lib.ClientStateStore):
     """Client states in an SQLite file, with the commit/rollback semantics of `ClientStateStore`."""
 
-    def __init__(self, path: Union[str, os.PathLike], spec: Iterable[tuple[Sequence[int], Any]],
+    def __init__(self, path: str | os.PathLike, spec: Iterable[tuple[Sequence[int], Any]],
                  default_fn: store_lib.DefaultFn, *, cache_mb: int = 16):
         """Opens the store at `path`, creating it if the file does not exist or is empty.
 
@@ -85,7 +87,7 @@ class SqliteClientStateStore(store_lib.ClientStateStore):
         """
         super().__init__(spec, default_fn)
         self.path = os.fspath(path)
-        self._conn: Optional[sqlite3.Connection] = None
+        self._conn: sqlite3.Connection | None = None
         conn = sqlite3.connect(self.path, isolation_level=None)  # Transactions are explicit.
         try:
             conn.execute('PRAGMA journal_mode=WAL')
@@ -214,31 +216,33 @@ class SqliteClientStateStore(store_lib.ClientStateStore):
 
         self._num_clients += self._write(body)
 
-    def register(self, client_ids: Sequence[str], states: Optional[Sequence[store_lib.State]] = None) -> None:
+    def register(self, client_ids: Sequence[str], states: Sequence[store_lib.State] | None = None) -> None:
         conn = self._db()
         if states is not None and len(client_ids) != len(states):
             raise ValueError(f'register: {len(client_ids)} client ids but {len(states)} states')
         pairs = ((cid, None) for cid in client_ids) if states is None else zip(client_ids, states)
         pending_ids = {row[0] for row in conn.execute('SELECT DISTINCT client_id FROM pending')}
-        last = [None, 0]  # Id of the row being inserted, rows yielded.
+        last_id: str | None = None  # Id of the row being inserted.
+        num_rows = 0  # Rows yielded.
 
         def rows() -> Iterator[tuple[str, bytes]]:
+            nonlocal last_id, num_rows
             for cid, state in pairs:
                 store_lib.check_client_id(cid)
                 if cid in pending_ids:
                     raise ValueError(f'register: client {cid!r} is already registered')
                 blob = self._codec.encode(cid, self.default_fn(cid) if state is None else state)
-                last[0] = cid
-                last[1] += 1
+                last_id = cid
+                num_rows += 1
                 yield cid, blob
 
         def body(conn: sqlite3.Connection) -> int:
             try:
                 conn.executemany('INSERT INTO states (client_id, round, blob) VALUES (?, 0, ?)', rows())
             except sqlite3.IntegrityError as e:
-                raise ValueError(f'register: client {last[0]!r} is already registered or listed more than once') from e
-            conn.execute("UPDATE meta SET value = value + ? WHERE key = 'num_clients'", (last[1],))
-            return last[1]
+                raise ValueError(f'register: client {last_id!r} is already registered or listed more than once') from e
+            conn.execute("UPDATE meta SET value = value + ? WHERE key = 'num_clients'", (num_rows,))
+            return num_rows
 
         self._num_clients += self._write(body, durable=True)
         conn.execute('PRAGMA wal_checkpoint(TRUNCATE)')

@@ -32,8 +32,10 @@ from __future__ import annotations
 import abc
 import hashlib
 import json
-from collections.abc import Callable, Iterable, Sequence
-from typing import Any, Optional
+from collections.abc import Callable
+from collections.abc import Iterable
+from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 
@@ -155,7 +157,7 @@ class StateCodec:
             return arrays[0].tobytes()
         return b''.join(a.tobytes() for a in arrays)
 
-    def decode(self, client_id: str, blob: Optional[bytes]) -> State:
+    def decode(self, client_id: str, blob: bytes | None) -> State:
         """Returns fresh, writable arrays from a blob.
 
         Raises:
@@ -231,7 +233,7 @@ class ClientStateStore(abc.ABC):
         """
 
     @abc.abstractmethod
-    def register(self, client_ids: Sequence[str], states: Optional[Sequence[State]] = None) -> None:
+    def register(self, client_ids: Sequence[str], states: Sequence[State] | None = None) -> None:
         """Registers clients with initial values (round 0), atomically.
 
         Initial values are committed at once (never rolled back). Meant for bulk
@@ -278,7 +280,7 @@ class ClientStateStore(abc.ABC):
     def close(self) -> None:
         """Releases the store's resources; it cannot be used afterwards."""
 
-    def __enter__(self) -> 'ClientStateStore':
+    def __enter__(self) -> ClientStateStore:
         return self
 
     def __exit__(self, *exc_info) -> None:

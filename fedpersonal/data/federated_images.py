@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import collections
 import dataclasses
-from typing import Any, Optional
+from typing import Any
 
 import numpy as np
 
@@ -136,7 +136,8 @@ class FederatedImageData:
 
     @property
     def image_shape(self) -> tuple[int, int, int]:
-        return tuple(self.train[self.client_ids[0]][0].shape[1:])
+        height, width, channels = self.train[self.client_ids[0]][0].shape[1:]
+        return height, width, channels
 
     def mark_types(self) -> np.ndarray:
         """Mark type of each client (all 0 when marks are off)."""
@@ -195,7 +196,8 @@ def federate(dataset: image_datasets.ImageDataset, *, num_clients: int, train_pe
     train_idx = allocate(dataset.train_labels, proportions, train_per_client, rng)
     test_idx = allocate(dataset.test_labels, proportions, test_per_client, rng)
     ids = [str(i) for i in range(num_clients)]
-    train, test = {}, {}
+    train: dict[str, tuple[np.ndarray, np.ndarray]] = {}
+    test: dict[str, tuple[np.ndarray, np.ndarray]] = {}
     for i, cid in enumerate(ids):
         for out, images, labels, idx in ((train, dataset.train_images, dataset.train_labels, train_idx[i]),
                                          (test, dataset.test_images, dataset.test_labels, test_idx[i])):
@@ -246,7 +248,7 @@ def generate_default(num_train: int = 12000, num_test: int = 2000, seed: int = 0
     return image_datasets.ImageDataset('generated', train_images, train_labels, test_images, test_labels)
 
 
-def load_source(dataset: str, data_dir: Optional[str], *, generated_train: int = 12000, generated_test: int = 2000,
+def load_source(dataset: str, data_dir: str | None, *, generated_train: int = 12000, generated_test: int = 2000,
                 seed: int = 0) -> image_datasets.ImageDataset:
     """The source dataset by name: 'generated', 'mnist' (IDX in `data_dir`), 'fashion_mnist' (IDX in `data_dir`,
     default the Debian package's directory) or 'cifar10' (python pickles in `data_dir`)."""

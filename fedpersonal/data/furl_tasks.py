@@ -33,7 +33,8 @@ from __future__ import annotations
 import collections
 import dataclasses
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any, Optional
+from typing import TYPE_CHECKING
+from typing import Any
 
 import numpy as np
 
@@ -122,7 +123,7 @@ class _SplitIndex:
     user_id: np.ndarray  # int64 [N]
     doc_index: np.ndarray  # int64 [N], row of the document table
     label: np.ndarray  # int64 [N]
-    item_id: Optional[np.ndarray]  # int64 [N] or None
+    item_id: np.ndarray | None  # int64 [N] or None
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
@@ -146,9 +147,9 @@ class FurlData:
         name: Short dataset name.
     """
 
-    train: 'tff.simulation.datasets.ClientData'
-    eval: 'tff.simulation.datasets.ClientData'
-    test: 'tff.simulation.datasets.ClientData'
+    train: tff.simulation.datasets.ClientData
+    eval: tff.simulation.datasets.ClientData
+    test: tff.simulation.datasets.ClientData
     num_users: int
     num_classes: int
     char_vocab_size: int
@@ -169,7 +170,7 @@ class FurlData:
         """``[str(u) for u in range(num_users)]``."""
         return [str(u) for u in range(self.num_users)]
 
-    def client_data(self, split: str) -> 'tff.simulation.datasets.ClientData':
+    def client_data(self, split: str) -> tff.simulation.datasets.ClientData:
         """The `ClientData` of `split` (``'train'``, ``'eval'`` or ``'test'``)."""
         _check_split(split)
         return getattr(self, split)
@@ -200,7 +201,7 @@ class FurlData:
         """Python-scalar summary: users, examples per split, classes, label shares, per-user sizes and rates."""
         train_labels = self._splits['train'].label
         all_labels = np.concatenate([self._splits[s].label for s in SPLITS])
-        per_user = sum(self.examples_per_user(s) for s in SPLITS)
+        per_user = np.sum([self.examples_per_user(s) for s in SPLITS], axis=0)
         stats: dict[str, Any] = {
             'name': self.name,
             'num_users': self.num_users,
@@ -245,7 +246,7 @@ def _gather(index: _SplitIndex, doc_chars: np.ndarray, doc_features: np.ndarray,
 
 
 def _to_client_data(index: _SplitIndex, doc_chars: np.ndarray, doc_features: np.ndarray,
-                    num_users: int) -> 'tff.simulation.datasets.ClientData':
+                    num_users: int) -> tff.simulation.datasets.ClientData:
     """An in-memory `ClientData` (one client per user, ids ``str(u)``), traceable by TF/TFF."""
     import tensorflow as tf  # Lazy: loading and preprocessing do not need TensorFlow.
     import tensorflow_federated as tff
@@ -306,12 +307,12 @@ def build_furl_data(
     order_key: np.ndarray,
     doc_index: np.ndarray,
     label: np.ndarray,
-    doc_texts: Optional[Sequence[str]],
+    doc_texts: Sequence[str] | None,
     doc_features: np.ndarray,
     num_classes: int,
     max_chars: int,
     user_ids: np.ndarray,
-    item_id: Optional[np.ndarray] = None,
+    item_id: np.ndarray | None = None,
     num_items: int = 0,
     split_order: str = 'time',
     seed: int = 0,

@@ -78,7 +78,8 @@ def _student_vectors(grouping: str, user_index: np.ndarray, item_index: np.ndarr
                      num_items: int, multi_hot: np.ndarray, seed: int) -> np.ndarray:
     from sklearn.decomposition import TruncatedSVD  # Imported lazily: only clustering needs sklearn.
     from sklearn.feature_extraction.text import TfidfTransformer
-    from sklearn.preprocessing import MultiLabelBinarizer, normalize
+    from sklearn.preprocessing import MultiLabelBinarizer
+    from sklearn.preprocessing import normalize
 
     if grouping == 'concepts':
         counts = np.zeros((num_users, multi_hot.shape[1]))

@@ -35,7 +35,7 @@ __all__ = [
 FASHION_MNIST_DIR = '/usr/share/datasets/fashion-mnist'
 """Where the Debian package `dataset-fashion-mnist` installs Fashion-MNIST."""
 
-_IDX_DTYPES = {0x08: np.dtype('>u1'), 0x09: np.dtype('>i1'), 0x0B: np.dtype('>i2'), 0x0C: np.dtype('>i4'),
+_IDX_DTYPES: dict[int, np.dtype] = {0x08: np.dtype('>u1'), 0x09: np.dtype('>i1'), 0x0B: np.dtype('>i2'), 0x0C: np.dtype('>i4'),
                0x0D: np.dtype('>f4'), 0x0E: np.dtype('>f8')}
 
 

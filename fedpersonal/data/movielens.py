@@ -27,7 +27,8 @@ import math
 import os
 import re
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+from typing import Any
 
 import numpy as np
 import pandas as pd
@@ -58,7 +59,7 @@ _VARIANTS = ('auto', '100k', '1m')
 # int64); the rating is a non-negative decimal number (range-checked to 1..5 after parsing).
 _INT = r'\d{1,18}'
 _NUM = r'\d{1,6}(?:\.\d{1,6})?'
-_LAYOUTS = {
+_LAYOUTS: dict[str, dict[str, Any]] = {
     '100k': dict(file=_FILE_100K, sep='\t', sep_name='tab',
                  pattern=re.compile(f'{_INT}\t{_INT}\t{_NUM}\t{_INT}')),
     '1m': dict(file=_FILE_1M, sep='::', sep_name="'::'",
@@ -410,7 +411,7 @@ def split_by_time(data: MovieLensData, *, train_fraction: float = 0.8,
     is_train = position < n_train
     is_val = ~is_train & (position < n_train + n_val)
     is_test = ~is_train & ~is_val
-    return tuple(frame.loc[mask].reset_index(drop=True)  # type: ignore[return-value]
+    return tuple(frame.loc[mask].reset_index(drop=True)
                  for mask in (is_train, is_val, is_test))
 
 
@@ -420,7 +421,7 @@ def split_by_time(data: MovieLensData, *, train_fraction: float = 0.8,
 
 
 def to_client_data(ratings: pd.DataFrame,
-                   user_indices: Sequence[int] | None = None) -> 'tff.simulation.datasets.ClientData':
+                   user_indices: Sequence[int] | None = None) -> tff.simulation.datasets.ClientData:
     """Builds an in-memory `tff.simulation.datasets.ClientData` with one client per user.
 
     Client ids are ``str(user_index)``. Each client's dataset yields unbatched elements

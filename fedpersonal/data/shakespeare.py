@@ -238,6 +238,7 @@ def _work_speeches(name: str, path: str, work: str, entries: list[_Entry], plays
     """The speeches of one work, or None when it is skipped (no cast list and `plays_only`)."""
     cast = next((i for i, e in enumerate(entries)
                  if _CAST_LIST in (e.speaker.upper(), ' '.join(e.text.split()).upper())), None)
+    start: int | None
     if cast is None:
         if plays_only:
             return None

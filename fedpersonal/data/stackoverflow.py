@@ -36,8 +36,10 @@ import random
 import re
 import sqlite3
 import urllib.parse
-from collections.abc import Mapping, Sequence
-from typing import Any, Optional
+from collections.abc import Mapping
+from collections.abc import Sequence
+from typing import Any
+from typing import NoReturn
 
 from fedpersonal.data import text_corpus
 
@@ -82,7 +84,7 @@ class StackOverflowFormatError(ValueError):
         line: The 1-based line of a word-count file, or None.
     """
 
-    def __init__(self, message: str, *, path: str, client_id: Optional[str] = None, line: Optional[int] = None):
+    def __init__(self, message: str, *, path: str, client_id: str | None = None, line: int | None = None):
         super().__init__(message)
         self.path = path
         self.client_id = client_id
@@ -140,7 +142,7 @@ def _file_uri(path: str) -> str:
 def _parse_example(example_cls: Any, path: str, split: str, client_id: str, blob: Any) -> tuple[datetime.datetime, str]:
     """(creation date, normalized tokens) of one serialized example."""
 
-    def fail(problem: str):
+    def fail(problem: str) -> NoReturn:
         raise StackOverflowFormatError(f'{path}: split {split!r}, client {client_id!r}: {problem}', path=path,
                                        client_id=client_id)
 
@@ -175,7 +177,7 @@ def _parse_example(example_cls: Any, path: str, split: str, client_id: str, blob
     return date, ' '.join(tokens.split())
 
 
-def _date_or_none(value: str) -> Optional[datetime.datetime]:
+def _date_or_none(value: str) -> datetime.datetime | None:
     try:
         return parse_creation_date(value)
     except ValueError:
@@ -191,7 +193,7 @@ def _split_clients(connection: sqlite3.Connection, path: str, split: str) -> lis
 
 
 def _read_split(connection: sqlite3.Connection, path: str, split: str,
-                client_ids: Optional[Sequence[str]]) -> dict[str, list[str]]:
+                client_ids: Sequence[str] | None) -> dict[str, list[str]]:
     """Client id -> tokens sorted by creation date, for the clients of `split` (all, or `client_ids`)."""
     import tensorflow as tf  # pylint: disable=g-import-not-at-top  (only for the tf.train.Example proto)
     query = ('SELECT e.client_id, e.serialized_example_proto FROM examples AS e '
@@ -217,7 +219,7 @@ def _read_split(connection: sqlite3.Connection, path: str, split: str,
 
 
 def load_stackoverflow(sqlite_path: str, *, train_split: str = 'train', test_split: str = 'test',
-                       max_clients: Optional[int] = None, seed: int = 0,
+                       max_clients: int | None = None, seed: int = 0,
                        overlapping_clients: str = 'drop') -> text_corpus.TextCorpus:
     """Loads a TFF Stack Overflow SQLite file as a `text_corpus.TextCorpus` (see the module docstring).
 
@@ -280,7 +282,7 @@ def _split_names(connection: sqlite3.Connection) -> list[str]:
     return sorted(str(row[0]) for row in connection.execute('SELECT DISTINCT split_name FROM client_metadata'))
 
 
-def load_word_counts(path: str, vocab_size: Optional[int] = None) -> collections.OrderedDict:
+def load_word_counts(path: str, vocab_size: int | None = None) -> collections.OrderedDict:
     """Reads TFF's ``stackoverflow.word_count`` file: one ``word count`` pair per line, most frequent first.
 
     Args:

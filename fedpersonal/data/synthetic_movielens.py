@@ -114,7 +114,7 @@ def generate_movielens_like(*, num_users: int = 943, num_items: int = 1682, rank
     counts = _ratings_per_user(rng, num_users, num_items, min_ratings_per_user, mean_ratings_per_user)
 
     # Items without replacement, proportional to popularity: the k largest of log_weight + Gumbel noise.
-    item_lists = []
+    item_lists: list[np.ndarray] = []
     for lo in range(0, num_users, _USER_CHUNK):
         hi = min(num_users, lo + _USER_CHUNK)
         keys = log_weight[None, :] + rng.gumbel(size=(hi - lo, num_items))

@@ -19,7 +19,9 @@ import dataclasses
 import random
 import re
 import statistics
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable
+from collections.abc import Mapping
+from collections.abc import Sequence
 
 __all__ = [
     'PUNCTUATION',

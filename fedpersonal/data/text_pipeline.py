@@ -29,7 +29,8 @@ input is the first L ids and the label the last L (next-word targets).
 from __future__ import annotations
 
 import dataclasses
-from typing import Mapping, Optional, Sequence
+from collections.abc import Mapping
+from collections.abc import Sequence
 
 import numpy as np
 import tensorflow as tf
@@ -148,7 +149,7 @@ def encode_clients(
     clients: Mapping[str, Sequence[str]],
     encoder: TokenIdEncoder,
     *,
-    max_examples_per_client: Optional[int] = None,
+    max_examples_per_client: int | None = None,
 ) -> dict[str, dict[str, np.ndarray]]:
     """Encodes every client's first `max_examples_per_client` examples (time order is kept).
 

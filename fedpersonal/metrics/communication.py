@@ -24,7 +24,6 @@ these are payload sizes.
 from __future__ import annotations
 
 import collections
-from typing import Union
 
 import numpy as np
 import tensorflow as tf
@@ -98,8 +97,7 @@ class MeasuredAggregationFactory(tff.aggregators.WeightedAggregationFactory):
 
     def __init__(
         self,
-        inner: Union[tff.aggregators.WeightedAggregationFactory, tff.aggregators.UnweightedAggregationFactory,
-                     None] = None,
+        inner: tff.aggregators.WeightedAggregationFactory | tff.aggregators.UnweightedAggregationFactory | None = None,
     ):
         if inner is None:
             inner = tff.aggregators.MeanFactory()

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from collections.abc import Mapping
-from typing import Callable
 
 import numpy as np
 import tensorflow as tf
@@ -57,14 +57,14 @@ def summarize_per_client(per_client: Mapping[str, np.ndarray]) -> dict[str, dict
     Returns:
       metric name -> {'mean', 'std', 'min', 'p10', 'p25', 'p50', 'p75', 'p90', 'max', 'clients'}.
     """
-    summary = {}
+    summary: dict[str, dict[str, float]] = {}
     for name, values in per_client.items():
         values = np.asarray(values, dtype=np.float64).ravel()
         values = values[np.isfinite(values)]
         if values.size == 0:
             summary[name] = {'clients': 0}
             continue
-        row = {'mean': float(values.mean()), 'std': float(values.std()), 'min': float(values.min())}
+        row: dict[str, float] = {'mean': float(values.mean()), 'std': float(values.std()), 'min': float(values.min())}
         for q, v in zip(QUANTILES, np.quantile(values, QUANTILES)):
             row[f'p{int(q * 100)}'] = float(v)
         row['max'] = float(values.max())

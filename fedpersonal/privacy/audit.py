@@ -24,7 +24,7 @@ and data, so they are not violations.
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Callable, Optional, Union
+from typing import Any
 
 import tensorflow_federated as tff
 from tensorflow_federated.python.core.impl.compiler import building_blocks
@@ -62,7 +62,7 @@ def _union(tree: Any) -> Taint:
     if isinstance(tree, Taint):
         return tree
     if isinstance(tree, _Struct):
-        out = frozenset()
+        out: Taint = frozenset()
         for child in tree:
             out |= _union(child)
         return out
@@ -188,7 +188,8 @@ class _GraphAnalysis:
 
     def _body_outer(self, nodes, input_taints):
         self._call_outputs: dict[str, list[Taint]] = {}
-        taints, resources = {}, {}
+        taints: dict[str, Taint] = {}
+        resources: dict[str, Any] = {}
         # Precise per-output taints for top-level calls.
         for _ in range(20):
             changed = False
@@ -361,14 +362,14 @@ def audit_private_dataflow(computation: tff.Computation, private_parameter_index
     elements = list(tff.structure.iter_elements(result_type)) if isinstance(result_type, tff.StructType) else [(None, result_type)]
     result_children = list(result) if isinstance(result, _Struct) and len(elements) > 1 else [result]
     for (name, element_type), taint in zip(elements, result_children):
-        if isinstance(element_type, tff.FederatedType) and element_type.placement is tff.SERVER:
-            if _private_only_leaves(taint):
-                interpreter.violations.append(Violation(
-                    where=f'result {name or ""}', detail='the SERVER-placed result contains a private-only value'))
+        server_placed = isinstance(element_type, tff.FederatedType) and element_type.placement is tff.SERVER
+        if server_placed and _private_only_leaves(taint):
+            interpreter.violations.append(Violation(
+                where=f'result {name or ""}', detail='the SERVER-placed result contains a private-only value'))
     return interpreter.violations
 
 
-def tensor_shapes(*type_specs: tff.Type) -> set[tuple[Optional[int], ...]]:
+def tensor_shapes(*type_specs: tff.Type) -> set[tuple[int | None, ...]]:
     """The shapes of every tensor in `type_specs`, through structures and placements.
 
     A coarse complement to `audit_private_dataflow`: for example, no tensor of a

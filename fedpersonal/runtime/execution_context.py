@@ -21,6 +21,7 @@ This module owns that lifetime:
 from __future__ import annotations
 
 import atexit
+import contextlib
 import ctypes
 import gc
 import os
@@ -30,7 +31,7 @@ import sys
 import threading
 import time
 import types
-from typing import Any, Optional
+from typing import Any
 
 _PR_SET_PDEATHSIG = 1
 _lock = threading.Lock()
@@ -40,10 +41,8 @@ _installed = False
 
 def _kill_when_parent_dies() -> None:  # Runs in the child between fork and exec.
     if sys.platform.startswith('linux'):
-        try:
+        with contextlib.suppress(OSError, AttributeError):
             ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
-        except (OSError, AttributeError):
-            pass
 
 
 def _has_fileno(stream: Any) -> bool:
@@ -93,9 +92,7 @@ def install_worker_tracking() -> None:
     with _lock:
         if _installed:
             return
-        from tensorflow_federated.python.core.impl.executor_stacks import (  # pylint: disable=g-import-not-at-top
-            executor_factory,
-        )
+        from tensorflow_federated.python.core.impl.executor_stacks import executor_factory  # pylint: disable=g-import-not-at-top
 
         executor_factory.subprocess = _TrackingSubprocessModule()
         _installed = True
@@ -108,7 +105,7 @@ def running_workers() -> list[int]:
         return [p.pid for p in _workers if _is_running(p.pid)]
 
 
-def _process_state(pid: int) -> Optional[str]:
+def _process_state(pid: int) -> str | None:
     try:
         with open(f'/proc/{pid}/stat', 'rb') as f:
             return f.read().decode(errors='replace').rsplit(')', 1)[1].split()[0]
@@ -122,10 +119,8 @@ def _is_running(pid: int) -> bool:
 
 
 def _signal(pid: int, sig: int) -> None:
-    try:
+    with contextlib.suppress(ProcessLookupError):
         os.kill(pid, sig)
-    except ProcessLookupError:
-        pass
 
 
 def _wait_exited(pid: int, timeout_seconds: float) -> bool:
@@ -145,10 +140,8 @@ def _replace_default_context(*, at_exit: bool = False) -> None:
     another computation runs); at exit it is TFF's runtime-error context.
     """
     import tensorflow_federated as tff  # pylint: disable=g-import-not-at-top
-    from tensorflow_federated.python.core.impl.context_stack import (  # pylint: disable=g-import-not-at-top
-        context_stack_impl,
-        runtime_error_context,
-    )
+    from tensorflow_federated.python.core.impl.context_stack import context_stack_impl  # pylint: disable=g-import-not-at-top
+    from tensorflow_federated.python.core.impl.context_stack import runtime_error_context  # pylint: disable=g-import-not-at-top
 
     if at_exit:
         context_stack_impl.context_stack.set_default_context(runtime_error_context.create_runtime_error_context())
@@ -218,13 +211,11 @@ class LocalRuntime:
     def __init__(self, default_num_clients: int = 0, max_concurrent_computation_calls: int = -1):
         self._default_num_clients = default_num_clients
         self._max_concurrent = max_concurrent_computation_calls
-        self._previous: Optional[Any] = None
+        self._previous: Any | None = None
 
-    def __enter__(self) -> 'LocalRuntime':
+    def __enter__(self) -> LocalRuntime:
         import tensorflow_federated as tff  # pylint: disable=g-import-not-at-top
-        from tensorflow_federated.python.core.impl.context_stack import (  # pylint: disable=g-import-not-at-top
-            context_stack_impl,
-        )
+        from tensorflow_federated.python.core.impl.context_stack import context_stack_impl  # pylint: disable=g-import-not-at-top
 
         install_worker_tracking()
         self._previous = context_stack_impl.context_stack.current
@@ -235,9 +226,7 @@ class LocalRuntime:
         return self
 
     def __exit__(self, *exc_info: Any) -> None:
-        from tensorflow_federated.python.core.impl.context_stack import (  # pylint: disable=g-import-not-at-top
-            context_stack_impl,
-        )
+        from tensorflow_federated.python.core.impl.context_stack import context_stack_impl  # pylint: disable=g-import-not-at-top
 
         shutdown()
         if self._previous is not None:
