@@ -4,7 +4,8 @@
 #   ruff format --check .   the formatter's output (single quotes, 120 columns) must equal the sources
 #   mypy fedpersonal        type check of the package (third-party modules without stubs are Any)
 # Every step runs even when an earlier one fails; the script exits non-zero if any failed and names them.
-# Fix most findings with `ruff check --fix .` and `ruff format .`.
+# Fix most findings with `ruff check --fix .` and `ruff format .`; `ruff check .` (without the concise output
+# format used here) shows each finding in context.
 set -uo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 source scripts/env.sh
@@ -22,8 +23,8 @@ run() {
   fi
 }
 
-run 'ruff check' ruff check .
-run 'ruff format --check' ruff format --check .
+run 'ruff check' ruff check --output-format=concise .
+run 'ruff format --check' ruff format --check --output-format=concise .
 run 'mypy fedpersonal' mypy fedpersonal
 
 if [ "${#failed[@]}" -gt 0 ]; then
