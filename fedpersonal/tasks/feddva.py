@@ -22,6 +22,14 @@ mark type from c vs z), manifold grids through client decoders, t-SNE of z and c
 mark type; on `feddva` (whose encoders see no labels) when it runs, else on `feddva_tuned`.
 
 Configuration flows one way: flags -> `FeddvaConfig` -> builders.
+
+Every random choice derives from `FeddvaConfig.seed`, so two runs with the same config give bit-identical metrics
+(on CPU): the generated images, client allocation and marks, every model's initial weights (`DualVae` and
+`build_cnn_classifier` with ``seed``), FedDVA's reparameterization noise (stateless draws seeded by ``seed``, the
+phase, the batch and the current weights: `feddva_models.DualVae.noise`), the clients' batch shuffling (`tf.data`
+shuffle with ``seed``), the clients sampled each round ((``seed``, round)), the probes and the projection. `run`
+also sets TensorFlow's global seed to ``seed``, so the op-level seeds combine with the same graph-level seed
+whatever ran earlier in the process.
 """
 
 from __future__ import annotations
@@ -164,7 +172,8 @@ class FeddvaTask:
         return dataset.shuffle(1000, seed=self.config.seed, reshuffle_each_iteration=True).batch(self.config.batch_size)
 
     def dva_fn(self, head_tunes_encoders: bool = False) -> feddva_models.DualVae:
-        return feddva_models.DualVae(self.arch, self.loss_weights, head_tunes_encoders=head_tunes_encoders)
+        return feddva_models.DualVae(self.arch, self.loss_weights, head_tunes_encoders=head_tunes_encoders,
+                                     seed=self.config.seed)
 
     def cnn_fn(self) -> tf.keras.Model:
         cfg = self.config
@@ -424,6 +433,7 @@ def analyze_disentanglement(task: FeddvaTask, context: dict[str, Any], output_di
 
 def run(config: FeddvaConfig) -> dict[str, Any]:
     """Runs every configured setting and method; writes results.json and the figures to `config.output_dir`."""
+    tf.random.set_seed(config.seed)
     program.write_json(os.path.join(config.output_dir, 'config.json'), dataclasses.asdict(config))
     source = federated_images.load_source(config.dataset, config.data_dir, generated_train=config.generated_train,
                                           generated_test=config.generated_test, seed=config.seed)

@@ -15,6 +15,13 @@ The analysis compares the user embeddings learned on the server and in FL
 (t-SNE projection, k-nearest-neighbour overlap).
 
 Configuration flows one way: flags -> `FurlConfig` -> builders.
+
+Every random choice derives from `FurlConfig.seed`, so two runs with the same config give bit-identical metrics
+(on CPU): the generated data and the 'random' split order, every model's initial weights (`furl_models` with
+``seed``), the server rows' shuffling (`tf.data` shuffle with ``seed``), the clients sampled each round ((``seed``,
+round)), the clients' default private state (`client_state.seeded_uniform_default` with ``seed``) and the t-SNE
+projection. `run` also sets TensorFlow's global seed to ``seed``, so the op-level seeds combine with the same
+graph-level seed whatever ran earlier in the process.
 """
 
 from __future__ import annotations
@@ -127,7 +134,7 @@ class FurlTask:
         return furl_models.furl_model_fn(
             **self.data.model_kwargs(), personalization=personalization,
             char_embedding_dim=cfg.char_embedding_dim, lstm_units=cfg.lstm_units,
-            user_embedding_dim=cfg.user_embedding_dim, mlp_units=(cfg.mlp_units,))
+            user_embedding_dim=cfg.user_embedding_dim, mlp_units=(cfg.mlp_units,), seed=cfg.seed)
 
     def dataset_fn(self, dataset: tf.data.Dataset) -> tf.data.Dataset:
         return furl_models.batch_dataset(dataset, batch_size=self.config.batch_size)
@@ -226,7 +233,7 @@ def run_global_fl(task: FurlTask, outputs: program.ExperimentOutputs) -> dict[st
     return row
 
 
-def _open_store(task: FurlTask, process: furl.FurlProcess, outputs: program.ExperimentOutputs):
+def _open_store(task: FurlTask, process: core.PersonalizedProcess, outputs: program.ExperimentOutputs):
     spec = [(tuple(t.shape), t.dtype) for t in list(process.private_state_type.trainable)
             + list(process.private_state_type.non_trainable)]
     default = client_state.seeded_uniform_default(spec, scale=0.05, seed=task.config.seed)
@@ -307,6 +314,7 @@ def embedding_analysis(server: np.ndarray, fl: np.ndarray, rate: np.ndarray, pat
 
 def run(config: FurlConfig) -> dict[str, Any]:
     """Runs the configured FURL configurations; writes results.json, curves and the embedding plot."""
+    tf.random.set_seed(config.seed)
     data = load_data(config)
     task = FurlTask(config, data)
     program.write_json(os.path.join(config.output_dir, 'config.json'), dataclasses.asdict(config))

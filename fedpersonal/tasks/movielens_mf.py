@@ -15,6 +15,14 @@ Configurations (names as in the paper's Table 1):
   data, hyperparameters and evaluation).
 
 Configuration flows one way: flags -> `MovieLensMFConfig` -> builders.
+
+Randomness comes from the config's seeds only, so two runs with the same config give bit-identical metrics (on
+CPU): the data from `synthetic_seed` (generated data) and `split_seed` (user split); everything else from `seed`:
+every model's initial weights (`matrix_factorization` builders with `seed`: the personal model FedRecon's clients
+build each round, whose user embedding therefore starts from the same value every round, and the table model of
+the centralized and FedAvg rows), the centralized rows' shuffling (`tf.data` shuffle with `seed`), the clients
+sampled each round (`seed`, round) and the evaluation clients (`seed + 1`). `run` also sets TensorFlow's global
+seed to `seed`, so the op-level seeds combine with the same graph-level seed whatever ran earlier in the process.
 """
 
 from __future__ import annotations
@@ -201,6 +209,7 @@ class MovieLensMFTask:
             config.num_latent_factors,
             add_biases=config.add_biases,
             l2_regularization=config.l2_regularization,
+            seed=config.seed,
         )
         self._evaluations: dict[str, tff.Computation] = {}
 
@@ -231,6 +240,7 @@ class MovieLensMFTask:
             self.config.num_latent_factors,
             add_biases=self.config.add_biases,
             l2_regularization=self.config.l2_regularization,
+            seed=self.config.seed,
         )
 
     def table_model_fn(self) -> models.PartiallyLocalModel:
@@ -462,6 +472,7 @@ def run_configuration(task: MovieLensMFTask, name: str) -> dict[str, Any]:
 
 def run(config: MovieLensMFConfig) -> dict[str, Any]:
     """Runs every configuration in `config.configurations`; writes `results.json` and plots."""
+    tf.random.set_seed(config.seed)
     prepared = load_data(config)
     stats = data_lib.dataset_statistics(prepared.data)
     logging.info('Data: %s; %s', prepared.description, {k: v for k, v in stats.items() if not isinstance(v, dict)})

@@ -22,6 +22,13 @@ values each process broadcasts and aggregates
 (`fedpersonal.metrics.communication`).
 
 Configuration flows one way: flags -> `NextWordPredictionConfig` -> builders.
+
+Every random choice derives from `NextWordPredictionConfig.seed`, so two runs with the same config give
+bit-identical metrics (on CPU): the generated corpus and the train/test client split, the validation clients
+(``seed + 7``), every model's initial weights (`next_word_prediction.model_fn` / `build_keras_model` with ``seed``:
+FedRecon's clients reconstruct the OOV table from the same initial value every round), the clients sampled each
+round ((``seed``, round)) and the evaluation clients (``seed + 1``). `run` also sets TensorFlow's global seed to
+``seed``, so the op-level seeds combine with the same graph-level seed whatever ran earlier in the process.
 """
 
 from __future__ import annotations
@@ -389,6 +396,7 @@ class _Runner:
 
 def run(config: NextWordPredictionConfig, corpus: Optional[text_corpus.TextCorpus] = None) -> dict[str, Any]:
     """Runs every configuration for every vocabulary size; writes `results.json` and learning curves."""
+    tf.random.set_seed(config.seed)
     corpus = corpus if corpus is not None else load_corpus(config)
     statistics = text_corpus.corpus_statistics(corpus, vocab_sizes=config.vocab_sizes)
     logging.info('NWP data %s: %s', corpus.name, statistics)
