@@ -1,8 +1,34 @@
-"""Federated algorithms: one `build_*` per method and baseline."""
+"""Federated algorithms: one `build_*` per method and baseline, each a short composition of `fedpersonal.core`.
+
+Every builder returns a `fedpersonal.core.PersonalizedProcess` (`initialize`, `next` returning a
+`ProcessOutput(state, metrics, private_states)`, `get_model_weights`):
+
+* `build_fed_recon`: Federated Reconstruction (stateless: local variables reconstructed every round);
+* `build_furl`: FURL (private parameters persisted on stateful clients);
+* `build_ditto`: Ditto (personal models as private state);
+* `build_feddva`: FedDVA (shared dual encoders, private decoders and heads);
+* `build_hpfl`, `build_hpfl_baseline`: HPFL and its federated baselines on the GUM;
+* `compose_personalized_process`: the composer for a new method (see docs/ARCHITECTURE.md).
+"""
 
 from fedpersonal.algorithms.dataset_split import ReconstructionSplit
 from fedpersonal.algorithms.dataset_split import build_dataset_split_fn
+from fedpersonal.algorithms.ditto import build_ditto
 from fedpersonal.algorithms.fed_recon import build_fed_recon
+from fedpersonal.algorithms.feddva import build_feddva
 from fedpersonal.algorithms.furl import build_furl
 from fedpersonal.algorithms.hpfl import build_hpfl
 from fedpersonal.algorithms.hpfl_baselines import build_baseline as build_hpfl_baseline
+from fedpersonal.core.compose import compose_personalized_process
+
+__all__ = [
+    'ReconstructionSplit',
+    'build_dataset_split_fn',
+    'build_ditto',
+    'build_fed_recon',
+    'build_feddva',
+    'build_furl',
+    'build_hpfl',
+    'build_hpfl_baseline',
+    'compose_personalized_process',
+]

@@ -7,7 +7,8 @@ The global model w is trained by FedAvg. Every sampled client k also trains its 
 with w the global model it received this round (Algorithm 1 of the paper), for `personal_epochs` epochs:
 v_k <- v_k - eta * (grad F_k(v_k) + lambda * (v_k - w)) with SGD (any TFF optimizer may be given). The
 personal models never leave the clients: they are the process's `tff.CLIENTS`-placed private state, like
-FURL's (`fedpersonal.algorithms.furl`), kept between rounds in a client state store.
+FURL's (`fedpersonal.algorithms.furl`), kept between rounds in a client state store. The personal update is
+`fedpersonal.core.client_work.optimizer_steps` with the proximal term `client_work.proximal_term`.
 
     next: (<state@SERVER, {data}@CLIENTS, {personal}@CLIENTS> -> <state@SERVER, metrics@SERVER, {personal}@CLIENTS>)
 """
@@ -19,68 +20,46 @@ from typing import Any, Callable
 
 import tensorflow as tf
 import tensorflow_federated as tff
-from tensorflow_federated.python.learning import tensor_utils
 
-from fedpersonal.algorithms import fed_recon
-from fedpersonal.algorithms import furl
+from fedpersonal.core import client_work
+from fedpersonal.core import compose
+from fedpersonal.core import process as process_lib
 
 ModelWeights = tff.learning.models.ModelWeights
+keras_weights = client_work.keras_weights
 
 
-def keras_weights(model: tf.keras.Model) -> ModelWeights:
-    return ModelWeights(trainable=list(model.trainable_variables), non_trainable=list(model.non_trainable_variables))
+def cross_entropy_loss(model: tf.keras.Model) -> Callable[[Any], client_work.BatchLoss]:
+    """The batch loss of a Keras classifier (logits): mean sparse cross-entropy, with the correct predictions."""
 
+    def batch_loss(batch) -> client_work.BatchLoss:
+        logits = model(batch['x'], training=True)
+        labels = tf.cast(batch['y'], tf.int32)
+        loss = tf.reduce_mean(tf.nn.sparse_softmax_cross_entropy_with_logits(labels=labels, logits=logits))
+        correct = tf.reduce_sum(tf.cast(tf.equal(tf.argmax(logits, -1, output_type=tf.int32), labels), tf.float32))
+        return client_work.BatchLoss(loss, tf.shape(batch['y'])[0], collections.OrderedDict(correct=correct))
 
-def _cross_entropy(model: tf.keras.Model, batch) -> tuple[tf.Tensor, tf.Tensor]:
-    logits = model(batch['x'], training=True)
-    labels = tf.cast(batch['y'], tf.int32)
-    loss = tf.reduce_mean(tf.nn.sparse_softmax_cross_entropy_with_logits(labels=labels, logits=logits))
-    correct = tf.reduce_sum(tf.cast(tf.equal(tf.argmax(logits, -1, output_type=tf.int32), labels), tf.float32))
-    return loss, correct
+    return batch_loss
 
 
 def personal_steps(personal: tf.keras.Model, global_values: list[tf.Tensor], dataset: tf.data.Dataset, epochs: int,
                    optimizer: tff.learning.optimizers.Optimizer, lam: float):
     """Ditto's personal update in place on `personal` (inside a `tf.function`); returns (n, loss sum, correct)."""
     variables = list(personal.trainable_variables)
-    zero = (tf.constant(0.0), tf.constant(0.0), tf.constant(0.0))
-    if epochs < 1:
-        return zero
-
-    def step(carry, batch):
-        count, total, correct, opt_state = carry
-        with tf.GradientTape() as tape:
-            loss, batch_correct = _cross_entropy(personal, batch)
-        gradients = tape.gradient(loss, variables)
-        gradients = [g + lam * (v - w) for g, v, w in zip(gradients, variables, global_values)]
-        opt_state, updated = optimizer.next(opt_state, tuple(variables), tuple(gradients))
-        fed_recon.assign(variables, updated)
-        n = tf.cast(tf.shape(batch['y'])[0], tf.float32)
-        return count + n, total + loss * n, correct + batch_correct, opt_state
-
-    specs = tuple(tf.TensorSpec(v.shape, v.dtype) for v in variables)
-    count, total, correct, _ = dataset.repeat(epochs).reduce(zero + (optimizer.initialize(specs),), step)
-    return count, total, correct
+    result = client_work.optimizer_steps(
+        variables, dataset, optimizer, cross_entropy_loss(personal), epochs=epochs,
+        penalty=client_work.proximal_term(variables, global_values, lam), count_dtype=tf.float32,
+        zero_stats=collections.OrderedDict(correct=0.0))
+    return result.num_examples, result.loss_sum, result.stats['correct']
 
 
 def global_steps(model: tf.keras.Model, dataset: tf.data.Dataset, epochs: int,
                  optimizer: tff.learning.optimizers.Optimizer):
-    """Local FedAvg training of the global model copy in place; returns (n, loss sum)."""
-    variables = list(model.trainable_variables)
-
-    def step(carry, batch):
-        count, total, opt_state = carry
-        with tf.GradientTape() as tape:
-            loss, _ = _cross_entropy(model, batch)
-        opt_state, updated = optimizer.next(opt_state, tuple(variables), tuple(tape.gradient(loss, variables)))
-        fed_recon.assign(variables, updated)
-        n = tf.cast(tf.shape(batch['y'])[0], tf.float32)
-        return count + n, total + loss * n, opt_state
-
-    specs = tuple(tf.TensorSpec(v.shape, v.dtype) for v in variables)
-    zero = (tf.constant(0.0), tf.constant(0.0), optimizer.initialize(specs))
-    count, total, _ = dataset.repeat(max(epochs, 1)).reduce(zero, step)
-    return count, total
+    """Local FedAvg training of the global model copy in place (at least one epoch); returns (n, loss sum)."""
+    result = client_work.optimizer_steps(
+        list(model.trainable_variables), dataset, optimizer, cross_entropy_loss(model), epochs=max(epochs, 1),
+        count_dtype=tf.float32, zero_stats=collections.OrderedDict(correct=0.0))
+    return result.num_examples, result.loss_sum
 
 
 def build_ditto(
@@ -93,7 +72,7 @@ def build_ditto(
     client_optimizer: tff.learning.optimizers.Optimizer = tff.learning.optimizers.build_adam(learning_rate=1e-3),
     personal_optimizer: tff.learning.optimizers.Optimizer = tff.learning.optimizers.build_sgdm(learning_rate=0.05),
     server_optimizer: tff.learning.optimizers.Optimizer = tff.learning.optimizers.build_sgdm(learning_rate=1.0),
-) -> furl.FurlProcess:
+) -> process_lib.PersonalizedProcess:
     """Builds Ditto as an iterative process with personal models as CLIENTS-placed private state.
 
     Args:
@@ -107,7 +86,7 @@ def build_ditto(
       server_optimizer: Applied to the averaged global update.
 
     Returns:
-      A `furl.FurlProcess` whose private state is the personal model.
+      A stateful `fedpersonal.core.PersonalizedProcess` whose private state is the personal model.
     """
     if lam < 0:
         raise ValueError(f'lam must be >= 0, got {lam}')
@@ -116,7 +95,7 @@ def build_ditto(
 
     @tff.tensorflow.computation
     def initial_weights():
-        return keras_weights(model_fn())
+        return client_work.keras_weights(model_fn())
 
     weights_type = initial_weights.type_signature.result
     dataset_type = tff.SequenceType(tff.types.tensorflow_to_type(element_spec))
@@ -127,30 +106,26 @@ def build_ditto(
         with tf.init_scope():
             model = model_fn()
             personal = model_fn()
-        fed_recon.assign(model.trainable_variables, server_weights.trainable)
-        fed_recon.assign(model.non_trainable_variables, server_weights.non_trainable)
-        fed_recon.assign(personal.trainable_variables, personal_state.trainable)
-        fed_recon.assign(personal.non_trainable_variables, personal_state.non_trainable)
+        client_work.assign_weights(client_work.keras_weights(model), server_weights)
+        client_work.assign_weights(client_work.keras_weights(personal), personal_state)
         global_values = [tf.identity(w) for w in server_weights.trainable]
         p_count, p_total, p_correct = personal_steps(personal, global_values, dataset, personal_epochs,
                                                      personal_optimizer, lam)
         count, total = global_steps(model, dataset, client_epochs, client_optimizer)
-        delta = [a - b for a, b in zip(server_weights.trainable, model.trainable_variables)]
-        delta, has_non_finite = tensor_utils.zero_all_if_any_non_finite(delta)
+        delta, has_non_finite = client_work.weights_delta(server_weights.trainable, model.trainable_variables)
         num_examples = count / float(max(client_epochs, 1))
         weight = tf.where(tf.logical_or(has_non_finite > 0, num_examples == 0), 0.0, num_examples)
-        new_personal = ModelWeights(trainable=[tf.identity(v) for v in personal.trainable_variables],
-                                    non_trainable=[tf.identity(v) for v in personal.non_trainable_variables])
+        new_personal = client_work.snapshot(client_work.keras_weights(personal))
         sums = collections.OrderedDict(
             global_loss=tf.stack([total, count]), personal_loss=tf.stack([p_total, p_count]),
             personal_accuracy=tf.stack([p_correct, p_count]), num_examples=tf.stack([num_examples, 1.0]))
         return tff.learning.templates.ClientResult(update=delta, update_weight=weight), sums, new_personal
 
-    return furl.compose_stateful_process(
+    return compose.compose_personalized_process(
         initial_global_weights=initial_weights,
         initial_private_state=initial_weights,
         client_update=client_update,
         model_aggregator=tff.aggregators.MeanFactory(),
         server_optimizer=server_optimizer,
-        aggregate_metrics=furl.build_ratio_metrics_aggregation(client_update.type_signature.result[1]),
+        aggregate_metrics=compose.ratio_metrics(client_update.type_signature.result[1]),
     )

@@ -26,14 +26,13 @@ from __future__ import annotations
 import collections
 from typing import Any, Callable, Optional, Union
 
-import numpy as np
 import tensorflow as tf
 import tensorflow_federated as tff
-from tensorflow_federated.python.learning import tensor_utils
-from tensorflow_federated.python.learning.metrics import keras_finalizer
-from tensorflow_federated.python.learning.optimizers import keras_optimizer
 
 from fedpersonal.algorithms import dataset_split as dataset_split_lib
+from fedpersonal.core import client_work
+from fedpersonal.core import compose
+from fedpersonal.core import process as process_lib
 from fedpersonal.models import partially_local_model
 
 ReconstructionModel = tff.learning.models.ReconstructionModel
@@ -51,13 +50,6 @@ def resolve_split_fn(dataset_split: SplitArg) -> dataset_split_lib.DatasetSplitF
     if callable(dataset_split):
         return dataset_split
     raise TypeError(f'dataset_split must be a ReconstructionSplit or a split function, got {dataset_split!r}.')
-
-
-def regularization_loss(model: ReconstructionModel) -> tf.Tensor:
-    """Sum of the wrapped Keras model's regularization losses (0 if none)."""
-    keras_model = getattr(model, 'keras_model', None)
-    losses = list(keras_model.losses) if keras_model is not None else []
-    return tf.add_n(losses) if losses else tf.constant(0.0)
 
 
 def global_weights_with_local_default(model: ReconstructionModel, learn_local_init: bool) -> ModelWeights:
@@ -78,89 +70,7 @@ def server_weights_type(model_fn: Callable[[], ReconstructionModel], learn_local
     return initial_weights.type_signature.result
 
 
-def _specs(variables) -> tuple:
-    return tuple(tf.TensorSpec(v.shape, v.dtype) for v in variables)
-
-
-def assign(variables, values) -> None:
-    for variable, value in zip(variables, values):
-        variable.assign(value)
-
-
-def build_metrics(
-    metrics_fn: Optional[MetricsFn], loss_fn: LossFn, finalizers: collections.OrderedDict
-) -> list[tf.keras.metrics.Metric]:
-    """The user's metrics plus `loss` and `num_examples`; records each metric's TFF finalizer in `finalizers`.
-
-    Call while tracing a client computation (inside `tf.init_scope`).
-    """
-    metrics = (metrics_fn() if metrics_fn else []) + [
-        tf.keras.metrics.MeanMetricWrapper(loss_fn(), name='loss'),
-        tff.learning.metrics.NumExamplesCounter(),
-    ]
-    names = [metric.name for metric in metrics]
-    if len(set(names)) != len(names):
-        raise ValueError(f'Metric names must be unique (loss and num_examples are added): {names}.')
-    for metric in metrics:
-        finalizers[metric.name] = keras_finalizer.create_keras_metric_finalizer(metric)
-    return metrics
-
-
-def client_weight(
-    client_weighting: Any, num_examples: tf.Tensor, unfinalized_metrics: Any, has_non_finite: tf.Tensor
-) -> tf.Tensor:
-    """The aggregation weight of a client update; 0 for an empty client or a non-finite update."""
-    if client_weighting is tff.learning.ClientWeighting.NUM_EXAMPLES:
-        weight = tf.cast(num_examples, tf.float32)
-    elif client_weighting is tff.learning.ClientWeighting.UNIFORM:
-        weight = tf.constant(1.0)
-    else:
-        weight = tf.cast(client_weighting(unfinalized_metrics), tf.float32)
-    return tf.where(tf.logical_or(has_non_finite > 0, num_examples == 0), 0.0, weight)
-
-
-def optimizer_steps(
-    model: ReconstructionModel,
-    dataset: tf.data.Dataset,
-    variables: list[tf.Variable],
-    optimizer: tff.learning.optimizers.Optimizer,
-    loss: tf.keras.losses.Loss,
-    metrics: Optional[list[tf.keras.metrics.Metric]] = None,
-    extra_loss: Optional[Callable[[], tf.Tensor]] = None,
-) -> tf.Tensor:
-    """Runs one optimizer step per batch of `dataset` on `variables`.
-
-    Only `variables` change; everything else is read. `extra_loss`, if given,
-    is added to every batch loss (e.g. a norm penalty). Returns the number of
-    examples processed. Must be called inside a `tf.function`.
-    """
-    if not variables:
-        return tf.constant(0, tf.int32)
-    regularized = bool(getattr(getattr(model, 'keras_model', None), 'losses', None))
-
-    def step(state, batch):
-        num_examples, optimizer_state = state
-        with tf.GradientTape() as tape:
-            output = model.forward_pass(batch, training=True)
-            batch_loss = loss(output.labels, output.predictions)
-            if regularized:
-                batch_loss += regularization_loss(model)
-            if extra_loss is not None:
-                batch_loss += extra_loss()
-        gradients = tape.gradient(batch_loss, variables)
-        optimizer_state, updated = optimizer.next(optimizer_state, tuple(variables), tuple(gradients))
-        if not isinstance(optimizer, keras_optimizer.KerasOptimizer):
-            assign(variables, updated)
-        for metric in metrics or ():
-            metric.update_state(output.labels, output.predictions)
-        return num_examples + output.num_examples, optimizer_state
-
-    # `Dataset.reduce` rather than an AutoGraph `for` loop: measured ~25% faster per client.
-    num_examples, _ = dataset.reduce((tf.constant(0, tf.int32), optimizer.initialize(_specs(variables))), step)
-    return num_examples
-
-
-def _build_client_work(
+def _build_client_update(
     model_fn: ModelFn,
     *,
     loss_fn: LossFn,
@@ -171,70 +81,47 @@ def _build_client_work(
     jointly_train_locals: bool,
     learn_local_init: bool,
     client_weighting: Any,
-    metrics_aggregator: Callable[..., tff.Computation],
+    metric_finalizers: collections.OrderedDict,
     weights_type: tff.Type,
     dataset_type: tff.SequenceType,
-) -> tff.learning.templates.ClientWorkProcess:
+) -> tff.Computation:
     """The FedRecon client work: reconstruct locals, update globals, return the delta."""
-    metric_finalizers: collections.OrderedDict = collections.OrderedDict()
 
     @tff.tensorflow.computation(weights_type, dataset_type)
     @tf.function
     def client_update(server_weights, dataset):
         with tf.init_scope():
             model = model_fn()
-            metrics = build_metrics(metrics_fn, loss_fn, metric_finalizers)
+            metrics = client_work.build_metrics(metrics_fn, loss_fn, metric_finalizers)
             loss = loss_fn()
-            recon_opt = keras_optimizer.build_or_verify_tff_optimizer(
-                reconstruction_optimizer, model.local_trainable_variables, disjoint_init_and_next=False
-            )
+            recon_opt = client_work.prepare_optimizer(reconstruction_optimizer, model.local_trainable_variables)
             update_variables = list(model.global_trainable_variables)
             if jointly_train_locals:
                 update_variables += list(model.local_trainable_variables)
-            client_opt = keras_optimizer.build_or_verify_tff_optimizer(
-                client_optimizer, update_variables, disjoint_init_and_next=False
-            )
+            client_opt = client_work.prepare_optimizer(client_optimizer, update_variables)
 
         global_trainable = list(model.global_trainable_variables)
         local_trainable = list(model.local_trainable_variables)
         num_global = len(global_trainable)
         received = server_weights.trainable
-        assign(global_trainable, received[:num_global])
-        assign(model.global_non_trainable_variables, server_weights.non_trainable)
+        client_work.assign(global_trainable, received[:num_global])
+        client_work.assign(model.global_non_trainable_variables, server_weights.non_trainable)
         if learn_local_init:
-            assign(local_trainable, received[num_global:])
+            client_work.assign(local_trainable, received[num_global:])
 
         support, query = split_fn(dataset)
-        optimizer_steps(model, support, local_trainable, recon_opt, loss)
-        num_examples = optimizer_steps(model, query, update_variables, client_opt, loss, metrics)
+        client_work.reconstruct(model, support, recon_opt, loss)
+        num_examples = client_work.optimizer_steps(
+            update_variables, query, client_opt, client_work.model_batch_loss(model, loss, metrics)
+        ).num_examples
 
-        delta = [a - b for a, b in zip(received[:num_global], global_trainable)]
-        if learn_local_init:
-            delta += [a - b for a, b in zip(received[num_global:], local_trainable)]
-        delta, has_non_finite = tensor_utils.zero_all_if_any_non_finite(delta)
-        unfinalized_metrics = ReconstructionModel.read_metric_variables(metrics)
-        weight = client_weight(client_weighting, num_examples, unfinalized_metrics, has_non_finite)
+        trained = list(global_trainable) + (local_trainable if learn_local_init else [])
+        delta, has_non_finite = client_work.weights_delta(received, trained)
+        unfinalized_metrics = client_work.read_metrics(metrics)
+        weight = client_work.client_weight(client_weighting, num_examples, unfinalized_metrics, has_non_finite)
         return tff.learning.templates.ClientResult(update=delta, update_weight=weight), unfinalized_metrics
 
-    @tff.federated_computation
-    def initialize():
-        return tff.federated_value((), tff.SERVER)
-
-    @tff.federated_computation(
-        tff.FederatedType((), tff.SERVER),
-        tff.FederatedType(weights_type, tff.CLIENTS),
-        tff.FederatedType(dataset_type, tff.CLIENTS),
-    )
-    def next_fn(state, weights, client_datasets):
-        del state
-        client_result, unfinalized = tff.federated_map(client_update, (weights, client_datasets))
-        aggregate_metrics = metrics_aggregator(metric_finalizers, unfinalized.type_signature.member)
-        measurements = tff.federated_zip(collections.OrderedDict(train=aggregate_metrics(unfinalized)))
-        return tff.templates.MeasuredProcessOutput(
-            state=tff.federated_value((), tff.SERVER), result=client_result, measurements=measurements
-        )
-
-    return tff.learning.templates.ClientWorkProcess(initialize, next_fn)
+    return client_update
 
 
 def build_fed_recon(
@@ -254,7 +141,7 @@ def build_fed_recon(
     model_aggregator: Optional[AggregationFactory] = None,
     model_distributor: Optional[tff.learning.templates.DistributionProcess] = None,
     metrics_aggregator: Callable[..., tff.Computation] = tff.learning.metrics.sum_then_finalize,
-) -> tff.learning.templates.LearningProcess:
+) -> process_lib.PersonalizedProcess:
     """Builds the Federated Reconstruction learning process.
 
     Args:
@@ -283,9 +170,22 @@ def build_fed_recon(
       metrics_aggregator: As in TFF (default `sum_then_finalize`).
 
     Returns:
-      A `tff.learning.templates.LearningProcess`; `get_model_weights(state)`
-      returns the server weights (globals, then local defaults when
-      `learn_local_init`).
+      A stateless `fedpersonal.core.PersonalizedProcess` (`next(state, client_datasets)` ->
+      `ProcessOutput(state, metrics, private_states=())`); `get_model_weights(state)` returns the server
+      weights (globals, then local defaults when `learn_local_init`). The TFF
+      `tff.learning.templates.LearningProcess` it is composed of is `process.learning_process`.
+
+    Example:
+
+    >>> import tensorflow as tf, tensorflow_federated as tff
+    >>> from fedpersonal import algorithms, models
+    >>> from fedpersonal.models import matrix_factorization as mf
+    >>> process = algorithms.build_fed_recon(
+    ...     mf.personal_model_fn(num_items=20, num_latent_factors=4),
+    ...     loss_fn=tf.keras.losses.MeanSquaredError,
+    ...     client_optimizer=tff.learning.optimizers.build_sgdm(0.1))
+    >>> process.stateful
+    False
 
     Raises:
       fedpersonal.models.ModelSpecError: the model has no global trainable
@@ -306,20 +206,8 @@ def build_fed_recon(
         return global_weights_with_local_default(model_fn(), learn_local_init)
 
     weights_type = initial_weights.type_signature.result
-    dataset_type = tff.SequenceType(element_type)
-
-    if model_aggregator is None:
-        model_aggregator = tff.aggregators.MeanFactory()
-    if isinstance(model_aggregator, tff.aggregators.UnweightedAggregationFactory):
-        if client_weighting is not tff.learning.ClientWeighting.UNIFORM:
-            raise ValueError(
-                'An unweighted aggregator needs client_weighting=tff.learning.ClientWeighting.UNIFORM, '
-                f'got {client_weighting}.'
-            )
-        model_aggregator = tff.aggregators.as_weighted_aggregator(model_aggregator)
-    aggregator = model_aggregator.create(weights_type.trainable, tff.TensorType(np.float32))
-
-    client_work = _build_client_work(
+    metric_finalizers: collections.OrderedDict = collections.OrderedDict()
+    client_update = _build_client_update(
         model_fn,
         loss_fn=loss_fn,
         metrics_fn=metrics_fn,
@@ -329,12 +217,15 @@ def build_fed_recon(
         jointly_train_locals=jointly_train_locals,
         learn_local_init=learn_local_init,
         client_weighting=client_weighting,
-        metrics_aggregator=metrics_aggregator,
+        metric_finalizers=metric_finalizers,
         weights_type=weights_type,
-        dataset_type=dataset_type,
+        dataset_type=tff.SequenceType(element_type),
     )
-    finalizer = tff.learning.templates.build_apply_optimizer_finalizer(server_optimizer, weights_type)
-    distributor = model_distributor or tff.learning.templates.build_broadcast_process(weights_type)
-    return tff.learning.templates.compose_learning_process(
-        initial_weights, distributor, client_work, aggregator, finalizer
+    return compose.compose_personalized_process(
+        initial_global_weights=initial_weights,
+        client_update=client_update,
+        aggregate_metrics=compose.keras_metrics(metric_finalizers, metrics_aggregator),
+        server_optimizer=server_optimizer,
+        model_aggregator=compose.weighted_aggregator(model_aggregator, client_weighting),
+        model_distributor=model_distributor,
     )

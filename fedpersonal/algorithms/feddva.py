@@ -26,10 +26,10 @@ from typing import Any, Callable
 
 import tensorflow as tf
 import tensorflow_federated as tff
-from tensorflow_federated.python.learning import tensor_utils
 
-from fedpersonal.algorithms import fed_recon
-from fedpersonal.algorithms import furl
+from fedpersonal.core import client_work
+from fedpersonal.core import compose
+from fedpersonal.core import process as process_lib
 from fedpersonal.models import feddva_models
 
 ModelWeights = tff.learning.models.ModelWeights
@@ -48,9 +48,9 @@ def private_weights(model: feddva_models.DualVae) -> ModelWeights:
 
 def set_weights(model: feddva_models.DualVae, global_state: Any, private_state: Any) -> None:
     """Assigns federated and private weights (eagerly or in a `tf.function`)."""
-    fed_recon.assign(model.global_trainable, global_state.trainable)
-    fed_recon.assign(model.private_trainable, private_state.trainable)
-    fed_recon.assign(model.private_non_trainable, private_state.non_trainable)
+    client_work.assign(model.global_trainable, global_state.trainable)
+    client_work.assign(model.private_trainable, private_state.trainable)
+    client_work.assign(model.private_non_trainable, private_state.non_trainable)
 
 
 def run_phase(model: feddva_models.DualVae, phase: str, dataset: tf.data.Dataset, epochs: int,
@@ -60,28 +60,19 @@ def run_phase(model: feddva_models.DualVae, phase: str, dataset: tf.data.Dataset
     Must run inside a `tf.function`. Returns (examples seen, summed batch loss x batch size, correct predictions;
     the last only for the head phase).
     """
-    variables = model.variables_of(phase)
-    zero = (tf.constant(0, tf.int32), tf.constant(0.0), tf.constant(0.0))
-    if epochs < 1 or not variables:
-        return zero
+    def batch_loss(batch) -> client_work.BatchLoss:
+        return client_work.BatchLoss(model.phase_loss(phase, batch['x'], batch['y']), tf.shape(batch['x'])[0])
 
-    def step(carry, batch):
-        count, total, correct, opt_state = carry
-        x = batch['x']
-        n = tf.shape(x)[0]
-        with tf.GradientTape() as tape:
-            loss = model.phase_loss(phase, x, batch['y'])
-        gradients = tape.gradient(loss, variables)
-        opt_state, updated = optimizer.next(opt_state, tuple(variables), tuple(gradients))
-        fed_recon.assign(variables, updated)
-        if phase == 'head':
-            predicted = tf.argmax(model.classify(x), axis=-1, output_type=tf.int32)
-            correct += tf.reduce_sum(tf.cast(tf.equal(predicted, tf.cast(batch['y'], tf.int32)), tf.float32))
-        return count + n, total + loss * tf.cast(n, tf.float32), correct, opt_state
+    def correct_after_step(batch) -> collections.OrderedDict:
+        predicted = tf.argmax(model.classify(batch['x']), axis=-1, output_type=tf.int32)
+        return collections.OrderedDict(
+            correct=tf.reduce_sum(tf.cast(tf.equal(predicted, tf.cast(batch['y'], tf.int32)), tf.float32)))
 
-    specs = tuple(tf.TensorSpec(v.shape, v.dtype) for v in variables)
-    count, total, correct, _ = dataset.repeat(epochs).reduce(zero + (optimizer.initialize(specs),), step)
-    return count, total, correct
+    head = phase == 'head'
+    result = client_work.optimizer_steps(
+        model.variables_of(phase), dataset, optimizer, batch_loss, epochs=epochs,
+        zero_stats=collections.OrderedDict(correct=0.0) if head else (), after_step=correct_after_step if head else None)
+    return result.num_examples, result.loss_sum, result.stats['correct'] if head else tf.constant(0.0)
 
 
 def client_round(model: feddva_models.DualVae, dataset: tf.data.Dataset, *, decoder_epochs: int, z_epochs: int,
@@ -114,7 +105,7 @@ def build_feddva(
     head_learning_rate: float = 1e-2,
     server_optimizer: tff.learning.optimizers.Optimizer = tff.learning.optimizers.build_sgdm(learning_rate=1.0),
     client_weighting: Any = tff.learning.ClientWeighting.NUM_EXAMPLES,
-) -> furl.FurlProcess:
+) -> process_lib.PersonalizedProcess:
     """Builds the FedDVA iterative process.
 
     Args:
@@ -130,7 +121,7 @@ def build_feddva(
       client_weighting: `NUM_EXAMPLES` or `UNIFORM`.
 
     Returns:
-      A `fedpersonal.algorithms.furl.FurlProcess` (private state: decoder + head + batch-norm statistics).
+      A stateful `fedpersonal.core.PersonalizedProcess` (private state: decoder + head + batch-norm statistics).
     """
     for name, value in (('decoder_epochs', decoder_epochs), ('z_epochs', z_epochs), ('c_epochs', c_epochs),
                         ('head_epochs', head_epochs)):
@@ -161,24 +152,18 @@ def build_feddva(
         set_weights(model, server_weights, private_state)
         metrics = client_round(model, dataset, decoder_epochs=decoder_epochs, z_epochs=z_epochs, c_epochs=c_epochs,
                                head_epochs=head_epochs, optimizer=optimizer, head_optimizer=head_optimizer)
-        delta = [a - b for a, b in zip(server_weights.trainable, model.global_trainable)]
-        delta, has_non_finite = tensor_utils.zero_all_if_any_non_finite(delta)
+        delta, has_non_finite = client_work.weights_delta(server_weights.trainable, model.global_trainable)
         num_examples = metrics['num_examples'][0]
-        if client_weighting is tff.learning.ClientWeighting.UNIFORM:
-            weight = tf.constant(1.0)
-        else:
-            weight = num_examples
-        weight = tf.where(tf.logical_or(has_non_finite > 0, num_examples == 0), 0.0, weight)
-        new_private = furl.keep_previous_if_non_finite(has_non_finite, private_state, model.private_trainable,
-                                                       model.private_non_trainable)
+        weight = client_work.client_weight(client_weighting, num_examples, (), has_non_finite)
+        new_private = client_work.keep_previous_if_non_finite(has_non_finite, private_state, private_weights(model))
         sums = collections.OrderedDict((k, tf.stack(v)) for k, v in metrics.items())
         return tff.learning.templates.ClientResult(update=delta, update_weight=weight), sums, new_private
 
-    return furl.compose_stateful_process(
+    return compose.compose_personalized_process(
         initial_global_weights=initial_global_weights,
         initial_private_state=initial_private_state,
         client_update=client_update,
         model_aggregator=tff.aggregators.MeanFactory(),
         server_optimizer=server_optimizer,
-        aggregate_metrics=furl.build_ratio_metrics_aggregation(client_update.type_signature.result[1]),
+        aggregate_metrics=compose.ratio_metrics(client_update.type_signature.result[1]),
     )

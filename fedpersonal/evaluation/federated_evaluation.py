@@ -26,10 +26,10 @@ from typing import Callable, Optional
 
 import tensorflow as tf
 import tensorflow_federated as tff
-from tensorflow_federated.python.learning.optimizers import keras_optimizer
 
 from fedpersonal.algorithms import dataset_split as dataset_split_lib
 from fedpersonal.algorithms import fed_recon
+from fedpersonal.core import client_work
 
 ReconstructionModel = tff.learning.models.ReconstructionModel
 
@@ -53,8 +53,7 @@ def _build_evaluation(
     @tff.tensorflow.computation
     def initial_private_state():
         model = model_fn()
-        return tff.learning.models.ModelWeights(
-            trainable=list(model.local_trainable_variables), non_trainable=list(model.local_non_trainable_variables))
+        return client_work.local_weights(model)
 
     private_type = initial_private_state.type_signature.result
 
@@ -71,43 +70,32 @@ def _build_evaluation(
     def client_eval_fn(server_weights, dataset, private_state):
         with tf.init_scope():
             model = model_fn()
-            metrics = fed_recon.build_metrics(metrics_fn, loss_fn, metric_finalizers)
+            metrics = client_work.build_metrics(metrics_fn, loss_fn, metric_finalizers)
             loss = loss_fn()
             recon_opt = finetune_opt = None
             if split_fn is not None:
-                recon_opt = keras_optimizer.build_or_verify_tff_optimizer(
-                    reconstruction_optimizer, model.local_trainable_variables, disjoint_init_and_next=False
-                )
+                recon_opt = client_work.prepare_optimizer(reconstruction_optimizer, model.local_trainable_variables)
                 if finetune_optimizer is not None:
-                    finetune_opt = keras_optimizer.build_or_verify_tff_optimizer(
-                        finetune_optimizer, model.global_trainable_variables, disjoint_init_and_next=False
-                    )
+                    finetune_opt = client_work.prepare_optimizer(finetune_optimizer, model.global_trainable_variables)
 
         global_trainable = list(model.global_trainable_variables)
         num_global = len(global_trainable)
-        fed_recon.assign(global_trainable, server_weights.trainable[:num_global])
-        fed_recon.assign(model.global_non_trainable_variables, server_weights.non_trainable)
+        client_work.assign(global_trainable, server_weights.trainable[:num_global])
+        client_work.assign(model.global_non_trainable_variables, server_weights.non_trainable)
         if learn_local_init:
-            fed_recon.assign(model.local_trainable_variables, server_weights.trainable[num_global:])
+            client_work.assign(model.local_trainable_variables, server_weights.trainable[num_global:])
         if private_state is not None:
-            fed_recon.assign(model.local_trainable_variables, private_state.trainable)
-            fed_recon.assign(model.local_non_trainable_variables, private_state.non_trainable)
+            client_work.assign_weights(client_work.local_weights(model), private_state)
 
         if split_fn is not None:
             support, query = split_fn(dataset)
-            fed_recon.optimizer_steps(model, support, list(model.local_trainable_variables), recon_opt, loss)
+            client_work.reconstruct(model, support, recon_opt, loss)
             if finetune_opt is not None:
-                fed_recon.optimizer_steps(model, support, global_trainable, finetune_opt, loss)
+                client_work.optimizer_steps(global_trainable, support, finetune_opt, client_work.model_batch_loss(model, loss))
         else:
             query = dataset
-        def evaluate_batch(count, batch):
-            output = model.forward_pass(batch, training=False)
-            for metric in metrics:
-                metric.update_state(output.labels, output.predictions)
-            return count + output.num_examples
-
-        query.reduce(tf.constant(0, tf.int32), evaluate_batch)
-        unfinalized = ReconstructionModel.read_metric_variables(metrics)
+        client_work.evaluate_batches(model, query, metrics)
+        unfinalized = client_work.read_metrics(metrics)
         finalized = collections.OrderedDict(
             (name, tf.cast(metric_finalizers[name](value), tf.float32)) for name, value in unfinalized.items()
         )
@@ -228,7 +216,7 @@ def build_private_state_eval(
     Returns a `tff.Computation` `(global_weights@SERVER, {dataset}@CLIENTS,
     {private_state}@CLIENTS) -> <eval, per_client>@SERVER`. Seen users pass the
     private state their training left; never-seen users pass a default (e.g.
-    `FurlProcess.initial_private_state()`). Private states are only read inside
+    `PersonalizedProcess.initial_private_state()`). Private states are only read inside
     the client computation.
     """
     return _build_evaluation(

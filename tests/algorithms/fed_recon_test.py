@@ -10,7 +10,7 @@ import tensorflow_federated as tff
 from fedpersonal import algorithms
 from fedpersonal import evaluation
 from fedpersonal import models
-from fedpersonal.algorithms import fed_recon
+from fedpersonal.core import client_work
 
 NUM_ITEMS = 12
 DIM = 7  # Distinctive, so the user embedding's shape (1, 7) is recognisable in type signatures.
@@ -121,7 +121,7 @@ def test_reconstruction_changes_only_locals_and_update_only_globals():
     @tf.function
     def steps(variables):
         opt = tff.learning.optimizers.build_sgdm(learning_rate=0.1)
-        return fed_recon.optimizer_steps(model, data, variables, opt, loss)
+        return client_work.optimizer_steps(variables, data, opt, client_work.model_batch_loss(model, loss))
 
     g0, l0 = snapshot(model.global_trainable_variables), snapshot(model.local_trainable_variables)
     steps(model.local_trainable_variables)

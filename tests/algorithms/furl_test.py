@@ -8,7 +8,7 @@ import tensorflow as tf
 import tensorflow_federated as tff
 
 from fedpersonal import models
-from fedpersonal.algorithms import fed_recon
+from fedpersonal.core import client_work
 from fedpersonal.algorithms import furl
 from fedpersonal.models import matrix_factorization as mf
 from fedpersonal.privacy import audit
@@ -79,9 +79,10 @@ def build_server_stored_process():
         with tf.init_scope():
             model = table_model_fn()
             variables = list(model.global_trainable_variables)
-        fed_recon.assign(variables, weights)
-        n = fed_recon.optimizer_steps(model, dataset, variables, tff.learning.optimizers.build_sgdm(LR_CLIENT),
-                                      tf.keras.losses.MeanSquaredError())
+        client_work.assign(variables, weights)
+        n = client_work.optimizer_steps(variables, dataset, tff.learning.optimizers.build_sgdm(LR_CLIENT),
+                                        client_work.model_batch_loss(model, tf.keras.losses.MeanSquaredError())
+                                        ).num_examples
         items_delta, table_delta = [a - b for a, b in zip(weights, variables)]
         return items_delta, tf.cast(n, tf.float32), table_delta
 

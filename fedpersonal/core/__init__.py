@@ -1,0 +1,30 @@
+"""The core every algorithm is built on: one process protocol, one composer, one client-work library.
+
+* `process`: `PersonalizedProcess` and `ProcessOutput`, the protocol of every algorithm.
+* `compose`: `compose_personalized_process`, TFF's broadcast / aggregator / finalizer around an algorithm's
+  client work.
+* `client_work`: the client-side steps (local optimizer loops, reconstruction, proximal terms, metrics,
+  weights, evaluation passes), written once.
+
+See docs/ARCHITECTURE.md for the data flow of a round and how to add an algorithm.
+"""
+
+from fedpersonal.core import client_work
+from fedpersonal.core.compose import compose_personalized_process
+from fedpersonal.core.compose import keras_metrics
+from fedpersonal.core.compose import ratio_metrics
+from fedpersonal.core.compose import weighted_aggregator
+from fedpersonal.core.process import PersonalizedProcess
+from fedpersonal.core.process import ProcessOutput
+from fedpersonal.core.process import from_learning_process
+
+__all__ = [
+    'PersonalizedProcess',
+    'ProcessOutput',
+    'client_work',
+    'compose_personalized_process',
+    'from_learning_process',
+    'keras_metrics',
+    'ratio_metrics',
+    'weighted_aggregator',
+]

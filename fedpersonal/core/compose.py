@@ -1,0 +1,217 @@
+"""Composing a `PersonalizedProcess` from TFF's parts and one client-work computation.
+
+A round is TFF's: a distributor broadcasts the server's model weights (`build_broadcast_process`), every
+sampled client runs the algorithm's client work, a `tff.aggregators` factory aggregates only the
+`ClientResult` updates, and TFF's apply-optimizer finalizer applies the aggregate with a server optimizer.
+The algorithm supplies just its client work:
+
+* stateless: ``client_update: (<weights, dataset> -> <ClientResult, client metrics>)`` — composed with
+  `tff.learning.templates.compose_learning_process` (the TFF `LearningProcess` is kept as
+  `process.learning_process`);
+* stateful: ``client_update: (<weights, dataset, private state> -> <ClientResult, client metrics, new private
+  state>)`` — the private states enter and leave CLIENTS-placed and never reach a SERVER-placed intrinsic.
+
+`aggregate_metrics` turns the CLIENTS-placed client metrics into SERVER-placed ones: `keras_metrics` (TFF's
+`sum_then_finalize` over Keras metric variables) or `ratio_metrics` (sums of ``[numerator, denominator]``).
+
+Example (a stateful method whose private state is one local head; see tests/core/fedper_test.py for a full one):
+
+    process = compose_personalized_process(
+        initial_global_weights=initial_body, initial_private_state=initial_head,
+        client_update=client_update, server_optimizer=tff.learning.optimizers.build_sgdm(1.0),
+        aggregate_metrics=ratio_metrics(client_update.type_signature.result[1]))
+"""
+
+from __future__ import annotations
+
+import collections
+from collections.abc import Callable
+from typing import Any
+from typing import Optional
+from typing import Union
+
+import numpy as np
+import tensorflow as tf
+import tensorflow_federated as tff
+
+from fedpersonal.core import process as process_lib
+
+AggregationFactory = Union[tff.aggregators.WeightedAggregationFactory, tff.aggregators.UnweightedAggregationFactory]
+
+
+def weighted_aggregator(
+    model_aggregator: Optional[AggregationFactory], client_weighting: Any
+) -> tff.aggregators.WeightedAggregationFactory:
+    """`model_aggregator` as a weighted factory (default `MeanFactory`).
+
+    Raises:
+      ValueError: an unweighted aggregator with a client weighting other than UNIFORM.
+    """
+    if model_aggregator is None:
+        return tff.aggregators.MeanFactory()
+    if isinstance(model_aggregator, tff.aggregators.UnweightedAggregationFactory):
+        if client_weighting is not tff.learning.ClientWeighting.UNIFORM:
+            raise ValueError(
+                'An unweighted aggregator needs client_weighting=tff.learning.ClientWeighting.UNIFORM, '
+                f'got {client_weighting}.'
+            )
+        return tff.aggregators.as_weighted_aggregator(model_aggregator)
+    return model_aggregator
+
+
+def keras_metrics(
+    finalizers: collections.OrderedDict, metrics_aggregator: Callable[..., tff.Computation]
+) -> Callable[[Any], Any]:
+    """Server metrics from clients' unfinalized Keras metrics (`finalizers` filled while tracing the client work)."""
+
+    def aggregate(unfinalized):
+        return metrics_aggregator(finalizers, unfinalized.type_signature.member)(unfinalized)
+
+    return aggregate
+
+
+def ratio_metrics(sums_type: tff.Type) -> Callable[[Any], Any]:
+    """Server metrics from per-client ``[numerator, denominator]`` pairs (an `OrderedDict` of 2-vectors).
+
+    Each metric is sum(numerators) / sum(denominators), except `num_examples`, which is the sum of its
+    numerators (see `client_work.ratio_sums`).
+    """
+
+    @tff.tensorflow.computation(sums_type)
+    def finalize(sums):
+        return collections.OrderedDict(
+            (k, v[0] if k == 'num_examples' else v[0] / tf.maximum(v[1], 1.0)) for k, v in sums.items()
+        )
+
+    def aggregate(client_sums):
+        return tff.federated_map(finalize, tff.federated_sum(client_sums))
+
+    return aggregate
+
+
+def _client_work_process(
+    client_update: tff.Computation, aggregate_metrics: Callable[[Any], Any]
+) -> tff.learning.templates.ClientWorkProcess:
+    weights_type, dataset_type = client_update.type_signature.parameter
+
+    @tff.federated_computation
+    def initialize():
+        return tff.federated_value((), tff.SERVER)
+
+    @tff.federated_computation(
+        tff.FederatedType((), tff.SERVER),
+        tff.FederatedType(weights_type, tff.CLIENTS),
+        tff.FederatedType(dataset_type, tff.CLIENTS),
+    )
+    def next_fn(state, weights, client_datasets):
+        del state
+        client_result, client_metrics = tff.federated_map(client_update, (weights, client_datasets))
+        measurements = tff.federated_zip(collections.OrderedDict(train=aggregate_metrics(client_metrics)))
+        return tff.templates.MeasuredProcessOutput(
+            state=tff.federated_value((), tff.SERVER), result=client_result, measurements=measurements
+        )
+
+    return tff.learning.templates.ClientWorkProcess(initialize, next_fn)
+
+
+def compose_personalized_process(
+    *,
+    initial_global_weights: tff.Computation,
+    client_update: tff.Computation,
+    aggregate_metrics: Callable[[Any], Any],
+    server_optimizer: tff.learning.optimizers.Optimizer,
+    model_aggregator: Optional[AggregationFactory] = None,
+    initial_private_state: Optional[tff.Computation] = None,
+    model_distributor: Optional[tff.learning.templates.DistributionProcess] = None,
+    parts: Optional[dict[str, Any]] = None,
+) -> process_lib.PersonalizedProcess:
+    """Composes a `PersonalizedProcess` from an algorithm's client work and TFF's parts.
+
+    Args:
+      initial_global_weights: No-arg TF computation returning the initial server `ModelWeights`.
+      client_update: The client work as a TF computation: ``(weights, dataset) -> (ClientResult, metrics)``,
+        or, with `initial_private_state`, ``(weights, dataset, private) -> (ClientResult, metrics, private)``.
+      aggregate_metrics: Python function from CLIENTS-placed client metrics to SERVER-placed metrics, called
+        while tracing (`keras_metrics` or `ratio_metrics`).
+      server_optimizer: Applied to the aggregated update (TFF's apply-optimizer finalizer).
+      model_aggregator: A `tff.aggregators` factory for `ClientResult.update` (weighted by
+        `ClientResult.update_weight`; an unweighted one is wrapped by the caller with `weighted_aggregator`);
+        default `tff.aggregators.MeanFactory()`.
+      initial_private_state: No-arg TF computation returning a default private state; makes the process
+        stateful.
+      model_distributor: Default `tff.learning.templates.build_broadcast_process`.
+      parts: Extra named building blocks recorded in `process.parts`.
+
+    Returns:
+      A `PersonalizedProcess` (metrics: `distributor`, `client_work` (`train`), `aggregator`, `finalizer`).
+    """
+    weights_type = initial_global_weights.type_signature.result
+    aggregator = (model_aggregator or tff.aggregators.MeanFactory()).create(
+        weights_type.trainable, tff.TensorType(np.float32)
+    )
+    distributor = model_distributor or tff.learning.templates.build_broadcast_process(weights_type)
+    finalizer = tff.learning.templates.build_apply_optimizer_finalizer(server_optimizer, weights_type)
+    parts = dict(parts or {}, client_update=client_update)
+
+    if initial_private_state is None:
+        client_work = _client_work_process(client_update, aggregate_metrics)
+        learning_process = tff.learning.templates.compose_learning_process(
+            initial_global_weights, distributor, client_work, aggregator, finalizer
+        )
+        return process_lib.from_learning_process(learning_process, parts=parts)
+
+    dataset_type = client_update.type_signature.parameter[1]
+    private_type = initial_private_state.type_signature.result
+
+    @tff.federated_computation
+    def initialize():
+        return tff.federated_zip(
+            tff.learning.templates.LearningAlgorithmState(
+                global_model_weights=tff.federated_eval(initial_global_weights, tff.SERVER),
+                distributor=distributor.initialize(),
+                client_work=tff.federated_value((), tff.SERVER),
+                aggregator=aggregator.initialize(),
+                finalizer=finalizer.initialize(),
+            )
+        )
+
+    @tff.federated_computation(
+        initialize.type_signature.result,
+        tff.FederatedType(dataset_type, tff.CLIENTS),
+        tff.FederatedType(private_type, tff.CLIENTS),
+    )
+    def next_fn(state, client_data, private_states):
+        distributed = distributor.next(state.distributor, state.global_model_weights)
+        client_result, client_metrics, new_private = tff.federated_map(
+            client_update, (distributed.result, client_data, private_states)
+        )
+        aggregated = aggregator.next(state.aggregator, client_result.update, client_result.update_weight)
+        finalized = finalizer.next(state.finalizer, state.global_model_weights, aggregated.result)
+        new_state = tff.federated_zip(
+            tff.learning.templates.LearningAlgorithmState(
+                global_model_weights=finalized.result,
+                distributor=distributed.state,
+                client_work=state.client_work,
+                aggregator=aggregated.state,
+                finalizer=finalized.state,
+            )
+        )
+        metrics = tff.federated_zip(
+            collections.OrderedDict(
+                distributor=distributed.measurements,
+                client_work=tff.federated_zip(collections.OrderedDict(train=aggregate_metrics(client_metrics))),
+                aggregator=aggregated.measurements,
+                finalizer=finalized.measurements,
+            )
+        )
+        return process_lib.ProcessOutput(state=new_state, metrics=metrics, private_states=new_private)
+
+    return process_lib.PersonalizedProcess(
+        initialize,
+        next_fn,
+        get_model_weights=lambda state: state.global_model_weights,
+        global_weights_type=weights_type,
+        private_state_type=private_type,
+        initial_private_state_fn=initial_private_state,
+        parts=parts,
+    )

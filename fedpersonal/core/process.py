@@ -1,0 +1,129 @@
+"""The one protocol of a personalized federated process.
+
+Every algorithm of the package (FedRecon, FURL, Ditto, FedDVA, HPFL and its baselines, FedPer, ...) is a
+`PersonalizedProcess`, a `tff.templates.IterativeProcess` whose computations are
+
+    initialize: ( -> state@SERVER)
+    next:       (<state@SERVER, {data}@CLIENTS[, {private}@CLIENTS]> ->
+                 ProcessOutput<state@SERVER, metrics@SERVER, private_states={private}@CLIENTS or <>>)
+
+A *stateless* process (FedRecon: local variables are reconstructed every round and never persisted) takes no
+private states and returns ``private_states=()``. A *stateful* one (FURL, Ditto, FedDVA, HPFL) takes each sampled
+client's private state as a CLIENTS-placed input and returns the trained one as a CLIENTS-placed output; between
+rounds the states live in a `fedpersonal.client_state` store (see `fedpersonal.program.run_learning_process`).
+Nothing derived only from private states reaches a SERVER-placed value (`fedpersonal.privacy.audit`).
+
+`get_model_weights(state)` returns the server's model weights (the global variables) from a state.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+from typing import NamedTuple
+from typing import Optional
+
+import tensorflow_federated as tff
+
+
+class ProcessOutput(NamedTuple):
+    """The result of one round of every `PersonalizedProcess`.
+
+    Attributes:
+      state: The new server state (SERVER-placed).
+      metrics: The round's metrics (SERVER-placed): `client_work`, `aggregator`, ... as in TFF.
+      private_states: The sampled clients' new private states (CLIENTS-placed, in the order of the clients
+        given to `next`), or ``()`` for a stateless process.
+    """
+
+    state: Any
+    metrics: Any
+    private_states: Any
+
+
+class PersonalizedProcess(tff.templates.IterativeProcess):
+    """A personalized federated learning process: the package's one process protocol.
+
+    Attributes:
+      private_state_type: The TFF type of one client's private state, or None for a stateless process.
+      global_weights_type: The TFF type of the server's model weights (`get_model_weights`).
+      learning_process: For a stateless process built from TFF's templates, the
+        `tff.learning.templates.LearningProcess` it wraps (usable with TFF's own tooling); otherwise None.
+      parts: Named building blocks of the process (client work, aggregations, ...) for tests, audits and
+        analyses; their meaning is documented by each builder.
+    """
+
+    def __init__(
+        self,
+        initialize_fn: tff.Computation,
+        next_fn: tff.Computation,
+        *,
+        get_model_weights: Callable[[Any], Any],
+        global_weights_type: Optional[tff.Type] = None,
+        private_state_type: Optional[tff.Type] = None,
+        initial_private_state_fn: Optional[Callable[[], Any]] = None,
+        learning_process: Optional[tff.learning.templates.LearningProcess] = None,
+        parts: Optional[dict[str, Any]] = None,
+    ):
+        super().__init__(initialize_fn, next_fn)
+        result = next_fn.type_signature.result
+        if not (isinstance(result, tff.StructWithPythonType) and result.python_container is ProcessOutput):
+            raise TypeError(f'next_fn must return a ProcessOutput, got {result}.')
+        num_args = len(next_fn.type_signature.parameter)
+        expected = 3 if private_state_type is not None else 2
+        if num_args != expected:
+            raise TypeError(
+                f'next_fn of a {"stateful" if expected == 3 else "stateless"} process takes {expected} arguments '
+                f'(state, client data{", private states" if expected == 3 else ""}), got {num_args}.'
+            )
+        if (private_state_type is None) != (initial_private_state_fn is None):
+            raise TypeError('private_state_type and initial_private_state_fn go together.')
+        self._get_model_weights = get_model_weights
+        self.global_weights_type = global_weights_type
+        self.private_state_type = private_state_type
+        self._initial_private_state_fn = initial_private_state_fn
+        self.learning_process = learning_process
+        self.parts = dict(parts or {})
+
+    @property
+    def stateful(self) -> bool:
+        """True when clients persist private state between rounds (`next` takes and returns it)."""
+        return self.private_state_type is not None
+
+    def get_model_weights(self, state: Any) -> Any:
+        """The server's model weights (global variables) in `state`."""
+        return self._get_model_weights(state)
+
+    def initial_private_state(self) -> Any:
+        """A freshly initialized private state (a client's state before its first participation).
+
+        Raises:
+          TypeError: the process is stateless.
+        """
+        if self._initial_private_state_fn is None:
+            raise TypeError('A stateless process has no private state.')
+        return self._initial_private_state_fn()
+
+
+def from_learning_process(
+    learning_process: tff.learning.templates.LearningProcess, *, parts: Optional[dict[str, Any]] = None
+) -> PersonalizedProcess:
+    """A stateless `PersonalizedProcess` running a TFF `LearningProcess` (e.g. one built by TFF itself).
+
+    The wrapped process keeps its computations; `next` returns `ProcessOutput(state, metrics, ())`.
+    """
+    next_type = learning_process.next.type_signature
+
+    @tff.federated_computation(next_type.parameter[0], next_type.parameter[1])
+    def next_fn(state, client_data):
+        output = learning_process.next(state, client_data)
+        return ProcessOutput(state=output.state, metrics=output.metrics, private_states=())
+
+    return PersonalizedProcess(
+        learning_process.initialize,
+        next_fn,
+        get_model_weights=learning_process.get_model_weights,
+        global_weights_type=learning_process.get_model_weights.type_signature.result,
+        learning_process=learning_process,
+        parts=parts,
+    )
