@@ -88,13 +88,13 @@ def to_model_input(example: Mapping[str, Any]) -> collections.OrderedDict:
 
 
 def batch_dataset(dataset: tf.data.Dataset, *, batch_size: int = 16, num_epochs: int = 1,
-                  shuffle_buffer_size: int = 0, seed: Optional[int] = None,
+                  shuffle_buffer_size: int = 0, seed: int = 0,
                   max_examples: Optional[int] = None) -> tf.data.Dataset:
     """Turns a client's unbatched examples into model batches (matching `input_spec`).
 
-    Order: ``take(max_examples)`` -> ``shuffle`` (if ``shuffle_buffer_size > 1``) -> ``repeat(num_epochs)`` ->
-    ``map(to_model_input)`` -> ``batch(batch_size)``. Usable with ``ClientData.preprocess(lambda ds:
-    batch_dataset(ds, ...))`` and inside TFF computations.
+    Order: ``take(max_examples)`` -> ``shuffle`` (if ``shuffle_buffer_size > 1``; op-level ``seed``, default 0, so
+    the order is reproducible) -> ``repeat(num_epochs)`` -> ``map(to_model_input)`` -> ``batch(batch_size)``. Usable
+    with ``ClientData.preprocess(lambda ds: batch_dataset(ds, ...))`` and inside TFF computations.
     """
     if batch_size < 1 or num_epochs < 1:
         raise ValueError(f'batch_size and num_epochs must be >= 1, got {batch_size}, {num_epochs}')
