@@ -1,12 +1,50 @@
 """fedpersonal: personalized, partially local federated learning on TensorFlow Federated.
 
-Importing the package makes every TFF C++ worker it (or TFF) starts tracked and
-bound to this process, so no `worker_binary` outlives a run (see
-`fedpersonal.runtime`).
+The package's modules are its public API, imported on first use (so `import fedpersonal` is cheap and changes
+nothing in TensorFlow or TFF):
+
+* `fedpersonal.core`: the process protocol, the composer and the client-work library every algorithm uses;
+* `fedpersonal.algorithms`: one `build_*` per method (FedRecon, FURL, Ditto, FedDVA, HPFL and baselines);
+* `fedpersonal.evaluation`: ReconEval, StandardEval, evaluation with stored private states;
+* `fedpersonal.models`: the partially local Keras wrapper and the papers' models;
+* `fedpersonal.data`, `fedpersonal.metrics`, `fedpersonal.client_state`, `fedpersonal.privacy`;
+* `fedpersonal.program`: the training loop and output directory shared by every binary;
+* `fedpersonal.runtime`: TFF's execution context and the lifetime of its C++ workers (`LocalRuntime`).
+
+Example:
+
+>>> import fedpersonal
+>>> sorted(fedpersonal.__all__)[:3]
+['algorithms', 'client_state', 'core']
 """
 
-from fedpersonal.runtime import execution_context as _execution_context
+from __future__ import annotations
 
-_execution_context.install_worker_tracking()
+import importlib
+from typing import Any
 
 __version__ = '0.1.0'
+
+__all__ = [
+    'algorithms',
+    'client_state',
+    'core',
+    'data',
+    'evaluation',
+    'metrics',
+    'models',
+    'privacy',
+    'program',
+    'runtime',
+    'tasks',
+]
+
+
+def __getattr__(name: str) -> Any:
+    if name in __all__:
+        return importlib.import_module(f'{__name__}.{name}')
+    raise AttributeError(f'module {__name__!r} has no attribute {name!r}')
+
+
+def __dir__() -> list[str]:
+    return sorted(list(globals()) + __all__)

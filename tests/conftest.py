@@ -6,8 +6,10 @@ os.environ.setdefault('TF_CPP_MIN_LOG_LEVEL', '2')
 
 import pytest  # pylint: disable=g-import-not-at-top
 
-import fedpersonal  # pylint: disable=g-import-not-at-top,unused-import  (installs worker tracking first)
 from fedpersonal import runtime  # pylint: disable=g-import-not-at-top
+
+# Tests run TFF computations in TFF's default context too: track its workers from the start.
+runtime.install_worker_tracking()
 
 
 @pytest.fixture(scope='session', autouse=True)

@@ -7,11 +7,15 @@ process (and keeps any pipe it inherited open, which hangs `python ... | tee`).
 
 This module owns that lifetime:
 
-* `install_worker_tracking()` (called when `fedpersonal` is imported) replaces the
-  `subprocess` name inside TFF's executor factory module with a proxy whose
-  `Popen` records every worker it starts and asks the kernel to kill the worker
-  when the process that started it dies (`PR_SET_PDEATHSIG`, Linux), so even a
-  `SIGKILL`ed experiment leaves no orphan.
+* `install_worker_tracking()` is the one patch of TFF the package makes, and it
+  is explicit: `LocalRuntime` calls it when entered (importing `fedpersonal`
+  changes nothing). It replaces the `subprocess` name inside TFF's executor
+  factory module (`tensorflow_federated.python.core.impl.executor_stacks.
+  executor_factory`) with a proxy whose `Popen` records every worker it starts
+  and asks the kernel to kill the worker when the process that started it dies
+  (`PR_SET_PDEATHSIG`, Linux), so even a `SIGKILL`ed experiment leaves no
+  orphan. Code that runs TFF computations outside `LocalRuntime` (TFF's default
+  context) may call it once before the first computation.
 * `shutdown()` stops every tracked worker (SIGINT, then SIGKILL after a grace
   period). It runs at interpreter exit and is idempotent.
 * `LocalRuntime` is a context manager that installs a fresh C++ context with the
@@ -85,8 +89,9 @@ class _TrackingSubprocessModule(types.ModuleType):
 def install_worker_tracking() -> None:
     """Makes every TFF C++ worker started from now on tracked and parent-bound.
 
-    Idempotent. Must run before the first TFF computation is invoked (importing
-    `fedpersonal` does it).
+    Idempotent. Patches TFF's executor factory module (see the module docstring);
+    `LocalRuntime` calls it; call it yourself before the first TFF computation
+    when running in TFF's default context.
     """
     global _installed
     with _lock:

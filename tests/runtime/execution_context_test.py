@@ -15,6 +15,7 @@ _CHILD = r'''
 import os, sys
 import fedpersonal, numpy as np, tensorflow_federated as tff
 from fedpersonal import runtime
+runtime.install_worker_tracking()
 
 @tff.tensorflow.computation(np.int32)
 def add_one(x):
@@ -107,3 +108,21 @@ def test_shutdown_kills_a_worker_that_ignores_sigint():
     assert time.time() - started < 10
     assert stubborn.wait(timeout=5) == -signal.SIGKILL
     assert runtime.running_workers() == []
+
+
+def test_importing_the_package_patches_nothing_in_tff():
+    """`import fedpersonal` (and its modules) leaves TFF's worker start alone; LocalRuntime patches it explicitly."""
+    script = r'''
+import subprocess
+import fedpersonal
+from fedpersonal import algorithms, core, runtime
+from tensorflow_federated.python.core.impl.executor_stacks import executor_factory
+assert executor_factory.subprocess is subprocess, executor_factory.subprocess
+with runtime.LocalRuntime():
+    assert executor_factory.subprocess is not subprocess
+print('ok')
+'''
+    proc = subprocess.run([sys.executable, '-c', script], capture_output=True, text=True, timeout=180,
+                          env={**os.environ, 'TF_CPP_MIN_LOG_LEVEL': '3'})
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert proc.stdout.strip().endswith('ok')
