@@ -31,6 +31,8 @@ from typing import Any, Callable, Optional
 
 import tensorflow as tf
 
+from fedpersonal import errors
+
 DatasetSplitFn = Callable[[tf.data.Dataset], tuple[tf.data.Dataset, tf.data.Dataset]]
 
 _STRATEGIES = ('hash', 'order')
@@ -62,16 +64,16 @@ class ReconstructionSplit:
 
     def __post_init__(self):
         if not 0.0 < self.support_fraction < 1.0:
-            raise ValueError(f'support_fraction must be in (0, 1), got {self.support_fraction}.')
+            raise errors.ConfigError(f'support_fraction must be in (0, 1), got {self.support_fraction}.')
         if self.strategy not in _STRATEGIES:
-            raise ValueError(f'strategy must be one of {_STRATEGIES}, got {self.strategy!r}.')
+            raise errors.ConfigError(f'strategy must be one of {_STRATEGIES}, got {self.strategy!r}.')
         for name in ('recon_epochs', 'post_recon_epochs'):
             if getattr(self, name) < 1:
-                raise ValueError(f'{name} must be >= 1, got {getattr(self, name)}.')
+                raise errors.ConfigError(f'{name} must be >= 1, got {getattr(self, name)}.')
         for name in ('recon_steps_max', 'post_recon_steps_max'):
             value = getattr(self, name)
             if value is not None and value < 0:
-                raise ValueError(f'{name} must be None or >= 0, got {value}.')
+                raise errors.ConfigError(f'{name} must be None or >= 0, got {value}.')
 
 
 def _first_leaf(structure: Any) -> tf.Tensor:

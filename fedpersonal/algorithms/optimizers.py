@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import tensorflow_federated as tff
 
+from fedpersonal import errors
+
 OPTIMIZERS = ('sgd', 'sgdm', 'adam', 'adagrad', 'yogi')
 
 
@@ -18,7 +20,7 @@ def build_optimizer(name: str, learning_rate: float) -> tff.learning.optimizers.
       ValueError: Unknown name or non-positive learning rate.
     """
     if learning_rate <= 0:
-        raise ValueError(f'learning rate must be positive, got {learning_rate} for optimizer {name!r}.')
+        raise errors.ConfigError(f'learning rate must be positive, got {learning_rate} for optimizer {name!r}.')
     if name == 'sgd':
         return tff.learning.optimizers.build_sgdm(learning_rate=learning_rate)
     if name == 'sgdm':
@@ -29,4 +31,4 @@ def build_optimizer(name: str, learning_rate: float) -> tff.learning.optimizers.
         return tff.learning.optimizers.build_adagrad(learning_rate=learning_rate)
     if name == 'yogi':
         return tff.learning.optimizers.build_yogi(learning_rate=learning_rate)
-    raise ValueError(f'Unknown optimizer {name!r}; expected one of {OPTIMIZERS}.')
+    raise errors.ConfigError(f'Unknown optimizer {name!r}; expected one of {OPTIMIZERS}.')

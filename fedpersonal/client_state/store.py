@@ -39,12 +39,14 @@ from typing import Any
 
 import numpy as np
 
+from fedpersonal import errors
+
 State = list[np.ndarray]
 Spec = list[tuple[tuple[int, ...], np.dtype]]
 DefaultFn = Callable[[str], State]
 
 
-class CorruptStateError(ValueError):
+class CorruptStateError(errors.DataError):
     """A stored value cannot be decoded (wrong length, missing bytes)."""
 
 

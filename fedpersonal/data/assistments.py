@@ -34,6 +34,7 @@ import re
 
 import numpy as np
 
+from fedpersonal import errors
 from fedpersonal.data import furl_tasks
 
 __all__ = ['AssistmentsFormatError', 'load_assistments_records', 'load_assistments_items', 'load_assistments']
@@ -45,7 +46,7 @@ _ITEM_HEADER = 'item_id,knowledge_code'
 _RECORD_ROW = re.compile(r'(\d{1,18}),(\d{1,18}),([01])')
 
 
-class AssistmentsFormatError(ValueError):
+class AssistmentsFormatError(errors.DataError):
     """An ASSISTments file (or directory) is missing or malformed.
 
     Attributes:
@@ -146,7 +147,7 @@ def load_assistments(data_dir: str, *, min_responses: int = 16, seed: int = 0,
         ValueError: Bad arguments, or no student has `min_responses` responses.
     """
     if min_responses < 3:
-        raise ValueError(f'min_responses must be >= 3 (every student needs train, eval and test examples), '
+        raise errors.ConfigError(f'min_responses must be >= 3 (every student needs train, eval and test examples), '
                          f'got {min_responses}')
     users, items, scores = load_assistments_records(data_dir)
     item_ids, concepts = load_assistments_items(data_dir)
@@ -172,7 +173,7 @@ def load_assistments(data_dir: str, *, min_responses: int = 16, seed: int = 0,
     _, inverse, counts = np.unique(users, return_inverse=True, return_counts=True)
     keep = counts[inverse] >= min_responses
     if not keep.any():
-        raise ValueError(f'no student has at least min_responses={min_responses} responses')
+        raise errors.DataError(f'no student has at least min_responses={min_responses} responses')
     users, item_index, scores = users[keep], item_index[keep], scores[keep]
     user_ids, user_index = np.unique(users, return_inverse=True)
 

@@ -22,6 +22,7 @@ from typing import Any
 
 import numpy as np
 
+from fedpersonal import errors
 from fedpersonal.data import image_datasets
 
 MARK_TYPES = ('none', 'horizontal_sine', 'vertical_sine', 'ellipse')
@@ -43,7 +44,7 @@ def mark_masks(kind: int, n: int, height: int, width: int, rng: np.random.Genera
       rng: Randomness for phases and rotations.
     """
     if kind not in range(len(MARK_TYPES)):
-        raise ValueError(f'mark kind must be in 0..{len(MARK_TYPES) - 1}, got {kind}')
+        raise errors.DataError(f'mark kind must be in 0..{len(MARK_TYPES) - 1}, got {kind}')
     rows = np.arange(height, dtype=np.float32)[None, :, None]
     cols = np.arange(width, dtype=np.float32)[None, None, :]
     if kind == 0:
@@ -64,7 +65,7 @@ def mark_masks(kind: int, n: int, height: int, width: int, rng: np.random.Genera
 def add_marks(images: np.ndarray, kind: int, rng: np.random.Generator) -> np.ndarray:
     """`images` (`[n, h, w, c]` in [0, 1]) with marks of one kind drawn on every channel (pixel-wise max)."""
     if images.ndim != 4:
-        raise ValueError(f'images must be [n, h, w, c], got shape {images.shape}')
+        raise errors.DataError(f'images must be [n, h, w, c], got shape {images.shape}')
     masks = mark_masks(kind, images.shape[0], images.shape[1], images.shape[2], rng)
     return np.maximum(images, masks[..., None]).astype(np.float32)
 
@@ -73,7 +74,7 @@ def dirichlet_class_proportions(num_clients: int, num_classes: int, alpha: float
                                 rng: np.random.Generator) -> np.ndarray:
     """`[num_clients, num_classes]` class fractions, one Dirichlet(alpha * 1) draw per client (rows sum to 1)."""
     if alpha <= 0:
-        raise ValueError(f'alpha must be positive, got {alpha}')
+        raise errors.ConfigError(f'alpha must be positive, got {alpha}')
     return rng.dirichlet(np.full(num_classes, alpha), size=num_clients)
 
 
@@ -88,7 +89,7 @@ def allocate(labels: np.ndarray, proportions: np.ndarray, per_client: int,
     """
     num_clients, num_classes = proportions.shape
     if num_clients * per_client > labels.size:
-        raise ValueError(f'{num_clients} clients x {per_client} examples need {num_clients * per_client} '
+        raise errors.DataError(f'{num_clients} clients x {per_client} examples need {num_clients * per_client} '
                          f'examples, the split has {labels.size}')
     pools = [list(rng.permutation(np.flatnonzero(labels == k))) for k in range(num_classes)]
     result = []
@@ -189,7 +190,7 @@ def federate(dataset: image_datasets.ImageDataset, *, num_clients: int, train_pe
       setting: Recorded in the description.
     """
     if num_clients < 1 or train_per_client < 1 or test_per_client < 1:
-        raise ValueError('num_clients, train_per_client and test_per_client must be >= 1, got '
+        raise errors.ConfigError('num_clients, train_per_client and test_per_client must be >= 1, got '
                          f'{num_clients}, {train_per_client}, {test_per_client}')
     rng = np.random.default_rng(seed)
     proportions = dirichlet_class_proportions(num_clients, dataset.num_classes, alpha, rng)
@@ -256,12 +257,12 @@ def load_source(dataset: str, data_dir: str | None, *, generated_train: int = 12
         return generate_default(generated_train, generated_test, seed)
     if dataset == 'mnist':
         if not data_dir:
-            raise ValueError("dataset 'mnist' needs --data_dir (a directory with the IDX files)")
+            raise errors.ConfigError("dataset 'mnist' needs --data_dir (a directory with the IDX files)")
         return image_datasets.load_idx_dataset(data_dir, 'mnist')
     if dataset == 'fashion_mnist':
         return image_datasets.load_idx_dataset(data_dir or image_datasets.FASHION_MNIST_DIR, 'fashion_mnist')
     if dataset == 'cifar10':
         if not data_dir:
-            raise ValueError("dataset 'cifar10' needs --data_dir (a directory with the python batches)")
+            raise errors.ConfigError("dataset 'cifar10' needs --data_dir (a directory with the python batches)")
         return image_datasets.load_cifar10(data_dir)
-    raise ValueError(f"unknown dataset {dataset!r}; expected 'generated', 'mnist', 'fashion_mnist' or 'cifar10'")
+    raise errors.ConfigError(f"unknown dataset {dataset!r}; expected 'generated', 'mnist', 'fashion_mnist' or 'cifar10'")

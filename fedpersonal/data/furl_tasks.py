@@ -38,6 +38,8 @@ from typing import Any
 
 import numpy as np
 
+from fedpersonal import errors
+
 if TYPE_CHECKING:  # pragma: no cover
     import tensorflow_federated as tff
 
@@ -80,7 +82,7 @@ def encode_texts(texts: Sequence[str], vocab: dict[str, int], max_chars: int) ->
     Characters not in `vocab` map to `OOV_ID`; NUL characters are treated as padding.
     """
     if max_chars < 0:
-        raise ValueError(f'max_chars must be >= 0, got {max_chars}')
+        raise errors.ConfigError(f'max_chars must be >= 0, got {max_chars}')
     n = len(texts)
     if max_chars == 0 or n == 0:
         return np.zeros((n, max_chars), dtype=np.int32)
@@ -102,7 +104,7 @@ def split_sizes(counts: np.ndarray, train_fraction: float = 0.8,
     """Per-user (train, eval, test) sizes; every part gets >= 1 example (counts must be >= 3). See module doc."""
     n = np.asarray(counts, dtype=np.int64)
     if n.size and n.min() < 3:
-        raise ValueError(f'every user needs at least 3 examples to appear in train, eval and test; '
+        raise errors.DataError(f'every user needs at least 3 examples to appear in train, eval and test; '
                          f'found a user with {int(n.min())}')
     n_train_raw = np.floor(n * train_fraction + 1e-9).astype(np.int64)
     n_eval = np.maximum(np.floor(n * eval_fraction + 1e-9).astype(np.int64), 1)
@@ -229,7 +231,7 @@ class FurlData:
 
 def _check_split(split: str) -> None:
     if split not in SPLITS:
-        raise ValueError(f'split must be one of {SPLITS}, got {split!r}')
+        raise errors.ConfigError(f'split must be one of {SPLITS}, got {split!r}')
 
 
 def _gather(index: _SplitIndex, doc_chars: np.ndarray, doc_features: np.ndarray, rows) -> collections.OrderedDict:
@@ -262,7 +264,7 @@ def _to_client_data(index: _SplitIndex, doc_chars: np.ndarray, doc_features: np.
         if isinstance(client_id, str):
             # Python path: gather this user's rows with numpy (on demand: the full arrays are never materialized).
             if not client_id.isdigit() or int(client_id) >= num_users:
-                raise ValueError(f'unknown client id {client_id!r} (client ids are "0".."{num_users - 1}")')
+                raise errors.ConfigError(f'unknown client id {client_id!r} (client ids are "0".."{num_users - 1}")')
             u = int(client_id)
             rows = slice(int(offsets[u]), int(offsets[u] + counts[u]))
             return tf.data.Dataset.from_tensor_slices(_gather(index, doc_chars, doc_features, rows))
@@ -338,17 +340,17 @@ def build_furl_data(
         seed: Seed of the ``'random'`` order.
     """
     if split_order not in SPLIT_ORDERS:
-        raise ValueError(f'split_order must be one of {SPLIT_ORDERS}, got {split_order!r}')
+        raise errors.ConfigError(f'split_order must be one of {SPLIT_ORDERS}, got {split_order!r}')
     num_users = int(len(user_ids))
     user_id = np.asarray(user_id, dtype=np.int64)
     label = np.asarray(label, dtype=np.int64)
     doc_index = np.asarray(doc_index, dtype=np.int64)
     if label.size and (label.min() < 0 or label.max() >= num_classes):
-        raise ValueError(f'labels must be in [0, {num_classes}), found {label.min()}..{label.max()}')
+        raise errors.DataError(f'labels must be in [0, {num_classes}), found {label.min()}..{label.max()}')
     if item_id is not None and num_items <= 0:
-        raise ValueError('num_items must be > 0 when item_id is given')
+        raise errors.ConfigError('num_items must be > 0 when item_id is given')
     if doc_texts is None and max_chars != 0:
-        raise ValueError('max_chars must be 0 when the dataset has no text')
+        raise errors.ConfigError('max_chars must be 0 when the dataset has no text')
 
     if split_order == 'time':
         secondary = np.asarray(order_key)
@@ -361,7 +363,7 @@ def build_furl_data(
 
     counts = np.bincount(user_id, minlength=num_users)
     if counts.size != num_users or (counts == 0).any():
-        raise ValueError('every user index in [0, num_users) needs examples')
+        raise errors.DataError('every user index in [0, num_users) needs examples')
     n_train, n_eval, _ = split_sizes(counts)
     starts = np.concatenate([[0], np.cumsum(counts)[:-1]])
     position = np.arange(user_id.size) - np.repeat(starts, counts)

@@ -43,6 +43,7 @@ import os
 
 import numpy as np
 
+from fedpersonal import errors
 from fedpersonal.data import assistments
 from fedpersonal.data import user_modeling
 from fedpersonal.data.assistments import AssistmentsFormatError
@@ -129,12 +130,12 @@ def load_assist_silos(data_dir: str, *, num_clients: int = 40, min_records_per_u
         ValueError: Bad arguments, or too few students for `num_clients`.
     """
     if grouping not in GROUPINGS:
-        raise ValueError(f'grouping must be one of {GROUPINGS}, got {grouping!r}')
+        raise errors.ConfigError(f'grouping must be one of {GROUPINGS}, got {grouping!r}')
     if min_records_per_user < 3:
-        raise ValueError(f'min_records_per_user must be >= 3 (every student needs train, validation and test '
+        raise errors.ConfigError(f'min_records_per_user must be >= 3 (every student needs train, validation and test '
                          f'records), got {min_records_per_user}')
     if num_clients < 1:
-        raise ValueError(f'num_clients must be >= 1, got {num_clients}')
+        raise errors.ConfigError(f'num_clients must be >= 1, got {num_clients}')
     data_dir = os.fspath(data_dir)
     users, items, scores = assistments.load_assistments_records(data_dir)
     item_ids, concepts = assistments.load_assistments_items(data_dir)
@@ -159,7 +160,7 @@ def load_assist_silos(data_dir: str, *, num_clients: int = 40, min_records_per_u
     users, position, scores = users[keep], position[keep], scores[keep]
     user_ids, user_index = np.unique(users, return_inverse=True)
     if user_ids.size < num_clients:
-        raise ValueError(f'{user_ids.size} students have >= {min_records_per_user} responses, fewer than '
+        raise errors.DataError(f'{user_ids.size} students have >= {min_records_per_user} responses, fewer than '
                          f'num_clients={num_clients}')
     used_items, item_index = np.unique(position, return_inverse=True)
 
@@ -175,7 +176,7 @@ def load_assist_silos(data_dir: str, *, num_clients: int = 40, min_records_per_u
     rename[np.argsort(first_member, kind='stable')] = np.arange(num_clients)
     cluster = rename[cluster]
     if np.bincount(cluster, minlength=num_clients).min() == 0:  # pragma: no cover (k-means keeps clusters)
-        raise ValueError(f'the clustering left a silo empty; use fewer than num_clients={num_clients} clients')
+        raise errors.DataError(f'the clustering left a silo empty; use fewer than num_clients={num_clients} clients')
 
     split_of_record = user_modeling.per_user_split(user_index, split)
     record_silo = cluster[user_index]

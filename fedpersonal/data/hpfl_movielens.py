@@ -33,6 +33,7 @@ import re
 import numpy as np
 import pandas as pd
 
+from fedpersonal import errors
 from fedpersonal.data import movielens
 from fedpersonal.data import movielens_likes
 from fedpersonal.data import user_modeling
@@ -122,9 +123,9 @@ def load_movielens_silos(data_dir: str, *, non_numeric_zip: str = 'drop', min_ra
         ValueError: Bad arguments, or no user is left.
     """
     if non_numeric_zip not in NON_NUMERIC_ZIP:
-        raise ValueError(f'non_numeric_zip must be one of {NON_NUMERIC_ZIP}, got {non_numeric_zip!r}')
+        raise errors.ConfigError(f'non_numeric_zip must be one of {NON_NUMERIC_ZIP}, got {non_numeric_zip!r}')
     if min_ratings_per_user < 3:
-        raise ValueError(f'min_ratings_per_user must be >= 3 (every user needs train, validation and test ratings), '
+        raise errors.ConfigError(f'min_ratings_per_user must be >= 3 (every user needs train, validation and test ratings), '
                          f'got {min_ratings_per_user}')
     data_dir = os.fspath(data_dir)
     ratings = movielens.load_ratings(data_dir, variant='100k')
@@ -148,7 +149,7 @@ def load_movielens_silos(data_dir: str, *, non_numeric_zip: str = 'drop', min_ra
     counts = frame.groupby('user_id')['user_id'].transform('size')
     frame = frame[counts >= min_ratings_per_user]
     if frame.empty:
-        raise ValueError(f'no user with >= {min_ratings_per_user} ratings is left in {data_dir}')
+        raise errors.DataError(f'no user with >= {min_ratings_per_user} ratings is left in {data_dir}')
     frame = frame.sort_values(['user_id', 'timestamp', 'item_id'], kind='stable').reset_index(drop=True)
     frame['split'] = user_modeling.per_user_split(frame['user_id'].to_numpy(), split)
 

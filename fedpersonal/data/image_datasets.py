@@ -23,6 +23,8 @@ import struct
 
 import numpy as np
 
+from fedpersonal import errors
+
 __all__ = [
     'ImageFormatError',
     'ImageDataset',
@@ -39,7 +41,7 @@ _IDX_DTYPES: dict[int, np.dtype] = {0x08: np.dtype('>u1'), 0x09: np.dtype('>i1')
                0x0D: np.dtype('>f4'), 0x0E: np.dtype('>f8')}
 
 
-class ImageFormatError(ValueError):
+class ImageFormatError(errors.DataError):
     """An image dataset file is missing or malformed (the message names the file)."""
 
 

@@ -33,6 +33,8 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from fedpersonal import errors
+
 if TYPE_CHECKING:  # pragma: no cover
     import tensorflow_federated as tff
 
@@ -70,7 +72,7 @@ _MIN_RATING = 1.0
 _MAX_RATING = 5.0
 
 
-class MovieLensFormatError(ValueError):
+class MovieLensFormatError(errors.DataError):
     """A MovieLens ratings file (or directory) is missing or malformed.
 
     Attributes:
@@ -100,7 +102,7 @@ def _missing_files_error(data_dir: str, reason: str) -> MovieLensFormatError:
 def _resolve_ratings_file(data_dir: str, variant: str) -> tuple[str, str]:
     """Returns (path, layout key) of the ratings file to read."""
     if variant not in _VARIANTS:
-        raise ValueError(f'variant must be one of {_VARIANTS}, got {variant!r}')
+        raise errors.ConfigError(f'variant must be one of {_VARIANTS}, got {variant!r}')
     data_dir = os.fspath(data_dir)
     if not os.path.isdir(data_dir):
         reason = 'not a directory' if os.path.exists(data_dir) else 'directory does not exist'
@@ -231,7 +233,7 @@ class MovieLensData:
                 f'num_users={self.num_users}/num_items={self.num_items}')
         missing = [c for c in RATING_COLUMNS if c not in self.ratings.columns]
         if missing:
-            raise ValueError(f'ratings is missing columns {missing}')
+            raise errors.DataError(f'ratings is missing columns {missing}')
 
 
 def _check_ratings_frame(ratings: pd.DataFrame, name: str = 'ratings') -> None:
@@ -239,12 +241,12 @@ def _check_ratings_frame(ratings: pd.DataFrame, name: str = 'ratings') -> None:
         raise TypeError(f'{name} must be a pandas.DataFrame, got {type(ratings).__name__}')
     missing = [c for c in RATING_COLUMNS if c not in ratings.columns]
     if missing:
-        raise ValueError(f'{name} is missing columns {missing}; expected {list(RATING_COLUMNS)}')
+        raise errors.DataError(f'{name} is missing columns {missing}; expected {list(RATING_COLUMNS)}')
     for col in ('user_id', 'item_id', 'timestamp'):
         if not pd.api.types.is_integer_dtype(ratings[col].dtype):
-            raise ValueError(f'{name}[{col!r}] must have an integer dtype, got {ratings[col].dtype}')
+            raise errors.DataError(f'{name}[{col!r}] must have an integer dtype, got {ratings[col].dtype}')
     if not pd.api.types.is_numeric_dtype(ratings['rating'].dtype):
-        raise ValueError(f'{name}["rating"] must be numeric, got {ratings["rating"].dtype}')
+        raise errors.DataError(f'{name}["rating"] must be numeric, got {ratings["rating"].dtype}')
 
 
 def _sorted_by_user_time(ratings: pd.DataFrame) -> pd.DataFrame:
@@ -281,9 +283,9 @@ def preprocess_ratings(ratings: pd.DataFrame, *, max_examples_per_user: int | No
     del seed  # The cap is deterministic (earliest ratings); see docstring.
     _check_ratings_frame(ratings)
     if len(ratings) == 0:
-        raise ValueError('ratings is empty')
+        raise errors.DataError('ratings is empty')
     if max_examples_per_user is not None and max_examples_per_user < 1:
-        raise ValueError(f'max_examples_per_user must be >= 1 or None, got {max_examples_per_user}')
+        raise errors.ConfigError(f'max_examples_per_user must be >= 1 or None, got {max_examples_per_user}')
 
     frame = pd.DataFrame({
         'user_id': ratings['user_id'].to_numpy(dtype=np.int64),
@@ -314,11 +316,11 @@ def preprocess_ratings(ratings: pd.DataFrame, *, max_examples_per_user: int | No
 
 def _check_fractions(train_fraction: float, val_fraction: float) -> None:
     if not 0.0 < train_fraction < 1.0:
-        raise ValueError(f'train_fraction must be in (0, 1), got {train_fraction}')
+        raise errors.ConfigError(f'train_fraction must be in (0, 1), got {train_fraction}')
     if not 0.0 <= val_fraction < 1.0:
-        raise ValueError(f'val_fraction must be in [0, 1), got {val_fraction}')
+        raise errors.ConfigError(f'val_fraction must be in [0, 1), got {val_fraction}')
     if train_fraction + val_fraction > 1.0 + 1e-12:
-        raise ValueError(f'train_fraction + val_fraction must be <= 1, got '
+        raise errors.ConfigError(f'train_fraction + val_fraction must be <= 1, got '
                          f'{train_fraction} + {val_fraction}')
 
 
@@ -347,7 +349,7 @@ def split_by_user(data: MovieLensData, *, train_fraction: float = 0.8, val_fract
     """
     if not 0.0 <= train_fraction <= 1.0 or not 0.0 <= val_fraction <= 1.0 or (
             train_fraction + val_fraction > 1.0 + 1e-12):
-        raise ValueError(f'need 0 <= train_fraction, val_fraction and train_fraction + val_fraction <= 1, got '
+        raise errors.ConfigError(f'need 0 <= train_fraction, val_fraction and train_fraction + val_fraction <= 1, got '
                          f'{train_fraction}, {val_fraction}')
     n = data.num_users
     permutation = np.random.default_rng(seed).permutation(n)
@@ -458,10 +460,10 @@ def to_client_data(ratings: pd.DataFrame,
         'timestamp': ratings['timestamp'].to_numpy(dtype=np.int64),
     }))
     if len(frame) == 0:
-        raise ValueError('ratings is empty')
+        raise errors.DataError('ratings is empty')
     users = frame['user_id'].to_numpy()
     if users[0] < 0:
-        raise ValueError(f'user ids must be non-negative dense indices, found {users[0]}')
+        raise errors.DataError(f'user ids must be non-negative dense indices, found {users[0]}')
     present, starts, counts = np.unique(users, return_index=True, return_counts=True)
 
     if user_indices is None:
@@ -469,14 +471,14 @@ def to_client_data(ratings: pd.DataFrame,
     else:
         selected = np.asarray([int(u) for u in user_indices], dtype=np.int64)
         if selected.size == 0:
-            raise ValueError('user_indices is empty')
+            raise errors.DataError('user_indices is empty')
         unique_sel, first = np.unique(selected, return_index=True)
         if unique_sel.size != selected.size:
             dup = int(selected[np.setdiff1d(np.arange(selected.size), first)[0]])
-            raise ValueError(f'user_indices contains user {dup} more than once')
+            raise errors.DataError(f'user_indices contains user {dup} more than once')
         missing = selected[~np.isin(selected, present)]
         if missing.size:
-            raise ValueError(f'user {int(missing[0])} has no rows in ratings '
+            raise errors.DataError(f'user {int(missing[0])} has no rows in ratings '
                              f'({missing.size} of the requested users have none)')
 
     where = np.searchsorted(present, selected)
@@ -506,7 +508,7 @@ def to_client_data(ratings: pd.DataFrame,
             try:
                 arrays = per_client[client_id]
             except KeyError:
-                raise ValueError(f'unknown client id {client_id!r}') from None
+                raise errors.ConfigError(f'unknown client id {client_id!r}') from None
             return tf.data.Dataset.from_tensor_slices(arrays)
         index = tf.strings.to_number(client_id, out_type=tf.int64)
         offset = tf.gather(tf.constant(lookup_offset), index)

@@ -23,6 +23,7 @@ import re
 import numpy as np
 import pandas as pd
 
+from fedpersonal import errors
 from fedpersonal.data import furl_tasks
 from fedpersonal.data import movielens
 from fedpersonal.data.movielens import MovieLensFormatError
@@ -120,10 +121,10 @@ def load_movielens_likes(data_dir: str, *, max_chars: int = 64, min_ratings: int
         ValueError: Bad arguments, or no user has `min_ratings` ratings.
     """
     if min_ratings < 3:
-        raise ValueError(f'min_ratings must be >= 3 (every user needs train, eval and test examples), '
+        raise errors.ConfigError(f'min_ratings must be >= 3 (every user needs train, eval and test examples), '
                          f'got {min_ratings}')
     if max_chars < 1:
-        raise ValueError(f'max_chars must be >= 1, got {max_chars}')
+        raise errors.ConfigError(f'max_chars must be >= 1, got {max_chars}')
     ratings = movielens.load_ratings(data_dir, variant='100k')
     items = load_movie_items(data_dir)
 
@@ -145,7 +146,7 @@ def load_movielens_likes(data_dir: str, *, max_chars: int = 64, min_ratings: int
     counts = ratings.groupby('user_id')['user_id'].transform('size').to_numpy()
     keep = counts >= min_ratings
     if not keep.any():
-        raise ValueError(f'no user has at least min_ratings={min_ratings} ratings')
+        raise errors.DataError(f'no user has at least min_ratings={min_ratings} ratings')
     ratings, doc_index = ratings.loc[keep].reset_index(drop=True), doc_index[keep]
     user_ids, user_index = np.unique(ratings['user_id'].to_numpy(), return_inverse=True)
     # Time order with ties broken by item id: pre-sort by (user, timestamp, item) so the stable split keeps it.

@@ -42,6 +42,7 @@ import os
 import re
 import zipfile
 
+from fedpersonal import errors
 from fedpersonal.data import text_corpus
 
 __all__ = ['ShakespeareFormatError', 'Speech', 'client_id', 'load_shakespeare', 'read_speeches']
@@ -58,7 +59,7 @@ _ID_UNSAFE = re.compile(r'[^A-Za-z0-9]+')
 _KEY = re.compile(r'(\S(?:.*\S)?)@([0-9]{1,15})')  # work@offset; the work may contain '@' but not edge spaces.
 
 
-class ShakespeareFormatError(ValueError):
+class ShakespeareFormatError(errors.DataError):
     """The Shakespeare file is missing or malformed.
 
     Attributes:
@@ -317,7 +318,7 @@ def load_shakespeare(path: str, *, min_examples: int = 20, test_fraction: float 
         ValueError: Bad arguments, or no role has `min_examples` speeches.
     """
     if isinstance(min_examples, bool) or not isinstance(min_examples, int) or min_examples < 1:
-        raise ValueError(f'min_examples must be a positive integer, got {min_examples!r}')
+        raise errors.ConfigError(f'min_examples must be a positive integer, got {min_examples!r}')
     speeches, read, skipped = _read(path, plays_only)
     clients: dict[str, list[str]] = {}
     for speech in speeches:
@@ -327,7 +328,7 @@ def load_shakespeare(path: str, *, min_examples: int = 20, test_fraction: float 
     num_roles = len(clients)
     clients = {c: examples for c, examples in clients.items() if len(examples) >= min_examples}
     if not clients:
-        raise ValueError(f'{os.fspath(path)}: no role has at least min_examples={min_examples} speeches '
+        raise errors.DataError(f'{os.fspath(path)}: no role has at least min_examples={min_examples} speeches '
                          f'({num_roles} roles, {len(read)} works read)')
     train, test = text_corpus.split_clients(clients, test_fraction, seed)
     source = (f'{os.fspath(path)} ({len(read)} works read, {len(skipped)} without a cast list skipped; one client '

@@ -41,6 +41,7 @@ from collections.abc import Sequence
 from typing import Any
 from typing import NoReturn
 
+from fedpersonal import errors
 from fedpersonal.data import text_corpus
 
 __all__ = [
@@ -75,7 +76,7 @@ _KIND_FIELD = {'bytes': 'bytes_list', 'int64': 'int64_list'}
 _DATE_RE = re.compile(r'(\d{4}-\d{2}-\d{2})[ T](\d{2}:\d{2}:\d{2}(?:\.\d+)?)(?: ?(?:UTC|Z|\+00:?00))?')
 
 
-class StackOverflowFormatError(ValueError):
+class StackOverflowFormatError(errors.DataError):
     """A Stack Overflow SQLite or word-count file is missing or malformed.
 
     Attributes:
@@ -99,7 +100,7 @@ def parse_creation_date(value: str) -> datetime.datetime:
     """
     match = _DATE_RE.fullmatch(value.strip())
     if match is None:
-        raise ValueError(f'creation_date {value!r} is not like 2010-01-08 09:34:05.313 UTC')
+        raise errors.DataError(f'creation_date {value!r} is not like 2010-01-08 09:34:05.313 UTC')
     date, time = match.groups()
     if '.' in time:  # fromisoformat wants 3 or 6 fraction digits on older Pythons: normalize to 6.
         whole, fraction = time.split('.')
@@ -243,12 +244,12 @@ def load_stackoverflow(sqlite_path: str, *, train_split: str = 'train', test_spl
         ValueError: Bad arguments, or overlapping clients with ``overlapping_clients='error'``.
     """
     if train_split == test_split:
-        raise ValueError(f'train_split and test_split must differ, both are {train_split!r}')
+        raise errors.ConfigError(f'train_split and test_split must differ, both are {train_split!r}')
     if max_clients is not None and (isinstance(max_clients, bool) or not isinstance(max_clients, int)
                                     or max_clients < 1):
-        raise ValueError(f'max_clients must be None or a positive integer, got {max_clients!r}')
+        raise errors.ConfigError(f'max_clients must be None or a positive integer, got {max_clients!r}')
     if overlapping_clients not in ('drop', 'error'):
-        raise ValueError(f"overlapping_clients must be 'drop' or 'error', got {overlapping_clients!r}")
+        raise errors.ConfigError(f"overlapping_clients must be 'drop' or 'error', got {overlapping_clients!r}")
     path = os.fspath(sqlite_path)
     if os.path.isdir(path):
         path = os.path.join(path, SQLITE_FILE)
@@ -269,7 +270,7 @@ def load_stackoverflow(sqlite_path: str, *, train_split: str = 'train', test_spl
     train, test = sides[train_split], sides[test_split]
     shared = sorted(train.keys() & test.keys())
     if shared and overlapping_clients == 'error':
-        raise ValueError(f'{path}: {len(shared)} clients are in both split {train_split!r} and split {test_split!r} '
+        raise errors.DataError(f'{path}: {len(shared)} clients are in both split {train_split!r} and split {test_split!r} '
                          f'(e.g. {shared[:3]}); use overlapping_clients=\'drop\' or test_split=\'heldout\'')
     test = {c: e for c, e in test.items() if c not in train}
     source = (f'{path} (TFF Stack Overflow SQLite; train split {train_split!r}, test split {test_split!r}'
@@ -299,7 +300,7 @@ def load_word_counts(path: str, vocab_size: int | None = None) -> collections.Or
     path = os.fspath(path)
     if vocab_size is not None and (isinstance(vocab_size, bool) or not isinstance(vocab_size, int)
                                    or vocab_size < 1):
-        raise ValueError(f'vocab_size must be None or a positive integer, got {vocab_size!r}')
+        raise errors.ConfigError(f'vocab_size must be None or a positive integer, got {vocab_size!r}')
     if not os.path.isfile(path):
         raise StackOverflowFormatError(f'{path}: file not found (expected TFF\'s stackoverflow.word_count)',
                                        path=path)
@@ -341,13 +342,13 @@ def _feature(tf: Any, name: str, kind: str, value: Any, where: str) -> Any:
     feature = tf.train.Feature()
     if kind == 'int64':
         if isinstance(value, bool) or not isinstance(value, int):
-            raise ValueError(f'{where}: feature {name!r} must be an int, got {value!r}')
+            raise errors.DataError(f'{where}: feature {name!r} must be an int, got {value!r}')
         feature.int64_list.value.append(value)
     else:
         if isinstance(value, str):
             value = value.encode('utf-8')
         if not isinstance(value, bytes):
-            raise ValueError(f'{where}: feature {name!r} must be str or bytes, got {value!r}')
+            raise errors.DataError(f'{where}: feature {name!r} must be str or bytes, got {value!r}')
         feature.bytes_list.value.append(value)
     return feature
 
@@ -368,7 +369,7 @@ def write_stackoverflow_sqlite(path: str, splits: Mapping[str, Mapping[str, Sequ
     import tensorflow as tf  # pylint: disable=g-import-not-at-top  (only for the tf.train.Example proto)
     path = os.fspath(path)
     if os.path.exists(path):
-        raise ValueError(f'{path} already exists')
+        raise errors.DataError(f'{path} already exists')
     example_rows, metadata_rows = [], []
     for split, clients in splits.items():
         for client_id, examples in clients.items():
@@ -376,7 +377,7 @@ def write_stackoverflow_sqlite(path: str, splits: Mapping[str, Mapping[str, Sequ
                 where = f'split {split!r}, client {client_id!r}, example {index}'
                 missing, unknown = sorted(set(FEATURES) - set(values)), sorted(set(values) - set(FEATURES))
                 if missing or unknown:
-                    raise ValueError(f'{where}: features must be exactly {list(FEATURES)}; missing {missing}, '
+                    raise errors.DataError(f'{where}: features must be exactly {list(FEATURES)}; missing {missing}, '
                                      f'unknown {unknown}')
                 example = tf.train.Example()
                 for name, kind in FEATURES.items():

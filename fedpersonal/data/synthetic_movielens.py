@@ -29,6 +29,8 @@ import os
 import numpy as np
 import pandas as pd
 
+from fedpersonal import errors
+
 __all__ = ['generate_movielens_like', 'write_movielens_100k_layout']
 
 # Scales chosen so that, with noise_std=0.5, the rating histogram is close to MovieLens 100K.
@@ -91,15 +93,15 @@ def generate_movielens_like(*, num_users: int = 943, num_items: int = 1682, rank
         ValueError: If an argument is out of range (e.g. ``min_ratings_per_user > num_items``).
     """
     if num_users < 1 or num_items < 1 or rank < 1:
-        raise ValueError(f'num_users, num_items and rank must be >= 1, got {num_users}, {num_items}, {rank}')
+        raise errors.ConfigError(f'num_users, num_items and rank must be >= 1, got {num_users}, {num_items}, {rank}')
     if not 1 <= min_ratings_per_user <= num_items:
-        raise ValueError(f'min_ratings_per_user must be in [1, num_items={num_items}], got '
+        raise errors.ConfigError(f'min_ratings_per_user must be in [1, num_items={num_items}], got '
                          f'{min_ratings_per_user}')
     if not min_ratings_per_user <= mean_ratings_per_user <= num_items:
-        raise ValueError(f'mean_ratings_per_user must be in [min_ratings_per_user={min_ratings_per_user}, '
+        raise errors.ConfigError(f'mean_ratings_per_user must be in [min_ratings_per_user={min_ratings_per_user}, '
                          f'num_items={num_items}], got {mean_ratings_per_user}')
     if zipf_exponent < 0 or noise_std < 0:
-        raise ValueError(f'zipf_exponent and noise_std must be >= 0, got {zipf_exponent}, {noise_std}')
+        raise errors.ConfigError(f'zipf_exponent and noise_std must be >= 0, got {zipf_exponent}, {noise_std}')
 
     rng = np.random.default_rng(seed)
     factor_std = rank ** -0.25  # <p, q> then has unit variance.
@@ -177,18 +179,18 @@ def write_movielens_100k_layout(ratings: pd.DataFrame, directory: str) -> str:
     """
     missing = [c for c in ('user_id', 'item_id', 'rating', 'timestamp') if c not in ratings.columns]
     if missing:
-        raise ValueError(f'ratings is missing columns {missing}')
+        raise errors.DataError(f'ratings is missing columns {missing}')
     columns = {}
     for name in ('user_id', 'item_id', 'timestamp'):
         values = ratings[name].to_numpy()
         if not np.issubdtype(values.dtype, np.integer):
-            raise ValueError(f'ratings[{name!r}] must be integers, got dtype {values.dtype}')
+            raise errors.DataError(f'ratings[{name!r}] must be integers, got dtype {values.dtype}')
         if values.size and values.min() < 0:
-            raise ValueError(f'ratings[{name!r}] must be non-negative')
+            raise errors.DataError(f'ratings[{name!r}] must be non-negative')
         columns[name] = values.astype(np.int64)
     rating = ratings['rating'].to_numpy(dtype=np.float64)
     if rating.size and (np.any(rating != np.rint(rating)) or rating.min() < 1 or rating.max() > 5):
-        raise ValueError('ratings["rating"] must be integers in 1..5 for the MovieLens 100K format')
+        raise errors.DataError('ratings["rating"] must be integers in 1..5 for the MovieLens 100K format')
     os.makedirs(directory, exist_ok=True)
     path = os.path.join(directory, 'u.data')
     lines = [f'{u}\t{i}\t{r}\t{t}\n' for u, i, r, t in zip(

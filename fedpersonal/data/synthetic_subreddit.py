@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from fedpersonal import errors
 from fedpersonal.data import furl_tasks
 
 __all__ = ['generate_subreddit_like', 'generate_subreddit_corpus']
@@ -83,12 +84,12 @@ def generate_subreddit_corpus(*, num_users: int = 400, num_subreddits: int = 20,
         float64 ``[num_users, num_subreddits]`` user preferences.
     """
     if num_users < 1 or num_subreddits < 2:
-        raise ValueError(f'need num_users >= 1 and num_subreddits >= 2, got {num_users}, {num_subreddits}')
+        raise errors.ConfigError(f'need num_users >= 1 and num_subreddits >= 2, got {num_users}, {num_subreddits}')
     low, high = comments_per_user
     if not 3 <= low <= high:
-        raise ValueError(f'comments_per_user must be (low, high) with 3 <= low <= high, got {comments_per_user}')
+        raise errors.ConfigError(f'comments_per_user must be (low, high) with 3 <= low <= high, got {comments_per_user}')
     if vocab_words < 20:
-        raise ValueError(f'vocab_words must be >= 20, got {vocab_words}')
+        raise errors.ConfigError(f'vocab_words must be >= 20, got {vocab_words}')
     rng = np.random.default_rng(seed)
     words = _words(rng, vocab_words)
     num_generic = max(1, int(vocab_words * _GENERIC_FRACTION))
@@ -142,7 +143,7 @@ def generate_subreddit_like(*, num_users: int = 400, num_subreddits: int = 20,
         A `furl_tasks.FurlData` (no side features, no ``item_id``).
     """
     if max_chars < 1:
-        raise ValueError(f'max_chars must be >= 1, got {max_chars}')
+        raise errors.ConfigError(f'max_chars must be >= 1, got {max_chars}')
     user_id, texts, subreddit, _ = generate_subreddit_corpus(
         num_users=num_users, num_subreddits=num_subreddits, comments_per_user=comments_per_user,
         vocab_words=vocab_words, seed=seed)

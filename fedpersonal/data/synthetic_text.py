@@ -37,6 +37,7 @@ import bisect
 
 import numpy as np
 
+from fedpersonal import errors
 from fedpersonal.data import text_corpus
 
 __all__ = ['generate_text_corpus', 'generate_text_corpus_with_personal_words']
@@ -140,16 +141,16 @@ def generate_text_corpus_with_personal_words(
     """
     lo, hi = examples_per_client
     if not 1 <= lo <= hi:
-        raise ValueError(f'examples_per_client must be (lo, hi) with 1 <= lo <= hi, got {examples_per_client!r}')
+        raise errors.ConfigError(f'examples_per_client must be (lo, hi) with 1 <= lo <= hi, got {examples_per_client!r}')
     if num_clients < 1:
-        raise ValueError(f'num_clients must be >= 1, got {num_clients}')
+        raise errors.ConfigError(f'num_clients must be >= 1, got {num_clients}')
     num_function = len({w for words in _FUNCTION_WORDS.values() for w in words})
     if common_vocab_size < 100:
-        raise ValueError(f'common_vocab_size must be >= 100, got {common_vocab_size}')
+        raise errors.ConfigError(f'common_vocab_size must be >= 100, got {common_vocab_size}')
     if personal_words_per_client < 0:
-        raise ValueError(f'personal_words_per_client must be >= 0, got {personal_words_per_client}')
+        raise errors.ConfigError(f'personal_words_per_client must be >= 0, got {personal_words_per_client}')
     if not 0.0 <= test_fraction < 1.0:
-        raise ValueError(f'test_fraction must be in [0, 1), got {test_fraction!r}')
+        raise errors.ConfigError(f'test_fraction must be in [0, 1), got {test_fraction!r}')
     rng = np.random.default_rng(seed)
 
     # Vocabulary: function words, then open-class pseudo-words, then every client's personal words.

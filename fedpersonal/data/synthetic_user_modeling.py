@@ -32,6 +32,7 @@ import dataclasses
 
 import numpy as np
 
+from fedpersonal import errors
 from fedpersonal.data import user_modeling
 
 __all__ = ['SyntheticTruth', 'generate_user_modeling', 'generate_user_modeling_with_truth']
@@ -91,18 +92,18 @@ def generate_user_modeling_with_truth(
         ValueError: An argument is out of range.
     """
     if task not in user_modeling.TASKS:
-        raise ValueError(f'task must be one of {user_modeling.TASKS}, got {task!r}')
+        raise errors.ConfigError(f'task must be one of {user_modeling.TASKS}, got {task!r}')
     if min(num_clients, num_attributes, users_per_client) < 1:
-        raise ValueError(f'num_clients, num_attributes and users_per_client must be >= 1, got {num_clients}, '
+        raise errors.ConfigError(f'num_clients, num_attributes and users_per_client must be >= 1, got {num_clients}, '
                          f'{num_attributes}, {users_per_client}')
     if not 1 <= items_per_client <= num_items:
-        raise ValueError(f'items_per_client must be in [1, num_items={num_items}], got {items_per_client}')
+        raise errors.ConfigError(f'items_per_client must be in [1, num_items={num_items}], got {items_per_client}')
     low, high = records_per_user
     if not 3 <= low <= high <= items_per_client:
-        raise ValueError(f'records_per_user must be (min, max) with 3 <= min <= max <= items_per_client='
+        raise errors.ConfigError(f'records_per_user must be (min, max) with 3 <= min <= max <= items_per_client='
                          f'{items_per_client}, got {records_per_user}')
     if attribute_concentration <= 0 or client_ability_std < 0:
-        raise ValueError(f'attribute_concentration must be > 0 and client_ability_std >= 0, got '
+        raise errors.ConfigError(f'attribute_concentration must be > 0 and client_ability_std >= 0, got '
                          f'{attribute_concentration}, {client_ability_std}')
 
     rng = np.random.default_rng(seed)

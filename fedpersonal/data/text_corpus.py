@@ -23,6 +23,8 @@ from collections.abc import Iterable
 from collections.abc import Mapping
 from collections.abc import Sequence
 
+from fedpersonal import errors
+
 __all__ = [
     'PUNCTUATION',
     'TextCorpus',
@@ -83,15 +85,15 @@ def tokenize(text: str) -> list[str]:
 def _check_clients(clients: Mapping[str, Sequence[str]], side: str) -> None:
     for client_id, examples in clients.items():
         if not isinstance(client_id, str) or not client_id:
-            raise ValueError(f'{side}: client ids must be non-empty strings, got {client_id!r}')
+            raise errors.DataError(f'{side}: client ids must be non-empty strings, got {client_id!r}')
         if isinstance(examples, str) or not isinstance(examples, Sequence):
-            raise ValueError(f'{side} client {client_id!r}: examples must be a list of strings, got '
+            raise errors.DataError(f'{side} client {client_id!r}: examples must be a list of strings, got '
                              f'{type(examples).__name__}')
         if not examples:
-            raise ValueError(f'{side} client {client_id!r} has no examples')
+            raise errors.DataError(f'{side} client {client_id!r} has no examples')
         for index, example in enumerate(examples):
             if not isinstance(example, str) or not example.strip():
-                raise ValueError(f'{side} client {client_id!r} example {index} is not a non-empty string of tokens: '
+                raise errors.DataError(f'{side} client {client_id!r} example {index} is not a non-empty string of tokens: '
                                  f'{example!r}')
 
 
@@ -121,7 +123,7 @@ class TextCorpus:
         _check_clients(self.test, 'test')
         shared = self.train.keys() & self.test.keys()
         if shared:
-            raise ValueError(f'{len(shared)} client ids are on both the train and the test side, e.g. '
+            raise errors.DataError(f'{len(shared)} client ids are on both the train and the test side, e.g. '
                              f'{sorted(shared)[:3]}')
 
     @property
@@ -153,7 +155,7 @@ def vocabulary(counts: Mapping[str, int], size: int) -> list[str]:
         At most `size` tokens (fewer when `counts` has fewer distinct tokens), deterministic for given counts.
     """
     if isinstance(size, bool) or not isinstance(size, int) or size < 0:
-        raise ValueError(f'size must be a non-negative integer, got {size!r}')
+        raise errors.ConfigError(f'size must be a non-negative integer, got {size!r}')
     ranked = sorted(((-count, token) for token, count in counts.items() if count > 0))
     return [token for _, token in ranked[:size]]
 
@@ -175,7 +177,7 @@ def split_clients(clients: Mapping[str, list[str]], test_fraction: float,
         ``(train, test)`` dicts; every client is wholly on one side.
     """
     if not 0.0 <= test_fraction < 1.0:
-        raise ValueError(f'test_fraction must be in [0, 1), got {test_fraction!r}')
+        raise errors.ConfigError(f'test_fraction must be in [0, 1), got {test_fraction!r}')
     ids = sorted(clients)
     num_test = int(round(test_fraction * len(ids)))
     if test_fraction > 0 and len(ids) >= 2:
@@ -254,7 +256,7 @@ def limit_examples(corpus: TextCorpus, max_examples_per_client: int) -> TextCorp
     """Keeps the first `max_examples_per_client` examples (in time order) of every client on both sides."""
     if (isinstance(max_examples_per_client, bool) or not isinstance(max_examples_per_client, int)
             or max_examples_per_client < 1):
-        raise ValueError(f'max_examples_per_client must be a positive integer, got {max_examples_per_client!r}')
+        raise errors.ConfigError(f'max_examples_per_client must be a positive integer, got {max_examples_per_client!r}')
     n = max_examples_per_client
     return dataclasses.replace(
         corpus,

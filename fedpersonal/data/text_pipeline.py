@@ -35,8 +35,10 @@ from collections.abc import Sequence
 import numpy as np
 import tensorflow as tf
 
+from fedpersonal import errors
 
-class TextPipelineError(ValueError):
+
+class TextPipelineError(errors.DataError):
     """Bad vocabulary, layout or client text (names the client when there is one)."""
 
 

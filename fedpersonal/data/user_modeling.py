@@ -25,6 +25,7 @@ from typing import Any
 
 import numpy as np
 
+from fedpersonal import errors
 from fedpersonal.data import furl_tasks
 
 __all__ = [
@@ -100,7 +101,7 @@ class UserModelingData:
     source: str
 
 
-class UserModelingDataError(ValueError):
+class UserModelingDataError(errors.DataError):
     """A `UserModelingData` breaks the format.
 
     Attributes:
@@ -277,7 +278,7 @@ def per_user_split(user: np.ndarray, split: tuple[float, float, float] = (0.8, 0
     """
     fractions = tuple(float(f) for f in split)
     if len(fractions) != 3 or not all(0.0 < f < 1.0 for f in fractions) or abs(sum(fractions) - 1.0) > 1e-6:
-        raise ValueError(f'split must be three fractions (train, validation, test) in (0, 1) summing to 1, got '
+        raise errors.ConfigError(f'split must be three fractions (train, validation, test) in (0, 1) summing to 1, got '
                          f'{split!r}')
     user = np.asarray(user, dtype=np.int64)
     _, inverse, counts = np.unique(user, return_inverse=True, return_counts=True)

@@ -49,6 +49,8 @@ from typing import Optional
 
 import tensorflow as tf
 
+from fedpersonal import errors
+
 PHASES = ('decoder', 'z', 'c', 'head')
 
 
@@ -85,9 +87,9 @@ class DvaArchitecture:
     def __post_init__(self):
         h, w, _ = self.image_shape
         if h % 4 or w % 4:
-            raise ValueError(f'image height and width must be divisible by 4, got {self.image_shape}')
+            raise errors.ConfigError(f'image height and width must be divisible by 4, got {self.image_shape}')
         if self.z_dim < 1 or self.c_dim < 1 or not self.encoder_channels or len(self.decoder_channels) != 2:
-            raise ValueError('z_dim and c_dim must be >= 1, encoder_channels non-empty and decoder_channels '
+            raise errors.ConfigError('z_dim and c_dim must be >= 1, encoder_channels non-empty and decoder_channels '
                              f'two entries; got {self}')
 
 
@@ -263,7 +265,7 @@ class LossWeights:
 
     def __post_init__(self):
         if self.decoder_c_source not in ('prior', 'posterior'):
-            raise ValueError(f"decoder_c_source must be 'prior' or 'posterior', got {self.decoder_c_source!r}")
+            raise errors.ConfigError(f"decoder_c_source must be 'prior' or 'posterior', got {self.decoder_c_source!r}")
 
 
 class DualVae:

@@ -37,6 +37,7 @@ from typing import Any, Callable, Optional
 
 import tensorflow as tf
 
+from fedpersonal import errors
 from fedpersonal.models import matrix_factorization
 from fedpersonal.models import partially_local_model
 
@@ -97,7 +98,7 @@ def batch_dataset(dataset: tf.data.Dataset, *, batch_size: int = 16, num_epochs:
     with ``ClientData.preprocess(lambda ds: batch_dataset(ds, ...))`` and inside TFF computations.
     """
     if batch_size < 1 or num_epochs < 1:
-        raise ValueError(f'batch_size and num_epochs must be >= 1, got {batch_size}, {num_epochs}')
+        raise errors.ConfigError(f'batch_size and num_epochs must be >= 1, got {batch_size}, {num_epochs}')
     if max_examples is not None:
         dataset = dataset.take(max_examples)
     if shuffle_buffer_size > 1:
@@ -155,16 +156,16 @@ def build_keras_model(
         mode and empty otherwise; ``global_layers`` are all other layers with variables.
     """
     if personalization not in PERSONALIZATION_MODES:
-        raise ValueError(f'personalization must be one of {PERSONALIZATION_MODES}, got {personalization!r}')
+        raise errors.ConfigError(f'personalization must be one of {PERSONALIZATION_MODES}, got {personalization!r}')
     if num_classes < 2:
-        raise ValueError(f'num_classes must be >= 2 (binary tasks use 2 logits), got {num_classes}')
+        raise errors.ConfigError(f'num_classes must be >= 2 (binary tasks use 2 logits), got {num_classes}')
     if max_chars < 0 or num_features < 0 or num_items < 0:
-        raise ValueError(f'max_chars, num_features and num_items must be >= 0, got {max_chars}, {num_features}, '
+        raise errors.ConfigError(f'max_chars, num_features and num_items must be >= 0, got {max_chars}, {num_features}, '
                          f'{num_items}')
     if max_chars > 0 and char_vocab_size < 2:
-        raise ValueError(f'char_vocab_size must be >= 2 when there is text, got {char_vocab_size}')
+        raise errors.ConfigError(f'char_vocab_size must be >= 2 when there is text, got {char_vocab_size}')
     if personalization == 'table' and num_users < 1:
-        raise ValueError("personalization='table' needs num_users >= 1 (the size of the user table)")
+        raise errors.ConfigError("personalization='table' needs num_users >= 1 (the size of the user table)")
 
     init_seed = lambda name, offset=0: partially_local_model.initializer_seed(seed, _INIT_SEEDS[name] + offset)
     uniform = lambda name: tf.keras.initializers.RandomUniform(-0.05, 0.05, seed=init_seed(name))
@@ -259,9 +260,9 @@ def furl_model_fn(
                   mlp_units=tuple(mlp_units), seed=seed)
     # Validate the arguments now, not when an algorithm first calls model_fn inside a TFF computation.
     if personalization not in PERSONALIZATION_MODES:
-        raise ValueError(f'personalization must be one of {PERSONALIZATION_MODES}, got {personalization!r}')
+        raise errors.ConfigError(f'personalization must be one of {PERSONALIZATION_MODES}, got {personalization!r}')
     if personalization == 'table' and num_users < 1:
-        raise ValueError("personalization='table' needs num_users >= 1 (the size of the user table)")
+        raise errors.ConfigError("personalization='table' needs num_users >= 1 (the size of the user table)")
     spec_kwargs = dict(max_chars=max_chars, num_features=num_features, num_items=num_items)
 
     def model_fn() -> partially_local_model.PartiallyLocalModel:

@@ -55,6 +55,8 @@ from typing import Any, NamedTuple, Sequence
 import numpy as np
 import tensorflow as tf
 
+from fedpersonal import errors
+
 __all__ = [
     'GumConfig', 'GumConfigError', 'PublicWeights', 'PrivateWeights', 'GumWeights', 'TASKS', 'initial_public',
     'initial_private', 'initial_weights', 'predict', 'mse_loss', 'correct', 'to_unit', 'from_unit',
@@ -65,7 +67,7 @@ __all__ = [
 TASKS = ('binary', 'rating')
 
 
-class GumConfigError(ValueError):
+class GumConfigError(errors.ConfigError):
     """An invalid GUM configuration (the message names the field)."""
 
 

@@ -11,10 +11,11 @@ module owns the rest, once:
 `define_main` defines one flag per config field (`config_flags`), and the
 returned `main` builds the config from the parsed flags, runs the task inside
 `fedpersonal.runtime.LocalRuntime()` (so no TFF worker outlives the run), and
-prints the report and the output directory. Configuration and data errors
-(`ValueError`, `TypeError`, `OSError`, bad flag values) become an
-`absl.app.UsageError` carrying the message that names the flag, file, line or
-client: no TF stack trace.
+prints the report and the output directory. Only the user's mistakes become an
+`absl.app.UsageError` (exit status 2, one line naming the flag, file, line or
+client): `fedpersonal.errors.InputError` (invalid configuration, unreadable or
+malformed data, an output directory that cannot be resumed) and bad flag values.
+Every other exception is a bug and keeps its traceback.
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from absl import app
 from absl import flags
 from absl import logging
 
+from fedpersonal import errors
 from fedpersonal import runtime
 from fedpersonal.program import config_flags
 
@@ -60,7 +62,7 @@ def define_main(
             config = config_flags.config_from_flags(config_cls, overrides=overrides)
             with runtime.LocalRuntime():
                 results = run(config)
-        except (ValueError, TypeError, OSError, flags.IllegalFlagValueError) as error:
+        except (errors.InputError, flags.IllegalFlagValueError) as error:
             raise app.UsageError(str(error)) from None
         print()
         print(report(results, config))

@@ -45,6 +45,7 @@ import tensorflow as tf
 import tensorflow_federated as tff
 from absl import logging
 
+from fedpersonal import errors
 from fedpersonal import client_state
 from fedpersonal import program
 from fedpersonal.algorithms import ditto
@@ -121,24 +122,24 @@ class FeddvaConfig:
 
     def __post_init__(self):
         if self.dataset not in DATASETS:
-            raise ValueError(f'dataset must be one of {DATASETS}, got {self.dataset!r}.')
+            raise errors.ConfigError(f'dataset must be one of {DATASETS}, got {self.dataset!r}.')
         if self.dataset in ('mnist', 'cifar10') and not self.data_dir:
-            raise ValueError(f'dataset {self.dataset!r} needs --data_dir (the generated default is "generated").')
+            raise errors.ConfigError(f'dataset {self.dataset!r} needs --data_dir (the generated default is "generated").')
         for field, allowed in (('settings', SETTINGS), ('methods', METHODS)):
             values = getattr(self, field)
             unknown = [v for v in values if v not in allowed]
             if unknown or not values:
-                raise ValueError(f'{field} must be a non-empty subset of {allowed}; unknown: {unknown}.')
+                raise errors.ConfigError(f'{field} must be a non-empty subset of {allowed}; unknown: {unknown}.')
         if self.architecture not in ARCHITECTURES:
-            raise ValueError(f'architecture must be one of {tuple(ARCHITECTURES)}, got {self.architecture!r}.')
+            raise errors.ConfigError(f'architecture must be one of {tuple(ARCHITECTURES)}, got {self.architecture!r}.')
         if self.state_store not in ('sqlite', 'memory'):
-            raise ValueError(f"state_store must be 'sqlite' or 'memory', got {self.state_store!r}.")
+            raise errors.ConfigError(f"state_store must be 'sqlite' or 'memory', got {self.state_store!r}.")
         if self.disentanglement_setting not in SETTINGS + ('none',):
-            raise ValueError(f"disentanglement_setting must be one of {SETTINGS + ('none',)}.")
+            raise errors.ConfigError(f"disentanglement_setting must be one of {SETTINGS + ('none',)}.")
         for name in ('num_clients', 'train_per_client', 'test_per_client', 'total_rounds', 'clients_per_round',
                      'batch_size', 'client_epochs', 'rounds_per_eval', 'rounds_per_checkpoint', 'z_dim', 'c_dim'):
             if getattr(self, name) < 1:
-                raise ValueError(f'{name} must be >= 1, got {getattr(self, name)}.')
+                raise errors.ConfigError(f'{name} must be >= 1, got {getattr(self, name)}.')
         feddva_models.LossWeights(self.lambda_c, self.lambda_cc, self.xi, self.decoder_c_source)  # Validates.
 
     def dva_architecture(self, image_shape: tuple[int, int, int], num_classes: int) -> feddva_models.DvaArchitecture:

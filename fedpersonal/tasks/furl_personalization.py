@@ -37,7 +37,9 @@ import tensorflow as tf
 import tensorflow_federated as tff
 from absl import logging
 
+from fedpersonal import errors
 from fedpersonal import client_state
+from fedpersonal import core
 from fedpersonal import evaluation
 from fedpersonal import program
 from fedpersonal.program import training_loop
@@ -93,16 +95,16 @@ class FurlConfig:
     def __post_init__(self):
         unknown = [c for c in self.configurations if c not in CONFIGURATIONS]
         if unknown or not self.configurations:
-            raise ValueError(f'configurations must be a non-empty subset of {CONFIGURATIONS}; unknown: {unknown}.')
+            raise errors.ConfigError(f'configurations must be a non-empty subset of {CONFIGURATIONS}; unknown: {unknown}.')
         if self.dataset not in DATASETS:
-            raise ValueError(f'dataset must be one of {DATASETS}, got {self.dataset!r}.')
+            raise errors.ConfigError(f'dataset must be one of {DATASETS}, got {self.dataset!r}.')
         if self.dataset != 'synthetic_subreddit' and not self.data_dir:
-            raise ValueError(f'dataset {self.dataset!r} needs --data_dir (the generated default is synthetic_subreddit).')
+            raise errors.ConfigError(f'dataset {self.dataset!r} needs --data_dir (the generated default is synthetic_subreddit).')
         if self.state_store not in ('sqlite', 'memory'):
-            raise ValueError(f"state_store must be 'sqlite' or 'memory', got {self.state_store!r}.")
+            raise errors.ConfigError(f"state_store must be 'sqlite' or 'memory', got {self.state_store!r}.")
         for name in ('batch_size', 'epochs', 'clients_per_round', 'client_epochs', 'eval_clients', 'knn'):
             if getattr(self, name) < 1:
-                raise ValueError(f'{name} must be >= 1, got {getattr(self, name)}.')
+                raise errors.ConfigError(f'{name} must be >= 1, got {getattr(self, name)}.')
 
 
 def load_data(config: FurlConfig) -> furl_tasks.FurlData:

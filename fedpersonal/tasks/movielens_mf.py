@@ -36,6 +36,7 @@ import tensorflow as tf
 import tensorflow_federated as tff
 from absl import logging
 
+from fedpersonal import errors
 from fedpersonal import algorithms
 from fedpersonal import data as data_lib
 from fedpersonal import evaluation
@@ -111,14 +112,14 @@ class MovieLensMFConfig:
     def __post_init__(self):
         unknown = [c for c in self.configurations if c not in CONFIGURATIONS]
         if unknown or not self.configurations:
-            raise ValueError(f'configurations must be a non-empty subset of {CONFIGURATIONS}; unknown: {unknown}.')
+            raise errors.ConfigError(f'configurations must be a non-empty subset of {CONFIGURATIONS}; unknown: {unknown}.')
         if self.fedrecon_implementation not in ('fedpersonal', 'tff'):
-            raise ValueError(f"fedrecon_implementation must be 'fedpersonal' or 'tff', got {self.fedrecon_implementation!r}.")
+            raise errors.ConfigError(f"fedrecon_implementation must be 'fedpersonal' or 'tff', got {self.fedrecon_implementation!r}.")
         if self.client_weighting not in ('num_examples', 'uniform'):
-            raise ValueError(f"client_weighting must be 'num_examples' or 'uniform', got {self.client_weighting!r}.")
+            raise errors.ConfigError(f"client_weighting must be 'num_examples' or 'uniform', got {self.client_weighting!r}.")
         for name in ('batch_size', 'clients_per_round', 'total_rounds', 'num_latent_factors', 'eval_clients'):
             if getattr(self, name) < 1:
-                raise ValueError(f'{name} must be >= 1, got {getattr(self, name)}.')
+                raise errors.ConfigError(f'{name} must be >= 1, got {getattr(self, name)}.')
 
     @property
     def split(self) -> algorithms.ReconstructionSplit:

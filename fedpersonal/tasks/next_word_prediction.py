@@ -42,6 +42,7 @@ import tensorflow as tf
 import tensorflow_federated as tff
 from absl import logging
 
+from fedpersonal import errors
 from fedpersonal import algorithms
 from fedpersonal import evaluation
 from fedpersonal import metrics as metrics_lib
@@ -120,17 +121,17 @@ class NextWordPredictionConfig:
     def __post_init__(self):
         unknown = [c for c in self.configurations if c not in CONFIGURATIONS]
         if unknown or not self.configurations:
-            raise ValueError(f'configurations must be a non-empty subset of {CONFIGURATIONS}; unknown: {unknown}.')
+            raise errors.ConfigError(f'configurations must be a non-empty subset of {CONFIGURATIONS}; unknown: {unknown}.')
         if self.dataset not in DATASETS:
-            raise ValueError(f'dataset must be one of {DATASETS}, got {self.dataset!r}.')
+            raise errors.ConfigError(f'dataset must be one of {DATASETS}, got {self.dataset!r}.')
         if self.dataset == 'stackoverflow' and not self.data_dir:
-            raise ValueError('dataset=stackoverflow needs --data_dir (a stackoverflow.sqlite file or its directory).')
+            raise errors.ConfigError('dataset=stackoverflow needs --data_dir (a stackoverflow.sqlite file or its directory).')
         if not self.vocab_sizes or min(self.vocab_sizes) < 1:
-            raise ValueError(f'vocab_sizes must be positive, got {self.vocab_sizes}.')
+            raise errors.ConfigError(f'vocab_sizes must be positive, got {self.vocab_sizes}.')
         for name in ('num_oov_buckets', 'max_sequence_length', 'max_elements_per_client', 'batch_size',
                      'total_rounds', 'clients_per_round', 'eval_clients', 'embedding_dim', 'lstm_units'):
             if getattr(self, name) < 1:
-                raise ValueError(f'{name} must be >= 1, got {getattr(self, name)}.')
+                raise errors.ConfigError(f'{name} must be >= 1, got {getattr(self, name)}.')
 
     @property
     def split(self) -> algorithms.ReconstructionSplit:
