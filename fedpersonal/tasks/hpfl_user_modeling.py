@@ -49,9 +49,10 @@ import numpy as np
 import tensorflow as tf
 from absl import logging
 
+from fedpersonal import errors
 from fedpersonal import program
 from fedpersonal.algorithms import hpfl
-from fedpersonal.algorithms import hpfl_baselines
+from fedpersonal.algorithms.hpfl import baselines as hpfl_baselines
 from fedpersonal.algorithms import optimizers
 from fedpersonal.data import user_modeling
 from fedpersonal.metrics import user_modeling_metrics as um_metrics
@@ -129,38 +130,38 @@ class HpflConfig:
 
     def __post_init__(self):
         if self.dataset not in DATASETS:
-            raise ValueError(f'dataset must be one of {DATASETS}, got {self.dataset!r}.')
+            raise errors.ConfigError(f'dataset must be one of {DATASETS}, got {self.dataset!r}.')
         if self.dataset != 'synthetic' and not self.data_dir:
-            raise ValueError(f'dataset {self.dataset!r} needs --data_dir (the generated default is synthetic).')
+            raise errors.ConfigError(f'dataset {self.dataset!r} needs --data_dir (the generated default is synthetic).')
         unknown = [m for m in self.methods if m not in METHODS]
         if unknown or not self.methods:
-            raise ValueError(f'methods must be a non-empty subset of {METHODS}; unknown: {unknown}.')
+            raise errors.ConfigError(f'methods must be a non-empty subset of {METHODS}; unknown: {unknown}.')
         for name in ('rounds', 'client_epochs', 'batch_size', 'hidden_dim', 'max_local_clusters',
                      'max_global_clusters', 'centralized_epochs', 'centralized_batch_size', 'ncf_embedding_dim',
                      'rounds_per_eval', 'eval_batch_size', 'ndcg_k', 'assist_num_clients', 'synthetic_num_clients',
                      'synthetic_users_per_client'):
             if getattr(self, name) < 1:
-                raise ValueError(f'{name} must be >= 1, got {getattr(self, name)}.')
+                raise errors.ConfigError(f'{name} must be >= 1, got {getattr(self, name)}.')
         if any(int(h) < 1 for h in self.ncd_hidden_units) or not self.ncd_hidden_units:
-            raise ValueError(f'ncd_hidden_units must be positive widths, got {self.ncd_hidden_units!r}.')
+            raise errors.ConfigError(f'ncd_hidden_units must be positive widths, got {self.ncd_hidden_units!r}.')
         if self.client_optimizer not in optimizers.OPTIMIZERS:
-            raise ValueError(f'client_optimizer must be one of {optimizers.OPTIMIZERS}, got {self.client_optimizer!r}.')
+            raise errors.ConfigError(f'client_optimizer must be one of {optimizers.OPTIMIZERS}, got {self.client_optimizer!r}.')
         if self.row_updates not in hpfl.ROW_UPDATES:
-            raise ValueError(f'row_updates must be one of {hpfl.ROW_UPDATES}, got {self.row_updates!r}.')
+            raise errors.ConfigError(f'row_updates must be one of {hpfl.ROW_UPDATES}, got {self.row_updates!r}.')
         for name in ('client_learning_rate', 'centralized_learning_rate'):
             if not getattr(self, name) > 0:
-                raise ValueError(f'{name} must be positive, got {getattr(self, name)}.')
+                raise errors.ConfigError(f'{name} must be positive, got {getattr(self, name)}.')
         if not 0.0 <= self.accuracy_threshold < 1.0:
-            raise ValueError(f'accuracy_threshold must be in [0, 1), got {self.accuracy_threshold}.')
+            raise errors.ConfigError(f'accuracy_threshold must be in [0, 1), got {self.accuracy_threshold}.')
         if self.center_weighting not in hpfl.CENTER_WEIGHTINGS:
-            raise ValueError(
+            raise errors.ConfigError(
                 f'center_weighting must be one of {hpfl.CENTER_WEIGHTINGS}, got {self.center_weighting!r}.')
         if self.ndcg_gain not in NDCG_GAINS:
-            raise ValueError(f'ndcg_gain must be one of {NDCG_GAINS}, got {self.ndcg_gain!r}.')
+            raise errors.ConfigError(f'ndcg_gain must be one of {NDCG_GAINS}, got {self.ndcg_gain!r}.')
         if self.max_items_per_silo is not None and self.max_items_per_silo < 1:
-            raise ValueError(f'max_items_per_silo must be >= 1 or None, got {self.max_items_per_silo}.')
+            raise errors.ConfigError(f'max_items_per_silo must be >= 1 or None, got {self.max_items_per_silo}.')
         if self.synthetic_task not in gum.TASKS:
-            raise ValueError(f'synthetic_task must be one of {gum.TASKS}, got {self.synthetic_task!r}.')
+            raise errors.ConfigError(f'synthetic_task must be one of {gum.TASKS}, got {self.synthetic_task!r}.')
         object.__setattr__(self, 'ncd_hidden_units', tuple(int(h) for h in self.ncd_hidden_units))
 
 
@@ -172,7 +173,7 @@ def load_data(config: HpflConfig) -> user_modeling.UserModelingData:
         return data
     kept = [s for s in data.silos if s.num_items <= config.max_items_per_silo]
     if not kept:
-        raise ValueError(f'max_items_per_silo={config.max_items_per_silo} leaves no silo of {data.name} (smallest: '
+        raise errors.ConfigError(f'max_items_per_silo={config.max_items_per_silo} leaves no silo of {data.name} (smallest: '
                          f'{min(s.num_items for s in data.silos)} items).')
     left_out = [f'{s.client_id} ({s.num_items} items)' for s in data.silos if s.num_items > config.max_items_per_silo]
     if not left_out:

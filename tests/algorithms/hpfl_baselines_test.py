@@ -6,7 +6,7 @@ import tensorflow as tf
 import tensorflow_federated as tff
 
 from fedpersonal.algorithms import hpfl
-from fedpersonal.algorithms import hpfl_baselines
+from fedpersonal.algorithms.hpfl import baselines as hpfl_baselines
 from fedpersonal.data import user_modeling as um
 from fedpersonal.models import gum
 from fedpersonal.privacy import audit
@@ -136,3 +136,34 @@ def test_private_tables_never_reach_the_server(method):
 def test_unknown_method_is_rejected():
     with pytest.raises(ValueError, match='method must be one of'):
         hpfl_baselines.build_baseline('fedbn', CONFIG)
+
+
+# ------------------------------------------------------------------------------------ one builder, one protocol
+def test_every_method_is_a_configuration_of_one_personalized_process():
+    from fedpersonal import core  # pylint: disable=g-import-not-at-top
+    initial_public = [np.asarray(v) for v in INITIAL[0].model.public]
+    for method in hpfl.BASELINES + hpfl.HPFL_VARIANTS:
+        process = hpfl.build_method(method, CONFIG)
+        assert isinstance(process, core.PersonalizedProcess) and process.stateful, method
+        assert process.spec == hpfl.round_spec(method) and process.name == method
+        assert process.private_state_type == process.client_state_type == hpfl.client_state_type(CONFIG)
+        assert process.next.type_signature.result.python_container is core.ProcessOutput
+        template = process.initial_private_state()
+        assert int(template.num_users) == 0 and int(template.num_items) == 0
+        state = process.initialize()
+        for got, expected in zip(process.get_model_weights(state).trainable, initial_public):
+            np.testing.assert_array_equal(got, expected)  # The global public components, as TFF ModelWeights.
+        # The FedAvg family starts from TFF's broadcast; HPFL and Distributed train their own model.
+        uses_broadcast = process.spec.start == 'global'
+        assert uses_broadcast == (method in ('fedsgd', 'fedavg', 'fednoise', 'fedprox', 'fedatt'))
+
+
+def test_round_spec_rejects_inconsistent_rounds():
+    with pytest.raises(ValueError, match="start='global' goes with an update aggregation"):
+        hpfl.RoundSpec(public_aggregation='mean')
+    with pytest.raises(ValueError, match="need start='global'"):
+        hpfl.RoundSpec(proximal_strength=0.1)
+    with pytest.raises(ValueError, match='public_aggregation must be one of'):
+        hpfl.RoundSpec(public_aggregation='median')
+    with pytest.raises(ValueError, match='model_aggregator applies'):
+        hpfl.build_process(CONFIG, hpfl.round_spec('fedatt'), model_aggregator=tff.aggregators.MeanFactory())
