@@ -13,6 +13,8 @@ from typing import Any, Optional, Sequence
 
 from absl import flags
 
+from fedpersonal.program import config_parts
+
 _NONE = 'none'
 
 
@@ -43,7 +45,8 @@ def define_flags(config_cls: type, *, exclude: Sequence[str] = (), overrides: Op
             continue
         default = overrides.get(field.name, field.default if field.default is not dataclasses.MISSING else None)
         base, optional = _base_type(field.type)
-        help_text = field.metadata.get('help', f'{config_cls.__name__}.{field.name}')
+        help_text = config_parts.help_text(config_cls, field.name) or f'{config_cls.__name__}.{field.name}'
+
         if typing.get_origin(base) is tuple:
             flags.DEFINE_list(field.name, list(default) if default is not None else None, help_text, flag_values=flag_values)
         elif base is bool:

@@ -48,6 +48,7 @@ from absl import logging
 from fedpersonal import errors
 from fedpersonal import client_state
 from fedpersonal import program
+from fedpersonal.program import config_parts as parts
 from fedpersonal.algorithms import ditto
 from fedpersonal.algorithms import feddva
 from fedpersonal.algorithms import optimizers
@@ -67,60 +68,64 @@ ARCHITECTURES = {'paper': feddva_models.PAPER, 'scaled': feddva_models.SCALED}
 _EVAL_BATCH = 500
 
 
-@dataclasses.dataclass(frozen=True)
-class FeddvaConfig:
-    """Everything a FedDVA experiment needs (defaults: a small run on the generated data)."""
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class FeddvaConfig(
+    parts.OutputConfig,
+    parts.DataConfig,
+    parts.RoundsConfig,
+    parts.SamplingConfig,
+    parts.EvaluationConfig,
+    parts.BatchConfig,
+    parts.ClientEpochsConfig,
+):
+    """Everything a FedDVA experiment needs (shared options from `fedpersonal.program.config_parts`; defaults: a
+    small run on the generated data)."""
 
-    output_dir: str
-    dataset: str = 'generated'
-    data_dir: Optional[str] = None
-    settings: tuple[str, ...] = SETTINGS
-    methods: tuple[str, ...] = METHODS
-    num_clients: int = 20
-    train_per_client: int = 300
-    test_per_client: int = 100
-    alpha_inputs: float = 100.0
-    alpha_outputs: float = 0.5
-    marks_in_outputs: bool = False
-    generated_train: int = 12000
-    generated_test: int = 2000
-    architecture: str = 'scaled'
-    z_dim: int = 8
-    c_dim: int = 8
-    head_hidden: int = 0
+    dataset: str = parts.option('generated', f'One of {DATASETS}.')
+    settings: tuple[str, ...] = parts.option(SETTINGS, f'Personalization settings, a subset of {SETTINGS}.')
+    methods: tuple[str, ...] = parts.option(METHODS, f'Methods, a subset of {METHODS}.')
+    num_clients: int = parts.option(20, 'Clients.')
+    train_per_client: int = parts.option(300, 'Training images per client.')
+    test_per_client: int = parts.option(100, 'Test images per client.')
+    alpha_inputs: float = parts.option(100.0, 'Dirichlet concentration of the label split (input heterogeneity).')
+    alpha_outputs: float = parts.option(0.5, 'Dirichlet concentration of the label split (output heterogeneity).')
+    marks_in_outputs: bool = parts.option(False, 'Add client marks in the output-heterogeneity setting too.')
+    generated_train: int = parts.option(12000, 'Generated data: training images.')
+    generated_test: int = parts.option(2000, 'Generated data: test images.')
+    architecture: str = parts.option('scaled', f'One of {tuple(ARCHITECTURES)}.')
+    z_dim: int = parts.option(8, 'Dimension of the shared latent z.')
+    c_dim: int = parts.option(8, 'Dimension of the client latent c.')
+    head_hidden: int = parts.option(0, 'Hidden units of the classifier head (0: linear).')
     total_rounds: int = 20
     clients_per_round: int = 20
     batch_size: int = 64
-    learning_rate: float = 1e-3
-    decoder_epochs: int = 1
-    z_epochs: int = 1
-    c_epochs: int = 1
-    head_epochs: int = 1
-    head_learning_rate: float = 1e-2
-    lambda_c: float = 1.0
-    lambda_cc: float = 0.75
-    xi: Optional[float] = None
-    decoder_c_source: str = 'posterior'
-    client_epochs: int = 1
-    cnn_channels: tuple[int, ...] = (16, 32, 64)
-    cnn_dense: int = 64
-    ditto_lambda: float = 0.1
-    ditto_personal_learning_rate: float = 0.05
-    finetune_epochs: int = 2
-    finetune_learning_rate: float = 1e-3
+    learning_rate: float = parts.option(1e-3, 'Adam learning rate of the VAE phases (and FedAvg baselines).')
+    decoder_epochs: int = parts.option(1, 'Epochs of the decoder phase per round.')
+    z_epochs: int = parts.option(1, 'Epochs of the z-encoder phase per round.')
+    c_epochs: int = parts.option(1, 'Epochs of the c-encoder phase per round.')
+    head_epochs: int = parts.option(1, 'Epochs of the head phase per round.')
+    head_learning_rate: float = parts.option(1e-2, 'Adam learning rate of the head phase.')
+    lambda_c: float = parts.option(1.0, 'Weight of the c regularizer.')
+    lambda_cc: float = parts.option(0.75, 'Weight of the c consistency term.')
+    xi: Optional[float] = parts.option(None, "xi of the loss ('none': the paper's default).")
+    decoder_c_source: str = parts.option('posterior', "Decoder's c: 'prior' or 'posterior'.")
+    cnn_channels: tuple[int, ...] = parts.option((16, 32, 64), 'Channels of the CNN baselines.')
+    cnn_dense: int = parts.option(64, 'Dense units of the CNN baselines.')
+    ditto_lambda: float = parts.option(0.1, "Ditto's lambda.")
+    ditto_personal_learning_rate: float = parts.option(0.05, "Ditto's personal SGD learning rate.")
+    finetune_epochs: int = parts.option(2, 'Fine-tuning epochs of FedAvg + fine-tuning.')
+    finetune_learning_rate: float = parts.option(1e-3, 'Fine-tuning learning rate.')
     rounds_per_eval: int = 5
-    rounds_per_checkpoint: int = 10
-    state_store: str = dataclasses.field(
-        default='sqlite', metadata={'help': "Where each client's private state (decoder, head, batch-norm statistics; "
-                                            "Ditto's personal model) lives between rounds: 'sqlite' (in the run's "
-                                            "output directory, so an interrupted run resumes) or 'memory'."})
-    disentanglement_setting: str = 'heterogeneous_inputs'
-    grid_size: int = 6
-    projection: str = 'tsne'
-    projection_points: int = 1000
-    seed: int = 0
+    state_store: str = parts.option(
+        'sqlite', "Where each client's private state (decoder, head, batch-norm statistics; Ditto's personal model) "
+        "lives between rounds: 'sqlite' (in the run's output directory, so an interrupted run resumes) or 'memory'.")
+    disentanglement_setting: str = parts.option('heterogeneous_inputs', 'Setting analysed for disentanglement.')
+    grid_size: int = parts.option(6, 'Manifold grid size.')
+    projection: str = parts.option('tsne', 'Projection of the latent codes.')
+    projection_points: int = parts.option(1000, 'Points projected.')
 
     def __post_init__(self):
+        parts.run_post_inits(self)
         if self.dataset not in DATASETS:
             raise errors.ConfigError(f'dataset must be one of {DATASETS}, got {self.dataset!r}.')
         if self.dataset in ('mnist', 'cifar10') and not self.data_dir:
@@ -136,8 +141,7 @@ class FeddvaConfig:
             raise errors.ConfigError(f"state_store must be 'sqlite' or 'memory', got {self.state_store!r}.")
         if self.disentanglement_setting not in SETTINGS + ('none',):
             raise errors.ConfigError(f"disentanglement_setting must be one of {SETTINGS + ('none',)}.")
-        for name in ('num_clients', 'train_per_client', 'test_per_client', 'total_rounds', 'clients_per_round',
-                     'batch_size', 'client_epochs', 'rounds_per_eval', 'rounds_per_checkpoint', 'z_dim', 'c_dim'):
+        for name in ('num_clients', 'train_per_client', 'test_per_client', 'z_dim', 'c_dim'):
             if getattr(self, name) < 1:
                 raise errors.ConfigError(f'{name} must be >= 1, got {getattr(self, name)}.')
         feddva_models.LossWeights(self.lambda_c, self.lambda_cc, self.xi, self.decoder_c_source)  # Validates.

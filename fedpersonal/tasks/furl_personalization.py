@@ -42,6 +42,7 @@ from fedpersonal import client_state
 from fedpersonal import core
 from fedpersonal import evaluation
 from fedpersonal import program
+from fedpersonal.program import config_parts as parts
 from fedpersonal.program import training_loop
 from fedpersonal.algorithms import centralized
 from fedpersonal.algorithms import furl
@@ -59,40 +60,42 @@ ROW_NAMES = {
 DATASETS = ('synthetic_subreddit', 'movielens_likes', 'assistments')
 
 
-@dataclasses.dataclass(frozen=True)
-class FurlConfig:
-    """Everything a FURL experiment needs."""
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class FurlConfig(
+    parts.OutputConfig,
+    parts.DataConfig,
+    parts.RoundsConfig,
+    parts.SamplingConfig,
+    parts.EvaluationConfig,
+    parts.EvalClientsConfig,
+    parts.BatchConfig,
+    parts.ClientEpochsConfig,
+    parts.ClientOptimizerConfig,
+    parts.ServerOptimizerConfig,
+):
+    """Everything a FURL experiment needs (shared options from `fedpersonal.program.config_parts`)."""
 
-    output_dir: str
-    dataset: str = 'synthetic_subreddit'
-    data_dir: Optional[str] = None
-    configurations: tuple[str, ...] = CONFIGURATIONS
-    synthetic_num_users: int = 400
-    max_chars: int = 64
-    char_embedding_dim: int = 16
-    lstm_units: int = 32
-    user_embedding_dim: int = 32
-    mlp_units: int = 64
-    batch_size: int = 16
-    epochs: int = 5
-    total_rounds: Optional[int] = None
-    clients_per_round: int = 10
-    client_epochs: int = 1
-    client_optimizer: str = 'sgd'
-    client_learning_rate: float = 0.1
-    server_optimizer: str = 'sgd'
-    server_learning_rate: float = 1.0
-    centralized_optimizer: str = 'sgd'
-    centralized_learning_rate: float = 0.1
-    private_norm_regularization: float = 0.0
-    state_store: str = 'sqlite'
+    dataset: str = parts.option('synthetic_subreddit', f'One of {DATASETS}.')
+    configurations: tuple[str, ...] = parts.option(CONFIGURATIONS, f'Rows to run, a subset of {CONFIGURATIONS}.')
+    synthetic_num_users: int = parts.option(400, 'Generated data: users.')
+    max_chars: int = parts.option(64, 'Characters of a document kept (0: no text).')
+    char_embedding_dim: int = parts.option(16, 'Character embedding dimension.')
+    lstm_units: int = parts.option(32, 'Units of each LSTM direction.')
+    user_embedding_dim: int = parts.option(32, 'Dimension of the private user embedding.')
+    mlp_units: int = parts.option(64, 'Units of the MLP head.')
+    epochs: int = parts.option(5, 'Passes over the training data of the server rows; with --total_rounds=none the '
+                               'federated rows run as many rounds as that many passes over the users take.')
+    total_rounds: Optional[int] = None  # 'none': derived from --epochs (see its help).
     rounds_per_eval: int = 50
-    eval_clients: int = 100
     rounds_per_checkpoint: int = 50
-    knn: int = 10
-    seed: int = 0
+    centralized_optimizer: str = parts.option('sgd', 'Optimizer of the server (centralized) rows.')
+    centralized_learning_rate: float = parts.option(0.1, 'Learning rate of the server (centralized) rows.')
+    private_norm_regularization: float = parts.option(0.0, 'lambda of the norm penalty on private parameters.')
+    state_store: str = parts.option('sqlite', "Client state store: 'sqlite' (durable, resumable) or 'memory'.")
+    knn: int = parts.option(10, 'Neighbours compared in the embedding analysis.')
 
     def __post_init__(self):
+        parts.run_post_inits(self)
         unknown = [c for c in self.configurations if c not in CONFIGURATIONS]
         if unknown or not self.configurations:
             raise errors.ConfigError(f'configurations must be a non-empty subset of {CONFIGURATIONS}; unknown: {unknown}.')
@@ -102,7 +105,7 @@ class FurlConfig:
             raise errors.ConfigError(f'dataset {self.dataset!r} needs --data_dir (the generated default is synthetic_subreddit).')
         if self.state_store not in ('sqlite', 'memory'):
             raise errors.ConfigError(f"state_store must be 'sqlite' or 'memory', got {self.state_store!r}.")
-        for name in ('batch_size', 'epochs', 'clients_per_round', 'client_epochs', 'eval_clients', 'knn'):
+        for name in ('epochs', 'knn'):
             if getattr(self, name) < 1:
                 raise errors.ConfigError(f'{name} must be >= 1, got {getattr(self, name)}.')
 

@@ -43,6 +43,7 @@ from fedpersonal import evaluation
 from fedpersonal import metrics as metrics_lib
 from fedpersonal import models
 from fedpersonal import program
+from fedpersonal.program import config_parts as parts
 from fedpersonal.algorithms import centralized
 from fedpersonal.algorithms import optimizers
 from fedpersonal.models import matrix_factorization as mf
@@ -58,58 +59,61 @@ ROW_NAMES = {
 METRIC_KEYS = ('rmse', 'mae', 'accuracy', 'loss', 'num_examples')
 
 
-@dataclasses.dataclass(frozen=True)
-class MovieLensMFConfig:
-    """Everything a MovieLens MF experiment needs (defaults: the paper code's settings)."""
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class MovieLensMFConfig(
+    parts.OutputConfig,
+    parts.DataConfig,
+    parts.RoundsConfig,
+    parts.SamplingConfig,
+    parts.EvaluationConfig,
+    parts.EvalClientsConfig,
+    parts.BatchConfig,
+    parts.ClientOptimizerConfig,
+    parts.ServerOptimizerConfig,
+    parts.ReconstructionOptimizerConfig,
+):
+    """Everything a MovieLens MF experiment needs (defaults: the paper code's settings).
 
-    output_dir: str
-    configurations: tuple[str, ...] = ('fedrecon',)
-    data_dir: Optional[str] = None
-    variant: str = 'auto'
-    synthetic_num_users: int = 943
-    synthetic_num_items: int = 1682
-    synthetic_mean_ratings_per_user: int = 106
-    synthetic_seed: int = 0
-    max_examples_per_user: Optional[int] = 300
-    train_fraction: float = 0.8
-    val_fraction: float = 0.1
-    split_seed: int = 0
-    num_latent_factors: int = 50
-    add_biases: bool = False
-    l2_regularization: float = 0.0
-    accuracy_threshold: float = 0.5
+    Shared options (rounds, sampling, optimizers, evaluation, output) come from `fedpersonal.program.config_parts`;
+    the defaults below that differ from the parts' are the paper's.
+    """
+
+    configurations: tuple[str, ...] = parts.option(('fedrecon',), f'Table 1 rows to run, a subset of {CONFIGURATIONS}.')
+    variant: str = parts.option('auto', "MovieLens variant of --data_dir: '100k', '1m' or 'auto'.")
+    synthetic_num_users: int = parts.option(943, 'Generated data: users.')
+    synthetic_num_items: int = parts.option(1682, 'Generated data: items.')
+    synthetic_mean_ratings_per_user: int = parts.option(106, 'Generated data: mean ratings per user.')
+    synthetic_seed: int = parts.option(0, 'Generated data: seed.')
+    max_examples_per_user: Optional[int] = parts.option(300, "Ratings kept per user ('none': all).")
+    train_fraction: float = parts.option(0.8, 'Fraction of users (or of each user\'s ratings by time) for training.')
+    val_fraction: float = parts.option(0.1, 'Fraction for validation (the rest is test).')
+    split_seed: int = parts.option(0, 'Seed of the user split.')
+    num_latent_factors: int = parts.option(50, 'Embedding dimension.')
+    add_biases: bool = parts.option(False, 'Add user and item biases.')
+    l2_regularization: float = parts.option(0.0, 'L2 regularization of the embeddings.')
+    accuracy_threshold: float = parts.option(0.5, 'A prediction is accurate when within this of the rating.')
     batch_size: int = 5
     clients_per_round: int = 100
-    total_rounds: int = 100
-    seed: int = 0
-    client_optimizer: str = 'sgd'
     client_learning_rate: float = 0.5
-    server_optimizer: str = 'sgd'
-    server_learning_rate: float = 1.0
-    reconstruction_optimizer: str = 'sgd'
-    reconstruction_learning_rate: float = 0.1
     recon_epochs: int = 5
     recon_steps_max: Optional[int] = 50
-    post_recon_epochs: int = 1
     post_recon_steps_max: Optional[int] = 50
-    support_fraction: float = 0.5
-    split_strategy: str = 'hash'
-    allow_overlap: bool = False
-    jointly_train_locals: bool = False
-    learn_local_init: bool = False
-    client_weighting: str = 'num_examples'
-    finetune_learning_rate: float = 0.0
-    fedrecon_implementation: str = 'fedpersonal'
-    centralized_optimizer: str = 'adam'
-    centralized_learning_rate: float = 0.001
-    centralized_batch_size: int = 64
-    centralized_max_epochs: int = 100
-    centralized_patience: int = 3
-    rounds_per_eval: int = 10
-    eval_clients: int = 100
-    rounds_per_checkpoint: int = 10
+    support_fraction: float = parts.option(0.5, 'Fraction of a client\'s examples in its support set.')
+    split_strategy: str = parts.option('hash', "Support/query split: 'hash' (order-invariant) or 'order'.")
+    allow_overlap: bool = parts.option(False, 'Support and query sets may overlap (tiny clients).')
+    jointly_train_locals: bool = parts.option(False, 'Also train local variables during the update.')
+    learn_local_init: bool = parts.option(False, 'Learn a global default for the local variables.')
+    client_weighting: str = parts.option('num_examples', "Client weights: 'num_examples' or 'uniform'.")
+    finetune_learning_rate: float = parts.option(0.0, 'FedRecon+Finetune learning rate at evaluation (0: off).')
+    fedrecon_implementation: str = parts.option('fedpersonal', "'fedpersonal' or 'tff' (TFF 0.87's build_fed_recon).")
+    centralized_optimizer: str = parts.option('adam', 'Optimizer of the centralized rows.')
+    centralized_learning_rate: float = parts.option(0.001, 'Learning rate of the centralized rows.')
+    centralized_batch_size: int = parts.option(64, 'Batch size of the centralized rows.')
+    centralized_max_epochs: int = parts.option(100, 'Epoch cap of the centralized rows (early stopping).')
+    centralized_patience: int = parts.option(3, 'Early-stopping patience (epochs) of the centralized rows.')
 
     def __post_init__(self):
+        parts.run_post_inits(self)
         unknown = [c for c in self.configurations if c not in CONFIGURATIONS]
         if unknown or not self.configurations:
             raise errors.ConfigError(f'configurations must be a non-empty subset of {CONFIGURATIONS}; unknown: {unknown}.')
@@ -117,9 +121,8 @@ class MovieLensMFConfig:
             raise errors.ConfigError(f"fedrecon_implementation must be 'fedpersonal' or 'tff', got {self.fedrecon_implementation!r}.")
         if self.client_weighting not in ('num_examples', 'uniform'):
             raise errors.ConfigError(f"client_weighting must be 'num_examples' or 'uniform', got {self.client_weighting!r}.")
-        for name in ('batch_size', 'clients_per_round', 'total_rounds', 'num_latent_factors', 'eval_clients'):
-            if getattr(self, name) < 1:
-                raise errors.ConfigError(f'{name} must be >= 1, got {getattr(self, name)}.')
+        if self.num_latent_factors < 1:
+            raise errors.ConfigError(f'num_latent_factors must be >= 1, got {self.num_latent_factors}.')
 
     @property
     def split(self) -> algorithms.ReconstructionSplit:

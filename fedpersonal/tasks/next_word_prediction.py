@@ -47,6 +47,7 @@ from fedpersonal import algorithms
 from fedpersonal import evaluation
 from fedpersonal import metrics as metrics_lib
 from fedpersonal import program
+from fedpersonal.program import config_parts as parts
 from fedpersonal.algorithms import fed_recon
 from fedpersonal.algorithms import optimizers
 from fedpersonal.data import shakespeare
@@ -75,50 +76,51 @@ def row_name(configuration: str, num_oov_buckets: int) -> str:
     }[configuration]
 
 
-@dataclasses.dataclass(frozen=True)
-class NextWordPredictionConfig:
-    """Everything a next-word-prediction experiment needs.
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class NextWordPredictionConfig(
+    parts.OutputConfig,
+    parts.DataConfig,
+    parts.RoundsConfig,
+    parts.SamplingConfig,
+    parts.EvaluationConfig,
+    parts.EvalClientsConfig,
+    parts.BatchConfig,
+    parts.ClientOptimizerConfig,
+    parts.ServerOptimizerConfig,
+    parts.ReconstructionOptimizerConfig,
+):
+    """Everything a next-word-prediction experiment needs (shared options from `fedpersonal.program.config_parts`).
 
     Paper settings (Stack Overflow): vocabularies 1K/5K/10K, 500 OOV buckets,
     sequences of 20 tokens, at most 1024 examples per client, embedding 96,
     LSTM 670, FedYogi. Defaults here are CPU-sized (see `docs/RESULTS.md`).
     """
 
-    output_dir: str
-    dataset: str = 'synthetic_text'
-    data_dir: Optional[str] = None
-    configurations: tuple[str, ...] = CONFIGURATIONS
-    vocab_sizes: tuple[int, ...] = (1000, 5000, 10000)
-    num_oov_buckets: int = 500
-    max_sequence_length: int = 20
-    max_elements_per_client: int = 128
-    min_examples_per_client: int = 20
-    synthetic_num_clients: int = 300
-    test_fraction: float = 0.2
-    validation_fraction: float = 0.1
-    embedding_dim: int = 32
-    lstm_units: int = 64
-    batch_size: int = 16
+    dataset: str = parts.option('synthetic_text', f'One of {DATASETS}.')
+    configurations: tuple[str, ...] = parts.option(CONFIGURATIONS, f'Rows to run, a subset of {CONFIGURATIONS}.')
+    vocab_sizes: tuple[int, ...] = parts.option((1000, 5000, 10000), 'Vocabulary sizes (one table per size).')
+    num_oov_buckets: int = parts.option(500, 'Local OOV embedding rows of FedRecon (B).')
+    max_sequence_length: int = parts.option(20, 'Tokens per sequence.')
+    max_elements_per_client: int = parts.option(128, 'Sequences kept per client.')
+    min_examples_per_client: int = parts.option(20, 'Clients with fewer sequences are dropped.')
+    synthetic_num_clients: int = parts.option(300, 'Generated corpus: clients.')
+    test_fraction: float = parts.option(0.2, 'Fraction of clients held out for test.')
+    validation_fraction: float = parts.option(0.1, 'Fraction of clients held out for validation.')
+    embedding_dim: int = parts.option(32, 'Word embedding dimension.')
+    lstm_units: int = parts.option(64, 'LSTM units.')
     total_rounds: int = 60
-    clients_per_round: int = 10
-    client_optimizer: str = 'sgd'
     client_learning_rate: float = 1.0
     server_optimizer: str = 'yogi'
     server_learning_rate: float = 0.1
-    reconstruction_optimizer: str = 'sgd'
     reconstruction_learning_rate: float = 1.0
-    finetune_learning_rate: float = 0.1
-    recon_epochs: int = 1
-    recon_steps_max: Optional[int] = None
-    post_recon_epochs: int = 1
-    post_recon_steps_max: Optional[int] = None
+    finetune_learning_rate: float = parts.option(0.1, 'Learning rate of the fine-tuning rows.')
     rounds_per_eval: int = 30
     eval_clients: int = 20
-    test_clients: Optional[int] = None
+    test_clients: Optional[int] = parts.option(None, "Test clients evaluated at the end ('none': all).")
     rounds_per_checkpoint: int = 50
-    seed: int = 0
 
     def __post_init__(self):
+        parts.run_post_inits(self)
         unknown = [c for c in self.configurations if c not in CONFIGURATIONS]
         if unknown or not self.configurations:
             raise errors.ConfigError(f'configurations must be a non-empty subset of {CONFIGURATIONS}; unknown: {unknown}.')
@@ -128,8 +130,7 @@ class NextWordPredictionConfig:
             raise errors.ConfigError('dataset=stackoverflow needs --data_dir (a stackoverflow.sqlite file or its directory).')
         if not self.vocab_sizes or min(self.vocab_sizes) < 1:
             raise errors.ConfigError(f'vocab_sizes must be positive, got {self.vocab_sizes}.')
-        for name in ('num_oov_buckets', 'max_sequence_length', 'max_elements_per_client', 'batch_size',
-                     'total_rounds', 'clients_per_round', 'eval_clients', 'embedding_dim', 'lstm_units'):
+        for name in ('num_oov_buckets', 'max_sequence_length', 'max_elements_per_client', 'embedding_dim', 'lstm_units'):
             if getattr(self, name) < 1:
                 raise errors.ConfigError(f'{name} must be >= 1, got {getattr(self, name)}.')
 

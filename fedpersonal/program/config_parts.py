@@ -1,0 +1,197 @@
+"""Shared, typed parts of every experiment config: one definition (name, type, meaning, help) per option.
+
+A task's config is a frozen dataclass that inherits the parts it uses and adds its own fields, so a flag means
+the same in every binary (`config_flags` turns the fields into flags, the help text comes from here):
+
+    @dataclasses.dataclass(frozen=True, kw_only=True)
+    class MyConfig(config_parts.OutputConfig, config_parts.RoundsConfig, config_parts.ClientOptimizerConfig):
+        total_rounds: int = 60          # a task may change a default; the meaning and help stay the part's
+        my_option: float = option(0.5, 'What it does.')
+
+Parts: `OutputConfig` (where results go), `DataConfig` (where data comes from), `RoundsConfig` (rounds, seed,
+checkpoints), `SamplingConfig` (clients per round), `EvaluationConfig`, `EvalClientsConfig`, `BatchConfig`, `ClientEpochsConfig`,
+`ClientOptimizerConfig`, `ServerOptimizerConfig`, `ReconstructionOptimizerConfig`. Every part validates its own
+fields; a task's `__post_init__` calls `run_post_inits(self)` first.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+from typing import Optional
+
+from fedpersonal import errors
+
+# The names `fedpersonal.algorithms.optimizers.build_optimizer` accepts (kept here so that defining flags imports
+# neither TensorFlow nor TFF; tests/program/config_parts_test.py checks the two agree).
+OPTIMIZERS = ('sgd', 'sgdm', 'adam', 'adagrad', 'yogi')
+
+
+def build_optimizer(name: str, learning_rate: float) -> Any:
+    """`fedpersonal.algorithms.optimizers.build_optimizer` (imported on use)."""
+    from fedpersonal.algorithms import optimizers  # pylint: disable=g-import-not-at-top
+
+    return optimizers.build_optimizer(name, learning_rate)
+
+
+def option(default: Any, help_text: str) -> Any:
+    """A config field with a default and the help text its flag shows."""
+    if isinstance(default, (list, dict, set)):
+        raise TypeError('Use an immutable default (a tuple) for config fields.')
+    return dataclasses.field(default=default, metadata={'help': help_text})
+
+
+def help_text(config_cls: type, name: str) -> Optional[str]:
+    """The help of field `name`: its own, or that of the first class in the MRO that documents it."""
+    for cls in config_cls.__mro__:
+        fields = getattr(cls, '__dataclass_fields__', {})
+        if name in fields and fields[name].metadata.get('help'):
+            return fields[name].metadata['help']
+    return None
+
+
+def _require(condition: bool, message: str) -> None:
+    if not condition:
+        raise errors.ConfigError(message)
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class OutputConfig:
+    """Where an experiment writes everything it reports."""
+
+    output_dir: str = option(
+        'output', 'Directory for metrics (CSV, TensorBoard), checkpoints, results and plots; rerunning with the '
+        'same directory resumes the run.')
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class DataConfig:
+    """Where the data comes from."""
+
+    data_dir: Optional[str] = option(None, "Directory (or file) of the real dataset; 'none': generated data.")
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class RoundsConfig:
+    """Federated rounds, the run's seed and checkpointing."""
+
+    total_rounds: int = option(100, 'Federated training rounds.')
+    seed: int = option(0, 'Seed of every random choice of the run (initializers, sampling, shuffles).')
+    rounds_per_checkpoint: int = option(10, 'Rounds between checkpoints (the last round is always saved).')
+
+    def __post_init__(self):
+        _require(self.rounds_per_checkpoint >= 1, f'rounds_per_checkpoint must be >= 1, got {self.rounds_per_checkpoint}.')
+        if self.total_rounds is not None:
+            _require(self.total_rounds >= 1, f'total_rounds must be >= 1, got {self.total_rounds}.')
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class SamplingConfig:
+    """Client sampling (cross-device)."""
+
+    clients_per_round: int = option(10, 'Clients sampled per round (uniformly without replacement, seeded).')
+
+    def __post_init__(self):
+        _require(self.clients_per_round >= 1, f'clients_per_round must be >= 1, got {self.clients_per_round}.')
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class EvaluationConfig:
+    """Periodic evaluation during training."""
+
+    rounds_per_eval: int = option(10, 'Rounds between validation evaluations (and after the last round).')
+
+    def __post_init__(self):
+        _require(self.rounds_per_eval >= 1, f'rounds_per_eval must be >= 1, got {self.rounds_per_eval}.')
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class EvalClientsConfig:
+    """How many validation clients a periodic evaluation uses (cross-device)."""
+
+    eval_clients: int = option(100, 'Validation clients evaluated periodically (a fixed seeded sample).')
+
+    def __post_init__(self):
+        _require(self.eval_clients >= 1, f'eval_clients must be >= 1, got {self.eval_clients}.')
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class BatchConfig:
+    """Client-side batching."""
+
+    batch_size: int = option(16, 'Client batch size.')
+
+    def __post_init__(self):
+        _require(self.batch_size >= 1, f'batch_size must be >= 1, got {self.batch_size}.')
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class ClientEpochsConfig:
+    """Local epochs of client training per round."""
+
+    client_epochs: int = option(1, 'Local epochs per round.')
+
+    def __post_init__(self):
+        _require(self.client_epochs >= 1, f'client_epochs must be >= 1, got {self.client_epochs}.')
+
+
+def _check_optimizer(name: str, value: str, learning_rate: float) -> None:
+    _require(value in OPTIMIZERS, f'{name} must be one of {OPTIMIZERS}, got {value!r}.')
+    _require(learning_rate > 0, f'{name.replace("optimizer", "learning_rate")} must be positive, got {learning_rate}.')
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class ClientOptimizerConfig:
+    """The optimizer of local training."""
+
+    client_optimizer: str = option('sgd', f'Client optimizer, one of {OPTIMIZERS}.')
+    client_learning_rate: float = option(0.1, 'Client learning rate.')
+
+    def __post_init__(self):
+        _check_optimizer('client_optimizer', self.client_optimizer, self.client_learning_rate)
+
+    def build_client_optimizer(self) -> Any:
+        """The `tff.learning.optimizers.Optimizer` of this config."""
+        return build_optimizer(self.client_optimizer, self.client_learning_rate)
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class ServerOptimizerConfig:
+    """The optimizer the server applies the aggregated update with."""
+
+    server_optimizer: str = option('sgd', f'Server optimizer, one of {OPTIMIZERS}.')
+    server_learning_rate: float = option(1.0, 'Server learning rate (SGD 1.0: plain averaging).')
+
+    def __post_init__(self):
+        _check_optimizer('server_optimizer', self.server_optimizer, self.server_learning_rate)
+
+    def build_server_optimizer(self) -> Any:
+        """The `tff.learning.optimizers.Optimizer` of this config."""
+        return build_optimizer(self.server_optimizer, self.server_learning_rate)
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class ReconstructionOptimizerConfig:
+    """FedRecon's reconstruction: the optimizer of the local variables and the step caps."""
+
+    reconstruction_optimizer: str = option('sgd', f'Reconstruction optimizer, one of {OPTIMIZERS}.')
+    reconstruction_learning_rate: float = option(0.1, 'Reconstruction learning rate.')
+    recon_epochs: int = option(1, 'Reconstruction epochs over the support set.')
+    recon_steps_max: Optional[int] = option(None, "Cap on reconstruction steps ('none': no cap).")
+    post_recon_epochs: int = option(1, 'Update epochs over the query set.')
+    post_recon_steps_max: Optional[int] = option(None, "Cap on update steps ('none': no cap).")
+
+    def __post_init__(self):
+        _check_optimizer('reconstruction_optimizer', self.reconstruction_optimizer, self.reconstruction_learning_rate)
+
+    def build_reconstruction_optimizer(self) -> Any:
+        """The `tff.learning.optimizers.Optimizer` of the reconstruction steps."""
+        return build_optimizer(self.reconstruction_optimizer, self.reconstruction_learning_rate)
+
+
+def run_post_inits(config: Any) -> None:
+    """Runs every part's `__post_init__` validation (dataclass inheritance runs only the most derived one)."""
+    for cls in reversed(type(config).__mro__[1:]):
+        post_init = cls.__dict__.get('__post_init__')
+        if post_init is not None:
+            post_init(config)
