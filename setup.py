@@ -5,9 +5,7 @@ import setuptools
 setuptools.setup(
     name='fedpersonal',
     version='0.1.0',
-    description=(
-        'Partially local federated learning (FedRecon, FURL, HPFL, FedDVA) on TensorFlow Federated.'
-    ),
+    description=('Partially local federated learning (FedRecon, FURL, HPFL, FedDVA) on TensorFlow Federated.'),
     packages=setuptools.find_packages(include=['fedpersonal', 'fedpersonal.*']),
     python_requires='>=3.11,<3.12',
     install_requires=[

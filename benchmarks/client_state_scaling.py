@@ -71,6 +71,7 @@ class _ClientIds(collections.abc.Sequence):
 def run_child(config: dict) -> dict:
     """One configuration, in this (fresh) process."""
     import types  # pylint: disable=g-import-not-at-top
+
     pkg = types.ModuleType('fedpersonal')
     pkg.__path__ = [os.path.join(_REPO, 'fedpersonal')]
     sys.modules['fedpersonal'] = pkg  # Skip fedpersonal/__init__.py (imports TFF); see the module docstring.
@@ -141,14 +142,18 @@ def _fmt(value, scale=1.0, digits=2):
 
 
 def markdown_table(rows: list[dict]) -> str:
-    lines = ['| configuration | register N, wall (CPU) s | round get+put, median (ms) | p90 (ms) | commit, median (ms) '
-             '| peak RSS (MB) | on disk (MB) |',
-             '| --- | ---: | ---: | ---: | ---: | ---: | ---: |']
+    lines = [
+        '| configuration | register N, wall (CPU) s | round get+put, median (ms) | p90 (ms) | commit, median (ms) '
+        '| peak RSS (MB) | on disk (MB) |',
+        '| --- | ---: | ---: | ---: | ---: | ---: | ---: |',
+    ]
     for r in rows:
-        lines.append(f'| {r["name"]} | {_fmt(r["register_seconds"])} ({_fmt(r["register_cpu_seconds"])}) '
-                     f'| {_fmt(r["seconds_per_round"], 1e3, 3)} '
-                     f'| {_fmt(r["seconds_per_round_p90"], 1e3, 3)} | {_fmt(r["commit_seconds"], 1e3, 3)} '
-                     f'| {_fmt(r["peak_rss_mb"], digits=0)} | {_fmt(r["disk_mb"], digits=1)} |')
+        lines.append(
+            f'| {r["name"]} | {_fmt(r["register_seconds"])} ({_fmt(r["register_cpu_seconds"])}) '
+            f'| {_fmt(r["seconds_per_round"], 1e3, 3)} '
+            f'| {_fmt(r["seconds_per_round_p90"], 1e3, 3)} | {_fmt(r["commit_seconds"], 1e3, 3)} '
+            f'| {_fmt(r["peak_rss_mb"], digits=0)} | {_fmt(r["disk_mb"], digits=1)} |'
+        )
     return '\n'.join(lines)
 
 
@@ -162,13 +167,15 @@ def interpretation(rows: list[dict]) -> str:
         return ''
     sql_lo, sql_hi, mem_lo, mem_hi = (by[key] for key in need)
     ms = lambda r: f'{r["seconds_per_round"] * 1e3:.2f}'  # pylint: disable=unnecessary-lambda-assignment
-    return (f'From {lo:,} to {hi:,} registered clients (k={k}), the median get+put round goes from {ms(sql_lo)} to '
-            f'{ms(sql_hi)} ms with SQLite and from {ms(mem_lo)} to {ms(mem_hi)} ms in memory (indexed lookups, '
-            f'no scans), while peak RSS grows by {round(mem_hi["peak_rss_mb"] - mem_lo["peak_rss_mb"]):d} MB for '
-            f'the in-memory store and by {round(sql_hi["peak_rss_mb"] - sql_lo["peak_rss_mb"]):d} MB for SQLite, which '
-            f'keeps '
-            f'the states on disk ({sql_hi["disk_mb"]:.0f} MB); SQLite\'s fsynced commit adds '
-            f'~{sql_hi["commit_seconds"] * 1e3:.1f} ms per round.')
+    return (
+        f'From {lo:,} to {hi:,} registered clients (k={k}), the median get+put round goes from {ms(sql_lo)} to '
+        f'{ms(sql_hi)} ms with SQLite and from {ms(mem_lo)} to {ms(mem_hi)} ms in memory (indexed lookups, '
+        f'no scans), while peak RSS grows by {round(mem_hi["peak_rss_mb"] - mem_lo["peak_rss_mb"]):d} MB for '
+        f'the in-memory store and by {round(sql_hi["peak_rss_mb"] - sql_lo["peak_rss_mb"]):d} MB for SQLite, which '
+        f'keeps '
+        f"the states on disk ({sql_hi['disk_mb']:.0f} MB); SQLite's fsynced commit adds "
+        f'~{sql_hi["commit_seconds"] * 1e3:.1f} ms per round.'
+    )
 
 
 def main() -> int:
@@ -178,11 +185,15 @@ def main() -> int:
     parser.add_argument('--stores', default='in_memory,sqlite', help='Stores to measure (comma-separated).')
     parser.add_argument('--rounds', type=int, default=200, help='Rounds per configuration.')
     parser.add_argument('--seed', type=int, default=0)
-    parser.add_argument('--work_dir', default=None, help='Directory for the SQLite files (default: a temp dir, '
-                        'removed afterwards).')
+    parser.add_argument(
+        '--work_dir', default=None, help='Directory for the SQLite files (default: a temp dir, removed afterwards).'
+    )
     parser.add_argument('--results_json', default=os.path.join(_REPO, 'docs/results/client_state_scaling.json'))
-    parser.add_argument('--results_md', default=os.path.join(_REPO, 'docs/RESULTS.md'),
-                        help='Markdown file whose client_state_scaling section is replaced ("" to skip).')
+    parser.add_argument(
+        '--results_md',
+        default=os.path.join(_REPO, 'docs/RESULTS.md'),
+        help='Markdown file whose client_state_scaling section is replaced ("" to skip).',
+    )
     parser.add_argument('--child', default=None, help=argparse.SUPPRESS)  # JSON config of one configuration.
     args = parser.parse_args()
     if args.child:
@@ -200,22 +211,32 @@ def main() -> int:
                 for k in (int(s) for s in args.clients_per_round.split(',')):
                     config = dict(store=store, n=n, k=k, rounds=args.rounds, seed=args.seed, work_dir=work_dir)
                     env = dict(os.environ, OMP_NUM_THREADS='1', OPENBLAS_NUM_THREADS='1', MKL_NUM_THREADS='1')
-                    out = subprocess.run([sys.executable, os.path.abspath(__file__), '--child', json.dumps(config)],
-                                         env=env, capture_output=True, text=True, check=False)
+                    out = subprocess.run(
+                        [sys.executable, os.path.abspath(__file__), '--child', json.dumps(config)],
+                        env=env,
+                        capture_output=True,
+                        text=True,
+                        check=False,
+                    )
                     if out.returncode:
                         print(out.stderr, file=sys.stderr)
                         raise RuntimeError(f'configuration {config} failed (exit code {out.returncode})')
                     row = json.loads(out.stdout.strip().splitlines()[-1])
                     rows.append(row)
-                    print(f'{row["name"]}: register {row["register_seconds"]:.2f} s, round '
-                          f'{row["seconds_per_round"] * 1e3:.3f} ms, peak RSS {row["peak_rss_mb"]:.0f} MB', flush=True)
+                    print(
+                        f'{row["name"]}: register {row["register_seconds"]:.2f} s, round '
+                        f'{row["seconds_per_round"] * 1e3:.3f} ms, peak RSS {row["peak_rss_mb"]:.0f} MB',
+                        flush=True,
+                    )
     finally:
         if args.work_dir is None:
             shutil.rmtree(work_dir, ignore_errors=True)
     load_after = os.getloadavg()
 
-    machine = (f'{os.cpu_count()} CPU cores, shared: 1-minute load average {load_before[0]:.1f} before and '
-               f'{load_after[0]:.1f} after the run (one configuration at a time, single-threaded)')
+    machine = (
+        f'{os.cpu_count()} CPU cores, shared: 1-minute load average {load_before[0]:.1f} before and '
+        f'{load_after[0]:.1f} after the run (one configuration at a time, single-threaded)'
+    )
     results = {'command': command, 'dataset': f'synthetic states, dim {_DIM}', 'machine': machine, 'rows': rows}
     os.makedirs(os.path.dirname(os.path.abspath(args.results_json)), exist_ok=True)
     with open(args.results_json, 'w') as f:
@@ -224,22 +245,25 @@ def main() -> int:
     table = markdown_table(rows)
     print(table)
     if args.results_md:
-        section = '\n'.join([
-            '## Client state store scaling',
-            '',
-            f'`{command}`',
-            '',
-            f'Synthetic FURL-style states (one float32 user embedding of dim {_DIM} per client, seeded uniform '
-            f'init), {args.rounds} rounds per configuration of get + put for k random clients, then a commit; '
-            'each configuration in a fresh process (peak RSS = VmHWM, including ~'
-            f'{statistics.median(r["baseline_rss_mb"] for r in rows):.0f} MB of Python + numpy). {machine}: wall times '
-            'include waiting for a core; the CPU seconds of registration show the work itself.',
-            '',
-            table,
-            '',
-            interpretation(rows),
-        ])
+        section = '\n'.join(
+            [
+                '## Client state store scaling',
+                '',
+                f'`{command}`',
+                '',
+                f'Synthetic FURL-style states (one float32 user embedding of dim {_DIM} per client, seeded uniform '
+                f'init), {args.rounds} rounds per configuration of get + put for k random clients, then a commit; '
+                'each configuration in a fresh process (peak RSS = VmHWM, including ~'
+                f'{statistics.median(r["baseline_rss_mb"] for r in rows):.0f} MB of Python + numpy). {machine}: wall times '
+                'include waiting for a core; the CPU seconds of registration show the work itself.',
+                '',
+                table,
+                '',
+                interpretation(rows),
+            ]
+        )
         from fedpersonal.program import outputs  # pylint: disable=g-import-not-at-top  (parent only: imports TFF)
+
         outputs.replace_marked_section(args.results_md, 'client_state_scaling', section)
     return 0
 

@@ -31,16 +31,25 @@ from fedpersonal.tasks import feddva
 _DEFAULTS = {'output_dir': 'output/feddva'}
 config_flags.define_flags(feddva.FeddvaConfig, overrides=_DEFAULTS)
 flags.DEFINE_string('results_dir', 'docs/results', 'Where the JSON and PNG copies go.')
-flags.DEFINE_string('results_md', 'docs/RESULTS.md',
-                    'Markdown results file (its feddva_<dataset> section is replaced).')
+flags.DEFINE_string(
+    'results_md', 'docs/RESULTS.md', 'Markdown results file (its feddva_<dataset> section is replaced).'
+)
 flags.DEFINE_string('notes', '', 'Extra Markdown (e.g. the reading of the results) appended to the section.')
-flags.DEFINE_bool('rerender', False, 'Do not train: re-read --output_dir (results.json and the runs\' metrics.csv), '
-                  'redraw the accuracy curves and rewrite the JSON and Markdown (the command recorded is the one '
-                  'without --rerender).')
+flags.DEFINE_bool(
+    'rerender',
+    False,
+    "Do not train: re-read --output_dir (results.json and the runs' metrics.csv), "
+    'redraw the accuracy curves and rewrite the JSON and Markdown (the command recorded is the one '
+    'without --rerender).',
+)
 FLAGS = flags.FLAGS
 
-_DATASET_NAMES = {'generated': 'generated digits', 'mnist': 'MNIST', 'fashion_mnist': 'Fashion-MNIST',
-                  'cifar10': 'CIFAR-10'}
+_DATASET_NAMES = {
+    'generated': 'generated digits',
+    'mnist': 'MNIST',
+    'fashion_mnist': 'Fashion-MNIST',
+    'cifar10': 'CIFAR-10',
+}
 
 
 def rerender(config: feddva.FeddvaConfig) -> dict:
@@ -49,8 +58,10 @@ def rerender(config: feddva.FeddvaConfig) -> dict:
         results = json.load(f)
     curves = feddva.load_curves(config.output_dir, config.settings, config.methods)
     results['figures']['accuracy_vs_rounds'] = feddva.plot_accuracy_curves(
-        curves, os.path.join(config.output_dir, 'accuracy_vs_rounds.png'),
-        title=f'{config.dataset}: test accuracy of every client')
+        curves,
+        os.path.join(config.output_dir, 'accuracy_vs_rounds.png'),
+        title=f'{config.dataset}: test accuracy of every client',
+    )
     results['curves'] = {f'{s}/{m}': c for (s, m), c in curves.items()}
     program.write_json(os.path.join(config.output_dir, 'results.json'), results)
     return results
@@ -82,8 +93,12 @@ def main(argv):
             with open(timing_path) as f:
                 timing = json.load(f)
     else:
-        timing = {'wall_seconds': time.time() - started, 'load_average_1min_start': load_before,
-                  'load_average_1min_end': os.getloadavg()[0], 'cpu_count': os.cpu_count()}
+        timing = {
+            'wall_seconds': time.time() - started,
+            'load_average_1min_start': load_before,
+            'load_average_1min_end': os.getloadavg()[0],
+            'cpu_count': os.cpu_count(),
+        }
         program.write_json(timing_path, timing)
     name = f'feddva_{config.dataset}'
     os.makedirs(FLAGS.results_dir, exist_ok=True)
@@ -93,28 +108,47 @@ def main(argv):
             images[key] = os.path.join(FLAGS.results_dir, f'{name}_{key}.png')
             shutil.copy(path, images[key])
     json_path = os.path.join(FLAGS.results_dir, f'{name}.json')
-    program.write_json(json_path, {
-        'command': command, 'dataset': config.dataset, 'statistics': results['statistics'],
-        'rounds': results['rounds'], 'config': dataclasses.asdict(config), 'rows': results['rows'],
-        'curves': results['curves'], 'timing': timing})
+    program.write_json(
+        json_path,
+        {
+            'command': command,
+            'dataset': config.dataset,
+            'statistics': results['statistics'],
+            'rounds': results['rounds'],
+            'config': dataclasses.asdict(config),
+            'rows': results['rows'],
+            'curves': results['curves'],
+            'timing': timing,
+        },
+    )
     table = feddva.format_tables(results['rows'])
     md_dir = os.path.dirname(os.path.abspath(FLAGS.results_md))
     rel = lambda p: os.path.relpath(os.path.abspath(p), md_dir)
     stats = next(iter(results['statistics'].values()))
-    lines = [f'## FedDVA: {_DATASET_NAMES.get(config.dataset, config.dataset)}', '', f'Command: `{command}`', '',
-             f"{config.num_clients} clients ({stats['train_examples'] // config.num_clients} training and "
-             f"{stats['test_examples'] // config.num_clients} test images each), {config.total_rounds} rounds of "
-             f'{config.clients_per_round} clients, batch {config.batch_size}, Adam lr {config.learning_rate:g}; '
-             f'FedDVA: {config.decoder_epochs}/{config.z_epochs}/{config.c_epochs} decoder/z/c epochs and '
-             f'{config.head_epochs} head epoch(s) per round, z_dim={config.z_dim}, c_dim={config.c_dim}, '
-             f"'{config.architecture}' architecture, decoder-phase c from the {config.decoder_c_source}; "
-             f'baselines: {config.client_epochs} local epoch(s), Ditto lambda={config.ditto_lambda:g}, '
-             f'fine-tuning {config.finetune_epochs} epoch(s). Accuracy: over all test images of all clients, each '
-             "classified by that client's model.", '', table]
+    lines = [
+        f'## FedDVA: {_DATASET_NAMES.get(config.dataset, config.dataset)}',
+        '',
+        f'Command: `{command}`',
+        '',
+        f'{config.num_clients} clients ({stats["train_examples"] // config.num_clients} training and '
+        f'{stats["test_examples"] // config.num_clients} test images each), {config.total_rounds} rounds of '
+        f'{config.clients_per_round} clients, batch {config.batch_size}, Adam lr {config.learning_rate:g}; '
+        f'FedDVA: {config.decoder_epochs}/{config.z_epochs}/{config.c_epochs} decoder/z/c epochs and '
+        f'{config.head_epochs} head epoch(s) per round, z_dim={config.z_dim}, c_dim={config.c_dim}, '
+        f"'{config.architecture}' architecture, decoder-phase c from the {config.decoder_c_source}; "
+        f'baselines: {config.client_epochs} local epoch(s), Ditto lambda={config.ditto_lambda:g}, '
+        f'fine-tuning {config.finetune_epochs} epoch(s). Accuracy: over all test images of all clients, each '
+        "classified by that client's model.",
+        '',
+        table,
+    ]
     if timing:
-        lines += ['', f"Whole run (both settings, every method, figures): {timing['wall_seconds'] / 60:.1f} min wall on "
-                      f"{timing['cpu_count']} CPU cores (1-minute load average {timing['load_average_1min_start']:.1f} "
-                      f"at the start, {timing['load_average_1min_end']:.1f} at the end)."]
+        lines += [
+            '',
+            f'Whole run (both settings, every method, figures): {timing["wall_seconds"] / 60:.1f} min wall on '
+            f'{timing["cpu_count"]} CPU cores (1-minute load average {timing["load_average_1min_start"]:.1f} '
+            f'at the start, {timing["load_average_1min_end"]:.1f} at the end).',
+        ]
     for key, path in images.items():
         lines += ['', f'![{key}]({rel(path)})']
     if FLAGS.notes:

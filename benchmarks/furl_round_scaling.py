@@ -50,14 +50,24 @@ def run_child(config: dict) -> dict:
 
     n, k, rounds, features = config['n'], config['k'], config['rounds'], 8
     model_fn = furl_models.furl_model_fn(
-        char_vocab_size=1, max_chars=0, num_features=features, num_classes=2, personalization='private',
-        user_embedding_dim=_DIM, mlp_units=(16,))
+        char_vocab_size=1,
+        max_chars=0,
+        num_features=features,
+        num_classes=2,
+        personalization='private',
+        user_embedding_dim=_DIM,
+        mlp_units=(16,),
+    )
     rng = np.random.default_rng(0)
 
     def client_dataset(client_id: str) -> tf.data.Dataset:
         x = rng.normal(size=[16, features]).astype(np.float32)
-        elements = {'user_id': np.zeros([16], np.int64), 'chars': np.zeros([16, 0], np.int32), 'features': x,
-                    'label': (x[:, 0] > 0).astype(np.int64)}
+        elements = {
+            'user_id': np.zeros([16], np.int64),
+            'chars': np.zeros([16, 0], np.int32),
+            'features': x,
+            'label': (x[:, 0] > 0).astype(np.int64),
+        }
         return furl_models.batch_dataset(tf.data.Dataset.from_tensor_slices(elements), batch_size=8)
 
     with runtime.LocalRuntime():
@@ -125,26 +135,45 @@ def main() -> None:
     rows = []
     for n in (int(s) for s in args.sizes.split(',')):
         config = {'n': n, 'k': args.clients_per_round, 'rounds': args.rounds, 'work_dir': work_dir}
-        out = subprocess.run([sys.executable, os.path.abspath(__file__), '--child', json.dumps(config)],
-                             check=True, capture_output=True, text=True, env={**os.environ, 'PYTHONPATH': _REPO})
+        out = subprocess.run(
+            [sys.executable, os.path.abspath(__file__), '--child', json.dumps(config)],
+            check=True,
+            capture_output=True,
+            text=True,
+            env={**os.environ, 'PYTHONPATH': _REPO},
+        )
         rows.append(json.loads(out.stdout.strip().splitlines()[-1]))
         print(rows[-1], flush=True)
     sys.path.insert(0, _REPO)
     from fedpersonal.program import outputs  # pylint: disable=g-import-not-at-top
 
     outputs.write_json(args.results_json, {'command': command, 'rows': rows})
-    lines = ['| registered clients | round, median (s) | p90 (s) | of which store get+put+commit (ms) | '
-             'register N (s) | peak RSS (MB) |', '| ---: | ---: | ---: | ---: | ---: | ---: |']
+    lines = [
+        '| registered clients | round, median (s) | p90 (s) | of which store get+put+commit (ms) | '
+        'register N (s) | peak RSS (MB) |',
+        '| ---: | ---: | ---: | ---: | ---: | ---: |',
+    ]
     for r in rows:
-        lines.append(f"| {r['registered_clients']:,} | {r['seconds_per_round']:.3f} | {r['seconds_per_round_p90']:.3f} | "
-                     f"{1000 * r['store_seconds_per_round']:.2f} | {r['register_seconds']:.1f} | "
-                     f"{r['peak_rss_mb']:.0f} |")
-    section = '\n'.join([
-        '## FURL: a full round at 1K vs 1M registered clients', '', f'Command: `{command}`', '',
-        f'Each size in a fresh process: k={args.clients_per_round} sampled clients per round, private user embedding '
-        f'dim {_DIM} in a durable SQLite store (get, `build_furl(...).next` on the TFF local runtime, put, fsynced '
-        f'commit), {args.rounds} rounds, the first 3 not timed. Shared 2-core machine (other jobs were running).', '',
-        *lines, '', f'Machine-readable: `{args.results_json}`.'])
+        lines.append(
+            f'| {r["registered_clients"]:,} | {r["seconds_per_round"]:.3f} | {r["seconds_per_round_p90"]:.3f} | '
+            f'{1000 * r["store_seconds_per_round"]:.2f} | {r["register_seconds"]:.1f} | '
+            f'{r["peak_rss_mb"]:.0f} |'
+        )
+    section = '\n'.join(
+        [
+            '## FURL: a full round at 1K vs 1M registered clients',
+            '',
+            f'Command: `{command}`',
+            '',
+            f'Each size in a fresh process: k={args.clients_per_round} sampled clients per round, private user embedding '
+            f'dim {_DIM} in a durable SQLite store (get, `build_furl(...).next` on the TFF local runtime, put, fsynced '
+            f'commit), {args.rounds} rounds, the first 3 not timed. Shared 2-core machine (other jobs were running).',
+            '',
+            *lines,
+            '',
+            f'Machine-readable: `{args.results_json}`.',
+        ]
+    )
     outputs.replace_marked_section(args.results_md, 'furl_round_scaling', section)
     print('\n'.join(lines))
 

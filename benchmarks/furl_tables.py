@@ -48,18 +48,35 @@ def main(argv):
             images[suffix] = os.path.join(FLAGS.results_dir, f'{name}_{suffix}.png')
             os.makedirs(FLAGS.results_dir, exist_ok=True)
             shutil.copy(path, images[suffix])
-    program.write_json(os.path.join(FLAGS.results_dir, f'{name}.json'), {
-        'command': command, 'dataset': results['dataset'], 'statistics': results['statistics'],
-        'rounds': results['rounds'], 'config': dataclasses.asdict(config), 'rows': results['rows'],
-        'embeddings': results.get('embeddings')})
+    program.write_json(
+        os.path.join(FLAGS.results_dir, f'{name}.json'),
+        {
+            'command': command,
+            'dataset': results['dataset'],
+            'statistics': results['statistics'],
+            'rounds': results['rounds'],
+            'config': dataclasses.asdict(config),
+            'rows': results['rows'],
+            'embeddings': results.get('embeddings'),
+        },
+    )
     table = furl_personalization.format_table(results['rows'], binary)
-    lines = [f'## FURL: {results["dataset"]}', '', f'Command: `{command}`', '',
-             f'{results["rounds"]} FL rounds of {config.clients_per_round} users, {config.client_epochs} local epoch.', '',
-             table]
+    lines = [
+        f'## FURL: {results["dataset"]}',
+        '',
+        f'Command: `{command}`',
+        '',
+        f'{results["rounds"]} FL rounds of {config.clients_per_round} users, {config.client_epochs} local epoch.',
+        '',
+        table,
+    ]
     if results.get('embeddings'):
         e = results['embeddings']
-        lines += ['', f"User-embedding {e['knn_k']}-NN overlap between Personalized Server and Personalized FL: "
-                      f"{e['knn_overlap']:.3f} (chance {e['knn_chance']:.3f})."]
+        lines += [
+            '',
+            f'User-embedding {e["knn_k"]}-NN overlap between Personalized Server and Personalized FL: '
+            f'{e["knn_overlap"]:.3f} (chance {e["knn_chance"]:.3f}).',
+        ]
     md_dir = os.path.dirname(os.path.abspath(FLAGS.results_md))
     for suffix, path in images.items():
         lines += ['', f'![{suffix}]({os.path.relpath(os.path.abspath(path), md_dir)})']

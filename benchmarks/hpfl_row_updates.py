@@ -37,8 +37,7 @@ _K, _USERS, _ITEMS = 110, 300, 2000
 
 
 def _time_epoch(weights, dataset, attributes, optimizer, config, mode: str, repeats: int):
-    train = tf.function(lambda: hpfl.local_training(weights, dataset, attributes, optimizer, config,
-                                                    row_updates=mode))
+    train = tf.function(lambda: hpfl.local_training(weights, dataset, attributes, optimizer, config, row_updates=mode))
     result = train()
     seconds = []
     for _ in range(repeats):
@@ -55,8 +54,13 @@ def _assist_rounds(assist_dir: str, num_rounds: int) -> list[dict]:
     client_data = hpfl.federated_data(data, config, batch_size=512)
     rows = []
     for mode in hpfl.ROW_UPDATES:
-        process = hpfl.build_hpfl(config, client_optimizer=tff.learning.optimizers.build_adam(0.03),
-                                  accuracy_threshold=0.6, max_clients=len(data.silos), row_updates=mode)
+        process = hpfl.build_hpfl(
+            config,
+            client_optimizer=tff.learning.optimizers.build_adam(0.03),
+            accuracy_threshold=0.6,
+            max_clients=len(data.silos),
+            row_updates=mode,
+        )
         state, states = process.initialize(), hpfl.initial_client_states(data, config)
         seconds = []
         for _ in range(num_rounds):
@@ -64,10 +68,16 @@ def _assist_rounds(assist_dir: str, num_rounds: int) -> list[dict]:
             out = process.next(state, client_data, states)
             seconds.append(time.perf_counter() - started)
             state, states = out.state, out.private_states
-        rows.append({'name': f'HPFL round, ASSIST 40 silos, {mode}', 'row_updates': mode,
-                     'max_items': config.max_items, 'seconds_per_round': statistics.median(seconds[1:]),
-                     'first_round_seconds': seconds[0],
-                     'validation_loss': float(out.metrics['client_work']['validation_loss'])})
+        rows.append(
+            {
+                'name': f'HPFL round, ASSIST 40 silos, {mode}',
+                'row_updates': mode,
+                'max_items': config.max_items,
+                'seconds_per_round': statistics.median(seconds[1:]),
+                'first_round_seconds': seconds[0],
+                'validation_loss': float(out.metrics['client_work']['validation_loss']),
+            }
+        )
         print(rows[-1], flush=True)
     return rows
 
@@ -88,11 +98,16 @@ def main() -> None:
         parser.error(f'--max_items must all be >= {_ITEMS} (the silo uses {_ITEMS} items).')
 
     rng = np.random.default_rng(0)
-    records = dict(user=rng.integers(0, _USERS, args.records), item=rng.integers(0, _ITEMS, args.records),
-                   label=rng.integers(0, 2, args.records).astype(np.float32))
+    records = dict(
+        user=rng.integers(0, _USERS, args.records),
+        item=rng.integers(0, _ITEMS, args.records),
+        label=rng.integers(0, 2, args.records).astype(np.float32),
+    )
     dataset = tf.data.Dataset.from_tensor_slices(records).batch(args.batch_size)
-    optimizers = {'adam (lr 0.03)': tff.learning.optimizers.build_adam(0.03),
-                  'sgd (lr 0.5)': tff.learning.optimizers.build_sgdm(0.5)}
+    optimizers = {
+        'adam (lr 0.03)': tff.learning.optimizers.build_adam(0.03),
+        'sgd (lr 0.5)': tff.learning.optimizers.build_sgdm(0.5),
+    }
     load_before = os.getloadavg()[0]
     rows = []
     for max_items in sizes:
@@ -104,12 +119,22 @@ def main() -> None:
         for name, optimizer in optimizers.items():
             dense_s, dense = _time_epoch(weights, dataset, attributes, optimizer, config, 'dense', args.repeats)
             lazy_s, lazy = _time_epoch(weights, dataset, attributes, optimizer, config, 'lazy', args.repeats)
-            difference = max(float(np.max(np.abs(a - b))) for a, b in
-                             zip(tf.nest.flatten(dense[0]), tf.nest.flatten(lazy[0])))
+            difference = max(
+                float(np.max(np.abs(a - b))) for a, b in zip(tf.nest.flatten(dense[0]), tf.nest.flatten(lazy[0]))
+            )
             steps = -(-args.records // args.batch_size)
-            rows.append({'name': f'{name}, {max_items} items', 'optimizer': name.split()[0], 'max_items': max_items,
-                         'steps': steps, 'dense_seconds_per_epoch': dense_s, 'lazy_seconds_per_epoch': lazy_s,
-                         'speedup': dense_s / lazy_s, 'max_abs_difference': difference})
+            rows.append(
+                {
+                    'name': f'{name}, {max_items} items',
+                    'optimizer': name.split()[0],
+                    'max_items': max_items,
+                    'steps': steps,
+                    'dense_seconds_per_epoch': dense_s,
+                    'lazy_seconds_per_epoch': lazy_s,
+                    'speedup': dense_s / lazy_s,
+                    'max_abs_difference': difference,
+                }
+            )
             print(rows[-1], flush=True)
     round_rows = []
     if args.assist_dir:
@@ -118,28 +143,42 @@ def main() -> None:
     load_after = os.getloadavg()[0]
 
     command = 'python benchmarks/hpfl_row_updates.py ' + ' '.join(shlex.quote(a) for a in sys.argv[1:])
-    program.write_json(os.path.join(args.results_dir, 'hpfl_row_updates.json'),
-                       {'command': command.strip(), 'dataset': 'generated silo (ASSIST shape)',
-                        'rows': rows + round_rows})
+    program.write_json(
+        os.path.join(args.results_dir, 'hpfl_row_updates.json'),
+        {'command': command.strip(), 'dataset': 'generated silo (ASSIST shape)', 'rows': rows + round_rows},
+    )
     lines = [
-        '## HPFL: dense vs lazy table updates in local training', '',
-        f'Command: `{command.strip()}`', '',
+        '## HPFL: dense vs lazy table updates in local training',
+        '',
+        f'Command: `{command.strip()}`',
+        '',
         f'One local epoch of a silo with {args.records:,} training records ({_USERS} users, {_ITEMS:,} items, '
         f'K = {_K}, h = 16, batch {args.batch_size}: {rows[0]["steps"]} steps) whose item tables are padded to '
         f'`max_items` rows; median of {args.repeats} runs; 1-minute load average {load_before:.1f} before, '
-        f'{load_after:.1f} after (2 cores). Max |dense - lazy| over all weights after the epoch.', '',
+        f'{load_after:.1f} after (2 cores). Max |dense - lazy| over all weights after the epoch.',
+        '',
         '| optimizer | max_items | dense s/epoch | lazy s/epoch | speedup | max abs difference |',
-        '|---|---|---|---|---|---|']
+        '|---|---|---|---|---|---|',
+    ]
     for row in rows:
-        lines.append(f'| {row["optimizer"]} | {row["max_items"]:,} | {row["dense_seconds_per_epoch"]:.3f} | '
-                     f'{row["lazy_seconds_per_epoch"]:.3f} | {row["speedup"]:.2f}x | {row["max_abs_difference"]:.2g} |')
+        lines.append(
+            f'| {row["optimizer"]} | {row["max_items"]:,} | {row["dense_seconds_per_epoch"]:.3f} | '
+            f'{row["lazy_seconds_per_epoch"]:.3f} | {row["speedup"]:.2f}x | {row["max_abs_difference"]:.2g} |'
+        )
     if round_rows:
-        lines += ['', f'Whole HPFL rounds on the 40 ASSIST silos (tables padded to {round_rows[0]["max_items"]:,} '
-                      'items; batch 512, Adam lr 0.03; median of rounds 2+):', '',
-                  '| row updates | s/round | first round (with tracing) | validation loss after the last round |',
-                  '|---|---|---|---|']
-        lines += [f'| {r["row_updates"]} | {r["seconds_per_round"]:.2f} | {r["first_round_seconds"]:.1f} | '
-                  f'{r["validation_loss"]:.4f} |' for r in round_rows]
+        lines += [
+            '',
+            f'Whole HPFL rounds on the 40 ASSIST silos (tables padded to {round_rows[0]["max_items"]:,} '
+            'items; batch 512, Adam lr 0.03; median of rounds 2+):',
+            '',
+            '| row updates | s/round | first round (with tracing) | validation loss after the last round |',
+            '|---|---|---|---|',
+        ]
+        lines += [
+            f'| {r["row_updates"]} | {r["seconds_per_round"]:.2f} | {r["first_round_seconds"]:.1f} | '
+            f'{r["validation_loss"]:.4f} |'
+            for r in round_rows
+        ]
     lines += ['', 'Machine-readable: `docs/results/hpfl_row_updates.json`.']
     program.replace_marked_section(args.results_md, 'hpfl_row_updates', '\n'.join(lines))
 

@@ -36,9 +36,9 @@ FLAGS = flags.FLAGS
 
 _PAPER = {
     'binary': 'Paper (ASSIST, 59 schools): NCD 0.727/0.749/0.430, GUM 0.736/0.774/0.421, FedAvg 0.703/0.724/0.445, '
-              'FedAtt 0.715/0.727/0.438, HPFL 0.726/0.742/0.431 (ACC/AUC/RMSE); DOA/NDCG HPFL 0.758/0.856.',
+    'FedAtt 0.715/0.727/0.438, HPFL 0.726/0.742/0.431 (ACC/AUC/RMSE); DOA/NDCG HPFL 0.758/0.856.',
     'rating': 'Paper (MovieLens, 10 regions): NCF 0.385/0.759/0.988, GUM 0.397/0.745/0.946, FedAvg 0.397/0.802/0.993, '
-              'FedProx 0.405/0.798/0.989, HPFL 0.407/0.786/0.978 (ACC/MAE/RMSE); DOA/NDCG HPFL 0.699/0.910.',
+    'FedProx 0.405/0.798/0.989, HPFL 0.407/0.786/0.978 (ACC/MAE/RMSE); DOA/NDCG HPFL 0.699/0.910.',
 }
 
 
@@ -70,8 +70,9 @@ def _comparison(rows, task_name):
                     losses.append(f'{metric} vs {by_method[m]["name"]} ({value:.3f} vs {other:.3f})')
         name = by_method[variant]['name']
         if losses:
-            lines.append(f'- {name} is NOT >= every federated baseline on every metric; it loses on: '
-                         + '; '.join(losses) + '.')
+            lines.append(
+                f'- {name} is NOT >= every federated baseline on every metric; it loses on: ' + '; '.join(losses) + '.'
+            )
         else:
             names = ', '.join(by_method[m]['name'] for m in federated)
             lines.append(f'- {name} is >= every federated baseline ({names}) on every metric ({", ".join(metrics)}).')
@@ -84,12 +85,14 @@ def _private_summary(results):
     if 'hpfl' not in methods or 'distributed' not in methods:
         return ''
     h, d = methods['hpfl'], methods['distributed']
-    verdict = ('less' if h['probe_accuracy'] < d['probe_accuracy'] else 'not less')
+    verdict = 'less' if h['probe_accuracy'] < d['probe_accuracy'] else 'not less'
     near_chance = abs(h['probe_accuracy'] - h['chance']) < 0.05
-    return (f"Measured: after HPFL a linear probe finds the client from theta with accuracy {h['probe_accuracy']:.3f} "
-            f"(silhouette {h['silhouette']:.3f}) versus {d['probe_accuracy']:.3f} ({d['silhouette']:.3f}) after "
-            f"Distributed training, chance {h['chance']:.3f}: clients are {verdict} distinguishable after HPFL"
-            + (', at chance level (the slides\' "not distinguishable").' if near_chance else '.'))
+    return (
+        f'Measured: after HPFL a linear probe finds the client from theta with accuracy {h["probe_accuracy"]:.3f} '
+        f'(silhouette {h["silhouette"]:.3f}) versus {d["probe_accuracy"]:.3f} ({d["silhouette"]:.3f}) after '
+        f'Distributed training, chance {h["chance"]:.3f}: clients are {verdict} distinguishable after HPFL'
+        + (', at chance level (the slides\' "not distinguishable").' if near_chance else '.')
+    )
 
 
 def main(argv):
@@ -112,37 +115,71 @@ def _write_results(config, results, command):
         if os.path.exists(path):
             images[source] = os.path.join(FLAGS.results_dir, f'{name}_{source}.png')
             shutil.copy(path, images[source])
-    program.write_json(os.path.join(FLAGS.results_dir, f'{name}.json'), {
-        'command': command, 'dataset': results['dataset'], 'task': results['task'], 'rows': results['rows'],
-        'statistics': results['statistics'], 'private_components': results['private_components'],
-        'rounds': results['rounds'], 'ndcg': {'k': results['ndcg_k'], 'gain': results['ndcg_gain']},
-        'config': dataclasses.asdict(config)})
+    program.write_json(
+        os.path.join(FLAGS.results_dir, f'{name}.json'),
+        {
+            'command': command,
+            'dataset': results['dataset'],
+            'task': results['task'],
+            'rows': results['rows'],
+            'statistics': results['statistics'],
+            'private_components': results['private_components'],
+            'rounds': results['rounds'],
+            'ndcg': {'k': results['ndcg_k'], 'gain': results['ndcg_gain']},
+            'config': dataclasses.asdict(config),
+        },
+    )
     rows, task_name = results['rows'], results['task']
     stats = task.format_statistics_table(results['statistics'], results['dataset'])
     accuracy = task.format_accuracy_table(rows, task_name)
     ranking = task.format_ranking_table(rows)
     md_dir = os.path.dirname(os.path.abspath(FLAGS.results_md))
     rel = lambda p: os.path.relpath(os.path.abspath(p), md_dir)
-    lines = [f'## HPFL: {results["dataset"]} ({task_name} task)', '', f'Command: `{command}`', '',
-             f'{results["rounds"]} federated rounds (all {results["statistics"]["num_clients"]} clients every round), '
-             f'{config.client_epochs} local epoch(s), {config.client_optimizer} lr {config.client_learning_rate}, '
-             f'batch {config.batch_size}, GUM h={config.hidden_dim}, p={config.accuracy_threshold}; centralized '
-             f'models {config.centralized_epochs} epochs. Model selection: the round (epoch) with the lowest '
-             f'validation RMSE (loss); all metrics on the test split pooled over silos. NDCG@{results["ndcg_k"]} '
-             f'with {results["ndcg_gain"]} gain; DOA over pairs of records of the same item within a silo, with '
-             f'per-attribute user scores: GUM rows the model-implied proficiency (mean over h of '
-             f'sigmoid((theta * M[k]) skill_W), the silo\'s own public components), NCD sigmoid(theta), NCF the '
-             f'mean predicted score over the items with the attribute; DOA on raw theta is the last row.', '',
-             '### Statistics', '', stats, '', '### Accuracy', '', accuracy, '', _PAPER.get(task_name, ''), '',
-             '### Ranking effectiveness (DOA, NDCG)', '', ranking, '']
+    lines = [
+        f'## HPFL: {results["dataset"]} ({task_name} task)',
+        '',
+        f'Command: `{command}`',
+        '',
+        f'{results["rounds"]} federated rounds (all {results["statistics"]["num_clients"]} clients every round), '
+        f'{config.client_epochs} local epoch(s), {config.client_optimizer} lr {config.client_learning_rate}, '
+        f'batch {config.batch_size}, GUM h={config.hidden_dim}, p={config.accuracy_threshold}; centralized '
+        f'models {config.centralized_epochs} epochs. Model selection: the round (epoch) with the lowest '
+        f'validation RMSE (loss); all metrics on the test split pooled over silos. NDCG@{results["ndcg_k"]} '
+        f'with {results["ndcg_gain"]} gain; DOA over pairs of records of the same item within a silo, with '
+        f'per-attribute user scores: GUM rows the model-implied proficiency (mean over h of '
+        f"sigmoid((theta * M[k]) skill_W), the silo's own public components), NCD sigmoid(theta), NCF the "
+        f'mean predicted score over the items with the attribute; DOA on raw theta is the last row.',
+        '',
+        '### Statistics',
+        '',
+        stats,
+        '',
+        '### Accuracy',
+        '',
+        accuracy,
+        '',
+        _PAPER.get(task_name, ''),
+        '',
+        '### Ranking effectiveness (DOA, NDCG)',
+        '',
+        ranking,
+        '',
+    ]
     comparison = _comparison(rows, task_name)
     if comparison:
         lines += ['### Does HPFL beat the federated baselines?', '', comparison, '']
     if results['private_components']:
-        lines += ['### Private components: are clients distinguishable?', '',
-                  'A logistic-regression probe predicts a user\'s client from their theta row (5-fold CV accuracy '
-                  'vs the largest client\'s share); silhouette of theta with client labels.', '',
-                  task.format_private_table(results['private_components']), '', _private_summary(results), '']
+        lines += [
+            '### Private components: are clients distinguishable?',
+            '',
+            "A logistic-regression probe predicts a user's client from their theta row (5-fold CV accuracy "
+            "vs the largest client's share); silhouette of theta with client labels.",
+            '',
+            task.format_private_table(results['private_components']),
+            '',
+            _private_summary(results),
+            '',
+        ]
     if FLAGS.notes:
         lines += [FLAGS.notes, '']
     for source, path in images.items():

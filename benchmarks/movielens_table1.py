@@ -40,6 +40,7 @@ flags.DEFINE_string('results_json', 'docs/results/movielens_table1.json', 'Machi
 flags.DEFINE_string('results_md', 'docs/RESULTS.md', 'Markdown results file (its Table 1 section is replaced).')
 FLAGS = flags.FLAGS
 
+
 def interleaved_speed(config: movielens_mf.MovieLensMFConfig, rounds: int) -> dict[str, float]:
     """Median seconds per round of both implementations on identical client samples."""
     prepared = movielens_mf.load_data(config)
@@ -75,8 +76,11 @@ def main(argv):
         rows = results['rows']
         if not FLAGS.skip_tff and 'fedrecon' in config.configurations:
             tff_config = dataclasses.replace(
-                config, fedrecon_implementation='tff', configurations=('fedrecon',),
-                output_dir=os.path.join(config.output_dir, 'tff_reference'))
+                config,
+                fedrecon_implementation='tff',
+                configurations=('fedrecon',),
+                output_dir=os.path.join(config.output_dir, 'tff_reference'),
+            )
             tff_row = movielens_mf.run(tff_config)['rows'][0]
             tff_row['name'] = 'FedRecon (ReconEval), TFF 0.87 build_fed_recon'
             tff_row['configuration'] = 'fedrecon_tff'
@@ -98,8 +102,7 @@ def main(argv):
     program.write_json(FLAGS.results_json, payload)
     table = movielens_mf.format_table(rows)
     interleaved = [r for r in rows if 'seconds_per_round_interleaved' in r]
-    speed_lines = ''.join(
-        f"\n- {r['name']}: {r['seconds_per_round_interleaved']:.2f} s/round" for r in interleaved)
+    speed_lines = ''.join(f'\n- {r["name"]}: {r["seconds_per_round_interleaved"]:.2f} s/round' for r in interleaved)
     section = (
         f'## FedRecon Table 1: MovieLens matrix factorization\n\n'
         f'Command: `{command}`\n\nData: {results["dataset"]}. Machine: {payload["machine"]}.\n\n{table}\n\n'

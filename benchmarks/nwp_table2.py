@@ -44,16 +44,19 @@ _TRAINING = {
 
 
 def communication_table(tables) -> str:
-    lines = ['| method | vocab | trained as | scalars down | scalars up | bytes down | bytes up |',
-             '|---|---|---|---|---|---|---|']
+    lines = [
+        '| method | vocab | trained as | scalars down | scalars up | bytes down | bytes up |',
+        '|---|---|---|---|---|---|---|',
+    ]
     for table in tables:
         for r in table['rows']:
             lines.append(
-                f"| {r['name']} | {table['vocab_size']} | {_TRAINING[r['configuration']]} | "
-                f"{r.get('scalars_down_per_client', float('nan')):,.0f} | "
-                f"{r.get('scalars_up_per_client', float('nan')):,.0f} | "
-                f"{r.get('bytes_down_per_client', float('nan')):,.0f} | "
-                f"{r.get('bytes_up_per_client', float('nan')):,.0f} |")
+                f'| {r["name"]} | {table["vocab_size"]} | {_TRAINING[r["configuration"]]} | '
+                f'{r.get("scalars_down_per_client", float("nan")):,.0f} | '
+                f'{r.get("scalars_up_per_client", float("nan")):,.0f} | '
+                f'{r.get("bytes_down_per_client", float("nan")):,.0f} | '
+                f'{r.get("bytes_up_per_client", float("nan")):,.0f} |'
+            )
     return '\n'.join(lines)
 
 
@@ -69,35 +72,53 @@ def main(argv):
     rows = []
     for table in results['tables']:
         for r in table['rows']:
-            rows.append({k: v for k, v in r.items() if k != 'per_client'} | {
-                'vocabulary_coverage': table['vocabulary_coverage']})
-    program.write_json(os.path.join(FLAGS.results_dir, f'{name}.json'), {
-        'command': command, 'dataset': results['dataset'], 'source': results['source'],
-        'statistics': results['statistics'], 'config': dataclasses.asdict(config), 'rows': rows,
-        'token_statistics': {t['vocab_size']: t['token_statistics'] for t in results['tables']}})
+            rows.append(
+                {k: v for k, v in r.items() if k != 'per_client'}
+                | {'vocabulary_coverage': table['vocabulary_coverage']}
+            )
+    program.write_json(
+        os.path.join(FLAGS.results_dir, f'{name}.json'),
+        {
+            'command': command,
+            'dataset': results['dataset'],
+            'source': results['source'],
+            'statistics': results['statistics'],
+            'config': dataclasses.asdict(config),
+            'rows': rows,
+            'token_statistics': {t['vocab_size']: t['token_statistics'] for t in results['tables']},
+        },
+    )
     md_dir = os.path.dirname(os.path.abspath(FLAGS.results_md))
     images = []
     for table in results['tables']:
-        source = os.path.join(config.output_dir, f"vocab_{table['vocab_size']}", 'learning_curves.png')
+        source = os.path.join(config.output_dir, f'vocab_{table["vocab_size"]}', 'learning_curves.png')
         if os.path.exists(source):
-            target = os.path.join(FLAGS.results_dir, f"{name}_vocab{table['vocab_size']}_learning_curves.png")
+            target = os.path.join(FLAGS.results_dir, f'{name}_vocab{table["vocab_size"]}_learning_curves.png')
             shutil.copy(source, target)
-            images.append(f"![vocab {table['vocab_size']}]({os.path.relpath(os.path.abspath(target), md_dir)})")
-    coverage = ', '.join(f"{t['vocab_size']}: {100 * t['vocabulary_coverage']:.1f}%" for t in results['tables'])
+            images.append(f'![vocab {table["vocab_size"]}]({os.path.relpath(os.path.abspath(target), md_dir)})')
+    coverage = ', '.join(f'{t["vocab_size"]}: {100 * t["vocabulary_coverage"]:.1f}%' for t in results['tables'])
     lines = [
-        f'## FedRecon Table 2: next-word prediction, {results["dataset"]}', '',
-        f'Command: `{command}`', '',
+        f'## FedRecon Table 2: next-word prediction, {results["dataset"]}',
+        '',
+        f'Command: `{command}`',
+        '',
         f'Data: {results["source"]}. Vocabulary coverage of train tokens: {coverage}. '
         f'{config.total_rounds} rounds x {config.clients_per_round} clients; model embedding {config.embedding_dim}, '
         f'LSTM {config.lstm_units}; evaluated on the query sets (second half in time order) of held-out clients.',
     ]
-    for metric, title in (('accuracy_no_oov_no_eos', 'Accuracy without OOV and EOS targets (%)'),
-                          ('accuracy_no_oov', 'Accuracy without OOV targets (%)'),
-                          ('accuracy', 'Accuracy over all targets (%)')):
+    for metric, title in (
+        ('accuracy_no_oov_no_eos', 'Accuracy without OOV and EOS targets (%)'),
+        ('accuracy_no_oov', 'Accuracy without OOV targets (%)'),
+        ('accuracy', 'Accuracy over all targets (%)'),
+    ):
         lines += ['', f'{title}:', '', nwp_task.format_table(results['tables'], metric)]
-    lines += ['', 'Communication per client per round, measured on the values broadcast and aggregated '
-                  '(scalars = model parameters; the aggregated update also carries its 4-byte weight):', '',
-              communication_table(results['tables'])]
+    lines += [
+        '',
+        'Communication per client per round, measured on the values broadcast and aggregated '
+        '(scalars = model parameters; the aggregated update also carries its 4-byte weight):',
+        '',
+        communication_table(results['tables']),
+    ]
     lines += ['', *images, '', f'Machine-readable: `{os.path.join(FLAGS.results_dir, name + ".json")}`.']
     program.replace_marked_section(FLAGS.results_md, name, '\n'.join(lines))
     print(nwp_task.format_table(results['tables']))

@@ -42,9 +42,12 @@ flags.DEFINE_enum('task', 'nwp', ['nwp', 'movielens'], 'Which FedRecon task to s
 flags.DEFINE_list('recon_steps', ['0', '1', '2', '5', '10'], 'k_r values.')
 flags.DEFINE_list('update_steps', ['1', '2', '5', '10'], 'k_u values.')
 flags.DEFINE_integer('sweep_vocab_size', None, 'NWP vocabulary size (default: first of --vocab_sizes).')
-flags.DEFINE_bool('retrain_recon_steps', True,
-                  'Train FedRecon anew for every k_r (the paper); if false, the base model is trained once and only '
-                  'the evaluation uses k_r reconstruction steps (1 training instead of 5).')
+flags.DEFINE_bool(
+    'retrain_recon_steps',
+    True,
+    'Train FedRecon anew for every k_r (the paper); if false, the base model is trained once and only '
+    'the evaluation uses k_r reconstruction steps (1 training instead of 5).',
+)
 flags.DEFINE_string('results_dir', 'docs/results', 'Where the JSON and PNG go.')
 flags.DEFINE_string('results_md', 'docs/RESULTS.md', 'Markdown results file.')
 FLAGS = flags.FLAGS
@@ -54,11 +57,23 @@ def _settings(base_split):
     """(name, kind, steps, split) for the base, every k_r and every k_u."""
     out = [('base', 'base', None, base_split)]
     for k in (int(v) for v in FLAGS.recon_steps):
-        out.append((f'k_r={k}', 'recon_steps', k, dataclasses.replace(
-            base_split, recon_epochs=max(k, base_split.recon_epochs, 1), recon_steps_max=k)))
+        out.append(
+            (
+                f'k_r={k}',
+                'recon_steps',
+                k,
+                dataclasses.replace(base_split, recon_epochs=max(k, base_split.recon_epochs, 1), recon_steps_max=k),
+            )
+        )
     for k in (int(v) for v in FLAGS.update_steps):
-        out.append((f'k_u={k}', 'update_steps', k, dataclasses.replace(
-            base_split, post_recon_epochs=max(k, 1), post_recon_steps_max=k)))
+        out.append(
+            (
+                f'k_u={k}',
+                'update_steps',
+                k,
+                dataclasses.replace(base_split, post_recon_epochs=max(k, 1), post_recon_steps_max=k),
+            )
+        )
     return out
 
 
@@ -73,8 +88,15 @@ def _sweep(base_split, train, evaluate, metric_keys):
         if kind == 'base':
             base_weights = weights
         metrics = evaluate(weights, split)
-        rows.append({'name': name, 'kind': kind, 'steps': steps, **{k: metrics[k] for k in metric_keys if k in metrics},
-                     **{k: v for k, v in summary.items() if k == 'seconds_per_round'}})
+        rows.append(
+            {
+                'name': name,
+                'kind': kind,
+                'steps': steps,
+                **{k: metrics[k] for k in metric_keys if k in metrics},
+                **{k: v for k, v in summary.items() if k == 'seconds_per_round'},
+            }
+        )
         logging.info('sweep %s: %s', name, rows[-1])
     return rows
 
@@ -84,21 +106,30 @@ def _run_movielens(output_dir: str):
     prepared = movielens_mf.load_data(config)
 
     def task_for(split):
-        return movielens_mf.MovieLensMFTask(dataclasses.replace(
-            config, recon_epochs=split.recon_epochs, recon_steps_max=split.recon_steps_max,
-            post_recon_epochs=split.post_recon_epochs, post_recon_steps_max=split.post_recon_steps_max), prepared)
+        return movielens_mf.MovieLensMFTask(
+            dataclasses.replace(
+                config,
+                recon_epochs=split.recon_epochs,
+                recon_steps_max=split.recon_steps_max,
+                post_recon_epochs=split.post_recon_epochs,
+                post_recon_steps_max=split.post_recon_steps_max,
+            ),
+            prepared,
+        )
 
     def train(split, name):
         task = task_for(split)
         process = task.build_fed_recon()
         outputs = program.ExperimentOutputs(output_dir, name)
         state, seconds = movielens_mf.train_process(
-            task, process, name, outputs, prepared.user_train, task.personal_dataset_fn, eval_fn=None)
+            task, process, name, outputs, prepared.user_train, task.personal_dataset_fn, eval_fn=None
+        )
         return process.get_model_weights(state), {'seconds_per_round': seconds}
 
     def evaluate(weights, split):
         return task_for(split).evaluate('recon', weights, prepared.user_test, task_for(split).personal_dataset_fn)[
-            'metrics']
+            'metrics'
+        ]
 
     rows = _sweep(config.split, train, evaluate, ('accuracy', 'rmse'))
     return prepared.description, 'movielens', 'accuracy', rows, config.total_rounds
@@ -109,22 +140,27 @@ def _run_nwp(output_dir: str):
     vocab_size = FLAGS.sweep_vocab_size or config.vocab_sizes[0]
     corpus = nwp_task.load_corpus(config)
     task = nwp_task.NextWordPredictionTask(config, corpus, vocab_size)
-    rows = _sweep(config.split,
-                  lambda split, name: nwp_task.train_fed_recon(task, split, name, output_dir),
-                  lambda weights, split: nwp_task.evaluate_fed_recon(task, weights, split),
-                  ('accuracy', 'accuracy_no_oov', 'accuracy_no_oov_no_eos', 'loss'))
+    rows = _sweep(
+        config.split,
+        lambda split, name: nwp_task.train_fed_recon(task, split, name, output_dir),
+        lambda weights, split: nwp_task.evaluate_fed_recon(task, weights, split),
+        ('accuracy', 'accuracy_no_oov', 'accuracy_no_oov_no_eos', 'loss'),
+    )
     dataset = f'{corpus.name}, vocabulary {vocab_size}, {config.num_oov_buckets} OOV buckets'
     return dataset, config.dataset, 'accuracy_no_oov_no_eos', rows, config.total_rounds
 
 
 def _plot(rows, metric: str, title: str, path: str) -> None:
     import matplotlib  # pylint: disable=import-outside-toplevel
+
     matplotlib.use('Agg')
     import matplotlib.pyplot as plt  # pylint: disable=import-outside-toplevel
 
     fig, axes = plt.subplots(1, 2, figsize=(9, 3.5), sharey=True)
-    for ax, kind, label in ((axes[0], 'recon_steps', 'reconstruction steps $k_r$'),
-                            (axes[1], 'update_steps', 'client update steps $k_u$')):
+    for ax, kind, label in (
+        (axes[0], 'recon_steps', 'reconstruction steps $k_r$'),
+        (axes[1], 'update_steps', 'client update steps $k_u$'),
+    ):
         points = sorted((r['steps'], r['relative_accuracy']) for r in rows if r['kind'] == kind)
         if points:
             ax.plot([p[0] for p in points], [p[1] for p in points], 'o-')
@@ -155,25 +191,45 @@ def main(argv):
     os.makedirs(FLAGS.results_dir, exist_ok=True)
     png = os.path.join(FLAGS.results_dir, f'{name}.png')
     _plot(rows, metric, f'FedRecon steps sweep: {dataset}', png)
-    program.write_json(os.path.join(FLAGS.results_dir, f'{name}.json'),
-                       {'command': command, 'dataset': dataset, 'metric': metric, 'rounds': rounds,
-                        'retrain_recon_steps': FLAGS.retrain_recon_steps, 'rows': rows})
+    program.write_json(
+        os.path.join(FLAGS.results_dir, f'{name}.json'),
+        {
+            'command': command,
+            'dataset': dataset,
+            'metric': metric,
+            'rounds': rounds,
+            'retrain_recon_steps': FLAGS.retrain_recon_steps,
+            'rows': rows,
+        },
+    )
     lines = ['| setting | ' + metric + ' | relative to base | s/round |', '|---|---|---|---|']
-    how = ('each k_r / k_u is used in training and in evaluation' if FLAGS.retrain_recon_steps else
-           'k_u is used in training and evaluation; k_r only in evaluation (the base model is trained once with the '
-           'base reconstruction)')
+    how = (
+        'each k_r / k_u is used in training and in evaluation'
+        if FLAGS.retrain_recon_steps
+        else 'k_u is used in training and evaluation; k_r only in evaluation (the base model is trained once with the '
+        'base reconstruction)'
+    )
     for r in rows:
         spr = r.get('seconds_per_round')
-        lines.append(f"| {r['name']} | {r[metric]:.4f} | {r['relative_accuracy']:.3f} | "
-                     f"{'' if spr is None else f'{spr:.2f}'} |")
+        lines.append(
+            f'| {r["name"]} | {r[metric]:.4f} | {r["relative_accuracy"]:.3f} | {"" if spr is None else f"{spr:.2f}"} |'
+        )
     md_dir = os.path.dirname(os.path.abspath(FLAGS.results_md))
-    section = '\n'.join([
-        f'## FedRecon Figure 3: reconstruction and update steps, {dataset}', '',
-        f'Command: `{command}`', '',
-        f'{rounds} rounds per trained setting; {how}; evaluation on held-out clients; '
-        f'relative = {metric} / base.', '', *lines, '',
-        f'![steps sweep]({os.path.relpath(os.path.abspath(png), md_dir)})', '',
-        f'Machine-readable: `{os.path.join(FLAGS.results_dir, name + ".json")}`.'])
+    section = '\n'.join(
+        [
+            f'## FedRecon Figure 3: reconstruction and update steps, {dataset}',
+            '',
+            f'Command: `{command}`',
+            '',
+            f'{rounds} rounds per trained setting; {how}; evaluation on held-out clients; relative = {metric} / base.',
+            '',
+            *lines,
+            '',
+            f'![steps sweep]({os.path.relpath(os.path.abspath(png), md_dir)})',
+            '',
+            f'Machine-readable: `{os.path.join(FLAGS.results_dir, name + ".json")}`.',
+        ]
+    )
     program.replace_marked_section(FLAGS.results_md, name, section)
     print('\n'.join(lines))
 

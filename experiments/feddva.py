@@ -24,9 +24,7 @@ def report(results: dict[str, Any], config: Any) -> str:
     return f'Dataset: {results["dataset"]} ({results["rounds"]} rounds)\n' + feddva.format_tables(results['rows'])
 
 
-main = experiment_main.define_main(
-    feddva.FeddvaConfig, feddva.run, report, default_output_dir='output/feddva'
-)
+main = experiment_main.define_main(feddva.FeddvaConfig, feddva.run, report, default_output_dir='output/feddva')
 
 if __name__ == '__main__':
     app.run(main)

@@ -21,12 +21,16 @@ def report(results: dict[str, Any], config: Any) -> str:
     """The tables printed at the end of the run."""
     del config
     binary = results['statistics'].get('num_classes') == 2
-    lines = [f'Dataset: {results["dataset"]} ({results["rounds"]} FL rounds)',
-             furl_personalization.format_table(results['rows'], binary)]
+    lines = [
+        f'Dataset: {results["dataset"]} ({results["rounds"]} FL rounds)',
+        furl_personalization.format_table(results['rows'], binary),
+    ]
     if 'embeddings' in results:
         e = results['embeddings']
-        lines.append(f"\nUser-embedding {e['knn_k']}-NN overlap, server vs FL: {e['knn_overlap']:.3f} "
-                     f"(chance {e['knn_chance']:.3f})")
+        lines.append(
+            f'\nUser-embedding {e["knn_k"]}-NN overlap, server vs FL: {e["knn_overlap"]:.3f} '
+            f'(chance {e["knn_chance"]:.3f})'
+        )
     return '\n'.join(lines)
 
 

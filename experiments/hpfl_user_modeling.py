@@ -20,10 +20,14 @@ from fedpersonal.tasks import hpfl_user_modeling
 def report(results: dict[str, Any], config: Any) -> str:
     """The tables printed at the end of the run."""
     del config
-    lines = [f'Dataset: {results["dataset"]} ({results["task"]} task, {results["rounds"]} federated rounds)',
-             hpfl_user_modeling.format_statistics_table(results['statistics'], results['dataset']), '',
-             hpfl_user_modeling.format_accuracy_table(results['rows'], results['task']), '',
-             hpfl_user_modeling.format_ranking_table(results['rows'])]
+    lines = [
+        f'Dataset: {results["dataset"]} ({results["task"]} task, {results["rounds"]} federated rounds)',
+        hpfl_user_modeling.format_statistics_table(results['statistics'], results['dataset']),
+        '',
+        hpfl_user_modeling.format_accuracy_table(results['rows'], results['task']),
+        '',
+        hpfl_user_modeling.format_ranking_table(results['rows']),
+    ]
     if results['private_components']:
         lines += ['', hpfl_user_modeling.format_private_table(results['private_components'])]
     return '\n'.join(lines)

@@ -31,7 +31,10 @@ def report(results: dict[str, Any], config: Any) -> str:
 
 
 main = experiment_main.define_main(
-    next_word_prediction.NextWordPredictionConfig, next_word_prediction.run, report, default_output_dir='output/next_word_prediction'
+    next_word_prediction.NextWordPredictionConfig,
+    next_word_prediction.run,
+    report,
+    default_output_dir='output/next_word_prediction',
 )
 
 if __name__ == '__main__':

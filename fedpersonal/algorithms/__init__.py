@@ -17,8 +17,8 @@ from fedpersonal.algorithms.ditto import build_ditto
 from fedpersonal.algorithms.fed_recon import build_fed_recon
 from fedpersonal.algorithms.feddva import build_feddva
 from fedpersonal.algorithms.furl import build_furl
-from fedpersonal.algorithms.hpfl import build_hpfl
 from fedpersonal.algorithms.hpfl import build_baseline as build_hpfl_baseline
+from fedpersonal.algorithms.hpfl import build_hpfl
 from fedpersonal.core.compose import compose_personalized_process
 
 __all__ = [

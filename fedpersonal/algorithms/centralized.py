@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Callable, Optional
+from collections.abc import Callable
 
 import tensorflow as tf
 
@@ -18,7 +18,7 @@ def train_centralized(
     max_epochs: int,
     patience: int = 3,
     monitor: str = 'val_loss',
-    on_epoch_end: Optional[Callable[[int, dict[str, float]], None]] = None,
+    on_epoch_end: Callable[[int, dict[str, float]], None] | None = None,
 ) -> dict[str, list[float]]:
     """Trains `keras_model` on pooled data; keeps the weights of the best epoch.
 

@@ -27,7 +27,8 @@ step caps follow TFF's `build_dataset_split_fn`.
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Callable, Optional
+from collections.abc import Callable
+from typing import Any
 
 import tensorflow as tf
 
@@ -58,9 +59,9 @@ class ReconstructionSplit:
     strategy: str = 'hash'
     allow_overlap: bool = False
     recon_epochs: int = 1
-    recon_steps_max: Optional[int] = None
+    recon_steps_max: int | None = None
     post_recon_epochs: int = 1
-    post_recon_steps_max: Optional[int] = None
+    post_recon_steps_max: int | None = None
 
     def __post_init__(self):
         if not 0.0 < self.support_fraction < 1.0:
@@ -123,7 +124,7 @@ def split_examples(examples: Any, split: ReconstructionSplit) -> tuple[Any, Any]
     return gather(support_idx), gather(query_idx)
 
 
-def _iterate(examples: Any, batch_size: tf.Tensor, epochs: int, steps_max: Optional[int]) -> tf.data.Dataset:
+def _iterate(examples: Any, batch_size: tf.Tensor, epochs: int, steps_max: int | None) -> tf.data.Dataset:
     dataset = tf.data.Dataset.from_tensor_slices(examples).batch(batch_size).repeat(epochs)
     if steps_max is not None:
         dataset = dataset.take(steps_max)

@@ -16,7 +16,8 @@ FURL's (`fedpersonal.algorithms.furl`), kept between rounds in a client state st
 from __future__ import annotations
 
 import collections
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import tensorflow as tf
 import tensorflow_federated as tff
@@ -42,23 +43,42 @@ def cross_entropy_loss(model: tf.keras.Model) -> Callable[[Any], client_work.Bat
     return batch_loss
 
 
-def personal_steps(personal: tf.keras.Model, global_values: list[tf.Tensor], dataset: tf.data.Dataset, epochs: int,
-                   optimizer: tff.learning.optimizers.Optimizer, lam: float):
+def personal_steps(
+    personal: tf.keras.Model,
+    global_values: list[tf.Tensor],
+    dataset: tf.data.Dataset,
+    epochs: int,
+    optimizer: tff.learning.optimizers.Optimizer,
+    lam: float,
+):
     """Ditto's personal update in place on `personal` (inside a `tf.function`); returns (n, loss sum, correct)."""
     variables = list(personal.trainable_variables)
     result = client_work.optimizer_steps(
-        variables, dataset, optimizer, cross_entropy_loss(personal), epochs=epochs,
-        penalty=client_work.proximal_term(variables, global_values, lam), count_dtype=tf.float32,
-        zero_stats=collections.OrderedDict(correct=0.0))
+        variables,
+        dataset,
+        optimizer,
+        cross_entropy_loss(personal),
+        epochs=epochs,
+        penalty=client_work.proximal_term(variables, global_values, lam),
+        count_dtype=tf.float32,
+        zero_stats=collections.OrderedDict(correct=0.0),
+    )
     return result.num_examples, result.loss_sum, result.stats['correct']
 
 
-def global_steps(model: tf.keras.Model, dataset: tf.data.Dataset, epochs: int,
-                 optimizer: tff.learning.optimizers.Optimizer):
+def global_steps(
+    model: tf.keras.Model, dataset: tf.data.Dataset, epochs: int, optimizer: tff.learning.optimizers.Optimizer
+):
     """Local FedAvg training of the global model copy in place (at least one epoch); returns (n, loss sum)."""
     result = client_work.optimizer_steps(
-        list(model.trainable_variables), dataset, optimizer, cross_entropy_loss(model), epochs=max(epochs, 1),
-        count_dtype=tf.float32, zero_stats=collections.OrderedDict(correct=0.0))
+        list(model.trainable_variables),
+        dataset,
+        optimizer,
+        cross_entropy_loss(model),
+        epochs=max(epochs, 1),
+        count_dtype=tf.float32,
+        zero_stats=collections.OrderedDict(correct=0.0),
+    )
     return result.num_examples, result.loss_sum
 
 
@@ -109,16 +129,20 @@ def build_ditto(
         client_work.assign_weights(client_work.keras_weights(model), server_weights)
         client_work.assign_weights(client_work.keras_weights(personal), personal_state)
         global_values = [tf.identity(w) for w in server_weights.trainable]
-        p_count, p_total, p_correct = personal_steps(personal, global_values, dataset, personal_epochs,
-                                                     personal_optimizer, lam)
+        p_count, p_total, p_correct = personal_steps(
+            personal, global_values, dataset, personal_epochs, personal_optimizer, lam
+        )
         count, total = global_steps(model, dataset, client_epochs, client_optimizer)
         delta, has_non_finite = client_work.weights_delta(server_weights.trainable, model.trainable_variables)
         num_examples = count / float(max(client_epochs, 1))
         weight = tf.where(tf.logical_or(has_non_finite > 0, num_examples == 0), 0.0, num_examples)
         new_personal = client_work.snapshot(client_work.keras_weights(personal))
         sums = collections.OrderedDict(
-            global_loss=tf.stack([total, count]), personal_loss=tf.stack([p_total, p_count]),
-            personal_accuracy=tf.stack([p_correct, p_count]), num_examples=tf.stack([num_examples, 1.0]))
+            global_loss=tf.stack([total, count]),
+            personal_loss=tf.stack([p_total, p_count]),
+            personal_accuracy=tf.stack([p_correct, p_count]),
+            num_examples=tf.stack([num_examples, 1.0]),
+        )
         return tff.learning.templates.ClientResult(update=delta, update_weight=weight), sums, new_personal
 
     return compose.compose_personalized_process(

@@ -24,7 +24,9 @@ finalizer, via `tff.learning.templates.compose_learning_process`.
 from __future__ import annotations
 
 import collections
-from typing import Any, Callable, Optional, Union
+from collections.abc import Callable
+from typing import Any
+from typing import Union
 
 import tensorflow as tf
 import tensorflow_federated as tff
@@ -74,7 +76,7 @@ def _build_client_update(
     model_fn: ModelFn,
     *,
     loss_fn: LossFn,
-    metrics_fn: Optional[MetricsFn],
+    metrics_fn: MetricsFn | None,
     client_optimizer: tff.learning.optimizers.Optimizer,
     reconstruction_optimizer: tff.learning.optimizers.Optimizer,
     split_fn: dataset_split_lib.DatasetSplitFn,
@@ -128,18 +130,16 @@ def build_fed_recon(
     model_fn: ModelFn,
     *,
     loss_fn: LossFn,
-    metrics_fn: Optional[MetricsFn] = None,
+    metrics_fn: MetricsFn | None = None,
     server_optimizer: tff.learning.optimizers.Optimizer = tff.learning.optimizers.build_sgdm(learning_rate=1.0),
     client_optimizer: tff.learning.optimizers.Optimizer = tff.learning.optimizers.build_sgdm(learning_rate=0.1),
-    reconstruction_optimizer: tff.learning.optimizers.Optimizer = tff.learning.optimizers.build_sgdm(
-        learning_rate=0.1
-    ),
+    reconstruction_optimizer: tff.learning.optimizers.Optimizer = tff.learning.optimizers.build_sgdm(learning_rate=0.1),
     dataset_split: SplitArg = dataset_split_lib.ReconstructionSplit(),
     jointly_train_locals: bool = False,
     learn_local_init: bool = False,
     client_weighting: Any = tff.learning.ClientWeighting.NUM_EXAMPLES,
-    model_aggregator: Optional[AggregationFactory] = None,
-    model_distributor: Optional[tff.learning.templates.DistributionProcess] = None,
+    model_aggregator: AggregationFactory | None = None,
+    model_distributor: tff.learning.templates.DistributionProcess | None = None,
     metrics_aggregator: Callable[..., tff.Computation] = tff.learning.metrics.sum_then_finalize,
 ) -> process_lib.PersonalizedProcess:
     """Builds the Federated Reconstruction learning process.

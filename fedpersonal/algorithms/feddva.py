@@ -22,7 +22,8 @@ See `fedpersonal.models.feddva_models` for the losses. The process has FURL's si
 from __future__ import annotations
 
 import collections
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import tensorflow as tf
 import tensorflow_federated as tff
@@ -53,37 +54,59 @@ def set_weights(model: feddva_models.DualVae, global_state: Any, private_state: 
     client_work.assign(model.private_non_trainable, private_state.non_trainable)
 
 
-def run_phase(model: feddva_models.DualVae, phase: str, dataset: tf.data.Dataset, epochs: int,
-              optimizer: tff.learning.optimizers.Optimizer) -> tuple[tf.Tensor, tf.Tensor, tf.Tensor]:
+def run_phase(
+    model: feddva_models.DualVae,
+    phase: str,
+    dataset: tf.data.Dataset,
+    epochs: int,
+    optimizer: tff.learning.optimizers.Optimizer,
+) -> tuple[tf.Tensor, tf.Tensor, tf.Tensor]:
     """`epochs` passes of one phase with a freshly initialized optimizer on that phase's variables.
 
     Must run inside a `tf.function`. Returns (examples seen, summed batch loss x batch size, correct predictions;
     the last only for the head phase).
     """
+
     def batch_loss(batch) -> client_work.BatchLoss:
         return client_work.BatchLoss(model.phase_loss(phase, batch['x'], batch['y']), tf.shape(batch['x'])[0])
 
     def correct_after_step(batch) -> collections.OrderedDict:
         predicted = tf.argmax(model.classify(batch['x']), axis=-1, output_type=tf.int32)
         return collections.OrderedDict(
-            correct=tf.reduce_sum(tf.cast(tf.equal(predicted, tf.cast(batch['y'], tf.int32)), tf.float32)))
+            correct=tf.reduce_sum(tf.cast(tf.equal(predicted, tf.cast(batch['y'], tf.int32)), tf.float32))
+        )
 
     head = phase == 'head'
     result = client_work.optimizer_steps(
-        model.variables_of(phase), dataset, optimizer, batch_loss, epochs=epochs,
-        zero_stats=collections.OrderedDict(correct=0.0) if head else (), after_step=correct_after_step if head else None)
+        model.variables_of(phase),
+        dataset,
+        optimizer,
+        batch_loss,
+        epochs=epochs,
+        zero_stats=collections.OrderedDict(correct=0.0) if head else (),
+        after_step=correct_after_step if head else None,
+    )
     return result.num_examples, result.loss_sum, result.stats['correct'] if head else tf.constant(0.0)
 
 
-def client_round(model: feddva_models.DualVae, dataset: tf.data.Dataset, *, decoder_epochs: int, z_epochs: int,
-                 c_epochs: int, head_epochs: int, optimizer: tff.learning.optimizers.Optimizer,
-                 head_optimizer: tff.learning.optimizers.Optimizer) -> collections.OrderedDict:
+def client_round(
+    model: feddva_models.DualVae,
+    dataset: tf.data.Dataset,
+    *,
+    decoder_epochs: int,
+    z_epochs: int,
+    c_epochs: int,
+    head_epochs: int,
+    optimizer: tff.learning.optimizers.Optimizer,
+    head_optimizer: tff.learning.optimizers.Optimizer,
+) -> collections.OrderedDict:
     """The three (four) phases of a client round on `model` in place; returns summed per-phase metrics."""
     metrics = collections.OrderedDict()
     num_examples = tf.constant(0.0)
     for phase, epochs in (('decoder', decoder_epochs), ('z', z_epochs), ('c', c_epochs), ('head', head_epochs)):
-        count, total, correct = run_phase(model, phase, dataset, epochs,
-                                          head_optimizer if phase == 'head' else optimizer)
+        count, total, correct = run_phase(
+            model, phase, dataset, epochs, head_optimizer if phase == 'head' else optimizer
+        )
         count = tf.cast(count, tf.float32)
         metrics[f'{phase}_loss'] = (total, count)
         if phase == 'head':
@@ -123,8 +146,12 @@ def build_feddva(
     Returns:
       A stateful `fedpersonal.core.PersonalizedProcess` (private state: decoder + head + batch-norm statistics).
     """
-    for name, value in (('decoder_epochs', decoder_epochs), ('z_epochs', z_epochs), ('c_epochs', c_epochs),
-                        ('head_epochs', head_epochs)):
+    for name, value in (
+        ('decoder_epochs', decoder_epochs),
+        ('z_epochs', z_epochs),
+        ('c_epochs', c_epochs),
+        ('head_epochs', head_epochs),
+    ):
         if value < 0:
             raise ValueError(f'{name} must be >= 0, got {value}')
     if client_weighting not in (tff.learning.ClientWeighting.NUM_EXAMPLES, tff.learning.ClientWeighting.UNIFORM):
@@ -150,8 +177,16 @@ def build_feddva(
         with tf.init_scope():
             model = model_fn()
         set_weights(model, server_weights, private_state)
-        metrics = client_round(model, dataset, decoder_epochs=decoder_epochs, z_epochs=z_epochs, c_epochs=c_epochs,
-                               head_epochs=head_epochs, optimizer=optimizer, head_optimizer=head_optimizer)
+        metrics = client_round(
+            model,
+            dataset,
+            decoder_epochs=decoder_epochs,
+            z_epochs=z_epochs,
+            c_epochs=c_epochs,
+            head_epochs=head_epochs,
+            optimizer=optimizer,
+            head_optimizer=head_optimizer,
+        )
         delta, has_non_finite = client_work.weights_delta(server_weights.trainable, model.global_trainable)
         num_examples = metrics['num_examples'][0]
         weight = client_work.client_weight(client_weighting, num_examples, (), has_non_finite)

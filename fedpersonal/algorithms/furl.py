@@ -31,7 +31,8 @@ return CLIENTS-placed values):
 from __future__ import annotations
 
 import collections
-from typing import Any, Callable, Optional
+from collections.abc import Callable
+from typing import Any
 
 import tensorflow as tf
 import tensorflow_federated as tff
@@ -48,13 +49,13 @@ def build_furl(
     model_fn: Callable[[], ReconstructionModel],
     *,
     loss_fn: Callable[[], tf.keras.losses.Loss],
-    metrics_fn: Optional[Callable[[], list[tf.keras.metrics.Metric]]] = None,
+    metrics_fn: Callable[[], list[tf.keras.metrics.Metric]] | None = None,
     client_optimizer: tff.learning.optimizers.Optimizer = tff.learning.optimizers.build_sgdm(learning_rate=0.1),
     server_optimizer: tff.learning.optimizers.Optimizer = tff.learning.optimizers.build_sgdm(learning_rate=1.0),
     client_epochs: int = 1,
     private_norm_regularization: float = 0.0,
     client_weighting: Any = tff.learning.ClientWeighting.NUM_EXAMPLES,
-    model_aggregator: Optional[compose.AggregationFactory] = None,
+    model_aggregator: compose.AggregationFactory | None = None,
     metrics_aggregator: Callable[..., tff.Computation] = tff.learning.metrics.sum_then_finalize,
 ) -> process_lib.PersonalizedProcess:
     """Builds the FURL iterative process.

@@ -59,7 +59,7 @@ _SCHEMA = (
 
 def _chunks(items: Sequence[str]) -> Iterator[Sequence[str]]:
     for start in range(0, len(items), _CHUNK):
-        yield items[start:start + _CHUNK]
+        yield items[start : start + _CHUNK]
 
 
 def _placeholders(n: int) -> str:
@@ -69,8 +69,14 @@ def _placeholders(n: int) -> str:
 class SqliteClientStateStore(store_lib.ClientStateStore):
     """Client states in an SQLite file, with the commit/rollback semantics of `ClientStateStore`."""
 
-    def __init__(self, path: str | os.PathLike, spec: Iterable[tuple[Sequence[int], Any]],
-                 default_fn: store_lib.DefaultFn, *, cache_mb: int = 16):
+    def __init__(
+        self,
+        path: str | os.PathLike,
+        spec: Iterable[tuple[Sequence[int], Any]],
+        default_fn: store_lib.DefaultFn,
+        *,
+        cache_mb: int = 16,
+    ):
         """Opens the store at `path`, creating it if the file does not exist or is empty.
 
         Args:
@@ -134,22 +140,29 @@ class SqliteClientStateStore(store_lib.ClientStateStore):
             if not tables:
                 for statement in _SCHEMA:
                     conn.execute(statement)
-                conn.executemany('INSERT INTO meta (key, value) VALUES (?, ?)', [
-                    ('format', _FORMAT), ('spec', spec_json), ('committed_round', 0), ('num_clients', 0)])
+                conn.executemany(
+                    'INSERT INTO meta (key, value) VALUES (?, ?)',
+                    [('format', _FORMAT), ('spec', spec_json), ('committed_round', 0), ('num_clients', 0)],
+                )
             elif not {'meta', 'states', 'pending'} <= tables:
-                raise ValueError(f'{self.path} is an SQLite database but not a client state store '
-                                 f'(tables: {sorted(tables)})')
+                raise ValueError(
+                    f'{self.path} is an SQLite database but not a client state store (tables: {sorted(tables)})'
+                )
             return dict(conn.execute('SELECT key, value FROM meta'))
 
         meta = self._write(body)
         if meta.get('format') != _FORMAT:
-            raise ValueError(f'{self.path}: client state store format {meta.get("format")!r} is not supported '
-                             f'(this code reads format {_FORMAT})')
+            raise ValueError(
+                f'{self.path}: client state store format {meta.get("format")!r} is not supported '
+                f'(this code reads format {_FORMAT})'
+            )
         if meta['spec'] != spec_json:
             stored = store_lib.normalize_spec((e['shape'], e['dtype']) for e in json.loads(meta['spec']))
-            raise ValueError(f'{self.path}: the client state store was created with spec '
-                             f'{store_lib.format_spec(stored)} but is opened with spec '
-                             f'{store_lib.format_spec(self.spec)}')
+            raise ValueError(
+                f'{self.path}: the client state store was created with spec '
+                f'{store_lib.format_spec(stored)} but is opened with spec '
+                f'{store_lib.format_spec(self.spec)}'
+            )
         self._committed_round = int(meta['committed_round'])
         self._num_clients = int(meta['num_clients'])
 
@@ -157,13 +170,20 @@ class SqliteClientStateStore(store_lib.ClientStateStore):
         """Latest blob of each stored client among distinct `client_ids` (pending first, then committed)."""
         blobs: dict[str, bytes] = {}
         for chunk in _chunks(client_ids):
-            rows = conn.execute(f'SELECT client_id, blob FROM pending WHERE client_id IN ({_placeholders(len(chunk))}) '
-                                'ORDER BY client_id, round', chunk)
+            rows = conn.execute(
+                f'SELECT client_id, blob FROM pending WHERE client_id IN ({_placeholders(len(chunk))}) '
+                'ORDER BY client_id, round',
+                chunk,
+            )
             blobs.update(rows)  # Rounds ascend per client: the latest one is kept.
             missing = [cid for cid in chunk if cid not in blobs]
             if missing:
-                blobs.update(conn.execute(
-                    f'SELECT client_id, blob FROM states WHERE client_id IN ({_placeholders(len(missing))})', missing))
+                blobs.update(
+                    conn.execute(
+                        f'SELECT client_id, blob FROM states WHERE client_id IN ({_placeholders(len(missing))})',
+                        missing,
+                    )
+                )
         return blobs
 
     def _existing(self, conn: sqlite3.Connection, client_ids: Sequence[str]) -> set[str]:
@@ -171,9 +191,14 @@ class SqliteClientStateStore(store_lib.ClientStateStore):
         found: set[str] = set()
         for chunk in _chunks(client_ids):
             marks = _placeholders(len(chunk))
-            found.update(row[0] for row in conn.execute(
-                f'SELECT client_id FROM states WHERE client_id IN ({marks}) '
-                f'UNION SELECT client_id FROM pending WHERE client_id IN ({marks})', [*chunk, *chunk]))
+            found.update(
+                row[0]
+                for row in conn.execute(
+                    f'SELECT client_id FROM states WHERE client_id IN ({marks}) '
+                    f'UNION SELECT client_id FROM pending WHERE client_id IN ({marks})',
+                    [*chunk, *chunk],
+                )
+            )
         return found
 
     # ------------------------------------------------------------------------------------------------- API
@@ -189,9 +214,14 @@ class SqliteClientStateStore(store_lib.ClientStateStore):
         return [self._codec.decode(cid, blobs[cid]) if cid in blobs else self._default(cid) for cid in client_ids]
 
     def contains(self, client_id: str) -> bool:
-        row = self._db().execute(
-            'SELECT 1 FROM states WHERE client_id = ?1 UNION ALL SELECT 1 FROM pending WHERE client_id = ?1 LIMIT 1',
-            (store_lib.check_client_id(client_id),)).fetchone()
+        row = (
+            self._db()
+            .execute(
+                'SELECT 1 FROM states WHERE client_id = ?1 UNION ALL SELECT 1 FROM pending WHERE client_id = ?1 LIMIT 1',
+                (store_lib.check_client_id(client_id),),
+            )
+            .fetchone()
+        )
         return row is not None
 
     def __len__(self) -> int:
@@ -252,10 +282,12 @@ class SqliteClientStateStore(store_lib.ClientStateStore):
         round_num = store_lib.check_round(round_num, self._committed_round, 'commit')
 
         def body(conn: sqlite3.Connection) -> None:
-            conn.execute('INSERT OR REPLACE INTO states (client_id, round, blob) '
-                         'SELECT client_id, round, blob FROM pending AS p WHERE round <= ?1 AND round = '
-                         '(SELECT MAX(round) FROM pending AS q WHERE q.client_id = p.client_id AND q.round <= ?1)',
-                         (round_num,))
+            conn.execute(
+                'INSERT OR REPLACE INTO states (client_id, round, blob) '
+                'SELECT client_id, round, blob FROM pending AS p WHERE round <= ?1 AND round = '
+                '(SELECT MAX(round) FROM pending AS q WHERE q.client_id = p.client_id AND q.round <= ?1)',
+                (round_num,),
+            )
             conn.execute('DELETE FROM pending WHERE round <= ?', (round_num,))
             conn.execute("UPDATE meta SET value = ? WHERE key = 'committed_round'", (round_num,))
 
@@ -270,7 +302,9 @@ class SqliteClientStateStore(store_lib.ClientStateStore):
             (removed,) = conn.execute(
                 'SELECT COUNT(DISTINCT client_id) FROM pending AS p WHERE round > ?1 '
                 'AND NOT EXISTS (SELECT 1 FROM pending AS q WHERE q.client_id = p.client_id AND q.round <= ?1) '
-                'AND NOT EXISTS (SELECT 1 FROM states AS s WHERE s.client_id = p.client_id)', (round_num,)).fetchone()
+                'AND NOT EXISTS (SELECT 1 FROM states AS s WHERE s.client_id = p.client_id)',
+                (round_num,),
+            ).fetchone()
             conn.execute('DELETE FROM pending WHERE round > ?', (round_num,))
             if removed:
                 conn.execute("UPDATE meta SET value = value - ? WHERE key = 'num_clients'", (removed,))
@@ -286,4 +320,3 @@ class SqliteClientStateStore(store_lib.ClientStateStore):
         if self._conn is not None:
             conn, self._conn = self._conn, None
             conn.close()
-

@@ -138,17 +138,23 @@ class StateCodec:
             and actual shape/dtype, if the state does not match the spec.
         """
         if not isinstance(state, (list, tuple)) and (isinstance(state, np.ndarray) or not isinstance(state, Sequence)):
-            raise ValueError(f'client {client_id!r}: state must be a list of {len(self.spec)} arrays '
-                             f'(spec {format_spec(self.spec)}), got {type(state).__name__}')
+            raise ValueError(
+                f'client {client_id!r}: state must be a list of {len(self.spec)} arrays '
+                f'(spec {format_spec(self.spec)}), got {type(state).__name__}'
+            )
         if len(state) != len(self.spec):
-            raise ValueError(f'client {client_id!r}: state has {len(state)} arrays, expected {len(self.spec)} '
-                             f'(spec {format_spec(self.spec)})')
+            raise ValueError(
+                f'client {client_id!r}: state has {len(state)} arrays, expected {len(self.spec)} '
+                f'(spec {format_spec(self.spec)})'
+            )
         arrays = []
         for index, (value, (shape, dtype)) in enumerate(zip(state, self.spec)):
             array = value if type(value) is np.ndarray else np.asarray(value)  # pylint: disable=unidiomatic-typecheck
             if array.shape != shape or array.dtype != dtype:
-                raise ValueError(f'client {client_id!r}: array {index} expected shape {shape} dtype {dtype}, '
-                                 f'got shape {array.shape} dtype {array.dtype}')
+                raise ValueError(
+                    f'client {client_id!r}: array {index} expected shape {shape} dtype {dtype}, '
+                    f'got shape {array.shape} dtype {array.dtype}'
+                )
             arrays.append(array)
         return arrays
 
@@ -168,8 +174,10 @@ class StateCodec:
         """
         if blob is None or len(blob) != self.nbytes:
             got = 'no value' if blob is None else f'{len(blob)} bytes'
-            raise CorruptStateError(f'client {client_id!r}: stored state is corrupt: expected {self.nbytes} bytes '
-                                    f'for spec {format_spec(self.spec)}, got {got}')
+            raise CorruptStateError(
+                f'client {client_id!r}: stored state is corrupt: expected {self.nbytes} bytes '
+                f'for spec {format_spec(self.spec)}, got {got}'
+            )
         state = []
         offset = 0
         for size, nbytes, (shape, dtype) in zip(self._sizes, self._nbytes, self.spec):
@@ -301,11 +309,15 @@ def check_round(round_num: int, committed: int, what: str) -> int:
     if round_num < 0:
         raise ValueError(f'{what}: round_num must be >= 0, got {round_num}')
     if what == 'put' and round_num <= committed:
-        raise ValueError(f'put: round {round_num} is not after the committed round {committed}; committed values '
-                         'cannot be rewritten (rollback first when resuming from an older checkpoint)')
+        raise ValueError(
+            f'put: round {round_num} is not after the committed round {committed}; committed values '
+            'cannot be rewritten (rollback first when resuming from an older checkpoint)'
+        )
     if what in ('commit', 'rollback') and round_num < committed:
-        raise ValueError(f'{what}({round_num}): round {committed} is already committed and older versions are '
-                         f'not kept, so the store cannot go back before round {committed}')
+        raise ValueError(
+            f'{what}({round_num}): round {committed} is already committed and older versions are '
+            f'not kept, so the store cannot go back before round {committed}'
+        )
     return round_num
 
 
@@ -392,7 +404,7 @@ def seeded_uniform_default(spec: Iterable[tuple[Sequence[int], Any]], scale: flo
         state = []
         offset = 0
         for size, (shape, dtype) in zip(sizes, spec):
-            state.append(values[offset:offset + size].astype(dtype).reshape(shape))
+            state.append(values[offset : offset + size].astype(dtype).reshape(shape))
             offset += size
         return state
 

@@ -27,7 +27,6 @@ from collections.abc import Callable
 from collections.abc import Sequence
 from typing import Any
 from typing import NamedTuple
-from typing import Optional
 
 import tensorflow as tf
 import tensorflow_federated as tff
@@ -101,7 +100,7 @@ def keep_previous_if_non_finite(has_non_finite: tf.Tensor, previous: Any, traine
 
 # ----------------------------------------------------------------------------------------------- metrics
 def build_metrics(
-    metrics_fn: Optional[MetricsFn], loss_fn: LossFn, finalizers: collections.OrderedDict
+    metrics_fn: MetricsFn | None, loss_fn: LossFn, finalizers: collections.OrderedDict
 ) -> list[tf.keras.metrics.Metric]:
     """The user's metrics plus `loss` and `num_examples`; records each metric's TFF finalizer in `finalizers`.
 
@@ -138,7 +137,9 @@ def client_weight(
 
 def ratio_sums(sums: dict[str, tuple[Any, Any]]) -> collections.OrderedDict:
     """Per-client ``{name: (numerator, denominator)}`` as the 2-vectors `compose.ratio_metrics` aggregates."""
-    return collections.OrderedDict((k, tf.stack([tf.cast(a, tf.float32), tf.cast(b, tf.float32)])) for k, (a, b) in sums.items())
+    return collections.OrderedDict(
+        (k, tf.stack([tf.cast(a, tf.float32), tf.cast(b, tf.float32)])) for k, (a, b) in sums.items()
+    )
 
 
 # -------------------------------------------------------------------------------------------- local steps
@@ -188,10 +189,10 @@ def optimizer_steps(
     batch_loss: Callable[[Any], BatchLoss],
     *,
     epochs: int = 1,
-    penalty: Optional[Callable[[], tf.Tensor]] = None,
+    penalty: Callable[[], tf.Tensor] | None = None,
     count_dtype: tf.DType = tf.int32,
     zero_stats: Any = (),
-    after_step: Optional[Callable[[Any], Any]] = None,
+    after_step: Callable[[Any], Any] | None = None,
 ) -> StepsResult:
     """One optimizer step per batch of `dataset` (repeated `epochs` times) on `variables`; the loop of every algorithm.
 
@@ -217,7 +218,9 @@ def optimizer_steps(
     """
     variables = list(variables)
     if not variables or epochs < 1:
-        return StepsResult(tf.zeros([], count_dtype), tf.constant(0.0), tf.nest.map_structure(tf.zeros_like, zero_stats))
+        return StepsResult(
+            tf.zeros([], count_dtype), tf.constant(0.0), tf.nest.map_structure(tf.zeros_like, zero_stats)
+        )
     if epochs > 1:
         dataset = dataset.repeat(epochs)
     assigns = not isinstance(optimizer, keras_optimizer.KerasOptimizer)  # A Keras optimizer updates in place.
@@ -255,7 +258,7 @@ def regularization_loss(model: ReconstructionModel) -> tf.Tensor:
 def model_batch_loss(
     model: ReconstructionModel,
     loss: tf.keras.losses.Loss,
-    metrics: Optional[Sequence[tf.keras.metrics.Metric]] = None,
+    metrics: Sequence[tf.keras.metrics.Metric] | None = None,
 ) -> Callable[[Any], BatchLoss]:
     """The batch loss of a `ReconstructionModel` (plus its Keras regularization losses) for `optimizer_steps`.
 

@@ -27,7 +27,6 @@ from __future__ import annotations
 import collections
 from collections.abc import Callable
 from typing import Any
-from typing import Optional
 from typing import Union
 
 import numpy as np
@@ -40,7 +39,7 @@ AggregationFactory = Union[tff.aggregators.WeightedAggregationFactory, tff.aggre
 
 
 def weighted_aggregator(
-    model_aggregator: Optional[AggregationFactory], client_weighting: Any
+    model_aggregator: AggregationFactory | None, client_weighting: Any
 ) -> tff.aggregators.WeightedAggregationFactory:
     """`model_aggregator` as a weighted factory (default `MeanFactory`).
 
@@ -120,10 +119,10 @@ def compose_personalized_process(
     client_update: tff.Computation,
     aggregate_metrics: Callable[[Any], Any],
     server_optimizer: tff.learning.optimizers.Optimizer,
-    model_aggregator: Optional[AggregationFactory] = None,
-    initial_private_state: Optional[tff.Computation] = None,
-    model_distributor: Optional[tff.learning.templates.DistributionProcess] = None,
-    parts: Optional[dict[str, Any]] = None,
+    model_aggregator: AggregationFactory | None = None,
+    initial_private_state: tff.Computation | None = None,
+    model_distributor: tff.learning.templates.DistributionProcess | None = None,
+    parts: dict[str, Any] | None = None,
 ) -> process_lib.PersonalizedProcess:
     """Composes a `PersonalizedProcess` from an algorithm's client work and TFF's parts.
 

@@ -21,7 +21,6 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 from typing import NamedTuple
-from typing import Optional
 
 import tensorflow_federated as tff
 
@@ -59,11 +58,11 @@ class PersonalizedProcess(tff.templates.IterativeProcess):
         next_fn: tff.Computation,
         *,
         get_model_weights: Callable[[Any], Any],
-        global_weights_type: Optional[tff.Type] = None,
-        private_state_type: Optional[tff.Type] = None,
-        initial_private_state_fn: Optional[Callable[[], Any]] = None,
-        learning_process: Optional[tff.learning.templates.LearningProcess] = None,
-        parts: Optional[dict[str, Any]] = None,
+        global_weights_type: tff.Type | None = None,
+        private_state_type: tff.Type | None = None,
+        initial_private_state_fn: Callable[[], Any] | None = None,
+        learning_process: tff.learning.templates.LearningProcess | None = None,
+        parts: dict[str, Any] | None = None,
     ):
         super().__init__(initialize_fn, next_fn)
         result = next_fn.type_signature.result
@@ -106,7 +105,7 @@ class PersonalizedProcess(tff.templates.IterativeProcess):
 
 
 def from_learning_process(
-    learning_process: tff.learning.templates.LearningProcess, *, parts: Optional[dict[str, Any]] = None
+    learning_process: tff.learning.templates.LearningProcess, *, parts: dict[str, Any] | None = None
 ) -> PersonalizedProcess:
     """A stateless `PersonalizedProcess` running a TFF `LearningProcess` (e.g. one built by TFF itself).
 

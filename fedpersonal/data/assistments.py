@@ -67,8 +67,9 @@ def _read_lines(path: str, header: str) -> list[str]:
         text = f.read().decode('utf-8-sig')
     lines = text.replace('\r\n', '\n').rstrip('\n').split('\n')
     if lines[0].strip() != header:
-        raise AssistmentsFormatError(f'{path} line 1: expected the header {header!r}, got {lines[0]!r}',
-                                     path=path, line=1)
+        raise AssistmentsFormatError(
+            f'{path} line 1: expected the header {header!r}, got {lines[0]!r}', path=path, line=1
+        )
     if len(lines) < 2:
         raise AssistmentsFormatError(f'{path} line 2: no data rows after the header', path=path, line=2)
     return lines
@@ -119,16 +120,20 @@ def load_assistments_items(data_dir: str) -> tuple[np.ndarray, list[list[int]]]:
             codes = json.loads(row[1])
         except ValueError:
             codes = None
-        if (not isinstance(codes, list) or not codes
-                or not all(isinstance(c, int) and not isinstance(c, bool) and c >= 1 for c in codes)):
+        if (
+            not isinstance(codes, list)
+            or not codes
+            or not all(isinstance(c, int) and not isinstance(c, bool) and c >= 1 for c in codes)
+        ):
             fail(f'knowledge_code {row[1]!r} is not a non-empty JSON list of positive integer concept ids')
         ids.append(item)
         concepts.append(codes)
     return np.asarray(ids, dtype=np.int64), concepts
 
 
-def load_assistments(data_dir: str, *, min_responses: int = 16, seed: int = 0,
-                     split_order: str = 'time') -> furl_tasks.FurlData:
+def load_assistments(
+    data_dir: str, *, min_responses: int = 16, seed: int = 0, split_order: str = 'time'
+) -> furl_tasks.FurlData:
     """Loads the ASSISTments FURL task (see the module docstring for the example format).
 
     Args:
@@ -147,8 +152,9 @@ def load_assistments(data_dir: str, *, min_responses: int = 16, seed: int = 0,
         ValueError: Bad arguments, or no student has `min_responses` responses.
     """
     if min_responses < 3:
-        raise errors.ConfigError(f'min_responses must be >= 3 (every student needs train, eval and test examples), '
-                         f'got {min_responses}')
+        raise errors.ConfigError(
+            f'min_responses must be >= 3 (every student needs train, eval and test examples), got {min_responses}'
+        )
     users, items, scores = load_assistments_records(data_dir)
     item_ids, concepts = load_assistments_items(data_dir)
 
@@ -162,7 +168,9 @@ def load_assistments(data_dir: str, *, min_responses: int = 16, seed: int = 0,
         raise AssistmentsFormatError(
             f'{path} line {i + 2}: item_id {int(items[i])} is not in '
             f'{os.path.join(os.fspath(data_dir), _ITEM_FILE)} ({unknown.size} responses have unknown items)',
-            path=path, line=i + 2)
+            path=path,
+            line=i + 2,
+        )
     item_index = position.astype(np.int64)
 
     num_concepts = max(max(c) for c in concepts)
@@ -181,8 +189,22 @@ def load_assistments(data_dir: str, *, min_responses: int = 16, seed: int = 0,
         f'ASSISTments 2009-2010 a0910 ({os.fspath(data_dir)}): students are clients, one example per response; '
         f'label = correct, features = multi-hot over {num_concepts} knowledge concepts, item_id = exercise '
         f'({len(item_ids)}), no text; students with >= {min_responses} responses; per-student '
-        f'{"file" if split_order == "time" else "random"}-ordered 0.8/0.1/0.1 split.')
+        f'{"file" if split_order == "time" else "random"}-ordered 0.8/0.1/0.1 split.'
+    )
     return furl_tasks.build_furl_data(
-        name='assistments', description=description, user_id=user_index, order_key=np.arange(users.size),
-        doc_index=item_index, label=scores, doc_texts=None, doc_features=multi_hot, num_classes=2, max_chars=0,
-        user_ids=user_ids, item_id=item_index, num_items=len(item_ids), split_order=split_order, seed=seed)
+        name='assistments',
+        description=description,
+        user_id=user_index,
+        order_key=np.arange(users.size),
+        doc_index=item_index,
+        label=scores,
+        doc_texts=None,
+        doc_features=multi_hot,
+        num_classes=2,
+        max_chars=0,
+        user_ids=user_ids,
+        item_id=item_index,
+        num_items=len(item_ids),
+        split_order=split_order,
+        seed=seed,
+    )

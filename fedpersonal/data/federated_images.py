@@ -70,16 +70,18 @@ def add_marks(images: np.ndarray, kind: int, rng: np.random.Generator) -> np.nda
     return np.maximum(images, masks[..., None]).astype(np.float32)
 
 
-def dirichlet_class_proportions(num_clients: int, num_classes: int, alpha: float,
-                                rng: np.random.Generator) -> np.ndarray:
+def dirichlet_class_proportions(
+    num_clients: int, num_classes: int, alpha: float, rng: np.random.Generator
+) -> np.ndarray:
     """`[num_clients, num_classes]` class fractions, one Dirichlet(alpha * 1) draw per client (rows sum to 1)."""
     if alpha <= 0:
         raise errors.ConfigError(f'alpha must be positive, got {alpha}')
     return rng.dirichlet(np.full(num_classes, alpha), size=num_clients)
 
 
-def allocate(labels: np.ndarray, proportions: np.ndarray, per_client: int,
-             rng: np.random.Generator) -> list[np.ndarray]:
+def allocate(
+    labels: np.ndarray, proportions: np.ndarray, per_client: int, rng: np.random.Generator
+) -> list[np.ndarray]:
     """Indices into `labels` for each client: `per_client` examples drawn without replacement with the client's
     class fractions (largest-remainder rounding); if a class runs out, the remaining slots go to the classes
     with the most examples left. No example goes to two clients.
@@ -89,8 +91,10 @@ def allocate(labels: np.ndarray, proportions: np.ndarray, per_client: int,
     """
     num_clients, num_classes = proportions.shape
     if num_clients * per_client > labels.size:
-        raise errors.DataError(f'{num_clients} clients x {per_client} examples need {num_clients * per_client} '
-                         f'examples, the split has {labels.size}')
+        raise errors.DataError(
+            f'{num_clients} clients x {per_client} examples need {num_clients * per_client} '
+            f'examples, the split has {labels.size}'
+        )
     pools = [list(rng.permutation(np.flatnonzero(labels == k))) for k in range(num_classes)]
     result = []
     for client in range(num_clients):
@@ -154,12 +158,19 @@ class FederatedImageData:
 
     def statistics(self) -> dict[str, Any]:
         sizes = [self.train[c][1].size for c in self.client_ids]
-        top = [np.bincount(self.train[c][1], minlength=self.num_classes).max() / max(1, self.train[c][1].size)
-               for c in self.client_ids]
-        return {'num_clients': len(self.client_ids), 'train_examples': int(sum(sizes)),
-                'test_examples': int(sum(self.test[c][1].size for c in self.client_ids)),
-                'image_shape': list(self.image_shape), 'marks': self.marks,
-                'mean_top_class_share': float(np.mean(top)), 'num_classes': self.num_classes}
+        top = [
+            np.bincount(self.train[c][1], minlength=self.num_classes).max() / max(1, self.train[c][1].size)
+            for c in self.client_ids
+        ]
+        return {
+            'num_clients': len(self.client_ids),
+            'train_examples': int(sum(sizes)),
+            'test_examples': int(sum(self.test[c][1].size for c in self.client_ids)),
+            'image_shape': list(self.image_shape),
+            'marks': self.marks,
+            'mean_top_class_share': float(np.mean(top)),
+            'num_classes': self.num_classes,
+        }
 
     def client_data(self, split: str = 'train'):
         """A `tff.simulation.datasets.ClientData` of `OrderedDict(x=image, y=label)` examples."""
@@ -175,8 +186,17 @@ class FederatedImageData:
         return tff.simulation.datasets.ClientData.from_clients_and_tf_fn(list(self.client_ids), make)
 
 
-def federate(dataset: image_datasets.ImageDataset, *, num_clients: int, train_per_client: int, test_per_client: int,
-             alpha: float, marks: bool, seed: int, setting: str = '') -> FederatedImageData:
+def federate(
+    dataset: image_datasets.ImageDataset,
+    *,
+    num_clients: int,
+    train_per_client: int,
+    test_per_client: int,
+    alpha: float,
+    marks: bool,
+    seed: int,
+    setting: str = '',
+) -> FederatedImageData:
     """Allocates a dataset to clients with Dirichlet class fractions and (optionally) client marks.
 
     Args:
@@ -190,8 +210,10 @@ def federate(dataset: image_datasets.ImageDataset, *, num_clients: int, train_pe
       setting: Recorded in the description.
     """
     if num_clients < 1 or train_per_client < 1 or test_per_client < 1:
-        raise errors.ConfigError('num_clients, train_per_client and test_per_client must be >= 1, got '
-                         f'{num_clients}, {train_per_client}, {test_per_client}')
+        raise errors.ConfigError(
+            'num_clients, train_per_client and test_per_client must be >= 1, got '
+            f'{num_clients}, {train_per_client}, {test_per_client}'
+        )
     rng = np.random.default_rng(seed)
     proportions = dirichlet_class_proportions(num_clients, dataset.num_classes, alpha, rng)
     train_idx = allocate(dataset.train_labels, proportions, train_per_client, rng)
@@ -200,14 +222,18 @@ def federate(dataset: image_datasets.ImageDataset, *, num_clients: int, train_pe
     train: dict[str, tuple[np.ndarray, np.ndarray]] = {}
     test: dict[str, tuple[np.ndarray, np.ndarray]] = {}
     for i, cid in enumerate(ids):
-        for out, images, labels, idx in ((train, dataset.train_images, dataset.train_labels, train_idx[i]),
-                                         (test, dataset.test_images, dataset.test_labels, test_idx[i])):
+        for out, images, labels, idx in (
+            (train, dataset.train_images, dataset.train_labels, train_idx[i]),
+            (test, dataset.test_images, dataset.test_labels, test_idx[i]),
+        ):
             x = images[idx]
             if marks:
                 x = add_marks(x, mark_type(i), rng)
             out[cid] = (x.astype(np.float32), labels[idx].astype(np.int32))
-    description = f'{dataset.name} ({setting or "custom"}: {num_clients} clients, Dirichlet alpha={alpha:g}, ' \
-                  f'marks {"on" if marks else "off"})'
+    description = (
+        f'{dataset.name} ({setting or "custom"}: {num_clients} clients, Dirichlet alpha={alpha:g}, '
+        f'marks {"on" if marks else "off"})'
+    )
     return FederatedImageData(description, ids, train, test, proportions, marks, dataset.num_classes)
 
 
@@ -239,8 +265,7 @@ def generate_default(num_train: int = 12000, num_test: int = 2000, seed: int = 0
     def make(n: int) -> tuple[np.ndarray, np.ndarray]:
         labels = np.arange(n) % 10
         rng.shuffle(labels)
-        images = np.stack([_render(prototypes[k], rng.uniform(-3, 3, size=2), rng.uniform(1.2, 2.2))
-                           for k in labels])
+        images = np.stack([_render(prototypes[k], rng.uniform(-3, 3, size=2), rng.uniform(1.2, 2.2)) for k in labels])
         images = np.clip(images + rng.normal(0, 0.05, images.shape), 0, 1)
         return images[..., None].astype(np.float32), labels.astype(np.int32)
 
@@ -249,8 +274,9 @@ def generate_default(num_train: int = 12000, num_test: int = 2000, seed: int = 0
     return image_datasets.ImageDataset('generated', train_images, train_labels, test_images, test_labels)
 
 
-def load_source(dataset: str, data_dir: str | None, *, generated_train: int = 12000, generated_test: int = 2000,
-                seed: int = 0) -> image_datasets.ImageDataset:
+def load_source(
+    dataset: str, data_dir: str | None, *, generated_train: int = 12000, generated_test: int = 2000, seed: int = 0
+) -> image_datasets.ImageDataset:
     """The source dataset by name: 'generated', 'mnist' (IDX in `data_dir`), 'fashion_mnist' (IDX in `data_dir`,
     default the Debian package's directory) or 'cifar10' (python pickles in `data_dir`)."""
     if dataset == 'generated':
@@ -265,4 +291,6 @@ def load_source(dataset: str, data_dir: str | None, *, generated_train: int = 12
         if not data_dir:
             raise errors.ConfigError("dataset 'cifar10' needs --data_dir (a directory with the python batches)")
         return image_datasets.load_cifar10(data_dir)
-    raise errors.ConfigError(f"unknown dataset {dataset!r}; expected 'generated', 'mnist', 'fashion_mnist' or 'cifar10'")
+    raise errors.ConfigError(
+        f"unknown dataset {dataset!r}; expected 'generated', 'mnist', 'fashion_mnist' or 'cifar10'"
+    )

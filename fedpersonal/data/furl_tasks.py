@@ -99,13 +99,15 @@ def encode_texts(texts: Sequence[str], vocab: dict[str, int], max_chars: int) ->
 # ----------------------------------------------------------------------------------------------------------------
 
 
-def split_sizes(counts: np.ndarray, train_fraction: float = 0.8,
-                eval_fraction: float = 0.1) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def split_sizes(
+    counts: np.ndarray, train_fraction: float = 0.8, eval_fraction: float = 0.1
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Per-user (train, eval, test) sizes; every part gets >= 1 example (counts must be >= 3). See module doc."""
     n = np.asarray(counts, dtype=np.int64)
     if n.size and n.min() < 3:
-        raise errors.DataError(f'every user needs at least 3 examples to appear in train, eval and test; '
-                         f'found a user with {int(n.min())}')
+        raise errors.DataError(
+            f'every user needs at least 3 examples to appear in train, eval and test; found a user with {int(n.min())}'
+        )
     n_train_raw = np.floor(n * train_fraction + 1e-9).astype(np.int64)
     n_eval = np.maximum(np.floor(n * eval_fraction + 1e-9).astype(np.int64), 1)
     n_test = np.maximum(n - n_train_raw - n_eval, 1)
@@ -196,8 +198,14 @@ class FurlData:
 
     def model_kwargs(self) -> dict[str, int]:
         """Keyword arguments describing the inputs, for `fedpersonal.models.furl_models.furl_model_fn`."""
-        return dict(char_vocab_size=self.char_vocab_size, max_chars=self.max_chars, num_features=self.num_features,
-                    num_classes=self.num_classes, num_items=self.num_items, num_users=self.num_users)
+        return dict(
+            char_vocab_size=self.char_vocab_size,
+            max_chars=self.max_chars,
+            num_features=self.num_features,
+            num_classes=self.num_classes,
+            num_items=self.num_items,
+            num_users=self.num_users,
+        )
 
     def statistics(self) -> dict[str, Any]:
         """Python-scalar summary: users, examples per split, classes, label shares, per-user sizes and rates."""
@@ -247,8 +255,9 @@ def _gather(index: _SplitIndex, doc_chars: np.ndarray, doc_features: np.ndarray,
     return out
 
 
-def _to_client_data(index: _SplitIndex, doc_chars: np.ndarray, doc_features: np.ndarray,
-                    num_users: int) -> tff.simulation.datasets.ClientData:
+def _to_client_data(
+    index: _SplitIndex, doc_chars: np.ndarray, doc_features: np.ndarray, num_users: int
+) -> tff.simulation.datasets.ClientData:
     """An in-memory `ClientData` (one client per user, ids ``str(u)``), traceable by TF/TFF."""
     import tensorflow as tf  # Lazy: loading and preprocessing do not need TensorFlow.
     import tensorflow_federated as tff
@@ -270,8 +279,9 @@ def _to_client_data(index: _SplitIndex, doc_chars: np.ndarray, doc_features: np.
             return tf.data.Dataset.from_tensor_slices(_gather(index, doc_chars, doc_features, rows))
         # Graph path (tf.function / TFF): slice constant index arrays and gather from the document tables.
         u = tf.strings.to_number(client_id, out_type=tf.int64)
-        with tf.control_dependencies([tf.debugging.assert_less(u, tf.constant(num_users, tf.int64),
-                                                               message='unknown client id')]):
+        with tf.control_dependencies(
+            [tf.debugging.assert_less(u, tf.constant(num_users, tf.int64), message='unknown client id')]
+        ):
             u = tf.identity(u)
         start = tf.gather(tf.constant(offsets), u)
         stop = start + tf.gather(tf.constant(counts), u)
@@ -367,14 +377,19 @@ def build_furl_data(
     n_train, n_eval, _ = split_sizes(counts)
     starts = np.concatenate([[0], np.cumsum(counts)[:-1]])
     position = np.arange(user_id.size) - np.repeat(starts, counts)
-    part = np.where(position < np.repeat(n_train, counts), 0,
-                    np.where(position < np.repeat(n_train + n_eval, counts), 1, 2))
+    part = np.where(
+        position < np.repeat(n_train, counts), 0, np.where(position < np.repeat(n_train + n_eval, counts), 1, 2)
+    )
 
     splits = {}
     for k, split in enumerate(SPLITS):
         mask = part == k
-        splits[split] = _SplitIndex(user_id=user_id[mask], doc_index=doc_index[mask], label=label[mask],
-                                    item_id=None if item_id is None else item_id[mask])
+        splits[split] = _SplitIndex(
+            user_id=user_id[mask],
+            doc_index=doc_index[mask],
+            label=label[mask],
+            item_id=None if item_id is None else item_id[mask],
+        )
 
     train_docs = np.unique(splits['train'].doc_index)
     if doc_texts is None:
@@ -396,10 +411,21 @@ def build_furl_data(
 
     client_data = {split: _to_client_data(splits[split], doc_chars, doc_features, num_users) for split in SPLITS}
     return FurlData(
-        train=client_data['train'], eval=client_data['eval'], test=client_data['test'],
-        num_users=num_users, num_classes=int(num_classes), char_vocab_size=len(vocab) + 2,
-        max_chars=int(max_chars), num_features=int(doc_features.shape[1]),
-        num_items=int(num_items) if item_id is not None else 0, description=description,
-        user_positive_rate=user_rate.astype(np.float64), char_vocab=vocab,
-        user_ids=np.asarray(user_ids, dtype=np.int64), name=name,
-        _doc_chars=doc_chars, _doc_features=doc_features, _splits=splits)
+        train=client_data['train'],
+        eval=client_data['eval'],
+        test=client_data['test'],
+        num_users=num_users,
+        num_classes=int(num_classes),
+        char_vocab_size=len(vocab) + 2,
+        max_chars=int(max_chars),
+        num_features=int(doc_features.shape[1]),
+        num_items=int(num_items) if item_id is not None else 0,
+        description=description,
+        user_positive_rate=user_rate.astype(np.float64),
+        char_vocab=vocab,
+        user_ids=np.asarray(user_ids, dtype=np.int64),
+        name=name,
+        _doc_chars=doc_chars,
+        _doc_features=doc_features,
+        _splits=splits,
+    )

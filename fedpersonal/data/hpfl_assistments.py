@@ -75,8 +75,15 @@ def _concept_names(data_dir: str, num_concepts: int) -> list[str]:
     return names
 
 
-def _student_vectors(grouping: str, user_index: np.ndarray, item_index: np.ndarray, num_users: int,
-                     num_items: int, multi_hot: np.ndarray, seed: int) -> np.ndarray:
+def _student_vectors(
+    grouping: str,
+    user_index: np.ndarray,
+    item_index: np.ndarray,
+    num_users: int,
+    num_items: int,
+    multi_hot: np.ndarray,
+    seed: int,
+) -> np.ndarray:
     from sklearn.decomposition import TruncatedSVD  # Imported lazily: only clustering needs sklearn.
     from sklearn.feature_extraction.text import TfidfTransformer
     from sklearn.preprocessing import MultiLabelBinarizer
@@ -99,8 +106,9 @@ def _student_vectors(grouping: str, user_index: np.ndarray, item_index: np.ndarr
     return vectors
 
 
-def _group_students(grouping: str, vectors: np.ndarray | None, num_users: int, num_clients: int,
-                    seed: int) -> np.ndarray:
+def _group_students(
+    grouping: str, vectors: np.ndarray | None, num_users: int, num_clients: int, seed: int
+) -> np.ndarray:
     if grouping == 'random':
         return np.random.default_rng(seed).permutation(num_users) % num_clients
     from sklearn.cluster import KMeans
@@ -108,9 +116,15 @@ def _group_students(grouping: str, vectors: np.ndarray | None, num_users: int, n
     return KMeans(num_clients, n_init=10, random_state=seed).fit_predict(vectors).astype(np.int64)
 
 
-def load_assist_silos(data_dir: str, *, num_clients: int = 40, min_records_per_user: int = 10, seed: int = 0,
-                      split: tuple[float, float, float] = (0.8, 0.1, 0.1),
-                      grouping: str = 'exercises') -> user_modeling.UserModelingData:
+def load_assist_silos(
+    data_dir: str,
+    *,
+    num_clients: int = 40,
+    min_records_per_user: int = 10,
+    seed: int = 0,
+    split: tuple[float, float, float] = (0.8, 0.1, 0.1),
+    grouping: str = 'exercises',
+) -> user_modeling.UserModelingData:
     """Loads ASSISTments a0910 as school-like silos (see the module docstring for how students are grouped).
 
     Args:
@@ -132,8 +146,10 @@ def load_assist_silos(data_dir: str, *, num_clients: int = 40, min_records_per_u
     if grouping not in GROUPINGS:
         raise errors.ConfigError(f'grouping must be one of {GROUPINGS}, got {grouping!r}')
     if min_records_per_user < 3:
-        raise errors.ConfigError(f'min_records_per_user must be >= 3 (every student needs train, validation and test '
-                         f'records), got {min_records_per_user}')
+        raise errors.ConfigError(
+            f'min_records_per_user must be >= 3 (every student needs train, validation and test '
+            f'records), got {min_records_per_user}'
+        )
     if num_clients < 1:
         raise errors.ConfigError(f'num_clients must be >= 1, got {num_clients}')
     data_dir = os.fspath(data_dir)
@@ -149,7 +165,10 @@ def load_assist_silos(data_dir: str, *, num_clients: int = 40, min_records_per_u
         path = os.path.join(data_dir, 'record.csv')
         raise AssistmentsFormatError(
             f'{path} line {i + 2}: item_id {int(items[i])} is not in {os.path.join(data_dir, "item.csv")} '
-            f'({unknown.size} responses have unknown items)', path=path, line=i + 2)
+            f'({unknown.size} responses have unknown items)',
+            path=path,
+            line=i + 2,
+        )
     num_concepts = max(max(c) for c in concepts)
     multi_hot = np.zeros((item_ids.size, num_concepts), dtype=np.float32)  # Rows in increasing item id.
     for row, codes in enumerate(concepts[i] for i in order):
@@ -160,14 +179,16 @@ def load_assist_silos(data_dir: str, *, num_clients: int = 40, min_records_per_u
     users, position, scores = users[keep], position[keep], scores[keep]
     user_ids, user_index = np.unique(users, return_inverse=True)
     if user_ids.size < num_clients:
-        raise errors.DataError(f'{user_ids.size} students have >= {min_records_per_user} responses, fewer than '
-                         f'num_clients={num_clients}')
+        raise errors.DataError(
+            f'{user_ids.size} students have >= {min_records_per_user} responses, fewer than num_clients={num_clients}'
+        )
     used_items, item_index = np.unique(position, return_inverse=True)
 
     vectors = None
     if grouping != 'random':
-        vectors = _student_vectors(grouping, user_index, item_index, user_ids.size, used_items.size,
-                                   multi_hot[used_items], seed)
+        vectors = _student_vectors(
+            grouping, user_index, item_index, user_ids.size, used_items.size, multi_hot[used_items], seed
+        )
     cluster = _group_students(grouping, vectors, user_ids.size, num_clients, seed)
     # Name clusters in increasing order of their smallest student id (users are in increasing id order).
     first_member = np.full(num_clients, user_ids.size)
@@ -186,21 +207,32 @@ def load_assist_silos(data_dir: str, *, num_clients: int = 40, min_records_per_u
         rows = np.flatnonzero(record_silo == c)
         silo_users, local_user = np.unique(user_index[rows], return_inverse=True)
         silo_items, local_item = np.unique(position[rows], return_inverse=True)
-        silos.append(user_modeling.ClientSilo(
-            client_id=f'assist_group_{c:0{width}d}',
-            num_users=int(silo_users.size),
-            num_items=int(silo_items.size),
-            user=local_user.astype(np.int64),
-            item=local_item.astype(np.int64),
-            label=scores[rows].astype(np.float32),
-            split=split_of_record[rows],
-            item_attributes=multi_hot[silo_items],
-            global_user_ids=user_ids[silo_users].astype(np.int64),
-            global_item_ids=sorted_ids[silo_items].astype(np.int64),
-        ))
-    source = (f'{data_dir} (ASSISTments a0910): {num_clients} silos by {grouping!r} grouping (seed {seed}), '
-              f'students with >= {min_records_per_user} responses, per-student file-order split {tuple(split)}')
-    return user_modeling.validate(user_modeling.UserModelingData(
-        name='assist_a0910', task='binary', num_attributes=num_concepts,
-        attribute_names=_concept_names(data_dir, num_concepts), rating_range=(0.0, 1.0), silos=silos,
-        source=source))
+        silos.append(
+            user_modeling.ClientSilo(
+                client_id=f'assist_group_{c:0{width}d}',
+                num_users=int(silo_users.size),
+                num_items=int(silo_items.size),
+                user=local_user.astype(np.int64),
+                item=local_item.astype(np.int64),
+                label=scores[rows].astype(np.float32),
+                split=split_of_record[rows],
+                item_attributes=multi_hot[silo_items],
+                global_user_ids=user_ids[silo_users].astype(np.int64),
+                global_item_ids=sorted_ids[silo_items].astype(np.int64),
+            )
+        )
+    source = (
+        f'{data_dir} (ASSISTments a0910): {num_clients} silos by {grouping!r} grouping (seed {seed}), '
+        f'students with >= {min_records_per_user} responses, per-student file-order split {tuple(split)}'
+    )
+    return user_modeling.validate(
+        user_modeling.UserModelingData(
+            name='assist_a0910',
+            task='binary',
+            num_attributes=num_concepts,
+            attribute_names=_concept_names(data_dir, num_concepts),
+            rating_range=(0.0, 1.0),
+            silos=silos,
+            source=source,
+        )
+    )

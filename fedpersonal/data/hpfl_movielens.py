@@ -66,8 +66,11 @@ def load_movie_users(data_dir: str) -> pd.DataFrame:
     """
     path = os.path.join(os.fspath(data_dir), _USER_FILE)
     if not os.path.isfile(path):
-        raise MovieLensFormatError(f'{path}: no {_USER_FILE!r} file (expected the MovieLens 100K user list: '
-                                   f'"{"|".join(_USER_FIELDS)}" per line)', path=path)
+        raise MovieLensFormatError(
+            f'{path}: no {_USER_FILE!r} file (expected the MovieLens 100K user list: '
+            f'"{"|".join(_USER_FIELDS)}" per line)',
+            path=path,
+        )
     with open(path, 'rb') as f:
         text = f.read().decode('latin-1').replace('\r\n', '\n').rstrip('\n')
     if not text.strip():
@@ -75,13 +78,16 @@ def load_movie_users(data_dir: str) -> pd.DataFrame:
     rows = []
     seen: dict[int, int] = {}
     for lineno, line in enumerate(text.split('\n'), start=1):
+
         def fail(reason: str):
             raise MovieLensFormatError(f'{path} line {lineno}: {reason}', path=path, line=lineno)
 
         fields = line.split('|')
         if len(fields) != len(_USER_FIELDS):
-            fail(f'expected {len(_USER_FIELDS)} "|"-separated fields ({", ".join(_USER_FIELDS)}), got '
-                 f'{len(fields)}: {line!r}')
+            fail(
+                f'expected {len(_USER_FIELDS)} "|"-separated fields ({", ".join(_USER_FIELDS)}), got '
+                f'{len(fields)}: {line!r}'
+            )
         if not re.fullmatch(r'\d{1,18}', fields[0]):
             fail(f'user id {fields[0]!r} is not a non-negative integer')
         user = int(fields[0])
@@ -102,8 +108,13 @@ def zip_region(zip_code: str) -> str:
     return zip_code[0] if zip_code[:1].isdigit() and zip_code[:1].isascii() else OTHER_REGION
 
 
-def load_movielens_silos(data_dir: str, *, non_numeric_zip: str = 'drop', min_ratings_per_user: int = 3,
-                         split: tuple[float, float, float] = (0.8, 0.1, 0.1)) -> user_modeling.UserModelingData:
+def load_movielens_silos(
+    data_dir: str,
+    *,
+    non_numeric_zip: str = 'drop',
+    min_ratings_per_user: int = 3,
+    split: tuple[float, float, float] = (0.8, 0.1, 0.1),
+) -> user_modeling.UserModelingData:
     """Loads MovieLens 100K as regional silos (see the module docstring).
 
     Args:
@@ -125,22 +136,29 @@ def load_movielens_silos(data_dir: str, *, non_numeric_zip: str = 'drop', min_ra
     if non_numeric_zip not in NON_NUMERIC_ZIP:
         raise errors.ConfigError(f'non_numeric_zip must be one of {NON_NUMERIC_ZIP}, got {non_numeric_zip!r}')
     if min_ratings_per_user < 3:
-        raise errors.ConfigError(f'min_ratings_per_user must be >= 3 (every user needs train, validation and test ratings), '
-                         f'got {min_ratings_per_user}')
+        raise errors.ConfigError(
+            f'min_ratings_per_user must be >= 3 (every user needs train, validation and test ratings), '
+            f'got {min_ratings_per_user}'
+        )
     data_dir = os.fspath(data_dir)
     ratings = movielens.load_ratings(data_dir, variant='100k')
     movies = movielens_likes.load_movie_items(data_dir)
     people = load_movie_users(data_dir)
 
     ratings_path = os.path.join(data_dir, 'u.data')
-    for column, known, listing in (('user_id', people['user_id'], _USER_FILE), ('item_id', movies['item_id'],
-                                                                               'u.item')):
+    for column, known, listing in (
+        ('user_id', people['user_id'], _USER_FILE),
+        ('item_id', movies['item_id'], 'u.item'),
+    ):
         unknown = np.flatnonzero(~ratings[column].isin(known).to_numpy())
         if unknown.size:
             i = int(unknown[0])
             raise MovieLensFormatError(
                 f'{ratings_path} line {i + 1}: {column.split("_")[0]} {int(ratings[column].iloc[i])} is not in '
-                f'{os.path.join(data_dir, listing)} ({unknown.size} ratings affected)', path=ratings_path, line=i + 1)
+                f'{os.path.join(data_dir, listing)} ({unknown.size} ratings affected)',
+                path=ratings_path,
+                line=i + 1,
+            )
 
     region_of_user = dict(zip(people['user_id'].tolist(), (zip_region(z) for z in people['zip_code'])))
     frame = ratings.assign(region=ratings['user_id'].map(region_of_user))
@@ -163,21 +181,33 @@ def load_movielens_silos(data_dir: str, *, non_numeric_zip: str = 'drop', min_ra
         user_ids, local_user = np.unique(part['user_id'].to_numpy(dtype=np.int64), return_inverse=True)
         item_ids, local_item = np.unique(part['item_id'].to_numpy(dtype=np.int64), return_inverse=True)
         rows = movie_order[np.searchsorted(movie_ids[movie_order], item_ids)]
-        silos.append(user_modeling.ClientSilo(
-            client_id=f'zip_region_{region}',
-            num_users=int(user_ids.size),
-            num_items=int(item_ids.size),
-            user=local_user.astype(np.int64),
-            item=local_item.astype(np.int64),
-            label=part['rating'].to_numpy(dtype=np.float32),
-            split=part['split'].to_numpy(dtype=np.int8),
-            item_attributes=genres[rows],
-            global_user_ids=user_ids,
-            global_item_ids=item_ids,
-        ))
-    source = (f'{data_dir} (MovieLens 100K): clients by the first digit of the zip code, non-numeric zip codes '
-              f'{non_numeric_zip!r}, users with >= {min_ratings_per_user} ratings, per-user time-ordered split '
-              f'{tuple(split)}')
-    return user_modeling.validate(user_modeling.UserModelingData(
-        name='movielens_100k', task='rating', num_attributes=len(movielens_likes.GENRES),
-        attribute_names=list(movielens_likes.GENRES), rating_range=(1.0, 5.0), silos=silos, source=source))
+        silos.append(
+            user_modeling.ClientSilo(
+                client_id=f'zip_region_{region}',
+                num_users=int(user_ids.size),
+                num_items=int(item_ids.size),
+                user=local_user.astype(np.int64),
+                item=local_item.astype(np.int64),
+                label=part['rating'].to_numpy(dtype=np.float32),
+                split=part['split'].to_numpy(dtype=np.int8),
+                item_attributes=genres[rows],
+                global_user_ids=user_ids,
+                global_item_ids=item_ids,
+            )
+        )
+    source = (
+        f'{data_dir} (MovieLens 100K): clients by the first digit of the zip code, non-numeric zip codes '
+        f'{non_numeric_zip!r}, users with >= {min_ratings_per_user} ratings, per-user time-ordered split '
+        f'{tuple(split)}'
+    )
+    return user_modeling.validate(
+        user_modeling.UserModelingData(
+            name='movielens_100k',
+            task='rating',
+            num_attributes=len(movielens_likes.GENRES),
+            attribute_names=list(movielens_likes.GENRES),
+            rating_range=(1.0, 5.0),
+            silos=silos,
+            source=source,
+        )
+    )

@@ -37,8 +37,14 @@ __all__ = [
 FASHION_MNIST_DIR = '/usr/share/datasets/fashion-mnist'
 """Where the Debian package `dataset-fashion-mnist` installs Fashion-MNIST."""
 
-_IDX_DTYPES: dict[int, np.dtype] = {0x08: np.dtype('>u1'), 0x09: np.dtype('>i1'), 0x0B: np.dtype('>i2'), 0x0C: np.dtype('>i4'),
-               0x0D: np.dtype('>f4'), 0x0E: np.dtype('>f8')}
+_IDX_DTYPES: dict[int, np.dtype] = {
+    0x08: np.dtype('>u1'),
+    0x09: np.dtype('>i1'),
+    0x0B: np.dtype('>i2'),
+    0x0C: np.dtype('>i4'),
+    0x0D: np.dtype('>f4'),
+    0x0E: np.dtype('>f8'),
+}
 
 
 class ImageFormatError(errors.DataError):
@@ -103,8 +109,9 @@ def read_idx(path: str) -> np.ndarray:
     dtype = _IDX_DTYPES[code]
     expected = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
     if len(raw) - header != expected:
-        raise ImageFormatError(f'{path}: header shape {tuple(shape)} needs {expected} data bytes, '
-                               f'found {len(raw) - header}')
+        raise ImageFormatError(
+            f'{path}: header shape {tuple(shape)} needs {expected} data bytes, found {len(raw) - header}'
+        )
     return np.frombuffer(raw, dtype=dtype, offset=header).reshape(shape).astype(dtype.newbyteorder('='))
 
 
@@ -142,8 +149,9 @@ def load_idx_dataset(directory: str, name: str = 'mnist') -> ImageDataset:
         if labels.ndim != 1:
             raise ImageFormatError(f'{labels_path}: expected 1 dimension [n], got shape {labels.shape}')
         if images.shape[0] != labels.shape[0]:
-            raise ImageFormatError(f'{labels_path}: {labels.shape[0]} labels for {images.shape[0]} images '
-                                   f'in {images_path}')
+            raise ImageFormatError(
+                f'{labels_path}: {labels.shape[0]} labels for {images.shape[0]} images in {images_path}'
+            )
         if labels.size and (labels.min() < 0 or labels.max() > 9):
             raise ImageFormatError(f'{labels_path}: labels must be in 0..9, found {labels.min()}..{labels.max()}')
         scale = 255.0 if images.dtype == np.uint8 else 1.0
@@ -167,7 +175,7 @@ def _read_cifar_batch(path: str) -> tuple[np.ndarray, np.ndarray]:
     data = np.asarray(batch[b'data'])
     labels = np.asarray(batch[b'labels'])
     if data.ndim != 2 or data.shape[1] != 3072 or data.dtype != np.uint8:
-        raise ImageFormatError(f'{path}: b\'data\' must be uint8 [n, 3072], got {data.dtype} {data.shape}')
+        raise ImageFormatError(f"{path}: b'data' must be uint8 [n, 3072], got {data.dtype} {data.shape}")
     if labels.shape != (data.shape[0],):
         raise ImageFormatError(f'{path}: {labels.size} labels for {data.shape[0]} images')
     if labels.size and (labels.min() < 0 or labels.max() > 9):
@@ -186,5 +194,10 @@ def load_cifar10(directory: str) -> ImageDataset:
         raise ImageFormatError(f'{directory}: no such directory')
     train = [_read_cifar_batch(os.path.join(directory, f'data_batch_{i}')) for i in range(1, 6)]
     test_images, test_labels = _read_cifar_batch(os.path.join(directory, 'test_batch'))
-    return ImageDataset('cifar10', np.concatenate([t[0] for t in train]), np.concatenate([t[1] for t in train]),
-                        test_images, test_labels)
+    return ImageDataset(
+        'cifar10',
+        np.concatenate([t[0] for t in train]),
+        np.concatenate([t[1] for t in train]),
+        test_images,
+        test_labels,
+    )

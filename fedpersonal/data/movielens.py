@@ -62,10 +62,8 @@ _VARIANTS = ('auto', '100k', '1m')
 _INT = r'\d{1,18}'
 _NUM = r'\d{1,6}(?:\.\d{1,6})?'
 _LAYOUTS: dict[str, dict[str, Any]] = {
-    '100k': dict(file=_FILE_100K, sep='\t', sep_name='tab',
-                 pattern=re.compile(f'{_INT}\t{_INT}\t{_NUM}\t{_INT}')),
-    '1m': dict(file=_FILE_1M, sep='::', sep_name="'::'",
-               pattern=re.compile(f'{_INT}::{_INT}::{_NUM}::{_INT}')),
+    '100k': dict(file=_FILE_100K, sep='\t', sep_name='tab', pattern=re.compile(f'{_INT}\t{_INT}\t{_NUM}\t{_INT}')),
+    '1m': dict(file=_FILE_1M, sep='::', sep_name="'::'", pattern=re.compile(f'{_INT}::{_INT}::{_NUM}::{_INT}')),
 }
 _FIELD_NAMES = ('user id', 'item id', 'rating', 'timestamp')
 _MIN_RATING = 1.0
@@ -96,7 +94,8 @@ def _missing_files_error(data_dir: str, reason: str) -> MovieLensFormatError:
         f'{reason}: {data_dir!r}. Expected a MovieLens ratings file in GroupLens layout there: '
         f'{_FILE_100K!r} (MovieLens 100K, "user<TAB>item<TAB>rating<TAB>timestamp") or '
         f'{_FILE_1M!r} (MovieLens 1M, "UserID::MovieID::Rating::Timestamp").',
-        path=data_dir)
+        path=data_dir,
+    )
 
 
 def _resolve_ratings_file(data_dir: str, variant: str) -> tuple[str, str]:
@@ -115,7 +114,9 @@ def _resolve_ratings_file(data_dir: str, variant: str) -> tuple[str, str]:
     if len(found) > 1:
         raise MovieLensFormatError(
             f'both {_FILE_100K!r} and {_FILE_1M!r} exist in {data_dir!r}; pass variant="100k" or variant="1m" '
-            'to choose one.', path=data_dir)
+            'to choose one.',
+            path=data_dir,
+        )
     return os.path.join(data_dir, _LAYOUTS[found[0]]['file']), found[0]
 
 
@@ -125,8 +126,10 @@ def _diagnose_line(line: str, layout: dict[str, Any]) -> str:
         return 'empty line (expected user, item, rating, timestamp)'
     fields = line.split(layout['sep'])
     if len(fields) != 4:
-        return (f'expected 4 {layout["sep_name"]}-separated fields (user, item, rating, timestamp), '
-                f'got {len(fields)}: {line!r}')
+        return (
+            f'expected 4 {layout["sep_name"]}-separated fields (user, item, rating, timestamp), '
+            f'got {len(fields)}: {line!r}'
+        )
     for name, value in zip(_FIELD_NAMES, fields):
         if name == 'rating':
             if not re.fullmatch(_NUM, value):
@@ -170,21 +173,30 @@ def load_ratings(data_dir: str, *, variant: str = 'auto') -> pd.DataFrame:
     if not text.strip():
         raise MovieLensFormatError(
             f'{path} line 1: file is empty (expected one "user{layout["sep"]}item{layout["sep"]}rating'
-            f'{layout["sep"]}timestamp" line per rating)', path=path, line=1)
+            f'{layout["sep"]}timestamp" line per rating)',
+            path=path,
+            line=1,
+        )
     lines = text.split('\n')
 
     fullmatch = layout['pattern'].fullmatch
     bad = next((i for i, line in enumerate(lines) if fullmatch(line) is None), None)
     if bad is not None:
-        raise MovieLensFormatError(f'{path} line {bad + 1}: {_diagnose_line(lines[bad], layout)}',
-                                   path=path, line=bad + 1)
+        raise MovieLensFormatError(
+            f'{path} line {bad + 1}: {_diagnose_line(lines[bad], layout)}', path=path, line=bad + 1
+        )
 
     # Every line now matches the strict pattern, so pandas' C parser reads exactly what was validated.
     if layout['sep'] != '\t':
         text = text.replace(layout['sep'], '\t')
     frame = pd.read_csv(
-        io.StringIO(text), sep='\t', header=None, names=list(RATING_COLUMNS), engine='c',
-        dtype={'user_id': np.int64, 'item_id': np.int64, 'rating': np.float64, 'timestamp': np.int64})
+        io.StringIO(text),
+        sep='\t',
+        header=None,
+        names=list(RATING_COLUMNS),
+        engine='c',
+        dtype={'user_id': np.int64, 'item_id': np.int64, 'rating': np.float64, 'timestamp': np.int64},
+    )
     if len(frame) != len(lines):  # pragma: no cover (defensive: the validation makes this impossible)
         raise MovieLensFormatError(f'{path}: parsed {len(frame)} rows from {len(lines)} lines', path=path)
     rating = frame['rating'].to_numpy()
@@ -193,7 +205,10 @@ def load_ratings(data_dir: str, *, variant: str = 'auto') -> pd.DataFrame:
         i = int(out_of_range[0])
         raise MovieLensFormatError(
             f'{path} line {i + 1}: rating {lines[i].split(layout["sep"])[2]} is outside the valid range '
-            f'{_MIN_RATING:g}..{_MAX_RATING:g}', path=path, line=i + 1)
+            f'{_MIN_RATING:g}..{_MAX_RATING:g}',
+            path=path,
+            line=i + 1,
+        )
     frame['rating'] = rating.astype(np.float32)
     return frame
 
@@ -230,7 +245,8 @@ class MovieLensData:
         if len(self.user_ids) != self.num_users or len(self.item_ids) != self.num_items:
             raise ValueError(
                 f'user_ids/item_ids have lengths {len(self.user_ids)}/{len(self.item_ids)}, expected '
-                f'num_users={self.num_users}/num_items={self.num_items}')
+                f'num_users={self.num_users}/num_items={self.num_items}'
+            )
         missing = [c for c in RATING_COLUMNS if c not in self.ratings.columns]
         if missing:
             raise errors.DataError(f'ratings is missing columns {missing}')
@@ -251,13 +267,13 @@ def _check_ratings_frame(ratings: pd.DataFrame, name: str = 'ratings') -> None:
 
 def _sorted_by_user_time(ratings: pd.DataFrame) -> pd.DataFrame:
     """Stable sort by (user_id, timestamp, item_id) with a fresh RangeIndex."""
-    order = np.lexsort((ratings['item_id'].to_numpy(), ratings['timestamp'].to_numpy(),
-                        ratings['user_id'].to_numpy()))
+    order = np.lexsort((ratings['item_id'].to_numpy(), ratings['timestamp'].to_numpy(), ratings['user_id'].to_numpy()))
     return ratings.iloc[order].reset_index(drop=True)
 
 
-def preprocess_ratings(ratings: pd.DataFrame, *, max_examples_per_user: int | None = 300,
-                       seed: int = 0) -> MovieLensData:
+def preprocess_ratings(
+    ratings: pd.DataFrame, *, max_examples_per_user: int | None = 300, seed: int = 0
+) -> MovieLensData:
     """Caps ratings per user, remaps ids to dense indices and sorts each user's ratings by time.
 
     Steps, all deterministic:
@@ -287,12 +303,14 @@ def preprocess_ratings(ratings: pd.DataFrame, *, max_examples_per_user: int | No
     if max_examples_per_user is not None and max_examples_per_user < 1:
         raise errors.ConfigError(f'max_examples_per_user must be >= 1 or None, got {max_examples_per_user}')
 
-    frame = pd.DataFrame({
-        'user_id': ratings['user_id'].to_numpy(dtype=np.int64),
-        'item_id': ratings['item_id'].to_numpy(dtype=np.int64),
-        'rating': ratings['rating'].to_numpy(dtype=np.float32),
-        'timestamp': ratings['timestamp'].to_numpy(dtype=np.int64),
-    })
+    frame = pd.DataFrame(
+        {
+            'user_id': ratings['user_id'].to_numpy(dtype=np.int64),
+            'item_id': ratings['item_id'].to_numpy(dtype=np.int64),
+            'rating': ratings['rating'].to_numpy(dtype=np.float32),
+            'timestamp': ratings['timestamp'].to_numpy(dtype=np.int64),
+        }
+    )
     frame = _sorted_by_user_time(frame)
     if max_examples_per_user is not None:
         position = frame.groupby('user_id', sort=False).cumcount().to_numpy()
@@ -305,8 +323,13 @@ def preprocess_ratings(ratings: pd.DataFrame, *, max_examples_per_user: int | No
     # Remapping is monotone, so the (user, timestamp, item) order is preserved; sort again anyway for clarity
     # of the invariant (cheap: already sorted).
     frame = _sorted_by_user_time(frame)
-    return MovieLensData(ratings=frame, num_users=int(len(user_ids)), num_items=int(len(item_ids)),
-                         user_ids=user_ids.astype(np.int64), item_ids=item_ids.astype(np.int64))
+    return MovieLensData(
+        ratings=frame,
+        num_users=int(len(user_ids)),
+        num_items=int(len(item_ids)),
+        user_ids=user_ids.astype(np.int64),
+        item_ids=item_ids.astype(np.int64),
+    )
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -320,8 +343,7 @@ def _check_fractions(train_fraction: float, val_fraction: float) -> None:
     if not 0.0 <= val_fraction < 1.0:
         raise errors.ConfigError(f'val_fraction must be in [0, 1), got {val_fraction}')
     if train_fraction + val_fraction > 1.0 + 1e-12:
-        raise errors.ConfigError(f'train_fraction + val_fraction must be <= 1, got '
-                         f'{train_fraction} + {val_fraction}')
+        raise errors.ConfigError(f'train_fraction + val_fraction must be <= 1, got {train_fraction} + {val_fraction}')
 
 
 def _floor(x: float) -> int:
@@ -329,8 +351,9 @@ def _floor(x: float) -> int:
     return int(math.floor(x + 1e-9))
 
 
-def split_by_user(data: MovieLensData, *, train_fraction: float = 0.8, val_fraction: float = 0.1,
-                  seed: int = 0) -> tuple[list[int], list[int], list[int]]:
+def split_by_user(
+    data: MovieLensData, *, train_fraction: float = 0.8, val_fraction: float = 0.1, seed: int = 0
+) -> tuple[list[int], list[int], list[int]]:
     """Partitions users into train / validation / test groups.
 
     A permutation of ``range(num_users)`` is drawn with ``np.random.default_rng(seed)``; the first
@@ -347,20 +370,24 @@ def split_by_user(data: MovieLensData, *, train_fraction: float = 0.8, val_fract
         Three disjoint lists of dense user indices (python ints, each sorted ascending) that together cover
         ``range(num_users)``.
     """
-    if not 0.0 <= train_fraction <= 1.0 or not 0.0 <= val_fraction <= 1.0 or (
-            train_fraction + val_fraction > 1.0 + 1e-12):
-        raise errors.ConfigError(f'need 0 <= train_fraction, val_fraction and train_fraction + val_fraction <= 1, got '
-                         f'{train_fraction}, {val_fraction}')
+    if (
+        not 0.0 <= train_fraction <= 1.0
+        or not 0.0 <= val_fraction <= 1.0
+        or (train_fraction + val_fraction > 1.0 + 1e-12)
+    ):
+        raise errors.ConfigError(
+            f'need 0 <= train_fraction, val_fraction and train_fraction + val_fraction <= 1, got '
+            f'{train_fraction}, {val_fraction}'
+        )
     n = data.num_users
     permutation = np.random.default_rng(seed).permutation(n)
     n_train = _floor(n * train_fraction)
     n_val = min(_floor(n * val_fraction), n - n_train)
-    parts = (permutation[:n_train], permutation[n_train:n_train + n_val], permutation[n_train + n_val:])
+    parts = (permutation[:n_train], permutation[n_train : n_train + n_val], permutation[n_train + n_val :])
     return tuple(sorted(int(u) for u in part) for part in parts)  # type: ignore[return-value]
 
 
-def _time_split_sizes(n: np.ndarray, train_fraction: float,
-                      val_fraction: float) -> tuple[np.ndarray, np.ndarray]:
+def _time_split_sizes(n: np.ndarray, train_fraction: float, val_fraction: float) -> tuple[np.ndarray, np.ndarray]:
     """Per-user (train, val) counts for `split_by_time`; see its docstring for the rule."""
     n = n.astype(np.int64)
     n_train = np.floor(n * train_fraction + 1e-9).astype(np.int64)
@@ -378,8 +405,9 @@ def _time_split_sizes(n: np.ndarray, train_fraction: float,
     return np.where(big, n_train_big, n_train_small), np.where(big, n_val_big, n_val_small)
 
 
-def split_by_time(data: MovieLensData, *, train_fraction: float = 0.8,
-                  val_fraction: float = 0.1) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame]:
+def split_by_time(
+    data: MovieLensData, *, train_fraction: float = 0.8, val_fraction: float = 0.1
+) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame]:
     """Splits each user's ratings in time order into train / validation / test parts.
 
     Each user's rows are ordered by (timestamp, item_id). For a user with ``n`` ratings let
@@ -413,8 +441,7 @@ def split_by_time(data: MovieLensData, *, train_fraction: float = 0.8,
     is_train = position < n_train
     is_val = ~is_train & (position < n_train + n_val)
     is_test = ~is_train & ~is_val
-    return tuple(frame.loc[mask].reset_index(drop=True)
-                 for mask in (is_train, is_val, is_test))
+    return tuple(frame.loc[mask].reset_index(drop=True) for mask in (is_train, is_val, is_test))
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -422,8 +449,9 @@ def split_by_time(data: MovieLensData, *, train_fraction: float = 0.8,
 # ----------------------------------------------------------------------------------------------------------------
 
 
-def to_client_data(ratings: pd.DataFrame,
-                   user_indices: Sequence[int] | None = None) -> tff.simulation.datasets.ClientData:
+def to_client_data(
+    ratings: pd.DataFrame, user_indices: Sequence[int] | None = None
+) -> tff.simulation.datasets.ClientData:
     """Builds an in-memory `tff.simulation.datasets.ClientData` with one client per user.
 
     Client ids are ``str(user_index)``. Each client's dataset yields unbatched elements
@@ -453,12 +481,16 @@ def to_client_data(ratings: pd.DataFrame,
     import tensorflow_federated as tff
 
     _check_ratings_frame(ratings)
-    frame = _sorted_by_user_time(pd.DataFrame({
-        'user_id': ratings['user_id'].to_numpy(dtype=np.int64),
-        'item_id': ratings['item_id'].to_numpy(dtype=np.int64),
-        'rating': ratings['rating'].to_numpy(dtype=np.float32),
-        'timestamp': ratings['timestamp'].to_numpy(dtype=np.int64),
-    }))
+    frame = _sorted_by_user_time(
+        pd.DataFrame(
+            {
+                'user_id': ratings['user_id'].to_numpy(dtype=np.int64),
+                'item_id': ratings['item_id'].to_numpy(dtype=np.int64),
+                'rating': ratings['rating'].to_numpy(dtype=np.float32),
+                'timestamp': ratings['timestamp'].to_numpy(dtype=np.int64),
+            }
+        )
+    )
     if len(frame) == 0:
         raise errors.DataError('ratings is empty')
     users = frame['user_id'].to_numpy()
@@ -478,16 +510,16 @@ def to_client_data(ratings: pd.DataFrame,
             raise errors.DataError(f'user_indices contains user {dup} more than once')
         missing = selected[~np.isin(selected, present)]
         if missing.size:
-            raise errors.DataError(f'user {int(missing[0])} has no rows in ratings '
-                             f'({missing.size} of the requested users have none)')
+            raise errors.DataError(
+                f'user {int(missing[0])} has no rows in ratings ({missing.size} of the requested users have none)'
+            )
 
     where = np.searchsorted(present, selected)
     sel_starts, sel_counts = starts[where], counts[where]
     columns = {name: frame[name].to_numpy() for name in RATING_COLUMNS}
     # Python path: views into the sorted arrays, one OrderedDict per client.
     per_client = {
-        str(int(u)): collections.OrderedDict(
-            (name, columns[name][s:s + c]) for name in RATING_COLUMNS)
+        str(int(u)): collections.OrderedDict((name, columns[name][s : s + c]) for name in RATING_COLUMNS)
         for u, s, c in zip(selected, sel_starts, sel_counts)
     }
     client_ids = [str(int(u)) for u in selected]
@@ -515,8 +547,11 @@ def to_client_data(ratings: pd.DataFrame,
         count = tf.gather(tf.constant(lookup_count), index)
         with tf.control_dependencies([tf.debugging.assert_non_negative(offset, message='unknown client id')]):
             offset = tf.identity(offset)
-        return tf.data.Dataset.from_tensor_slices(collections.OrderedDict(
-            (name, tf.constant(graph_columns[name])[offset:offset + count]) for name in RATING_COLUMNS))
+        return tf.data.Dataset.from_tensor_slices(
+            collections.OrderedDict(
+                (name, tf.constant(graph_columns[name])[offset : offset + count]) for name in RATING_COLUMNS
+            )
+        )
 
     return tff.simulation.datasets.ClientData.from_clients_and_tf_fn(client_ids, serializable_dataset_fn)
 

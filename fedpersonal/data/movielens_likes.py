@@ -30,8 +30,27 @@ from fedpersonal.data.movielens import MovieLensFormatError
 
 __all__ = ['GENRES', 'load_movie_items', 'load_movielens_likes']
 
-GENRES = ('unknown', 'Action', 'Adventure', 'Animation', "Children's", 'Comedy', 'Crime', 'Documentary', 'Drama',
-          'Fantasy', 'Film-Noir', 'Horror', 'Musical', 'Mystery', 'Romance', 'Sci-Fi', 'Thriller', 'War', 'Western')
+GENRES = (
+    'unknown',
+    'Action',
+    'Adventure',
+    'Animation',
+    "Children's",
+    'Comedy',
+    'Crime',
+    'Documentary',
+    'Drama',
+    'Fantasy',
+    'Film-Noir',
+    'Horror',
+    'Musical',
+    'Mystery',
+    'Romance',
+    'Sci-Fi',
+    'Thriller',
+    'War',
+    'Western',
+)
 """The 19 MovieLens 100K genres, in the order of the flags in ``u.item``."""
 
 _ITEM_FILE = 'u.item'
@@ -58,7 +77,9 @@ def load_movie_items(data_dir: str) -> pd.DataFrame:
     if not os.path.isfile(path):
         raise MovieLensFormatError(
             f'{path}: no {_ITEM_FILE!r} file (expected the MovieLens 100K item list: '
-            f'"id|title|release date|video release date|URL|" + {len(GENRES)} genre flags)', path=path)
+            f'"id|title|release date|video release date|URL|" + {len(GENRES)} genre flags)',
+            path=path,
+        )
     with open(path, 'rb') as f:
         text = f.read().decode('latin-1')
     text = text.replace('\r\n', '\n').rstrip('\n')
@@ -67,13 +88,16 @@ def load_movie_items(data_dir: str) -> pd.DataFrame:
     ids, titles, flags = [], [], []
     seen: dict[int, int] = {}
     for lineno, line in enumerate(text.split('\n'), start=1):
+
         def fail(reason: str):
             raise MovieLensFormatError(f'{path} line {lineno}: {reason}', path=path, line=lineno)
 
         fields = line.split('|')
         if len(fields) != _NUM_ITEM_FIELDS:
-            fail(f'expected {_NUM_ITEM_FIELDS} "|"-separated fields (id, title, release date, video release date, '
-                 f'URL and {len(GENRES)} genre flags), got {len(fields)}: {line!r}')
+            fail(
+                f'expected {_NUM_ITEM_FIELDS} "|"-separated fields (id, title, release date, video release date, '
+                f'URL and {len(GENRES)} genre flags), got {len(fields)}: {line!r}'
+            )
         if not re.fullmatch(r'\d{1,18}', fields[0]):
             fail(f'item id {fields[0]!r} is not a non-negative integer')
         item = int(fields[0])
@@ -96,8 +120,15 @@ def load_movie_items(data_dir: str) -> pd.DataFrame:
     return frame
 
 
-def load_movielens_likes(data_dir: str, *, max_chars: int = 64, min_ratings: int = 20, seed: int = 0,
-                         split_order: str = 'time', include_item_id: bool = False) -> furl_tasks.FurlData:
+def load_movielens_likes(
+    data_dir: str,
+    *,
+    max_chars: int = 64,
+    min_ratings: int = 20,
+    seed: int = 0,
+    split_order: str = 'time',
+    include_item_id: bool = False,
+) -> furl_tasks.FurlData:
     """Loads the MovieLens-likes FURL task from a MovieLens 100K directory (``u.data`` + ``u.item``).
 
     Args:
@@ -121,8 +152,9 @@ def load_movielens_likes(data_dir: str, *, max_chars: int = 64, min_ratings: int
         ValueError: Bad arguments, or no user has `min_ratings` ratings.
     """
     if min_ratings < 3:
-        raise errors.ConfigError(f'min_ratings must be >= 3 (every user needs train, eval and test examples), '
-                         f'got {min_ratings}')
+        raise errors.ConfigError(
+            f'min_ratings must be >= 3 (every user needs train, eval and test examples), got {min_ratings}'
+        )
     if max_chars < 1:
         raise errors.ConfigError(f'max_chars must be >= 1, got {max_chars}')
     ratings = movielens.load_ratings(data_dir, variant='100k')
@@ -140,7 +172,9 @@ def load_movielens_likes(data_dir: str, *, max_chars: int = 64, min_ratings: int
         raise MovieLensFormatError(
             f'{path} line {i + 1}: item {int(ratings["item_id"].iloc[i])} is not in '
             f'{os.path.join(os.fspath(data_dir), _ITEM_FILE)} ({unknown.size} ratings have unknown items)',
-            path=path, line=i + 1)
+            path=path,
+            line=i + 1,
+        )
     doc_index = position.astype(np.int64)  # Dense item index = rank of the GroupLens id.
 
     counts = ratings.groupby('user_id')['user_id'].transform('size').to_numpy()
@@ -160,10 +194,22 @@ def load_movielens_likes(data_dir: str, *, max_chars: int = 64, min_ratings: int
     description = (
         f'MovieLens 100K likes ({os.fspath(data_dir)}): users are clients, one example per rating; text = movie '
         f'title ({max_chars} chars), features = {len(GENRES)} genre flags, label = rating >= 4; '
-        f'users with >= {min_ratings} ratings; per-user {split_order}-ordered 0.8/0.1/0.1 split.')
+        f'users with >= {min_ratings} ratings; per-user {split_order}-ordered 0.8/0.1/0.1 split.'
+    )
     return furl_tasks.build_furl_data(
-        name='movielens_likes', description=description, user_id=user_index, order_key=timestamps,
-        doc_index=doc_index, label=label, doc_texts=items_sorted['title'].tolist(), doc_features=genres,
-        num_classes=2, max_chars=max_chars, user_ids=user_ids,
-        item_id=doc_index if include_item_id else None, num_items=len(items) if include_item_id else 0,
-        split_order=split_order, seed=seed)
+        name='movielens_likes',
+        description=description,
+        user_id=user_index,
+        order_key=timestamps,
+        doc_index=doc_index,
+        label=label,
+        doc_texts=items_sorted['title'].tolist(),
+        doc_features=genres,
+        num_classes=2,
+        max_chars=max_chars,
+        user_ids=user_ids,
+        item_id=doc_index if include_item_id else None,
+        num_items=len(items) if include_item_id else 0,
+        split_order=split_order,
+        seed=seed,
+    )

@@ -116,20 +116,27 @@ def _read_text(path: str) -> tuple[str, str]:
         else:
             raise ShakespeareFormatError(f'{path}: directory has neither of {", ".join(_FILE_NAMES)}', path=path)
     if not os.path.isfile(path):
-        raise ShakespeareFormatError(f'{path}: file not found (expected shakespeare.txt, its .zip, or a directory '
-                                     f'holding either)', path=path)
+        raise ShakespeareFormatError(
+            f'{path}: file not found (expected shakespeare.txt, its .zip, or a directory holding either)', path=path
+        )
     if zipfile.is_zipfile(path):
         try:
             with zipfile.ZipFile(path) as archive:
-                members = [info for info in archive.infolist() if not info.is_dir()
-                           and not info.filename.startswith('__MACOSX/')
-                           and not os.path.basename(info.filename).startswith('.')]
+                members = [
+                    info
+                    for info in archive.infolist()
+                    if not info.is_dir()
+                    and not info.filename.startswith('__MACOSX/')
+                    and not os.path.basename(info.filename).startswith('.')
+                ]
                 if len(members) > 1:
                     members = [info for info in members if info.filename.lower().endswith('.txt')]
                 if len(members) != 1:
                     raise ShakespeareFormatError(
                         f'{path}: expected a zip holding one text file, found '
-                        f'{[info.filename for info in archive.infolist()]}', path=path)
+                        f'{[info.filename for info in archive.infolist()]}',
+                        path=path,
+                    )
                 name = f'{path} (member {members[0].filename})'
                 data = archive.read(members[0])
         except (zipfile.BadZipFile, zipfile.LargeZipFile, OSError, EOFError) as e:
@@ -142,8 +149,9 @@ def _read_text(path: str) -> tuple[str, str]:
         text = data.decode('utf-8-sig')
     except UnicodeDecodeError as e:
         line = data.count(b'\n', 0, e.start) + 1
-        raise ShakespeareFormatError(f'{name} line {line}: not valid UTF-8 text ({e.reason})', path=path,
-                                     line=line) from None
+        raise ShakespeareFormatError(
+            f'{name} line {line}: not valid UTF-8 text ({e.reason})', path=path, line=line
+        ) from None
     return name, text
 
 
@@ -172,7 +180,9 @@ def _parse_lines(name: str, path: str, text: str) -> dict[str, list[_Entry]]:
         if key in first_line:
             raise ShakespeareFormatError(
                 f'{name} line {lineno}: duplicate offset {fields[0]!r} (first on line {first_line[key]})',
-                path=path, line=lineno)
+                path=path,
+                line=lineno,
+            )
         first_line[key] = lineno
         speaker = ' '.join(fields[1].split()) if fields[1] else ''
         body = ' '.join(fields[2:])
@@ -237,22 +247,32 @@ def _block_speeches(work: str, block: list[_Entry]) -> list[Speech]:
 
 def _work_speeches(name: str, path: str, work: str, entries: list[_Entry], plays_only: bool) -> list[Speech] | None:
     """The speeches of one work, or None when it is skipped (no cast list and `plays_only`)."""
-    cast = next((i for i, e in enumerate(entries)
-                 if _CAST_LIST in (e.speaker.upper(), ' '.join(e.text.split()).upper())), None)
+    cast = next(
+        (i for i, e in enumerate(entries) if _CAST_LIST in (e.speaker.upper(), ' '.join(e.text.split()).upper())), None
+    )
     start: int | None
     if cast is None:
         if plays_only:
             return None
         start = 0
     else:
-        start = next((i for i in range(cast + 1, len(entries))
-                      if _SECTION_START.match(entries[i].speaker)
-                      or (not entries[i].speaker and _SECTION_START_TEXT.fullmatch(entries[i].text.strip()))), None)
+        start = next(
+            (
+                i
+                for i in range(cast + 1, len(entries))
+                if _SECTION_START.match(entries[i].speaker)
+                or (not entries[i].speaker and _SECTION_START_TEXT.fullmatch(entries[i].text.strip()))
+            ),
+            None,
+        )
         if start is None:
             line = entries[cast].line
             raise ShakespeareFormatError(
                 f'{name} line {line}: the cast list of {work!r} is not followed by an ACT/SCENE heading or a '
-                f'PROLOGUE/INDUCTION line', path=path, line=line)
+                f'PROLOGUE/INDUCTION line',
+                path=path,
+                line=line,
+            )
     speeches: list[Speech] = []
     block: list[_Entry] = []
     for e in entries[start:]:
@@ -292,8 +312,9 @@ def read_speeches(path: str, *, plays_only: bool = True) -> list[Speech]:
     return _read(path, plays_only)[0]
 
 
-def load_shakespeare(path: str, *, min_examples: int = 20, test_fraction: float = 0.2, seed: int = 0,
-                     plays_only: bool = True) -> text_corpus.TextCorpus:
+def load_shakespeare(
+    path: str, *, min_examples: int = 20, test_fraction: float = 0.2, seed: int = 0, plays_only: bool = True
+) -> text_corpus.TextCorpus:
     """Loads the plays as a `text_corpus.TextCorpus`: one client per (play, role), one example per speech.
 
     On the Moby file (``/work/shared/data/shakespeare/shakespeare.txt.zip``) with the defaults: 37 plays read (7
@@ -328,10 +349,14 @@ def load_shakespeare(path: str, *, min_examples: int = 20, test_fraction: float 
     num_roles = len(clients)
     clients = {c: examples for c, examples in clients.items() if len(examples) >= min_examples}
     if not clients:
-        raise errors.DataError(f'{os.fspath(path)}: no role has at least min_examples={min_examples} speeches '
-                         f'({num_roles} roles, {len(read)} works read)')
+        raise errors.DataError(
+            f'{os.fspath(path)}: no role has at least min_examples={min_examples} speeches '
+            f'({num_roles} roles, {len(read)} works read)'
+        )
     train, test = text_corpus.split_clients(clients, test_fraction, seed)
-    source = (f'{os.fspath(path)} ({len(read)} works read, {len(skipped)} without a cast list skipped; one client '
-              f'per (work, role) with >= {min_examples} speeches: {len(clients)} of {num_roles} roles; '
-              f'test_fraction={test_fraction}, seed={seed})')
+    source = (
+        f'{os.fspath(path)} ({len(read)} works read, {len(skipped)} without a cast list skipped; one client '
+        f'per (work, role) with >= {min_examples} speeches: {len(clients)} of {num_roles} roles; '
+        f'test_fraction={test_fraction}, seed={seed})'
+    )
     return text_corpus.TextCorpus(name='shakespeare', train=train, test=test, source=source)

@@ -60,18 +60,22 @@ SQLITE_FILE = 'stackoverflow.sqlite'
 #: The split names of TFF's file.
 SPLITS = ('train', 'heldout', 'test')
 #: Feature name -> kind ('bytes' or 'int64') of every Stack Overflow `tf.train.Example`.
-FEATURES = collections.OrderedDict([
-    ('creation_date', 'bytes'),
-    ('score', 'int64'),
-    ('tags', 'bytes'),
-    ('title', 'bytes'),
-    ('tokens', 'bytes'),
-    ('type', 'bytes'),
-])
-_TABLES = collections.OrderedDict([
-    ('examples', ('split_name', 'client_id', 'serialized_example_proto')),
-    ('client_metadata', ('client_id', 'split_name', 'num_examples')),
-])
+FEATURES = collections.OrderedDict(
+    [
+        ('creation_date', 'bytes'),
+        ('score', 'int64'),
+        ('tags', 'bytes'),
+        ('title', 'bytes'),
+        ('tokens', 'bytes'),
+        ('type', 'bytes'),
+    ]
+)
+_TABLES = collections.OrderedDict(
+    [
+        ('examples', ('split_name', 'client_id', 'serialized_example_proto')),
+        ('client_metadata', ('client_id', 'split_name', 'num_examples')),
+    ]
+)
 _KIND_FIELD = {'bytes': 'bytes_list', 'int64': 'int64_list'}
 _DATE_RE = re.compile(r'(\d{4}-\d{2}-\d{2})[ T](\d{2}:\d{2}:\d{2}(?:\.\d+)?)(?: ?(?:UTC|Z|\+00:?00))?')
 
@@ -111,7 +115,7 @@ def parse_creation_date(value: str) -> datetime.datetime:
 def _connect(path: str) -> sqlite3.Connection:
     path = os.fspath(path)
     if not os.path.isfile(path):
-        raise StackOverflowFormatError(f'{path}: file not found (expected TFF\'s stackoverflow.sqlite)', path=path)
+        raise StackOverflowFormatError(f"{path}: file not found (expected TFF's stackoverflow.sqlite)", path=path)
     connection = None
     try:
         connection = sqlite3.connect(f'{_file_uri(path)}?mode=ro', uri=True)
@@ -119,14 +123,17 @@ def _connect(path: str) -> sqlite3.Connection:
         for table, columns in _TABLES.items():
             if table not in tables:
                 raise StackOverflowFormatError(
-                    f'{path}: no table {table!r} (TFF\'s schema has tables {list(_TABLES)}; found {sorted(tables)})',
-                    path=path)
+                    f"{path}: no table {table!r} (TFF's schema has tables {list(_TABLES)}; found {sorted(tables)})",
+                    path=path,
+                )
             found = {row[1] for row in connection.execute(f'PRAGMA table_info({table})')}
             missing = [c for c in columns if c not in found]
             if missing:
                 raise StackOverflowFormatError(
                     f'{path}: table {table!r} has no column {", ".join(map(repr, missing))} (expected columns '
-                    f'{list(columns)}; found {sorted(found)})', path=path)
+                    f'{list(columns)}; found {sorted(found)})',
+                    path=path,
+                )
     except (sqlite3.DatabaseError, StackOverflowFormatError) as e:
         if connection is not None:
             connection.close()
@@ -144,8 +151,9 @@ def _parse_example(example_cls: Any, path: str, split: str, client_id: str, blob
     """(creation date, normalized tokens) of one serialized example."""
 
     def fail(problem: str) -> NoReturn:
-        raise StackOverflowFormatError(f'{path}: split {split!r}, client {client_id!r}: {problem}', path=path,
-                                       client_id=client_id)
+        raise StackOverflowFormatError(
+            f'{path}: split {split!r}, client {client_id!r}: {problem}', path=path, client_id=client_id
+        )
 
     if not isinstance(blob, bytes):
         fail(f'serialized_example_proto is {type(blob).__name__}, not a BLOB')
@@ -163,8 +171,10 @@ def _parse_example(example_cls: Any, path: str, split: str, client_id: str, blob
         feature = features[name]
         field = feature.WhichOneof('kind')
         if field != _KIND_FIELD[kind] or len(getattr(feature, field).value) != 1:
-            fail(f'feature {name!r} must hold exactly one {kind} value, got {field or "nothing"} with '
-                 f'{len(getattr(feature, field).value) if field else 0} values')
+            fail(
+                f'feature {name!r} must hold exactly one {kind} value, got {field or "nothing"} with '
+                f'{len(getattr(feature, field).value) if field else 0} values'
+            )
         values[name] = getattr(feature, field).value[0]
     try:
         date_text, tokens = values['creation_date'].decode('utf-8'), values['tokens'].decode('utf-8')
@@ -187,24 +197,31 @@ def _date_or_none(value: str) -> datetime.datetime | None:
 
 def _split_clients(connection: sqlite3.Connection, path: str, split: str) -> list[str]:
     try:
-        return sorted(str(row[0]) for row in connection.execute(
-            'SELECT DISTINCT client_id FROM client_metadata WHERE split_name = ?', (split,)))
+        return sorted(
+            str(row[0])
+            for row in connection.execute(
+                'SELECT DISTINCT client_id FROM client_metadata WHERE split_name = ?', (split,)
+            )
+        )
     except sqlite3.DatabaseError as e:
         raise StackOverflowFormatError(f'{path}: cannot read client_metadata ({e})', path=path) from None
 
 
-def _read_split(connection: sqlite3.Connection, path: str, split: str,
-                client_ids: Sequence[str] | None) -> dict[str, list[str]]:
+def _read_split(
+    connection: sqlite3.Connection, path: str, split: str, client_ids: Sequence[str] | None
+) -> dict[str, list[str]]:
     """Client id -> tokens sorted by creation date, for the clients of `split` (all, or `client_ids`)."""
     import tensorflow as tf  # pylint: disable=g-import-not-at-top  (only for the tf.train.Example proto)
-    query = ('SELECT e.client_id, e.serialized_example_proto FROM examples AS e '
-             'WHERE e.split_name = ? ORDER BY e.rowid')
+
+    query = 'SELECT e.client_id, e.serialized_example_proto FROM examples AS e WHERE e.split_name = ? ORDER BY e.rowid'
     if client_ids is not None:
         connection.execute('CREATE TEMP TABLE IF NOT EXISTS wanted_clients (client_id TEXT PRIMARY KEY)')
         connection.execute('DELETE FROM wanted_clients')
         connection.executemany('INSERT INTO wanted_clients VALUES (?)', ((c,) for c in client_ids))
-        query = ('SELECT e.client_id, e.serialized_example_proto FROM examples AS e WHERE e.split_name = ? '
-                 'AND e.client_id IN (SELECT client_id FROM temp.wanted_clients) ORDER BY e.rowid')
+        query = (
+            'SELECT e.client_id, e.serialized_example_proto FROM examples AS e WHERE e.split_name = ? '
+            'AND e.client_id IN (SELECT client_id FROM temp.wanted_clients) ORDER BY e.rowid'
+        )
     rows: dict[str, list[tuple[datetime.datetime, int, str]]] = {}
     try:
         for index, (client_id, blob) in enumerate(connection.execute(query, (split,))):
@@ -213,15 +230,22 @@ def _read_split(connection: sqlite3.Connection, path: str, split: str,
             if tokens:
                 rows.setdefault(client_id, []).append((date, index, tokens))
     except sqlite3.DatabaseError as e:
-        raise StackOverflowFormatError(f'{path}: cannot read split {split!r} of table examples ({e})',
-                                       path=path) from None
+        raise StackOverflowFormatError(
+            f'{path}: cannot read split {split!r} of table examples ({e})', path=path
+        ) from None
     # Stable sort by date (ties keep file order); clients in sorted id order.
     return {c: [tokens for _, _, tokens in sorted(rows[c], key=lambda r: (r[0], r[1]))] for c in sorted(rows)}
 
 
-def load_stackoverflow(sqlite_path: str, *, train_split: str = 'train', test_split: str = 'test',
-                       max_clients: int | None = None, seed: int = 0,
-                       overlapping_clients: str = 'drop') -> text_corpus.TextCorpus:
+def load_stackoverflow(
+    sqlite_path: str,
+    *,
+    train_split: str = 'train',
+    test_split: str = 'test',
+    max_clients: int | None = None,
+    seed: int = 0,
+    overlapping_clients: str = 'drop',
+) -> text_corpus.TextCorpus:
     """Loads a TFF Stack Overflow SQLite file as a `text_corpus.TextCorpus` (see the module docstring).
 
     Args:
@@ -245,8 +269,9 @@ def load_stackoverflow(sqlite_path: str, *, train_split: str = 'train', test_spl
     """
     if train_split == test_split:
         raise errors.ConfigError(f'train_split and test_split must differ, both are {train_split!r}')
-    if max_clients is not None and (isinstance(max_clients, bool) or not isinstance(max_clients, int)
-                                    or max_clients < 1):
+    if max_clients is not None and (
+        isinstance(max_clients, bool) or not isinstance(max_clients, int) or max_clients < 1
+    ):
         raise errors.ConfigError(f'max_clients must be None or a positive integer, got {max_clients!r}')
     if overlapping_clients not in ('drop', 'error'):
         raise errors.ConfigError(f"overlapping_clients must be 'drop' or 'error', got {overlapping_clients!r}")
@@ -259,8 +284,11 @@ def load_stackoverflow(sqlite_path: str, *, train_split: str = 'train', test_spl
         for stream, split in enumerate((train_split, test_split)):
             ids = _split_clients(connection, path, split)
             if not ids:
-                raise StackOverflowFormatError(f'{path}: split {split!r} has no clients in client_metadata (splits '
-                                               f'there: {_split_names(connection)})', path=path)
+                raise StackOverflowFormatError(
+                    f'{path}: split {split!r} has no clients in client_metadata (splits '
+                    f'there: {_split_names(connection)})',
+                    path=path,
+                )
             wanted = None
             if max_clients is not None and max_clients < len(ids):
                 wanted = sorted(random.Random(f'{seed}/{stream}').sample(ids, max_clients))
@@ -270,12 +298,16 @@ def load_stackoverflow(sqlite_path: str, *, train_split: str = 'train', test_spl
     train, test = sides[train_split], sides[test_split]
     shared = sorted(train.keys() & test.keys())
     if shared and overlapping_clients == 'error':
-        raise errors.DataError(f'{path}: {len(shared)} clients are in both split {train_split!r} and split {test_split!r} '
-                         f'(e.g. {shared[:3]}); use overlapping_clients=\'drop\' or test_split=\'heldout\'')
+        raise errors.DataError(
+            f'{path}: {len(shared)} clients are in both split {train_split!r} and split {test_split!r} '
+            f"(e.g. {shared[:3]}); use overlapping_clients='drop' or test_split='heldout'"
+        )
     test = {c: e for c, e in test.items() if c not in train}
-    source = (f'{path} (TFF Stack Overflow SQLite; train split {train_split!r}, test split {test_split!r}'
-              f'{f", at most {max_clients} clients per split (seed {seed})" if max_clients is not None else ""}'
-              f'{f", {len(shared)} test clients also in train dropped" if shared else ""})')
+    source = (
+        f'{path} (TFF Stack Overflow SQLite; train split {train_split!r}, test split {test_split!r}'
+        f'{f", at most {max_clients} clients per split (seed {seed})" if max_clients is not None else ""}'
+        f'{f", {len(shared)} test clients also in train dropped" if shared else ""})'
+    )
     return text_corpus.TextCorpus(name='stackoverflow', train=train, test=test, source=source)
 
 
@@ -298,12 +330,10 @@ def load_word_counts(path: str, vocab_size: int | None = None) -> collections.Or
             integer count, a repeated word, or counts that increase (names the file and 1-based line).
     """
     path = os.fspath(path)
-    if vocab_size is not None and (isinstance(vocab_size, bool) or not isinstance(vocab_size, int)
-                                   or vocab_size < 1):
+    if vocab_size is not None and (isinstance(vocab_size, bool) or not isinstance(vocab_size, int) or vocab_size < 1):
         raise errors.ConfigError(f'vocab_size must be None or a positive integer, got {vocab_size!r}')
     if not os.path.isfile(path):
-        raise StackOverflowFormatError(f'{path}: file not found (expected TFF\'s stackoverflow.word_count)',
-                                       path=path)
+        raise StackOverflowFormatError(f"{path}: file not found (expected TFF's stackoverflow.word_count)", path=path)
     counts: collections.OrderedDict = collections.OrderedDict()
     first_line: dict[str, int] = {}
     previous = None
@@ -367,6 +397,7 @@ def write_stackoverflow_sqlite(path: str, splits: Mapping[str, Mapping[str, Sequ
             client and example index), or `path` exists.
     """
     import tensorflow as tf  # pylint: disable=g-import-not-at-top  (only for the tf.train.Example proto)
+
     path = os.fspath(path)
     if os.path.exists(path):
         raise errors.DataError(f'{path} already exists')
@@ -377,8 +408,9 @@ def write_stackoverflow_sqlite(path: str, splits: Mapping[str, Mapping[str, Sequ
                 where = f'split {split!r}, client {client_id!r}, example {index}'
                 missing, unknown = sorted(set(FEATURES) - set(values)), sorted(set(values) - set(FEATURES))
                 if missing or unknown:
-                    raise errors.DataError(f'{where}: features must be exactly {list(FEATURES)}; missing {missing}, '
-                                     f'unknown {unknown}')
+                    raise errors.DataError(
+                        f'{where}: features must be exactly {list(FEATURES)}; missing {missing}, unknown {unknown}'
+                    )
                 example = tf.train.Example()
                 for name, kind in FEATURES.items():
                     example.features.feature[name].CopyFrom(_feature(tf, name, kind, values[name], where))
@@ -387,10 +419,14 @@ def write_stackoverflow_sqlite(path: str, splits: Mapping[str, Mapping[str, Sequ
     connection = sqlite3.connect(path)
     try:
         with connection:
-            connection.execute('CREATE TABLE examples (split_name TEXT NOT NULL, client_id TEXT NOT NULL, '
-                               'serialized_example_proto BLOB NOT NULL)')
-            connection.execute('CREATE TABLE client_metadata (client_id TEXT NOT NULL, split_name TEXT NOT NULL, '
-                               'num_examples INTEGER NOT NULL)')
+            connection.execute(
+                'CREATE TABLE examples (split_name TEXT NOT NULL, client_id TEXT NOT NULL, '
+                'serialized_example_proto BLOB NOT NULL)'
+            )
+            connection.execute(
+                'CREATE TABLE client_metadata (client_id TEXT NOT NULL, split_name TEXT NOT NULL, '
+                'num_examples INTEGER NOT NULL)'
+            )
             connection.executemany('INSERT INTO examples VALUES (?, ?, ?)', example_rows)
             connection.executemany('INSERT INTO client_metadata VALUES (?, ?, ?)', metadata_rows)
     finally:

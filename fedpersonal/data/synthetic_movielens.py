@@ -42,14 +42,15 @@ _INTERACTION_SCALE = 0.6
 _COUNT_GAMMA_SHAPE = 0.7
 
 # MovieLens 100K time range (first and last rating), unix seconds.
-_T_START = 874_724_710   # 1997-09-20
-_T_END = 893_286_638     # 1998-04-22
+_T_START = 874_724_710  # 1997-09-20
+_T_END = 893_286_638  # 1998-04-22
 _MEAN_SPAN_SECONDS = 21 * 24 * 3600
 _USER_CHUNK = 1024
 
 
-def _ratings_per_user(rng: np.random.Generator, num_users: int, num_items: int, minimum: int,
-                      mean: float) -> np.ndarray:
+def _ratings_per_user(
+    rng: np.random.Generator, num_users: int, num_items: int, minimum: int, mean: float
+) -> np.ndarray:
     """Heavy-tailed counts in [minimum, num_items] whose mean is close to `mean`."""
     excess = rng.gamma(_COUNT_GAMMA_SHAPE, 1.0, size=num_users)
     target = mean - minimum
@@ -66,10 +67,17 @@ def _ratings_per_user(rng: np.random.Generator, num_users: int, num_items: int, 
     return counts.astype(np.int64)
 
 
-def generate_movielens_like(*, num_users: int = 943, num_items: int = 1682, rank: int = 8,
-                            min_ratings_per_user: int = 20, mean_ratings_per_user: float = 106,
-                            zipf_exponent: float = 1.0, noise_std: float = 0.5,
-                            seed: int = 0) -> pd.DataFrame:
+def generate_movielens_like(
+    *,
+    num_users: int = 943,
+    num_items: int = 1682,
+    rank: int = 8,
+    min_ratings_per_user: int = 20,
+    mean_ratings_per_user: float = 106,
+    zipf_exponent: float = 1.0,
+    noise_std: float = 0.5,
+    seed: int = 0,
+) -> pd.DataFrame:
     """Generates MovieLens-100K-like ratings with a rank-`rank` structure (see the module docstring).
 
     Args:
@@ -95,16 +103,19 @@ def generate_movielens_like(*, num_users: int = 943, num_items: int = 1682, rank
     if num_users < 1 or num_items < 1 or rank < 1:
         raise errors.ConfigError(f'num_users, num_items and rank must be >= 1, got {num_users}, {num_items}, {rank}')
     if not 1 <= min_ratings_per_user <= num_items:
-        raise errors.ConfigError(f'min_ratings_per_user must be in [1, num_items={num_items}], got '
-                         f'{min_ratings_per_user}')
+        raise errors.ConfigError(
+            f'min_ratings_per_user must be in [1, num_items={num_items}], got {min_ratings_per_user}'
+        )
     if not min_ratings_per_user <= mean_ratings_per_user <= num_items:
-        raise errors.ConfigError(f'mean_ratings_per_user must be in [min_ratings_per_user={min_ratings_per_user}, '
-                         f'num_items={num_items}], got {mean_ratings_per_user}')
+        raise errors.ConfigError(
+            f'mean_ratings_per_user must be in [min_ratings_per_user={min_ratings_per_user}, '
+            f'num_items={num_items}], got {mean_ratings_per_user}'
+        )
     if zipf_exponent < 0 or noise_std < 0:
         raise errors.ConfigError(f'zipf_exponent and noise_std must be >= 0, got {zipf_exponent}, {noise_std}')
 
     rng = np.random.default_rng(seed)
-    factor_std = rank ** -0.25  # <p, q> then has unit variance.
+    factor_std = rank**-0.25  # <p, q> then has unit variance.
     user_factors = rng.normal(0.0, factor_std, size=(num_users, rank))
     item_factors = rng.normal(0.0, factor_std, size=(num_items, rank))
     user_bias = rng.normal(0.0, _USER_BIAS_STD, size=num_users)
@@ -128,15 +139,19 @@ def generate_movielens_like(*, num_users: int = 943, num_items: int = 1682, rank
         candidate_keys = np.take_along_axis(keys, candidates, axis=1)
         ranked = np.take_along_axis(candidates, np.argsort(-candidate_keys, axis=1), axis=1)
         # The user's top-counts[u] items; sorted so the result does not depend on the partition's order.
-        item_lists.extend(np.sort(ranked[u - lo, :counts[u]]) for u in range(lo, hi))
+        item_lists.extend(np.sort(ranked[u - lo, : counts[u]]) for u in range(lo, hi))
     users = np.repeat(np.arange(num_users), counts)
     items = np.concatenate(item_lists)
     # Random rating order within each user (so time does not follow popularity).
     items = items[np.lexsort((rng.random(items.size), users))]
 
-    score = (_GLOBAL_MEAN + user_bias[users] + item_bias[items]
-             + _INTERACTION_SCALE * np.einsum('nk,nk->n', user_factors[users], item_factors[items])
-             + rng.normal(0.0, noise_std, size=items.size))
+    score = (
+        _GLOBAL_MEAN
+        + user_bias[users]
+        + item_bias[items]
+        + _INTERACTION_SCALE * np.einsum('nk,nk->n', user_factors[users], item_factors[items])
+        + rng.normal(0.0, noise_std, size=items.size)
+    )
     rating = np.clip(np.rint(score), 1, 5).astype(np.float32)
 
     # Timestamps: start uniform in the MovieLens range; increments spread over an exponential span.
@@ -149,15 +164,16 @@ def generate_movielens_like(*, num_users: int = 943, num_items: int = 1682, rank
     total = cumulative[boundaries[1:] - 1] - before
     fraction = (cumulative - np.repeat(before, counts)) / np.repeat(total, counts)
     position = np.arange(items.size) - np.repeat(boundaries[:-1], counts)
-    timestamp = (np.repeat(starts, counts) + np.floor(fraction * np.repeat(spans, counts)).astype(np.int64)
-                 + position)
+    timestamp = np.repeat(starts, counts) + np.floor(fraction * np.repeat(spans, counts)).astype(np.int64) + position
 
-    return pd.DataFrame({
-        'user_id': (users + 1).astype(np.int64),
-        'item_id': (items + 1).astype(np.int64),
-        'rating': rating,
-        'timestamp': timestamp.astype(np.int64),
-    })
+    return pd.DataFrame(
+        {
+            'user_id': (users + 1).astype(np.int64),
+            'item_id': (items + 1).astype(np.int64),
+            'rating': rating,
+            'timestamp': timestamp.astype(np.int64),
+        }
+    )
 
 
 def write_movielens_100k_layout(ratings: pd.DataFrame, directory: str) -> str:
@@ -193,9 +209,15 @@ def write_movielens_100k_layout(ratings: pd.DataFrame, directory: str) -> str:
         raise errors.DataError('ratings["rating"] must be integers in 1..5 for the MovieLens 100K format')
     os.makedirs(directory, exist_ok=True)
     path = os.path.join(directory, 'u.data')
-    lines = [f'{u}\t{i}\t{r}\t{t}\n' for u, i, r, t in zip(
-        columns['user_id'].tolist(), columns['item_id'].tolist(), rating.astype(np.int64).tolist(),
-        columns['timestamp'].tolist())]
+    lines = [
+        f'{u}\t{i}\t{r}\t{t}\n'
+        for u, i, r, t in zip(
+            columns['user_id'].tolist(),
+            columns['item_id'].tolist(),
+            rating.astype(np.int64).tolist(),
+            columns['timestamp'].tolist(),
+        )
+    ]
     with open(path, 'w', encoding='ascii', newline='\n') as f:
         f.writelines(lines)
     return path

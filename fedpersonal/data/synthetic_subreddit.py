@@ -53,7 +53,7 @@ def _words(rng: np.random.Generator, n: int) -> np.ndarray:
     seen: set[str] = set()
     while len(out) < n:
         m = 2 * (n - len(out)) + 8
-        lengths = rng.choice(np.arange(2, 9), size=m, p=[.08, .16, .2, .2, .16, .12, .08])
+        lengths = rng.choice(np.arange(2, 9), size=m, p=[0.08, 0.16, 0.2, 0.2, 0.16, 0.12, 0.08])
         letters = rng.integers(0, 26, size=(m, 8))
         for length, row in zip(lengths, letters):
             word = ''.join(_LETTERS[row[:length]])
@@ -73,9 +73,14 @@ def _zipf(rng: np.random.Generator, n: int) -> np.ndarray:
     return p
 
 
-def generate_subreddit_corpus(*, num_users: int = 400, num_subreddits: int = 20,
-                              comments_per_user: tuple[int, int] = (40, 120), vocab_words: int = 600,
-                              seed: int = 0) -> tuple[np.ndarray, list[str], np.ndarray, np.ndarray]:
+def generate_subreddit_corpus(
+    *,
+    num_users: int = 400,
+    num_subreddits: int = 20,
+    comments_per_user: tuple[int, int] = (40, 120),
+    vocab_words: int = 600,
+    seed: int = 0,
+) -> tuple[np.ndarray, list[str], np.ndarray, np.ndarray]:
     """Draws the raw corpus (see the module docstring).
 
     Returns:
@@ -87,7 +92,9 @@ def generate_subreddit_corpus(*, num_users: int = 400, num_subreddits: int = 20,
         raise errors.ConfigError(f'need num_users >= 1 and num_subreddits >= 2, got {num_users}, {num_subreddits}')
     low, high = comments_per_user
     if not 3 <= low <= high:
-        raise errors.ConfigError(f'comments_per_user must be (low, high) with 3 <= low <= high, got {comments_per_user}')
+        raise errors.ConfigError(
+            f'comments_per_user must be (low, high) with 3 <= low <= high, got {comments_per_user}'
+        )
     if vocab_words < 20:
         raise errors.ConfigError(f'vocab_words must be >= 20, got {vocab_words}')
     rng = np.random.default_rng(seed)
@@ -100,8 +107,9 @@ def generate_subreddit_corpus(*, num_users: int = 400, num_subreddits: int = 20,
     own = np.stack([_zipf(rng, num_content) for _ in range(num_subreddits)])
     content = (1 - _OWN_WEIGHT) * topics[np.arange(num_subreddits) // 2] + _OWN_WEIGHT * own
     # One distribution per subreddit over the whole vocabulary (generic words first).
-    vocab_dist = np.concatenate([np.tile(_GENERIC_PROB * generic, (num_subreddits, 1)),
-                                 (1 - _GENERIC_PROB) * content], axis=1)
+    vocab_dist = np.concatenate(
+        [np.tile(_GENERIC_PROB * generic, (num_subreddits, 1)), (1 - _GENERIC_PROB) * content], axis=1
+    )
     cdf = np.cumsum(vocab_dist, axis=1)
     cdf[:, -1] = 1.0
 
@@ -126,9 +134,15 @@ def generate_subreddit_corpus(*, num_users: int = 400, num_subreddits: int = 20,
     return user_id, texts, subreddit, preferences
 
 
-def generate_subreddit_like(*, num_users: int = 400, num_subreddits: int = 20,
-                            comments_per_user: tuple[int, int] = (40, 120), vocab_words: int = 600,
-                            max_chars: int = 64, seed: int = 0) -> furl_tasks.FurlData:
+def generate_subreddit_like(
+    *,
+    num_users: int = 400,
+    num_subreddits: int = 20,
+    comments_per_user: tuple[int, int] = (40, 120),
+    vocab_words: int = 600,
+    max_chars: int = 64,
+    seed: int = 0,
+) -> furl_tasks.FurlData:
     """Generates the synthetic Subreddit-like FURL task (multiclass: ``num_classes = num_subreddits``).
 
     Args:
@@ -145,14 +159,28 @@ def generate_subreddit_like(*, num_users: int = 400, num_subreddits: int = 20,
     if max_chars < 1:
         raise errors.ConfigError(f'max_chars must be >= 1, got {max_chars}')
     user_id, texts, subreddit, _ = generate_subreddit_corpus(
-        num_users=num_users, num_subreddits=num_subreddits, comments_per_user=comments_per_user,
-        vocab_words=vocab_words, seed=seed)
+        num_users=num_users,
+        num_subreddits=num_subreddits,
+        comments_per_user=comments_per_user,
+        vocab_words=vocab_words,
+        seed=seed,
+    )
     n = user_id.size
     description = (
         f'Synthetic Subreddit-like corpus (seed {seed}): {num_users} users, {num_subreddits} subreddits in topic '
         f'pairs, {comments_per_user[0]}-{comments_per_user[1]} comments per user, {vocab_words} words; '
-        f'label = subreddit; per-user 0.8/0.1/0.1 split in generation order.')
+        f'label = subreddit; per-user 0.8/0.1/0.1 split in generation order.'
+    )
     return furl_tasks.build_furl_data(
-        name='synthetic_subreddit', description=description, user_id=user_id, order_key=np.arange(n),
-        doc_index=np.arange(n), label=subreddit, doc_texts=texts, doc_features=np.zeros((n, 0), np.float32),
-        num_classes=num_subreddits, max_chars=max_chars, user_ids=np.arange(num_users, dtype=np.int64))
+        name='synthetic_subreddit',
+        description=description,
+        user_id=user_id,
+        order_key=np.arange(n),
+        doc_index=np.arange(n),
+        label=subreddit,
+        doc_texts=texts,
+        doc_features=np.zeros((n, 0), np.float32),
+        num_classes=num_subreddits,
+        max_chars=max_chars,
+        user_ids=np.arange(num_users, dtype=np.int64),
+    )

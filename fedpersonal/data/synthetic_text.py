@@ -52,19 +52,19 @@ _FUNCTION_WORDS = {
 }
 _OPEN_CLASS_SHARES = {'NOUN': 0.45, 'VERB': 0.25, 'ADJ': 0.15, 'ADV': 0.08, 'NAME': 0.07}
 _CLASSES = ['PRON', 'DET', 'AUX', 'PREP', 'CONJ', 'NOUN', 'VERB', 'ADJ', 'ADV', 'NAME', 'COMMA']
-_START = {'PRON': .3, 'DET': .2, 'NAME': .1, 'ADV': .05, 'AUX': .15, 'VERB': .1, 'PREP': .05, 'CONJ': .05}
+_START = {'PRON': 0.3, 'DET': 0.2, 'NAME': 0.1, 'ADV': 0.05, 'AUX': 0.15, 'VERB': 0.1, 'PREP': 0.05, 'CONJ': 0.05}
 _TRANSITIONS = {
-    'PRON': {'VERB': .6, 'AUX': .3, 'ADV': .1},
-    'DET': {'NOUN': .65, 'ADJ': .35},
-    'AUX': {'PRON': .35, 'VERB': .35, 'DET': .1, 'ADV': .1, 'ADJ': .1},
-    'PREP': {'DET': .5, 'NOUN': .2, 'NAME': .2, 'PRON': .1},
-    'CONJ': {'PRON': .4, 'DET': .3, 'NAME': .15, 'VERB': .15},
-    'NOUN': {'VERB': .25, 'PREP': .3, 'CONJ': .15, 'COMMA': .15, 'AUX': .15},
-    'VERB': {'DET': .35, 'PRON': .15, 'PREP': .2, 'ADV': .15, 'NAME': .15},
-    'ADJ': {'NOUN': .8, 'ADJ': .05, 'COMMA': .05, 'CONJ': .1},
-    'ADV': {'VERB': .4, 'ADJ': .3, 'PREP': .2, 'COMMA': .1},
-    'NAME': {'VERB': .35, 'AUX': .2, 'COMMA': .2, 'CONJ': .15, 'PREP': .1},
-    'COMMA': {'CONJ': .4, 'PRON': .3, 'DET': .2, 'NAME': .1},
+    'PRON': {'VERB': 0.6, 'AUX': 0.3, 'ADV': 0.1},
+    'DET': {'NOUN': 0.65, 'ADJ': 0.35},
+    'AUX': {'PRON': 0.35, 'VERB': 0.35, 'DET': 0.1, 'ADV': 0.1, 'ADJ': 0.1},
+    'PREP': {'DET': 0.5, 'NOUN': 0.2, 'NAME': 0.2, 'PRON': 0.1},
+    'CONJ': {'PRON': 0.4, 'DET': 0.3, 'NAME': 0.15, 'VERB': 0.15},
+    'NOUN': {'VERB': 0.25, 'PREP': 0.3, 'CONJ': 0.15, 'COMMA': 0.15, 'AUX': 0.15},
+    'VERB': {'DET': 0.35, 'PRON': 0.15, 'PREP': 0.2, 'ADV': 0.15, 'NAME': 0.15},
+    'ADJ': {'NOUN': 0.8, 'ADJ': 0.05, 'COMMA': 0.05, 'CONJ': 0.1},
+    'ADV': {'VERB': 0.4, 'ADJ': 0.3, 'PREP': 0.2, 'COMMA': 0.1},
+    'NAME': {'VERB': 0.35, 'AUX': 0.2, 'COMMA': 0.2, 'CONJ': 0.15, 'PREP': 0.1},
+    'COMMA': {'CONJ': 0.4, 'PRON': 0.3, 'DET': 0.2, 'NAME': 0.1},
 }
 _ZIPF_EXPONENT = 1.05
 _PUNCTUATION = (',', '.', '?', '!')
@@ -75,8 +75,9 @@ _SIZE_EXPONENT = 1.6
 _LENGTH_LOG_MEAN = np.log(8.0)
 _LENGTH_LOG_SIGMA = 0.6
 _MIN_WORDS, _MAX_WORDS = 4, 29  # Word slots (commas included) before the end mark: 5-30 tokens per sentence.
-_SYLLABLES = [c + v for c in 'bdfgklmnprstvz' for v in 'aeiou'] + ['ch' + v for v in 'aeiou'] + [
-    'sh' + v for v in 'aeiou']
+_SYLLABLES = (
+    [c + v for c in 'bdfgklmnprstvz' for v in 'aeiou'] + ['ch' + v for v in 'aeiou'] + ['sh' + v for v in 'aeiou']
+)
 _CODAS = ['', '', '', 'n', 'r', 's', 'l', 'x', 'k', 'm', 't']
 
 
@@ -85,7 +86,7 @@ def _pseudo_words(rng: np.random.Generator, n: int, taken: set[str]) -> list[str
     out: list[str] = []
     while len(out) < n:
         m = 2 * (n - len(out)) + 16
-        counts = rng.choice([2, 3, 4], size=m, p=[.45, .4, .15])
+        counts = rng.choice([2, 3, 4], size=m, p=[0.45, 0.4, 0.15])
         syllables = rng.integers(0, len(_SYLLABLES), size=(m, 4))
         codas = rng.integers(0, len(_CODAS), size=m)
         for k, row, coda in zip(counts, syllables, codas):
@@ -105,9 +106,15 @@ def _zipf_cdf(n: int) -> np.ndarray:
     return cdf
 
 
-def generate_text_corpus(*, num_clients: int = 200, examples_per_client: tuple[int, int] = (20, 120),
-                         common_vocab_size: int = 3000, personal_words_per_client: int = 30,
-                         test_fraction: float = 0.2, seed: int = 0) -> text_corpus.TextCorpus:
+def generate_text_corpus(
+    *,
+    num_clients: int = 200,
+    examples_per_client: tuple[int, int] = (20, 120),
+    common_vocab_size: int = 3000,
+    personal_words_per_client: int = 30,
+    test_fraction: float = 0.2,
+    seed: int = 0,
+) -> text_corpus.TextCorpus:
     """Draws a synthetic next-word-prediction corpus (see the module docstring).
 
     Args:
@@ -123,14 +130,24 @@ def generate_text_corpus(*, num_clients: int = 200, examples_per_client: tuple[i
         A `text_corpus.TextCorpus` named ``'synthetic_text'``; `source` lists the settings.
     """
     return generate_text_corpus_with_personal_words(
-        num_clients=num_clients, examples_per_client=examples_per_client, common_vocab_size=common_vocab_size,
-        personal_words_per_client=personal_words_per_client, test_fraction=test_fraction, seed=seed)[0]
+        num_clients=num_clients,
+        examples_per_client=examples_per_client,
+        common_vocab_size=common_vocab_size,
+        personal_words_per_client=personal_words_per_client,
+        test_fraction=test_fraction,
+        seed=seed,
+    )[0]
 
 
 def generate_text_corpus_with_personal_words(
-        *, num_clients: int = 200, examples_per_client: tuple[int, int] = (20, 120), common_vocab_size: int = 3000,
-        personal_words_per_client: int = 30, test_fraction: float = 0.2,
-        seed: int = 0) -> tuple[text_corpus.TextCorpus, dict[str, list[str]]]:
+    *,
+    num_clients: int = 200,
+    examples_per_client: tuple[int, int] = (20, 120),
+    common_vocab_size: int = 3000,
+    personal_words_per_client: int = 30,
+    test_fraction: float = 0.2,
+    seed: int = 0,
+) -> tuple[text_corpus.TextCorpus, dict[str, list[str]]]:
     """`generate_text_corpus`, plus every client's personal words (e.g. to score predictions of personal words).
 
     Args: as `generate_text_corpus`.
@@ -141,7 +158,9 @@ def generate_text_corpus_with_personal_words(
     """
     lo, hi = examples_per_client
     if not 1 <= lo <= hi:
-        raise errors.ConfigError(f'examples_per_client must be (lo, hi) with 1 <= lo <= hi, got {examples_per_client!r}')
+        raise errors.ConfigError(
+            f'examples_per_client must be (lo, hi) with 1 <= lo <= hi, got {examples_per_client!r}'
+        )
     if num_clients < 1:
         raise errors.ConfigError(f'num_clients must be >= 1, got {num_clients}')
     num_function = len({w for words in _FUNCTION_WORDS.values() for w in words})
@@ -192,8 +211,11 @@ def generate_text_corpus_with_personal_words(
     size_p = sizes.astype(np.float64) ** -_SIZE_EXPONENT
     client_sizes = rng.choice(sizes, size=num_clients, p=size_p / size_p.sum())
     num_sentences = int(client_sizes.sum())
-    lengths = np.clip(np.round(_MIN_WORDS - 1 + rng.lognormal(_LENGTH_LOG_MEAN, _LENGTH_LOG_SIGMA, num_sentences)),
-                      _MIN_WORDS, _MAX_WORDS).astype(np.int64)
+    lengths = np.clip(
+        np.round(_MIN_WORDS - 1 + rng.lognormal(_LENGTH_LOG_MEAN, _LENGTH_LOG_SIGMA, num_sentences)),
+        _MIN_WORDS,
+        _MAX_WORDS,
+    ).astype(np.int64)
     total = int(lengths.sum())
     u_class, u_word, u_colloc, u_personal = (rng.random(total) for _ in range(4))
     u_end = rng.random(num_sentences)
@@ -223,8 +245,9 @@ def generate_text_corpus_with_personal_words(
         fresh[at] = class_ids[k][np.searchsorted(class_cdfs[k], u_word[at])]
     is_personal = np.zeros(total, dtype=bool)
     if personal_words_per_client:
-        is_personal = (((class_array == name_class) & (u_personal < _PERSONAL_NAME_PROB))
-                       | ((class_array == noun_class) & (u_personal < _PERSONAL_NOUN_PROB)))
+        is_personal = ((class_array == name_class) & (u_personal < _PERSONAL_NAME_PROB)) | (
+            (class_array == noun_class) & (u_personal < _PERSONAL_NOUN_PROB)
+        )
     personal_rank = np.searchsorted(personal_cdf, u_word).tolist()
     colloc = (u_colloc < _COLLOCATION_PROB).tolist()
     fresh_list, personal_list, successor_list = fresh.tolist(), is_personal.tolist(), successor.tolist()
@@ -261,8 +284,10 @@ def generate_text_corpus_with_personal_words(
         clients[f'user_{client:0{width}d}'] = examples
 
     train, test = text_corpus.split_clients(clients, test_fraction, seed)
-    source = (f'synthetic_text(num_clients={num_clients}, examples_per_client={tuple(examples_per_client)}, '
-              f'common_vocab_size={common_vocab_size}, personal_words_per_client={personal_words_per_client}, '
-              f'test_fraction={test_fraction}, seed={seed})')
+    source = (
+        f'synthetic_text(num_clients={num_clients}, examples_per_client={tuple(examples_per_client)}, '
+        f'common_vocab_size={common_vocab_size}, personal_words_per_client={personal_words_per_client}, '
+        f'test_fraction={test_fraction}, seed={seed})'
+    )
     corpus = text_corpus.TextCorpus(name='synthetic_text', train=train, test=test, source=source)
     return corpus, {f'user_{client:0{width}d}': list(words) for client, words in enumerate(personal)}

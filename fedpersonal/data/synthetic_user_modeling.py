@@ -65,11 +65,19 @@ def _sigmoid(x: np.ndarray) -> np.ndarray:
 
 
 def generate_user_modeling_with_truth(
-        *, num_clients: int = 8, num_attributes: int = 12, num_items: int = 400, items_per_client: int = 80,
-        users_per_client: int = 40, records_per_user: tuple[int, int] = (20, 60),
-        attribute_concentration: float = 0.2, client_ability_std: float = 0.7, task: str = 'binary',
-        split: tuple[float, float, float] = (0.8, 0.1, 0.1),
-        seed: int = 0) -> tuple[user_modeling.UserModelingData, SyntheticTruth]:
+    *,
+    num_clients: int = 8,
+    num_attributes: int = 12,
+    num_items: int = 400,
+    items_per_client: int = 80,
+    users_per_client: int = 40,
+    records_per_user: tuple[int, int] = (20, 60),
+    attribute_concentration: float = 0.2,
+    client_ability_std: float = 0.7,
+    task: str = 'binary',
+    split: tuple[float, float, float] = (0.8, 0.1, 0.1),
+    seed: int = 0,
+) -> tuple[user_modeling.UserModelingData, SyntheticTruth]:
     """`generate_user_modeling` plus the generating parameters (see the module docstring).
 
     Args:
@@ -94,17 +102,23 @@ def generate_user_modeling_with_truth(
     if task not in user_modeling.TASKS:
         raise errors.ConfigError(f'task must be one of {user_modeling.TASKS}, got {task!r}')
     if min(num_clients, num_attributes, users_per_client) < 1:
-        raise errors.ConfigError(f'num_clients, num_attributes and users_per_client must be >= 1, got {num_clients}, '
-                         f'{num_attributes}, {users_per_client}')
+        raise errors.ConfigError(
+            f'num_clients, num_attributes and users_per_client must be >= 1, got {num_clients}, '
+            f'{num_attributes}, {users_per_client}'
+        )
     if not 1 <= items_per_client <= num_items:
         raise errors.ConfigError(f'items_per_client must be in [1, num_items={num_items}], got {items_per_client}')
     low, high = records_per_user
     if not 3 <= low <= high <= items_per_client:
-        raise errors.ConfigError(f'records_per_user must be (min, max) with 3 <= min <= max <= items_per_client='
-                         f'{items_per_client}, got {records_per_user}')
+        raise errors.ConfigError(
+            f'records_per_user must be (min, max) with 3 <= min <= max <= items_per_client='
+            f'{items_per_client}, got {records_per_user}'
+        )
     if attribute_concentration <= 0 or client_ability_std < 0:
-        raise errors.ConfigError(f'attribute_concentration must be > 0 and client_ability_std >= 0, got '
-                         f'{attribute_concentration}, {client_ability_std}')
+        raise errors.ConfigError(
+            f'attribute_concentration must be > 0 and client_ability_std >= 0, got '
+            f'{attribute_concentration}, {client_ability_std}'
+        )
 
     rng = np.random.default_rng(seed)
     k = num_attributes
@@ -128,13 +142,17 @@ def generate_user_modeling_with_truth(
         weight = 1e-3 + np.where(q > 0, mix[None, :], np.inf).min(axis=1)
         # Distinct items with probability proportional to weight (Gumbel top-k).
         pool = np.sort(np.argsort(-(np.log(weight) + rng.gumbel(size=num_items)))[:items_per_client])
-        ability = rng.normal(0.0, client_ability_std, size=k)[None, :] + rng.normal(0.0, 1.0,
-                                                                                     size=(users_per_client, k))
+        ability = rng.normal(0.0, client_ability_std, size=k)[None, :] + rng.normal(
+            0.0, 1.0, size=(users_per_client, k)
+        )
         counts = rng.integers(low, high + 1, size=users_per_client)
         items = np.concatenate([rng.choice(pool, size=n, replace=False) for n in counts])
         users = np.repeat(np.arange(users_per_client), counts)
-        z = discrimination[items] * ((ability[users] - difficulty[items]) * q[items]).sum(axis=1) / attribute_count[
-            items]
+        z = (
+            discrimination[items]
+            * ((ability[users] - difficulty[items]) * q[items]).sum(axis=1)
+            / attribute_count[items]
+        )
         if task == 'binary':
             eta = _sigmoid(1.7 * z)
             mean = (1.0 - slip[items]) * eta + guess[items] * (1.0 - eta)
@@ -143,40 +161,59 @@ def generate_user_modeling_with_truth(
             mean = _RATING_MEAN + _RATING_SCALE * z
             label = np.clip(np.rint(mean + rng.normal(0.0, _RATING_NOISE, size=items.size)), 1, 5).astype(np.float32)
         used_items, local_item = np.unique(items, return_inverse=True)
-        silos.append(user_modeling.ClientSilo(
-            client_id=f'synthetic_client_{c:0{width}d}',
-            num_users=users_per_client,
-            num_items=int(used_items.size),
-            user=users.astype(np.int64),
-            item=local_item.astype(np.int64),
-            label=label,
-            split=user_modeling.per_user_split(users, split),
-            item_attributes=q[used_items],
-            global_user_ids=np.arange(next_user_id, next_user_id + users_per_client, dtype=np.int64),
-            global_item_ids=(used_items + 1).astype(np.int64),
-        ))
+        silos.append(
+            user_modeling.ClientSilo(
+                client_id=f'synthetic_client_{c:0{width}d}',
+                num_users=users_per_client,
+                num_items=int(used_items.size),
+                user=users.astype(np.int64),
+                item=local_item.astype(np.int64),
+                label=label,
+                split=user_modeling.per_user_split(users, split),
+                item_attributes=q[used_items],
+                global_user_ids=np.arange(next_user_id, next_user_id + users_per_client, dtype=np.int64),
+                global_item_ids=(used_items + 1).astype(np.int64),
+            )
+        )
         next_user_id += users_per_client
         abilities.append(ability)
         difficulties.append(difficulty[used_items])
         expected.append(mean)
 
-    source = (f'generate_user_modeling(num_clients={num_clients}, num_attributes={num_attributes}, '
-              f'num_items={num_items}, items_per_client={items_per_client}, users_per_client={users_per_client}, '
-              f'records_per_user={tuple(records_per_user)}, attribute_concentration={attribute_concentration}, '
-              f'client_ability_std={client_ability_std}, task={task!r}, split={tuple(split)}, seed={seed})')
-    data = user_modeling.validate(user_modeling.UserModelingData(
-        name='synthetic_user_modeling', task=task, num_attributes=k,
-        attribute_names=[f'attribute_{i:02d}' for i in range(k)],
-        rating_range=(0.0, 1.0) if task == 'binary' else (1.0, 5.0), silos=silos, source=source))
+    source = (
+        f'generate_user_modeling(num_clients={num_clients}, num_attributes={num_attributes}, '
+        f'num_items={num_items}, items_per_client={items_per_client}, users_per_client={users_per_client}, '
+        f'records_per_user={tuple(records_per_user)}, attribute_concentration={attribute_concentration}, '
+        f'client_ability_std={client_ability_std}, task={task!r}, split={tuple(split)}, seed={seed})'
+    )
+    data = user_modeling.validate(
+        user_modeling.UserModelingData(
+            name='synthetic_user_modeling',
+            task=task,
+            num_attributes=k,
+            attribute_names=[f'attribute_{i:02d}' for i in range(k)],
+            rating_range=(0.0, 1.0) if task == 'binary' else (1.0, 5.0),
+            silos=silos,
+            source=source,
+        )
+    )
     return data, SyntheticTruth(user_ability=abilities, item_difficulty=difficulties, expected_label=expected)
 
 
-def generate_user_modeling(*, num_clients: int = 8, num_attributes: int = 12, num_items: int = 400,
-                           items_per_client: int = 80, users_per_client: int = 40,
-                           records_per_user: tuple[int, int] = (20, 60), attribute_concentration: float = 0.2,
-                           client_ability_std: float = 0.7, task: str = 'binary',
-                           split: tuple[float, float, float] = (0.8, 0.1, 0.1),
-                           seed: int = 0) -> user_modeling.UserModelingData:
+def generate_user_modeling(
+    *,
+    num_clients: int = 8,
+    num_attributes: int = 12,
+    num_items: int = 400,
+    items_per_client: int = 80,
+    users_per_client: int = 40,
+    records_per_user: tuple[int, int] = (20, 60),
+    attribute_concentration: float = 0.2,
+    client_ability_std: float = 0.7,
+    task: str = 'binary',
+    split: tuple[float, float, float] = (0.8, 0.1, 0.1),
+    seed: int = 0,
+) -> user_modeling.UserModelingData:
     """Generates cross-silo user-modeling data (see the module docstring for the model).
 
     Args: as `generate_user_modeling_with_truth`.
@@ -185,7 +222,15 @@ def generate_user_modeling(*, num_clients: int = 8, num_attributes: int = 12, nu
         A valid `fedpersonal.data.user_modeling.UserModelingData` named ``'synthetic_user_modeling'``.
     """
     return generate_user_modeling_with_truth(
-        num_clients=num_clients, num_attributes=num_attributes, num_items=num_items,
-        items_per_client=items_per_client, users_per_client=users_per_client, records_per_user=records_per_user,
-        attribute_concentration=attribute_concentration, client_ability_std=client_ability_std, task=task,
-        split=split, seed=seed)[0]
+        num_clients=num_clients,
+        num_attributes=num_attributes,
+        num_items=num_items,
+        items_per_client=items_per_client,
+        users_per_client=users_per_client,
+        records_per_user=records_per_user,
+        attribute_concentration=attribute_concentration,
+        client_ability_std=client_ability_std,
+        task=task,
+        split=split,
+        seed=seed,
+    )[0]

@@ -44,10 +44,31 @@ PUNCTUATION = '.,!?;:'
 _TOKEN_RE = re.compile(r"['\u2019]?[^\W_]+(?:['\u2019][^\W_]+)*['\u2019]?|[.,!?;:]")
 # Elisions written with a leading apostrophe ('tis = it is, 'gainst = against, ...). Elsewhere a leading apostrophe
 # is an opening quotation mark and is dropped.
-_LEADING_ELISIONS = frozenset({
-    'tis', 'twas', 'twere', 'twill', 'twould', 'twixt', 'tween', 'gainst', 'mongst', 'midst', 'em', 'bout',
-    'cause', 'til', 'scape', 'sblood', 'sdeath', 'slid', 'slight', 'fore', 'neath',
-})
+_LEADING_ELISIONS = frozenset(
+    {
+        'tis',
+        'twas',
+        'twere',
+        'twill',
+        'twould',
+        'twixt',
+        'tween',
+        'gainst',
+        'mongst',
+        'midst',
+        'em',
+        'bout',
+        'cause',
+        'til',
+        'scape',
+        'sblood',
+        'sdeath',
+        'slid',
+        'slight',
+        'fore',
+        'neath',
+    }
+)
 # Elisions written with a trailing apostrophe (th' = the, i' = in, o' = of/on, ...). Elsewhere a trailing apostrophe
 # is a closing quotation mark or a plural possessive (lovers') and is dropped.
 _TRAILING_ELISIONS = frozenset({'th', 'i', 'o', 'ne', 'e', 'wi', 'an', 'ha', 'gi'})
@@ -87,14 +108,16 @@ def _check_clients(clients: Mapping[str, Sequence[str]], side: str) -> None:
         if not isinstance(client_id, str) or not client_id:
             raise errors.DataError(f'{side}: client ids must be non-empty strings, got {client_id!r}')
         if isinstance(examples, str) or not isinstance(examples, Sequence):
-            raise errors.DataError(f'{side} client {client_id!r}: examples must be a list of strings, got '
-                             f'{type(examples).__name__}')
+            raise errors.DataError(
+                f'{side} client {client_id!r}: examples must be a list of strings, got {type(examples).__name__}'
+            )
         if not examples:
             raise errors.DataError(f'{side} client {client_id!r} has no examples')
         for index, example in enumerate(examples):
             if not isinstance(example, str) or not example.strip():
-                raise errors.DataError(f'{side} client {client_id!r} example {index} is not a non-empty string of tokens: '
-                                 f'{example!r}')
+                raise errors.DataError(
+                    f'{side} client {client_id!r} example {index} is not a non-empty string of tokens: {example!r}'
+                )
 
 
 @dataclasses.dataclass(frozen=True)
@@ -123,8 +146,9 @@ class TextCorpus:
         _check_clients(self.test, 'test')
         shared = self.train.keys() & self.test.keys()
         if shared:
-            raise errors.DataError(f'{len(shared)} client ids are on both the train and the test side, e.g. '
-                             f'{sorted(shared)[:3]}')
+            raise errors.DataError(
+                f'{len(shared)} client ids are on both the train and the test side, e.g. {sorted(shared)[:3]}'
+            )
 
     @property
     def num_train_clients(self) -> int:
@@ -160,8 +184,9 @@ def vocabulary(counts: Mapping[str, int], size: int) -> list[str]:
     return [token for _, token in ranked[:size]]
 
 
-def split_clients(clients: Mapping[str, list[str]], test_fraction: float,
-                  seed: int) -> tuple[dict[str, list[str]], dict[str, list[str]]]:
+def split_clients(
+    clients: Mapping[str, list[str]], test_fraction: float, seed: int
+) -> tuple[dict[str, list[str]], dict[str, list[str]]]:
     """Splits clients (not examples) into a train and a test side.
 
     ``round(test_fraction * n)`` clients go to the test side (at least one when ``test_fraction > 0`` and there are
@@ -254,12 +279,16 @@ def corpus_statistics(corpus: TextCorpus, vocab_sizes: Sequence[int] = (1000, 50
 
 def limit_examples(corpus: TextCorpus, max_examples_per_client: int) -> TextCorpus:
     """Keeps the first `max_examples_per_client` examples (in time order) of every client on both sides."""
-    if (isinstance(max_examples_per_client, bool) or not isinstance(max_examples_per_client, int)
-            or max_examples_per_client < 1):
+    if (
+        isinstance(max_examples_per_client, bool)
+        or not isinstance(max_examples_per_client, int)
+        or max_examples_per_client < 1
+    ):
         raise errors.ConfigError(f'max_examples_per_client must be a positive integer, got {max_examples_per_client!r}')
     n = max_examples_per_client
     return dataclasses.replace(
         corpus,
         train={c: list(e[:n]) for c, e in corpus.train.items()},
         test={c: list(e[:n]) for c, e in corpus.test.items()},
-        source=f'{corpus.source} [first {n} examples per client]')
+        source=f'{corpus.source} [first {n} examples per client]',
+    )

@@ -156,8 +156,11 @@ def _validate_silo(silo: ClientSilo, data: UserModelingData) -> None:
     for name in ('item', 'label', 'split'):
         if getattr(silo, name).shape != (n,):
             _fail(f'must have shape ({n},) like user, got {getattr(silo, name).shape}', cid, name)
-    expected = {'item_attributes': (silo.num_items, k), 'global_user_ids': (silo.num_users,),
-                'global_item_ids': (silo.num_items,)}
+    expected = {
+        'item_attributes': (silo.num_items, k),
+        'global_user_ids': (silo.num_users,),
+        'global_item_ids': (silo.num_items,),
+    }
     for name, shape in expected.items():
         if getattr(silo, name).shape != shape:
             _fail(f'must have shape {shape}, got {getattr(silo, name).shape}', cid, name)
@@ -166,12 +169,20 @@ def _validate_silo(silo: ClientSilo, data: UserModelingData) -> None:
         index = getattr(silo, name)
         bad = np.flatnonzero((index < 0) | (index >= size))
         if bad.size:
-            _fail(f'record {int(bad[0])} has index {int(index[bad[0]])} outside [0, {what}={size}) '
-                  f'({bad.size} records out of range)', cid, name)
+            _fail(
+                f'record {int(bad[0])} has index {int(index[bad[0]])} outside [0, {what}={size}) '
+                f'({bad.size} records out of range)',
+                cid,
+                name,
+            )
         unused = np.setdiff1d(np.arange(size), index)
         if unused.size:
-            _fail(f'local index {int(unused[0])} has no record ({unused.size} of {what}={size} unused; '
-                  f'every user and item of a silo must appear in its records)', cid, name)
+            _fail(
+                f'local index {int(unused[0])} has no record ({unused.size} of {what}={size} unused; '
+                f'every user and item of a silo must appear in its records)',
+                cid,
+                name,
+            )
 
     label = silo.label
     if not np.all(np.isfinite(label)):
@@ -179,19 +190,25 @@ def _validate_silo(silo: ClientSilo, data: UserModelingData) -> None:
     if data.task == 'binary':
         bad = np.flatnonzero((label != 0) & (label != 1))
         if bad.size:
-            _fail(f'binary task labels must be 0 or 1; record {int(bad[0])} is {float(label[bad[0]]):g}', cid,
-                  'label')
+            _fail(f'binary task labels must be 0 or 1; record {int(bad[0])} is {float(label[bad[0]]):g}', cid, 'label')
     else:
         lo, hi = data.rating_range
         bad = np.flatnonzero((label < lo) | (label > hi))
         if bad.size:
-            _fail(f'rating {float(label[bad[0]]):g} of record {int(bad[0])} is outside rating_range '
-                  f'{data.rating_range}', cid, 'label')
+            _fail(
+                f'rating {float(label[bad[0]]):g} of record {int(bad[0])} is outside rating_range {data.rating_range}',
+                cid,
+                'label',
+            )
 
     bad = np.flatnonzero((silo.split < SPLIT_TRAIN) | (silo.split > SPLIT_TEST))
     if bad.size:
-        _fail(f'split values must be 0 (train), 1 (validation) or 2 (test); record {int(bad[0])} is '
-              f'{int(silo.split[bad[0]])}', cid, 'split')
+        _fail(
+            f'split values must be 0 (train), 1 (validation) or 2 (test); record {int(bad[0])} is '
+            f'{int(silo.split[bad[0]])}',
+            cid,
+            'split',
+        )
     for value, split_name in ((SPLIT_TRAIN, 'train'), (SPLIT_VALIDATION, 'validation'), (SPLIT_TEST, 'test')):
         if not np.any(silo.split == value):
             _fail(f'no {split_name} record (split == {value})', cid, 'split')
@@ -201,8 +218,12 @@ def _validate_silo(silo: ClientSilo, data: UserModelingData) -> None:
         _fail('must be multi-hot (every value 0 or 1)', cid, 'item_attributes')
     no_attribute = np.flatnonzero(attributes.sum(axis=1) == 0)
     if no_attribute.size:
-        _fail(f'item {int(no_attribute[0])} (global id {int(silo.global_item_ids[no_attribute[0]])}) has no '
-              f'attribute ({no_attribute.size} such items)', cid, 'item_attributes')
+        _fail(
+            f'item {int(no_attribute[0])} (global id {int(silo.global_item_ids[no_attribute[0]])}) has no '
+            f'attribute ({no_attribute.size} such items)',
+            cid,
+            'item_attributes',
+        )
     for name in ('global_user_ids', 'global_item_ids'):
         ids = getattr(silo, name)
         unique, counts = np.unique(ids, return_counts=True)
@@ -240,8 +261,9 @@ def validate(data: UserModelingData) -> UserModelingData:
     if data.num_attributes < 1:
         _fail(f'must be >= 1, got {data.num_attributes}', field='num_attributes')
     if len(data.attribute_names) != data.num_attributes:
-        _fail(f'has {len(data.attribute_names)} names for num_attributes={data.num_attributes}',
-              field='attribute_names')
+        _fail(
+            f'has {len(data.attribute_names)} names for num_attributes={data.num_attributes}', field='attribute_names'
+        )
     if not data.silos:
         _fail('no silo', field='silos')
     seen: set[str] = set()
@@ -278,8 +300,9 @@ def per_user_split(user: np.ndarray, split: tuple[float, float, float] = (0.8, 0
     """
     fractions = tuple(float(f) for f in split)
     if len(fractions) != 3 or not all(0.0 < f < 1.0 for f in fractions) or abs(sum(fractions) - 1.0) > 1e-6:
-        raise errors.ConfigError(f'split must be three fractions (train, validation, test) in (0, 1) summing to 1, got '
-                         f'{split!r}')
+        raise errors.ConfigError(
+            f'split must be three fractions (train, validation, test) in (0, 1) summing to 1, got {split!r}'
+        )
     user = np.asarray(user, dtype=np.int64)
     _, inverse, counts = np.unique(user, return_inverse=True, return_counts=True)
     n_train, n_val, _ = furl_tasks.split_sizes(counts, fractions[0], fractions[1])
@@ -299,8 +322,11 @@ def per_user_split(user: np.ndarray, split: tuple[float, float, float] = (0.8, 0
 
 
 def _distribution(prefix: str, values: np.ndarray) -> dict[str, Any]:
-    return {f'{prefix}_min': int(values.min()), f'{prefix}_median': float(np.median(values)),
-            f'{prefix}_max': int(values.max())}
+    return {
+        f'{prefix}_min': int(values.min()),
+        f'{prefix}_median': float(np.median(values)),
+        f'{prefix}_max': int(values.max()),
+    }
 
 
 def attribute_distribution(data: UserModelingData) -> np.ndarray:
@@ -401,6 +427,7 @@ def plot_attribute_distribution(data: UserModelingData, path: str, *, title: str
         `path`.
     """
     import matplotlib  # Imported lazily: only plotting needs it.
+
     matplotlib.use('Agg')
     from matplotlib import pyplot as plt
 
@@ -428,8 +455,11 @@ def plot_attribute_distribution(data: UserModelingData, path: str, *, title: str
     ax.set_yticklabels([data.silos[c].client_id for c in range(0, num_clients, step)], fontsize=8)
     ax.set_ylabel('client')
     tv = statistics(data)['attribute_tv_distance_mean']
-    ax.set_title(title or f'Distribution of attributes: {data.name} ({num_clients} clients, mean TV distance to '
-                 f'pooled = {tv:.2f})', fontsize=10)
+    ax.set_title(
+        title
+        or f'Distribution of attributes: {data.name} ({num_clients} clients, mean TV distance to pooled = {tv:.2f})',
+        fontsize=10,
+    )
     colorbar = fig.colorbar(image, ax=ax, fraction=0.04, pad=0.02)
     colorbar.set_label("fraction of the client's records with the attribute (sqrt scale; grey: missing)", fontsize=8)
     fig.tight_layout()

@@ -12,13 +12,19 @@
 from __future__ import annotations
 
 import os
-from typing import Mapping, Sequence
+from collections.abc import Mapping
+from collections.abc import Sequence
 
 import numpy as np
 
 
-def linear_probe_accuracy(train_features: np.ndarray, train_labels: np.ndarray, test_features: np.ndarray,
-                          test_labels: np.ndarray, seed: int = 0) -> float:
+def linear_probe_accuracy(
+    train_features: np.ndarray,
+    train_labels: np.ndarray,
+    test_features: np.ndarray,
+    test_labels: np.ndarray,
+    seed: int = 0,
+) -> float:
     """Test accuracy of a logistic-regression probe (features standardized with the training statistics)."""
     from sklearn.linear_model import LogisticRegression  # pylint: disable=g-import-not-at-top
 
@@ -33,8 +39,12 @@ def linear_probe_accuracy(train_features: np.ndarray, train_labels: np.ndarray, 
     return float(probe.score((test_features - mean) / std, test_labels))
 
 
-def probe_report(train: Mapping[str, np.ndarray], test: Mapping[str, np.ndarray],
-                 targets: Sequence[str] = ('client', 'label', 'mark'), seed: int = 0) -> dict[str, float]:
+def probe_report(
+    train: Mapping[str, np.ndarray],
+    test: Mapping[str, np.ndarray],
+    targets: Sequence[str] = ('client', 'label', 'mark'),
+    seed: int = 0,
+) -> dict[str, float]:
     """Probe accuracies `probe_<target>_from_<z|c>` plus the majority-class baseline `chance_<target>`.
 
     Args:
@@ -49,7 +59,8 @@ def probe_report(train: Mapping[str, np.ndarray], test: Mapping[str, np.ndarray]
             continue
         for rep in ('z', 'c'):
             report[f'probe_{target}_from_{rep}'] = linear_probe_accuracy(
-                train[rep], train[target], test[rep], test[target], seed)
+                train[rep], train[target], test[rep], test[target], seed
+            )
         counts = np.bincount(train[target])
         report[f'chance_{target}'] = float(np.mean(test[target] == np.argmax(counts)))
     return report
@@ -64,6 +75,7 @@ def plot_manifold_grids(panels: Sequence[tuple[str, np.ndarray]], path: str, tit
       title: Figure title.
     """
     import matplotlib  # pylint: disable=g-import-not-at-top
+
     matplotlib.use('Agg')
     import matplotlib.pyplot as plt  # pylint: disable=g-import-not-at-top
 
@@ -73,7 +85,7 @@ def plot_manifold_grids(panels: Sequence[tuple[str, np.ndarray]], path: str, tit
         canvas = np.ones([rows * (h + 1) - 1, cols * (w + 1) - 1, ch], np.float32)
         for r in range(rows):
             for c in range(cols):
-                canvas[r * (h + 1): r * (h + 1) + h, c * (w + 1): c * (w + 1) + w] = images[r, c]
+                canvas[r * (h + 1) : r * (h + 1) + h, c * (w + 1) : c * (w + 1) + w] = images[r, c]
         ax.imshow(canvas[..., 0] if ch == 1 else canvas, cmap='gray' if ch == 1 else None, vmin=0, vmax=1)
         ax.set_title(panel_title, fontsize=9)
         ax.set_xlabel('c varies (columns)', fontsize=8)
@@ -99,13 +111,23 @@ def project_2d(x: np.ndarray, method: str = 'tsne', seed: int = 0) -> np.ndarray
     if method != 'tsne':
         raise ValueError(f"method must be 'tsne' or 'pca', got {method!r}")
     from sklearn.manifold import TSNE  # pylint: disable=g-import-not-at-top
-    return TSNE(n_components=2, perplexity=min(30, max(5, x.shape[0] // 4)), random_state=seed,
-                init='pca').fit_transform(x)
+
+    return TSNE(
+        n_components=2, perplexity=min(30, max(5, x.shape[0] // 4)), random_state=seed, init='pca'
+    ).fit_transform(x)
 
 
-def plot_projections(z: np.ndarray, c: np.ndarray, clients: np.ndarray, path: str, *, method: str = 'tsne',
-                     seed: int = 0, title: str = '',
-                     also_by: Sequence[tuple[str, np.ndarray]] = ()) -> str:
+def plot_projections(
+    z: np.ndarray,
+    c: np.ndarray,
+    clients: np.ndarray,
+    path: str,
+    *,
+    method: str = 'tsne',
+    seed: int = 0,
+    title: str = '',
+    also_by: Sequence[tuple[str, np.ndarray]] = (),
+) -> str:
     """Scatter plots of 2-D projections of z (left) and c (right), coloured by client.
 
     Args:
@@ -121,6 +143,7 @@ def plot_projections(z: np.ndarray, c: np.ndarray, clients: np.ndarray, path: st
         content).
     """
     import matplotlib  # pylint: disable=g-import-not-at-top
+
     matplotlib.use('Agg')
     import matplotlib.pyplot as plt  # pylint: disable=g-import-not-at-top
 

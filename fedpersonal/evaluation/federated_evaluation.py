@@ -22,7 +22,7 @@ never leave the client computation.
 from __future__ import annotations
 
 import collections
-from typing import Callable, Optional
+from collections.abc import Callable
 
 import tensorflow as tf
 import tensorflow_federated as tff
@@ -38,10 +38,10 @@ def _build_evaluation(
     model_fn: fed_recon.ModelFn,
     *,
     loss_fn: fed_recon.LossFn,
-    metrics_fn: Optional[fed_recon.MetricsFn],
-    dataset_split: Optional[dataset_split_lib.ReconstructionSplit],
-    reconstruction_optimizer: Optional[tff.learning.optimizers.Optimizer],
-    finetune_optimizer: Optional[tff.learning.optimizers.Optimizer],
+    metrics_fn: fed_recon.MetricsFn | None,
+    dataset_split: dataset_split_lib.ReconstructionSplit | None,
+    reconstruction_optimizer: tff.learning.optimizers.Optimizer | None,
+    finetune_optimizer: tff.learning.optimizers.Optimizer | None,
     learn_local_init: bool,
     per_client_sample_size: int,
     metrics_aggregator: Callable[..., tff.Computation],
@@ -91,7 +91,9 @@ def _build_evaluation(
             support, query = split_fn(dataset)
             client_work.reconstruct(model, support, recon_opt, loss)
             if finetune_opt is not None:
-                client_work.optimizer_steps(global_trainable, support, finetune_opt, client_work.model_batch_loss(model, loss))
+                client_work.optimizer_steps(
+                    global_trainable, support, finetune_opt, client_work.model_batch_loss(model, loss)
+                )
         else:
             query = dataset
         client_work.evaluate_batches(model, query, metrics)
@@ -117,10 +119,14 @@ def _build_evaluation(
         def client_eval_private(server_weights, dataset, private_state):
             return client_eval_fn(server_weights, dataset, private_state)
 
-        @tff.federated_computation(server_weights_type, client_datasets_type, tff.FederatedType(private_type, tff.CLIENTS))
+        @tff.federated_computation(
+            server_weights_type, client_datasets_type, tff.FederatedType(private_type, tff.CLIENTS)
+        )
         def evaluate_with_private(server_weights, client_datasets, private_states):
             client_weights = tff.federated_broadcast(server_weights)
-            return aggregate_results(*tff.federated_map(client_eval_private, (client_weights, client_datasets, private_states)))
+            return aggregate_results(
+                *tff.federated_map(client_eval_private, (client_weights, client_datasets, private_states))
+            )
 
         return evaluate_with_private
 
@@ -140,10 +146,10 @@ def build_recon_eval(
     model_fn: fed_recon.ModelFn,
     *,
     loss_fn: fed_recon.LossFn,
-    metrics_fn: Optional[fed_recon.MetricsFn] = None,
+    metrics_fn: fed_recon.MetricsFn | None = None,
     reconstruction_optimizer: tff.learning.optimizers.Optimizer = tff.learning.optimizers.build_sgdm(0.1),
     dataset_split: dataset_split_lib.ReconstructionSplit = dataset_split_lib.ReconstructionSplit(),
-    finetune_optimizer: Optional[tff.learning.optimizers.Optimizer] = None,
+    finetune_optimizer: tff.learning.optimizers.Optimizer | None = None,
     learn_local_init: bool = False,
     per_client_sample_size: int = 100_000,
     metrics_aggregator: Callable[..., tff.Computation] = tff.learning.metrics.sum_then_finalize,
@@ -184,7 +190,7 @@ def build_standard_eval(
     model_fn: fed_recon.ModelFn,
     *,
     loss_fn: fed_recon.LossFn,
-    metrics_fn: Optional[fed_recon.MetricsFn] = None,
+    metrics_fn: fed_recon.MetricsFn | None = None,
     learn_local_init: bool = False,
     per_client_sample_size: int = 100_000,
     metrics_aggregator: Callable[..., tff.Computation] = tff.learning.metrics.sum_then_finalize,
@@ -207,7 +213,7 @@ def build_private_state_eval(
     model_fn: fed_recon.ModelFn,
     *,
     loss_fn: fed_recon.LossFn,
-    metrics_fn: Optional[fed_recon.MetricsFn] = None,
+    metrics_fn: fed_recon.MetricsFn | None = None,
     per_client_sample_size: int = 100_000,
     metrics_aggregator: Callable[..., tff.Computation] = tff.learning.metrics.sum_then_finalize,
 ) -> tff.Computation:

@@ -48,18 +48,19 @@ def _payload_computation(value_type: tff.Type) -> tff.Computation:
             else:
                 scalars += size
             num_bytes += size * itemsize
-        return collections.OrderedDict(
-            scalars=tf.cast(scalars, tf.float64), bytes=tf.cast(num_bytes, tf.float64))
+        return collections.OrderedDict(scalars=tf.cast(scalars, tf.float64), bytes=tf.cast(num_bytes, tf.float64))
 
     return payload
 
 
 def _mean_over_clients(payloads, prefix: str, suffix: str) -> collections.OrderedDict:
     mean = tff.federated_mean(payloads)
-    return collections.OrderedDict([
-        (f'{prefix}scalars{suffix}', mean.scalars),
-        (f'{prefix}bytes{suffix}', mean.bytes),
-    ])
+    return collections.OrderedDict(
+        [
+            (f'{prefix}scalars{suffix}', mean.scalars),
+            (f'{prefix}bytes{suffix}', mean.bytes),
+        ]
+    )
 
 
 def build_measured_broadcast(value_type: tff.Type) -> tff.learning.templates.DistributionProcess:
@@ -80,7 +81,8 @@ def build_measured_broadcast(value_type: tff.Type) -> tff.learning.templates.Dis
         measured = _mean_over_clients(tff.federated_map(payload, client_value), '', '_down_per_client')
         measured['clients'] = tff.federated_sum(tff.federated_value(1, tff.CLIENTS))
         return tff.templates.MeasuredProcessOutput(
-            state=state, result=client_value, measurements=tff.federated_zip(measured))
+            state=state, result=client_value, measurements=tff.federated_zip(measured)
+        )
 
     return tff.learning.templates.DistributionProcess(initialize, next_fn)
 
@@ -110,11 +112,13 @@ class MeasuredAggregationFactory(tff.aggregators.WeightedAggregationFactory):
         self._inner = inner
 
     def create(self, value_type, weight_type) -> tff.templates.AggregationProcess:
-        inner = (self._inner.create(value_type, weight_type) if self._weighted
-                 else self._inner.create(value_type))
+        inner = self._inner.create(value_type, weight_type) if self._weighted else self._inner.create(value_type)
         # An unweighted inner aggregator never reads the weight, so a client would not send it.
-        upload_type = (tff.StructType([('update', value_type), ('weight', weight_type)]) if self._weighted
-                       else tff.StructType([('update', value_type)]))
+        upload_type = (
+            tff.StructType([('update', value_type), ('weight', weight_type)])
+            if self._weighted
+            else tff.StructType([('update', value_type)])
+        )
         payload = _payload_computation(upload_type)
 
         @tff.tensorflow.computation(value_type, weight_type)
@@ -134,7 +138,8 @@ class MeasuredAggregationFactory(tff.aggregators.WeightedAggregationFactory):
             output = inner.next(state, value, weight) if self._weighted else inner.next(state, value)
             measured['inner'] = output.measurements
             return tff.templates.MeasuredProcessOutput(
-                state=output.state, result=output.result, measurements=tff.federated_zip(measured))
+                state=output.state, result=output.result, measurements=tff.federated_zip(measured)
+            )
 
         return tff.templates.AggregationProcess(inner.initialize, next_fn)
 
@@ -144,8 +149,13 @@ def communication_from_metrics(metrics) -> dict[str, float]:
     out = {}
     for part in ('distributor', 'aggregator'):
         values = metrics.get(part, {}) if hasattr(metrics, 'get') else {}
-        for key in ('scalars_down_per_client', 'bytes_down_per_client', 'scalars_up_per_client',
-                    'bytes_up_per_client', 'clients'):
+        for key in (
+            'scalars_down_per_client',
+            'bytes_down_per_client',
+            'scalars_up_per_client',
+            'bytes_up_per_client',
+            'clients',
+        ):
             if key in values:
                 out[key] = float(np.asarray(values[key]))
     return out

@@ -149,11 +149,14 @@ def doa_report(user, item, label, user_attribute_scores, item_attributes) -> dic
     scores = np.asarray(user_attribute_scores, dtype=np.float64)
     attributes = np.asarray(item_attributes)
     if not (user.size == item.size == label.size) or user.size == 0:
-        raise ValueError(f'user, item and label must be non-empty with equal sizes, got {user.size}, {item.size}, '
-                         f'{label.size}')
+        raise ValueError(
+            f'user, item and label must be non-empty with equal sizes, got {user.size}, {item.size}, {label.size}'
+        )
     if scores.ndim != 2 or attributes.ndim != 2 or scores.shape[1] != attributes.shape[1]:
-        raise ValueError(f'user_attribute_scores [num_users, K] and item_attributes [num_items, K] must agree in K, '
-                         f'got shapes {scores.shape} and {attributes.shape}')
+        raise ValueError(
+            f'user_attribute_scores [num_users, K] and item_attributes [num_items, K] must agree in K, '
+            f'got shapes {scores.shape} and {attributes.shape}'
+        )
     for name, index, size in (('user', user, scores.shape[0]), ('item', item, attributes.shape[0])):
         if not np.issubdtype(index.dtype, np.integer):
             raise ValueError(f'{name} must be integer indices, got dtype {index.dtype}')
@@ -253,8 +256,7 @@ def ndcg(user, y_true, y_score, *, k: int | None = 10, gain: str = 'linear', min
     def dcg(order: np.ndarray) -> np.ndarray:
         rank = position - starts[u[order]]  # 0-based rank within the user (order groups rows by user).
         keep = rank < (k if k is not None else y.size)
-        return np.bincount(u[order][keep], weights=g[order][keep] / np.log2(rank[keep] + 2.0),
-                           minlength=counts.size)
+        return np.bincount(u[order][keep], weights=g[order][keep] / np.log2(rank[keep] + 2.0), minlength=counts.size)
 
     predicted = dcg(np.lexsort((position, -s, u)))
     ideal = dcg(np.lexsort((position, -g, u)))

@@ -45,7 +45,6 @@ Seeding (reproducibility): every builder takes a keyword-only ``seed`` (default 
 from __future__ import annotations
 
 import dataclasses
-from typing import Optional
 
 import tensorflow as tf
 
@@ -89,8 +88,9 @@ class DvaArchitecture:
         if h % 4 or w % 4:
             raise errors.ConfigError(f'image height and width must be divisible by 4, got {self.image_shape}')
         if self.z_dim < 1 or self.c_dim < 1 or not self.encoder_channels or len(self.decoder_channels) != 2:
-            raise errors.ConfigError('z_dim and c_dim must be >= 1, encoder_channels non-empty and decoder_channels '
-                             f'two entries; got {self}')
+            raise errors.ConfigError(
+                f'z_dim and c_dim must be >= 1, encoder_channels non-empty and decoder_channels two entries; got {self}'
+            )
 
 
 PAPER = DvaArchitecture()
@@ -101,9 +101,22 @@ SCALED = DvaArchitecture(encoder_channels=(8, 16, 32), decoder_dense=(64,), deco
 transposed convs (the paper: 4 layers of 64..512 channels)."""
 
 # Index of each random initializer in `initializer_seed(seed, index)`; layers numbered i use base + i (i < 10).
-_INIT_SEEDS = dict(z_conv=10, z_mu=30, z_logvar=31, c_x_embedding=40, c_z_embedding=41, c_conv=50, c_mu=70,
-                   c_logvar=71, dec_dense=80, dec_project=100, dec_deconv=110, dec_out=120, head_hidden=130,
-                   head_logits=131)
+_INIT_SEEDS = dict(
+    z_conv=10,
+    z_mu=30,
+    z_logvar=31,
+    c_x_embedding=40,
+    c_z_embedding=41,
+    c_conv=50,
+    c_mu=70,
+    c_logvar=71,
+    dec_dense=80,
+    dec_project=100,
+    dec_deconv=110,
+    dec_out=120,
+    head_hidden=130,
+    head_logits=131,
+)
 
 
 def initializer_seed(seed: int, index: int) -> int:
@@ -121,8 +134,15 @@ def _backbone(arch: DvaArchitecture, name: str, seed: int) -> list[tf.keras.laye
     layers = []
     for i, channels in enumerate(arch.encoder_channels):
         layers += [
-            tf.keras.layers.Conv2D(channels, arch.kernel_size, strides=2, padding='same', use_bias=False,
-                                   kernel_initializer=_glorot(seed, f'{name}_conv', i), name=f'{name}_conv{i}'),
+            tf.keras.layers.Conv2D(
+                channels,
+                arch.kernel_size,
+                strides=2,
+                padding='same',
+                use_bias=False,
+                kernel_initializer=_glorot(seed, f'{name}_conv', i),
+                name=f'{name}_conv{i}',
+            ),
             tf.keras.layers.BatchNormalization(momentum=arch.batch_norm_momentum, name=f'{name}_bn{i}'),
             tf.keras.layers.LeakyReLU(0.2),
         ]
@@ -131,8 +151,9 @@ def _backbone(arch: DvaArchitecture, name: str, seed: int) -> list[tf.keras.laye
 
 def _gaussian_heads(features, dim: int, name: str, seed: int):
     mu = tf.keras.layers.Dense(dim, kernel_initializer=_glorot(seed, f'{name}_mu'), name=f'{name}_mu')(features)
-    logvar = tf.keras.layers.Dense(dim, kernel_initializer=_glorot(seed, f'{name}_logvar'),
-                                   name=f'{name}_logvar')(features)
+    logvar = tf.keras.layers.Dense(dim, kernel_initializer=_glorot(seed, f'{name}_logvar'), name=f'{name}_logvar')(
+        features
+    )
     return mu, logvar
 
 
@@ -150,11 +171,14 @@ def build_c_encoder(arch: DvaArchitecture, *, seed: int = 0) -> tf.keras.Model:
     height, width, _ = arch.image_shape
     x = tf.keras.Input(arch.image_shape)
     z = tf.keras.Input([arch.z_dim])
-    x_embedding = tf.keras.layers.Conv2D(arch.embedding_channels, 1, kernel_initializer=_glorot(seed, 'c_x_embedding'),
-                                         name='c_x_embedding')(x)
+    x_embedding = tf.keras.layers.Conv2D(
+        arch.embedding_channels, 1, kernel_initializer=_glorot(seed, 'c_x_embedding'), name='c_x_embedding'
+    )(x)
     z_embedding = tf.keras.layers.Reshape([height, width, 1])(
-        tf.keras.layers.Dense(height * width, kernel_initializer=_glorot(seed, 'c_z_embedding'),
-                              name='c_z_embedding')(z))
+        tf.keras.layers.Dense(height * width, kernel_initializer=_glorot(seed, 'c_z_embedding'), name='c_z_embedding')(
+            z
+        )
+    )
     h = tf.keras.layers.Concatenate(axis=-1)([x_embedding, z_embedding])
     for layer in _backbone(arch, 'c', seed):
         h = layer(h)
@@ -167,20 +191,29 @@ def build_decoder(arch: DvaArchitecture, *, seed: int = 0) -> tf.keras.Model:
     latent = tf.keras.Input([arch.z_dim + arch.c_dim])
     h = latent
     for i, units in enumerate(arch.decoder_dense):
-        h = tf.keras.layers.LeakyReLU(0.2)(tf.keras.layers.Dense(
-            units, kernel_initializer=_glorot(seed, 'dec_dense', i), name=f'dec_dense{i}')(h))
+        h = tf.keras.layers.LeakyReLU(0.2)(
+            tf.keras.layers.Dense(units, kernel_initializer=_glorot(seed, 'dec_dense', i), name=f'dec_dense{i}')(h)
+        )
     first = arch.decoder_channels[0]
-    h = tf.keras.layers.Dense((height // 4) * (width // 4) * first, kernel_initializer=_glorot(seed, 'dec_project'),
-                              name='dec_project')(h)
+    h = tf.keras.layers.Dense(
+        (height // 4) * (width // 4) * first, kernel_initializer=_glorot(seed, 'dec_project'), name='dec_project'
+    )(h)
     h = tf.keras.layers.Reshape([height // 4, width // 4, first])(h)
     for i, ch in enumerate(arch.decoder_channels):
-        h = tf.keras.layers.Conv2DTranspose(ch, arch.kernel_size, strides=2, padding='same', use_bias=False,
-                                            kernel_initializer=_glorot(seed, 'dec_deconv', i),
-                                            name=f'dec_deconv{i}')(h)
+        h = tf.keras.layers.Conv2DTranspose(
+            ch,
+            arch.kernel_size,
+            strides=2,
+            padding='same',
+            use_bias=False,
+            kernel_initializer=_glorot(seed, 'dec_deconv', i),
+            name=f'dec_deconv{i}',
+        )(h)
         h = tf.keras.layers.BatchNormalization(momentum=arch.batch_norm_momentum, name=f'dec_bn{i}')(h)
         h = tf.keras.layers.LeakyReLU(0.2)(h)
-    logits = tf.keras.layers.Conv2D(channels, 3, padding='same', kernel_initializer=_glorot(seed, 'dec_out'),
-                                    name='dec_out')(h)
+    logits = tf.keras.layers.Conv2D(
+        channels, 3, padding='same', kernel_initializer=_glorot(seed, 'dec_out'), name='dec_out'
+    )(h)
     return tf.keras.Model(latent, logits, name='decoder')
 
 
@@ -189,13 +222,16 @@ def build_head(arch: DvaArchitecture, *, seed: int = 0) -> tf.keras.Model:
     features = tf.keras.Input([arch.z_dim + arch.c_dim])
     # Standardizes the representation per client (moving statistics are private), like a linear probe's scaler:
     # the c regularizers push mu_c far from the origin (KL >= xi), so the raw scales differ a lot.
-    h = tf.keras.layers.BatchNormalization(center=False, scale=False, momentum=arch.batch_norm_momentum,
-                                           name='head_standardize')(features)
+    h = tf.keras.layers.BatchNormalization(
+        center=False, scale=False, momentum=arch.batch_norm_momentum, name='head_standardize'
+    )(features)
     if arch.head_hidden:
-        h = tf.keras.layers.Dense(arch.head_hidden, activation='relu', kernel_initializer=_glorot(seed, 'head_hidden'),
-                                  name='head_hidden')(h)
-    logits = tf.keras.layers.Dense(arch.num_classes, kernel_initializer=_glorot(seed, 'head_logits'),
-                                   name='head_logits')(h)
+        h = tf.keras.layers.Dense(
+            arch.head_hidden, activation='relu', kernel_initializer=_glorot(seed, 'head_hidden'), name='head_hidden'
+        )(h)
+    logits = tf.keras.layers.Dense(
+        arch.num_classes, kernel_initializer=_glorot(seed, 'head_logits'), name='head_logits'
+    )(h)
     return tf.keras.Model(features, logits, name='head')
 
 
@@ -215,8 +251,7 @@ def pairwise_kl(mu: tf.Tensor, logvar: tf.Tensor) -> tf.Tensor:
     var = tf.exp(logvar)
     mu_i, mu_j = mu[:, None, :], mu[None, :, :]
     lv_i, lv_j = logvar[:, None, :], logvar[None, :, :]
-    return 0.5 * tf.reduce_sum(lv_j - lv_i + (var[:, None, :] + tf.square(mu_i - mu_j)) / tf.exp(lv_j) - 1.0,
-                               axis=-1)
+    return 0.5 * tf.reduce_sum(lv_j - lv_i + (var[:, None, :] + tf.square(mu_i - mu_j)) / tf.exp(lv_j) - 1.0, axis=-1)
 
 
 def mean_pairwise_kl(mu: tf.Tensor, logvar: tf.Tensor) -> tf.Tensor:
@@ -225,8 +260,7 @@ def mean_pairwise_kl(mu: tf.Tensor, logvar: tf.Tensor) -> tf.Tensor:
     return tf.reduce_sum(pairwise_kl(mu, logvar), axis=1) / tf.maximum(n - 1.0, 1.0)
 
 
-def c_regularizer(mu_c: tf.Tensor, logvar_c: tf.Tensor, *, lambda_c: float, lambda_cc: float,
-                  xi: float) -> tf.Tensor:
+def c_regularizer(mu_c: tf.Tensor, logvar_c: tf.Tensor, *, lambda_c: float, lambda_cc: float, xi: float) -> tf.Tensor:
     """Per-example regularizer of the c phase:
     lambda_c * KL(q_c || N(sg(mean mu_c), I)) + lambda_cc * relu(xi + L_reg - KL(q_c || N(0, I)))."""
     centre = tf.stop_gradient(tf.reduce_mean(mu_c, axis=0, keepdims=True))
@@ -260,7 +294,7 @@ class LossWeights:
 
     lambda_c: float = 1.0
     lambda_cc: float = 0.75
-    xi: Optional[float] = None
+    xi: float | None = None
     decoder_c_source: str = 'posterior'
 
     def __post_init__(self):
@@ -282,8 +316,14 @@ class DualVae:
         weights, the reparameterization noise (`noise`). Default 0.
     """
 
-    def __init__(self, arch: DvaArchitecture = SCALED, weights: LossWeights = LossWeights(),
-                 head_tunes_encoders: bool = False, *, seed: int = 0):
+    def __init__(
+        self,
+        arch: DvaArchitecture = SCALED,
+        weights: LossWeights = LossWeights(),
+        head_tunes_encoders: bool = False,
+        *,
+        seed: int = 0,
+    ):
         self.arch = arch
         self.weights = weights
         self.head_tunes_encoders = bool(head_tunes_encoders)
@@ -324,8 +364,12 @@ class DualVae:
     @property
     def private_non_trainable(self) -> list[tf.Variable]:
         """Client-local batch-norm statistics of all parts."""
-        return (list(self.z_encoder.non_trainable_variables) + list(self.c_encoder.non_trainable_variables)
-                + list(self.decoder.non_trainable_variables) + list(self.head.non_trainable_variables))
+        return (
+            list(self.z_encoder.non_trainable_variables)
+            + list(self.c_encoder.non_trainable_variables)
+            + list(self.decoder.non_trainable_variables)
+            + list(self.head.non_trainable_variables)
+        )
 
     def variables_of(self, phase: str) -> list[tf.Variable]:
         """The trainable variables stepped in `phase`."""
@@ -353,8 +397,9 @@ class DualVae:
         """Class logits of the head on [mu_z, mu_c]."""
         return self.head(self.features(x), training=False)
 
-    def phase_terms(self, phase: str, x: tf.Tensor, eps_z: tf.Tensor, eps_c: tf.Tensor,
-                    y: Optional[tf.Tensor] = None) -> dict[str, tf.Tensor]:
+    def phase_terms(
+        self, phase: str, x: tf.Tensor, eps_z: tf.Tensor, eps_c: tf.Tensor, y: tf.Tensor | None = None
+    ) -> dict[str, tf.Tensor]:
         """Batch-mean loss terms of one phase with explicit reparameterization noise (training mode).
 
         Returns a dict with 'loss' (what the phase minimizes) and its terms ('reconstruction', 'kl_z',
@@ -362,8 +407,9 @@ class DualVae:
         """
         if phase == 'head':
             logits = self.head(self.features(x, stop_gradient=not self.head_tunes_encoders), training=True)
-            ce = tf.reduce_mean(tf.nn.sparse_softmax_cross_entropy_with_logits(labels=tf.cast(y, tf.int32),
-                                                                                logits=logits))
+            ce = tf.reduce_mean(
+                tf.nn.sparse_softmax_cross_entropy_with_logits(labels=tf.cast(y, tf.int32), logits=logits)
+            )
             return {'loss': ce, 'cross_entropy': ce}
         mu_z, logvar_z = self.z_encoder(x, training=True)
         z = sample(mu_z, logvar_z, eps_z)
@@ -385,8 +431,9 @@ class DualVae:
         if phase == 'c':
             centre = tf.stop_gradient(tf.reduce_mean(mu_c, axis=0, keepdims=True))
             slack = tf.reduce_mean(kl_to_unit_gaussian_at(mu_c, logvar_c, centre))
-            constraint = tf.reduce_mean(tf.nn.relu(
-                self.xi + mean_pairwise_kl(mu_c, logvar_c) - kl_standard_normal(mu_c, logvar_c)))
+            constraint = tf.reduce_mean(
+                tf.nn.relu(self.xi + mean_pairwise_kl(mu_c, logvar_c) - kl_standard_normal(mu_c, logvar_c))
+            )
             loss = recon + self.weights.lambda_c * slack + self.weights.lambda_cc * constraint
             return {'loss': loss, 'reconstruction': recon, 'kl_c_slack': slack, 'constraint': constraint}
         raise ValueError(f'unknown phase {phase!r}; expected one of {PHASES}')
@@ -416,7 +463,7 @@ class DualVae:
         eps_c = tf.random.stateless_normal([n, self.arch.c_dim], seed=fold_in(seed, tf.constant(1, tf.int64)))
         return eps_z, eps_c
 
-    def phase_loss(self, phase: str, x: tf.Tensor, y: Optional[tf.Tensor] = None) -> tf.Tensor:
+    def phase_loss(self, phase: str, x: tf.Tensor, y: tf.Tensor | None = None) -> tf.Tensor:
         """The loss of `phase` on a batch, with N(0, I) reparameterization noise from `noise` (fresh for every step,
         client and round, yet a deterministic function of the seed, the batch and the current weights)."""
         if phase == 'head':  # No sampling in the head phase.
@@ -427,9 +474,14 @@ class DualVae:
         return self.phase_terms(phase, x, eps_z, eps_c, y)['loss']
 
 
-def build_cnn_classifier(image_shape: tuple[int, int, int] = (28, 28, 1),
-                         channels: tuple[int, ...] = (32, 64, 128, 256),
-                         dense_units: int = 128, num_classes: int = 10, *, seed: int = 0) -> tf.keras.Model:
+def build_cnn_classifier(
+    image_shape: tuple[int, int, int] = (28, 28, 1),
+    channels: tuple[int, ...] = (32, 64, 128, 256),
+    dense_units: int = 128,
+    num_classes: int = 10,
+    *,
+    seed: int = 0,
+) -> tf.keras.Model:
     """The baselines' classifier (FedAvg, FedAvg + fine-tuning, Ditto): stride-2 conv layers (kernel 3, ReLU;
     the FedDVA appendix uses 4) and a 2-layer dense head, no batch norm (all weights federated). Returns logits.
 

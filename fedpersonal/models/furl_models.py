@@ -32,8 +32,10 @@ client), wherever it is built (eagerly or in a TFF computation's graph).
 from __future__ import annotations
 
 import collections
-from collections.abc import Mapping, Sequence
-from typing import Any, Callable, Optional
+from collections.abc import Callable
+from collections.abc import Mapping
+from collections.abc import Sequence
+from typing import Any
 
 import tensorflow as tf
 
@@ -56,8 +58,17 @@ __all__ = [
 
 PERSONALIZATION_MODES = ('none', 'private', 'table')
 # Index of each random initializer in `partially_local_model.initializer_seed(seed, index)`; mlp_k uses 10 + k.
-_INIT_SEEDS = dict(char_embedding=0, forward_kernel=1, forward_recurrent=2, backward_kernel=3, backward_recurrent=4,
-                   item_embedding=5, user_embedding=6, logits=9, mlp=10)
+_INIT_SEEDS = dict(
+    char_embedding=0,
+    forward_kernel=1,
+    forward_recurrent=2,
+    backward_kernel=3,
+    backward_recurrent=4,
+    item_embedding=5,
+    user_embedding=6,
+    logits=9,
+    mlp=10,
+)
 USER_EMBEDDING_LAYER = 'user_embedding'
 """Name of the user-embedding layer (private vector or table) in every personalized model."""
 
@@ -88,9 +99,15 @@ def to_model_input(example: Mapping[str, Any]) -> collections.OrderedDict:
     return collections.OrderedDict(x=x, y=example['label'])
 
 
-def batch_dataset(dataset: tf.data.Dataset, *, batch_size: int = 16, num_epochs: int = 1,
-                  shuffle_buffer_size: int = 0, seed: int = 0,
-                  max_examples: Optional[int] = None) -> tf.data.Dataset:
+def batch_dataset(
+    dataset: tf.data.Dataset,
+    *,
+    batch_size: int = 16,
+    num_epochs: int = 1,
+    shuffle_buffer_size: int = 0,
+    seed: int = 0,
+    max_examples: int | None = None,
+) -> tf.data.Dataset:
     """Turns a client's unbatched examples into model batches (matching `input_spec`).
 
     Order: ``take(max_examples)`` -> ``shuffle`` (if ``shuffle_buffer_size > 1``; op-level ``seed``, default 0, so
@@ -124,7 +141,7 @@ class TrimPadding(tf.keras.layers.Layer):
     def call(self, chars):
         length = tf.shape(chars)[1]
         positions = tf.range(1, length + 1)[tf.newaxis, :] * tf.cast(chars != 0, tf.int32)
-        return chars[:, :tf.maximum(tf.reduce_max(positions), 1)]
+        return chars[:, : tf.maximum(tf.reduce_max(positions), 1)]
 
     def compute_output_shape(self, input_shape):
         return tf.TensorShape([input_shape[0], None])
@@ -160,8 +177,9 @@ def build_keras_model(
     if num_classes < 2:
         raise errors.ConfigError(f'num_classes must be >= 2 (binary tasks use 2 logits), got {num_classes}')
     if max_chars < 0 or num_features < 0 or num_items < 0:
-        raise errors.ConfigError(f'max_chars, num_features and num_items must be >= 0, got {max_chars}, {num_features}, '
-                         f'{num_items}')
+        raise errors.ConfigError(
+            f'max_chars, num_features and num_items must be >= 0, got {max_chars}, {num_features}, {num_items}'
+        )
     if max_chars > 0 and char_vocab_size < 2:
         raise errors.ConfigError(f'char_vocab_size must be >= 2 when there is text, got {char_vocab_size}')
     if personalization == 'table' and num_users < 1:
@@ -181,46 +199,62 @@ def build_keras_model(
 
     parts = []
     if max_chars > 0:
-        char_embedding = tf.keras.layers.Embedding(char_vocab_size, char_embedding_dim, mask_zero=True,
-                                                   embeddings_initializer=uniform('char_embedding'),
-                                                   name='char_embedding')
+        char_embedding = tf.keras.layers.Embedding(
+            char_vocab_size,
+            char_embedding_dim,
+            mask_zero=True,
+            embeddings_initializer=uniform('char_embedding'),
+            name='char_embedding',
+        )
         # RNN(LSTMCell) is the same LSTM as tf.keras.layers.LSTM but skips its cuDNN/CPU backend selection, which
         # makes building the model ~10x and tracing it ~2x faster on CPU (model_fn runs in every TFF trace).
         # The backward LSTM is built here (not copied from the forward one by Bidirectional) to get its own seeds.
         lstm, backward_lstm = (
             tf.keras.layers.RNN(
-                tf.keras.layers.LSTMCell(lstm_units, kernel_initializer=glorot(f'{direction}_kernel'),
-                                         recurrent_initializer=orthogonal(f'{direction}_recurrent'), name='cell'),
-                go_backwards=direction == 'backward', name='lstm')
-            for direction in ('forward', 'backward'))
+                tf.keras.layers.LSTMCell(
+                    lstm_units,
+                    kernel_initializer=glorot(f'{direction}_kernel'),
+                    recurrent_initializer=orthogonal(f'{direction}_recurrent'),
+                    name='cell',
+                ),
+                go_backwards=direction == 'backward',
+                name='lstm',
+            )
+            for direction in ('forward', 'backward')
+        )
         encoder = tf.keras.layers.Bidirectional(lstm, backward_layer=backward_lstm, name='text_encoder')
         parts.append(encoder(char_embedding(TrimPadding(name='trim_padding')(inputs['chars']))))
     if num_features > 0:
         parts.append(inputs['features'])
     if num_items > 0:
-        item_embedding = tf.keras.layers.Embedding(num_items, item_embedding_dim,
-                                                   embeddings_initializer=uniform('item_embedding'),
-                                                   name='item_embedding')
+        item_embedding = tf.keras.layers.Embedding(
+            num_items, item_embedding_dim, embeddings_initializer=uniform('item_embedding'), name='item_embedding'
+        )
         parts.append(item_embedding(inputs['item_id']))
 
     local_layers: list[tf.keras.layers.Layer] = []
     if personalization == 'private':
-        user_layer = matrix_factorization.UserEmbedding(user_embedding_dim, seed=init_seed('user_embedding'),
-                                                        name=USER_EMBEDDING_LAYER)
+        user_layer = matrix_factorization.UserEmbedding(
+            user_embedding_dim, seed=init_seed('user_embedding'), name=USER_EMBEDDING_LAYER
+        )
         parts.append(user_layer(inputs['user_id']))
         local_layers.append(user_layer)
     elif personalization == 'table':
         user_layer = tf.keras.layers.Embedding(
-            num_users, user_embedding_dim, embeddings_initializer=uniform('user_embedding'), name=USER_EMBEDDING_LAYER)
+            num_users, user_embedding_dim, embeddings_initializer=uniform('user_embedding'), name=USER_EMBEDDING_LAYER
+        )
         parts.append(user_layer(inputs['user_id']))
     if not parts:
-        raise ValueError('the model has no input representation: no text (max_chars=0), no features, no items and '
-                         "no user embedding (personalization='none')")
+        raise ValueError(
+            'the model has no input representation: no text (max_chars=0), no features, no items and '
+            "no user embedding (personalization='none')"
+        )
 
     hidden = tf.keras.layers.Concatenate(name='concat')(parts) if len(parts) > 1 else parts[0]
     for k, units in enumerate(mlp_units):
-        hidden = tf.keras.layers.Dense(units, activation='relu', kernel_initializer=glorot('mlp', k),
-                                       name=f'mlp_{k}')(hidden)
+        hidden = tf.keras.layers.Dense(units, activation='relu', kernel_initializer=glorot('mlp', k), name=f'mlp_{k}')(
+            hidden
+        )
     logits = tf.keras.layers.Dense(num_classes, kernel_initializer=glorot('logits'), name='logits')(hidden)
     keras_model = tf.keras.Model(inputs=inputs, outputs=logits, name=f'furl_{personalization}')
     local_ids = {id(layer) for layer in local_layers}
@@ -253,11 +287,21 @@ def furl_model_fn(
     state if the algorithm takes it from ``model_fn``, is a function of ``seed`` only). See `build_keras_model` and
     the module docstring.
     """
-    kwargs = dict(char_vocab_size=char_vocab_size, max_chars=max_chars, num_features=num_features,
-                  num_classes=num_classes, personalization=personalization, num_users=num_users,
-                  num_items=num_items, char_embedding_dim=char_embedding_dim, lstm_units=lstm_units,
-                  user_embedding_dim=user_embedding_dim, item_embedding_dim=item_embedding_dim,
-                  mlp_units=tuple(mlp_units), seed=seed)
+    kwargs = dict(
+        char_vocab_size=char_vocab_size,
+        max_chars=max_chars,
+        num_features=num_features,
+        num_classes=num_classes,
+        personalization=personalization,
+        num_users=num_users,
+        num_items=num_items,
+        char_embedding_dim=char_embedding_dim,
+        lstm_units=lstm_units,
+        user_embedding_dim=user_embedding_dim,
+        item_embedding_dim=item_embedding_dim,
+        mlp_units=tuple(mlp_units),
+        seed=seed,
+    )
     # Validate the arguments now, not when an algorithm first calls model_fn inside a TFF computation.
     if personalization not in PERSONALIZATION_MODES:
         raise errors.ConfigError(f'personalization must be one of {PERSONALIZATION_MODES}, got {personalization!r}')
@@ -268,8 +312,8 @@ def furl_model_fn(
     def model_fn() -> partially_local_model.PartiallyLocalModel:
         keras_model, global_layers, local_layers = build_keras_model(**kwargs)
         return partially_local_model.from_keras_model(
-            keras_model, input_spec=input_spec(**spec_kwargs), global_layers=global_layers,
-            local_layers=local_layers)
+            keras_model, input_spec=input_spec(**spec_kwargs), global_layers=global_layers, local_layers=local_layers
+        )
 
     return model_fn
 
@@ -291,8 +335,9 @@ class BinaryAUC(tf.keras.metrics.AUC):
     """
 
     def __init__(self, num_thresholds: int = 200, name: str = 'auc', dtype=None, from_logits: bool = True):
-        super().__init__(num_thresholds=num_thresholds, curve='ROC', summation_method='interpolation', name=name,
-                         dtype=dtype)
+        super().__init__(
+            num_thresholds=num_thresholds, curve='ROC', summation_method='interpolation', name=name, dtype=dtype
+        )
         self._binary_from_logits = from_logits
 
     def update_state(self, y_true, y_pred, sample_weight=None):
@@ -305,8 +350,12 @@ class BinaryAUC(tf.keras.metrics.AUC):
         super().update_state(y_true, score, sample_weight=sample_weight)
 
     def get_config(self):
-        return {'num_thresholds': self.num_thresholds, 'name': self.name, 'dtype': self.dtype,
-                'from_logits': self._binary_from_logits}
+        return {
+            'num_thresholds': self.num_thresholds,
+            'name': self.name,
+            'dtype': self.dtype,
+            'from_logits': self._binary_from_logits,
+        }
 
     @classmethod
     def from_config(cls, config):

@@ -50,7 +50,9 @@ attribute-masked user/item inputs. The K vectors together are exactly the public
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, NamedTuple, Sequence
+from collections.abc import Sequence
+from typing import Any
+from typing import NamedTuple
 
 import numpy as np
 import tensorflow as tf
@@ -58,9 +60,24 @@ import tensorflow as tf
 from fedpersonal import errors
 
 __all__ = [
-    'GumConfig', 'GumConfigError', 'PublicWeights', 'PrivateWeights', 'GumWeights', 'TASKS', 'initial_public',
-    'initial_private', 'initial_weights', 'predict', 'mse_loss', 'correct', 'to_unit', 'from_unit',
-    'attribute_vectors', 'from_attribute_vectors', 'attribute_vector_size', 'user_proficiency',
+    'GumConfig',
+    'GumConfigError',
+    'PublicWeights',
+    'PrivateWeights',
+    'GumWeights',
+    'TASKS',
+    'initial_public',
+    'initial_private',
+    'initial_weights',
+    'predict',
+    'mse_loss',
+    'correct',
+    'to_unit',
+    'from_unit',
+    'attribute_vectors',
+    'from_attribute_vectors',
+    'attribute_vector_size',
+    'user_proficiency',
     'trainable_private_fields',
 ]
 
@@ -109,19 +126,25 @@ class GumConfig:
             raise GumConfigError(f'GumConfig.rating_range must be (lo, hi) with hi > lo, got {self.rating_range!r}.')
         if self.task == 'binary' and (lo, hi) != (0.0, 1.0):
             raise GumConfigError(
-                f'GumConfig.rating_range must be (0, 1) for the binary task, got {self.rating_range!r}.')
+                f'GumConfig.rating_range must be (0, 1) for the binary task, got {self.rating_range!r}.'
+            )
         if self.embedding_init_stddev < 0:
             raise GumConfigError(f'GumConfig.embedding_init_stddev must be >= 0, got {self.embedding_init_stddev!r}.')
         object.__setattr__(self, 'rating_range', (lo, hi))
 
     @classmethod
-    def for_data(cls, data: Any, **kwargs) -> 'GumConfig':
+    def for_data(cls, data: Any, **kwargs) -> GumConfig:
         """A config sized for a `fedpersonal.data.user_modeling.UserModelingData` (K, largest silo, task, range)."""
         if not data.silos:
             raise GumConfigError(f'{data.name}: the data set has no client silos.')
-        return cls(num_attributes=int(data.num_attributes), max_users=max(int(s.num_users) for s in data.silos),
-                   max_items=max(int(s.num_items) for s in data.silos), task=data.task,
-                   rating_range=tuple(data.rating_range), **kwargs)
+        return cls(
+            num_attributes=int(data.num_attributes),
+            max_users=max(int(s.num_users) for s in data.silos),
+            max_items=max(int(s.num_items) for s in data.silos),
+            task=data.task,
+            rating_range=tuple(data.rating_range),
+            **kwargs,
+        )
 
 
 class PublicWeights(NamedTuple):
@@ -209,8 +232,9 @@ def predict(weights: GumWeights, user: tf.Tensor, item: tf.Tensor, attributes: t
     return tf.sigmoid((1.0 - slip) * x + guess * (1.0 - x))
 
 
-def mse_loss(weights: GumWeights, user: tf.Tensor, item: tf.Tensor, attributes: tf.Tensor,
-             label: tf.Tensor) -> tf.Tensor:
+def mse_loss(
+    weights: GumWeights, user: tf.Tensor, item: tf.Tensor, attributes: tf.Tensor, label: tf.Tensor
+) -> tf.Tensor:
     """Mean squared error of `predict` against labels in [0, 1] (a scalar; 0 for an empty batch)."""
     error = predict(weights, user, item, attributes) - label
     return tf.math.divide_no_nan(tf.reduce_sum(tf.square(error)), tf.cast(tf.size(error), tf.float32))
@@ -253,8 +277,11 @@ def attribute_vectors(public: PublicWeights):
 
 def from_attribute_vectors(vectors, hidden_dim: int) -> PublicWeights:
     """Inverse of `attribute_vectors`."""
-    return PublicWeights(skill_W=vectors[:, :hidden_dim], know_W=vectors[:, hidden_dim:2 * hidden_dim],
-                         relative_M=vectors[:, 2 * hidden_dim:])
+    return PublicWeights(
+        skill_W=vectors[:, :hidden_dim],
+        know_W=vectors[:, hidden_dim : 2 * hidden_dim],
+        relative_M=vectors[:, 2 * hidden_dim :],
+    )
 
 
 def user_proficiency(private: PrivateWeights):

@@ -31,7 +31,7 @@ seed only), and two runs with the same seed start identically.
 from __future__ import annotations
 
 import collections
-from typing import Callable
+from collections.abc import Callable
 
 import numpy as np
 import tensorflow as tf
@@ -135,7 +135,8 @@ def personal_keras_model(
         name='ItemEmbedding',
     )
     user_embedding = UserEmbedding(
-        num_latent_factors, l2_regularization, seed=_seed(seed, _USER_EMBEDDING_SEED), name='UserEmbedding')
+        num_latent_factors, l2_regularization, seed=_seed(seed, _USER_EMBEDDING_SEED), name='UserEmbedding'
+    )
     item_vec = tf.keras.layers.Flatten()(item_embedding(item_input))
     user_vec = user_embedding(item_input)
     pred = tf.keras.layers.Dot(axes=1, name='Dot')([item_vec, user_vec])
@@ -144,7 +145,9 @@ def personal_keras_model(
         item_bias = tf.keras.layers.Embedding(num_items, 1, embeddings_initializer='zeros', name='ItemBias')
         user_bias = UserEmbedding(1, l2_regularization, seed=_seed(seed, _USER_BIAS_SEED), name='UserBias')
         global_bias = GlobalBias(name='GlobalBias')
-        pred = global_bias(tf.keras.layers.Add()([pred, tf.keras.layers.Flatten()(item_bias(item_input)), user_bias(item_input)]))
+        pred = global_bias(
+            tf.keras.layers.Add()([pred, tf.keras.layers.Flatten()(item_bias(item_input)), user_bias(item_input)])
+        )
         global_layers += [item_bias, global_bias]
         local_layers += [user_bias]
     return tf.keras.Model(inputs=item_input, outputs=pred, name='personal_mf'), global_layers, local_layers
@@ -193,12 +196,18 @@ def table_keras_model(
     user_input = tf.keras.Input(shape=[1], dtype=tf.int64, name='user_id')
     item_input = tf.keras.Input(shape=[1], dtype=tf.int64, name='item_id')
     item_embedding = tf.keras.layers.Embedding(
-        num_items, num_latent_factors, embeddings_initializer=_uniform_init(_seed(seed, _ITEM_EMBEDDING_SEED)),
-        embeddings_regularizer=_regularizer(l2_regularization), name='ItemEmbedding',
+        num_items,
+        num_latent_factors,
+        embeddings_initializer=_uniform_init(_seed(seed, _ITEM_EMBEDDING_SEED)),
+        embeddings_regularizer=_regularizer(l2_regularization),
+        name='ItemEmbedding',
     )
     user_embedding = tf.keras.layers.Embedding(
-        num_users, num_latent_factors, embeddings_initializer=_uniform_init(_seed(seed, _USER_EMBEDDING_SEED)),
-        embeddings_regularizer=_regularizer(l2_regularization), name='UserTable',
+        num_users,
+        num_latent_factors,
+        embeddings_initializer=_uniform_init(_seed(seed, _USER_EMBEDDING_SEED)),
+        embeddings_regularizer=_regularizer(l2_regularization),
+        name='UserTable',
     )
     item_vec = tf.keras.layers.Flatten()(item_embedding(item_input))
     user_vec = tf.keras.layers.Flatten()(user_embedding(user_input))
@@ -208,7 +217,11 @@ def table_keras_model(
         user_bias = tf.keras.layers.Embedding(num_users, 1, embeddings_initializer='zeros', name='UserBiasTable')
         pred = GlobalBias(name='GlobalBias')(
             tf.keras.layers.Add()(
-                [pred, tf.keras.layers.Flatten()(item_bias(item_input)), tf.keras.layers.Flatten()(user_bias(user_input))]
+                [
+                    pred,
+                    tf.keras.layers.Flatten()(item_bias(item_input)),
+                    tf.keras.layers.Flatten()(user_bias(user_input)),
+                ]
             )
         )
     return tf.keras.Model(

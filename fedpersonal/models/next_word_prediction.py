@@ -34,7 +34,7 @@ table (a function of the seed only).
 from __future__ import annotations
 
 import collections
-from typing import Callable
+from collections.abc import Callable
 
 import tensorflow as tf
 
@@ -54,8 +54,10 @@ class GlobalTokenEmbedding(tf.keras.layers.Layer):
 
     def build(self, input_shape):
         self.embeddings = self.add_weight(
-            name='embeddings', shape=(self.num_rows, self.dim),
-            initializer=tf.keras.initializers.RandomUniform(-0.05, 0.05, seed=self.seed))
+            name='embeddings',
+            shape=(self.num_rows, self.dim),
+            initializer=tf.keras.initializers.RandomUniform(-0.05, 0.05, seed=self.seed),
+        )
 
     def call(self, ids):
         inside = ids < self.num_rows
@@ -72,8 +74,10 @@ class LocalOovEmbedding(tf.keras.layers.Layer):
 
     def build(self, input_shape):
         self.embeddings = self.add_weight(
-            name='embeddings', shape=(self.num_buckets, self.dim),
-            initializer=tf.keras.initializers.RandomUniform(-0.05, 0.05, seed=self.seed))
+            name='embeddings',
+            shape=(self.num_buckets, self.dim),
+            initializer=tf.keras.initializers.RandomUniform(-0.05, 0.05, seed=self.seed),
+        )
 
     def call(self, ids):
         inside = ids >= self.first_id
@@ -102,18 +106,25 @@ def build_keras_model(
     init_seed = lambda index: partially_local_model.initializer_seed(seed, index)
     ids = tf.keras.Input(shape=(max_sequence_length,), dtype=tf.int64, name='x')
     global_embedding = GlobalTokenEmbedding(
-        layout.num_global_ids, embedding_dim, seed=init_seed(0), name=GLOBAL_EMBEDDING)
+        layout.num_global_ids, embedding_dim, seed=init_seed(0), name=GLOBAL_EMBEDDING
+    )
     oov_embedding = LocalOovEmbedding(
-        layout.num_oov_buckets, embedding_dim, layout.oov_start, seed=init_seed(1), name=LOCAL_OOV_EMBEDDING)
+        layout.num_oov_buckets, embedding_dim, layout.oov_start, seed=init_seed(1), name=LOCAL_OOV_EMBEDDING
+    )
     embedded = tf.keras.layers.Add()([global_embedding(ids), oov_embedding(ids)])
     lstm = tf.keras.layers.LSTM(
-        lstm_units, return_sequences=True, name='lstm',
+        lstm_units,
+        return_sequences=True,
+        name='lstm',
         kernel_initializer=tf.keras.initializers.GlorotUniform(seed=init_seed(2)),
-        recurrent_initializer=tf.keras.initializers.Orthogonal(seed=init_seed(3)))
+        recurrent_initializer=tf.keras.initializers.Orthogonal(seed=init_seed(3)),
+    )
     projection = tf.keras.layers.Dense(
-        embedding_dim, name='projection', kernel_initializer=tf.keras.initializers.GlorotUniform(seed=init_seed(4)))
+        embedding_dim, name='projection', kernel_initializer=tf.keras.initializers.GlorotUniform(seed=init_seed(4))
+    )
     output = tf.keras.layers.Dense(
-        layout.num_classes, name='logits', kernel_initializer=tf.keras.initializers.GlorotUniform(seed=init_seed(5)))
+        layout.num_classes, name='logits', kernel_initializer=tf.keras.initializers.GlorotUniform(seed=init_seed(5))
+    )
     logits = output(projection(lstm(embedded)))
     model = tf.keras.Model(ids, logits, name='next_word_lstm')
     return model, [global_embedding, lstm, projection, output], [oov_embedding]
@@ -136,13 +147,20 @@ def model_fn(
 
     def build() -> partially_local_model.PartiallyLocalModel:
         keras_model, global_layers, local_layers = build_keras_model(
-            layout, max_sequence_length=max_sequence_length, embedding_dim=embedding_dim, lstm_units=lstm_units,
-            seed=seed)
+            layout,
+            max_sequence_length=max_sequence_length,
+            embedding_dim=embedding_dim,
+            lstm_units=lstm_units,
+            seed=seed,
+        )
         if not oov_local:
             global_layers, local_layers = global_layers + local_layers, []
         return partially_local_model.from_keras_model(
-            keras_model, input_spec=input_spec(max_sequence_length),
-            global_layers=global_layers, local_layers=local_layers)
+            keras_model,
+            input_spec=input_spec(max_sequence_length),
+            global_layers=global_layers,
+            local_layers=local_layers,
+        )
 
     return build
 
@@ -174,8 +192,15 @@ class NextWordAccuracy(tf.keras.metrics.Metric):
       exclude_eos: Skip EOS targets.
     """
 
-    def __init__(self, vocab_size: int, num_oov_buckets: int, exclude_oov: bool = False, exclude_eos: bool = False,
-                 name: str = 'accuracy', dtype=tf.float32):
+    def __init__(
+        self,
+        vocab_size: int,
+        num_oov_buckets: int,
+        exclude_oov: bool = False,
+        exclude_eos: bool = False,
+        name: str = 'accuracy',
+        dtype=tf.float32,
+    ):
         super().__init__(name=name, dtype=dtype)
         self.layout = text_pipeline.TokenLayout(vocab_size, num_oov_buckets)
         self.exclude_oov, self.exclude_eos = exclude_oov, exclude_eos
@@ -203,9 +228,14 @@ class NextWordAccuracy(tf.keras.metrics.Metric):
         self.total.assign(0.0)
 
     def get_config(self):
-        return {'vocab_size': self.layout.vocab_size, 'num_oov_buckets': self.layout.num_oov_buckets,
-                'exclude_oov': self.exclude_oov, 'exclude_eos': self.exclude_eos, 'name': self.name,
-                'dtype': self.dtype}
+        return {
+            'vocab_size': self.layout.vocab_size,
+            'num_oov_buckets': self.layout.num_oov_buckets,
+            'exclude_oov': self.exclude_oov,
+            'exclude_eos': self.exclude_eos,
+            'name': self.name,
+            'dtype': self.dtype,
+        }
 
 
 METRIC_NAMES = ('accuracy', 'accuracy_no_oov', 'accuracy_no_oov_no_eos')

@@ -16,8 +16,11 @@ global or local part that an algorithm requires.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
-from typing import Any, Callable, Optional
+from collections.abc import Callable
+from collections.abc import Iterable
+from collections.abc import Mapping
+from collections.abc import Sequence
+from typing import Any
 
 import tensorflow as tf
 import tensorflow_federated as tff
@@ -170,10 +173,10 @@ def from_keras_model(
     keras_model: tf.keras.Model,
     *,
     input_spec: Any,
-    global_layers: Optional[Iterable[tf.keras.layers.Layer]] = None,
-    local_layers: Optional[Iterable[tf.keras.layers.Layer]] = None,
-    global_variables: Optional[Iterable[tf.Variable]] = None,
-    local_variables: Optional[Iterable[tf.Variable]] = None,
+    global_layers: Iterable[tf.keras.layers.Layer] | None = None,
+    local_layers: Iterable[tf.keras.layers.Layer] | None = None,
+    global_variables: Iterable[tf.Variable] | None = None,
+    local_variables: Iterable[tf.Variable] | None = None,
 ) -> PartiallyLocalModel:
     """Wraps a Keras model and a global/local declaration into a partially local model.
 
@@ -222,8 +225,7 @@ def from_keras_model(
         for layer in layers or ():
             if id(layer) not in model_layers:
                 raise ModelSpecError(
-                    f'{role} layer "{getattr(layer, "name", layer)}" is not part of Keras model '
-                    f'"{keras_model.name}".'
+                    f'{role} layer "{getattr(layer, "name", layer)}" is not part of Keras model "{keras_model.name}".'
                 )
             out.extend(layer.variables)
         out.extend(variables or ())
@@ -284,7 +286,7 @@ class DatasetSpecError(TypeError):
     """A client dataset's elements do not match the model's input spec."""
 
 
-def check_dataset_matches(input_spec: Any, dataset: tf.data.Dataset, *, client_id: Optional[str] = None) -> None:
+def check_dataset_matches(input_spec: Any, dataset: tf.data.Dataset, *, client_id: str | None = None) -> None:
     """Raises `DatasetSpecError` naming the client and field if `dataset` does not fit `input_spec`.
 
     Args:

@@ -34,15 +34,25 @@ from __future__ import annotations
 
 import abc
 import dataclasses
-from typing import Any, Callable, Optional, Sequence
+from collections.abc import Callable
+from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 import tensorflow as tf
 
 from fedpersonal.models import gum
 
-__all__ = ['CentralizedModel', 'NcdModel', 'NcfModel', 'CentralGumModel', 'PooledArrays', 'TrainingResult',
-           'train_centralized', 'predict_arrays']
+__all__ = [
+    'CentralizedModel',
+    'NcdModel',
+    'NcfModel',
+    'CentralGumModel',
+    'PooledArrays',
+    'TrainingResult',
+    'train_centralized',
+    'predict_arrays',
+]
 
 
 class CentralizedModel(abc.ABC):
@@ -95,8 +105,15 @@ class NcdModel(CentralizedModel):
       seed: Initialization seed.
     """
 
-    def __init__(self, num_users: int, num_items: int, num_attributes: int, *,
-                 hidden_units: Sequence[int] = (64, 32), seed: int = 0):
+    def __init__(
+        self,
+        num_users: int,
+        num_items: int,
+        num_attributes: int,
+        *,
+        hidden_units: Sequence[int] = (64, 32),
+        seed: int = 0,
+    ):
         _check_positive(num_users=num_users, num_items=num_items, num_attributes=num_attributes)
         if not hidden_units:
             raise ValueError('hidden_units must name at least one hidden layer.')
@@ -105,12 +122,15 @@ class NcdModel(CentralizedModel):
         k = num_attributes
         self.theta = tf.Variable(rng.normal(0, 0.1, (num_users, k)).astype(np.float32), name='ncd_theta')
         self.difficulty = tf.Variable(rng.normal(0, 0.1, (num_items, k)).astype(np.float32), name='ncd_difficulty')
-        self.discrimination = tf.Variable(rng.normal(0, 0.1, (num_items,)).astype(np.float32),
-                                          name='ncd_discrimination')
+        self.discrimination = tf.Variable(
+            rng.normal(0, 0.1, (num_items,)).astype(np.float32), name='ncd_discrimination'
+        )
         widths = [k, *[int(h) for h in hidden_units], 1]
         # Non-negative initial weights (|glorot|), so the monotonicity holds from the start.
-        self.kernels = [tf.Variable(np.abs(_glorot(rng, a, b)), name=f'ncd_kernel_{i}')
-                        for i, (a, b) in enumerate(zip(widths[:-1], widths[1:]))]
+        self.kernels = [
+            tf.Variable(np.abs(_glorot(rng, a, b)), name=f'ncd_kernel_{i}')
+            for i, (a, b) in enumerate(zip(widths[:-1], widths[1:]))
+        ]
         self.biases = [tf.Variable(np.zeros([b], np.float32), name=f'ncd_bias_{i}') for i, b in enumerate(widths[1:])]
         self.variables = [self.theta, self.difficulty, self.discrimination, *self.kernels, *self.biases]
 
@@ -147,8 +167,16 @@ class NcfModel(CentralizedModel):
       seed: Initialization seed.
     """
 
-    def __init__(self, num_users: int, num_items: int, *, embedding_dim: int = 16,
-                 mlp_units: Sequence[int] = (32, 16), task: str = 'rating', seed: int = 0):
+    def __init__(
+        self,
+        num_users: int,
+        num_items: int,
+        *,
+        embedding_dim: int = 16,
+        mlp_units: Sequence[int] = (32, 16),
+        task: str = 'rating',
+        seed: int = 0,
+    ):
         _check_positive(num_users=num_users, num_items=num_items, embedding_dim=embedding_dim)
         if task not in gum.TASKS:
             raise ValueError(f'task must be one of {gum.TASKS}, got {task!r}.')
@@ -159,14 +187,24 @@ class NcfModel(CentralizedModel):
         self.gmf_user, self.gmf_item = table(num_users, 'ncf_gmf_user'), table(num_items, 'ncf_gmf_item')
         self.mlp_user, self.mlp_item = table(num_users, 'ncf_mlp_user'), table(num_items, 'ncf_mlp_item')
         widths = [2 * d, *[int(h) for h in mlp_units]]
-        self.kernels = [tf.Variable(_glorot(rng, a, b), name=f'ncf_kernel_{i}')
-                        for i, (a, b) in enumerate(zip(widths[:-1], widths[1:]))]
+        self.kernels = [
+            tf.Variable(_glorot(rng, a, b), name=f'ncf_kernel_{i}')
+            for i, (a, b) in enumerate(zip(widths[:-1], widths[1:]))
+        ]
         self.biases = [tf.Variable(np.zeros([b], np.float32), name=f'ncf_bias_{i}') for i, b in enumerate(widths[1:])]
         self.output_kernel = tf.Variable(_glorot(rng, d + widths[-1], 1), name='ncf_output_kernel')
         self.output_bias = tf.Variable(np.zeros([1], np.float32), name='ncf_output_bias')
         self.num_items = num_items
-        self.variables = [self.gmf_user, self.gmf_item, self.mlp_user, self.mlp_item, *self.kernels, *self.biases,
-                          self.output_kernel, self.output_bias]
+        self.variables = [
+            self.gmf_user,
+            self.gmf_item,
+            self.mlp_user,
+            self.mlp_item,
+            *self.kernels,
+            *self.biases,
+            self.output_kernel,
+            self.output_bias,
+        ]
 
     def predict(self, user, item, attributes):
         del attributes  # NCF uses ids only.
@@ -209,10 +247,12 @@ class CentralGumModel(CentralizedModel):
     def __init__(self, config: gum.GumConfig, *, seed: int = 0):
         self.config = config
         weights = gum.initial_weights(config, seed, seed)
-        self.public = gum.PublicWeights(*[tf.Variable(v, name=f'gum_{n}')
-                                          for n, v in zip(gum.PublicWeights._fields, weights.public)])
-        self.private = gum.PrivateWeights(*[tf.Variable(v, name=f'gum_{n}')
-                                            for n, v in zip(gum.PrivateWeights._fields, weights.private)])
+        self.public = gum.PublicWeights(
+            *[tf.Variable(v, name=f'gum_{n}') for n, v in zip(gum.PublicWeights._fields, weights.public)]
+        )
+        self.private = gum.PrivateWeights(
+            *[tf.Variable(v, name=f'gum_{n}') for n, v in zip(gum.PrivateWeights._fields, weights.private)]
+        )
         trainable = gum.trainable_private_fields(config)
         self.variables = [*self.public, *[getattr(self.private, f) for f in trainable]]
 
@@ -252,10 +292,15 @@ class PooledArrays:
             if np.asarray(getattr(self, name)).shape[0] != n:
                 raise ValueError(f'PooledArrays.{name} has {np.asarray(getattr(self, name)).shape[0]} rows, user {n}.')
 
-    def dataset(self, batch_size: int, shuffle_seed: Optional[int] = None) -> tf.data.Dataset:
-        data = tf.data.Dataset.from_tensor_slices((self.user.astype(np.int64), self.item.astype(np.int64),
-                                                   self.attributes.astype(np.float32),
-                                                   self.label.astype(np.float32)))
+    def dataset(self, batch_size: int, shuffle_seed: int | None = None) -> tf.data.Dataset:
+        data = tf.data.Dataset.from_tensor_slices(
+            (
+                self.user.astype(np.int64),
+                self.item.astype(np.int64),
+                self.attributes.astype(np.float32),
+                self.label.astype(np.float32),
+            )
+        )
         if shuffle_seed is not None:
             data = data.shuffle(self.user.shape[0], seed=shuffle_seed, reshuffle_each_iteration=True)
         return data.batch(batch_size)
@@ -291,9 +336,17 @@ def _mean_loss(model: CentralizedModel, arrays: PooledArrays, batch_size: int) -
     return total / max(n, 1)
 
 
-def train_centralized(model: CentralizedModel, train: PooledArrays, validation: PooledArrays, *, epochs: int,
-                      learning_rate: float = 0.01, batch_size: int = 256, seed: int = 0,
-                      on_epoch_end: Optional[Callable[[int, dict[str, float]], Any]] = None) -> TrainingResult:
+def train_centralized(
+    model: CentralizedModel,
+    train: PooledArrays,
+    validation: PooledArrays,
+    *,
+    epochs: int,
+    learning_rate: float = 0.01,
+    batch_size: int = 256,
+    seed: int = 0,
+    on_epoch_end: Callable[[int, dict[str, float]], Any] | None = None,
+) -> TrainingResult:
     """Adam on the pooled train split; keeps the weights of the epoch with the lowest validation loss.
 
     `model.constrain()` runs after every step. The validation loss is the model's own loss on the validation split.
@@ -336,8 +389,12 @@ def train_centralized(model: CentralizedModel, train: PooledArrays, validation: 
             total += float(step(u, i, a, y)) * size
             n += size
         validation_loss = _mean_loss(model, validation, 4 * batch_size)
-        row = {'epoch': epoch, 'train_loss': total / max(n, 1), 'validation_loss': validation_loss,
-               'seconds': time.time() - started}
+        row = {
+            'epoch': epoch,
+            'train_loss': total / max(n, 1),
+            'validation_loss': validation_loss,
+            'seconds': time.time() - started,
+        }
         history.append(row)
         if on_epoch_end is not None:
             on_epoch_end(epoch, row)

@@ -35,12 +35,24 @@ OTHER = 'other'
 Taint = frozenset
 
 _SERVER_AGGREGATIONS = {
-    'federated_aggregate', 'federated_mean', 'federated_weighted_mean', 'federated_sum', 'federated_secure_sum',
-    'federated_secure_sum_bitwidth', 'federated_secure_modular_sum', 'federated_min', 'federated_max',
+    'federated_aggregate',
+    'federated_mean',
+    'federated_weighted_mean',
+    'federated_sum',
+    'federated_secure_sum',
+    'federated_secure_sum_bitwidth',
+    'federated_secure_modular_sum',
+    'federated_min',
+    'federated_max',
     'federated_secure_select',
 }
-_PASS_THROUGH = {'federated_broadcast', 'federated_value_at_server', 'federated_value_at_clients',
-                 'federated_zip_at_server', 'federated_zip_at_clients'}
+_PASS_THROUGH = {
+    'federated_broadcast',
+    'federated_value_at_server',
+    'federated_value_at_clients',
+    'federated_zip_at_server',
+    'federated_zip_at_clients',
+}
 _MAPS = {'federated_map', 'federated_map_all_equal', 'federated_apply'}
 _EVALS = {'federated_eval_at_server', 'federated_eval_at_clients'}
 
@@ -306,11 +318,13 @@ class _Interpreter:
                 local_env[name] = self.evaluate(value, local_env)
             return self.evaluate(comp.result, local_env)
         if isinstance(comp, building_blocks.Lambda):
+
             def closure(arg, comp=comp, env=env):
                 inner = dict(env)
                 if comp.parameter_name is not None:
                     inner[comp.parameter_name] = arg
                 return self.evaluate(comp.result, inner)
+
             return closure
         if isinstance(comp, building_blocks.CompiledComputation):
             return lambda arg, comp=comp: _tensorflow_taint(comp, arg)
@@ -337,8 +351,11 @@ class _Interpreter:
             with_operands = uri not in ('federated_sum', 'federated_mean', 'federated_min', 'federated_max')
             value = arg[0] if with_operands and isinstance(arg, _Struct) else arg
             if _private_only_leaves(value):
-                self.violations.append(Violation(
-                    where=uri, detail=f'a value derived only from private inputs is aggregated at SERVER by {uri}'))
+                self.violations.append(
+                    Violation(
+                        where=uri, detail=f'a value derived only from private inputs is aggregated at SERVER by {uri}'
+                    )
+                )
             return _union(value)
         return _union(arg)
 
@@ -359,13 +376,18 @@ def audit_private_dataflow(computation: tff.Computation, private_parameter_index
     interpreter = _Interpreter()
     result = interpreter.evaluate(block.result, {block.parameter_name: labels})
     result_type = computation.type_signature.result
-    elements = list(tff.structure.iter_elements(result_type)) if isinstance(result_type, tff.StructType) else [(None, result_type)]
+    elements = (
+        list(tff.structure.iter_elements(result_type))
+        if isinstance(result_type, tff.StructType)
+        else [(None, result_type)]
+    )
     result_children = list(result) if isinstance(result, _Struct) and len(elements) > 1 else [result]
     for (name, element_type), taint in zip(elements, result_children):
         server_placed = isinstance(element_type, tff.FederatedType) and element_type.placement is tff.SERVER
         if server_placed and _private_only_leaves(taint):
-            interpreter.violations.append(Violation(
-                where=f'result {name or ""}', detail='the SERVER-placed result contains a private-only value'))
+            interpreter.violations.append(
+                Violation(where=f'result {name or ""}', detail='the SERVER-placed result contains a private-only value')
+            )
     return interpreter.violations
 
 

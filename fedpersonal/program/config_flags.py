@@ -8,8 +8,11 @@ flags/flagfile -> config -> builders.
 from __future__ import annotations
 
 import dataclasses
+import types
 import typing
-from typing import Any, Optional, Sequence
+from collections.abc import Sequence
+from typing import Any
+from typing import Optional
 
 from absl import flags
 
@@ -19,18 +22,23 @@ _NONE = 'none'
 
 
 def _base_type(annotation: Any) -> tuple[Any, bool]:
-    """(type, optional) of a field annotation such as `Optional[int]`."""
+    """(type, optional) of a field annotation such as `int | None` or `Optional[int]`."""
     if isinstance(annotation, str):
         annotation = eval(annotation, {'Optional': Optional, 'tuple': tuple})  # pylint: disable=eval-used
     origin = typing.get_origin(annotation)
-    if origin is typing.Union:
+    if origin is typing.Union or origin is types.UnionType:
         args = [a for a in typing.get_args(annotation) if a is not type(None)]
         return args[0], True
     return annotation, False
 
 
-def define_flags(config_cls: type, *, exclude: Sequence[str] = (), overrides: Optional[dict[str, Any]] = None,
-                 flag_values: flags.FlagValues = flags.FLAGS) -> None:
+def define_flags(
+    config_cls: type,
+    *,
+    exclude: Sequence[str] = (),
+    overrides: dict[str, Any] | None = None,
+    flag_values: flags.FlagValues = flags.FLAGS,
+) -> None:
     """Defines one flag per field of `config_cls` (a dataclass).
 
     `Optional[...]` fields accept the string 'none'; `tuple[str, ...]` fields
@@ -48,12 +56,18 @@ def define_flags(config_cls: type, *, exclude: Sequence[str] = (), overrides: Op
         help_text = config_parts.help_text(config_cls, field.name) or f'{config_cls.__name__}.{field.name}'
 
         if typing.get_origin(base) is tuple:
-            flags.DEFINE_list(field.name, list(default) if default is not None else None, help_text, flag_values=flag_values)
+            flags.DEFINE_list(
+                field.name, list(default) if default is not None else None, help_text, flag_values=flag_values
+            )
         elif base is bool:
             flags.DEFINE_bool(field.name, default, help_text, flag_values=flag_values)
         elif optional:
-            flags.DEFINE_string(field.name, _NONE if default is None else str(default),
-                                f'{help_text} ({_NONE!r} for None)', flag_values=flag_values)
+            flags.DEFINE_string(
+                field.name,
+                _NONE if default is None else str(default),
+                f'{help_text} ({_NONE!r} for None)',
+                flag_values=flag_values,
+            )
         elif base is int:
             flags.DEFINE_integer(field.name, default, help_text, flag_values=flag_values)
         elif base is float:
@@ -83,7 +97,7 @@ def _coerce(name: str, raw: Any, base: type, optional: bool) -> Any:
 def config_from_flags(
     config_cls: type,
     *,
-    overrides: Optional[dict[str, Any]] = None,
+    overrides: dict[str, Any] | None = None,
     flag_values: flags.FlagValues = flags.FLAGS,
     **fixed: Any,
 ) -> Any:

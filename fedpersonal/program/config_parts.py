@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import dataclasses
 from typing import Any
-from typing import Optional
 
 from fedpersonal import errors
 
@@ -41,7 +40,7 @@ def option(default: Any, help_text: str) -> Any:
     return dataclasses.field(default=default, metadata={'help': help_text})
 
 
-def help_text(config_cls: type, name: str) -> Optional[str]:
+def help_text(config_cls: type, name: str) -> str | None:
     """The help of field `name`: its own, or that of the first class in the MRO that documents it."""
     for cls in config_cls.__mro__:
         fields = getattr(cls, '__dataclass_fields__', {})
@@ -60,15 +59,17 @@ class OutputConfig:
     """Where an experiment writes everything it reports."""
 
     output_dir: str = option(
-        'output', 'Directory for metrics (CSV, TensorBoard), checkpoints, results and plots; rerunning with the '
-        'same directory resumes the run.')
+        'output',
+        'Directory for metrics (CSV, TensorBoard), checkpoints, results and plots; rerunning with the '
+        'same directory resumes the run.',
+    )
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class DataConfig:
     """Where the data comes from."""
 
-    data_dir: Optional[str] = option(None, "Directory (or file) of the real dataset; 'none': generated data.")
+    data_dir: str | None = option(None, "Directory (or file) of the real dataset; 'none': generated data.")
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -80,7 +81,9 @@ class RoundsConfig:
     rounds_per_checkpoint: int = option(10, 'Rounds between checkpoints (the last round is always saved).')
 
     def __post_init__(self):
-        _require(self.rounds_per_checkpoint >= 1, f'rounds_per_checkpoint must be >= 1, got {self.rounds_per_checkpoint}.')
+        _require(
+            self.rounds_per_checkpoint >= 1, f'rounds_per_checkpoint must be >= 1, got {self.rounds_per_checkpoint}.'
+        )
         if self.total_rounds is not None:
             _require(self.total_rounds >= 1, f'total_rounds must be >= 1, got {self.total_rounds}.')
 
@@ -177,9 +180,9 @@ class ReconstructionOptimizerConfig:
     reconstruction_optimizer: str = option('sgd', f'Reconstruction optimizer, one of {OPTIMIZERS}.')
     reconstruction_learning_rate: float = option(0.1, 'Reconstruction learning rate.')
     recon_epochs: int = option(1, 'Reconstruction epochs over the support set.')
-    recon_steps_max: Optional[int] = option(None, "Cap on reconstruction steps ('none': no cap).")
+    recon_steps_max: int | None = option(None, "Cap on reconstruction steps ('none': no cap).")
     post_recon_epochs: int = option(1, 'Update epochs over the query set.')
-    post_recon_steps_max: Optional[int] = option(None, "Cap on update steps ('none': no cap).")
+    post_recon_steps_max: int | None = option(None, "Cap on update steps ('none': no cap).")
 
     def __post_init__(self):
         _check_optimizer('reconstruction_optimizer', self.reconstruction_optimizer, self.reconstruction_learning_rate)

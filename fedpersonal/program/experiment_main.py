@@ -20,7 +20,9 @@ Every other exception is a bug and keeps its traceback.
 
 from __future__ import annotations
 
-from typing import Any, Callable, TypeVar
+from collections.abc import Callable
+from typing import Any
+from typing import TypeVar
 
 from absl import app
 from absl import flags

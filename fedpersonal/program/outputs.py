@@ -15,7 +15,8 @@ import asyncio
 import json
 import os
 from collections.abc import Mapping
-from typing import Any, Optional, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 import tensorflow_federated as tff
@@ -66,7 +67,7 @@ def replace_marked_section(path: str, marker: str, section: str) -> None:
     text = open(path).read() if os.path.exists(path) else '# Results\n'
     block = f'{start}\n{section.strip()}\n{end}'
     if start in text and end in text:
-        text = text[: text.index(start)] + block + text[text.index(end) + len(end):]
+        text = text[: text.index(start)] + block + text[text.index(end) + len(end) :]
     else:
         text = text.rstrip('\n') + '\n\n' + block + '\n'
     os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
@@ -119,21 +120,21 @@ class ExperimentOutputs:
         with open(self.metrics_csv) as f:
             return [{k: float(v) for k, v in row.items() if v not in ('', None)} for row in csv.DictReader(f)]
 
-    def median_round_seconds(self) -> Optional[float]:
+    def median_round_seconds(self) -> float | None:
         """Median `round_seconds` over every round in `metrics.csv`, including those of a resumed earlier run."""
         seconds = [row['round_seconds'] for row in self.read_metrics() if 'round_seconds' in row]
         return float(np.median(seconds)) if seconds else None
 
     def plot_learning_curve(
-        self, keys: Sequence[str], *, filename: str = 'learning_curve.png', title: Optional[str] = None
-    ) -> Optional[str]:
+        self, keys: Sequence[str], *, filename: str = 'learning_curve.png', title: str | None = None
+    ) -> str | None:
         """Plots the given metric columns against rounds; returns the PNG path."""
         return plot_curves({self.directory: self.read_metrics()}, keys, self.path(filename), title=title)
 
 
 def plot_curves(
-    runs: Mapping[str, list[dict[str, float]]], keys: Sequence[str], path: str, *, title: Optional[str] = None
-) -> Optional[str]:
+    runs: Mapping[str, list[dict[str, float]]], keys: Sequence[str], path: str, *, title: str | None = None
+) -> str | None:
     """One subplot per metric key, one line per run (rows need a 'round' column)."""
     import matplotlib  # pylint: disable=g-import-not-at-top
 
@@ -152,8 +153,14 @@ def plot_curves(
             points = [(row['round'], row[key]) for row in rows if key in row and 'round' in row]
             if points:
                 xs, ys = zip(*points)
-                ax.plot(xs, ys, marker='.' if len(xs) < 30 else None, label=os.path.basename(str(label)),
-                        color=colours[i % len(colours)], linestyle=styles[(i // len(colours)) % len(styles)])
+                ax.plot(
+                    xs,
+                    ys,
+                    marker='.' if len(xs) < 30 else None,
+                    label=os.path.basename(str(label)),
+                    color=colours[i % len(colours)],
+                    linestyle=styles[(i // len(colours)) % len(styles)],
+                )
         ax.set_xlabel('round')
         ax.set_title(key)
         ax.grid(alpha=0.3)
@@ -161,7 +168,7 @@ def plot_curves(
     return save_figure(fig, path, title=title)
 
 
-def save_figure(fig: Any, path: str, *, title: Optional[str] = None, tight_layout: bool = True) -> str:
+def save_figure(fig: Any, path: str, *, title: str | None = None, tight_layout: bool = True) -> str:
     """Writes a matplotlib figure as a PNG (creating its directory), closes it, and returns `path`."""
     import matplotlib.pyplot as plt  # pylint: disable=g-import-not-at-top
 

@@ -38,30 +38,35 @@ import dataclasses
 import functools
 import os
 import time
-from typing import Any, Callable, Optional
+from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 import tensorflow as tf
 import tensorflow_federated as tff
 from absl import logging
 
-from fedpersonal import errors
 from fedpersonal import client_state
+from fedpersonal import errors
 from fedpersonal import program
-from fedpersonal.program import config_parts as parts
 from fedpersonal.algorithms import ditto
 from fedpersonal.algorithms import feddva
 from fedpersonal.algorithms import optimizers
 from fedpersonal.data import federated_images
 from fedpersonal.evaluation import disentanglement
 from fedpersonal.models import feddva_models
+from fedpersonal.program import config_parts as parts
 from fedpersonal.program import training_loop
 
 SETTINGS = ('heterogeneous_inputs', 'heterogeneous_outputs')
 METHODS = ('feddva', 'feddva_tuned', 'fedavg', 'fedavg_ft', 'ditto')
-METHOD_NAMES = {'feddva': 'FedDVA head on [z, c]', 'feddva_tuned': 'FedDVA, encoders tuned with the head',
-                'fedavg': 'FedAvg', 'fedavg_ft': 'FedAvg + fine-tuning',
-                'ditto': 'Ditto'}
+METHOD_NAMES = {
+    'feddva': 'FedDVA head on [z, c]',
+    'feddva_tuned': 'FedDVA, encoders tuned with the head',
+    'fedavg': 'FedAvg',
+    'fedavg_ft': 'FedAvg + fine-tuning',
+    'ditto': 'Ditto',
+}
 SETTING_NAMES = {'heterogeneous_inputs': 'heterogeneous inputs', 'heterogeneous_outputs': 'heterogeneous outputs'}
 DATASETS = ('generated', 'mnist', 'fashion_mnist', 'cifar10')
 ARCHITECTURES = {'paper': feddva_models.PAPER, 'scaled': feddva_models.SCALED}
@@ -107,7 +112,7 @@ class FeddvaConfig(
     head_learning_rate: float = parts.option(1e-2, 'Adam learning rate of the head phase.')
     lambda_c: float = parts.option(1.0, 'Weight of the c regularizer.')
     lambda_cc: float = parts.option(0.75, 'Weight of the c consistency term.')
-    xi: Optional[float] = parts.option(None, "xi of the loss ('none': the paper's default).")
+    xi: float | None = parts.option(None, "xi of the loss ('none': the paper's default).")
     decoder_c_source: str = parts.option('posterior', "Decoder's c: 'prior' or 'posterior'.")
     cnn_channels: tuple[int, ...] = parts.option((16, 32, 64), 'Channels of the CNN baselines.')
     cnn_dense: int = parts.option(64, 'Dense units of the CNN baselines.')
@@ -117,8 +122,10 @@ class FeddvaConfig(
     finetune_learning_rate: float = parts.option(1e-3, 'Fine-tuning learning rate.')
     rounds_per_eval: int = 5
     state_store: str = parts.option(
-        'sqlite', "Where each client's private state (decoder, head, batch-norm statistics; Ditto's personal model) "
-        "lives between rounds: 'sqlite' (in the run's output directory, so an interrupted run resumes) or 'memory'.")
+        'sqlite',
+        "Where each client's private state (decoder, head, batch-norm statistics; Ditto's personal model) "
+        "lives between rounds: 'sqlite' (in the run's output directory, so an interrupted run resumes) or 'memory'.",
+    )
     disentanglement_setting: str = parts.option('heterogeneous_inputs', 'Setting analysed for disentanglement.')
     grid_size: int = parts.option(6, 'Manifold grid size.')
     projection: str = parts.option('tsne', 'Projection of the latent codes.')
@@ -129,7 +136,9 @@ class FeddvaConfig(
         if self.dataset not in DATASETS:
             raise errors.ConfigError(f'dataset must be one of {DATASETS}, got {self.dataset!r}.')
         if self.dataset in ('mnist', 'cifar10') and not self.data_dir:
-            raise errors.ConfigError(f'dataset {self.dataset!r} needs --data_dir (the generated default is "generated").')
+            raise errors.ConfigError(
+                f'dataset {self.dataset!r} needs --data_dir (the generated default is "generated").'
+            )
         for field, allowed in (('settings', SETTINGS), ('methods', METHODS)):
             values = getattr(self, field)
             unknown = [v for v in values if v not in allowed]
@@ -140,25 +149,36 @@ class FeddvaConfig(
         if self.state_store not in ('sqlite', 'memory'):
             raise errors.ConfigError(f"state_store must be 'sqlite' or 'memory', got {self.state_store!r}.")
         if self.disentanglement_setting not in SETTINGS + ('none',):
-            raise errors.ConfigError(f"disentanglement_setting must be one of {SETTINGS + ('none',)}.")
+            raise errors.ConfigError(f'disentanglement_setting must be one of {SETTINGS + ("none",)}.')
         for name in ('num_clients', 'train_per_client', 'test_per_client', 'z_dim', 'c_dim'):
             if getattr(self, name) < 1:
                 raise errors.ConfigError(f'{name} must be >= 1, got {getattr(self, name)}.')
         feddva_models.LossWeights(self.lambda_c, self.lambda_cc, self.xi, self.decoder_c_source)  # Validates.
 
     def dva_architecture(self, image_shape: tuple[int, int, int], num_classes: int) -> feddva_models.DvaArchitecture:
-        return dataclasses.replace(ARCHITECTURES[self.architecture], image_shape=tuple(image_shape),
-                                   z_dim=self.z_dim, c_dim=self.c_dim, head_hidden=self.head_hidden,
-                                   num_classes=num_classes)
+        return dataclasses.replace(
+            ARCHITECTURES[self.architecture],
+            image_shape=tuple(image_shape),
+            z_dim=self.z_dim,
+            c_dim=self.c_dim,
+            head_hidden=self.head_hidden,
+            num_classes=num_classes,
+        )
 
 
 def load_setting(config: FeddvaConfig, source, setting: str) -> federated_images.FederatedImageData:
     """The federated data of one setting."""
     inputs = setting == 'heterogeneous_inputs'
     return federated_images.federate(
-        source, num_clients=config.num_clients, train_per_client=config.train_per_client,
-        test_per_client=config.test_per_client, alpha=config.alpha_inputs if inputs else config.alpha_outputs,
-        marks=inputs or config.marks_in_outputs, seed=config.seed, setting=SETTING_NAMES[setting])
+        source,
+        num_clients=config.num_clients,
+        train_per_client=config.train_per_client,
+        test_per_client=config.test_per_client,
+        alpha=config.alpha_inputs if inputs else config.alpha_outputs,
+        marks=inputs or config.marks_in_outputs,
+        seed=config.seed,
+        setting=SETTING_NAMES[setting],
+    )
 
 
 class FeddvaTask:
@@ -169,21 +189,24 @@ class FeddvaTask:
         self.data = data
         self.train = data.client_data('train')
         self.arch = config.dva_architecture(data.image_shape, data.num_classes)
-        self.loss_weights = feddva_models.LossWeights(config.lambda_c, config.lambda_cc, config.xi,
-                                                      config.decoder_c_source)
+        self.loss_weights = feddva_models.LossWeights(
+            config.lambda_c, config.lambda_cc, config.xi, config.decoder_c_source
+        )
         self.element_spec = self.dataset_fn(self.train.create_tf_dataset_for_client(data.client_ids[0])).element_spec
 
     def dataset_fn(self, dataset: tf.data.Dataset) -> tf.data.Dataset:
         return dataset.shuffle(1000, seed=self.config.seed, reshuffle_each_iteration=True).batch(self.config.batch_size)
 
     def dva_fn(self, head_tunes_encoders: bool = False) -> feddva_models.DualVae:
-        return feddva_models.DualVae(self.arch, self.loss_weights, head_tunes_encoders=head_tunes_encoders,
-                                     seed=self.config.seed)
+        return feddva_models.DualVae(
+            self.arch, self.loss_weights, head_tunes_encoders=head_tunes_encoders, seed=self.config.seed
+        )
 
     def cnn_fn(self) -> tf.keras.Model:
         cfg = self.config
-        return feddva_models.build_cnn_classifier(self.data.image_shape, tuple(cfg.cnn_channels), cfg.cnn_dense,
-                                                  self.data.num_classes, seed=cfg.seed)
+        return feddva_models.build_cnn_classifier(
+            self.data.image_shape, tuple(cfg.cnn_channels), cfg.cnn_dense, self.data.num_classes, seed=cfg.seed
+        )
 
     def accuracy(self, logits_fn: Callable[[str, np.ndarray], np.ndarray], split: str = 'test') -> dict[str, float]:
         """Example-weighted and client-mean accuracy of `logits_fn(client_id, images)` on every client."""
@@ -191,13 +214,17 @@ class FeddvaTask:
         correct, total, per_client = 0, 0, []
         for cid in self.data.client_ids:
             images, labels = source[cid]
-            logits = np.concatenate([logits_fn(cid, images[i:i + _EVAL_BATCH])
-                                     for i in range(0, len(images), _EVAL_BATCH)])
+            logits = np.concatenate(
+                [logits_fn(cid, images[i : i + _EVAL_BATCH]) for i in range(0, len(images), _EVAL_BATCH)]
+            )
             hits = int(np.sum(np.argmax(logits, axis=-1) == labels))
             correct, total = correct + hits, total + labels.size
             per_client.append(hits / max(labels.size, 1))
-        return {'accuracy': correct / max(total, 1), 'client_mean_accuracy': float(np.mean(per_client)),
-                'client_min_accuracy': float(np.min(per_client))}
+        return {
+            'accuracy': correct / max(total, 1),
+            'client_mean_accuracy': float(np.mean(per_client)),
+            'client_min_accuracy': float(np.min(per_client)),
+        }
 
 
 def _open_store(task: FeddvaTask, process, outputs: program.ExperimentOutputs):
@@ -227,20 +254,28 @@ def load_curves(output_dir: str, settings, methods) -> dict[tuple[str, str], lis
     return curves
 
 
-def run_feddva(task: FeddvaTask, outputs: program.ExperimentOutputs, *,
-               head_tunes_encoders: bool = False) -> tuple[dict[str, Any], Any]:
+def run_feddva(
+    task: FeddvaTask, outputs: program.ExperimentOutputs, *, head_tunes_encoders: bool = False
+) -> tuple[dict[str, Any], Any]:
     """Trains FedDVA; returns (row, analysis context with the final weights and client states)."""
     cfg = task.config
     model_fn = functools.partial(task.dva_fn, head_tunes_encoders)
     process = feddva.build_feddva(
-        model_fn, element_spec=task.element_spec, decoder_epochs=cfg.decoder_epochs, z_epochs=cfg.z_epochs,
-        c_epochs=cfg.c_epochs, head_epochs=cfg.head_epochs, learning_rate=cfg.learning_rate,
-        head_learning_rate=cfg.learning_rate if head_tunes_encoders else cfg.head_learning_rate)
+        model_fn,
+        element_spec=task.element_spec,
+        decoder_epochs=cfg.decoder_epochs,
+        z_epochs=cfg.z_epochs,
+        c_epochs=cfg.c_epochs,
+        head_epochs=cfg.head_epochs,
+        learning_rate=cfg.learning_rate,
+        head_learning_rate=cfg.learning_rate if head_tunes_encoders else cfg.head_learning_rate,
+    )
     model = model_fn()
     classify = tf.function(model.classify, input_signature=[tf.TensorSpec([None, *task.arch.image_shape])])
     to_weights = lambda arrays: training_loop.to_model_weights(arrays, process.private_state_type)
     store = _open_store(task, process, outputs)
     with store:
+
         def logits_for(weights):
             """`(client id, images) -> logits` with each client's stored private state (loaded once per client)."""
             states = dict(zip(task.data.client_ids, store.get(task.data.client_ids)))
@@ -251,14 +286,23 @@ def run_feddva(task: FeddvaTask, outputs: program.ExperimentOutputs, *,
                     feddva.set_weights(model, weights, to_weights(states[cid]))
                     current['cid'] = cid
                 return classify(images).numpy()
+
             return logits
 
         state, _ = program.run_learning_process(
-            process, client_data=task.train, dataset_fn=task.dataset_fn, clients_per_round=cfg.clients_per_round,
-            total_rounds=cfg.total_rounds, outputs=outputs, seed=cfg.seed,
-            evaluation_fn=lambda w: task.accuracy(logits_for(w)), rounds_per_evaluation=cfg.rounds_per_eval,
+            process,
+            client_data=task.train,
+            dataset_fn=task.dataset_fn,
+            clients_per_round=cfg.clients_per_round,
+            total_rounds=cfg.total_rounds,
+            outputs=outputs,
+            seed=cfg.seed,
+            evaluation_fn=lambda w: task.accuracy(logits_for(w)),
+            rounds_per_evaluation=cfg.rounds_per_eval,
             rounds_per_checkpoint=cfg.rounds_per_checkpoint,
-            name='feddva_tuned' if head_tunes_encoders else 'feddva', client_state_store=store)
+            name='feddva_tuned' if head_tunes_encoders else 'feddva',
+            client_state_store=store,
+        )
         weights = process.get_model_weights(state)
         row = task.accuracy(logits_for(weights))
         states = dict(zip(task.data.client_ids, [to_weights(s) for s in store.get(task.data.client_ids)]))
@@ -270,15 +314,18 @@ def run_feddva(task: FeddvaTask, outputs: program.ExperimentOutputs, *,
 
 def encode_clients(task: FeddvaTask, model: feddva_models.DualVae, weights, states) -> dict[str, dict[str, Any]]:
     """Per client and split: (mu_z, mu_c, labels), each client encoding with its own batch-norm statistics."""
-    encode = tf.function(lambda x: model.encode(x, training=False),
-                         input_signature=[tf.TensorSpec([None, *task.arch.image_shape])])
+    encode = tf.function(
+        lambda x: model.encode(x, training=False), input_signature=[tf.TensorSpec([None, *task.arch.image_shape])]
+    )
     result = {}
     for cid in task.data.client_ids:
         feddva.set_weights(model, weights, states[cid])
         result[cid] = {}
         for split, source in (('train', task.data.train), ('test', task.data.test)):
             images, labels = source[cid]
-            parts = [[t.numpy() for t in encode(images[i:i + _EVAL_BATCH])] for i in range(0, len(images), _EVAL_BATCH)]
+            parts = [
+                [t.numpy() for t in encode(images[i : i + _EVAL_BATCH])] for i in range(0, len(images), _EVAL_BATCH)
+            ]
             result[cid][split] = (np.concatenate([p[0] for p in parts]), np.concatenate([p[2] for p in parts]), labels)
     return result
 
@@ -291,8 +338,9 @@ def local_logistic_heads(task: FeddvaTask, encodings: dict[str, dict[str, Any]])
         correct = total = 0
         for cid in task.data.client_ids:
             (z_tr, c_tr, y_tr), (z_te, c_te, y_te) = encodings[cid]['train'], encodings[cid]['test']
-            accuracy = disentanglement.linear_probe_accuracy(pick(z_tr, c_tr), y_tr, pick(z_te, c_te), y_te,
-                                                             task.config.seed)
+            accuracy = disentanglement.linear_probe_accuracy(
+                pick(z_tr, c_tr), y_tr, pick(z_te, c_te), y_te, task.config.seed
+            )
             correct, total = correct + accuracy * y_te.size, total + y_te.size
         out[f'local_logistic_{name}_accuracy'] = correct / max(total, 1)
     return out
@@ -309,12 +357,17 @@ def run_fedavg(task: FeddvaTask, outputs: program.ExperimentOutputs, finetune: b
 
     def tff_model_fn():
         return tff.learning.models.from_keras_model(
-            task.cnn_fn(), loss=tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True),
-            input_spec=element_spec, metrics=[tf.keras.metrics.SparseCategoricalAccuracy()])
+            task.cnn_fn(),
+            loss=tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+            input_spec=element_spec,
+            metrics=[tf.keras.metrics.SparseCategoricalAccuracy()],
+        )
 
     process = tff.learning.algorithms.build_weighted_fed_avg(
-        tff_model_fn, client_optimizer_fn=optimizers.build_optimizer('adam', cfg.learning_rate),
-        server_optimizer_fn=optimizers.build_optimizer('sgd', 1.0))
+        tff_model_fn,
+        client_optimizer_fn=optimizers.build_optimizer('adam', cfg.learning_rate),
+        server_optimizer_fn=optimizers.build_optimizer('sgd', 1.0),
+    )
     model = task.cnn_fn()
     logits = _cnn_logits(model, task.data.image_shape)
     ft_optimizer = tff.learning.optimizers.build_adam(learning_rate=cfg.finetune_learning_rate)
@@ -324,12 +377,14 @@ def run_fedavg(task: FeddvaTask, outputs: program.ExperimentOutputs, finetune: b
         weights.assign_weights_to(model)
         result = task.accuracy(lambda cid, x: logits(x).numpy())
         if with_ft:
+
             def ft_logits(cid, images, cache={}):  # pylint: disable=dangerous-default-value
                 if cache.get('cid') != cid:
                     weights.assign_weights_to(model)
                     finetune_fn(task.dataset_fn(task.train.create_tf_dataset_for_client(cid)))
                     cache['cid'] = cid
                 return logits(images).numpy()
+
             result.update({f'ft_{k}': v for k, v in task.accuracy(ft_logits).items()})
         return result
 
@@ -337,10 +392,18 @@ def run_fedavg(task: FeddvaTask, outputs: program.ExperimentOutputs, finetune: b
         return evaluate(weights, finetune)
 
     state, _ = program.run_learning_process(
-        process, client_data=task.train, dataset_fn=lambda d: task.dataset_fn(d.repeat(cfg.client_epochs)),
-        clients_per_round=cfg.clients_per_round, total_rounds=cfg.total_rounds, outputs=outputs, seed=cfg.seed,
-        evaluation_fn=eval_fn, rounds_per_evaluation=cfg.rounds_per_eval,
-        rounds_per_checkpoint=cfg.rounds_per_checkpoint, name='fedavg')
+        process,
+        client_data=task.train,
+        dataset_fn=lambda d: task.dataset_fn(d.repeat(cfg.client_epochs)),
+        clients_per_round=cfg.clients_per_round,
+        total_rounds=cfg.total_rounds,
+        outputs=outputs,
+        seed=cfg.seed,
+        evaluation_fn=eval_fn,
+        rounds_per_evaluation=cfg.rounds_per_eval,
+        rounds_per_checkpoint=cfg.rounds_per_checkpoint,
+        name='fedavg',
+    )
     final = evaluate(process.get_model_weights(state), finetune)
     spr = outputs.median_round_seconds()
     rows = {'fedavg': {k: v for k, v in final.items() if not k.startswith('ft_')}}
@@ -355,15 +418,20 @@ def run_ditto(task: FeddvaTask, outputs: program.ExperimentOutputs) -> dict[str,
     """Ditto; the accuracy of every client's personal model."""
     cfg = task.config
     process = ditto.build_ditto(
-        task.cnn_fn, element_spec=task.element_spec, lam=cfg.ditto_lambda, client_epochs=cfg.client_epochs,
+        task.cnn_fn,
+        element_spec=task.element_spec,
+        lam=cfg.ditto_lambda,
+        client_epochs=cfg.client_epochs,
         personal_epochs=cfg.client_epochs,
         client_optimizer=tff.learning.optimizers.build_adam(learning_rate=cfg.learning_rate),
-        personal_optimizer=tff.learning.optimizers.build_sgdm(learning_rate=cfg.ditto_personal_learning_rate))
+        personal_optimizer=tff.learning.optimizers.build_sgdm(learning_rate=cfg.ditto_personal_learning_rate),
+    )
     model = task.cnn_fn()
     logits = _cnn_logits(model, task.data.image_shape)
     to_weights = lambda arrays: training_loop.to_model_weights(arrays, process.private_state_type)
     store = _open_store(task, process, outputs)
     with store:
+
         def personal_accuracy(_):
             states = dict(zip(task.data.client_ids, store.get(task.data.client_ids)))
 
@@ -372,13 +440,23 @@ def run_ditto(task: FeddvaTask, outputs: program.ExperimentOutputs) -> dict[str,
                     to_weights(states[cid]).assign_weights_to(model)
                     cache['cid'] = cid
                 return logits(images).numpy()
+
             return task.accuracy(fn)
 
         program.run_learning_process(
-            process, client_data=task.train, dataset_fn=task.dataset_fn, clients_per_round=cfg.clients_per_round,
-            total_rounds=cfg.total_rounds, outputs=outputs, seed=cfg.seed, evaluation_fn=personal_accuracy,
-            rounds_per_evaluation=cfg.rounds_per_eval, rounds_per_checkpoint=cfg.rounds_per_checkpoint,
-            name='ditto', client_state_store=store)
+            process,
+            client_data=task.train,
+            dataset_fn=task.dataset_fn,
+            clients_per_round=cfg.clients_per_round,
+            total_rounds=cfg.total_rounds,
+            outputs=outputs,
+            seed=cfg.seed,
+            evaluation_fn=personal_accuracy,
+            rounds_per_evaluation=cfg.rounds_per_eval,
+            rounds_per_checkpoint=cfg.rounds_per_checkpoint,
+            name='ditto',
+            client_state_store=store,
+        )
         row = personal_accuracy(None)
     row['seconds_per_round'] = outputs.median_round_seconds()
     return row
@@ -391,8 +469,10 @@ def analyze_disentanglement(task: FeddvaTask, context: dict[str, Any], output_di
     model, weights, states, encodings = context['model'], context['weights'], context['states'], context['encodings']
     decode = tf.function(lambda z, c: tf.sigmoid(model.decode(z, c, training=False)))
     marks = data.mark_types()
-    sets = {'train': {k: [] for k in ('z', 'c', 'client', 'label', 'mark')},
-            'test': {k: [] for k in ('z', 'c', 'client', 'label', 'mark')}}
+    sets = {
+        'train': {k: [] for k in ('z', 'c', 'client', 'label', 'mark')},
+        'test': {k: [] for k in ('z', 'c', 'client', 'label', 'mark')},
+    }
     codes = {}
     for i, cid in enumerate(data.client_ids):
         for split in ('train', 'test'):
@@ -420,19 +500,28 @@ def analyze_disentanglement(task: FeddvaTask, context: dict[str, Any], output_di
         c_grid = np.tile(c_cols, (len(z_rows), 1))
         images = decode(tf.constant(z_grid), tf.constant(c_grid)).numpy()
         mark_name = federated_images.MARK_TYPES[marks[int(cid)]] if data.marks else 'no marks'
-        panels.append((f'client {cid} decoder ({mark_name})',
-                       images.reshape(len(z_rows), len(c_cols), *task.arch.image_shape)))
+        panels.append(
+            (f'client {cid} decoder ({mark_name})', images.reshape(len(z_rows), len(c_cols), *task.arch.image_shape))
+        )
     grid_path = disentanglement.plot_manifold_grids(
-        panels, os.path.join(output_dir, 'manifold.png'),
-        title=f'{data.description}: rows vary z (same z in every panel), columns vary c')
+        panels,
+        os.path.join(output_dir, 'manifold.png'),
+        title=f'{data.description}: rows vary z (same z in every panel), columns vary c',
+    )
 
     rng = np.random.default_rng(cfg.seed)
     test = sets['test']
     keep = rng.permutation(test['z'].shape[0])[: cfg.projection_points]
     projection_path = disentanglement.plot_projections(
-        test['z'][keep], test['c'][keep], test['client'][keep], os.path.join(output_dir, 'projections.png'),
-        method=cfg.projection, seed=cfg.seed, title=f'FedDVA representations of test images: {data.description}',
-        also_by=[('label', test['label'][keep])] + ([('mark type', test['mark'][keep])] if data.marks else []))
+        test['z'][keep],
+        test['c'][keep],
+        test['client'][keep],
+        os.path.join(output_dir, 'projections.png'),
+        method=cfg.projection,
+        seed=cfg.seed,
+        title=f'FedDVA representations of test images: {data.description}',
+        also_by=[('label', test['label'][keep])] + ([('mark type', test['mark'][keep])] if data.marks else []),
+    )
     return {'probes': report, 'figures': {'manifold': grid_path, 'projections': projection_path}}
 
 
@@ -440,8 +529,13 @@ def run(config: FeddvaConfig) -> dict[str, Any]:
     """Runs every configured setting and method; writes results.json and the figures to `config.output_dir`."""
     tf.random.set_seed(config.seed)
     program.write_json(os.path.join(config.output_dir, 'config.json'), dataclasses.asdict(config))
-    source = federated_images.load_source(config.dataset, config.data_dir, generated_train=config.generated_train,
-                                          generated_test=config.generated_test, seed=config.seed)
+    source = federated_images.load_source(
+        config.dataset,
+        config.data_dir,
+        generated_train=config.generated_train,
+        generated_test=config.generated_test,
+        seed=config.seed,
+    )
     rows, analyses, statistics = [], {}, {}
     # The disentanglement evidence comes from the label-free FedDVA when it runs.
     analyzed = 'feddva' if 'feddva' in config.methods else 'feddva_tuned'
@@ -459,8 +553,7 @@ def run(config: FeddvaConfig) -> dict[str, Any]:
             if method in ('feddva', 'feddva_tuned'):
                 results[method], context = run_feddva(task, outputs, head_tunes_encoders=method == 'feddva_tuned')
                 if setting == config.disentanglement_setting and method == analyzed:
-                    analyses[setting] = analyze_disentanglement(task, context,
-                                                                os.path.join(config.output_dir, setting))
+                    analyses[setting] = analyze_disentanglement(task, context, os.path.join(config.output_dir, setting))
             elif method in ('fedavg', 'fedavg_ft'):
                 results.update(run_fedavg(task, outputs, finetune='fedavg_ft' in config.methods))
             else:
@@ -469,19 +562,40 @@ def run(config: FeddvaConfig) -> dict[str, Any]:
         for method in METHODS:
             if method in results and method in config.methods:
                 result = dict(results[method])
-                rows.append({'name': f'{METHOD_NAMES[method]} ({SETTING_NAMES[setting]})', 'method': method,
-                             'setting': setting, **result})
+                rows.append(
+                    {
+                        'name': f'{METHOD_NAMES[method]} ({SETTING_NAMES[setting]})',
+                        'method': method,
+                        'setting': setting,
+                        **result,
+                    }
+                )
     for setting, analysis in analyses.items():
-        rows.append({'name': f'FedDVA disentanglement ({SETTING_NAMES[setting]})', 'method': analyzed,
-                     'setting': setting, **analysis['probes']})
+        rows.append(
+            {
+                'name': f'FedDVA disentanglement ({SETTING_NAMES[setting]})',
+                'method': analyzed,
+                'setting': setting,
+                **analysis['probes'],
+            }
+        )
     curves = load_curves(config.output_dir, config.settings, config.methods)
-    curves_path = plot_accuracy_curves(curves, os.path.join(config.output_dir, 'accuracy_vs_rounds.png'),
-                                       title=f'{config.dataset}: test accuracy of every client')
-    results = {'dataset': config.dataset, 'statistics': statistics, 'rows': rows,
-               'curves': {f'{s}/{m}': c for (s, m), c in curves.items()},
-               'figures': {'accuracy_vs_rounds': curves_path,
-                           **{f'{s}_{k}': v for s, a in analyses.items() for k, v in a['figures'].items()}},
-               'rounds': config.total_rounds}
+    curves_path = plot_accuracy_curves(
+        curves,
+        os.path.join(config.output_dir, 'accuracy_vs_rounds.png'),
+        title=f'{config.dataset}: test accuracy of every client',
+    )
+    results = {
+        'dataset': config.dataset,
+        'statistics': statistics,
+        'rows': rows,
+        'curves': {f'{s}/{m}': c for (s, m), c in curves.items()},
+        'figures': {
+            'accuracy_vs_rounds': curves_path,
+            **{f'{s}_{k}': v for s, a in analyses.items() for k, v in a['figures'].items()},
+        },
+        'rounds': config.total_rounds,
+    }
     program.write_json(os.path.join(config.output_dir, 'results.json'), results)
     return results
 
@@ -489,6 +603,7 @@ def run(config: FeddvaConfig) -> dict[str, Any]:
 def plot_accuracy_curves(curves: dict[tuple[str, str], list[tuple[int, float]]], path: str, title: str = '') -> str:
     """One subplot per setting, one line per method: test accuracy against rounds."""
     import matplotlib  # pylint: disable=g-import-not-at-top
+
     matplotlib.use('Agg')
     import matplotlib.pyplot as plt  # pylint: disable=g-import-not-at-top
 
@@ -511,29 +626,47 @@ def plot_accuracy_curves(curves: dict[tuple[str, str], list[tuple[int, float]]],
 def format_tables(rows: list[dict[str, Any]]) -> str:
     """Markdown: the classification table (method x setting) and the probe table."""
     classification = [r for r in rows if 'accuracy' in r]
-    lines = ['| method | setting | accuracy | client-mean accuracy | worst client | s/round |',
-             '|---|---|---|---|---|---|']
+    lines = [
+        '| method | setting | accuracy | client-mean accuracy | worst client | s/round |',
+        '|---|---|---|---|---|---|',
+    ]
     logistic = [r for r in classification if 'local_logistic_zc_accuracy' in r]
     for r in classification:
         spr = r.get('seconds_per_round')
-        lines.append(f"| {METHOD_NAMES[r['method']]} | {SETTING_NAMES[r['setting']]} | {r['accuracy']:.4f} | "
-                     f"{r['client_mean_accuracy']:.4f} | {r['client_min_accuracy']:.4f} | "
-                     f"{'' if spr is None else f'{spr:.2f}'} |")
+        lines.append(
+            f'| {METHOD_NAMES[r["method"]]} | {SETTING_NAMES[r["setting"]]} | {r["accuracy"]:.4f} | '
+            f'{r["client_mean_accuracy"]:.4f} | {r["client_min_accuracy"]:.4f} | '
+            f'{"" if spr is None else f"{spr:.2f}"} |'
+        )
     if logistic:
-        lines += ['', 'FedDVA representations with per-client logistic-regression heads fitted to convergence on the '
-                      "client's own training encodings (accuracy on its test images):", '',
-                  '| method | setting | [z, c] | z only | c only |', '|---|---|---|---|---|']
+        lines += [
+            '',
+            'FedDVA representations with per-client logistic-regression heads fitted to convergence on the '
+            "client's own training encodings (accuracy on its test images):",
+            '',
+            '| method | setting | [z, c] | z only | c only |',
+            '|---|---|---|---|---|',
+        ]
         for r in logistic:
-            lines.append(f"| {METHOD_NAMES[r['method']]} | {SETTING_NAMES[r['setting']]} | "
-                         f"{r['local_logistic_zc_accuracy']:.4f} | "
-                         f"{r['local_logistic_z_accuracy']:.4f} | {r['local_logistic_c_accuracy']:.4f} |")
+            lines.append(
+                f'| {METHOD_NAMES[r["method"]]} | {SETTING_NAMES[r["setting"]]} | '
+                f'{r["local_logistic_zc_accuracy"]:.4f} | '
+                f'{r["local_logistic_z_accuracy"]:.4f} | {r["local_logistic_c_accuracy"]:.4f} |'
+            )
     probes = [r for r in rows if any(k.startswith('probe_') for k in r)]
     for r in probes:
-        lines += ['', f"Linear probes, {r['name']} (logistic regression on mu; trained on the clients' training "
-                      'encodings, scored on their test encodings):', '',
-                  '| target | from c | from z | majority baseline |', '|---|---|---|---|']
+        lines += [
+            '',
+            f"Linear probes, {r['name']} (logistic regression on mu; trained on the clients' training "
+            'encodings, scored on their test encodings):',
+            '',
+            '| target | from c | from z | majority baseline |',
+            '|---|---|---|---|',
+        ]
         for target in ('client', 'label', 'mark'):
             if f'probe_{target}_from_c' in r:
-                lines.append(f"| {target} | {r[f'probe_{target}_from_c']:.4f} | {r[f'probe_{target}_from_z']:.4f} | "
-                             f"{r[f'chance_{target}']:.4f} |")
+                lines.append(
+                    f'| {target} | {r[f"probe_{target}_from_c"]:.4f} | {r[f"probe_{target}_from_z"]:.4f} | '
+                    f'{r[f"chance_{target}"]:.4f} |'
+                )
     return '\n'.join(lines)

@@ -30,25 +30,25 @@ import dataclasses
 import functools
 import os
 import time
-from typing import Any, Optional
+from typing import Any
 
 import numpy as np
 import tensorflow as tf
 import tensorflow_federated as tff
 from absl import logging
 
-from fedpersonal import errors
 from fedpersonal import client_state
 from fedpersonal import core
+from fedpersonal import errors
 from fedpersonal import evaluation
 from fedpersonal import program
-from fedpersonal.program import config_parts as parts
-from fedpersonal.program import training_loop
 from fedpersonal.algorithms import centralized
 from fedpersonal.algorithms import furl
 from fedpersonal.algorithms import optimizers
 from fedpersonal.data import furl_tasks
 from fedpersonal.models import furl_models
+from fedpersonal.program import config_parts as parts
+from fedpersonal.program import training_loop
 
 CONFIGURATIONS = ('global_server', 'personalized_server', 'global_fl', 'personalized_fl')
 ROW_NAMES = {
@@ -83,9 +83,12 @@ class FurlConfig(
     lstm_units: int = parts.option(32, 'Units of each LSTM direction.')
     user_embedding_dim: int = parts.option(32, 'Dimension of the private user embedding.')
     mlp_units: int = parts.option(64, 'Units of the MLP head.')
-    epochs: int = parts.option(5, 'Passes over the training data of the server rows; with --total_rounds=none the '
-                               'federated rows run as many rounds as that many passes over the users take.')
-    total_rounds: Optional[int] = None  # 'none': derived from --epochs (see its help).
+    epochs: int = parts.option(
+        5,
+        'Passes over the training data of the server rows; with --total_rounds=none the '
+        'federated rows run as many rounds as that many passes over the users take.',
+    )
+    total_rounds: int | None = None  # 'none': derived from --epochs (see its help).
     rounds_per_eval: int = 50
     rounds_per_checkpoint: int = 50
     centralized_optimizer: str = parts.option('sgd', 'Optimizer of the server (centralized) rows.')
@@ -98,11 +101,15 @@ class FurlConfig(
         parts.run_post_inits(self)
         unknown = [c for c in self.configurations if c not in CONFIGURATIONS]
         if unknown or not self.configurations:
-            raise errors.ConfigError(f'configurations must be a non-empty subset of {CONFIGURATIONS}; unknown: {unknown}.')
+            raise errors.ConfigError(
+                f'configurations must be a non-empty subset of {CONFIGURATIONS}; unknown: {unknown}.'
+            )
         if self.dataset not in DATASETS:
             raise errors.ConfigError(f'dataset must be one of {DATASETS}, got {self.dataset!r}.')
         if self.dataset != 'synthetic_subreddit' and not self.data_dir:
-            raise errors.ConfigError(f'dataset {self.dataset!r} needs --data_dir (the generated default is synthetic_subreddit).')
+            raise errors.ConfigError(
+                f'dataset {self.dataset!r} needs --data_dir (the generated default is synthetic_subreddit).'
+            )
         if self.state_store not in ('sqlite', 'memory'):
             raise errors.ConfigError(f"state_store must be 'sqlite' or 'memory', got {self.state_store!r}.")
         for name in ('epochs', 'knn'):
@@ -114,12 +121,16 @@ def load_data(config: FurlConfig) -> furl_tasks.FurlData:
     """The dataset named by `config.dataset` (generated or read from `config.data_dir`)."""
     if config.dataset == 'synthetic_subreddit':
         from fedpersonal.data import synthetic_subreddit  # pylint: disable=g-import-not-at-top
+
         return synthetic_subreddit.generate_subreddit_like(
-            num_users=config.synthetic_num_users, max_chars=config.max_chars, seed=config.seed)
+            num_users=config.synthetic_num_users, max_chars=config.max_chars, seed=config.seed
+        )
     if config.dataset == 'movielens_likes':
         from fedpersonal.data import movielens_likes  # pylint: disable=g-import-not-at-top
+
         return movielens_likes.load_movielens_likes(config.data_dir, max_chars=config.max_chars, seed=config.seed)
     from fedpersonal.data import assistments  # pylint: disable=g-import-not-at-top
+
     return assistments.load_assistments(config.data_dir, seed=config.seed)
 
 
@@ -137,9 +148,14 @@ class FurlTask:
     def model_fn(self, personalization: str):
         cfg = self.config
         return furl_models.furl_model_fn(
-            **self.data.model_kwargs(), personalization=personalization,
-            char_embedding_dim=cfg.char_embedding_dim, lstm_units=cfg.lstm_units,
-            user_embedding_dim=cfg.user_embedding_dim, mlp_units=(cfg.mlp_units,), seed=cfg.seed)
+            **self.data.model_kwargs(),
+            personalization=personalization,
+            char_embedding_dim=cfg.char_embedding_dim,
+            lstm_units=cfg.lstm_units,
+            user_embedding_dim=cfg.user_embedding_dim,
+            mlp_units=(cfg.mlp_units,),
+            seed=cfg.seed,
+        )
 
     def dataset_fn(self, dataset: tf.data.Dataset) -> tf.data.Dataset:
         return furl_models.batch_dataset(dataset, batch_size=self.config.batch_size)
@@ -161,26 +177,32 @@ class FurlTask:
         def build() -> tff.learning.models.VariableModel:
             model = model_fn()
             return tff.learning.models.from_keras_model(
-                model.keras_model, loss=self.loss_fn(), input_spec=model.input_spec, metrics=self.metrics_fn())
+                model.keras_model, loss=self.loss_fn(), input_spec=model.input_spec, metrics=self.metrics_fn()
+            )
 
         return build
 
     def evaluate_global(self, personalization: str, weights, split: str = 'test') -> dict[str, float]:
         if personalization not in self._fed_evals:  # Built (and traced) once, reused every evaluation.
-            self._fed_evals[personalization] = tff.learning.algorithms.build_fed_eval(self.tff_model_fn(personalization))
+            self._fed_evals[personalization] = tff.learning.algorithms.build_fed_eval(
+                self.tff_model_fn(personalization)
+            )
         fed_eval = self._fed_evals[personalization]
         state = fed_eval.set_model_weights(fed_eval.initialize(), weights)
-        metrics = fed_eval.next(state, self.test_datasets(split)).metrics['client_work']['eval']['current_round_metrics']
+        metrics = fed_eval.next(state, self.test_datasets(split)).metrics['client_work']['eval'][
+            'current_round_metrics'
+        ]
         return {k: float(v) for k, v in metrics.items()}
 
 
 def _keras_weights(keras_model: tf.keras.Model) -> tff.learning.models.ModelWeights:
     return tff.learning.models.ModelWeights(
         trainable=[v.numpy() for v in keras_model.trainable_variables],
-        non_trainable=[v.numpy() for v in keras_model.non_trainable_variables])
+        non_trainable=[v.numpy() for v in keras_model.non_trainable_variables],
+    )
 
 
-def _user_table(keras_model: tf.keras.Model) -> Optional[np.ndarray]:
+def _user_table(keras_model: tf.keras.Model) -> np.ndarray | None:
     """The `[num_users, dim]` user-embedding table of a 'table' model (None for models without one)."""
     try:
         return keras_model.get_layer(furl_models.USER_EMBEDDING_LAYER).get_weights()[0]
@@ -194,14 +216,25 @@ def run_server(task: FurlTask, name: str, outputs: program.ExperimentOutputs) ->
     personalization = 'table' if name == 'personalized_server' else 'none'
     model = task.model_fn(personalization)()
     pooled = lambda split, shuffle: (
-        tf.data.Dataset.from_tensor_slices(data.arrays(split))
-        .shuffle(data.num_examples(split), seed=cfg.seed, reshuffle_each_iteration=True) if shuffle
-        else tf.data.Dataset.from_tensor_slices(data.arrays(split))
-    ).map(furl_models.to_model_input).batch(cfg.batch_size)
+        (
+            tf.data.Dataset.from_tensor_slices(data.arrays(split)).shuffle(
+                data.num_examples(split), seed=cfg.seed, reshuffle_each_iteration=True
+            )
+            if shuffle
+            else tf.data.Dataset.from_tensor_slices(data.arrays(split))
+        )
+        .map(furl_models.to_model_input)
+        .batch(cfg.batch_size)
+    )
 
     def on_epoch_end(epoch, logs):
-        outputs.release_metrics(epoch, {'train': {k: v for k, v in logs.items() if not k.startswith('val_')},
-                                        'eval': {k[4:]: v for k, v in logs.items() if k.startswith('val_')}})
+        outputs.release_metrics(
+            epoch,
+            {
+                'train': {k: v for k, v in logs.items() if not k.startswith('val_')},
+                'eval': {k[4:]: v for k, v in logs.items() if k.startswith('val_')},
+            },
+        )
         logging.info('[%s] epoch %d  %s', name, epoch, '  '.join(f'{k}={v:.4f}' for k, v in logs.items()))
 
     centralized.train_centralized(
@@ -209,7 +242,8 @@ def run_server(task: FurlTask, name: str, outputs: program.ExperimentOutputs) ->
         train_dataset=pooled('train', True),
         validation_dataset=pooled('eval', False),
         optimizer=tf.keras.optimizers.get(
-            {'class_name': cfg.centralized_optimizer, 'config': {'learning_rate': cfg.centralized_learning_rate}}),
+            {'class_name': cfg.centralized_optimizer, 'config': {'learning_rate': cfg.centralized_learning_rate}}
+        ),
         loss=task.loss_fn(),
         metrics=task.metrics_fn(),
         max_epochs=cfg.epochs,
@@ -226,12 +260,21 @@ def run_global_fl(task: FurlTask, outputs: program.ExperimentOutputs) -> dict[st
     process = tff.learning.algorithms.build_weighted_fed_avg(
         task.tff_model_fn('none'),
         client_optimizer_fn=optimizers.build_optimizer(cfg.client_optimizer, cfg.client_learning_rate),
-        server_optimizer_fn=optimizers.build_optimizer(cfg.server_optimizer, cfg.server_learning_rate))
+        server_optimizer_fn=optimizers.build_optimizer(cfg.server_optimizer, cfg.server_learning_rate),
+    )
     state, history = program.run_learning_process(
-        process, client_data=task.data.train, dataset_fn=lambda d: task.dataset_fn(d.repeat(cfg.client_epochs)),
-        clients_per_round=cfg.clients_per_round, total_rounds=task.total_rounds(), outputs=outputs, seed=cfg.seed,
-        evaluation_fn=lambda w: task.evaluate_global('none', w, 'eval'), rounds_per_evaluation=cfg.rounds_per_eval,
-        rounds_per_checkpoint=cfg.rounds_per_checkpoint, name='global_fl')
+        process,
+        client_data=task.data.train,
+        dataset_fn=lambda d: task.dataset_fn(d.repeat(cfg.client_epochs)),
+        clients_per_round=cfg.clients_per_round,
+        total_rounds=task.total_rounds(),
+        outputs=outputs,
+        seed=cfg.seed,
+        evaluation_fn=lambda w: task.evaluate_global('none', w, 'eval'),
+        rounds_per_evaluation=cfg.rounds_per_eval,
+        rounds_per_checkpoint=cfg.rounds_per_checkpoint,
+        name='global_fl',
+    )
     row = task.evaluate_global('none', process.get_model_weights(state))
     del history  # Only this process' rounds; metrics.csv has every round, also those of a resumed run.
     row['seconds_per_round'] = outputs.median_round_seconds()
@@ -239,8 +282,10 @@ def run_global_fl(task: FurlTask, outputs: program.ExperimentOutputs) -> dict[st
 
 
 def _open_store(task: FurlTask, process: core.PersonalizedProcess, outputs: program.ExperimentOutputs):
-    spec = [(tuple(t.shape), t.dtype) for t in list(process.private_state_type.trainable)
-            + list(process.private_state_type.non_trainable)]
+    spec = [
+        (tuple(t.shape), t.dtype)
+        for t in list(process.private_state_type.trainable) + list(process.private_state_type.non_trainable)
+    ]
     default = client_state.seeded_uniform_default(spec, scale=0.05, seed=task.config.seed)
     if task.config.state_store == 'memory':
         return client_state.InMemoryClientStateStore(spec, default), default
@@ -251,26 +296,40 @@ def run_personalized_fl(task: FurlTask, outputs: program.ExperimentOutputs) -> t
     cfg, data = task.config, task.data
     model_fn = task.model_fn('private')
     process = furl.build_furl(
-        model_fn, loss_fn=task.loss_fn, metrics_fn=task.metrics_fn,
+        model_fn,
+        loss_fn=task.loss_fn,
+        metrics_fn=task.metrics_fn,
         client_optimizer=optimizers.build_optimizer(cfg.client_optimizer, cfg.client_learning_rate),
         server_optimizer=optimizers.build_optimizer(cfg.server_optimizer, cfg.server_learning_rate),
-        client_epochs=cfg.client_epochs, private_norm_regularization=cfg.private_norm_regularization)
+        client_epochs=cfg.client_epochs,
+        private_norm_regularization=cfg.private_norm_regularization,
+    )
     evaluate = evaluation.build_private_state_eval(model_fn, loss_fn=task.loss_fn, metrics_fn=task.metrics_fn)
     ids = data.client_ids
     to_weights = lambda arrays: training_loop.to_model_weights(arrays, process.private_state_type)
 
     store, default = _open_store(task, process, outputs)
     with store:
+
         def eval_fn(weights, split='eval', private=True):
             states = store.get(ids) if private else [default(c) for c in ids]
             result = evaluate(weights, task.test_datasets(split), [to_weights(s) for s in states])
             return {k: float(v) for k, v in result['eval'].items()}
 
         state, history = program.run_learning_process(
-            process, client_data=data.train, dataset_fn=task.dataset_fn, clients_per_round=cfg.clients_per_round,
-            total_rounds=task.total_rounds(), outputs=outputs, seed=cfg.seed, evaluation_fn=eval_fn,
-            rounds_per_evaluation=cfg.rounds_per_eval, rounds_per_checkpoint=cfg.rounds_per_checkpoint,
-            name='personalized_fl', client_state_store=store)
+            process,
+            client_data=data.train,
+            dataset_fn=task.dataset_fn,
+            clients_per_round=cfg.clients_per_round,
+            total_rounds=task.total_rounds(),
+            outputs=outputs,
+            seed=cfg.seed,
+            evaluation_fn=eval_fn,
+            rounds_per_evaluation=cfg.rounds_per_eval,
+            rounds_per_checkpoint=cfg.rounds_per_checkpoint,
+            name='personalized_fl',
+            client_state_store=store,
+        )
         weights = process.get_model_weights(state)
         row = eval_fn(weights, 'test')
         default_metrics = eval_fn(weights, 'test', private=False)
@@ -284,6 +343,7 @@ def run_personalized_fl(task: FurlTask, outputs: program.ExperimentOutputs) -> t
 
 def knn_overlap(a: np.ndarray, b: np.ndarray, k: int) -> float:
     """Mean |kNN_a(u) & kNN_b(u)| / k over users (cosine similarity); chance is about k / (n - 1)."""
+
     def neighbours(x):
         x = x / np.maximum(np.linalg.norm(x, axis=1, keepdims=True), 1e-12)
         sim = x @ x.T
@@ -294,10 +354,18 @@ def knn_overlap(a: np.ndarray, b: np.ndarray, k: int) -> float:
     return float(np.mean([len(set(na[i]) & set(nb[i])) / k for i in range(a.shape[0])]))
 
 
-def embedding_analysis(server: np.ndarray, fl: np.ndarray, rate: np.ndarray, path: str, k: int, seed: int,
-                       rate_label: str = 'user positive rate') -> dict[str, float]:
+def embedding_analysis(
+    server: np.ndarray,
+    fl: np.ndarray,
+    rate: np.ndarray,
+    path: str,
+    k: int,
+    seed: int,
+    rate_label: str = 'user positive rate',
+) -> dict[str, float]:
     """t-SNE of both embedding sets side by side (coloured by the user's positive rate) + kNN overlap."""
     import matplotlib  # pylint: disable=g-import-not-at-top
+
     matplotlib.use('Agg')
     import matplotlib.pyplot as plt  # pylint: disable=g-import-not-at-top
     from sklearn.manifold import TSNE  # pylint: disable=g-import-not-at-top
@@ -306,14 +374,19 @@ def embedding_analysis(server: np.ndarray, fl: np.ndarray, rate: np.ndarray, pat
     chance = k / max(server.shape[0] - 1, 1)
     fig, axes = plt.subplots(1, 2, figsize=(11, 4.8))
     for ax, emb, title in ((axes[0], server, 'Personalized Server'), (axes[1], fl, 'Personalized FL')):
-        xy = TSNE(n_components=2, perplexity=min(30, max(5, emb.shape[0] // 4)), random_state=seed,
-                  init='pca').fit_transform(emb)
+        xy = TSNE(
+            n_components=2, perplexity=min(30, max(5, emb.shape[0] // 4)), random_state=seed, init='pca'
+        ).fit_transform(emb)
         points = ax.scatter(xy[:, 0], xy[:, 1], c=rate, cmap='viridis', s=10)
         ax.set_title(f'{title} (t-SNE)')
         ax.set_xticks([]), ax.set_yticks([])
     fig.colorbar(points, ax=axes, label=rate_label)
-    program.save_figure(fig, path, title=f'User embeddings; {k}-NN overlap of the two sets: {overlap:.3f} '
-                                         f'(chance {chance:.3f})', tight_layout=False)
+    program.save_figure(
+        fig,
+        path,
+        title=f'User embeddings; {k}-NN overlap of the two sets: {overlap:.3f} (chance {chance:.3f})',
+        tight_layout=False,
+    )
     return {'knn_overlap': overlap, 'knn_chance': chance, 'knn_k': k}
 
 
@@ -340,18 +413,30 @@ def run(config: FurlConfig) -> dict[str, Any]:
         outputs.write_json('results.json', row)
         outputs.plot_learning_curve(['train/loss', 'eval/loss', 'eval/accuracy', 'eval/auc'], title=ROW_NAMES[name])
         rows.append(row)
-    results = {'dataset': data.description, 'statistics': data.statistics(), 'rows': rows,
-               'rounds': task.total_rounds()}
+    results = {
+        'dataset': data.description,
+        'statistics': data.statistics(),
+        'rows': rows,
+        'rounds': task.total_rounds(),
+    }
     if 'server' in embeddings and 'fl' in embeddings:
         results['embeddings'] = embedding_analysis(
-            embeddings['server'], embeddings['fl'], data.user_positive_rate,
-            os.path.join(config.output_dir, 'user_embeddings.png'), config.knn, config.seed,
-            rate_label='user positive rate' if data.num_classes == 2 else "share of the user's top class")
+            embeddings['server'],
+            embeddings['fl'],
+            data.user_positive_rate,
+            os.path.join(config.output_dir, 'user_embeddings.png'),
+            config.knn,
+            config.seed,
+            rate_label='user positive rate' if data.num_classes == 2 else "share of the user's top class",
+        )
     program.write_json(os.path.join(config.output_dir, 'results.json'), results)
-    curves = {ROW_NAMES[r['configuration']]: program.ExperimentOutputs(config.output_dir, r['configuration']).read_metrics()
-              for r in rows}
-    program.plot_curves(curves, ['eval/loss', 'eval/accuracy', 'eval/auc'],
-                        os.path.join(config.output_dir, 'learning_curves.png'))
+    curves = {
+        ROW_NAMES[r['configuration']]: program.ExperimentOutputs(config.output_dir, r['configuration']).read_metrics()
+        for r in rows
+    }
+    program.plot_curves(
+        curves, ['eval/loss', 'eval/accuracy', 'eval/auc'], os.path.join(config.output_dir, 'learning_curves.png')
+    )
     return results
 
 
@@ -359,12 +444,16 @@ def format_table(rows: list[dict[str, Any]], binary: bool) -> str:
     """Markdown table in the paper's Table 3 shape (AUC for binary tasks, accuracy otherwise)."""
     metrics = ['auc', 'accuracy'] if binary else ['accuracy']
     head = ' | '.join(m.upper() if m == 'auc' else m for m in metrics)
-    lines = [f'| configuration | {head} | loss | default-state {metrics[0]} | s/round |',
-             '|---' * (len(metrics) + 4) + '|']
+    lines = [
+        f'| configuration | {head} | loss | default-state {metrics[0]} | s/round |',
+        '|---' * (len(metrics) + 4) + '|',
+    ]
     for r in rows:
-        values = ' | '.join(f"{r.get(m, float('nan')):.4f}" for m in metrics)
+        values = ' | '.join(f'{r.get(m, float("nan")):.4f}' for m in metrics)
         default = r.get(f'default_state_{metrics[0]}')
         spr = r.get('seconds_per_round')
-        lines.append(f"| {r['name']} | {values} | {r.get('loss', float('nan')):.4f} | "
-                     f"{'' if default is None else f'{default:.4f}'} | {'' if spr is None else f'{spr:.2f}'} |")
+        lines.append(
+            f'| {r["name"]} | {values} | {r.get("loss", float("nan")):.4f} | '
+            f'{"" if default is None else f"{default:.4f}"} | {"" if spr is None else f"{spr:.2f}"} |'
+        )
     return '\n'.join(lines)

@@ -29,24 +29,24 @@ from __future__ import annotations
 
 import dataclasses
 import time
-from typing import Any, Optional
+from typing import Any
 
 import numpy as np
 import tensorflow as tf
 import tensorflow_federated as tff
 from absl import logging
 
-from fedpersonal import errors
 from fedpersonal import algorithms
 from fedpersonal import data as data_lib
+from fedpersonal import errors
 from fedpersonal import evaluation
 from fedpersonal import metrics as metrics_lib
 from fedpersonal import models
 from fedpersonal import program
-from fedpersonal.program import config_parts as parts
 from fedpersonal.algorithms import centralized
 from fedpersonal.algorithms import optimizers
 from fedpersonal.models import matrix_factorization as mf
+from fedpersonal.program import config_parts as parts
 
 CONFIGURATIONS = ('centralized_standard', 'centralized_recon', 'fedavg_standard', 'fedavg_recon', 'fedrecon')
 ROW_NAMES = {
@@ -84,8 +84,8 @@ class MovieLensMFConfig(
     synthetic_num_items: int = parts.option(1682, 'Generated data: items.')
     synthetic_mean_ratings_per_user: int = parts.option(106, 'Generated data: mean ratings per user.')
     synthetic_seed: int = parts.option(0, 'Generated data: seed.')
-    max_examples_per_user: Optional[int] = parts.option(300, "Ratings kept per user ('none': all).")
-    train_fraction: float = parts.option(0.8, 'Fraction of users (or of each user\'s ratings by time) for training.')
+    max_examples_per_user: int | None = parts.option(300, "Ratings kept per user ('none': all).")
+    train_fraction: float = parts.option(0.8, "Fraction of users (or of each user's ratings by time) for training.")
     val_fraction: float = parts.option(0.1, 'Fraction for validation (the rest is test).')
     split_seed: int = parts.option(0, 'Seed of the user split.')
     num_latent_factors: int = parts.option(50, 'Embedding dimension.')
@@ -96,9 +96,9 @@ class MovieLensMFConfig(
     clients_per_round: int = 100
     client_learning_rate: float = 0.5
     recon_epochs: int = 5
-    recon_steps_max: Optional[int] = 50
-    post_recon_steps_max: Optional[int] = 50
-    support_fraction: float = parts.option(0.5, 'Fraction of a client\'s examples in its support set.')
+    recon_steps_max: int | None = 50
+    post_recon_steps_max: int | None = 50
+    support_fraction: float = parts.option(0.5, "Fraction of a client's examples in its support set.")
     split_strategy: str = parts.option('hash', "Support/query split: 'hash' (order-invariant) or 'order'.")
     allow_overlap: bool = parts.option(False, 'Support and query sets may overlap (tiny clients).')
     jointly_train_locals: bool = parts.option(False, 'Also train local variables during the update.')
@@ -116,11 +116,17 @@ class MovieLensMFConfig(
         parts.run_post_inits(self)
         unknown = [c for c in self.configurations if c not in CONFIGURATIONS]
         if unknown or not self.configurations:
-            raise errors.ConfigError(f'configurations must be a non-empty subset of {CONFIGURATIONS}; unknown: {unknown}.')
+            raise errors.ConfigError(
+                f'configurations must be a non-empty subset of {CONFIGURATIONS}; unknown: {unknown}.'
+            )
         if self.fedrecon_implementation not in ('fedpersonal', 'tff'):
-            raise errors.ConfigError(f"fedrecon_implementation must be 'fedpersonal' or 'tff', got {self.fedrecon_implementation!r}.")
+            raise errors.ConfigError(
+                f"fedrecon_implementation must be 'fedpersonal' or 'tff', got {self.fedrecon_implementation!r}."
+            )
         if self.client_weighting not in ('num_examples', 'uniform'):
-            raise errors.ConfigError(f"client_weighting must be 'num_examples' or 'uniform', got {self.client_weighting!r}.")
+            raise errors.ConfigError(
+                f"client_weighting must be 'num_examples' or 'uniform', got {self.client_weighting!r}."
+            )
         if self.num_latent_factors < 1:
             raise errors.ConfigError(f'num_latent_factors must be >= 1, got {self.num_latent_factors}.')
 
@@ -230,7 +236,7 @@ class MovieLensMFTask:
             dataset = dataset.take(self.config.post_recon_steps_max)  # Same k_u cap as FedRecon's update.
         return dataset
 
-    def _client_datasets(self, client_data, dataset_fn, limit: Optional[int] = None) -> list[tf.data.Dataset]:
+    def _client_datasets(self, client_data, dataset_fn, limit: int | None = None) -> list[tf.data.Dataset]:
         ids = list(client_data.client_ids)
         if limit is not None and limit < len(ids):
             ids = program.sample_clients(ids, limit, round_num=0, seed=self.config.seed + 1)
@@ -265,7 +271,9 @@ class MovieLensMFTask:
         keras_model = self.table_keras_model()
         for variable, value in zip(keras_model.trainable_variables, table_trainable):
             variable.assign(value)
-        return tff.learning.models.ModelWeights(trainable=mf.item_weights_from_table_model(keras_model), non_trainable=[])
+        return tff.learning.models.ModelWeights(
+            trainable=mf.item_weights_from_table_model(keras_model), non_trainable=[]
+        )
 
     # ----- evaluation -----------------------------------------------------
     def recon_eval(self) -> tff.Computation:
@@ -281,7 +289,8 @@ class MovieLensMFTask:
                 dataset_split=cfg.split,
                 finetune_optimizer=(
                     optimizers.build_optimizer(cfg.client_optimizer, cfg.finetune_learning_rate)
-                    if cfg.finetune_learning_rate > 0 else None
+                    if cfg.finetune_learning_rate > 0
+                    else None
                 ),
                 learn_local_init=cfg.learn_local_init,
             )
@@ -300,7 +309,7 @@ class MovieLensMFTask:
         per_client = {name: result['per_client'][name] for name in ('rmse', 'accuracy') if name in result['per_client']}
         return {**result['metrics'], 'per_client': per_client}
 
-    def evaluate(self, kind: str, weights, client_data, dataset_fn, limit: Optional[int] = None) -> dict[str, Any]:
+    def evaluate(self, kind: str, weights, client_data, dataset_fn, limit: int | None = None) -> dict[str, Any]:
         computation = self.recon_eval() if kind == 'recon' else self.standard_eval()
         result = computation(weights, self._client_datasets(client_data, dataset_fn, limit))
         return {
@@ -314,7 +323,8 @@ class MovieLensMFTask:
         kwargs = dict(loss_fn=self.loss_fn, metrics_fn=self.metrics_fn)
         weighting = (
             tff.learning.ClientWeighting.NUM_EXAMPLES
-            if cfg.client_weighting == 'num_examples' else tff.learning.ClientWeighting.UNIFORM
+            if cfg.client_weighting == 'num_examples'
+            else tff.learning.ClientWeighting.UNIFORM
         )
         server = optimizers.build_optimizer(cfg.server_optimizer, cfg.server_learning_rate)
         client = optimizers.build_optimizer(cfg.client_optimizer, cfg.client_learning_rate)
@@ -395,7 +405,13 @@ def run_configuration(task: MovieLensMFTask, name: str) -> dict[str, Any]:
         process = task.build_fed_recon()
         eval_fn = lambda w: task.periodic_metrics('recon', w, prepared.user_val, task.personal_dataset_fn)
         state, row['seconds_per_round'] = train_process(
-            task, process, name, outputs, prepared.user_train, task.personal_dataset_fn, eval_fn,
+            task,
+            process,
+            name,
+            outputs,
+            prepared.user_train,
+            task.personal_dataset_fn,
+            eval_fn,
             validate_fn=_validate_personal(mf.personal_input_spec()),
         )
         final = task.evaluate('recon', process.get_model_weights(state), prepared.user_test, task.personal_dataset_fn)
@@ -408,16 +424,24 @@ def run_configuration(task: MovieLensMFTask, name: str) -> dict[str, Any]:
             if standard:
                 return task.periodic_metrics('standard', weights, prepared.time_val, task.table_dataset_fn_eval)
             return task.periodic_metrics(
-                'recon', task.personal_globals_from_table(weights.trainable), prepared.user_val, task.personal_dataset_fn
+                'recon',
+                task.personal_globals_from_table(weights.trainable),
+                prepared.user_val,
+                task.personal_dataset_fn,
             )
 
-        state, row['seconds_per_round'] = train_process(task, process, name, outputs, train, task.table_dataset_fn, eval_fn)
+        state, row['seconds_per_round'] = train_process(
+            task, process, name, outputs, train, task.table_dataset_fn, eval_fn
+        )
         weights = process.get_model_weights(state)
         if standard:
             final = task.evaluate('standard', weights, prepared.time_test, task.table_dataset_fn_eval)
         else:
             final = task.evaluate(
-                'recon', task.personal_globals_from_table(weights.trainable), prepared.user_test, task.personal_dataset_fn
+                'recon',
+                task.personal_globals_from_table(weights.trainable),
+                prepared.user_test,
+                task.personal_dataset_fn,
             )
     else:
         standard = name == 'centralized_standard'
@@ -440,8 +464,13 @@ def run_configuration(task: MovieLensMFTask, name: str) -> dict[str, Any]:
             return ds.batch(cfg.centralized_batch_size)
 
         def on_epoch_end(epoch, logs):
-            outputs.release_metrics(epoch, {'train': {k: v for k, v in logs.items() if not k.startswith('val_')},
-                                            'eval': {k[4:]: v for k, v in logs.items() if k.startswith('val_')}})
+            outputs.release_metrics(
+                epoch,
+                {
+                    'train': {k: v for k, v in logs.items() if not k.startswith('val_')},
+                    'eval': {k[4:]: v for k, v in logs.items() if k.startswith('val_')},
+                },
+            )
             logging.info('[%s] epoch %d  %s', name, epoch, '  '.join(f'{k}={v:.4f}' for k, v in logs.items()))
 
         centralized.train_centralized(
@@ -465,7 +494,9 @@ def run_configuration(task: MovieLensMFTask, name: str) -> dict[str, Any]:
             )
             final = task.evaluate('standard', weights, prepared.time_test, task.table_dataset_fn_eval)
         else:
-            final = task.evaluate('recon', task.personal_globals_from_table(trainable), prepared.user_test, task.personal_dataset_fn)
+            final = task.evaluate(
+                'recon', task.personal_globals_from_table(trainable), prepared.user_test, task.personal_dataset_fn
+            )
     row.update({k: final['metrics'][k] for k in METRIC_KEYS if k in final['metrics']})
     row['per_client'] = final['per_client']
     row['wall_seconds'] = time.time() - started
@@ -485,22 +516,27 @@ def run(config: MovieLensMFConfig) -> dict[str, Any]:
     rows = [run_configuration(task, name) for name in config.configurations]
     results = {'dataset': prepared.description, 'statistics': stats, 'rows': rows}
     program.write_json(f'{config.output_dir}/results.json', results)
-    runs = {ROW_NAMES[r['configuration']]: program.ExperimentOutputs(config.output_dir, r['configuration']).read_metrics()
-            for r in rows}
+    runs = {
+        ROW_NAMES[r['configuration']]: program.ExperimentOutputs(config.output_dir, r['configuration']).read_metrics()
+        for r in rows
+    }
     program.plot_curves(runs, ['train/loss', 'eval/rmse', 'eval/accuracy'], f'{config.output_dir}/learning_curves.png')
     return results
 
 
 def format_table(rows: list[dict[str, Any]]) -> str:
     """A Markdown table of the rows (RMSE, MAE, accuracy, per-client RMSE median, s/round)."""
-    lines = ['| configuration | RMSE | MAE | accuracy | per-client RMSE p50 [p10, p90] | s/round |', '|---|---|---|---|---|---|']
+    lines = [
+        '| configuration | RMSE | MAE | accuracy | per-client RMSE p50 [p10, p90] | s/round |',
+        '|---|---|---|---|---|---|',
+    ]
     for r in rows:
         pc = r.get('per_client', {}).get('rmse', {})
         spr = r.get('seconds_per_round')
         lines.append(
-            f"| {r['name']} | {r.get('rmse', float('nan')):.3f} | {r.get('mae', float('nan')):.3f} | "
-            f"{r.get('accuracy', float('nan')):.3f} | "
-            f"{pc.get('p50', float('nan')):.3f} [{pc.get('p10', float('nan')):.3f}, {pc.get('p90', float('nan')):.3f}] | "
-            f"{'' if spr is None else f'{spr:.2f}'} |"
+            f'| {r["name"]} | {r.get("rmse", float("nan")):.3f} | {r.get("mae", float("nan")):.3f} | '
+            f'{r.get("accuracy", float("nan")):.3f} | '
+            f'{pc.get("p50", float("nan")):.3f} [{pc.get("p10", float("nan")):.3f}, {pc.get("p90", float("nan")):.3f}] | '
+            f'{"" if spr is None else f"{spr:.2f}"} |'
         )
     return '\n'.join(lines)

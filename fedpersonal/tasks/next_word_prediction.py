@@ -35,19 +35,18 @@ from __future__ import annotations
 
 import dataclasses
 import time
-from typing import Any, Optional
+from typing import Any
 
 import numpy as np
 import tensorflow as tf
 import tensorflow_federated as tff
 from absl import logging
 
-from fedpersonal import errors
 from fedpersonal import algorithms
+from fedpersonal import errors
 from fedpersonal import evaluation
 from fedpersonal import metrics as metrics_lib
 from fedpersonal import program
-from fedpersonal.program import config_parts as parts
 from fedpersonal.algorithms import fed_recon
 from fedpersonal.algorithms import optimizers
 from fedpersonal.data import shakespeare
@@ -57,12 +56,17 @@ from fedpersonal.data import text_corpus
 from fedpersonal.data import text_pipeline
 from fedpersonal.metrics import communication
 from fedpersonal.models import next_word_prediction as nwp
+from fedpersonal.program import config_parts as parts
 
 CONFIGURATIONS = ('fedyogi', 'fedrecon_1oov', 'fedrecon', 'oov_finetuning', 'full_finetuning', 'fedrecon_finetune')
 DATASETS = ('synthetic_text', 'shakespeare', 'stackoverflow')
 METRIC_KEYS = nwp.METRIC_NAMES + ('loss', 'num_examples')
-COMMUNICATION_KEYS = ('scalars_down_per_client', 'scalars_up_per_client', 'bytes_down_per_client',
-                      'bytes_up_per_client')
+COMMUNICATION_KEYS = (
+    'scalars_down_per_client',
+    'scalars_up_per_client',
+    'bytes_down_per_client',
+    'bytes_up_per_client',
+)
 
 
 def row_name(configuration: str, num_oov_buckets: int) -> str:
@@ -116,21 +120,31 @@ class NextWordPredictionConfig(
     finetune_learning_rate: float = parts.option(0.1, 'Learning rate of the fine-tuning rows.')
     rounds_per_eval: int = 30
     eval_clients: int = 20
-    test_clients: Optional[int] = parts.option(None, "Test clients evaluated at the end ('none': all).")
+    test_clients: int | None = parts.option(None, "Test clients evaluated at the end ('none': all).")
     rounds_per_checkpoint: int = 50
 
     def __post_init__(self):
         parts.run_post_inits(self)
         unknown = [c for c in self.configurations if c not in CONFIGURATIONS]
         if unknown or not self.configurations:
-            raise errors.ConfigError(f'configurations must be a non-empty subset of {CONFIGURATIONS}; unknown: {unknown}.')
+            raise errors.ConfigError(
+                f'configurations must be a non-empty subset of {CONFIGURATIONS}; unknown: {unknown}.'
+            )
         if self.dataset not in DATASETS:
             raise errors.ConfigError(f'dataset must be one of {DATASETS}, got {self.dataset!r}.')
         if self.dataset == 'stackoverflow' and not self.data_dir:
-            raise errors.ConfigError('dataset=stackoverflow needs --data_dir (a stackoverflow.sqlite file or its directory).')
+            raise errors.ConfigError(
+                'dataset=stackoverflow needs --data_dir (a stackoverflow.sqlite file or its directory).'
+            )
         if not self.vocab_sizes or min(self.vocab_sizes) < 1:
             raise errors.ConfigError(f'vocab_sizes must be positive, got {self.vocab_sizes}.')
-        for name in ('num_oov_buckets', 'max_sequence_length', 'max_elements_per_client', 'embedding_dim', 'lstm_units'):
+        for name in (
+            'num_oov_buckets',
+            'max_sequence_length',
+            'max_elements_per_client',
+            'embedding_dim',
+            'lstm_units',
+        ):
             if getattr(self, name) < 1:
                 raise errors.ConfigError(f'{name} must be >= 1, got {getattr(self, name)}.')
 
@@ -138,9 +152,13 @@ class NextWordPredictionConfig(
     def split(self) -> algorithms.ReconstructionSplit:
         """Support = the first half of a client's examples in time order (the paper's Stack Overflow setup)."""
         return algorithms.ReconstructionSplit(
-            support_fraction=0.5, strategy='order', recon_epochs=self.recon_epochs,
-            recon_steps_max=self.recon_steps_max, post_recon_epochs=self.post_recon_epochs,
-            post_recon_steps_max=self.post_recon_steps_max)
+            support_fraction=0.5,
+            strategy='order',
+            recon_epochs=self.recon_epochs,
+            recon_steps_max=self.recon_steps_max,
+            post_recon_epochs=self.post_recon_epochs,
+            post_recon_steps_max=self.post_recon_steps_max,
+        )
 
 
 def load_corpus(config: NextWordPredictionConfig) -> text_corpus.TextCorpus:
@@ -148,12 +166,14 @@ def load_corpus(config: NextWordPredictionConfig) -> text_corpus.TextCorpus:
     if config.dataset == 'shakespeare':
         path = config.data_dir or '../shared/data/shakespeare'
         corpus = shakespeare.load_shakespeare(
-            path, min_examples=config.min_examples_per_client, test_fraction=config.test_fraction, seed=config.seed)
+            path, min_examples=config.min_examples_per_client, test_fraction=config.test_fraction, seed=config.seed
+        )
     elif config.dataset == 'stackoverflow':
         corpus = stackoverflow.load_stackoverflow(config.data_dir, seed=config.seed)
     else:
         corpus = synthetic_text.generate_text_corpus(
-            num_clients=config.synthetic_num_clients, test_fraction=config.test_fraction, seed=config.seed)
+            num_clients=config.synthetic_num_clients, test_fraction=config.test_fraction, seed=config.seed
+        )
     return text_corpus.limit_examples(corpus, config.max_elements_per_client)
 
 
@@ -181,9 +201,14 @@ class NextWordPredictionTask:
         total = sum(counts.values())
         self.coverage = sum(counts[w] for w in self.vocab) / total if total else 0.0
         train_ids = sorted(corpus.train)
-        validation_ids = set(program.sample_clients(
-            train_ids, max(1, int(round(config.validation_fraction * len(train_ids)))), round_num=0,
-            seed=config.seed + 7))
+        validation_ids = set(
+            program.sample_clients(
+                train_ids,
+                max(1, int(round(config.validation_fraction * len(train_ids)))),
+                round_num=0,
+                seed=config.seed + 7,
+            )
+        )
         self._clients = {
             'train': {c: corpus.train[c] for c in train_ids if c not in validation_ids},
             'validation': {c: corpus.train[c] for c in train_ids if c in validation_ids},
@@ -209,7 +234,7 @@ class NextWordPredictionTask:
     def dataset_fn(self, dataset: tf.data.Dataset) -> tf.data.Dataset:
         return dataset.batch(self.config.batch_size)
 
-    def eval_datasets(self, num_oov_buckets: int, split: str, limit: Optional[int]) -> list[tf.data.Dataset]:
+    def eval_datasets(self, num_oov_buckets: int, split: str, limit: int | None) -> list[tf.data.Dataset]:
         data = self.client_data(num_oov_buckets, split)
         ids = list(data.client_ids)
         if limit is not None and limit < len(ids):
@@ -219,9 +244,14 @@ class NextWordPredictionTask:
     # ----- models ---------------------------------------------------------
     def model_fn(self, num_oov_buckets: int, oov_local: bool):
         cfg = self.config
-        return nwp.model_fn(self.layout(num_oov_buckets), oov_local=oov_local,
-                            max_sequence_length=cfg.max_sequence_length, embedding_dim=cfg.embedding_dim,
-                            lstm_units=cfg.lstm_units, seed=cfg.seed)
+        return nwp.model_fn(
+            self.layout(num_oov_buckets),
+            oov_local=oov_local,
+            max_sequence_length=cfg.max_sequence_length,
+            embedding_dim=cfg.embedding_dim,
+            lstm_units=cfg.lstm_units,
+            seed=cfg.seed,
+        )
 
     def tff_model_fn(self, num_oov_buckets: int):
         """The fully global model as a TFF `VariableModel` (for TFF's FedAvg)."""
@@ -230,11 +260,18 @@ class NextWordPredictionTask:
 
         def build():
             keras_model, _, _ = nwp.build_keras_model(
-                layout, max_sequence_length=cfg.max_sequence_length, embedding_dim=cfg.embedding_dim,
-                lstm_units=cfg.lstm_units, seed=cfg.seed)
+                layout,
+                max_sequence_length=cfg.max_sequence_length,
+                embedding_dim=cfg.embedding_dim,
+                lstm_units=cfg.lstm_units,
+                seed=cfg.seed,
+            )
             return tff.learning.models.from_keras_model(
-                keras_model, loss=nwp.loss_fn(), input_spec=nwp.input_spec(cfg.max_sequence_length),
-                metrics=nwp.metrics_fn(layout)())
+                keras_model,
+                loss=nwp.loss_fn(),
+                input_spec=nwp.input_spec(cfg.max_sequence_length),
+                metrics=nwp.metrics_fn(layout)(),
+            )
 
         return build
 
@@ -243,8 +280,12 @@ class NextWordPredictionTask:
         cfg = self.config
         with tf.Graph().as_default():
             keras_model, global_layers, local_layers = nwp.build_keras_model(
-                self.layout(num_oov_buckets), max_sequence_length=cfg.max_sequence_length,
-                embedding_dim=cfg.embedding_dim, lstm_units=cfg.lstm_units, seed=cfg.seed)
+                self.layout(num_oov_buckets),
+                max_sequence_length=cfg.max_sequence_length,
+                embedding_dim=cfg.embedding_dim,
+                lstm_units=cfg.lstm_units,
+                seed=cfg.seed,
+            )
             by_name = {v.name: value for v, value in zip(keras_model.trainable_variables, keras_order_trainable)}
             ordered = [by_name[v.name] for layer in global_layers for v in layer.trainable_variables]
             ordered += [by_name[v.name] for layer in local_layers for v in layer.trainable_variables]
@@ -253,8 +294,15 @@ class NextWordPredictionTask:
         return tff.learning.models.ModelWeights(trainable=ordered, non_trainable=[])
 
     # ----- evaluation -----------------------------------------------------
-    def evaluation(self, num_oov_buckets: int, *, oov_local: bool, learn_local_init: bool = False,
-                   finetune: bool = False, split: Optional[algorithms.ReconstructionSplit] = None) -> tff.Computation:
+    def evaluation(
+        self,
+        num_oov_buckets: int,
+        *,
+        oov_local: bool,
+        learn_local_init: bool = False,
+        finetune: bool = False,
+        split: algorithms.ReconstructionSplit | None = None,
+    ) -> tff.Computation:
         cfg = self.config
         split = split or cfg.split
         key = (num_oov_buckets, oov_local, learn_local_init, finetune, split)
@@ -265,21 +313,25 @@ class NextWordPredictionTask:
                 metrics_fn=nwp.metrics_fn(self.layout(num_oov_buckets)),
                 # The OOV table is reconstructed (FedRecon) or fine-tuned (from trained values) with the same optimizer.
                 reconstruction_optimizer=optimizers.build_optimizer(
-                    cfg.reconstruction_optimizer, cfg.reconstruction_learning_rate),
+                    cfg.reconstruction_optimizer, cfg.reconstruction_learning_rate
+                ),
                 dataset_split=split,
                 finetune_optimizer=(
-                    optimizers.build_optimizer(cfg.client_optimizer, cfg.finetune_learning_rate) if finetune else None),
+                    optimizers.build_optimizer(cfg.client_optimizer, cfg.finetune_learning_rate) if finetune else None
+                ),
                 learn_local_init=learn_local_init,
             )
         return self._evaluations[key]
 
-    def evaluate(self, computation, weights, num_oov_buckets: int, split: str, limit: Optional[int]) -> dict:
+    def evaluate(self, computation, weights, num_oov_buckets: int, split: str, limit: int | None) -> dict:
         result = computation(weights, self.eval_datasets(num_oov_buckets, split, limit))
-        return {'metrics': {k: float(v) for k, v in result['eval'].items()},
-                'per_client': metrics_lib.summarize_per_client(result['per_client'])}
+        return {
+            'metrics': {k: float(v) for k, v in result['eval'].items()},
+            'per_client': metrics_lib.summarize_per_client(result['per_client']),
+        }
 
     # ----- training -------------------------------------------------------
-    def build_fed_recon(self, num_oov_buckets: int, split: Optional[algorithms.ReconstructionSplit] = None):
+    def build_fed_recon(self, num_oov_buckets: int, split: algorithms.ReconstructionSplit | None = None):
         cfg = self.config
         model_fn = self.model_fn(num_oov_buckets, oov_local=True)
         return algorithms.build_fed_recon(
@@ -289,7 +341,8 @@ class NextWordPredictionTask:
             server_optimizer=optimizers.build_optimizer(cfg.server_optimizer, cfg.server_learning_rate),
             client_optimizer=optimizers.build_optimizer(cfg.client_optimizer, cfg.client_learning_rate),
             reconstruction_optimizer=optimizers.build_optimizer(
-                cfg.reconstruction_optimizer, cfg.reconstruction_learning_rate),
+                cfg.reconstruction_optimizer, cfg.reconstruction_learning_rate
+            ),
             dataset_split=split or cfg.split,
             model_distributor=communication.build_measured_broadcast(fed_recon.server_weights_type(model_fn)),
             model_aggregator=communication.MeasuredAggregationFactory(),
@@ -303,7 +356,8 @@ class NextWordPredictionTask:
             client_optimizer_fn=optimizers.build_optimizer(cfg.client_optimizer, cfg.client_learning_rate),
             server_optimizer_fn=optimizers.build_optimizer(cfg.server_optimizer, cfg.server_learning_rate),
             model_distributor=communication.build_measured_broadcast(
-                tff.learning.models.weights_type_from_model(model_fn)),
+                tff.learning.models.weights_type_from_model(model_fn)
+            ),
             model_aggregator=communication.MeasuredAggregationFactory(),
         )
 
@@ -353,13 +407,18 @@ class _Runner:
             process = task.build_fed_recon(num_oov_buckets)
             eval_computation = task.evaluation(num_oov_buckets, oov_local=True)
             eval_fn = lambda w: task.evaluate(eval_computation, w, num_oov_buckets, 'validation', cfg.eval_clients)[
-                'metrics']
+                'metrics'
+            ]
         else:
             process = task.build_fed_yogi(num_oov_buckets)
             eval_computation = task.evaluation(num_oov_buckets, oov_local=True, learn_local_init=True)
             eval_fn = lambda w: task.evaluate(
-                eval_computation, task.partially_local_weights(num_oov_buckets, list(w.trainable)),
-                num_oov_buckets, 'validation', cfg.eval_clients)['metrics']
+                eval_computation,
+                task.partially_local_weights(num_oov_buckets, list(w.trainable)),
+                num_oov_buckets,
+                'validation',
+                cfg.eval_clients,
+            )['metrics']
         state, summary = _train(task, process, key, outputs, num_oov_buckets, eval_fn)
         weights = process.get_model_weights(state)
         outputs.plot_learning_curve(['train/loss', 'eval/accuracy_no_oov_no_eos'], title=key)
@@ -373,10 +432,12 @@ class _Runner:
         if configuration == 'fedyogi':
             weights, summary = self.trained('fedyogi', 1)
             # No local variables: "reconstruction" is a no-op, the trained OOV row is used as is.
-            computation = task.evaluation(1, oov_local=True, learn_local_init=True,
-                                          split=dataclasses.replace(cfg.split, recon_steps_max=0))
-            final = task.evaluate(computation, task.partially_local_weights(1, list(weights.trainable)), 1, 'test',
-                                  cfg.test_clients)
+            computation = task.evaluation(
+                1, oov_local=True, learn_local_init=True, split=dataclasses.replace(cfg.split, recon_steps_max=0)
+            )
+            final = task.evaluate(
+                computation, task.partially_local_weights(1, list(weights.trainable)), 1, 'test', cfg.test_clients
+            )
         elif configuration in ('fedrecon', 'fedrecon_1oov', 'fedrecon_finetune'):
             buckets = 1 if configuration == 'fedrecon_1oov' else b
             weights, summary = self.trained('fedrecon', buckets)
@@ -384,10 +445,12 @@ class _Runner:
             final = task.evaluate(computation, weights, buckets, 'test', cfg.test_clients)
         else:
             weights, summary = self.trained('fedyogi', b)
-            computation = task.evaluation(b, oov_local=True, learn_local_init=True,
-                                          finetune=configuration == 'full_finetuning')
-            final = task.evaluate(computation, task.partially_local_weights(b, list(weights.trainable)), b, 'test',
-                                  cfg.test_clients)
+            computation = task.evaluation(
+                b, oov_local=True, learn_local_init=True, finetune=configuration == 'full_finetuning'
+            )
+            final = task.evaluate(
+                computation, task.partially_local_weights(b, list(weights.trainable)), b, 'test', cfg.test_clients
+            )
         row = {'name': row_name(configuration, b), 'configuration': configuration}
         row.update({k: final['metrics'][k] for k in METRIC_KEYS if k in final['metrics']})
         row.update(summary)
@@ -396,7 +459,7 @@ class _Runner:
         return row
 
 
-def run(config: NextWordPredictionConfig, corpus: Optional[text_corpus.TextCorpus] = None) -> dict[str, Any]:
+def run(config: NextWordPredictionConfig, corpus: text_corpus.TextCorpus | None = None) -> dict[str, Any]:
     """Runs every configuration for every vocabulary size; writes `results.json` and learning curves."""
     tf.random.set_seed(config.seed)
     corpus = corpus if corpus is not None else load_corpus(config)
@@ -412,15 +475,21 @@ def run(config: NextWordPredictionConfig, corpus: Optional[text_corpus.TextCorpu
         for configuration in config.configurations:
             row = runner.row(configuration)
             row['vocab_size'] = vocab_size
-            logging.info('[vocab %d] %s: %s', vocab_size, row['name'],
-                         {k: row.get(k) for k in METRIC_KEYS + COMMUNICATION_KEYS})
+            logging.info(
+                '[vocab %d] %s: %s', vocab_size, row['name'], {k: row.get(k) for k in METRIC_KEYS + COMMUNICATION_KEYS}
+            )
             rows.append(row)
         task.client_data(config.num_oov_buckets, 'train')
-        tables.append({'vocab_size': vocab_size, 'vocabulary_coverage': task.coverage,
-                       'token_statistics': getattr(task, 'token_statistics', {}), 'rows': rows})
+        tables.append(
+            {
+                'vocab_size': vocab_size,
+                'vocabulary_coverage': task.coverage,
+                'token_statistics': getattr(task, 'token_statistics', {}),
+                'rows': rows,
+            }
+        )
         runs = {name: program.ExperimentOutputs(directory, name).read_metrics() for name in sorted(runner._trained)}
-        program.plot_curves(runs, ['train/loss', 'eval/accuracy_no_oov_no_eos'],
-                            f'{directory}/learning_curves.png')
+        program.plot_curves(runs, ['train/loss', 'eval/accuracy_no_oov_no_eos'], f'{directory}/learning_curves.png')
     results = {'dataset': corpus.name, 'source': corpus.source, 'statistics': statistics, 'tables': tables}
     program.write_json(f'{config.output_dir}/results.json', results)
     return results
@@ -438,8 +507,10 @@ def format_table(tables: list[dict[str, Any]], metric: str = 'accuracy_no_oov_no
             value = t['rows'][i].get(metric)
             cells.append('' if value is None else f'{100 * value:.1f}')
         last = tables[-1]['rows'][i]
-        comm = (f"{last.get('scalars_down_per_client', float('nan')):,.0f} / "
-                f"{last.get('scalars_up_per_client', float('nan')):,.0f}")
+        comm = (
+            f'{last.get("scalars_down_per_client", float("nan")):,.0f} / '
+            f'{last.get("scalars_up_per_client", float("nan")):,.0f}'
+        )
         lines.append(f'| {name} | ' + ' | '.join(cells) + f' | {comm} (vocab {sizes[-1]}) |')
     return '\n'.join(lines)
 
@@ -449,7 +520,7 @@ def train_fed_recon(
     split: algorithms.ReconstructionSplit,
     name: str,
     output_dir: str,
-    num_oov_buckets: Optional[int] = None,
+    num_oov_buckets: int | None = None,
 ) -> tuple[tff.learning.models.ModelWeights, dict[str, Any]]:
     """Trains FedRecon with `split` (k_r / k_u settings); returns the final global weights and a training summary.
 
@@ -467,12 +538,13 @@ def evaluate_fed_recon(
     task: NextWordPredictionTask,
     weights: tff.learning.models.ModelWeights,
     split: algorithms.ReconstructionSplit,
-    num_oov_buckets: Optional[int] = None,
+    num_oov_buckets: int | None = None,
 ) -> dict[str, float]:
     """ReconEval of FedRecon `weights` on the test clients, reconstructing with `split`."""
     buckets = num_oov_buckets or task.config.num_oov_buckets
-    final = task.evaluate(task.evaluation(buckets, oov_local=True, split=split), weights, buckets, 'test',
-                          task.config.test_clients)
+    final = task.evaluate(
+        task.evaluation(buckets, oov_local=True, split=split), weights, buckets, 'test', task.config.test_clients
+    )
     return {k: final['metrics'][k] for k in METRIC_KEYS if k in final['metrics']}
 
 
@@ -481,7 +553,7 @@ def run_fed_recon(
     split: algorithms.ReconstructionSplit,
     name: str,
     output_dir: str,
-    num_oov_buckets: Optional[int] = None,
+    num_oov_buckets: int | None = None,
 ) -> dict[str, Any]:
     """Trains FedRecon with `split` and evaluates it on the test clients with the same split."""
     weights, summary = train_fed_recon(task, split, name, output_dir, num_oov_buckets)

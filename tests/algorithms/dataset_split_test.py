@@ -55,7 +55,9 @@ def test_batches_keep_the_client_batch_size():
 
 
 def test_epochs_and_step_caps():
-    split = algorithms.ReconstructionSplit(recon_epochs=5, recon_steps_max=7, post_recon_epochs=2, post_recon_steps_max=3)
+    split = algorithms.ReconstructionSplit(
+        recon_epochs=5, recon_steps_max=7, post_recon_epochs=2, post_recon_steps_max=3
+    )
     support, query = algorithms.build_dataset_split_fn(split)(_client())
     assert len(list(support)) == 7  # 3 batches x 5 epochs, capped at 7.
     assert len(list(query)) == 3
@@ -74,7 +76,9 @@ def test_order_strategy_takes_the_first_examples():
 
 @pytest.mark.parametrize('n,expected', [(0, (0, 0)), (1, (1, 0)), (2, (1, 1)), (3, (2, 1))])
 def test_tiny_clients(n, expected):
-    support, query = algorithms.build_dataset_split_fn()(_client(n=max(n, 1)).take(1 if n else 0) if n == 0 else _client(n=n))
+    support, query = algorithms.build_dataset_split_fn()(
+        _client(n=max(n, 1)).take(1 if n else 0) if n == 0 else _client(n=n)
+    )
     assert (len(_ids(support)), len(_ids(query))) == expected
 
 

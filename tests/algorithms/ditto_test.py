@@ -35,9 +35,14 @@ def ce_gradient(w, x, y):
 def test_personal_and_global_updates_match_hand_computation():
     lam, eta, eta_global = 0.5, 0.3, 0.2
     process = ditto.build_ditto(
-        linear_model, element_spec=data().element_spec, lam=lam, personal_epochs=1, client_epochs=1,
+        linear_model,
+        element_spec=data().element_spec,
+        lam=lam,
+        personal_epochs=1,
+        client_epochs=1,
         client_optimizer=tff.learning.optimizers.build_sgdm(eta_global),
-        personal_optimizer=tff.learning.optimizers.build_sgdm(eta))
+        personal_optimizer=tff.learning.optimizers.build_sgdm(eta),
+    )
     state = process.initialize()
     v0 = W0 + np.array([[0.5, 0.0, -0.5], [0.0, 0.2, 0.0]], np.float32)
     personal = tff.learning.models.ModelWeights(trainable=[v0], non_trainable=[])
@@ -51,9 +56,12 @@ def test_personal_and_global_updates_match_hand_computation():
 
     # Two clients: the global model is the example-weighted mean; lam = 0 gives plain local SGD.
     process0 = ditto.build_ditto(
-        linear_model, element_spec=data().element_spec, lam=0.0,
+        linear_model,
+        element_spec=data().element_spec,
+        lam=0.0,
         client_optimizer=tff.learning.optimizers.build_sgdm(eta_global),
-        personal_optimizer=tff.learning.optimizers.build_sgdm(eta))
+        personal_optimizer=tff.learning.optimizers.build_sgdm(eta),
+    )
     x2, y2 = X[:1], Y[:1]
     out = process0.next(process0.initialize(), [data(), data(x2, y2)], [personal, personal])
     np.testing.assert_allclose(out.private_states[1].trainable[0], v0 - eta * ce_gradient(v0, x2, y2), rtol=1e-5)

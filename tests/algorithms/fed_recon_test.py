@@ -21,7 +21,8 @@ ITEM_INIT = RNG.normal(0.0, 0.3, size=[NUM_ITEMS, DIM]).astype(np.float32)
 class ConstantUser(tf.keras.layers.Layer):
     def build(self, input_shape):
         self.embedding = self.add_weight(
-            name='embedding', shape=(1, DIM), initializer=tf.keras.initializers.Constant(0.1))
+            name='embedding', shape=(1, DIM), initializer=tf.keras.initializers.Constant(0.1)
+        )
 
     def call(self, inputs):
         return tf.broadcast_to(self.embedding, [tf.shape(inputs)[0], DIM])
@@ -53,7 +54,8 @@ def client_dataset(user_vec, item_matrix, items=None, batch=4):
     items = np.arange(NUM_ITEMS) if items is None else np.asarray(items)
     ratings = (item_matrix[items] @ user_vec).astype(np.float32)
     return tf.data.Dataset.from_tensor_slices(
-        collections.OrderedDict(x=items.astype(np.int64)[:, None], y=ratings[:, None])).batch(batch)
+        collections.OrderedDict(x=items.astype(np.int64)[:, None], y=ratings[:, None])
+    ).batch(batch)
 
 
 SGD = tff.learning.optimizers.build_sgdm
@@ -69,11 +71,20 @@ def test_round_matches_tff_reference_implementation():
     split = algorithms.ReconstructionSplit(recon_epochs=2, recon_steps_max=5, post_recon_steps_max=3)
     split_fn = algorithms.build_dataset_split_fn(split)
     opts = dict(server=SGD(learning_rate=0.7), client=SGD(learning_rate=0.2), recon=SGD(learning_rate=0.3))
-    ours = build(server_optimizer=opts['server'], client_optimizer=opts['client'],
-                 reconstruction_optimizer=opts['recon'], dataset_split=split)
+    ours = build(
+        server_optimizer=opts['server'],
+        client_optimizer=opts['client'],
+        reconstruction_optimizer=opts['recon'],
+        dataset_split=split,
+    )
     reference = tff.learning.algorithms.build_fed_recon(
-        deterministic_model_fn, loss_fn=tf.keras.losses.MeanSquaredError, server_optimizer_fn=opts['server'],
-        client_optimizer_fn=opts['client'], reconstruction_optimizer_fn=opts['recon'], dataset_split_fn=split_fn)
+        deterministic_model_fn,
+        loss_fn=tf.keras.losses.MeanSquaredError,
+        server_optimizer_fn=opts['server'],
+        client_optimizer_fn=opts['client'],
+        reconstruction_optimizer_fn=opts['recon'],
+        dataset_split_fn=split_fn,
+    )
     users, items = true_factors(3)
     data = [client_dataset(users[i], items, items=np.arange(3 + 3 * i)) for i in range(3)]
     state_a, state_b = ours.initialize(), reference.initialize()
@@ -90,8 +101,12 @@ def test_one_round_matches_algorithm_1_by_hand():
     """k_r = k_u = 1 on one client, support = first half (strategy='order'): closed-form SGD steps."""
     lr_r, lr_c, lr_s = 0.3, 0.2, 0.5
     split = algorithms.ReconstructionSplit(strategy='order', recon_steps_max=1, post_recon_steps_max=1)
-    process = build(server_optimizer=SGD(learning_rate=lr_s), client_optimizer=SGD(learning_rate=lr_c),
-                    reconstruction_optimizer=SGD(learning_rate=lr_r), dataset_split=split)
+    process = build(
+        server_optimizer=SGD(learning_rate=lr_s),
+        client_optimizer=SGD(learning_rate=lr_c),
+        reconstruction_optimizer=SGD(learning_rate=lr_r),
+        dataset_split=split,
+    )
     users, items = true_factors(1)
     item_ids = np.array([3, 5, 8, 9, 3, 1])
     ratings = (items[item_ids] @ users[0]).astype(np.float32)
@@ -162,7 +177,8 @@ def test_privacy_local_variables_never_appear_in_server_or_client_result_types()
     local_shape = (1, DIM)
     process = build()
     shapes = _shapes_in_type(process.next.type_signature, set()) | _shapes_in_type(
-        process.initialize.type_signature, set())
+        process.initialize.type_signature, set()
+    )
     assert (NUM_ITEMS, DIM) in shapes  # The walker does see tensors...
     assert local_shape not in shapes  # ...but nothing shaped like the user embedding crosses the boundary.
     # Positive control: with a learned local default, the (aggregated) default is server state.
@@ -175,11 +191,18 @@ def test_convergence_and_recon_eval_on_a_known_low_rank_problem():
     train = [client_dataset(users[i], items, batch=3) for i in range(20)]
     held_out = [client_dataset(users[i], items, batch=3) for i in range(20, 24)]
     split = algorithms.ReconstructionSplit(recon_epochs=10, recon_steps_max=20)
-    process = build(server_optimizer=SGD(learning_rate=1.0), client_optimizer=SGD(learning_rate=0.1),
-                    reconstruction_optimizer=SGD(learning_rate=0.3), dataset_split=split)
+    process = build(
+        server_optimizer=SGD(learning_rate=1.0),
+        client_optimizer=SGD(learning_rate=0.1),
+        reconstruction_optimizer=SGD(learning_rate=0.3),
+        dataset_split=split,
+    )
     recon_eval = evaluation.build_recon_eval(
-        deterministic_model_fn, loss_fn=tf.keras.losses.MeanSquaredError,
-        reconstruction_optimizer=SGD(learning_rate=0.3), dataset_split=split)
+        deterministic_model_fn,
+        loss_fn=tf.keras.losses.MeanSquaredError,
+        reconstruction_optimizer=SGD(learning_rate=0.3),
+        dataset_split=split,
+    )
     state = process.initialize()
     before = recon_eval(process.get_model_weights(state), held_out)['eval']['loss']
     rng = np.random.default_rng(0)
@@ -198,15 +221,23 @@ def test_learned_local_init_helps_clients_that_cannot_reconstruct():
     no_recon = algorithms.ReconstructionSplit(recon_steps_max=0)
     results = {}
     for learn in (False, True):
-        process = build(learn_local_init=learn, server_optimizer=SGD(learning_rate=1.0),
-                        client_optimizer=SGD(learning_rate=0.05), jointly_train_locals=True,
-                        reconstruction_optimizer=SGD(learning_rate=0.3),
-                        dataset_split=algorithms.ReconstructionSplit(recon_epochs=5, recon_steps_max=10))
+        process = build(
+            learn_local_init=learn,
+            server_optimizer=SGD(learning_rate=1.0),
+            client_optimizer=SGD(learning_rate=0.05),
+            jointly_train_locals=True,
+            reconstruction_optimizer=SGD(learning_rate=0.3),
+            dataset_split=algorithms.ReconstructionSplit(recon_epochs=5, recon_steps_max=10),
+        )
         state = process.initialize()
         for _ in range(25):
             state = process.next(state, data[:8]).state
-        eval_fn = evaluation.build_recon_eval(deterministic_model_fn, loss_fn=tf.keras.losses.MeanSquaredError,
-                                              dataset_split=no_recon, learn_local_init=learn)
+        eval_fn = evaluation.build_recon_eval(
+            deterministic_model_fn,
+            loss_fn=tf.keras.losses.MeanSquaredError,
+            dataset_split=no_recon,
+            learn_local_init=learn,
+        )
         results[learn] = eval_fn(process.get_model_weights(state), data[8:])['eval']['loss']
     assert results[True] < 0.5 * results[False]
 
@@ -215,9 +246,13 @@ def test_any_aggregator_and_server_optimizer_plug_in():
     users, items = true_factors(2)
     data = [client_dataset(users[i], items) for i in range(2)]
     dp = tff.aggregators.DifferentiallyPrivateFactory.gaussian_fixed(
-        noise_multiplier=0.01, clients_per_round=2, clip=1.0)
-    process = build(model_aggregator=dp, client_weighting=tff.learning.ClientWeighting.UNIFORM,
-                    server_optimizer=tff.learning.optimizers.build_yogi(learning_rate=0.01))
+        noise_multiplier=0.01, clients_per_round=2, clip=1.0
+    )
+    process = build(
+        model_aggregator=dp,
+        client_weighting=tff.learning.ClientWeighting.UNIFORM,
+        server_optimizer=tff.learning.optimizers.build_yogi(learning_rate=0.01),
+    )
     output = process.next(process.initialize(), data)
     weights = process.get_model_weights(output.state).trainable[0]
     assert np.all(np.isfinite(weights)) and not np.allclose(weights, ITEM_INIT)
@@ -230,8 +265,10 @@ def test_model_without_globals_is_rejected_with_a_clear_error():
     def all_local():
         model = deterministic_model_fn()
         return models.from_keras_model(
-            model.keras_model, input_spec=model.input_spec,
-            local_variables=model.global_trainable_variables + model.local_trainable_variables)
+            model.keras_model,
+            input_spec=model.input_spec,
+            local_variables=model.global_trainable_variables + model.local_trainable_variables,
+        )
 
     with pytest.raises(models.ModelSpecError, match='FedRecon needs a model with global trainable variables'):
         algorithms.build_fed_recon(all_local, loss_fn=tf.keras.losses.MeanSquaredError)

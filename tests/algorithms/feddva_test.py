@@ -11,8 +11,15 @@ from fedpersonal.algorithms import feddva
 from fedpersonal.models import feddva_models as fm
 from fedpersonal.privacy import audit
 
-TINY = fm.DvaArchitecture(image_shape=(8, 8, 1), z_dim=2, c_dim=2, encoder_channels=(3, 4), decoder_dense=(7,),
-                          decoder_channels=(3, 2), num_classes=3)
+TINY = fm.DvaArchitecture(
+    image_shape=(8, 8, 1),
+    z_dim=2,
+    c_dim=2,
+    encoder_channels=(3, 4),
+    decoder_dense=(7,),
+    decoder_channels=(3, 2),
+    num_classes=3,
+)
 
 
 def dataset(seed, n=12):
@@ -23,8 +30,12 @@ def dataset(seed, n=12):
 
 
 def snapshot(model):
-    groups = {'z': model.z_branch, 'c': model.c_branch, 'decoder': model.decoder_variables,
-              'head': model.head_variables}
+    groups = {
+        'z': model.z_branch,
+        'c': model.c_branch,
+        'decoder': model.decoder_variables,
+        'head': model.head_variables,
+    }
     return {k: [v.numpy().copy() for v in vs] for k, vs in groups.items()}
 
 
@@ -62,8 +73,9 @@ def test_head_phase_tunes_the_encoders_only_when_asked():
 
 
 def build(head_epochs=1):
-    return feddva.build_feddva(lambda: fm.DualVae(TINY), element_spec=dataset(0).element_spec, head_epochs=head_epochs,
-                               learning_rate=1e-2)
+    return feddva.build_feddva(
+        lambda: fm.DualVae(TINY), element_spec=dataset(0).element_spec, head_epochs=head_epochs, learning_rate=1e-2
+    )
 
 
 def test_decoders_stay_on_clients_and_encoders_are_averaged():
@@ -87,8 +99,9 @@ def test_decoders_stay_on_clients_and_encoders_are_averaged():
     # A second round starts from the returned private states (stateful decoders).
     out2 = process.next(out.state, [dataset(1)], [out.private_states[0]])
     assert not np.allclose(out2.private_states[0].trainable[0], out.private_states[0].trainable[0])
-    assert not np.allclose(process.get_model_weights(out2.state).trainable[0],
-                           process.get_model_weights(state).trainable[0])
+    assert not np.allclose(
+        process.get_model_weights(out2.state).trainable[0], process.get_model_weights(state).trainable[0]
+    )
 
 
 def test_privacy_audit_passes_and_catches_a_decoder_leak():

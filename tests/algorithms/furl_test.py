@@ -8,8 +8,8 @@ import tensorflow as tf
 import tensorflow_federated as tff
 
 from fedpersonal import models
-from fedpersonal.core import client_work
 from fedpersonal.algorithms import furl
+from fedpersonal.core import client_work
 from fedpersonal.models import matrix_factorization as mf
 from fedpersonal.privacy import audit
 
@@ -21,16 +21,21 @@ LR_CLIENT = 0.1
 
 
 def _items():
-    return tf.keras.layers.Embedding(NUM_ITEMS, DIM, embeddings_initializer=tf.keras.initializers.Constant(ITEM_INIT),
-                                     name='ItemEmbedding')
+    return tf.keras.layers.Embedding(
+        NUM_ITEMS, DIM, embeddings_initializer=tf.keras.initializers.Constant(ITEM_INIT), name='ItemEmbedding'
+    )
 
 
 def furl_model_fn():
     item_input = tf.keras.Input(shape=[1], dtype=tf.int64)
     items, user = _items(), mf.UserEmbedding(DIM, name='UserEmbedding')
     pred = tf.keras.layers.Dot(axes=1)([tf.keras.layers.Flatten()(items(item_input)), user(item_input)])
-    return models.from_keras_model(tf.keras.Model(item_input, pred), input_spec=mf.personal_input_spec(),
-                                   global_layers=[items], local_layers=[user])
+    return models.from_keras_model(
+        tf.keras.Model(item_input, pred),
+        input_spec=mf.personal_input_spec(),
+        global_layers=[items],
+        local_layers=[user],
+    )
 
 
 def table_model_fn():
@@ -38,8 +43,9 @@ def table_model_fn():
     item_input = tf.keras.Input(shape=[1], dtype=tf.int64, name='item_id')
     items = _items()
     users = tf.keras.layers.Embedding(NUM_USERS, DIM, embeddings_initializer=tf.keras.initializers.Constant(USER_INIT))
-    pred = tf.keras.layers.Dot(axes=1)([tf.keras.layers.Flatten()(items(item_input)),
-                                        tf.keras.layers.Flatten()(users(user_input))])
+    pred = tf.keras.layers.Dot(axes=1)(
+        [tf.keras.layers.Flatten()(items(item_input)), tf.keras.layers.Flatten()(users(user_input))]
+    )
     keras_model = tf.keras.Model(collections.OrderedDict(user_id=user_input, item_id=item_input), pred)
     return models.from_keras_model(keras_model, input_spec=mf.table_input_spec(), global_layers=[items, users])
 
@@ -80,14 +86,18 @@ def build_server_stored_process():
             model = table_model_fn()
             variables = list(model.global_trainable_variables)
         client_work.assign(variables, weights)
-        n = client_work.optimizer_steps(variables, dataset, tff.learning.optimizers.build_sgdm(LR_CLIENT),
-                                        client_work.model_batch_loss(model, tf.keras.losses.MeanSquaredError())
-                                        ).num_examples
+        n = client_work.optimizer_steps(
+            variables,
+            dataset,
+            tff.learning.optimizers.build_sgdm(LR_CLIENT),
+            client_work.model_batch_loss(model, tf.keras.losses.MeanSquaredError()),
+        ).num_examples
         items_delta, table_delta = [a - b for a, b in zip(weights, variables)]
         return items_delta, tf.cast(n, tf.float32), table_delta
 
-    @tff.federated_computation(tff.FederatedType(weights_type, tff.SERVER),
-                               tff.FederatedType(client.type_signature.parameter[1], tff.CLIENTS))
+    @tff.federated_computation(
+        tff.FederatedType(weights_type, tff.SERVER), tff.FederatedType(client.type_signature.parameter[1], tff.CLIENTS)
+    )
     def next_fn(weights, datasets):
         items_delta, weight, table_delta = tff.federated_map(client, (tff.federated_broadcast(weights), datasets))
         mean_items = tff.federated_mean(items_delta, weight)
@@ -104,13 +114,18 @@ def build_server_stored_process():
 
 def test_split_personalization_equivalence_round_by_round():
     """FURL (private embeddings on clients) == server-stored embeddings with identity aggregation."""
-    process = furl.build_furl(furl_model_fn, loss_fn=tf.keras.losses.MeanSquaredError,
-                              client_optimizer=tff.learning.optimizers.build_sgdm(LR_CLIENT),
-                              server_optimizer=tff.learning.optimizers.build_sgdm(1.0))
+    process = furl.build_furl(
+        furl_model_fn,
+        loss_fn=tf.keras.losses.MeanSquaredError,
+        client_optimizer=tff.learning.optimizers.build_sgdm(LR_CLIENT),
+        server_optimizer=tff.learning.optimizers.build_sgdm(1.0),
+    )
     init, server_next = build_server_stored_process()
     state = process.initialize()
-    on_device = {u: tff.learning.models.ModelWeights(trainable=[USER_INIT[u:u + 1]], non_trainable=[])
-                 for u in range(NUM_USERS)}
+    on_device = {
+        u: tff.learning.models.ModelWeights(trainable=[USER_INIT[u : u + 1]], non_trainable=[])
+        for u in range(NUM_USERS)
+    }
     server_weights = init()
     np.testing.assert_allclose(server_weights[0], ITEM_INIT)
     for cohort in ([0, 1, 2, 3], [0, 2], [1, 3], [3], [0, 1, 2, 3]):
@@ -119,8 +134,9 @@ def test_split_personalization_equivalence_round_by_round():
         for u, private in zip(cohort, out.private_states):
             on_device[u] = private
         server_weights = server_next(server_weights, [table_dataset(u) for u in cohort])
-        np.testing.assert_allclose(process.get_model_weights(state).trainable[0], server_weights[0],
-                                   rtol=1e-5, atol=1e-6)
+        np.testing.assert_allclose(
+            process.get_model_weights(state).trainable[0], server_weights[0], rtol=1e-5, atol=1e-6
+        )
         for u in range(NUM_USERS):
             np.testing.assert_allclose(on_device[u].trainable[0][0], server_weights[1][u], rtol=1e-5, atol=1e-6)
     assert not np.allclose(server_weights[1], USER_INIT)  # Embeddings did train.
@@ -136,8 +152,7 @@ def test_private_state_is_client_placed_input_and_output_only():
 
 
 def test_privacy_audit_passes_furl_and_catches_leaks():
-    process = furl.build_furl(furl_model_fn, loss_fn=tf.keras.losses.MeanSquaredError,
-                              private_norm_regularization=0.01)
+    process = furl.build_furl(furl_model_fn, loss_fn=tf.keras.losses.MeanSquaredError, private_norm_regularization=0.01)
     assert audit.audit_private_dataflow(process.next, private_parameter_index=2) == []
 
     params = process.next.type_signature.parameter
@@ -169,7 +184,11 @@ def test_privacy_audit_passes_furl_and_catches_leaks():
     def hidden_leak(state, data, private):
         out = process.next(state, data, private)
         data_total, private_total = tff.federated_map(client_stats, (data, private))
-        return tff.federated_zip((out.state, tff.federated_sum(data_total))), tff.federated_sum(private_total), out.private_states
+        return (
+            tff.federated_zip((out.state, tff.federated_sum(data_total))),
+            tff.federated_sum(private_total),
+            out.private_states,
+        )
 
     @tff.federated_computation(params[0], params[1], params[2])
     def data_only(state, data, private):
@@ -187,10 +206,13 @@ def test_privacy_audit_passes_furl_and_catches_leaks():
 def test_norm_regularization_shrinks_private_parameters():
     norms = {}
     for lam in (0.0, 1.0):
-        process = furl.build_furl(furl_model_fn, loss_fn=tf.keras.losses.MeanSquaredError,
-                                  private_norm_regularization=lam)
-        state, private = process.initialize(), [tff.learning.models.ModelWeights(
-            trainable=[USER_INIT[0:1] * 10], non_trainable=[])]
+        process = furl.build_furl(
+            furl_model_fn, loss_fn=tf.keras.losses.MeanSquaredError, private_norm_regularization=lam
+        )
+        state, private = (
+            process.initialize(),
+            [tff.learning.models.ModelWeights(trainable=[USER_INIT[0:1] * 10], non_trainable=[])],
+        )
         for _ in range(3):
             out = process.next(state, [furl_dataset(0)], private)
             state, private = out.state, out.private_states
@@ -201,8 +223,11 @@ def test_norm_regularization_shrinks_private_parameters():
 def test_requires_private_parameters():
     def all_global():
         model = furl_model_fn()
-        return models.from_keras_model(model.keras_model, input_spec=model.input_spec,
-                                       global_variables=model.global_trainable_variables + model.local_trainable_variables)
+        return models.from_keras_model(
+            model.keras_model,
+            input_spec=model.input_spec,
+            global_variables=model.global_trainable_variables + model.local_trainable_variables,
+        )
 
     with pytest.raises(models.ModelSpecError, match='FURL needs a model with local trainable variables'):
         furl.build_furl(all_global, loss_fn=tf.keras.losses.MeanSquaredError)
@@ -217,19 +242,32 @@ def _client_data():
 
 def _run(tmp_path, name, total_rounds, store):
     from fedpersonal import program  # pylint: disable=g-import-not-at-top
-    process = furl.build_furl(furl_model_fn, loss_fn=tf.keras.losses.MeanSquaredError,
-                              client_optimizer=tff.learning.optimizers.build_sgdm(LR_CLIENT))
+
+    process = furl.build_furl(
+        furl_model_fn,
+        loss_fn=tf.keras.losses.MeanSquaredError,
+        client_optimizer=tff.learning.optimizers.build_sgdm(LR_CLIENT),
+    )
     state, _ = program.run_learning_process(
-        process, client_data=_client_data(), dataset_fn=lambda d: d.batch(4), clients_per_round=2,
-        total_rounds=total_rounds, outputs=program.ExperimentOutputs(str(tmp_path), name), seed=3,
-        rounds_per_checkpoint=2, client_state_store=store, name=name)
+        process,
+        client_data=_client_data(),
+        dataset_fn=lambda d: d.batch(4),
+        clients_per_round=2,
+        total_rounds=total_rounds,
+        outputs=program.ExperimentOutputs(str(tmp_path), name),
+        seed=3,
+        rounds_per_checkpoint=2,
+        client_state_store=store,
+        name=name,
+    )
     return process, state
 
 
 def test_stateful_loop_resumes_consistently_with_a_durable_store(tmp_path):
-    from fedpersonal import program  # pylint: disable=g-import-not-at-top
     from fedpersonal import client_state  # pylint: disable=g-import-not-at-top
     from fedpersonal import evaluation  # pylint: disable=g-import-not-at-top
+    from fedpersonal import program  # pylint: disable=g-import-not-at-top
+
     spec = [((1, DIM), np.float32)]
     default = client_state.seeded_uniform_default(spec, scale=0.05, seed=0)
     ids = [str(u) for u in range(NUM_USERS)]
@@ -244,8 +282,9 @@ def test_stateful_loop_resumes_consistently_with_a_durable_store(tmp_path):
         _, resumed = _run(tmp_path, 'resumed', 4, store)  # Resumes from round 2, discarding the round-3 write.
         resumed_private = store.get(ids)
         assert store.committed_round() == 4
-    np.testing.assert_allclose(process.get_model_weights(resumed).trainable[0],
-                               process.get_model_weights(straight).trainable[0], rtol=1e-6)
+    np.testing.assert_allclose(
+        process.get_model_weights(resumed).trainable[0], process.get_model_weights(straight).trainable[0], rtol=1e-6
+    )
     for a, b in zip(expected_private, resumed_private):
         np.testing.assert_allclose(a[0], b[0], rtol=1e-6)
 
@@ -258,8 +297,9 @@ def test_stateful_loop_resumes_consistently_with_a_durable_store(tmp_path):
     evaluate = evaluation.build_private_state_eval(furl_model_fn, loss_fn=tf.keras.losses.MeanSquaredError)
     datasets = [furl_dataset(u) for u in range(NUM_USERS)]
     weights = process.get_model_weights(straight)
-    own = evaluate(weights, datasets, [tff.learning.models.ModelWeights(trainable=p, non_trainable=[])
-                                       for p in expected_private])
+    own = evaluate(
+        weights, datasets, [tff.learning.models.ModelWeights(trainable=p, non_trainable=[]) for p in expected_private]
+    )
     default_states = [tff.learning.models.ModelWeights(trainable=default(i), non_trainable=[]) for i in ids]
     fresh = evaluate(weights, datasets, default_states)
     assert own['eval']['loss'] < fresh['eval']['loss']

@@ -46,7 +46,7 @@ def _store_at_round_2(path):
 
 
 # The child process: opens the store, does `mode`, prints READY and waits to be killed.
-_CHILD = r'''
+_CHILD = r"""
 import sys, time, types
 # Load the store modules without fedpersonal/__init__.py, which imports TFF (slow and not needed here).
 pkg = types.ModuleType('fedpersonal'); pkg.__path__ = [REPO + '/fedpersonal']; sys.modules['fedpersonal'] = pkg
@@ -73,13 +73,14 @@ elif mode == 'register':
     store.register([f'more{i}' for i in range(4000)] + [f'new{i}' for i in range(10000, 20000)], None)
 print('READY', flush=True)
 time.sleep(600)
-'''
+"""
 
 
 def _run_and_kill(path, mode):
     code = _CHILD.replace('REPO', repr(_REPO)).replace('DIM', str(DIM))
-    proc = subprocess.Popen([sys.executable, '-c', code, str(path), mode], stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        [sys.executable, '-c', code, str(path), mode], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
     try:
         line = proc.stdout.readline()
         assert line.strip() == 'READY', f'child failed: {line!r} {proc.stderr.read()}'
@@ -156,15 +157,16 @@ def test_sigkill_during_register_leaves_none_of_it(tmp_path):
 def test_reopen_with_a_different_spec_fails(tmp_path):
     path = tmp_path / 'states.db'
     _store_at_round_2(path)
-    for other in ([((DIM + 1,), np.float32), ((), np.int64)],
-                  [((DIM,), np.float64), ((), np.int64)],
-                  [((DIM,), np.float32)]):
+    for other in (
+        [((DIM + 1,), np.float32), ((), np.int64)],
+        [((DIM,), np.float64), ((), np.int64)],
+        [((DIM,), np.float32)],
+    ):
         with pytest.raises(ValueError) as info:
             _open(path, other)
         message = str(info.value)
         assert 'was created with spec [(8,) float32, () int64]' in message
-        assert f'opened with spec {client_state.store.format_spec(client_state.store.normalize_spec(other))}' \
-            in message
+        assert f'opened with spec {client_state.store.format_spec(client_state.store.normalize_spec(other))}' in message
     with _open(path) as store:  # The failed opens changed nothing.
         assert len(store) == 10
         _assert_values(store, [0], 2)
@@ -188,8 +190,10 @@ def test_corrupt_blob_is_reported_with_the_client_id(tmp_path, table):
     with sqlite3.connect(path) as conn:
         conn.execute(f"UPDATE {table} SET blob = substr(blob, 1, 13) WHERE client_id = 'c7'")
     with _open(path) as store:
-        with pytest.raises(client_state.CorruptStateError,
-                           match=r"client 'c7': stored state is corrupt: expected 40 bytes .*got 13 bytes"):
+        with pytest.raises(
+            client_state.CorruptStateError,
+            match=r"client 'c7': stored state is corrupt: expected 40 bytes .*got 13 bytes",
+        ):
             store.get(['c1', 'c7'])
         _assert_values(store, [1], 2)  # Other clients still read fine.
 
@@ -209,7 +213,10 @@ def test_schema_wal_and_garbage_collection(tmp_path):
         assert _rows(path, 'SELECT COUNT(*) FROM pending') == [(0,)]
         assert _rows(path, "SELECT round FROM states WHERE client_id IN ('c0', 'c1') ORDER BY 1") == [(3,), (4,)]
         assert _rows(path, "SELECT key, value FROM meta WHERE key != 'spec' ORDER BY key") == [
-            ('committed_round', 4), ('format', 1), ('num_clients', 10)]
+            ('committed_round', 4),
+            ('format', 1),
+            ('num_clients', 10),
+        ]
 
 
 def _vm_steps(store, fn):

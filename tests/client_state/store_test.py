@@ -64,10 +64,14 @@ def test_unseen_clients_get_default_and_stay_unregistered(make_store):
 def test_put_get_round_trip_is_exact_and_returns_copies(make_store):
     store = make_store()
     rng = np.random.default_rng(0)
-    special = [np.array([np.nan, -0.0, np.inf, 1e-45], np.float32), np.int64(-2**63),
-               np.array([[np.finfo(np.float64).max, -np.inf, 5e-324], [0.1, 0.2, 0.3]])]
-    states = [special] + [[rng.normal(size=4).astype(np.float32), np.int64(i), rng.normal(size=(2, 3))]
-                          for i in range(5)]
+    special = [
+        np.array([np.nan, -0.0, np.inf, 1e-45], np.float32),
+        np.int64(-(2**63)),
+        np.array([[np.finfo(np.float64).max, -np.inf, 5e-324], [0.1, 0.2, 0.3]]),
+    ]
+    states = [special] + [
+        [rng.normal(size=4).astype(np.float32), np.int64(i), rng.normal(size=(2, 3))] for i in range(5)
+    ]
     ids = [f'client/{i} é' for i in range(6)]
     store.put(ids, states, round_num=1)
     got = store.get(list(reversed(ids)) + [ids[2]])
@@ -80,19 +84,24 @@ def test_put_get_round_trip_is_exact_and_returns_copies(make_store):
     assert len(store) == 6 and all(store.contains(cid) for cid in ids)
 
 
-@pytest.mark.parametrize('bad_state, index, fragments', [
-    ([np.zeros(4, np.float32), np.int32(1), np.zeros((2, 3))], 1, ['array 1', 'dtype int64', 'dtype int32']),
-    ([np.zeros(5, np.float32), np.int64(1), np.zeros((2, 3))], 0, ['array 0', 'shape (4,)', 'shape (5,)']),
-    ([np.zeros(4, np.float32), np.int64(1), np.zeros((3, 2))], 2, ['array 2', 'shape (2, 3)', 'shape (3, 2)']),
-    ([np.zeros(4, np.float64), np.int64(1), np.zeros((2, 3))], 0, ['array 0', 'dtype float32', 'dtype float64']),
-    ([np.zeros(4, np.float32), np.int64(1)], None, ['has 2 arrays, expected 3']),
-    (np.zeros(4, np.float32), None, ['must be a list of 3 arrays']),
-])
+@pytest.mark.parametrize(
+    'bad_state, index, fragments',
+    [
+        ([np.zeros(4, np.float32), np.int32(1), np.zeros((2, 3))], 1, ['array 1', 'dtype int64', 'dtype int32']),
+        ([np.zeros(5, np.float32), np.int64(1), np.zeros((2, 3))], 0, ['array 0', 'shape (4,)', 'shape (5,)']),
+        ([np.zeros(4, np.float32), np.int64(1), np.zeros((3, 2))], 2, ['array 2', 'shape (2, 3)', 'shape (3, 2)']),
+        ([np.zeros(4, np.float64), np.int64(1), np.zeros((2, 3))], 0, ['array 0', 'dtype float32', 'dtype float64']),
+        ([np.zeros(4, np.float32), np.int64(1)], None, ['has 2 arrays, expected 3']),
+        (np.zeros(4, np.float32), None, ['must be a list of 3 arrays']),
+    ],
+)
 def test_spec_validation_names_client_and_array(make_store, bad_state, index, fragments):
     store = make_store()
     store.register(['r0'])
-    for call in (lambda: store.put(['good', 'bad-client'], [_state(1.0), bad_state], 1),
-                 lambda: store.register(['good', 'bad-client'], [_state(1.0), bad_state])):
+    for call in (
+        lambda: store.put(['good', 'bad-client'], [_state(1.0), bad_state], 1),
+        lambda: store.register(['good', 'bad-client'], [_state(1.0), bad_state]),
+    ):
         with pytest.raises(ValueError) as info:
             call()
         message = str(info.value)
@@ -248,10 +257,14 @@ def test_context_manager_closes(make_store):
 
 
 def test_spec_normalization_and_spec_of():
-    assert store_lib.normalize_spec([([3], 'float32'), ((), np.int64)]) == [((3,), np.dtype(np.float32)),
-                                                                         ((), np.dtype(np.int64))]
-    assert client_state.spec_of([np.zeros((2, 5), np.float16), 3.0]) == [((2, 5), np.dtype(np.float16)),
-                                                                         ((), np.dtype(np.float64))]
+    assert store_lib.normalize_spec([([3], 'float32'), ((), np.int64)]) == [
+        ((3,), np.dtype(np.float32)),
+        ((), np.dtype(np.int64)),
+    ]
+    assert client_state.spec_of([np.zeros((2, 5), np.float16), 3.0]) == [
+        ((2, 5), np.dtype(np.float16)),
+        ((), np.dtype(np.float64)),
+    ]
     fake_tf_dtype = type('DType', (), {'as_numpy_dtype': np.float16})()  # Like tf.float16, without TF.
     assert store_lib.normalize_spec([((2,), fake_tf_dtype)]) == [((2,), np.dtype(np.float16))]
     with pytest.raises(ValueError, match='spec entry 0: dtype object'):
@@ -294,17 +307,18 @@ def test_seeded_uniform_default_properties():
 
 
 def test_seeded_uniform_default_is_identical_in_another_process():
-    code = ('import json, sys, types\n'
-            # Load the store modules without fedpersonal/__init__.py, which imports TFF (slow, not needed).
-            f'pkg = types.ModuleType("fedpersonal"); pkg.__path__ = [{os.path.join(_REPO, "fedpersonal")!r}]\n'
-            'sys.modules["fedpersonal"] = pkg\n'
-            'import numpy as np\n'
-            'from fedpersonal.client_state import store\n'
-            'fn = store.seeded_uniform_default([((5,), np.float64)], 2.5, 11)\n'
-            'print(json.dumps({c: fn(c)[0].tolist() for c in ["u1", "user-\u00e9", ""]}))\n')
+    code = (
+        'import json, sys, types\n'
+        # Load the store modules without fedpersonal/__init__.py, which imports TFF (slow, not needed).
+        f'pkg = types.ModuleType("fedpersonal"); pkg.__path__ = [{os.path.join(_REPO, "fedpersonal")!r}]\n'
+        'sys.modules["fedpersonal"] = pkg\n'
+        'import numpy as np\n'
+        'from fedpersonal.client_state import store\n'
+        'fn = store.seeded_uniform_default([((5,), np.float64)], 2.5, 11)\n'
+        'print(json.dumps({c: fn(c)[0].tolist() for c in ["u1", "user-\u00e9", ""]}))\n'
+    )
     env = dict(os.environ, PYTHONHASHSEED='12345')
-    out = subprocess.run([sys.executable, '-c', code], env=env, capture_output=True, text=True, check=True,
-                         timeout=120)
+    out = subprocess.run([sys.executable, '-c', code], env=env, capture_output=True, text=True, check=True, timeout=120)
     other = json.loads(out.stdout)
     fn = client_state.seeded_uniform_default([((5,), np.float64)], 2.5, 11)
     assert set(other) == {'u1', 'user-\u00e9', ''}

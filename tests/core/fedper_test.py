@@ -33,8 +33,9 @@ def build_fedper(model_fn, *, loss_fn, client_optimizer, server_optimizer, clien
 
     finalizers = collections.OrderedDict()
 
-    @tff.tensorflow.computation(initial_body.type_signature.result, tff.SequenceType(element_type),
-                                initial_head.type_signature.result)
+    @tff.tensorflow.computation(
+        initial_body.type_signature.result, tff.SequenceType(element_type), initial_head.type_signature.result
+    )
     @tf.function
     def client_update(body, dataset, head):
         with tf.init_scope():
@@ -44,20 +45,26 @@ def build_fedper(model_fn, *, loss_fn, client_optimizer, server_optimizer, clien
             optimizer = client_work.prepare_optimizer(client_optimizer, trainable)
         client_work.assign_weights(client_work.global_weights(model), body)
         client_work.assign_weights(client_work.local_weights(model), head)
-        steps = client_work.optimizer_steps(trainable, dataset, optimizer,
-                                            client_work.model_batch_loss(model, loss_fn(), metrics),
-                                            epochs=client_epochs)
+        steps = client_work.optimizer_steps(
+            trainable, dataset, optimizer, client_work.model_batch_loss(model, loss_fn(), metrics), epochs=client_epochs
+        )
         delta, non_finite = client_work.weights_delta(body.trainable, model.global_trainable_variables)
         unfinalized = client_work.read_metrics(metrics)
-        weight = client_work.client_weight(tff.learning.ClientWeighting.NUM_EXAMPLES, steps.num_examples,
-                                           unfinalized, non_finite)
+        weight = client_work.client_weight(
+            tff.learning.ClientWeighting.NUM_EXAMPLES, steps.num_examples, unfinalized, non_finite
+        )
         new_head = client_work.keep_previous_if_non_finite(non_finite, head, client_work.local_weights(model))
         return tff.learning.templates.ClientResult(update=delta, update_weight=weight), unfinalized, new_head
 
     return core.compose_personalized_process(
-        initial_global_weights=initial_body, initial_private_state=initial_head, client_update=client_update,
+        initial_global_weights=initial_body,
+        initial_private_state=initial_head,
+        client_update=client_update,
         aggregate_metrics=core.keras_metrics(finalizers, tff.learning.metrics.sum_then_finalize),
-        server_optimizer=server_optimizer)
+        server_optimizer=server_optimizer,
+    )
+
+
 # -------------------------------------------------------------------------------------------------------------
 
 
@@ -88,9 +95,12 @@ def client_datasets(seed=0):
 
 
 def build():
-    return build_fedper(model_fn, loss_fn=lambda: tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True),
-                        client_optimizer=tff.learning.optimizers.build_sgdm(0.1),
-                        server_optimizer=tff.learning.optimizers.build_sgdm(1.0))
+    return build_fedper(
+        model_fn,
+        loss_fn=lambda: tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+        client_optimizer=tff.learning.optimizers.build_sgdm(0.1),
+        server_optimizer=tff.learning.optimizers.build_sgdm(1.0),
+    )
 
 
 def test_fedper_learns_personal_heads():
@@ -116,6 +126,7 @@ def test_fedper_head_never_reaches_the_server():
     assert audit.audit_private_dataflow(process.next, private_parameter_index=2) == []
     head_shapes = {(16, NUM_CLASSES), (NUM_CLASSES,)}
     server_shapes = audit.tensor_shapes(process.next.type_signature.result.state) | audit.tensor_shapes(
-        process.next.type_signature.result.metrics)
+        process.next.type_signature.result.metrics
+    )
     assert not head_shapes & server_shapes
     assert process.next.type_signature.result.private_states.placement is tff.CLIENTS

@@ -13,8 +13,10 @@ _REAL_DIR = pathlib.Path(os.environ.get('FEDPERSONAL_ASSIST_DIR', '/work/shared/
 
 _ITEMS = 'item_id,knowledge_code\n10,[3]\n30,"[1, 3]"\n20,[2]\n'
 # Student 7: 6 responses in file order; student 4: 4 responses; student 9: 2 (dropped with min_responses >= 3).
-_RECORDS = ('user_id,item_id,score\n'
-            '7,30,1\n7,10,0\n7,20,1\n4,20,0\n7,30,1\n4,10,1\n7,10,1\n9,10,1\n4,30,1\n7,20,0\n4,20,1\n9,20,0\n')
+_RECORDS = (
+    'user_id,item_id,score\n'
+    '7,30,1\n7,10,0\n7,20,1\n4,20,0\n7,30,1\n4,10,1\n7,10,1\n9,10,1\n4,30,1\n7,20,0\n4,20,1\n9,20,0\n'
+)
 
 
 def _write(tmp_path, records=_RECORDS, items=_ITEMS):
@@ -56,12 +58,15 @@ def test_min_responses(tmp_path):
         assistments.load_assistments(str(tmp_path), min_responses=7)
 
 
-@pytest.mark.parametrize('bad_line, message', [
-    ('7,10,2', "line 4: score '2' is not 0 or 1"),
-    ('7,10', 'line 4: expected 3 comma-separated fields'),
-    ('7,ten,1', 'line 4: user_id and item_id must be non-negative integers'),
-    ('', 'line 4: empty line'),
-])
+@pytest.mark.parametrize(
+    'bad_line, message',
+    [
+        ('7,10,2', "line 4: score '2' is not 0 or 1"),
+        ('7,10', 'line 4: expected 3 comma-separated fields'),
+        ('7,ten,1', 'line 4: user_id and item_id must be non-negative integers'),
+        ('', 'line 4: empty line'),
+    ],
+)
 def test_malformed_record_names_file_and_line(tmp_path, bad_line, message):
     lines = _RECORDS.split('\n')
     lines.insert(3, bad_line)
@@ -71,14 +76,17 @@ def test_malformed_record_names_file_and_line(tmp_path, bad_line, message):
     assert str(tmp_path / 'record.csv') in str(info.value) and info.value.line == 4
 
 
-@pytest.mark.parametrize('bad_line, message', [
-    ('40,[x]', "line 3: knowledge_code '\\[x\\]' is not a non-empty JSON list"),
-    ('40,[]', 'line 3: knowledge_code .* non-empty'),
-    ('40,"[1, 0]"', 'line 3: knowledge_code .* positive integer'),
-    ('10,[1]', r'line 3: duplicate item_id 10 \(first on line 2\)'),
-    ('40', 'line 3: expected 2 fields'),
-    ('-4,[1]', "line 3: item_id '-4' is not a non-negative integer"),
-])
+@pytest.mark.parametrize(
+    'bad_line, message',
+    [
+        ('40,[x]', "line 3: knowledge_code '\\[x\\]' is not a non-empty JSON list"),
+        ('40,[]', 'line 3: knowledge_code .* non-empty'),
+        ('40,"[1, 0]"', 'line 3: knowledge_code .* positive integer'),
+        ('10,[1]', r'line 3: duplicate item_id 10 \(first on line 2\)'),
+        ('40', 'line 3: expected 2 fields'),
+        ('-4,[1]', "line 3: item_id '-4' is not a non-negative integer"),
+    ],
+)
 def test_malformed_item_names_file_and_line(tmp_path, bad_line, message):
     lines = _ITEMS.split('\n')
     lines.insert(2, bad_line)
@@ -120,7 +128,10 @@ def test_real_assist_a0910():
     assert stats['examples_per_user_min'] == 16 and stats['examples_per_user_max'] == 1000
     assert stats['positive_rate'] == pytest.approx(170_451 / 257_585)
     assert (stats['num_train_examples'], stats['num_eval_examples'], stats['num_test_examples']) == (
-        205_080, 24_668, 27_837)
+        205_080,
+        24_668,
+        27_837,
+    )
     assert data.train.client_ids == data.test.client_ids == [str(u) for u in range(2380)]
     np.testing.assert_array_equal(data.user_ids, np.arange(1, 2381))
     example = next(iter(data.train.create_tf_dataset_for_client('0')))

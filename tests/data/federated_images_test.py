@@ -72,9 +72,10 @@ def test_allocate_disjoint_sizes_and_fractions():
 def test_federate_splits_marks_and_client_data():
     source = fi.generate_default(600, 300, seed=0)
     assert source.train_images.shape == (600, 28, 28, 1) and source.num_classes == 10
-    assert 0 <= source.train_images.min() and source.train_images.max() <= 1
-    data = fi.federate(source, num_clients=5, train_per_client=40, test_per_client=20, alpha=0.3, marks=True,
-                       seed=1, setting='test')
+    assert source.train_images.min() >= 0 and source.train_images.max() <= 1
+    data = fi.federate(
+        source, num_clients=5, train_per_client=40, test_per_client=20, alpha=0.3, marks=True, seed=1, setting='test'
+    )
     assert data.client_ids == ['0', '1', '2', '3', '4']
     assert data.mark_types().tolist() == [0, 1, 2, 3, 0]
     assert all(data.train[c][0].shape == (40, 28, 28, 1) and data.test[c][1].shape == (20,) for c in data.client_ids)

@@ -12,9 +12,14 @@ def test_char_vocab_and_encoding():
     assert vocab == {' ': 2, 'a': 3, 'b': 4, 'c': 5}
     encoded = furl_tasks.encode_texts(['AB', 'cab xz', ''], vocab, max_chars=5)
     assert encoded.dtype == np.int32 and encoded.shape == (3, 5)
-    np.testing.assert_array_equal(encoded, [[3, 4, 0, 0, 0],   # lowercased, right-padded with 0
-                                            [5, 3, 4, 2, furl_tasks.OOV_ID],  # truncated to 5; 'x' unknown
-                                            [0, 0, 0, 0, 0]])
+    np.testing.assert_array_equal(
+        encoded,
+        [
+            [3, 4, 0, 0, 0],  # lowercased, right-padded with 0
+            [5, 3, 4, 2, furl_tasks.OOV_ID],  # truncated to 5; 'x' unknown
+            [0, 0, 0, 0, 0],
+        ],
+    )
     assert furl_tasks.encode_texts(['abc'], vocab, max_chars=0).shape == (1, 0)
 
 
@@ -36,10 +41,22 @@ def _tiny(split_order='time', seed=0, with_items=False):
     texts = ['Ab', 'b', 'ab', 'zq']  # 'z' and 'q' occur only in document 3
     features = np.arange(8, dtype=np.float32).reshape(4, 2)
     return furl_tasks.build_furl_data(
-        name='tiny', description='tiny', user_id=user_id, order_key=order_key, doc_index=doc_index, label=label,
-        doc_texts=texts, doc_features=features, num_classes=2, max_chars=3, user_ids=np.array([7, 9]),
-        item_id=doc_index if with_items else None, num_items=4 if with_items else 0, split_order=split_order,
-        seed=seed)
+        name='tiny',
+        description='tiny',
+        user_id=user_id,
+        order_key=order_key,
+        doc_index=doc_index,
+        label=label,
+        doc_texts=texts,
+        doc_features=features,
+        num_classes=2,
+        max_chars=3,
+        user_ids=np.array([7, 9]),
+        item_id=doc_index if with_items else None,
+        num_items=4 if with_items else 0,
+        split_order=split_order,
+        seed=seed,
+    )
 
 
 def _client_arrays(client_data, client_id):
@@ -89,9 +106,18 @@ def test_vocabulary_comes_from_train_text_only():
     # One user, three examples: 1 train ('ab'), 1 eval ('a'), 1 test ('xa').
     user_id = np.array([0, 0, 0])
     data = furl_tasks.build_furl_data(
-        name='t', description='', user_id=user_id, order_key=np.arange(3), doc_index=np.array([0, 1, 2]),
-        label=np.array([0, 1, 2]), doc_texts=['ab', 'a', 'xa'], doc_features=np.zeros((3, 0)), num_classes=3,
-        max_chars=2, user_ids=np.array([0]))
+        name='t',
+        description='',
+        user_id=user_id,
+        order_key=np.arange(3),
+        doc_index=np.array([0, 1, 2]),
+        label=np.array([0, 1, 2]),
+        doc_texts=['ab', 'a', 'xa'],
+        doc_features=np.zeros((3, 0)),
+        num_classes=3,
+        max_chars=2,
+        user_ids=np.array([0]),
+    )
     assert data.char_vocab == {'a': 2, 'b': 3}
     test_chars = _client_arrays(data.test, '0')['chars']
     np.testing.assert_array_equal(test_chars, [[furl_tasks.OOV_ID, 2]])  # 'x' was never seen in train text
@@ -126,11 +152,22 @@ def test_random_split_order_is_seeded():
 
 
 def test_build_rejects_bad_inputs():
-    kwargs = dict(name='t', description='', user_id=np.array([0, 0, 0]), order_key=np.arange(3),
-                  doc_index=np.array([0, 0, 0]), doc_texts=['a'], doc_features=np.zeros((1, 0)), max_chars=2,
-                  user_ids=np.array([0]))
+    kwargs = dict(
+        name='t',
+        description='',
+        user_id=np.array([0, 0, 0]),
+        order_key=np.arange(3),
+        doc_index=np.array([0, 0, 0]),
+        doc_texts=['a'],
+        doc_features=np.zeros((1, 0)),
+        max_chars=2,
+        user_ids=np.array([0]),
+    )
     with pytest.raises(ValueError, match='labels'):
         furl_tasks.build_furl_data(label=np.array([0, 1, 2]), num_classes=2, **kwargs)
     with pytest.raises(ValueError, match='at least 3'):
-        furl_tasks.build_furl_data(**{**kwargs, 'user_id': np.array([0, 0, 1]), 'user_ids': np.array([0, 1])},
-                                   label=np.array([0, 1, 0]), num_classes=2)
+        furl_tasks.build_furl_data(
+            **{**kwargs, 'user_id': np.array([0, 0, 1]), 'user_ids': np.array([0, 1])},
+            label=np.array([0, 1, 0]),
+            num_classes=2,
+        )

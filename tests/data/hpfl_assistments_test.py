@@ -32,8 +32,9 @@ def _write(tmp_path, names=None):
 
 
 def test_small_files_recover_the_two_schools(tmp_path):
-    data = hpfl_assistments.load_assist_silos(_write(tmp_path, json.dumps({'Add': 1, 'Sub': 2, 'Mul': 4})),
-                                              num_clients=2, min_records_per_user=3)
+    data = hpfl_assistments.load_assist_silos(
+        _write(tmp_path, json.dumps({'Add': 1, 'Sub': 2, 'Mul': 4})), num_clients=2, min_records_per_user=3
+    )
     assert (data.name, data.task, data.num_attributes, data.rating_range) == ('assist_a0910', 'binary', 4, (0, 1))
     assert data.attribute_names == ['Add', 'Sub', 'concept_3', 'Mul']
     a, b = data.silos
@@ -46,9 +47,12 @@ def test_small_files_recover_the_two_schools(tmp_path):
     # File order: student 23 first (local user 2 of b), then 22, then 21; student 13 before 12 before 11.
     np.testing.assert_array_equal(b.user, [2, 2, 2, 1, 1, 1, 1, 1, 0, 0, 0, 0])
     np.testing.assert_array_equal(b.item, [0, 1, 3, 3, 2, 1, 0, 1, 0, 1, 2, 3])
-    np.testing.assert_array_equal(b.label, [(23 + i + n) % 2 for n, i in enumerate(_SCHOOL_B[23])]
-                                  + [(22 + i + n) % 2 for n, i in enumerate(_SCHOOL_B[22])]
-                                  + [(21 + i + n) % 2 for n, i in enumerate(_SCHOOL_B[21])])
+    np.testing.assert_array_equal(
+        b.label,
+        [(23 + i + n) % 2 for n, i in enumerate(_SCHOOL_B[23])]
+        + [(22 + i + n) % 2 for n, i in enumerate(_SCHOOL_B[22])]
+        + [(21 + i + n) % 2 for n, i in enumerate(_SCHOOL_B[21])],
+    )
     # Per student in file order: 3 -> 1/1/1, 5 -> 3/1/1, 4 -> 2/1/1.
     np.testing.assert_array_equal(b.split, [0, 1, 2, 0, 0, 0, 1, 2, 0, 0, 1, 2])
     np.testing.assert_array_equal(a.item[a.user == 2], [0, 0, 2, 3])
@@ -63,8 +67,9 @@ def test_min_records_per_user_and_other_groupings(tmp_path):
     data = hpfl_assistments.load_assist_silos(directory, num_clients=2, min_records_per_user=5)
     assert sorted(int(u) for s in data.silos for u in s.global_user_ids) == [12, 22]
     assert data.attribute_names == ['concept_1', 'concept_2', 'concept_3', 'concept_4']
-    by_concepts = hpfl_assistments.load_assist_silos(directory, num_clients=2, min_records_per_user=3,
-                                                     grouping='concepts')
+    by_concepts = hpfl_assistments.load_assist_silos(
+        directory, num_clients=2, min_records_per_user=3, grouping='concepts'
+    )
     assert [list(s.global_user_ids) for s in by_concepts.silos] == [[11, 12, 13], [21, 22, 23]]
     random = hpfl_assistments.load_assist_silos(directory, num_clients=3, min_records_per_user=3, grouping='random')
     assert [s.num_users for s in random.silos] == [2, 2, 2]
@@ -98,13 +103,20 @@ def test_format_errors_name_file_and_line(tmp_path):
         hpfl_assistments.load_assist_silos(directory, num_clients=2, min_records_per_user=3)
 
 
-@pytest.mark.skipif(not (_REAL_DIR / 'record.csv').is_file(),
-                    reason=f'ASSISTments a0910 not found at {_REAL_DIR} (set FEDPERSONAL_ASSIST_DIR)')
+@pytest.mark.skipif(
+    not (_REAL_DIR / 'record.csv').is_file(),
+    reason=f'ASSISTments a0910 not found at {_REAL_DIR} (set FEDPERSONAL_ASSIST_DIR)',
+)
 def test_real_data_default_partition():
     data = hpfl_assistments.load_assist_silos(str(_REAL_DIR))
     stats = user_modeling.statistics(data)
-    assert (stats['num_clients'], stats['num_records'], stats['num_users'], stats['num_items'],
-            stats['num_attributes']) == (40, 257_585, 2_380, 16_804, 110)
+    assert (
+        stats['num_clients'],
+        stats['num_records'],
+        stats['num_users'],
+        stats['num_items'],
+        stats['num_attributes'],
+    ) == (40, 257_585, 2_380, 16_804, 110)
     assert stats['attributes_per_item'] == pytest.approx(1.198, abs=1e-3)
     assert data.attribute_names[0] == 'Absolute Value'
     assert stats['users_per_client_min'] >= 10 and stats['records_per_client_min'] >= 500

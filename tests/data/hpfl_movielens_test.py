@@ -20,16 +20,29 @@ def _flags(*genres):
     return '|'.join('1' if g in genres else '0' for g in movielens_likes.GENRES)
 
 
-_ITEMS = (f'1|Toy Story (1995)|01-Jan-1995|||{_flags("Animation", "Comedy")}\n'
-          f'2|GoldenEye (1995)||||{_flags("Action", "Thriller")}\n'
-          f'3|Four Rooms (1995)||||{_flags("Comedy")}\n'
-          f'4|Unknown (1996)||||{_flags("unknown")}\n')
+_ITEMS = (
+    f'1|Toy Story (1995)|01-Jan-1995|||{_flags("Animation", "Comedy")}\n'
+    f'2|GoldenEye (1995)||||{_flags("Action", "Thriller")}\n'
+    f'3|Four Rooms (1995)||||{_flags("Comedy")}\n'
+    f'4|Unknown (1996)||||{_flags("unknown")}\n'
+)
 # Users 1 (zip 02139: region 0), 2 and 3 (94043, 90210: region 9), 4 (Canadian T8H1N: non-numeric).
 _USERS = '1|24|M|technician|02139\n2|53|F|other|94043\n3|23|M|writer|90210\n4|33|F|other|T8H1N\n'
 # (user, item, rating, timestamp); user 2's ratings are out of time order in the file.
 _RATINGS = [
-    (2, 1, 5, 500), (1, 1, 4, 10), (2, 2, 3, 100), (1, 2, 2, 20), (2, 3, 4, 300), (1, 3, 1, 30), (2, 1, 2, 200),
-    (3, 3, 5, 1), (3, 1, 4, 2), (3, 2, 3, 3), (4, 4, 1, 7), (4, 1, 2, 8), (4, 2, 3, 9),
+    (2, 1, 5, 500),
+    (1, 1, 4, 10),
+    (2, 2, 3, 100),
+    (1, 2, 2, 20),
+    (2, 3, 4, 300),
+    (1, 3, 1, 30),
+    (2, 1, 2, 200),
+    (3, 3, 5, 1),
+    (3, 1, 4, 2),
+    (3, 2, 3, 3),
+    (4, 4, 1, 7),
+    (4, 1, 2, 8),
+    (4, 2, 3, 9),
 ]
 
 
@@ -77,7 +90,12 @@ def test_non_numeric_zip_own_client(tmp_path):
 
 def test_zip_region():
     assert [hpfl_movielens.zip_region(z) for z in ('02139', '9', 'T8H1N', 'E2A4H', '٣1234')] == [
-        '0', '9', 'other', 'other', 'other']
+        '0',
+        '9',
+        'other',
+        'other',
+        'other',
+    ]
 
 
 def test_min_ratings_per_user(tmp_path):
@@ -99,13 +117,16 @@ def test_load_movie_users(tmp_path):
     assert users['age'].dtype == np.int64
 
 
-@pytest.mark.parametrize('users, message', [
-    ('1|24|M|technician\n', r'u.user line 1: expected 5 "\|"-separated fields'),
-    ('1|24|M|x|02139\nx|3|F|y|1\n', "u.user line 2: user id 'x' is not a non-negative integer"),
-    ('1|24|M|x|02139\n1|3|F|y|1\n', r'u.user line 2: duplicate user id 1 \(first on line 1\)'),
-    ('1|old|M|x|02139\n', "u.user line 1: age 'old'"),
-    ('1|24|M|x| \n', 'u.user line 1: user 1 has an empty zip code'),
-])
+@pytest.mark.parametrize(
+    'users, message',
+    [
+        ('1|24|M|technician\n', r'u.user line 1: expected 5 "\|"-separated fields'),
+        ('1|24|M|x|02139\nx|3|F|y|1\n', "u.user line 2: user id 'x' is not a non-negative integer"),
+        ('1|24|M|x|02139\n1|3|F|y|1\n', r'u.user line 2: duplicate user id 1 \(first on line 1\)'),
+        ('1|old|M|x|02139\n', "u.user line 1: age 'old'"),
+        ('1|24|M|x| \n', 'u.user line 1: user 1 has an empty zip code'),
+    ],
+)
 def test_malformed_users_name_file_and_line(tmp_path, users, message):
     _write(tmp_path, users=users)
     with pytest.raises(MovieLensFormatError, match=message):
@@ -122,14 +143,19 @@ def test_unknown_ids_and_missing_files(tmp_path):
         hpfl_movielens.load_movielens_silos(str(tmp_path))
 
 
-@pytest.mark.skipif(not (_REAL_DIR / 'u.user').is_file(),
-                    reason=f'MovieLens 100K not found at {_REAL_DIR} (set FEDPERSONAL_ML100K_DIR)')
+@pytest.mark.skipif(
+    not (_REAL_DIR / 'u.user').is_file(), reason=f'MovieLens 100K not found at {_REAL_DIR} (set FEDPERSONAL_ML100K_DIR)'
+)
 def test_real_data_matches_the_papers_shape():
     data = hpfl_movielens.load_movielens_silos(str(_REAL_DIR))
     stats = user_modeling.statistics(data)
     # The paper: 10 clients, 925 users, 1,679 items, 19 attributes, 1.72 attributes per item (96,538 records).
     assert (stats['num_clients'], stats['num_users'], stats['num_items'], stats['num_attributes']) == (
-        10, 925, 1_679, 19)
+        10,
+        925,
+        1_679,
+        19,
+    )
     assert stats['num_records'] == 97_914
     assert stats['attributes_per_item'] == pytest.approx(1.72, abs=5e-3)
     assert [s.client_id for s in data.silos] == [f'zip_region_{d}' for d in range(10)]

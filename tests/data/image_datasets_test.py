@@ -58,8 +58,9 @@ def test_idx_errors_name_the_file(tmp_path):
         image_datasets.read_idx(str(bad))
     short = tmp_path / 'short.idx'
     short.write_bytes(struct.pack('>HBB', 0, 0x08, 1) + struct.pack('>I', 10) + b'\x00' * 3)
-    with pytest.raises(image_datasets.ImageFormatError,
-                       match=r'short\.idx: header shape \(10,\) needs 10 data bytes, found 3'):
+    with pytest.raises(
+        image_datasets.ImageFormatError, match=r'short\.idx: header shape \(10,\) needs 10 data bytes, found 3'
+    ):
         image_datasets.read_idx(str(short))
     with pytest.raises(image_datasets.ImageFormatError, match='no train images file'):
         image_datasets.load_idx_dataset(str(tmp_path))
@@ -115,8 +116,10 @@ def test_real_mnist():
     assert np.bincount(data.train_labels).tolist()[:2] == [5923, 6742]
 
 
-@pytest.mark.skipif(not os.path.isdir(image_datasets.FASHION_MNIST_DIR),
-                    reason='Fashion-MNIST not installed (apt-get install dataset-fashion-mnist)')
+@pytest.mark.skipif(
+    not os.path.isdir(image_datasets.FASHION_MNIST_DIR),
+    reason='Fashion-MNIST not installed (apt-get install dataset-fashion-mnist)',
+)
 def test_real_fashion_mnist():
     data = image_datasets.load_idx_dataset(image_datasets.FASHION_MNIST_DIR, 'fashion_mnist')
     assert data.train_images.shape == (60000, 28, 28, 1) and data.test_labels.shape == (10000,)

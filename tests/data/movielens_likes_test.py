@@ -32,9 +32,16 @@ def _write(tmp_path, ratings, items=_ITEMS):
 
 # User 10: 5 ratings (timestamps out of file order), user 20: 3 ratings, user 30: 2 ratings (dropped by min_ratings).
 _RATINGS = [
-    (10, 1, 5, 500), (10, 5, 2, 100), (10, 3, 4, 300), (10, 1, 1, 200), (10, 5, 3, 400),
-    (20, 3, 4, 50), (20, 1, 4, 60), (20, 5, 1, 70),
-    (30, 1, 5, 10), (30, 3, 5, 20),
+    (10, 1, 5, 500),
+    (10, 5, 2, 100),
+    (10, 3, 4, 300),
+    (10, 1, 1, 200),
+    (10, 5, 3, 400),
+    (20, 3, 4, 50),
+    (20, 1, 4, 60),
+    (20, 5, 1, 70),
+    (30, 1, 5, 10),
+    (30, 3, 5, 20),
 ]
 
 
@@ -80,14 +87,17 @@ def test_min_ratings_filters_users(tmp_path):
         movielens_likes.load_movielens_likes(str(tmp_path), min_ratings=6)
 
 
-@pytest.mark.parametrize('bad_line, message', [
-    ('7|Short||||0|1', r'line 2: expected 24 "\|"-separated fields'),
-    (f'x|Title||||{_FLAGS_COMEDY}', "line 2: item id 'x' is not a non-negative integer"),
-    (f'1|Again||||{_FLAGS_COMEDY}', 'line 2: duplicate item id 1 \\(first on line 1\\)'),
-    (f'7| ||||{_FLAGS_COMEDY}', 'line 2: item 7 has an empty title'),
-    ('7|T||||' + _FLAGS_COMEDY.replace('1', '2'), "line 2: genre flag 'Comedy' of item 7 is '2'"),
-    ('', 'line 2: expected 24'),
-])
+@pytest.mark.parametrize(
+    'bad_line, message',
+    [
+        ('7|Short||||0|1', r'line 2: expected 24 "\|"-separated fields'),
+        (f'x|Title||||{_FLAGS_COMEDY}', "line 2: item id 'x' is not a non-negative integer"),
+        (f'1|Again||||{_FLAGS_COMEDY}', 'line 2: duplicate item id 1 \\(first on line 1\\)'),
+        (f'7| ||||{_FLAGS_COMEDY}', 'line 2: item 7 has an empty title'),
+        ('7|T||||' + _FLAGS_COMEDY.replace('1', '2'), "line 2: genre flag 'Comedy' of item 7 is '2'"),
+        ('', 'line 2: expected 24'),
+    ],
+)
 def test_malformed_u_item_names_file_and_line(tmp_path, bad_line, message):
     items = _ITEMS.split('\n')
     items.insert(1, bad_line)
@@ -136,8 +146,9 @@ def ml100k_dir():
     venv = env.pop('VIRTUAL_ENV', None)  # The script runs `python3 -m pip`; the uv-built venv has no pip.
     if venv:
         venv_bin = os.path.join(venv, 'bin')
-        env['PATH'] = os.pathsep.join(p for p in env.get('PATH', '').split(os.pathsep)
-                                      if os.path.abspath(p) != os.path.abspath(venv_bin))
+        env['PATH'] = os.pathsep.join(
+            p for p in env.get('PATH', '').split(os.pathsep) if os.path.abspath(p) != os.path.abspath(venv_bin)
+        )
     try:
         subprocess.run([str(_FETCH_ML100K), dest], check=True, capture_output=True, timeout=120, env=env)
     except subprocess.CalledProcessError as e:
@@ -155,7 +166,10 @@ def test_real_movielens_likes(ml100k_dir):
     stats = data.statistics()
     assert (stats['num_users'], stats['num_examples'], stats['num_features']) == (943, 100_000, 19)
     assert (stats['num_train_examples'], stats['num_eval_examples'], stats['num_test_examples']) == (
-        79_619, 9_596, 10_785)
+        79_619,
+        9_596,
+        10_785,
+    )
     assert stats['positive_rate'] == pytest.approx(55_375 / 100_000)  # ratings 4 and 5
     assert stats['examples_per_user_min'] == 20 and stats['examples_per_user_max'] == 737
     assert data.train.client_ids == data.test.client_ids == [str(u) for u in range(943)]

@@ -11,7 +11,8 @@ import pytest
 
 from fedpersonal.data import movielens
 from fedpersonal.data.movielens import MovieLensFormatError
-from fedpersonal.data.synthetic_movielens import generate_movielens_like, write_movielens_100k_layout
+from fedpersonal.data.synthetic_movielens import generate_movielens_like
+from fedpersonal.data.synthetic_movielens import write_movielens_100k_layout
 
 _REPO_ROOT = pathlib.Path(__file__).resolve().parents[2]
 _FETCH_ML100K = _REPO_ROOT.parent / 'shared' / 'data' / 'fetch-movielens-100k'
@@ -22,12 +23,14 @@ _GOOD_100K_LINE = '196\t242\t3\t881250949'
 def _frame(rows):
     """Builds a ratings frame with the loader's dtypes from (user, item, rating, timestamp) tuples."""
     users, items, ratings, times = zip(*rows)
-    return pd.DataFrame({
-        'user_id': np.asarray(users, dtype=np.int64),
-        'item_id': np.asarray(items, dtype=np.int64),
-        'rating': np.asarray(ratings, dtype=np.float32),
-        'timestamp': np.asarray(times, dtype=np.int64),
-    })
+    return pd.DataFrame(
+        {
+            'user_id': np.asarray(users, dtype=np.int64),
+            'item_id': np.asarray(items, dtype=np.int64),
+            'rating': np.asarray(ratings, dtype=np.float32),
+            'timestamp': np.asarray(times, dtype=np.int64),
+        }
+    )
 
 
 @pytest.fixture(scope='module')
@@ -41,8 +44,9 @@ def synthetic_data():
 
 
 def test_round_trip_100k_layout(tmp_path):
-    ratings = generate_movielens_like(num_users=60, num_items=200, min_ratings_per_user=5,
-                                      mean_ratings_per_user=30, seed=3)
+    ratings = generate_movielens_like(
+        num_users=60, num_items=200, min_ratings_per_user=5, mean_ratings_per_user=30, seed=3
+    )
     path = write_movielens_100k_layout(ratings, str(tmp_path))
     assert path == os.path.join(str(tmp_path), 'u.data')
     loaded = movielens.load_ratings(str(tmp_path))
@@ -54,11 +58,13 @@ def test_round_trip_100k_layout(tmp_path):
 
 def test_load_1m_layout(tmp_path):
     (tmp_path / 'ratings.dat').write_text(
-        '1::1193::5::978300760\n1::661::3::978302109\n6040::1097::4::956715569\n2::3952::1::978298709\n')
+        '1::1193::5::978300760\n1::661::3::978302109\n6040::1097::4::956715569\n2::3952::1::978298709\n'
+    )
     for variant in ('auto', '1m'):
         loaded = movielens.load_ratings(str(tmp_path), variant=variant)
-        expected = _frame([(1, 1193, 5, 978300760), (1, 661, 3, 978302109), (6040, 1097, 4, 956715569),
-                           (2, 3952, 1, 978298709)])
+        expected = _frame(
+            [(1, 1193, 5, 978300760), (1, 661, 3, 978302109), (6040, 1097, 4, 956715569), (2, 3952, 1, 978298709)]
+        )
         pd.testing.assert_frame_equal(loaded, expected)
 
 
@@ -86,20 +92,26 @@ def _good_lines(n):
     return [f'{u}\t{u + 10}\t{1 + u % 5}\t{880000000 + u}' for u in range(1, n + 1)]
 
 
-@pytest.mark.parametrize('lines, bad_line, fragments', [
-    (_good_lines(16) + ['1\t2\t3'] + _good_lines(3), 17,
-     ['expected 4 tab-separated fields (user, item, rating, timestamp), got 3']),
-    (_good_lines(2) + ['1\t2\t3\t4\t5'], 3, ['expected 4 tab-separated fields', 'got 5']),
-    (_good_lines(2) + ['abc\t2\t3\t4'], 3, ["user id 'abc' is not a non-negative integer"]),
-    (_good_lines(4) + ['1\t2.5\t3\t4'], 5, ["item id '2.5' is not a non-negative integer"]),
-    (['1\t-2\t3\t4'], 1, ["item id '-2' is not a non-negative integer"]),
-    (_good_lines(6) + ['1\t2\t3\tnow'], 7, ["timestamp 'now' is not a non-negative integer"]),
-    (_good_lines(8) + ['1\t2\t7\t4'] + _good_lines(2), 9, ['rating 7 is outside the valid range 1..5']),
-    (_good_lines(3) + ['1\t2\t0\t4'], 4, ['rating 0 is outside the valid range 1..5']),
-    (_good_lines(1) + ['1\t2\tfive\t4'], 2, ["rating 'five' is not a number"]),
-    (_good_lines(2) + [''] + _good_lines(2), 3, ['empty line']),
-    (['1\t2\t3\t99999999999999999999'], 1, ['too large']),
-])
+@pytest.mark.parametrize(
+    'lines, bad_line, fragments',
+    [
+        (
+            _good_lines(16) + ['1\t2\t3'] + _good_lines(3),
+            17,
+            ['expected 4 tab-separated fields (user, item, rating, timestamp), got 3'],
+        ),
+        (_good_lines(2) + ['1\t2\t3\t4\t5'], 3, ['expected 4 tab-separated fields', 'got 5']),
+        (_good_lines(2) + ['abc\t2\t3\t4'], 3, ["user id 'abc' is not a non-negative integer"]),
+        (_good_lines(4) + ['1\t2.5\t3\t4'], 5, ["item id '2.5' is not a non-negative integer"]),
+        (['1\t-2\t3\t4'], 1, ["item id '-2' is not a non-negative integer"]),
+        (_good_lines(6) + ['1\t2\t3\tnow'], 7, ["timestamp 'now' is not a non-negative integer"]),
+        (_good_lines(8) + ['1\t2\t7\t4'] + _good_lines(2), 9, ['rating 7 is outside the valid range 1..5']),
+        (_good_lines(3) + ['1\t2\t0\t4'], 4, ['rating 0 is outside the valid range 1..5']),
+        (_good_lines(1) + ['1\t2\tfive\t4'], 2, ["rating 'five' is not a number"]),
+        (_good_lines(2) + [''] + _good_lines(2), 3, ['empty line']),
+        (['1\t2\t3\t99999999999999999999'], 1, ['too large']),
+    ],
+)
 def test_malformed_100k_lines(tmp_path, lines, bad_line, fragments):
     (tmp_path / 'u.data').write_text('\n'.join(lines) + '\n')
     with pytest.raises(MovieLensFormatError) as info:
@@ -171,10 +183,17 @@ def test_variant_1m_with_only_100k_file_is_missing(tmp_path):
 
 
 def test_preprocess_cap_keeps_earliest_with_item_tie_break():
-    raw = _frame([
-        (50, 9, 1, 500), (50, 7, 2, 300), (50, 8, 3, 300), (50, 3, 4, 100), (50, 1, 5, 900),  # user 50: 5 rows
-        (20, 8, 4, 10), (20, 3, 2, 5),
-    ])
+    raw = _frame(
+        [
+            (50, 9, 1, 500),
+            (50, 7, 2, 300),
+            (50, 8, 3, 300),
+            (50, 3, 4, 100),
+            (50, 1, 5, 900),  # user 50: 5 rows
+            (20, 8, 4, 10),
+            (20, 3, 2, 5),
+        ]
+    )
     data = movielens.preprocess_ratings(raw, max_examples_per_user=3)
     # User 50 keeps t=100 (item 3), t=300 (items 7 then 8); drops t=500 (item 9) and t=900 (item 1).
     assert data.num_users == 2
@@ -194,20 +213,24 @@ def test_preprocess_cap_keeps_earliest_with_item_tie_break():
 
 
 def test_preprocess_matches_independent_computation():
-    raw = generate_movielens_like(num_users=80, num_items=300, min_ratings_per_user=5,
-                                  mean_ratings_per_user=40, seed=5)
+    raw = generate_movielens_like(num_users=80, num_items=300, min_ratings_per_user=5, mean_ratings_per_user=40, seed=5)
     raw = raw.sample(frac=1.0, random_state=0).reset_index(drop=True)  # the loader keeps file order
     cap = 25
     data = movielens.preprocess_ratings(raw, max_examples_per_user=cap)
-    expected = (raw.sort_values(['user_id', 'timestamp', 'item_id'])
-                .groupby('user_id', group_keys=False).head(cap))
+    expected = raw.sort_values(['user_id', 'timestamp', 'item_id']).groupby('user_id', group_keys=False).head(cap)
     r = data.ratings
     # Dense ids cover 0..n-1 and the mapping arrays invert the remapping.
     assert sorted(r.user_id.unique()) == list(range(data.num_users))
     assert sorted(r.item_id.unique()) == list(range(data.num_items))
     assert np.all(np.diff(data.user_ids) > 0) and np.all(np.diff(data.item_ids) > 0)
-    restored = pd.DataFrame({'user_id': data.user_ids[r.user_id], 'item_id': data.item_ids[r.item_id],
-                             'rating': r.rating, 'timestamp': r.timestamp})
+    restored = pd.DataFrame(
+        {
+            'user_id': data.user_ids[r.user_id],
+            'item_id': data.item_ids[r.item_id],
+            'rating': r.rating,
+            'timestamp': r.timestamp,
+        }
+    )
     pd.testing.assert_frame_equal(restored, expected.reset_index(drop=True))
     assert r.groupby('user_id').size().max() == cap
     # Sorted by (user, timestamp, item).
@@ -280,8 +303,7 @@ def test_split_by_time_small_users_and_rule():
     data = movielens.preprocess_ratings(_frame(rows), max_examples_per_user=None)
     parts = movielens.split_by_time(data)
     got = {user: tuple(int((p.user_id == user).sum()) for p in parts) for user in sizes}
-    assert got == {0: (1, 0, 0), 1: (1, 0, 1), 2: (1, 1, 1), 3: (2, 1, 1), 4: (8, 1, 1), 5: (16, 2, 2),
-                   6: (8, 1, 2)}
+    assert got == {0: (1, 0, 0), 1: (1, 0, 1), 2: (1, 1, 1), 3: (2, 1, 1), 4: (8, 1, 1), 5: (16, 2, 2), 6: (8, 1, 2)}
     train = parts[0]
     # User 4's train rows are its 8 earliest ratings, in time order.
     assert train[train.user_id == 4].timestamp.tolist() == list(range(991, 999))
@@ -308,13 +330,13 @@ def test_split_by_time_ties_keep_order():
 
 @pytest.fixture(scope='module')
 def small_data():
-    raw = generate_movielens_like(num_users=30, num_items=120, min_ratings_per_user=3,
-                                  mean_ratings_per_user=15, seed=7)
+    raw = generate_movielens_like(num_users=30, num_items=120, min_ratings_per_user=3, mean_ratings_per_user=15, seed=7)
     return movielens.preprocess_ratings(raw.sample(frac=1.0, random_state=1), max_examples_per_user=None)
 
 
 def test_to_client_data_structure_counts_and_order(small_data):
     import tensorflow as tf
+
     ratings = small_data.ratings
     client_data = movielens.to_client_data(ratings)
     assert client_data.client_ids == [str(u) for u in range(small_data.num_users)]
@@ -361,20 +383,23 @@ def test_to_client_data_subset_and_errors(small_data):
 def test_to_client_data_is_traceable(small_data):
     """The dataset fn also works on string tensors (tf.function / TFF serialization paths)."""
     import tensorflow as tf
+
     ratings = small_data.ratings
     users = [4, 0, 9]
     client_data = movielens.to_client_data(ratings, users)
     all_clients = client_data.create_tf_dataset_from_all_clients(seed=0)
     assert all_clients.element_spec == client_data.element_type_structure
-    got = sorted((int(e['user_id']), int(e['timestamp']), int(e['item_id']))
-                 for e in all_clients.as_numpy_iterator())
+    got = sorted((int(e['user_id']), int(e['timestamp']), int(e['item_id'])) for e in all_clients.as_numpy_iterator())
     subset = ratings[ratings.user_id.isin(users)]
     assert got == sorted(zip(subset.user_id, subset.timestamp, subset.item_id))
 
     @tf.function
     def timestamps(client_id):
-        return client_data.serializable_dataset_fn(client_id).map(lambda e: e['timestamp']).reduce(
-            tf.constant(0, tf.int64), lambda acc, t: acc + t)
+        return (
+            client_data.serializable_dataset_fn(client_id)
+            .map(lambda e: e['timestamp'])
+            .reduce(tf.constant(0, tf.int64), lambda acc, t: acc + t)
+        )
 
     assert int(timestamps(tf.constant('9'))) == int(ratings[ratings.user_id == 9].timestamp.sum())
     with pytest.raises(tf.errors.InvalidArgumentError):
@@ -394,8 +419,9 @@ def test_to_client_data_is_traceable(small_data):
 
 
 def test_dataset_statistics():
-    data = movielens.preprocess_ratings(_frame([
-        (1, 10, 5, 1), (1, 11, 4, 2), (1, 12, 4, 3), (2, 10, 1, 4), (3, 12, 4, 5), (3, 11, 3, 6)]))
+    data = movielens.preprocess_ratings(
+        _frame([(1, 10, 5, 1), (1, 11, 4, 2), (1, 12, 4, 3), (2, 10, 1, 4), (3, 12, 4, 5), (3, 11, 3, 6)])
+    )
     stats = movielens.dataset_statistics(data)
     assert stats['num_users'] == 3 and stats['num_items'] == 3 and stats['num_ratings'] == 6
     assert stats['ratings_per_user_mean'] == 2.0
@@ -428,8 +454,9 @@ def ml100k_dir(tmp_path_factory):
     venv = env.pop('VIRTUAL_ENV', None)
     if venv:
         venv_bin = os.path.join(venv, 'bin')
-        env['PATH'] = os.pathsep.join(p for p in env.get('PATH', '').split(os.pathsep)
-                                      if os.path.abspath(p) != os.path.abspath(venv_bin))
+        env['PATH'] = os.pathsep.join(
+            p for p in env.get('PATH', '').split(os.pathsep) if os.path.abspath(p) != os.path.abspath(venv_bin)
+        )
     try:
         subprocess.run([str(_FETCH_ML100K), str(dest)], check=True, capture_output=True, timeout=120, env=env)
     except subprocess.CalledProcessError as e:

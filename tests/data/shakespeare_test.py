@@ -10,8 +10,7 @@ from fedpersonal.data import shakespeare
 from fedpersonal.data import text_corpus
 from fedpersonal.data.shakespeare import ShakespeareFormatError
 
-_REAL_ZIP = pathlib.Path(os.environ.get('FEDPERSONAL_SHAKESPEARE',
-                                        '/work/shared/data/shakespeare/shakespeare.txt.zip'))
+_REAL_ZIP = pathlib.Path(os.environ.get('FEDPERSONAL_SHAKESPEARE', '/work/shared/data/shakespeare/shakespeare.txt.zip'))
 
 # A small file in the Moby layout, exercising every construct of the real file. Lines 1-2 (and 14) belong to a poem
 # interleaved with the play (works need not be contiguous).
@@ -94,8 +93,16 @@ def test_read_speeches_reports_lines_and_offsets(tmp_path):
     speeches = shakespeare.read_speeches(_write(tmp_path))
     assert speeches[0] == shakespeare.Speech('play', 'ALPHA', 150, 20, "'Tis cold; who's there? Speak, I say!")
     assert [(s.speaker, s.offset) for s in speeches] == [
-        ('ALPHA', 150), ('BETA', 180), ('DON OF ARAGON', 210), ('BETA', 240), ('GAMMA', 240), ('GAMMA', 280),
-        ('ALPHA', 300), ('ALPHA', 360), ('BETA', 380)]
+        ('ALPHA', 150),
+        ('BETA', 180),
+        ('DON OF ARAGON', 210),
+        ('BETA', 240),
+        ('GAMMA', 240),
+        ('GAMMA', 280),
+        ('ALPHA', 300),
+        ('ALPHA', 360),
+        ('BETA', 380),
+    ]
 
 
 def test_plays_only_false_reads_works_without_cast_list(tmp_path):
@@ -110,7 +117,9 @@ def test_min_examples_and_client_split(tmp_path):
     assert len(corpus.train) == 2 and len(corpus.test) == 1
     assert shakespeare.load_shakespeare(path, min_examples=2, test_fraction=0.34, seed=1) == corpus
     assert set(shakespeare.load_shakespeare(path, min_examples=3, test_fraction=0.0).train) == {
-        'play_ALPHA', 'play_BETA'}
+        'play_ALPHA',
+        'play_BETA',
+    }
     with pytest.raises(ValueError, match='no role has at least min_examples=4'):
         shakespeare.load_shakespeare(path, min_examples=4)
     with pytest.raises(ValueError, match='min_examples'):
@@ -139,14 +148,17 @@ def test_client_id_sanitizes():
     assert shakespeare.client_id('merrywivesofwindsor', '&C') == 'merrywivesofwindsor_C'
 
 
-@pytest.mark.parametrize('bad_line, message', [
-    ('play@400', 'line 21: no tab'),
-    ('play400\tX\ty', "line 21: expected work@offset .* got 'play400'"),
-    ('play@-3\tX\ty', 'line 21: expected work@offset'),
-    ('@5\tX\ty', 'line 21: expected work@offset'),
-    ("play@150\tX\ty", r"line 21: duplicate offset 'play@150' \(first on line 20\)"),
-    ('', 'line 21: empty line'),
-])
+@pytest.mark.parametrize(
+    'bad_line, message',
+    [
+        ('play@400', 'line 21: no tab'),
+        ('play400\tX\ty', "line 21: expected work@offset .* got 'play400'"),
+        ('play@-3\tX\ty', 'line 21: expected work@offset'),
+        ('@5\tX\ty', 'line 21: expected work@offset'),
+        ('play@150\tX\ty', r"line 21: duplicate offset 'play@150' \(first on line 20\)"),
+        ('', 'line 21: empty line'),
+    ],
+)
 def test_malformed_line_names_file_and_line(tmp_path, bad_line, message):
     lines = list(_LINES)
     lines.insert(20, bad_line)
@@ -208,7 +220,10 @@ def test_real_file_statistics():
     clients = _all(corpus)
     assert clients['hamlet_HAMLET'][0] == 'a little more than kin , and less than kind .'
     assert len(clients['hamlet_HAMLET']) == 359
-    assert {'comedyoferrors_ANTIPHOLUS_OF_EPHESUS', 'comedyoferrors_ANTIPHOLUS_OF_SYRACUSE',
-            'muchadoaboutnothing_DON_PEDRO'} <= clients.keys()  # Names over two lines.
+    assert {
+        'comedyoferrors_ANTIPHOLUS_OF_EPHESUS',
+        'comedyoferrors_ANTIPHOLUS_OF_SYRACUSE',
+        'muchadoaboutnothing_DON_PEDRO',
+    } <= clients.keys()  # Names over two lines.
     assert not any(c.startswith(('sonnets', 'glossary', 'README')) for c in clients)
     assert not any('[' in e or ']' in e or '|' in e for examples in clients.values() for e in examples)

@@ -73,15 +73,23 @@ def test_writer_output_is_read_by_tff_itself(db):
         assert {k: (v.decode() if isinstance(v, bytes) else int(v)) for k, v in row.items()} == expected
     connection = sqlite3.connect(db)
     assert sorted(connection.execute('SELECT client_id, split_name, num_examples FROM client_metadata')) == [
-        ('h1', 'heldout', 1), ('t9', 'test', 2), ('u1', 'test', 1), ('u1', 'train', 4), ('u2', 'train', 1)]
+        ('h1', 'heldout', 1),
+        ('t9', 'test', 2),
+        ('u1', 'test', 1),
+        ('u1', 'train', 4),
+        ('u2', 'train', 1),
+    ]
     connection.close()
 
 
 def _raw_example(date: bytes, tokens: bytes, drop=(), score_as_bytes=False) -> bytes:
     features = {
         'creation_date': tf.train.Feature(bytes_list=tf.train.BytesList(value=[date])),
-        'score': (tf.train.Feature(bytes_list=tf.train.BytesList(value=[b'7'])) if score_as_bytes
-                  else tf.train.Feature(int64_list=tf.train.Int64List(value=[7]))),
+        'score': (
+            tf.train.Feature(bytes_list=tf.train.BytesList(value=[b'7']))
+            if score_as_bytes
+            else tf.train.Feature(int64_list=tf.train.Int64List(value=[7]))
+        ),
         'tags': tf.train.Feature(bytes_list=tf.train.BytesList(value=[b'c|c++'])),
         'title': tf.train.Feature(bytes_list=tf.train.BytesList(value=[b'a title'])),
         'tokens': tf.train.Feature(bytes_list=tf.train.BytesList(value=[tokens])),
@@ -92,14 +100,21 @@ def _raw_example(date: bytes, tokens: bytes, drop=(), score_as_bytes=False) -> b
     return tf.train.Example(features=tf.train.Features(feature=features)).SerializeToString()
 
 
-def _raw_db(path, rows, *, metadata=None, examples_columns='split_name TEXT, client_id TEXT, '
-            'serialized_example_proto BLOB', tables=('examples', 'client_metadata')):
+def _raw_db(
+    path,
+    rows,
+    *,
+    metadata=None,
+    examples_columns='split_name TEXT, client_id TEXT, serialized_example_proto BLOB',
+    tables=('examples', 'client_metadata'),
+):
     """A file written independently of `write_stackoverflow_sqlite`: plain sqlite3 + tf.train.Example."""
     connection = sqlite3.connect(path)
     if 'examples' in tables:
         connection.execute(f'CREATE TABLE examples ({examples_columns})')
-        connection.executemany('INSERT INTO examples (split_name, client_id, serialized_example_proto) VALUES '
-                               '(?, ?, ?)', rows)
+        connection.executemany(
+            'INSERT INTO examples (split_name, client_id, serialized_example_proto) VALUES (?, ?, ?)', rows
+        )
     if 'client_metadata' in tables:
         connection.execute('CREATE TABLE client_metadata (client_id TEXT, split_name TEXT, num_examples INTEGER)')
         if metadata is None:
@@ -120,16 +135,20 @@ def test_load_independently_written_file(tmp_path):
         ('train', '7', _raw_example(b'2014-12-31 23:59:59.999 UTC', b'a')),
         ('train', '8', _raw_example(b'2013-01-01 00:00:00 UTC', b'x y z')),
     ]
-    path = _raw_db(tmp_path / 'so.sqlite', rows, examples_columns='split_name TEXT, client_id TEXT, '
-                   'serialized_example_proto BLOB, extra INTEGER')  # Extra columns are fine.
+    path = _raw_db(
+        tmp_path / 'so.sqlite',
+        rows,
+        examples_columns='split_name TEXT, client_id TEXT, serialized_example_proto BLOB, extra INTEGER',
+    )  # Extra columns are fine.
     corpus = stackoverflow.load_stackoverflow(path)
     assert corpus.train == {'7': ['a', 'b'], '8': ['x y z']} and corpus.test == {'42': ['new answer .']}
 
 
 def test_max_clients_samples_deterministically(tmp_path):
     splits = {
-        'train': {f'u{i:02d}': [_ex(f'2010-01-{1 + j:02d} 00:00:00 UTC', f'w{i} {j} .') for j in range(3)]
-                  for i in range(30)},
+        'train': {
+            f'u{i:02d}': [_ex(f'2010-01-{1 + j:02d} 00:00:00 UTC', f'w{i} {j} .') for j in range(3)] for i in range(30)
+        },
         'test': {f't{i:02d}': [_ex('2018-06-01 00:00:00 UTC', f'v{i} .')] for i in range(20)},
     }
     path = str(tmp_path / 'so.sqlite')
@@ -140,8 +159,9 @@ def test_max_clients_samples_deterministically(tmp_path):
     assert all(len(examples) == 3 for examples in corpus.train.values())  # Sampled clients are read whole.
     assert list(corpus.train) == sorted(corpus.train)
     assert stackoverflow.load_stackoverflow(path, max_clients=5, seed=0) == corpus
-    assert any(set(stackoverflow.load_stackoverflow(path, max_clients=5, seed=s).train) != set(corpus.train)
-               for s in (1, 2, 3))
+    assert any(
+        set(stackoverflow.load_stackoverflow(path, max_clients=5, seed=s).train) != set(corpus.train) for s in (1, 2, 3)
+    )
     assert len(stackoverflow.load_stackoverflow(path, max_clients=100).train) == 30
     with pytest.raises(ValueError, match='max_clients'):
         stackoverflow.load_stackoverflow(path, max_clients=0)
@@ -163,8 +183,9 @@ def test_missing_table_and_column(tmp_path):
     with pytest.raises(StackOverflowFormatError, match="no table 'client_metadata'") as info:
         stackoverflow.load_stackoverflow(path)
     assert info.value.path == path
-    path = _raw_db(tmp_path / 'b.sqlite', rows, examples_columns='split_name TEXT, client_id TEXT, '
-                   'serialized_example_proto BLOB')
+    path = _raw_db(
+        tmp_path / 'b.sqlite', rows, examples_columns='split_name TEXT, client_id TEXT, serialized_example_proto BLOB'
+    )
     connection = sqlite3.connect(path)
     connection.execute('ALTER TABLE examples RENAME COLUMN serialized_example_proto TO proto')
     connection.commit()
@@ -173,18 +194,30 @@ def test_missing_table_and_column(tmp_path):
         stackoverflow.load_stackoverflow(path)
 
 
-@pytest.mark.parametrize('blob, message', [
-    (b'\x0a\x05abc', "client 'bad': serialized_example_proto is not a tf.train.Example"),
-    (_raw_example(b'2010-01-01 00:00:00 UTC', b'x', drop=('title',)), "client 'bad': example has no feature 'title'"),
-    (_raw_example(b'2010-01-01 00:00:00 UTC', b'x', score_as_bytes=True),
-     "client 'bad': feature 'score' must hold exactly one int64 value, got bytes_list"),
-    (_raw_example(b'yesterday', b'x'), "client 'bad': creation_date 'yesterday' is not like"),
-    (_raw_example(b'2010-01-01 00:00:00 UTC', b'\xff\xfe'), "client 'bad': creation_date or tokens is not UTF-8"),
-    ('a text value', "client 'bad': serialized_example_proto is str, not a BLOB"),
-], ids=['truncated_proto', 'missing_feature', 'wrong_kind', 'bad_date', 'bad_utf8', 'text_not_blob'])
+@pytest.mark.parametrize(
+    'blob, message',
+    [
+        (b'\x0a\x05abc', "client 'bad': serialized_example_proto is not a tf.train.Example"),
+        (
+            _raw_example(b'2010-01-01 00:00:00 UTC', b'x', drop=('title',)),
+            "client 'bad': example has no feature 'title'",
+        ),
+        (
+            _raw_example(b'2010-01-01 00:00:00 UTC', b'x', score_as_bytes=True),
+            "client 'bad': feature 'score' must hold exactly one int64 value, got bytes_list",
+        ),
+        (_raw_example(b'yesterday', b'x'), "client 'bad': creation_date 'yesterday' is not like"),
+        (_raw_example(b'2010-01-01 00:00:00 UTC', b'\xff\xfe'), "client 'bad': creation_date or tokens is not UTF-8"),
+        ('a text value', "client 'bad': serialized_example_proto is str, not a BLOB"),
+    ],
+    ids=['truncated_proto', 'missing_feature', 'wrong_kind', 'bad_date', 'bad_utf8', 'text_not_blob'],
+)
 def test_bad_example_names_file_and_client(tmp_path, blob, message):
-    rows = [('train', 'good', _raw_example(b'2010-01-01 00:00:00 UTC', b'x')), ('train', 'bad', blob),
-            ('test', 'z', _raw_example(b'2019-01-01 00:00:00 UTC', b'y'))]
+    rows = [
+        ('train', 'good', _raw_example(b'2010-01-01 00:00:00 UTC', b'x')),
+        ('train', 'bad', blob),
+        ('test', 'z', _raw_example(b'2019-01-01 00:00:00 UTC', b'y')),
+    ]
     path = _raw_db(tmp_path / 'so.sqlite', rows)
     with pytest.raises(StackOverflowFormatError, match=message) as info:
         stackoverflow.load_stackoverflow(path)
@@ -198,8 +231,9 @@ def test_writer_rejects_bad_examples(tmp_path):
         del bad['title']
         stackoverflow.write_stackoverflow_sqlite(str(tmp_path / 'x.sqlite'), {'train': {'a': [bad]}})
     with pytest.raises(ValueError, match="feature 'score' must be an int"):
-        stackoverflow.write_stackoverflow_sqlite(str(tmp_path / 'y.sqlite'),
-                                                 {'train': {'a': [_ex('2010-01-01 00:00:00 UTC', 'x', score='1')]}})
+        stackoverflow.write_stackoverflow_sqlite(
+            str(tmp_path / 'y.sqlite'), {'train': {'a': [_ex('2010-01-01 00:00:00 UTC', 'x', score='1')]}}
+        )
     path = tmp_path / 'exists.sqlite'
     path.write_text('')
     with pytest.raises(ValueError, match='already exists'):
@@ -208,9 +242,11 @@ def test_writer_rejects_bad_examples(tmp_path):
 
 def test_parse_creation_date():
     assert stackoverflow.parse_creation_date('2010-01-08 09:34:05.313 UTC') == datetime.datetime(
-        2010, 1, 8, 9, 34, 5, 313000)
+        2010, 1, 8, 9, 34, 5, 313000
+    )
     assert stackoverflow.parse_creation_date('2008-08-10 08:28:52.1 UTC') == datetime.datetime(
-        2008, 8, 10, 8, 28, 52, 100000)
+        2008, 8, 10, 8, 28, 52, 100000
+    )
     assert stackoverflow.parse_creation_date('2008-08-10T08:28:52') == datetime.datetime(2008, 8, 10, 8, 28, 52)
     for bad in ('2008-08-10', 'yesterday', '2008-13-10 08:28:52 UTC'):
         with pytest.raises(ValueError):
@@ -221,18 +257,25 @@ def test_load_word_counts(tmp_path):
     path = tmp_path / 'stackoverflow.word_count'
     path.write_text('the\t100\nto 50\n<URL>\t50\nc++  3\n\n')
     assert list(stackoverflow.load_word_counts(str(path)).items()) == [
-        ('the', 100), ('to', 50), ('<URL>', 50), ('c++', 3)]
+        ('the', 100),
+        ('to', 50),
+        ('<URL>', 50),
+        ('c++', 3),
+    ]
     assert list(stackoverflow.load_word_counts(str(path), vocab_size=2)) == ['the', 'to']
 
 
-@pytest.mark.parametrize('text, message', [
-    ('the 100\nto\n', 'line 2: expected "word<TAB>count", got 1 fields'),
-    ('the 100\nto 5 x\n', 'line 2: expected "word<TAB>count", got 3 fields'),
-    ('the 100\nto five\n', "line 2: count 'five' of 'to' is not a non-negative integer"),
-    ('the 100\nto 5\nthe 3\n', r"line 3: word 'the' repeated \(first on line 1\)"),
-    ('the 100\nto 5\na 6\n', "line 3: counts must not increase"),
-    ('the 100\n\nto 5\n', 'line 2: expected "word<TAB>count", got 0 fields'),
-])
+@pytest.mark.parametrize(
+    'text, message',
+    [
+        ('the 100\nto\n', 'line 2: expected "word<TAB>count", got 1 fields'),
+        ('the 100\nto 5 x\n', 'line 2: expected "word<TAB>count", got 3 fields'),
+        ('the 100\nto five\n', "line 2: count 'five' of 'to' is not a non-negative integer"),
+        ('the 100\nto 5\nthe 3\n', r"line 3: word 'the' repeated \(first on line 1\)"),
+        ('the 100\nto 5\na 6\n', 'line 3: counts must not increase'),
+        ('the 100\n\nto 5\n', 'line 2: expected "word<TAB>count", got 0 fields'),
+    ],
+)
 def test_load_word_counts_errors(tmp_path, text, message):
     path = tmp_path / 'stackoverflow.word_count'
     path.write_text(text)

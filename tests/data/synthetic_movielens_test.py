@@ -7,7 +7,8 @@ import pandas as pd
 import pytest
 
 from fedpersonal.data import movielens
-from fedpersonal.data.synthetic_movielens import generate_movielens_like, write_movielens_100k_layout
+from fedpersonal.data.synthetic_movielens import generate_movielens_like
+from fedpersonal.data.synthetic_movielens import write_movielens_100k_layout
 
 # 1997-01-01 and 1999-01-01, unix seconds.
 _YEAR_1997 = 852_076_800
@@ -24,8 +25,7 @@ def test_deterministic_for_seed(ratings):
     other = generate_movielens_like(seed=1)
     assert len(other) != len(ratings) or not other.equals(ratings)
     small = dict(num_users=20, num_items=50, min_ratings_per_user=3, mean_ratings_per_user=8)
-    pd.testing.assert_frame_equal(generate_movielens_like(**small, seed=4),
-                                  generate_movielens_like(**small, seed=4))
+    pd.testing.assert_frame_equal(generate_movielens_like(**small, seed=4), generate_movielens_like(**small, seed=4))
 
 
 def test_schema_ids_and_timestamps(ratings):
@@ -49,8 +49,9 @@ def test_counts_per_user(ratings):
     assert counts.max() <= 1682
     assert abs(counts.mean() - 106) < 2
     assert counts.median() < counts.mean() * 0.8  # heavy right tail, like MovieLens (median 65, mean 106)
-    small = generate_movielens_like(num_users=40, num_items=30, min_ratings_per_user=10,
-                                    mean_ratings_per_user=25, seed=2)
+    small = generate_movielens_like(
+        num_users=40, num_items=30, min_ratings_per_user=10, mean_ratings_per_user=25, seed=2
+    )
     small_counts = small.groupby('user_id').size()
     assert small_counts.min() >= 10 and small_counts.max() <= 30
 
@@ -91,10 +92,14 @@ def test_invalid_arguments():
 
 
 def test_write_movielens_100k_layout_exact_bytes(tmp_path):
-    frame = pd.DataFrame({'user_id': np.array([196, 186], dtype=np.int64),
-                          'item_id': np.array([242, 302], dtype=np.int64),
-                          'rating': np.array([3, 5], dtype=np.float32),
-                          'timestamp': np.array([881250949, 891717742], dtype=np.int64)})
+    frame = pd.DataFrame(
+        {
+            'user_id': np.array([196, 186], dtype=np.int64),
+            'item_id': np.array([242, 302], dtype=np.int64),
+            'rating': np.array([3, 5], dtype=np.float32),
+            'timestamp': np.array([881250949, 891717742], dtype=np.int64),
+        }
+    )
     path = write_movielens_100k_layout(frame, str(tmp_path / 'out'))
     with open(path, 'rb') as f:
         assert f.read() == b'196\t242\t3\t881250949\n186\t302\t5\t891717742\n'
@@ -137,8 +142,9 @@ def test_low_rank_signal_is_learnable(ratings):
     sums = np.bincount(train.item_id, weights=train.rating, minlength=data.num_items)
     counts = np.bincount(train.item_id, minlength=data.num_items)
     item_mean = (sums + 5 * mu) / (counts + 5)  # shrunk towards the global mean (unseen items -> mu)
-    user_factors, item_factors = _als_residual_fit(train, data.num_users, data.num_items, item_mean,
-                                                   rank=9, lam=5.0, iterations=8)
+    user_factors, item_factors = _als_residual_fit(
+        train, data.num_users, data.num_items, item_mean, rank=9, lam=5.0, iterations=8
+    )
     u, i = test.user_id.to_numpy(), test.item_id.to_numpy()
     truth = test.rating.to_numpy(np.float64)
     rmse_global = np.sqrt(np.mean((truth - mu) ** 2))

@@ -131,8 +131,14 @@ def test_questions_start_with_an_auxiliary(corpus):
 
 
 def test_settings_are_respected():
-    small = synthetic_text.generate_text_corpus(num_clients=10, examples_per_client=(3, 5), common_vocab_size=200,
-                                                personal_words_per_client=2, test_fraction=0.3, seed=7)
+    small = synthetic_text.generate_text_corpus(
+        num_clients=10,
+        examples_per_client=(3, 5),
+        common_vocab_size=200,
+        personal_words_per_client=2,
+        test_fraction=0.3,
+        seed=7,
+    )
     assert (len(small.train), len(small.test)) == (7, 3)
     assert all(3 <= len(examples) <= 5 for examples in _all(small).values())
     shared = [w for w, by in _word_clients(small).items() if len(by) > 1]
@@ -149,14 +155,17 @@ def _word_clients(corpus):
     return users
 
 
-@pytest.mark.parametrize('kwargs, message', [
-    ({'examples_per_client': (5, 2)}, 'examples_per_client'),
-    ({'examples_per_client': (0, 2)}, 'examples_per_client'),
-    ({'num_clients': 0}, 'num_clients'),
-    ({'common_vocab_size': 50}, 'common_vocab_size'),
-    ({'personal_words_per_client': -1}, 'personal_words_per_client'),
-    ({'test_fraction': 1.0}, 'test_fraction'),
-])
+@pytest.mark.parametrize(
+    'kwargs, message',
+    [
+        ({'examples_per_client': (5, 2)}, 'examples_per_client'),
+        ({'examples_per_client': (0, 2)}, 'examples_per_client'),
+        ({'num_clients': 0}, 'num_clients'),
+        ({'common_vocab_size': 50}, 'common_vocab_size'),
+        ({'personal_words_per_client': -1}, 'personal_words_per_client'),
+        ({'test_fraction': 1.0}, 'test_fraction'),
+    ],
+)
 def test_bad_arguments(kwargs, message):
     with pytest.raises(ValueError, match=message):
         synthetic_text.generate_text_corpus(**kwargs)

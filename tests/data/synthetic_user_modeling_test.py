@@ -11,15 +11,22 @@ from fedpersonal.metrics import user_modeling_metrics as metrics
 
 
 def _same(a, b):
-    return all(np.array_equal(getattr(x, f.name), getattr(y, f.name))
-               for x, y in zip(a.silos, b.silos) for f in dataclasses.fields(x))
+    return all(
+        np.array_equal(getattr(x, f.name), getattr(y, f.name))
+        for x, y in zip(a.silos, b.silos)
+        for f in dataclasses.fields(x)
+    )
 
 
 def test_default_shape_and_validity():
     data = synthetic.generate_user_modeling()
     assert user_modeling.validate(data) is data
     assert (data.name, data.task, data.num_attributes, data.rating_range) == (
-        'synthetic_user_modeling', 'binary', 12, (0.0, 1.0))
+        'synthetic_user_modeling',
+        'binary',
+        12,
+        (0.0, 1.0),
+    )
     stats = user_modeling.statistics(data)
     assert stats['num_clients'] == 8 and stats['num_users'] == 320
     assert 8 * 40 * 20 <= stats['num_records'] <= 8 * 40 * 60
@@ -70,14 +77,17 @@ def test_splits_follow_generation_order():
         assert np.all(np.diff(split) >= 0) and set(split) == {0, 1, 2}
 
 
-@pytest.mark.parametrize('kwargs, message', [
-    (dict(task='ranking'), 'task'),
-    (dict(items_per_client=500), 'items_per_client'),
-    (dict(records_per_user=(2, 10)), 'records_per_user'),
-    (dict(records_per_user=(30, 90)), 'records_per_user'),
-    (dict(attribute_concentration=0.0), 'attribute_concentration'),
-    (dict(num_clients=0), 'num_clients'),
-])
+@pytest.mark.parametrize(
+    'kwargs, message',
+    [
+        (dict(task='ranking'), 'task'),
+        (dict(items_per_client=500), 'items_per_client'),
+        (dict(records_per_user=(2, 10)), 'records_per_user'),
+        (dict(records_per_user=(30, 90)), 'records_per_user'),
+        (dict(attribute_concentration=0.0), 'attribute_concentration'),
+        (dict(num_clients=0), 'num_clients'),
+    ],
+)
 def test_bad_arguments(kwargs, message):
     with pytest.raises(ValueError, match=message):
         synthetic.generate_user_modeling(**kwargs)

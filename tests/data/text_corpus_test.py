@@ -8,23 +8,34 @@ from fedpersonal.data import text_corpus
 from fedpersonal.data.text_corpus import TextCorpus
 
 
-@pytest.mark.parametrize('text, tokens', [
-    ('How do I sort a list?', ['how', 'do', 'i', 'sort', 'a', 'list', '?']),
-    ("'Tis now struck twelve; get thee to bed, Francisco.",
-     ["'tis", 'now', 'struck', 'twelve', ';', 'get', 'thee', 'to', 'bed', ',', 'francisco', '.']),
-    ("What, has this thing appear'd again to-night?",
-     ['what', ',', 'has', 'this', 'thing', "appear'd", 'again', 'to', 'night', '?']),
-    ("I' th' name of Dian, o'er the lovers' heads!", ["i'", "th'", 'name', 'of', 'dian', ',', "o'er", 'the',
-                                                       'lovers', 'heads', '!']),
-    ("'to be acknown' is to acknowledge", ['to', 'be', 'acknown', 'is', 'to', 'acknowledge']),  # Quotes dropped.
-    ("Who's there? Stand, ho! 'Twas 'gainst is't", ["who's", 'there', '?', 'stand', ',', 'ho', '!', "'twas",
-                                                    "'gainst", "is't"]),
-    ('[Within] Lord Hamlet,-- & | (aside) "quoted"', ['within', 'lord', 'hamlet', ',', 'aside', 'quoted']),
-    ('Café 2nd v3.14: ÜBER', ['café', '2nd', 'v3', '.', '14', ':', 'über']),
-    ('Don\u2019t', ["don't"]),
-    ('', []),
-    ("-- ' [ ]", []),
-])
+@pytest.mark.parametrize(
+    'text, tokens',
+    [
+        ('How do I sort a list?', ['how', 'do', 'i', 'sort', 'a', 'list', '?']),
+        (
+            "'Tis now struck twelve; get thee to bed, Francisco.",
+            ["'tis", 'now', 'struck', 'twelve', ';', 'get', 'thee', 'to', 'bed', ',', 'francisco', '.'],
+        ),
+        (
+            "What, has this thing appear'd again to-night?",
+            ['what', ',', 'has', 'this', 'thing', "appear'd", 'again', 'to', 'night', '?'],
+        ),
+        (
+            "I' th' name of Dian, o'er the lovers' heads!",
+            ["i'", "th'", 'name', 'of', 'dian', ',', "o'er", 'the', 'lovers', 'heads', '!'],
+        ),
+        ("'to be acknown' is to acknowledge", ['to', 'be', 'acknown', 'is', 'to', 'acknowledge']),  # Quotes dropped.
+        (
+            "Who's there? Stand, ho! 'Twas 'gainst is't",
+            ["who's", 'there', '?', 'stand', ',', 'ho', '!', "'twas", "'gainst", "is't"],
+        ),
+        ('[Within] Lord Hamlet,-- & | (aside) "quoted"', ['within', 'lord', 'hamlet', ',', 'aside', 'quoted']),
+        ('Café 2nd v3.14: ÜBER', ['café', '2nd', 'v3', '.', '14', ':', 'über']),
+        ('Don\u2019t', ["don't"]),
+        ('', []),
+        ("-- ' [ ]", []),
+    ],
+)
 def test_tokenize(text, tokens):
     assert text_corpus.tokenize(text) == tokens
 
@@ -87,13 +98,17 @@ def test_text_corpus_validates():
 
 def test_corpus_statistics_exact():
     corpus = TextCorpus(
-        name='tiny', source='hand-made',
+        name='tiny',
+        source='hand-made',
         train={'a': ['the cat sat .', 'the dog'], 'b': ['the cat'], 'c': ['a b c d e f', 'x', 'y']},
-        test={'t': ['the cat ran .', 'zebra']})
+        test={'t': ['the cat ran .', 'zebra']},
+    )
     stats = text_corpus.corpus_statistics(corpus, vocab_sizes=(1, 2, 100))
     assert stats['name'] == 'tiny' and stats['source'] == 'hand-made'
     assert stats['train'] == {
-        'clients': 3, 'examples': 6, 'tokens': 16,
+        'clients': 3,
+        'examples': 6,
+        'tokens': 16,
         'examples_per_client': {'min': 1, 'median': 2.0, 'max': 3},
         'tokens_per_example': {'min': 1, 'median': 2.0, 'max': 6},
     }

@@ -37,7 +37,8 @@ def test_oov_words_hash_like_static_vocabulary_table_into_the_local_range():
     words = ['zebra', 'quokka', 'w1', 'zebra', 'axolotl']
     ids = encoder.ids([' '.join(words)])[0, 1:6]
     table = tf.lookup.StaticVocabularyTable(
-        tf.lookup.KeyValueTensorInitializer(vocab, tf.range(3, dtype=tf.int64)), num_oov_buckets=7)
+        tf.lookup.KeyValueTensorInitializer(vocab, tf.range(3, dtype=tf.int64)), num_oov_buckets=7
+    )
     raw = table.lookup(tf.constant(words)).numpy()
     expected = np.where(raw < 3, raw + 1, raw - 3 + encoder.layout.oov_start)
     np.testing.assert_array_equal(ids, expected)

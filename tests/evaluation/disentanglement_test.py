@@ -33,11 +33,18 @@ def test_figures(tmp_path):
     rng = np.random.default_rng(0)
     grid = disentanglement.plot_manifold_grids(
         [('a', rng.uniform(size=[3, 4, 8, 8, 1])), ('b', rng.uniform(size=[3, 4, 8, 8, 1]))],
-        str(tmp_path / 'grid.png'), title='t')
+        str(tmp_path / 'grid.png'),
+        title='t',
+    )
     codes = synthetic_codes(60, 2)
-    projections = disentanglement.plot_projections(codes['z'], codes['c'], codes['client'],
-                                                   str(tmp_path / 'proj.png'), method='pca',
-                                                   also_by=[('label', codes['label'])])
+    projections = disentanglement.plot_projections(
+        codes['z'],
+        codes['c'],
+        codes['client'],
+        str(tmp_path / 'proj.png'),
+        method='pca',
+        also_by=[('label', codes['label'])],
+    )
     for path in (grid, projections):
         with open(path, 'rb') as f:
             assert f.read(8) == b'\x89PNG\r\n\x1a\n'

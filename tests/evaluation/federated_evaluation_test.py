@@ -13,9 +13,11 @@ from fedpersonal.models import matrix_factorization as mf
 
 def _table_model_fn():
     from fedpersonal import models  # pylint: disable=g-import-not-at-top
+
     keras_model = mf.table_keras_model(4, 6, 3, add_biases=True)
-    return models.from_keras_model(keras_model, input_spec=mf.table_input_spec(),
-                                   global_variables=keras_model.trainable_variables)
+    return models.from_keras_model(
+        keras_model, input_spec=mf.table_input_spec(), global_variables=keras_model.trainable_variables
+    )
 
 
 def test_standard_eval_equals_direct_computation():
@@ -23,18 +25,22 @@ def test_standard_eval_equals_direct_computation():
     keras_model = mf.table_keras_model(4, 6, 3, add_biases=True)
     for v in keras_model.trainable_variables:
         v.assign(rng.normal(0, 1, size=v.shape).astype(np.float32))
-    weights = tff.learning.models.ModelWeights(trainable=[v.numpy() for v in keras_model.trainable_variables],
-                                               non_trainable=[])
+    weights = tff.learning.models.ModelWeights(
+        trainable=[v.numpy() for v in keras_model.trainable_variables], non_trainable=[]
+    )
     clients, all_err = [], []
     for user in range(4):
         items = rng.choice(6, size=3 + user, replace=False)
         ratings = rng.integers(1, 6, size=items.size).astype(np.float32)
-        x = collections.OrderedDict(user_id=np.full([items.size, 1], user, np.int64), item_id=items[:, None].astype(np.int64))
+        x = collections.OrderedDict(
+            user_id=np.full([items.size, 1], user, np.int64), item_id=items[:, None].astype(np.int64)
+        )
         pred = keras_model(x).numpy().ravel()
         all_err.append(pred - ratings)
         clients.append(tf.data.Dataset.from_tensor_slices(collections.OrderedDict(x=x, y=ratings[:, None])).batch(2))
-    computation = evaluation.build_standard_eval(_table_model_fn, loss_fn=tf.keras.losses.MeanSquaredError,
-                                                 metrics_fn=metrics.rating_metrics_fn())
+    computation = evaluation.build_standard_eval(
+        _table_model_fn, loss_fn=tf.keras.losses.MeanSquaredError, metrics_fn=metrics.rating_metrics_fn()
+    )
     result = computation(weights, clients)
     err = np.concatenate(all_err)
     np.testing.assert_allclose(result['eval']['rmse'], np.sqrt(np.mean(err**2)), rtol=1e-5)

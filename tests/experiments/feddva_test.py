@@ -23,14 +23,36 @@ def _run(argv):
 
 def test_generated_default_end_to_end(tmp_path, capsys):
     out = str(tmp_path / 'feddva')
-    argv = ['--settings=heterogeneous_inputs', '--num_clients=4', '--train_per_client=24', '--test_per_client=12',
-            '--generated_train=200', '--generated_test=100', '--total_rounds=2', '--clients_per_round=4',
-            '--rounds_per_eval=1', '--z_dim=2', '--c_dim=2', '--batch_size=12', '--cnn_channels=4,8',
-            '--cnn_dense=8', '--projection=pca', '--projection_points=40', '--grid_size=3', f'--output_dir={out}']
+    argv = [
+        '--settings=heterogeneous_inputs',
+        '--num_clients=4',
+        '--train_per_client=24',
+        '--test_per_client=12',
+        '--generated_train=200',
+        '--generated_test=100',
+        '--total_rounds=2',
+        '--clients_per_round=4',
+        '--rounds_per_eval=1',
+        '--z_dim=2',
+        '--c_dim=2',
+        '--batch_size=12',
+        '--cnn_channels=4,8',
+        '--cnn_dense=8',
+        '--projection=pca',
+        '--projection_points=40',
+        '--grid_size=3',
+        f'--output_dir={out}',
+    ]
     _run(argv)
     printed = capsys.readouterr().out
-    for name in ('FedDVA head on [z, c]', 'FedDVA, encoders tuned with the head', 'FedAvg', 'FedAvg + fine-tuning',
-                 'Ditto', 'Linear probes'):
+    for name in (
+        'FedDVA head on [z, c]',
+        'FedDVA, encoders tuned with the head',
+        'FedAvg',
+        'FedAvg + fine-tuning',
+        'Ditto',
+        'Linear probes',
+    ):
         assert name in printed
     with open(os.path.join(out, 'results.json')) as f:
         results = json.load(f)
@@ -56,11 +78,14 @@ def test_generated_default_end_to_end(tmp_path, capsys):
         assert again[method]['seconds_per_round'] == pytest.approx(row['seconds_per_round']), method
 
 
-@pytest.mark.parametrize('argv,message', [
-    (['--dataset=mnist'], 'needs --data_dir'),
-    (['--methods=fedprox'], 'methods must be a non-empty subset'),
-    (['--decoder_c_source=both'], "decoder_c_source must be 'prior' or 'posterior'"),
-])
+@pytest.mark.parametrize(
+    'argv,message',
+    [
+        (['--dataset=mnist'], 'needs --data_dir'),
+        (['--methods=fedprox'], 'methods must be a non-empty subset'),
+        (['--decoder_c_source=both'], "decoder_c_source must be 'prior' or 'posterior'"),
+    ],
+)
 def test_configuration_errors(tmp_path, argv, message):
     with pytest.raises(app.UsageError, match=message):
         _run(argv + [f'--output_dir={tmp_path}'])

@@ -11,8 +11,15 @@ from absl import flags
 from experiments import movielens_mf as binary
 
 FLAGS = flags.FLAGS
-TINY = ['--synthetic_num_users=60', '--synthetic_num_items=80', '--clients_per_round=5', '--eval_clients=5',
-        '--rounds_per_eval=1', '--centralized_max_epochs=2', '--batch_size=5']
+TINY = [
+    '--synthetic_num_users=60',
+    '--synthetic_num_items=80',
+    '--clients_per_round=5',
+    '--eval_clients=5',
+    '--rounds_per_eval=1',
+    '--centralized_max_epochs=2',
+    '--batch_size=5',
+]
 
 
 def _run(argv):
@@ -31,16 +38,32 @@ def _rounds(path):
 
 def test_all_five_configurations_two_rounds(tmp_path, capsys):
     out = str(tmp_path / 'run')
-    _run(TINY + ['--total_rounds=2', f'--output_dir={out}',
-                 '--configurations=centralized_standard,centralized_recon,fedavg_standard,fedavg_recon,fedrecon'])
+    _run(
+        TINY
+        + [
+            '--total_rounds=2',
+            f'--output_dir={out}',
+            '--configurations=centralized_standard,centralized_recon,fedavg_standard,fedavg_recon,fedrecon',
+        ]
+    )
     printed = capsys.readouterr().out
-    for name in ('Centralized + StandardEval', 'Centralized + ReconEval', 'FedAvg + StandardEval',
-                 'FedAvg + ReconEval', 'FedRecon (ReconEval)'):
+    for name in (
+        'Centralized + StandardEval',
+        'Centralized + ReconEval',
+        'FedAvg + StandardEval',
+        'FedAvg + ReconEval',
+        'FedRecon (ReconEval)',
+    ):
         assert name in printed
     with open(os.path.join(out, 'results.json')) as f:
         results = json.load(f)
     assert [r['configuration'] for r in results['rows']] == [
-        'centralized_standard', 'centralized_recon', 'fedavg_standard', 'fedavg_recon', 'fedrecon']
+        'centralized_standard',
+        'centralized_recon',
+        'fedavg_standard',
+        'fedavg_recon',
+        'fedrecon',
+    ]
     for row in results['rows']:
         assert 0 < row['rmse'] < 10 and 0 <= row['accuracy'] <= 1
         assert row['per_client']['rmse']['clients'] > 0

@@ -26,10 +26,23 @@ def _run(argv):
 
 def test_binary_rows_and_measured_communication(tmp_path, capsys):
     out = str(tmp_path / 'nwp')
-    _run(['--synthetic_num_clients=20', '--vocab_sizes=60', '--num_oov_buckets=9', '--total_rounds=2',
-          '--clients_per_round=2', '--embedding_dim=4', '--lstm_units=4', '--rounds_per_eval=2', '--eval_clients=2',
-          '--test_clients=3', '--max_elements_per_client=16', '--configurations=fedrecon,oov_finetuning',
-          f'--output_dir={out}'])
+    _run(
+        [
+            '--synthetic_num_clients=20',
+            '--vocab_sizes=60',
+            '--num_oov_buckets=9',
+            '--total_rounds=2',
+            '--clients_per_round=2',
+            '--embedding_dim=4',
+            '--lstm_units=4',
+            '--rounds_per_eval=2',
+            '--eval_clients=2',
+            '--test_clients=3',
+            '--max_elements_per_client=16',
+            '--configurations=fedrecon,oov_finetuning',
+            f'--output_dir={out}',
+        ]
+    )
     assert 'FedRecon (9 OOV)' in capsys.readouterr().out
     with open(os.path.join(out, 'results.json')) as f:
         results = json.load(f)
@@ -51,20 +64,38 @@ def _cyclic_corpus(num_clients: int, seed: int) -> dict[str, list[str]]:
     """Sentences walk a cycle of 8 words: the next word is a function of the current one."""
     rng = np.random.default_rng(seed)
     words = [f'w{i}' for i in range(8)]
-    return {f'c{seed}_{i}': [' '.join(words[(s + k) % 8] for k in range(6)) for s in rng.integers(0, 8, size=24)]
-            for i in range(num_clients)}
+    return {
+        f'c{seed}_{i}': [' '.join(words[(s + k) % 8] for k in range(6)) for s in rng.integers(0, 8, size=24)]
+        for i in range(num_clients)
+    }
 
 
 def test_fed_recon_learns_a_deterministic_language(tmp_path):
-    corpus = text_corpus.TextCorpus(name='cyclic', train=_cyclic_corpus(8, 0), test=_cyclic_corpus(4, 1),
-                                    source='test')
+    corpus = text_corpus.TextCorpus(name='cyclic', train=_cyclic_corpus(8, 0), test=_cyclic_corpus(4, 1), source='test')
     config = nwp_task.NextWordPredictionConfig(
-        output_dir=str(tmp_path), vocab_sizes=(8,), num_oov_buckets=3, max_sequence_length=6, embedding_dim=8,
-        lstm_units=16, batch_size=8, total_rounds=25, clients_per_round=4, client_learning_rate=0.5,
-        server_optimizer='adam', server_learning_rate=0.03, validation_fraction=0.2, rounds_per_checkpoint=100)
+        output_dir=str(tmp_path),
+        vocab_sizes=(8,),
+        num_oov_buckets=3,
+        max_sequence_length=6,
+        embedding_dim=8,
+        lstm_units=16,
+        batch_size=8,
+        total_rounds=25,
+        clients_per_round=4,
+        client_learning_rate=0.5,
+        server_optimizer='adam',
+        server_learning_rate=0.03,
+        validation_fraction=0.2,
+        rounds_per_checkpoint=100,
+    )
     task = nwp_task.NextWordPredictionTask(config, corpus, vocab_size=8)
-    untrained = task.evaluate(task.evaluation(3, oov_local=True), task.build_fed_recon(3).get_model_weights(
-        task.build_fed_recon(3).initialize()), 3, 'test', None)['metrics']
+    untrained = task.evaluate(
+        task.evaluation(3, oov_local=True),
+        task.build_fed_recon(3).get_model_weights(task.build_fed_recon(3).initialize()),
+        3,
+        'test',
+        None,
+    )['metrics']
     row = nwp_task.run_fed_recon(task, config.split, 'fedrecon', str(tmp_path))
     assert untrained['accuracy_no_oov_no_eos'] < 0.3
     assert row['accuracy_no_oov_no_eos'] > 0.8

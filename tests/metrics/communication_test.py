@@ -40,29 +40,38 @@ def _variable_counts():
 def test_fed_recon_sends_only_global_variables_and_fedavg_sends_everything():
     model_fn = nwp.model_fn(LAYOUT, max_sequence_length=LENGTH, embedding_dim=DIM, lstm_units=UNITS)
     recon = algorithms.build_fed_recon(
-        model_fn, loss_fn=nwp.loss_fn,
+        model_fn,
+        loss_fn=nwp.loss_fn,
         model_distributor=communication.build_measured_broadcast(fed_recon.server_weights_type(model_fn)),
-        model_aggregator=communication.MeasuredAggregationFactory())
+        model_aggregator=communication.MeasuredAggregationFactory(),
+    )
     recon_measured = communication.communication_from_metrics(recon.next(recon.initialize(), _datasets()).metrics)
 
     def tff_model_fn():
-        keras_model, _, _ = nwp.build_keras_model(LAYOUT, max_sequence_length=LENGTH, embedding_dim=DIM,
-                                                  lstm_units=UNITS)
-        return tff.learning.models.from_keras_model(keras_model, loss=nwp.loss_fn(),
-                                                    input_spec=nwp.input_spec(LENGTH))
+        keras_model, _, _ = nwp.build_keras_model(
+            LAYOUT, max_sequence_length=LENGTH, embedding_dim=DIM, lstm_units=UNITS
+        )
+        return tff.learning.models.from_keras_model(keras_model, loss=nwp.loss_fn(), input_spec=nwp.input_spec(LENGTH))
 
     fedavg = tff.learning.algorithms.build_weighted_fed_avg(
-        tff_model_fn, client_optimizer_fn=tff.learning.optimizers.build_sgdm(0.1),
+        tff_model_fn,
+        client_optimizer_fn=tff.learning.optimizers.build_sgdm(0.1),
         model_distributor=communication.build_measured_broadcast(
-            tff.learning.models.weights_type_from_model(tff_model_fn)),
-        model_aggregator=communication.MeasuredAggregationFactory())
-    fedavg_measured = communication.communication_from_metrics(
-        fedavg.next(fedavg.initialize(), _datasets()).metrics)
+            tff.learning.models.weights_type_from_model(tff_model_fn)
+        ),
+        model_aggregator=communication.MeasuredAggregationFactory(),
+    )
+    fedavg_measured = communication.communication_from_metrics(fedavg.next(fedavg.initialize(), _datasets()).metrics)
 
     g, l = _variable_counts()
     assert l == LAYOUT.num_oov_buckets * DIM
-    assert recon_measured == {'scalars_down_per_client': g, 'bytes_down_per_client': 4 * g, 'clients': 3,
-                              'scalars_up_per_client': g + 1, 'bytes_up_per_client': 4 * (g + 1)}
+    assert recon_measured == {
+        'scalars_down_per_client': g,
+        'bytes_down_per_client': 4 * g,
+        'clients': 3,
+        'scalars_up_per_client': g + 1,
+        'bytes_up_per_client': 4 * (g + 1),
+    }
     assert fedavg_measured['scalars_down_per_client'] == g + l
     assert fedavg_measured['scalars_up_per_client'] == g + l + 1
     # The paper's comparison: FedRecon 2|g| per client and round, FedAvg/FedYogi 2|l| + 2|g|.
@@ -77,23 +86,28 @@ def test_measured_aggregation_returns_what_the_inner_aggregator_returns(inner):
     if isinstance(inner, tff.aggregators.SumFactory):
         value_type = tff.TensorType(np.float32, [2])
     measured = communication.MeasuredAggregationFactory(inner).create(value_type, tff.TensorType(np.float32))
-    reference = (tff.aggregators.MeanFactory() if inner is None else inner)
+    reference = tff.aggregators.MeanFactory() if inner is None else inner
     if inner is None:
         reference = reference.create(value_type, tff.TensorType(np.float32))
     else:
         reference = reference.create(value_type)
     if isinstance(inner, tff.aggregators.SumFactory):
         values = [np.array([1.0, 2.0], np.float32), np.array([3.0, 5.0], np.float32)]
-        expected_scalars, expected_bytes = 2.0, 8.0                 # unweighted: the weight is not sent
+        expected_scalars, expected_bytes = 2.0, 8.0  # unweighted: the weight is not sent
     else:
-        values = [collections.OrderedDict(a=np.array([1.0, 2.0], np.float32), b=np.array([1.0, 2.0, 3.0])),
-                  collections.OrderedDict(a=np.array([3.0, 6.0], np.float32), b=np.array([3.0, 4.0, 5.0]))]
+        values = [
+            collections.OrderedDict(a=np.array([1.0, 2.0], np.float32), b=np.array([1.0, 2.0, 3.0])),
+            collections.OrderedDict(a=np.array([3.0, 6.0], np.float32), b=np.array([3.0, 4.0, 5.0])),
+        ]
         # float32[2] + float64[3] (+ a float32 weight when the inner aggregator is weighted).
         expected_scalars, expected_bytes = (6.0, 36.0) if inner is None else (5.0, 32.0)
     weights = [np.float32(1.0), np.float32(3.0)]
     out = measured.next(measured.initialize(), values, weights)
-    ref = (reference.next(reference.initialize(), values, weights) if inner is None
-           else reference.next(reference.initialize(), values))
+    ref = (
+        reference.next(reference.initialize(), values, weights)
+        if inner is None
+        else reference.next(reference.initialize(), values)
+    )
     tf.nest.map_structure(np.testing.assert_allclose, out.result, ref.result)
     assert out.measurements['scalars_up_per_client'] == expected_scalars
     assert out.measurements['bytes_up_per_client'] == expected_bytes
@@ -110,6 +124,6 @@ def test_measured_broadcast_delivers_the_value():
         return output.result, output.measurements
 
     received, measurements = run(np.array([1.0, 2.0, 3.0]), [0, 1])
-    np.testing.assert_allclose(received, [1.0, 2.0, 3.0])   # An all-equal CLIENTS value.
+    np.testing.assert_allclose(received, [1.0, 2.0, 3.0])  # An all-equal CLIENTS value.
     assert measurements['bytes_down_per_client'] == 24.0 and measurements['scalars_down_per_client'] == 3.0
     assert measurements['clients'] == 2

@@ -48,11 +48,14 @@ def test_rating_accuracy_rounds_half_up_and_clips():
     assert um.rating_accuracy([0, 1], [-0.4, 0.5], rating_range=(0, 1)) == 1.0
 
 
-@pytest.mark.parametrize('y_true, y_pred, message', [
-    ([], [], 'empty'),
-    ([1, 2], [1.0], '2 and 1 entries'),
-    ([1, np.nan], [1, 2], 'non-finite value at index 1'),
-])
+@pytest.mark.parametrize(
+    'y_true, y_pred, message',
+    [
+        ([], [], 'empty'),
+        ([1, 2], [1.0], '2 and 1 entries'),
+        ([1, np.nan], [1, 2], 'non-finite value at index 1'),
+    ],
+)
 def test_bad_input(y_true, y_pred, message):
     for fn in (um.rmse, um.mae, um.rating_accuracy):
         with pytest.raises(ValueError, match=message):
@@ -70,11 +73,11 @@ def _two_concepts(scores):
 
 def test_doa_educdm_doctest():
     # y_true [[1, 0, 1]], [[0, 1, 1]]; y_pred [[.5, .4, .6]], [[.2, .3, .5]] -> 1.0.
-    report = _two_concepts([[.5, .2], [.4, .3], [.6, .5]])
+    report = _two_concepts([[0.5, 0.2], [0.4, 0.3], [0.6, 0.5]])
     assert report['doa'] == 1.0
     assert report['num_attributes'] == 2 and report['num_pairs'] == 4
     # y_pred [[.4, .5, .6]], [[.3, .2, .5]] -> concept 0: (.4 > .5)? no, (.6 > .5) yes; concept 1 likewise -> 0.5.
-    report = _two_concepts([[.4, .3], [.5, .2], [.6, .5]])
+    report = _two_concepts([[0.4, 0.3], [0.5, 0.2], [0.6, 0.5]])
     assert report['doa'] == 0.5
     np.testing.assert_allclose(report['per_attribute'], [0.5, 0.5])
 

@@ -6,8 +6,15 @@ import tensorflow as tf
 
 from fedpersonal.models import feddva_models as fm
 
-TINY = fm.DvaArchitecture(image_shape=(4, 4, 1), z_dim=2, c_dim=3, encoder_channels=(3,), decoder_dense=(5,),
-                          decoder_channels=(2, 2), num_classes=3)
+TINY = fm.DvaArchitecture(
+    image_shape=(4, 4, 1),
+    z_dim=2,
+    c_dim=3,
+    encoder_channels=(3,),
+    decoder_dense=(5,),
+    decoder_channels=(2, 2),
+    num_classes=3,
+)
 
 
 def np_kl(mu_q, lv_q, mu_p, lv_p):
@@ -38,8 +45,12 @@ def test_closed_form_kls_match_monte_carlo():
             expected = 0.0 if i == j else mc_kl(mu[i], lv[i], mu[j], lv[j], seed=i * 3 + j)
             assert pairwise[i, j] == pytest.approx(expected, rel=0.03, abs=0.03)
     np.testing.assert_allclose(fm.mean_pairwise_kl(mu, lv).numpy(), pairwise.sum(axis=1) / 2, rtol=1e-6)
-    np.testing.assert_allclose(pairwise, np.array([[np_kl(mu[i], lv[i], mu[j], lv[j]) for j in range(3)]
-                                                   for i in range(3)]), rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(
+        pairwise,
+        np.array([[np_kl(mu[i], lv[i], mu[j], lv[j]) for j in range(3)] for i in range(3)]),
+        rtol=1e-5,
+        atol=1e-6,
+    )
 
 
 def np_bce(x, logits):
@@ -68,8 +79,9 @@ def test_phase_losses_match_numpy(c_source):
     kl_z = np_kl(mu_z, lv_z, 0.0, 0.0).mean()
     kl0 = np_kl(mu_c, lv_c, 0.0, 0.0)
     slack = np_kl(mu_c, lv_c, mu_c.mean(axis=0), 0.0)
-    l_reg = np.array([np.mean([np_kl(mu_c[i], lv_c[i], mu_c[j], lv_c[j]) for j in range(5) if j != i])
-                      for i in range(5)])
+    l_reg = np.array(
+        [np.mean([np_kl(mu_c[i], lv_c[i], mu_c[j], lv_c[j]) for j in range(5) if j != i]) for i in range(5)]
+    )
     constraint = np.maximum(0.0, 1.5 + l_reg - kl0)
 
     decoder_terms = model.phase_terms('decoder', x, eps_z, eps_c)
@@ -95,8 +107,9 @@ def test_phase_losses_match_numpy(c_source):
 
 def test_variable_groups_partition_the_model():
     model = fm.DualVae(TINY)
-    everything = {id(v) for part in (model.z_encoder, model.c_encoder, model.decoder, model.head)
-                  for v in part.variables}
+    everything = {
+        id(v) for part in (model.z_encoder, model.c_encoder, model.decoder, model.head) for v in part.variables
+    }
     groups = model.global_trainable + model.private_trainable + model.private_non_trainable
     assert len(groups) == len({id(v) for v in groups}) == len(everything)
     names = [v.name for v in model.global_trainable]

@@ -13,8 +13,16 @@ from fedpersonal import models
 from fedpersonal.data import synthetic_subreddit
 from fedpersonal.models import furl_models
 
-_SMALL = dict(char_vocab_size=12, max_chars=6, num_features=3, num_classes=2, char_embedding_dim=4, lstm_units=4,
-              user_embedding_dim=3, mlp_units=(8,))
+_SMALL = dict(
+    char_vocab_size=12,
+    max_chars=6,
+    num_features=3,
+    num_classes=2,
+    char_embedding_dim=4,
+    lstm_units=4,
+    user_embedding_dim=3,
+    mlp_units=(8,),
+)
 
 
 def _batch(batch_size=5, num_items=0, seed=0, max_chars=6, num_features=3):
@@ -58,7 +66,7 @@ def test_table_mode_uses_the_user_row_and_private_mode_broadcasts():
     x = batch['x']
     table = keras_model.get_layer('user_embedding')
     base = keras_model(x).numpy()
-    table.embeddings.assign(tf.tensor_scatter_nd_update(table.embeddings, [[int(x['user_id'][0])]], [[9., 9., 9.]]))
+    table.embeddings.assign(tf.tensor_scatter_nd_update(table.embeddings, [[int(x['user_id'][0])]], [[9.0, 9.0, 9.0]]))
     changed = np.any(keras_model(x).numpy() != base, axis=1)
     np.testing.assert_array_equal(changed, (x['user_id'].numpy() == x['user_id'].numpy()[0]))
     private, _, local = furl_models.build_keras_model(personalization='private', **_SMALL)
@@ -78,8 +86,9 @@ def test_trimming_padding_leaves_the_text_encoding_unchanged():
 
 
 def test_no_text_and_argument_errors():
-    model = furl_models.furl_model_fn(personalization='private', char_vocab_size=2, max_chars=0, num_features=3,
-                                      num_classes=2, num_items=7)()
+    model = furl_models.furl_model_fn(
+        personalization='private', char_vocab_size=2, max_chars=0, num_features=3, num_classes=2, num_items=7
+    )()
     assert not any('lstm' in v.name for v in model.global_trainable_variables)
     assert model.forward_pass(_batch(num_items=7, max_chars=0)).predictions.shape == (5, 2)
     with pytest.raises(ValueError, match='num_users'):
@@ -87,8 +96,9 @@ def test_no_text_and_argument_errors():
     with pytest.raises(ValueError, match='personalization'):
         furl_models.furl_model_fn(personalization='server', **_SMALL)
     with pytest.raises(ValueError, match='no input representation'):
-        furl_models.build_keras_model(personalization='none', char_vocab_size=2, max_chars=0, num_features=0,
-                                      num_classes=3)
+        furl_models.build_keras_model(
+            personalization='none', char_vocab_size=2, max_chars=0, num_features=0, num_classes=3
+        )
 
 
 def _train(model, x, labels, steps=40):
@@ -112,8 +122,7 @@ def test_private_model_trains_text_and_user_vector():
     chars = rng.integers(1, 12, (64, 6)).astype(np.int32)
     chars[rng.random((64, 6)) < 0.3] = 0
     labels = np.any(chars == 5, axis=1).astype(np.int64)
-    x = collections.OrderedDict(user_id=tf.zeros([64], tf.int64), chars=tf.constant(chars),
-                                features=tf.zeros([64, 3]))
+    x = collections.OrderedDict(user_id=tf.zeros([64], tf.int64), chars=tf.constant(chars), features=tf.zeros([64, 3]))
     model = furl_models.furl_model_fn(personalization='private', **_SMALL)()
     user_vector = model.local_trainable_variables[0].numpy()
     losses = _train(model, x, labels)
@@ -125,16 +134,20 @@ def test_table_model_learns_user_specific_labels():
     # Label = user (0 or 1) whatever the text: only the user table can explain it.
     rng = np.random.default_rng(2)
     users = np.tile([0, 1], 32)
-    x = collections.OrderedDict(user_id=tf.constant(users, tf.int64),
-                                chars=tf.constant(rng.integers(0, 12, (64, 6)), tf.int32), features=tf.zeros([64, 3]))
+    x = collections.OrderedDict(
+        user_id=tf.constant(users, tf.int64),
+        chars=tf.constant(rng.integers(0, 12, (64, 6)), tf.int32),
+        features=tf.zeros([64, 3]),
+    )
     model = furl_models.furl_model_fn(personalization='table', num_users=2, **_SMALL)()
     losses = _train(model, x, users.astype(np.int64), steps=30)
     assert losses[0] > 0.6 and losses[-1] < 0.2
 
 
 def test_dataset_pipeline_matches_input_spec():
-    data = synthetic_subreddit.generate_subreddit_like(num_users=3, num_subreddits=4, comments_per_user=(10, 12),
-                                                       vocab_words=40, max_chars=16)
+    data = synthetic_subreddit.generate_subreddit_like(
+        num_users=3, num_subreddits=4, comments_per_user=(10, 12), vocab_words=40, max_chars=16
+    )
     spec = furl_models.input_spec(max_chars=16, num_features=0)
     dataset = furl_models.batch_dataset(data.train.create_tf_dataset_for_client('1'), batch_size=4)
     models.check_dataset_matches(spec, dataset, client_id='1')
@@ -193,8 +206,9 @@ def test_binary_auc_finalizes_under_tff():
         metric.update_state(labels, _probabilities_to_logits(probs))
         client_values.append(collections.OrderedDict(auc=[v.numpy() for v in metric.variables]))
     finalizers = collections.OrderedDict(auc=keras_finalizer.create_keras_metric_finalizer(furl_models.BinaryAUC()))
-    unfinalized_type = tff.types.to_type(collections.OrderedDict(
-        auc=[tff.TensorType(np.float32, v.shape) for v in client_values[0]['auc']]))
+    unfinalized_type = tff.types.to_type(
+        collections.OrderedDict(auc=[tff.TensorType(np.float32, v.shape) for v in client_values[0]['auc']])
+    )
 
     @tff.federated_computation(tff.FederatedType(unfinalized_type, tff.CLIENTS))
     def aggregate(values):

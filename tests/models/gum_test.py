@@ -17,8 +17,10 @@ def _random_weights(seed=0, config=None):
     config = config or gum.GumConfig(num_attributes=K, max_users=USERS, max_items=ITEMS, hidden_dim=H)
     rng = np.random.default_rng(seed)
     f = lambda *shape: rng.normal(0, 1, shape).astype(np.float32)
-    return config, gum.GumWeights(public=gum.PublicWeights(f(K, H), f(K, H), f(K, K)),
-                                  private=gum.PrivateWeights(f(USERS, K), f(ITEMS, K), f(ITEMS), f(ITEMS), f(ITEMS)))
+    return config, gum.GumWeights(
+        public=gum.PublicWeights(f(K, H), f(K, H), f(K, K)),
+        private=gum.PrivateWeights(f(USERS, K), f(ITEMS, K), f(ITEMS), f(ITEMS), f(ITEMS)),
+    )
 
 
 def _numpy_predict(w, user, item, q):
@@ -49,8 +51,9 @@ def test_predict_matches_the_published_formula():
 def test_prediction_range_at_initialization_is_the_documented_one():
     config = gum.GumConfig(num_attributes=K, max_users=USERS, max_items=ITEMS, hidden_dim=H)
     weights = gum.initial_weights(config, 0, 0)
-    weights = weights._replace(private=weights.private._replace(theta=weights.private.theta * 50,
-                                                                difficulty=weights.private.difficulty * 50))
+    weights = weights._replace(
+        private=weights.private._replace(theta=weights.private.theta * 50, difficulty=weights.private.difficulty * 50)
+    )
     user, item = np.repeat(np.arange(USERS), ITEMS), np.tile(np.arange(ITEMS), USERS)
     q = np.ones([user.size, K], np.float32)
     y = gum.predict(weights, tf.constant(user), tf.constant(item), tf.constant(q)).numpy()
@@ -66,8 +69,10 @@ def test_attribute_vectors_are_the_rows_of_the_public_matrices():
     vectors = gum.attribute_vectors(weights.public).numpy()
     assert vectors.shape == (K, gum.attribute_vector_size(config)) == (K, 2 * H + K)
     for k in range(K):
-        np.testing.assert_array_equal(vectors[k], np.concatenate(
-            [weights.public.skill_W[k], weights.public.know_W[k], weights.public.relative_M[k]]))
+        np.testing.assert_array_equal(
+            vectors[k],
+            np.concatenate([weights.public.skill_W[k], weights.public.know_W[k], weights.public.relative_M[k]]),
+        )
     back = gum.from_attribute_vectors(vectors, H)
     for a, b in zip(back, weights.public):
         np.testing.assert_array_equal(a, b)
@@ -81,8 +86,9 @@ def test_items_without_an_attribute_leave_its_relation_row_untouched():
     with tf.GradientTape() as tape:
         tape.watch(public)
         w = weights._replace(public=gum.PublicWeights(*public))
-        loss = gum.mse_loss(w, tf.constant([0, 1, 2]), tf.constant([0, 1, 2]), tf.constant(q),
-                            tf.constant([1.0, 0.0, 1.0]))
+        loss = gum.mse_loss(
+            w, tf.constant([0, 1, 2]), tf.constant([0, 1, 2]), tf.constant(q), tf.constant([1.0, 0.0, 1.0])
+        )
     grad_m = tape.gradient(loss, public[2]).numpy()
     np.testing.assert_array_equal(grad_m[3], 0.0)
     assert np.abs(grad_m[:3]).sum() > 0
@@ -99,13 +105,20 @@ def test_labels_map_to_the_unit_interval_and_back():
     truth = gum.to_unit(np.array([1.0, 2.0, 3.0, 5.0], np.float32), config.rating_range)
     np.testing.assert_array_equal(gum.correct(tf.constant(predictions), tf.constant(truth), config), [1, 0, 1, 1])
     binary = gum.GumConfig(num_attributes=2, max_users=1, max_items=1)
-    np.testing.assert_array_equal(gum.correct(tf.constant([0.2, 0.5, 0.7]), tf.constant([0.0, 0.0, 0.0]), binary),
-                                  [1, 0, 0])
+    np.testing.assert_array_equal(
+        gum.correct(tf.constant([0.2, 0.5, 0.7]), tf.constant([0.0, 0.0, 0.0]), binary), [1, 0, 0]
+    )
 
 
 def test_initialization_and_trainable_fields():
-    config = gum.GumConfig(num_attributes=K, max_users=USERS, max_items=ITEMS, hidden_dim=H, use_discrimination=False,
-                           discrimination_init=2.0)
+    config = gum.GumConfig(
+        num_attributes=K,
+        max_users=USERS,
+        max_items=ITEMS,
+        hidden_dim=H,
+        use_discrimination=False,
+        discrimination_init=2.0,
+    )
     weights = gum.initial_weights(config, public_seed=4, private_seed=5)
     np.testing.assert_array_equal(weights.public.relative_M, np.eye(K))
     assert weights.public.skill_W.shape == (K, H) and weights.private.theta.shape == (USERS, K)
@@ -115,10 +128,16 @@ def test_initialization_and_trainable_fields():
     assert not np.array_equal(gum.initial_public(config, 5).skill_W, weights.public.skill_W)
 
 
-@pytest.mark.parametrize('kwargs, field', [
-    (dict(num_attributes=0), 'num_attributes'), (dict(max_users=-1), 'max_users'), (dict(task='ranking'), 'task'),
-    (dict(task='rating', rating_range=(5, 1)), 'rating_range'), (dict(rating_range=(1, 5)), 'rating_range'),
-])
+@pytest.mark.parametrize(
+    'kwargs, field',
+    [
+        (dict(num_attributes=0), 'num_attributes'),
+        (dict(max_users=-1), 'max_users'),
+        (dict(task='ranking'), 'task'),
+        (dict(task='rating', rating_range=(5, 1)), 'rating_range'),
+        (dict(rating_range=(1, 5)), 'rating_range'),
+    ],
+)
 def test_config_errors_name_the_field(kwargs, field):
     args = dict(num_attributes=K, max_users=USERS, max_items=ITEMS)
     args.update(kwargs)

@@ -10,9 +10,7 @@ from fedpersonal.models import matrix_factorization as mf
 
 
 def _spec():
-    return collections.OrderedDict(
-        x=tf.TensorSpec([None, 3], tf.float32), y=tf.TensorSpec([None, 1], tf.float32)
-    )
+    return collections.OrderedDict(x=tf.TensorSpec([None, 3], tf.float32), y=tf.TensorSpec([None, 1], tf.float32))
 
 
 def _two_layer_model():
@@ -87,8 +85,12 @@ def test_input_spec_that_does_not_fit_the_model():
     with pytest.raises(models.ModelSpecError, match='shape'):
         models.from_keras_model(keras_model, input_spec=bad_shape, global_layers=[shared], local_layers=[head])
     with pytest.raises(models.ModelSpecError, match='"x"'):
-        models.from_keras_model(keras_model, input_spec={'features': _spec()['x'], 'y': _spec()['y']},
-                                global_layers=[shared], local_layers=[head])
+        models.from_keras_model(
+            keras_model,
+            input_spec={'features': _spec()['x'], 'y': _spec()['y']},
+            global_layers=[shared],
+            local_layers=[head],
+        )
 
 
 def test_require_parts():
@@ -106,14 +108,17 @@ def test_require_parts():
 def test_dataset_mismatch_names_client_and_field():
     spec = mf.personal_input_spec()
     good = tf.data.Dataset.from_tensor_slices(
-        collections.OrderedDict(x=tf.zeros([4, 1], tf.int64), y=tf.zeros([4, 1]))).batch(2)
+        collections.OrderedDict(x=tf.zeros([4, 1], tf.int64), y=tf.zeros([4, 1]))
+    ).batch(2)
     models.check_dataset_matches(spec, good, client_id='u1')
     wrong_dtype = tf.data.Dataset.from_tensor_slices(
-        collections.OrderedDict(x=tf.zeros([4, 1], tf.int32), y=tf.zeros([4, 1]))).batch(2)
+        collections.OrderedDict(x=tf.zeros([4, 1], tf.int32), y=tf.zeros([4, 1]))
+    ).batch(2)
     with pytest.raises(models.DatasetSpecError, match=r"client 'u7': field \"x\" has dtype int32"):
         models.check_dataset_matches(spec, wrong_dtype, client_id='u7')
     unbatched = tf.data.Dataset.from_tensor_slices(
-        collections.OrderedDict(x=tf.zeros([4, 1], tf.int64), y=tf.zeros([4, 1])))
+        collections.OrderedDict(x=tf.zeros([4, 1], tf.int64), y=tf.zeros([4, 1]))
+    )
     with pytest.raises(models.DatasetSpecError, match=r'field "x" has shape \(1,\).*is the dataset batched'):
         models.check_dataset_matches(spec, unbatched, client_id='u2')
     wrong_keys = tf.data.Dataset.from_tensor_slices({'item': tf.zeros([4, 1], tf.int64), 'y': tf.zeros([4, 1])})

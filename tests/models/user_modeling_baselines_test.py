@@ -11,9 +11,16 @@ from fedpersonal.tasks import hpfl_user_modeling
 
 
 def _pooled(task):
-    data = synthetic_user_modeling.generate_user_modeling(num_clients=3, num_attributes=5, num_items=60,
-                                                          items_per_client=30, users_per_client=20,
-                                                          records_per_user=(20, 30), task=task, seed=1)
+    data = synthetic_user_modeling.generate_user_modeling(
+        num_clients=3,
+        num_attributes=5,
+        num_items=60,
+        items_per_client=30,
+        users_per_client=20,
+        records_per_user=(20, 30),
+        task=task,
+        seed=1,
+    )
     index = hpfl_user_modeling.PooledIndex(data)
     return data, index, index.pooled_arrays('train'), index.pooled_arrays('validation')
 
@@ -48,9 +55,16 @@ def test_models_learn_small_generated_data(kind, task):
     elif kind == 'ncf':
         model = ub.NcfModel(index.num_global_users, index.num_global_items, embedding_dim=8, task=task)
     else:
-        model = ub.CentralGumModel(gum.GumConfig(num_attributes=data.num_attributes,
-                                                 max_users=index.num_global_users, max_items=index.num_global_items,
-                                                 hidden_dim=4, task=task, rating_range=data.rating_range))
+        model = ub.CentralGumModel(
+            gum.GumConfig(
+                num_attributes=data.num_attributes,
+                max_users=index.num_global_users,
+                max_items=index.num_global_items,
+                hidden_dim=4,
+                task=task,
+                rating_range=data.rating_range,
+            )
+        )
     before = _train_mse(model, train)
     result = ub.train_centralized(model, train, validation, epochs=8, learning_rate=0.02, batch_size=64)
     after = _train_mse(model, train)

@@ -1,7 +1,6 @@
 """Flags generated from config dataclasses: types, None values, shared flags between configs."""
 
 import dataclasses
-from typing import Optional
 
 import pytest
 from absl import flags
@@ -13,7 +12,7 @@ from fedpersonal.program import config_flags
 class A:
     output_dir: str
     rounds: int = 3
-    steps: Optional[int] = 50
+    steps: int | None = 50
     rate: float = 0.5
     names: tuple[str, ...] = ('x',)
     joint: bool = False

@@ -12,16 +12,31 @@ from fedpersonal.tasks import furl_personalization
 from fedpersonal.tasks import movielens_mf
 from fedpersonal.tasks import next_word_prediction
 
-CONFIGS = (movielens_mf.MovieLensMFConfig, furl_personalization.FurlConfig,
-           next_word_prediction.NextWordPredictionConfig, feddva.FeddvaConfig)
+CONFIGS = (
+    movielens_mf.MovieLensMFConfig,
+    furl_personalization.FurlConfig,
+    next_word_prediction.NextWordPredictionConfig,
+    feddva.FeddvaConfig,
+)
 
 
 def test_optimizer_names_agree_with_the_builder():
     assert config_parts.OPTIMIZERS == optimizers.OPTIMIZERS
 
 
-@pytest.mark.parametrize('name', ['output_dir', 'data_dir', 'total_rounds', 'clients_per_round', 'seed',
-                                  'rounds_per_checkpoint', 'rounds_per_eval', 'batch_size'])
+@pytest.mark.parametrize(
+    'name',
+    [
+        'output_dir',
+        'data_dir',
+        'total_rounds',
+        'clients_per_round',
+        'seed',
+        'rounds_per_checkpoint',
+        'rounds_per_eval',
+        'batch_size',
+    ],
+)
 def test_a_shared_option_has_one_help_text_in_every_config(name):
     helps = {config_parts.help_text(config, name) for config in CONFIGS}
     assert len(helps) == 1 and None not in helps, helps
@@ -33,9 +48,18 @@ def test_every_field_is_documented():
         assert not undocumented, (config.__name__, undocumented)
 
 
-@pytest.mark.parametrize('field, value', [('clients_per_round', 0), ('rounds_per_checkpoint', 0),
-                                          ('rounds_per_eval', 0), ('batch_size', 0), ('client_learning_rate', -1.0),
-                                          ('server_optimizer', 'adamw'), ('total_rounds', 0)])
+@pytest.mark.parametrize(
+    'field, value',
+    [
+        ('clients_per_round', 0),
+        ('rounds_per_checkpoint', 0),
+        ('rounds_per_eval', 0),
+        ('batch_size', 0),
+        ('client_learning_rate', -1.0),
+        ('server_optimizer', 'adamw'),
+        ('total_rounds', 0),
+    ],
+)
 def test_parts_validate_in_every_config_that_has_them(tmp_path, field, value):
     for config in CONFIGS:
         if field in {f.name for f in dataclasses.fields(config)}:

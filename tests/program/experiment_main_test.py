@@ -28,8 +28,9 @@ def _run(config):
     return {'value': 1}
 
 
-_MAIN = experiment_main.define_main(_Config, _run, lambda results, config: str(results),
-                                    default_output_dir='/nonexistent')
+_MAIN = experiment_main.define_main(
+    _Config, _run, lambda results, config: str(results), default_output_dir='/nonexistent'
+)
 
 
 def _main(tmp_path, *argv):

@@ -11,7 +11,7 @@ import tensorflow_federated as tff
 
 from fedpersonal import runtime
 
-_CHILD = r'''
+_CHILD = r"""
 import os, sys
 import fedpersonal, numpy as np, tensorflow_federated as tff
 from fedpersonal import runtime
@@ -25,7 +25,7 @@ assert add_one(1) == 2
 print(runtime.running_workers()[0], flush=True)
 if sys.argv[1] == 'kill':
     os.kill(os.getpid(), 9)
-'''
+"""
 
 
 def _alive(pid):
@@ -37,8 +37,13 @@ def _alive(pid):
 
 
 def _run_child(mode):
-    proc = subprocess.run([sys.executable, '-c', _CHILD, mode], capture_output=True, text=True, timeout=180,
-                          env={**os.environ, 'TF_CPP_MIN_LOG_LEVEL': '3'})
+    proc = subprocess.run(
+        [sys.executable, '-c', _CHILD, mode],
+        capture_output=True,
+        text=True,
+        timeout=180,
+        env={**os.environ, 'TF_CPP_MIN_LOG_LEVEL': '3'},
+    )
     worker = int(proc.stdout.strip().splitlines()[-1])
     return proc, worker
 
@@ -98,9 +103,15 @@ def test_shutdown_kills_a_worker_that_ignores_sigint():
     from fedpersonal.runtime import execution_context  # pylint: disable=g-import-not-at-top
 
     stubborn = execution_context._TrackedPopen(  # pylint: disable=protected-access
-        [sys.executable, '-c', 'import signal, time; signal.signal(signal.SIGINT, signal.SIG_IGN); '
-                               'print("ready", flush=True); time.sleep(120)'],
-        stdout=subprocess.PIPE, text=True)
+        [
+            sys.executable,
+            '-c',
+            'import signal, time; signal.signal(signal.SIGINT, signal.SIG_IGN); '
+            'print("ready", flush=True); time.sleep(120)',
+        ],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
     assert stubborn.stdout.readline().strip() == 'ready'
     assert stubborn.pid in runtime.running_workers()
     started = time.time()
@@ -112,7 +123,7 @@ def test_shutdown_kills_a_worker_that_ignores_sigint():
 
 def test_importing_the_package_patches_nothing_in_tff():
     """`import fedpersonal` (and its modules) leaves TFF's worker start alone; LocalRuntime patches it explicitly."""
-    script = r'''
+    script = r"""
 import subprocess
 import fedpersonal
 from fedpersonal import algorithms, core, runtime
@@ -121,8 +132,13 @@ assert executor_factory.subprocess is subprocess, executor_factory.subprocess
 with runtime.LocalRuntime():
     assert executor_factory.subprocess is not subprocess
 print('ok')
-'''
-    proc = subprocess.run([sys.executable, '-c', script], capture_output=True, text=True, timeout=180,
-                          env={**os.environ, 'TF_CPP_MIN_LOG_LEVEL': '3'})
+"""
+    proc = subprocess.run(
+        [sys.executable, '-c', script],
+        capture_output=True,
+        text=True,
+        timeout=180,
+        env={**os.environ, 'TF_CPP_MIN_LOG_LEVEL': '3'},
+    )
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert proc.stdout.strip().endswith('ok')
