@@ -1,24 +1,70 @@
-"""A resumable federated training loop with per-round metrics and progress."""
+"""The one training loop of every binary: resumable rounds, client states, metrics, model selection, progress.
+
+`run_learning_process(process, ...)` runs a `fedpersonal.core.PersonalizedProcess` (or a TFF `LearningProcess`)
+for ``total_rounds`` rounds and owns, once for every binary:
+
+* **participation**: either *sampled* clients (``client_data`` a `tff.simulation.datasets.ClientData`:
+  ``clients_per_round`` clients per round, deterministic in the seed and the round number, so a resumed run
+  samples the same clients) or *every client every round* (cross-silo, e.g. HPFL: ``client_data`` a sequence or a
+  mapping ``{client_id: input}``; all clients participate in every round, in that order);
+* **private client states** of a stateful process, of any nested structure (`tf.nest`; e.g. FURL's
+  `ModelWeights`, HPFL's `ClientState` with int32 scalars): flattened to the list of numpy arrays a
+  `fedpersonal.client_state` store keeps per client (`flatten_private_state`) and packed back against the
+  process's `initial_private_state()` (`unflatten_private_state`);
+* **checkpoints**: the server state (`tff.program.FileProgramStateManager`) every ``rounds_per_checkpoint``
+  rounds and after the last, written atomically together with a commit of the client state store (`_Checkpoints`:
+  staged, committed, then published), so a run killed at any moment restarts from a server state and client states
+  of the same round; on restart with the same output directory the run resumes from the latest checkpoint (the
+  store is rolled back to it; `ClientStatesLostError` if it lost the checkpointed rounds) and ends with the numbers
+  of an uninterrupted run;
+* **the config guard** (``config``): the run's configuration is recorded next to its checkpoints at a fresh start
+  and a resume under another configuration is refused (`ConfigMismatchError`);
+* **metrics**: every round's metrics (plus ``round_seconds`` and, every ``rounds_per_evaluation`` rounds and after
+  the last, the evaluation) go to ``metrics.csv`` and TensorBoard (`ExperimentOutputs.release_metrics`);
+* **model selection** (``selection``): the private states of the evaluation round with the lowest validation
+  metric are kept in the store (ids ``'best/<client id>'``) and the best round and value in the checkpoint;
+* **progress**: one log line per round with its time, the ETA and the headline metrics.
+"""
 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
+import json
+import math
+import os
+import shutil
 import time
-from typing import Any, Callable, Optional
+from collections.abc import Mapping
+from collections.abc import Sequence
+from typing import Any
+from typing import Callable
+from typing import Optional
 
 import numpy as np
 import tensorflow as tf
 import tensorflow_federated as tff
 from absl import logging
 
+from fedpersonal import errors
 from fedpersonal.metrics import communication
 from fedpersonal.program import outputs as outputs_lib
 
 EvaluationFn = Callable[[Any], dict[str, Any]]
+ClientEvaluationFn = Callable[[Any, list[Any]], dict[str, Any]]
+RUN_CONFIG_FILE = 'run_config.json'
+_PREFIX = 'program_state_'  # The version prefix of tff.program.FileProgramStateManager (ExperimentOutputs' default).
+_READY = 'ready_'
+_KEEP_CHECKPOINTS = 2
+_DEFAULT_LOG_KEYS = ('train/loss', 'eval/rmse', 'eval/accuracy', 'eval/per_client/rmse/p50')
 
 
-class ClientStatesLostError(ValueError):
+class ClientStatesLostError(errors.InputError):
     """A stateful run cannot resume: its client state store lacks the states of the checkpointed rounds."""
+
+
+class ConfigMismatchError(errors.ConfigError):
+    """A run would resume from checkpoints written under another configuration."""
 
 
 def sample_clients(client_ids: list[str], clients_per_round: int, round_num: int, seed: int) -> list[str]:
@@ -28,80 +74,263 @@ def sample_clients(client_ids: list[str], clients_per_round: int, round_num: int
     return [client_ids[i] for i in rng.choice(len(client_ids), size=size, replace=False)]
 
 
+# ------------------------------------------------------------------------------------------- private states
+def flatten_private_state(state: Any) -> list[np.ndarray]:
+    """A private state of any nested structure as the flat array list a client state store keeps (`tf.nest`
+    order: for `ModelWeights` trainable, then non-trainable)."""
+    return [np.asarray(v) for v in tf.nest.flatten(state)]
+
+
+def unflatten_private_state(arrays: Sequence[Any], template: Any) -> Any:
+    """Inverse of `flatten_private_state`: the arrays packed into the structure of `template`."""
+    return tf.nest.pack_sequence_as(template, list(arrays))
+
+
+def private_state_template(process: Any) -> Any:
+    """A private state of `process` giving the structure to unflatten stored states into: its
+    `initial_private_state()` (a `PersonalizedProcess`), else `ModelWeights` of its `private_state_type`."""
+    if callable(getattr(process, 'initial_private_state', None)):
+        return process.initial_private_state()
+    private_type = process.private_state_type
+    return to_model_weights([None] * (len(private_type.trainable) + len(private_type.non_trainable)), private_type)
+
+
 def from_model_weights(weights: tff.learning.models.ModelWeights) -> list[np.ndarray]:
-    """A private state as the flat array list stored per client (trainable, then non-trainable)."""
+    """A `ModelWeights` private state as the flat array list stored per client (trainable, then non-trainable)."""
     return [np.asarray(v) for v in list(weights.trainable) + list(weights.non_trainable)]
 
 
-def to_model_weights(arrays: list[np.ndarray], private_type: tff.Type) -> tff.learning.models.ModelWeights:
+def to_model_weights(arrays: list[Any], private_type: tff.Type) -> tff.learning.models.ModelWeights:
     """Inverse of `from_model_weights` for a process's `private_state_type`."""
     num_trainable = len(private_type.trainable)
-    return tff.learning.models.ModelWeights(trainable=list(arrays[:num_trainable]), non_trainable=list(arrays[num_trainable:]))
+    return tff.learning.models.ModelWeights(trainable=list(arrays[:num_trainable]),
+                                            non_trainable=list(arrays[num_trainable:]))
+
+
+# ------------------------------------------------------------------------------------------ model selection
+@dataclasses.dataclass
+class ModelSelection:
+    """Validation-based model selection done by the loop (every-client runs with a client state store).
+
+    After each evaluation whose `metric` (a key of the evaluation metrics) is finite and lower than every earlier
+    one, the loop stores the new private states of every client under `state_ids` (the same store, same round,
+    so they are committed with the checkpoint and rolled back on resume) and records the round and value here
+    and in the checkpoint. Read the selected states with `best_states`.
+
+    Attributes:
+      metric: The evaluation metric to minimize (e.g. ``'rmse'``).
+      best_value: The lowest value so far (inf before any finite one).
+      best_round: Its round (0: none yet; the selected states are then the initial ones).
+    """
+
+    metric: str
+    best_value: float = math.inf
+    best_round: int = 0
+    prefix: str = 'best/'
+
+    def state_ids(self, client_ids: Sequence[str]) -> list[str]:
+        """The store ids of the selected states of `client_ids`."""
+        return [f'{self.prefix}{c}' for c in client_ids]
+
+    def best_states(self, store: Any, client_ids: Sequence[str]) -> list[list[np.ndarray]]:
+        """The selected flat private states of `client_ids` (their initial states, `store.default_fn`, if no
+        evaluation selected a round)."""
+        if self.best_round == 0:
+            return [store.default_fn(c) for c in client_ids]
+        return store.get(self.state_ids(client_ids))
+
+    def _checkpoint(self) -> dict[str, Any]:
+        return {'best_value': np.float64(self.best_value), 'best_round': np.int64(self.best_round)}
+
+    def _restore(self, saved: Mapping[str, Any]) -> None:
+        self.best_value, self.best_round = float(saved['best_value']), int(saved['best_round'])
+
+
+# ---------------------------------------------------------------------------------------------- config guard
+def _jsonable(config: Mapping[str, Any]) -> dict[str, Any]:
+    return json.loads(json.dumps(outputs_lib._to_jsonable(dict(config))))  # pylint: disable=protected-access
+
+
+def guard_config(path: str, config: Mapping[str, Any], *, resuming: bool = True) -> None:
+    """Records `config` in the JSON file `path` or, when `resuming` and a record exists, checks it is the same.
+
+    A fresh start (``resuming=False``) overwrites any record (e.g. of a run killed before its first checkpoint).
+
+    Raises:
+      ConfigMismatchError: The recorded configuration differs (naming the differing fields).
+    """
+    current = _jsonable(config)
+    if resuming and os.path.exists(path):
+        with open(path) as f:
+            recorded = json.load(f)
+        changed = sorted(k for k in set(recorded) | set(current) if recorded.get(k) != current.get(k))
+        if changed:
+            shown = ', '.join(f'{k}: {recorded.get(k)!r} -> {current.get(k)!r}' for k in changed)
+            raise ConfigMismatchError(
+                f'{os.path.dirname(os.path.abspath(path))} holds the outputs of a run with another configuration '
+                f'({shown}); use another output directory, restore the configuration, or delete the directory to '
+                f'start over.')
+        return
+    outputs_lib.write_json(path, current)
+
+
+# ------------------------------------------------------------------------------------------------ checkpoints
+class _Checkpoints:
+    """Server checkpoints written together with the client state store's commit, atomically.
+
+    A checkpoint of round R is staged in ``checkpoints/.staging`` (``program_state_R``, renamed ``ready_R`` once
+    complete), then the store commits round R, then ``ready_R`` is renamed into ``checkpoints/program_state_R``
+    (what `tff.program.FileProgramStateManager.load_latest` reads). A run killed at any point restarts from a
+    consistent pair: `recover` deletes a partial or uncommitted staged checkpoint and publishes a complete one
+    whose round the store committed.
+    """
+
+    def __init__(self, outputs: outputs_lib.ExperimentOutputs):
+        self.root = outputs.path('checkpoints')
+        self.staging = os.path.join(self.root, '.staging')
+        self.manager = outputs.state_manager
+
+    def recover(self, store: Any) -> None:
+        if not os.path.isdir(self.staging):
+            return
+        for entry in sorted(os.listdir(self.staging)):
+            path = os.path.join(self.staging, entry)
+            if entry.startswith(_READY):
+                version = int(entry[len(_READY):])
+                target = os.path.join(self.root, f'{_PREFIX}{version}')
+                committed = store.committed_round() if store is not None else version
+                if committed >= version and not os.path.exists(target):
+                    os.replace(path, target)
+                    logging.info('Completed the checkpoint of round %d interrupted after its client states were '
+                                 'committed.', version)
+                    continue
+            shutil.rmtree(path, ignore_errors=True)
+
+    def save(self, checkpoint: Any, round_num: int, store: Any) -> None:
+        staged = os.path.join(self.staging, f'{_PREFIX}{round_num}')
+        ready = os.path.join(self.staging, f'{_READY}{round_num}')
+        asyncio.run(tff.program.FileProgramStateManager(self.staging).save(checkpoint, round_num))
+        os.replace(staged, ready)
+        if store is not None:
+            store.commit(round_num)
+        os.replace(ready, os.path.join(self.root, f'{_PREFIX}{round_num}'))
+        versions = asyncio.run(self.manager.get_versions()) or []
+        for version in versions[:-_KEEP_CHECKPOINTS]:
+            shutil.rmtree(os.path.join(self.root, f'{_PREFIX}{version}'), ignore_errors=True)
+
+
+# ------------------------------------------------------------------------------------------------- the loop
+def _participation(client_data: Any, clients_per_round: Optional[int]):
+    """``(client ids, every_client, inputs by id)`` of the two participation modes."""
+    if isinstance(client_data, tff.simulation.datasets.ClientData):
+        if clients_per_round is None or clients_per_round < 1:
+            raise ValueError('Sampled participation (client_data is a ClientData) needs clients_per_round >= 1.')
+        return list(client_data.client_ids), False, None
+    if clients_per_round is not None:
+        raise ValueError('clients_per_round applies to a ClientData; with a sequence or mapping of client inputs every '
+                         'client participates in every round.')
+    if isinstance(client_data, Mapping):
+        inputs = dict(client_data)
+    elif isinstance(client_data, Sequence):
+        inputs = {str(i): value for i, value in enumerate(client_data)}
+    else:
+        raise TypeError(f'client_data must be a tff.simulation.datasets.ClientData, a sequence or a mapping, got '
+                        f'{type(client_data).__name__}.')
+    if not inputs:
+        raise ValueError('client_data has no clients.')
+    return list(inputs), True, inputs
 
 
 def run_learning_process(
-    process: tff.learning.templates.LearningProcess,
+    process: Any,
     *,
-    client_data: tff.simulation.datasets.ClientData,
-    dataset_fn: Callable[[tf.data.Dataset], tf.data.Dataset],
-    clients_per_round: int,
+    client_data: Any,
     total_rounds: int,
     outputs: outputs_lib.ExperimentOutputs,
+    dataset_fn: Optional[Callable[[Any], Any]] = None,
+    clients_per_round: Optional[int] = None,
     seed: int = 0,
     evaluation_fn: Optional[EvaluationFn] = None,
+    client_evaluation_fn: Optional[ClientEvaluationFn] = None,
     rounds_per_evaluation: int = 10,
     rounds_per_checkpoint: int = 10,
     name: str = 'train',
     initial_state: Any = None,
-    validate_fn: Optional[Callable[[str, tf.data.Dataset], None]] = None,
+    validate_fn: Optional[Callable[[str, Any], None]] = None,
     client_state_store: Any = None,
+    selection: Optional[ModelSelection] = None,
+    train_metrics_fn: Optional[Callable[[Any], Any]] = None,
+    evaluation_name: str = 'eval',
+    config: Optional[Mapping[str, Any]] = None,
+    log_keys: Optional[Sequence[str]] = None,
 ) -> tuple[Any, list[dict[str, float]]]:
-    """Runs `total_rounds` rounds, resuming from the latest checkpoint if any.
-
-    Each round samples `clients_per_round` clients (deterministic in `seed` and
-    the round number, so a resumed run samples the same clients), builds their
-    datasets with `dataset_fn`, runs `process.next`, and releases the round's
-    metrics (plus `round_seconds`, and `evaluation_fn(model_weights)` every
-    `rounds_per_evaluation` rounds and after the last) to `outputs`.
+    """Runs `total_rounds` rounds, resuming from the latest checkpoint if any (see the module docstring).
 
     Args:
-      process: The learning process.
-      client_data: Training clients.
-      dataset_fn: Maps a client's raw dataset to the batched model input.
-      clients_per_round: Clients sampled per round.
+      process: A `PersonalizedProcess` (or a TFF `LearningProcess`): ``next`` returns ``state`` and ``metrics``
+        (and, stateful, ``private_states``).
+      client_data: A `tff.simulation.datasets.ClientData` (sampled participation), or a sequence (client ids
+        ``'0'``, ``'1'``, ...) or mapping ``{client_id: input}`` of every client's input to ``next`` (every client
+        participates in every round, in this order).
       total_rounds: Rounds to run in total (including resumed ones).
       outputs: Where metrics and checkpoints go.
+      dataset_fn: Maps a client's raw dataset (or input) to what ``next`` takes (default: as is).
+      clients_per_round: Clients sampled per round (sampled participation only).
       seed: Client-sampling seed.
-      evaluation_fn: Optional `model_weights -> metrics` (e.g. ReconEval on
-        validation clients).
-      rounds_per_evaluation: Evaluation period.
+      evaluation_fn: Optional ``model_weights -> metrics`` (e.g. ReconEval on validation clients).
+      client_evaluation_fn: Optional ``(model_weights, private_states) -> metrics`` for every-client runs of a
+        stateful process: the round's new private states of every client, in client order (e.g. each silo
+        evaluating its personalized model).
+      rounds_per_evaluation: Evaluation period (and after the last round).
       rounds_per_checkpoint: Checkpoint period (the last round is always saved).
       name: Shown in progress lines.
       initial_state: State to start from instead of `process.initialize()`.
-      validate_fn: Called as `validate_fn(client_id, dataset)` for each sampled
-        client before the round (e.g. an input-spec check naming the client).
-      client_state_store: For stateful algorithms (FURL): a
-        `fedpersonal.client_state.ClientStateStore` holding each client's private
-        state. The sampled clients' states are passed to `process.next` as its
-        CLIENTS-placed third argument and the returned ones written back; the
-        store is committed right after each server checkpoint and rolled back to
-        the checkpointed round on resume, so both always agree.
+      validate_fn: Called as `validate_fn(client_id, input)` for each participating client before the round (e.g. an
+        input-spec check naming the client).
+      client_state_store: For stateful processes: a `fedpersonal.client_state.ClientStateStore` holding each
+        client's flat private state (`flatten_private_state`). The participants' states are passed to
+        ``next`` as its CLIENTS-placed third argument and the returned ones written back; the store is committed
+        right after each server checkpoint and rolled back to the checkpointed round on resume.
+      selection: Optional `ModelSelection` (every-client runs with a store and an evaluation), updated in place.
+      train_metrics_fn: Maps the round's ``metrics`` to what is released under ``train`` (default: the client
+        work's ``train`` metrics).
+      evaluation_name: The key the evaluation metrics are released under.
+      config: Optional JSON-able configuration of the run (the config guard).
+      log_keys: Flat metric keys shown in the progress lines.
 
     Raises:
-      ClientStatesLostError: On resume from a checkpoint of round R when
-        `client_state_store` has committed only up to a round < R (e.g. a fresh
-        in-memory store): continuing would silently pair the checkpointed server
+      ClientStatesLostError: On resume from a checkpoint of round R when `client_state_store` has committed only up
+        to a round < R (e.g. a fresh in-memory store): continuing would silently pair the checkpointed server
         state with initial client states.
+      ConfigMismatchError: On resume under a `config` other than the recorded one.
 
     Returns:
-      `(final_state, history)`: the state and the released metric rows.
+      `(final_state, history)`: the state and the metric rows released by this invocation (``metrics.csv`` has
+      every round, also those of a resumed earlier invocation).
     """
+    client_ids, every_client, inputs = _participation(client_data, clients_per_round)
+    if client_evaluation_fn is not None and not (every_client and client_state_store is not None):
+        raise ValueError('client_evaluation_fn needs every-client participation and a client state store.')
+    if selection is not None and (client_evaluation_fn is None and evaluation_fn is None
+                                  or not every_client or client_state_store is None):
+        raise ValueError('selection needs an evaluation, every-client participation and a client state store.')
     state = initial_state if initial_state is not None else process.initialize()
+    checkpoint = {'state': state, 'selection': selection._checkpoint()} if selection is not None else state
+    checkpoints = _Checkpoints(outputs)
+    checkpoints.recover(client_state_store)
     start_round = 0
-    loaded, version = asyncio.run(outputs.state_manager.load_latest(state))
+    loaded, version = asyncio.run(outputs.state_manager.load_latest(checkpoint))
     if loaded is not None:
-        state, start_round = loaded, int(version)
+        start_round = int(version)
+        if selection is not None:
+            state = loaded['state']
+            selection._restore(loaded['selection'])
+        else:
+            state = loaded
         logging.info('[%s] resumed from checkpoint at round %d', name, start_round)
+    if config is not None:
+        guard_config(outputs.path(RUN_CONFIG_FILE), config, resuming=loaded is not None)
+    template = None
     if client_state_store is not None:
         committed = client_state_store.committed_round()
         if committed < start_round:
@@ -112,40 +341,58 @@ def run_learning_process(
                 f'in-memory store does not outlive its process). Use a persistent store (e.g. --state_store=sqlite) '
                 f'to make stateful runs resumable, or delete the checkpoints to start over.')
         client_state_store.rollback(start_round)
-    client_ids = list(client_data.client_ids)
+        template = private_state_template(process)
+    prepare = dataset_fn or (lambda value: value)
     history = []
     started = time.time()
     for round_num in range(start_round + 1, total_rounds + 1):
         round_start = time.time()
-        sampled = sample_clients(client_ids, clients_per_round, round_num, seed)
-        datasets = []
-        for client_id in sampled:
-            dataset = dataset_fn(client_data.create_tf_dataset_for_client(client_id))
+        participants = client_ids if every_client else sample_clients(client_ids, clients_per_round, round_num, seed)
+        round_inputs = []
+        for client_id in participants:
+            raw = inputs[client_id] if every_client else client_data.create_tf_dataset_for_client(client_id)
+            value = prepare(raw)
             if validate_fn is not None:
-                validate_fn(client_id, dataset)
-            datasets.append(dataset)
+                validate_fn(client_id, value)
+            round_inputs.append(value)
+        new_private = None
         if client_state_store is None:
-            result = process.next(state, datasets)
+            result = process.next(state, round_inputs)
         else:
-            private = [to_model_weights(s, process.private_state_type) for s in client_state_store.get(sampled)]
-            result = process.next(state, datasets, private)
-            client_state_store.put(sampled, [from_model_weights(p) for p in result.private_states], round_num)
+            private = [unflatten_private_state(s, template) for s in client_state_store.get(participants)]
+            result = process.next(state, round_inputs, private)
+            new_private = list(result.private_states)
+            client_state_store.put(participants, [flatten_private_state(p) for p in new_private], round_num)
         state = result.state
-        metrics = {'train': result.metrics.get('client_work', {}).get('train', {})}
+        train = (train_metrics_fn(result.metrics) if train_metrics_fn is not None
+                 else result.metrics.get('client_work', {}).get('train', {}))
+        metrics: dict[str, Any] = {'train': train}
         measured = communication.communication_from_metrics(result.metrics)
         if measured:
             metrics['communication'] = measured
         metrics['round_seconds'] = time.time() - round_start
-        if evaluation_fn is not None and (round_num % rounds_per_evaluation == 0 or round_num == total_rounds):
-            metrics['eval'] = evaluation_fn(process.get_model_weights(state))
+        if round_num % rounds_per_evaluation == 0 or round_num == total_rounds:
+            evaluation: dict[str, Any] = {}
+            if evaluation_fn is not None:
+                evaluation.update(evaluation_fn(process.get_model_weights(state)))
+            if client_evaluation_fn is not None:
+                evaluation.update(client_evaluation_fn(process.get_model_weights(state), new_private))
+            if evaluation:
+                metrics[evaluation_name] = evaluation
+            if selection is not None:
+                value = float(evaluation[selection.metric])
+                if np.isfinite(value) and value < selection.best_value:
+                    client_state_store.put(selection.state_ids(participants),
+                                           [flatten_private_state(p) for p in new_private], round_num)
+                    selection.best_value, selection.best_round = value, round_num
         history.append(outputs.release_metrics(round_num, metrics))
         if round_num % rounds_per_checkpoint == 0 or round_num == total_rounds:
-            asyncio.run(outputs.state_manager.save(state, round_num))
-            if client_state_store is not None:
-                client_state_store.commit(round_num)
+            saved = {'state': state, 'selection': selection._checkpoint()} if selection is not None else state
+            checkpoints.save(saved, round_num, client_state_store)
         done = round_num - start_round
         eta = (time.time() - started) / done * (total_rounds - round_num)
-        shown = {k: v for k, v in history[-1].items() if k in ('train/loss', 'eval/rmse', 'eval/accuracy', 'eval/per_client/rmse/p50')}
+        keys = log_keys if log_keys is not None else _DEFAULT_LOG_KEYS
+        shown = {k: history[-1][k] for k in keys if k in history[-1]}
         logging.info(
             '[%s] round %d/%d  %.2fs  eta %.0fs  %s',
             name, round_num, total_rounds, metrics['round_seconds'], eta,

@@ -1,0 +1,187 @@
+"""The shared training loop: every-client rounds, nested private states (int32 scalars included) in a durable store,
+resume after a crash, model selection across a resume, the config guard."""
+
+import collections
+from typing import Any
+from typing import NamedTuple
+
+import numpy as np
+import pytest
+import tensorflow as tf
+import tensorflow_federated as tff
+
+from fedpersonal import client_state
+from fedpersonal import core
+from fedpersonal import program
+
+
+class Private(NamedTuple):
+    count: Any  # int32 scalar
+    values: Any  # OrderedDict(a=float32[2])
+
+
+def _initial_private(count=0, a=(0.0, 0.0)):
+    return Private(np.int32(count), collections.OrderedDict(a=np.asarray(a, np.float32)))
+
+
+def build_process():
+    """Server state s (float32); client input x (float32). Each round: a <- a + x + s, count += 1, s <- s + mean(x) /
+    2; validation 'score' of a client is |a - 3| summed (lowest at some middle round)."""
+
+    @tff.tensorflow.computation
+    def initial_server():
+        return tf.constant(0.0)
+
+    @tff.tensorflow.computation
+    def initial_private():
+        return _initial_private()
+
+    private_type = initial_private.type_signature.result
+
+    @tff.tensorflow.computation(tff.TensorType(np.float32), tff.TensorType(np.float32), private_type)
+    def client(s, x, private):
+        return Private(private.count + 1, collections.OrderedDict(a=private.values['a'] + x + s)), x
+
+    @tff.tensorflow.computation(tff.TensorType(np.float32))
+    def half(v):
+        return v / 2.0
+
+    @tff.federated_computation
+    def initialize():
+        return tff.federated_eval(initial_server, tff.SERVER)
+
+    @tff.federated_computation(initialize.type_signature.result, tff.FederatedType(np.float32, tff.CLIENTS),
+                               tff.FederatedType(private_type, tff.CLIENTS))
+    def next_fn(state, xs, private):
+        new_private, uploads = tff.federated_map(client, (tff.federated_broadcast(state), xs, private))
+        mean = tff.federated_mean(uploads)
+        new_state = tff.federated_map(tf_add, (state, tff.federated_map(half, mean)))
+        metrics = tff.federated_zip(collections.OrderedDict(
+            client_work=tff.federated_zip(collections.OrderedDict(train=tff.federated_zip(
+                collections.OrderedDict(mean_x=mean))))))
+        return core.ProcessOutput(state=new_state, metrics=metrics, private_states=new_private)
+
+    return core.PersonalizedProcess(initialize, next_fn, get_model_weights=lambda s: s,
+                                    private_state_type=private_type, initial_private_state_fn=initial_private)
+
+
+@tff.tensorflow.computation(tff.TensorType(np.float32), tff.TensorType(np.float32))
+def tf_add(a, b):
+    return a + b
+
+
+INPUTS = collections.OrderedDict(silo_b=np.float32(0.5), silo_a=np.float32(1.0), silo_c=np.float32(-0.25))
+SPEC = client_state.spec_of(program.flatten_private_state(_initial_private()))
+
+
+def _store(path):
+    initial = program.flatten_private_state(_initial_private())
+    return client_state.SqliteClientStateStore(str(path), SPEC, lambda cid: [a.copy() for a in initial])
+
+
+def _evaluate(weights, states):
+    del weights
+    return {'score': float(sum(np.abs(s.values['a'] - 3.0).sum() for s in states))}
+
+
+def _run(tmp_path, run, rounds, *, config=None):
+    process = build_process()
+    outputs = program.ExperimentOutputs(str(tmp_path), run)
+    selection = program.ModelSelection('score')
+    with _store(tmp_path / f'{run}.sqlite') as store:
+        state, history = program.run_learning_process(
+            process, client_data=INPUTS, total_rounds=rounds, outputs=outputs, client_state_store=store,
+            client_evaluation_fn=_evaluate, rounds_per_evaluation=1, rounds_per_checkpoint=2, selection=selection,
+            evaluation_name='validation', config=config or {'lr': 1}, name=run)
+        latest = [program.unflatten_private_state(s, _initial_private()) for s in store.get(list(INPUTS))]
+        best = [program.unflatten_private_state(s, _initial_private())
+                for s in selection.best_states(store, list(INPUTS))]
+    return state, history, latest, best, selection, outputs
+
+
+def _assert_same_states(a, b):
+    for x, y in zip(a, b):
+        assert x.count == y.count and x.count.dtype == np.int32
+        np.testing.assert_array_equal(x.values['a'], y.values['a'])
+
+
+def test_every_client_rounds_resume_after_a_crash_to_the_same_result(tmp_path):
+    state, history, latest, best, selection, outputs = _run(tmp_path, 'straight', 6)
+    assert len(history) == 6 and [int(s.count) for s in latest] == [6, 6, 6]
+    # Every silo, every round, in the given order: silo_b's a after one round is 0 + 0.5 + 0 (server starts at 0).
+    assert history[0]['train/mean_x'] == pytest.approx(np.mean(list(INPUTS.values())))
+    scores = [row['validation/score'] for row in history]
+    assert selection.best_round == 1 + int(np.argmin(scores)) and 1 < selection.best_round < 6
+    assert [int(s.count) for s in best] == [selection.best_round] * 3
+
+    # Crash after round 3 (checkpoint at round 2; round 3's writes pending), then restart with the same flags.
+    _run(tmp_path, 'resumed', 3)
+    with _store(tmp_path / 'resumed.sqlite') as store:
+        assert store.committed_round() == 3  # The last round is always checkpointed; simulate a crash after it:
+    resumed_state, resumed_history, resumed_latest, resumed_best, resumed_selection, resumed_outputs = _run(
+        tmp_path, 'resumed', 6)
+    assert len(resumed_history) == 3 and float(resumed_state) == float(state)
+    _assert_same_states(resumed_latest, latest)
+    _assert_same_states(resumed_best, best)
+    assert (resumed_selection.best_round, resumed_selection.best_value) == (selection.best_round,
+                                                                            selection.best_value)
+    assert [r['validation/score'] for r in resumed_outputs.read_metrics()] == [r['validation/score']
+                                                                              for r in outputs.read_metrics()]
+
+
+def test_uncommitted_rounds_are_rolled_back_on_resume(tmp_path):
+    _, _, latest, _, _, _ = _run(tmp_path, 'straight', 4)
+    _run(tmp_path, 'crashed', 2)
+    with _store(tmp_path / 'crashed.sqlite') as store:  # A killed round 3: written, never checkpointed.
+        store.put(list(INPUTS), [program.flatten_private_state(_initial_private(99, (9, 9)))] * 3, round_num=3)
+    _, _, resumed_latest, _, _, _ = _run(tmp_path, 'crashed', 4)
+    _assert_same_states(resumed_latest, latest)
+
+
+def test_resume_under_another_config_is_refused(tmp_path):
+    _run(tmp_path, 'run', 2, config={'lr': 1, 'rounds': 4})
+    with pytest.raises(program.ConfigMismatchError, match="lr: 1 -> 2"):
+        _run(tmp_path, 'run', 4, config={'lr': 2, 'rounds': 4})
+    _run(tmp_path, 'other', 2, config={'lr': 2, 'rounds': 4})  # A fresh directory records its own.
+
+
+def test_participation_arguments_are_checked(tmp_path):
+    outputs = program.ExperimentOutputs(str(tmp_path), 'bad')
+    with pytest.raises(ValueError, match='clients_per_round applies to a ClientData'):
+        program.run_learning_process(build_process(), client_data=INPUTS, clients_per_round=2, total_rounds=1,
+                                     outputs=outputs)
+    with pytest.raises(ValueError, match='client_evaluation_fn needs'):
+        program.run_learning_process(build_process(), client_data=INPUTS, total_rounds=1, outputs=outputs,
+                                     client_evaluation_fn=_evaluate)
+
+
+def test_checkpoints_are_atomic_with_the_client_state_commit(tmp_path):
+    """A kill between staging a checkpoint and committing the store, or between the commit and publishing the
+    checkpoint, restarts from a server state and client states of the same round."""
+    import os  # pylint: disable=g-import-not-at-top
+    import shutil  # pylint: disable=g-import-not-at-top
+    straight_state, _, straight_latest, straight_best, _, _ = _run(tmp_path, 'straight', 6)
+
+    # Killed after staging round 4's checkpoint, before the store committed it: resume from round 2.
+    _run(tmp_path, 'before_commit', 2)
+    with _store(tmp_path / 'before_commit.sqlite') as store:
+        store.put(list(INPUTS), [program.flatten_private_state(_initial_private(7, (7, 7)))] * 3, round_num=3)
+    checkpoints = tmp_path / 'before_commit' / 'checkpoints'
+    os.makedirs(checkpoints / '.staging', exist_ok=True)
+    shutil.copytree(checkpoints / 'program_state_2', checkpoints / '.staging' / 'ready_4')
+    shutil.copytree(checkpoints / 'program_state_2', checkpoints / '.staging' / 'program_state_5')  # Partial.
+    state, history, latest, best, _, _ = _run(tmp_path, 'before_commit', 6)
+    assert len(history) == 4 and float(state) == float(straight_state)
+    _assert_same_states(latest, straight_latest)
+    _assert_same_states(best, straight_best)
+    assert not os.listdir(checkpoints / '.staging')
+
+    # Killed after the store committed round 4, before the checkpoint was published: resume from round 4.
+    _run(tmp_path, 'before_publish', 4)
+    checkpoints = tmp_path / 'before_publish' / 'checkpoints'
+    os.replace(checkpoints / 'program_state_4', checkpoints / '.staging' / 'ready_4')
+    state, history, latest, best, _, _ = _run(tmp_path, 'before_publish', 6)
+    assert len(history) == 2 and float(state) == float(straight_state)
+    _assert_same_states(latest, straight_latest)
+    _assert_same_states(best, straight_best)
+    assert sorted(os.listdir(checkpoints)) == ['.staging', 'program_state_4', 'program_state_6']
