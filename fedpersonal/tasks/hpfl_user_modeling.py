@@ -4,11 +4,15 @@ One row per method, all on the same data, splits and GUM (`fedpersonal.models.gu
 
 * centralized, on the pooled data of all silos (global user and item ids): NCD (binary task) or NCF (rating task)
   and the GUM (`fedpersonal.models.user_modeling_baselines`);
-* federated (`fedpersonal.algorithms.hpfl_baselines`): Distributed (local only), FedSGD, FedAvg, Fednoise, FedProx,
+* federated (`fedpersonal.algorithms.hpfl.baselines`): Distributed (local only), FedSGD, FedAvg, Fednoise, FedProx,
   FedAtt;
-* HPFL (`fedpersonal.algorithms.hpfl.build_hpfl`): HPFL-K (public components only), HPFL-R (private components
-  only), HPFL with the published distance weighting of the global centres and HPFL with inverse-distance weighting
-  (the issue asks for both).
+* HPFL (`fedpersonal.algorithms.hpfl`): HPFL-K (public components only), HPFL-R (private components only), HPFL with
+  the published distance weighting of the global centres and HPFL with inverse-distance weighting (the issue asks
+  for both).
+
+Every federated row is a configuration of the one HPFL-family builder (`hpfl.build_method(method, ...)`) run by the
+shared training loop (`fedpersonal.program.run_learning_process`: every silo every round, silo client states in an
+SQLite client state store, checkpoints every ``rounds_per_checkpoint`` rounds).
 
 **Model selection** never looks at test data: federated methods are evaluated on the validation split every
 ``rounds_per_eval`` rounds and the client states of the round with the lowest validation RMSE are kept (each silo
@@ -22,8 +26,15 @@ scores are only comparable inside its silo), with per-attribute user scores: for
 proficiency `gum_attribute_proficiency` (with each silo's own public components; DOA on raw theta is reported too,
 as ``doa_theta``), sigmoid(theta) for NCD, NCF's mean predicted score over the items of the attribute. NDCG ranks
 each user's test items by predicted score.
-``seconds_per_round`` is the median wall time of ``next`` (federated rows; centralized rows give
-``seconds_per_epoch``).
+``seconds_per_round`` is the median wall time of a round (federated rows, over every round in ``metrics.csv``;
+centralized rows give ``seconds_per_epoch``).
+
+**Resuming**: rerunning with the same ``output_dir`` and configuration (``run_config.json``; a different one is
+refused) reads the rows that finished back from ``<method>/results.json`` instead of training them again, resumes
+an interrupted federated method from its latest checkpoint (server state, client states and the model selection)
+and ends with the numbers of an uninterrupted run; a finished run returns its ``results.json`` without evaluating
+anything again. Every random choice derives from ``seed`` (data generation and silo split, GUM/NCD/NCF
+initializers, shuffles of the train splits, Fednoise's noise).
 
 **Private components analysis** (`private_components_analysis`): after training, are the clients distinguishable
 from the user embeddings theta (private components) of their users? For each federated method: the 5-fold
@@ -31,8 +42,10 @@ cross-validated accuracy of a multinomial logistic-regression probe predicting a
 (chance: the largest client's share of users) and the silhouette score of theta with the client as the cluster
 label; a 2-D PCA projection of Distributed vs HPFL thetas coloured by client (the largest 10 clients).
 
-Outputs under ``output_dir``: per method ``<method>/metrics.csv`` (per round or epoch; `program.ExperimentOutputs`)
-and ``<method>/results.json``; ``results.json`` (all rows, statistics, analysis), ``learning_curves.png``,
+Outputs under ``output_dir``: per method ``<method>/metrics.csv`` (per round or epoch; `program.ExperimentOutputs`),
+``<method>/results.json`` (the row), federated methods' ``<method>/checkpoints/`` and ``<method>/theta.npy`` (the
+selected users' theta, for the analysis; the client state store ``client_states.sqlite`` is deleted once the row is
+written); ``results.json`` (all rows, statistics, analysis), ``learning_curves.png``,
 ``attribute_distribution.png`` and ``private_components.png``.
 
 Configuration flows one way: flags -> `HpflConfig` -> builders.
@@ -41,6 +54,7 @@ Configuration flows one way: flags -> `HpflConfig` -> builders.
 from __future__ import annotations
 
 import dataclasses
+import json
 import os
 import time
 from typing import Any, Optional, Sequence
@@ -49,10 +63,10 @@ import numpy as np
 import tensorflow as tf
 from absl import logging
 
+from fedpersonal import client_state
 from fedpersonal import errors
 from fedpersonal import program
 from fedpersonal.algorithms import hpfl
-from fedpersonal.algorithms.hpfl import baselines as hpfl_baselines
 from fedpersonal.algorithms import optimizers
 from fedpersonal.data import user_modeling
 from fedpersonal.metrics import user_modeling_metrics as um_metrics
@@ -66,14 +80,18 @@ __all__ = ['DATASETS', 'METHODS', 'ROW_NAMES', 'HpflConfig', 'load_data', 'Poole
 
 DATASETS = ('synthetic', 'assist', 'movielens')
 CENTRALIZED = ('ncd', 'ncf', 'gum')
-HPFL_METHODS = ('hpfl_k', 'hpfl_r', 'hpfl', 'hpfl_inverse')
-METHODS = CENTRALIZED + hpfl_baselines.BASELINES + HPFL_METHODS
+HPFL_METHODS = hpfl.HPFL_VARIANTS
+METHODS = CENTRALIZED + hpfl.BASELINES + HPFL_METHODS
 ROW_NAMES = {
     'ncd': 'NCD', 'ncf': 'NCF', 'gum': 'GUM', 'distributed': 'Distributed', 'fedsgd': 'FedSGD', 'fedavg': 'FedAvg',
     'fednoise': 'Fednoise', 'fedprox': 'FedProx', 'fedatt': 'FedAtt', 'hpfl_k': 'HPFL-K', 'hpfl_r': 'HPFL-R',
     'hpfl': 'HPFL', 'hpfl_inverse': 'HPFL (inverse distance)',
 }
 NDCG_GAINS = ('linear', 'exponential')
+# Fields that do not change a row's numbers: a rerun may change them and still read finished rows back.
+_UNGUARDED = ('output_dir', 'methods', 'rounds_per_checkpoint')
+_STATE_STORE = 'client_states.sqlite'
+_THETA = 'theta.npy'
 
 
 @dataclasses.dataclass(frozen=True)
@@ -89,6 +107,9 @@ class HpflConfig:
         default=METHODS,
         metadata={'help': f'Rows to run, subset of {METHODS} (ncd runs on binary, ncf on rating data).'})
     rounds: int = dataclasses.field(default=20, metadata={'help': 'Federated rounds (every client, every round).'})
+    rounds_per_checkpoint: int = dataclasses.field(
+        default=1, metadata={'help': 'Rounds between checkpoints of a federated method (server state and client '
+                                     'states; the last round is always saved): a killed run resumes from there.'})
     client_epochs: int = dataclasses.field(default=1, metadata={'help': 'Local epochs per round (FedSGD: ignored).'})
     client_optimizer: str = dataclasses.field(default='adam', metadata={'help': f'One of {optimizers.OPTIMIZERS}.'})
     client_learning_rate: float = 0.01
@@ -136,16 +157,17 @@ class HpflConfig:
         unknown = [m for m in self.methods if m not in METHODS]
         if unknown or not self.methods:
             raise errors.ConfigError(f'methods must be a non-empty subset of {METHODS}; unknown: {unknown}.')
-        for name in ('rounds', 'client_epochs', 'batch_size', 'hidden_dim', 'max_local_clusters',
-                     'max_global_clusters', 'centralized_epochs', 'centralized_batch_size', 'ncf_embedding_dim',
-                     'rounds_per_eval', 'eval_batch_size', 'ndcg_k', 'assist_num_clients', 'synthetic_num_clients',
-                     'synthetic_users_per_client'):
+        for name in ('rounds', 'rounds_per_checkpoint', 'client_epochs', 'batch_size', 'hidden_dim',
+                     'max_local_clusters', 'max_global_clusters', 'centralized_epochs', 'centralized_batch_size',
+                     'ncf_embedding_dim', 'rounds_per_eval', 'eval_batch_size', 'ndcg_k', 'assist_num_clients',
+                     'synthetic_num_clients', 'synthetic_users_per_client'):
             if getattr(self, name) < 1:
                 raise errors.ConfigError(f'{name} must be >= 1, got {getattr(self, name)}.')
         if any(int(h) < 1 for h in self.ncd_hidden_units) or not self.ncd_hidden_units:
             raise errors.ConfigError(f'ncd_hidden_units must be positive widths, got {self.ncd_hidden_units!r}.')
         if self.client_optimizer not in optimizers.OPTIMIZERS:
-            raise errors.ConfigError(f'client_optimizer must be one of {optimizers.OPTIMIZERS}, got {self.client_optimizer!r}.')
+            raise errors.ConfigError(
+                f'client_optimizer must be one of {optimizers.OPTIMIZERS}, got {self.client_optimizer!r}.')
         if self.row_updates not in hpfl.ROW_UPDATES:
             raise errors.ConfigError(f'row_updates must be one of {hpfl.ROW_UPDATES}, got {self.row_updates!r}.')
         for name in ('client_learning_rate', 'centralized_learning_rate'):
@@ -173,8 +195,8 @@ def load_data(config: HpflConfig) -> user_modeling.UserModelingData:
         return data
     kept = [s for s in data.silos if s.num_items <= config.max_items_per_silo]
     if not kept:
-        raise errors.ConfigError(f'max_items_per_silo={config.max_items_per_silo} leaves no silo of {data.name} (smallest: '
-                         f'{min(s.num_items for s in data.silos)} items).')
+        raise errors.ConfigError(f'max_items_per_silo={config.max_items_per_silo} leaves no silo of {data.name} '
+                                 f'(smallest: {min(s.num_items for s in data.silos)} items).')
     left_out = [f'{s.client_id} ({s.num_items} items)' for s in data.silos if s.num_items > config.max_items_per_silo]
     if not left_out:
         return data
@@ -349,22 +371,17 @@ def _run_centralized(method: str, config: HpflConfig, data: user_modeling.UserMo
 
 
 # ------------------------------------------------------------------------------------------------ federated
-def _build_process(method: str, config: HpflConfig, gum_config: gum.GumConfig, num_silos: int):
-    optimizer = optimizers.build_optimizer(config.client_optimizer, config.client_learning_rate)
-    if method in hpfl_baselines.BASELINES:
-        return hpfl_baselines.build_baseline(
-            method, gum_config, client_optimizer=optimizer, client_epochs=config.client_epochs,
-            proximal_strength=config.proximal_strength, noise_stddev=config.noise_stddev,
-            attention_step=config.attention_step, public_seed=config.seed, row_updates=config.row_updates)
-    switches = {'hpfl_k': (True, False), 'hpfl_r': (False, True), 'hpfl': (True, True), 'hpfl_inverse': (True, True)}
-    aggregate_public, aggregate_private = switches[method]
-    weighting = {'hpfl': 'distance', 'hpfl_inverse': 'inverse_distance'}.get(method, config.center_weighting)
-    return hpfl.build_hpfl(
-        gum_config, client_optimizer=optimizer, client_epochs=config.client_epochs,
-        accuracy_threshold=config.accuracy_threshold, center_weighting=weighting, aggregate_public=aggregate_public,
-        aggregate_private=aggregate_private, max_clients=max(num_silos, 1),
+def _build_process(method: str, config: HpflConfig, gum_config: gum.GumConfig, num_silos: int) -> hpfl.HpflProcess:
+    """The method's configuration of the one HPFL-family builder (`hpfl.round_spec` names them)."""
+    return hpfl.build_method(
+        method, gum_config, client_optimizer=optimizers.build_optimizer(config.client_optimizer,
+                                                                        config.client_learning_rate),
+        client_epochs=config.client_epochs, proximal_strength=config.proximal_strength,
+        noise_stddev=config.noise_stddev, attention_step=config.attention_step,
+        accuracy_threshold=config.accuracy_threshold, center_weighting=config.center_weighting,
+        public_seed=config.seed, row_updates=config.row_updates, max_clients=max(num_silos, 1),
         max_local_clusters=config.max_local_clusters, max_global_clusters=config.max_global_clusters,
-        kmeans_iterations=config.kmeans_iterations, public_seed=config.seed, row_updates=config.row_updates)
+        kmeans_iterations=config.kmeans_iterations)
 
 
 def _stacked_theta(states: Sequence[hpfl.ClientState], data: user_modeling.UserModelingData) -> np.ndarray:
@@ -398,31 +415,33 @@ def _evaluate_states(config: HpflConfig, gum_config: gum.GumConfig, data: user_m
 
 def _run_federated(method: str, config: HpflConfig, data: user_modeling.UserModelingData, index: PooledIndex,
                    outputs: program.ExperimentOutputs) -> tuple[dict[str, Any], np.ndarray]:
+    """Trains one federated method on the shared training loop (every silo every round; server state and client
+    states checkpointed every ``rounds_per_checkpoint`` rounds, so a killed run resumes), selects the round with the
+    lowest validation RMSE and evaluates its client states on the test split."""
     gum_config = gum.GumConfig.for_data(data, hidden_dim=config.hidden_dim)
     process = _build_process(method, config, gum_config, len(data.silos))
-    client_data = hpfl.federated_data(data, gum_config, batch_size=config.batch_size, seed=config.seed)
-    states = hpfl.initial_client_states(data, gum_config, public_seed=config.seed, seed=config.seed)
-    state = process.initialize()
-    best_rmse, best_round, best_states = np.inf, 0, states
-    round_seconds = []
-    for round_num in range(1, config.rounds + 1):
-        started = time.time()
-        out = process.next(state, client_data, states)
-        round_seconds.append(time.time() - started)
-        state, states = out.state, out.private_states
-        released = {'train': out.metrics, 'seconds': round_seconds[-1]}
-        if round_num % config.rounds_per_eval == 0 or round_num == config.rounds:
-            validation = _evaluate_states(config, gum_config, data, index, states, 'validation', full=False)
-            released['validation'] = validation
-            if np.isfinite(validation['rmse']) and validation['rmse'] < best_rmse:
-                best_rmse, best_round, best_states = validation['rmse'], round_num, states
-        flat = outputs.release_metrics(round_num, released)
-        logging.info('[%s] round %d (%.1f s) %s', method, round_num, round_seconds[-1],
-                     ' '.join(f'{k}={v:.4f}' for k, v in flat.items() if k.startswith('validation/')
-                              or k.endswith('train_loss')))
+    ids = [silo.client_id for silo in data.silos]
+    client_data = dict(zip(ids, hpfl.federated_data(data, gum_config, batch_size=config.batch_size, seed=config.seed)))
+    initial = dict(zip(ids, (program.flatten_private_state(s) for s in hpfl.initial_client_states(
+        data, gum_config, public_seed=config.seed, seed=config.seed))))
+    selection = program.ModelSelection('rmse')
+    template = process.initial_private_state()
+    store = client_state.SqliteClientStateStore(
+        outputs.path(_STATE_STORE), client_state.spec_of(initial[ids[0]]),
+        lambda cid: [a.copy() for a in initial[cid.removeprefix(selection.prefix)]])
+    with store:
+        program.run_learning_process(
+            process, client_data=client_data, total_rounds=config.rounds, outputs=outputs,
+            client_state_store=store, rounds_per_checkpoint=config.rounds_per_checkpoint,
+            client_evaluation_fn=lambda weights, states: _evaluate_states(
+                config, gum_config, data, index, states, 'validation', full=False),
+            rounds_per_evaluation=config.rounds_per_eval, selection=selection, evaluation_name='validation',
+            train_metrics_fn=lambda metrics: metrics, config=_guarded_config(config), name=method,
+            log_keys=('train/client_work/train_loss', 'validation/accuracy', 'validation/auc', 'validation/rmse'))
+        best_states = [program.unflatten_private_state(s, template) for s in selection.best_states(store, ids)]
     row = _evaluate_states(config, gum_config, data, index, best_states, 'test', full=True)
-    row.update(best_round=best_round, best_validation_rmse=float(best_rmse),
-               seconds_per_round=float(np.median(round_seconds)), rounds=config.rounds)
+    row.update(best_round=selection.best_round, best_validation_rmse=float(selection.best_value),
+               seconds_per_round=outputs.median_round_seconds(), rounds=config.rounds)
     return row, _stacked_theta(best_states, data)
 
 
@@ -498,8 +517,75 @@ def _applicable(method: str, task: str) -> bool:
     return not ((method == 'ncd' and task != 'binary') or (method == 'ncf' and task != 'rating'))
 
 
+def _guarded_config(config: HpflConfig) -> dict[str, Any]:
+    """The configuration a finished row or a checkpoint belongs to (`_UNGUARDED` fields left out)."""
+    return {k: v for k, v in dataclasses.asdict(config).items() if k not in _UNGUARDED}
+
+
+def _guard_output_dir(config: HpflConfig) -> None:
+    """Refuses an ``output_dir`` holding the outputs of another configuration (`program.ConfigMismatchError`).
+
+    The record is ``run_config.json``; a directory written before it existed is checked against its ``config.json``.
+    """
+    record = os.path.join(config.output_dir, program.RUN_CONFIG_FILE)
+    legacy = os.path.join(config.output_dir, 'config.json')
+    if not os.path.exists(record) and os.path.exists(legacy):
+        with open(legacy) as f:
+            program.write_json(record, {k: v for k, v in json.load(f).items() if k not in _UNGUARDED})
+    program.guard_config(record, _guarded_config(config))
+
+
+def _finished_run(config: HpflConfig, methods: Sequence[str], skipped: Sequence[str]) -> Optional[dict[str, Any]]:
+    """The results of a finished run of exactly these rows in ``output_dir``, else None."""
+    path = os.path.join(config.output_dir, 'results.json')
+    if not os.path.exists(path):
+        return None
+    with open(path) as f:
+        results = json.load(f)
+    if [r['method'] for r in results['rows']] != list(methods) or results['skipped'] != list(skipped):
+        return None
+    return results
+
+
+def _remove_state_store(outputs: program.ExperimentOutputs) -> None:
+    """Deletes a finished method's client state store (its selected thetas are in ``theta.npy``)."""
+    for suffix in ('', '-wal', '-shm'):
+        if os.path.exists(outputs.path(_STATE_STORE + suffix)):
+            os.remove(outputs.path(_STATE_STORE + suffix))
+
+
+def _run_method(method: str, config: HpflConfig, data: user_modeling.UserModelingData, index: PooledIndex,
+                outputs: program.ExperimentOutputs) -> tuple[dict[str, Any], Optional[np.ndarray]]:
+    """One row and (federated methods) the stacked selected theta: read back if the row finished earlier."""
+    row_path, theta_path = outputs.path('results.json'), outputs.path(_THETA)
+    federated = method not in CENTRALIZED
+    if os.path.exists(row_path):
+        logging.info('[%s] finished earlier: row read back from %s', method, row_path)
+        with open(row_path) as f:
+            return json.load(f), np.load(theta_path) if federated else None
+    started = time.time()
+    if federated:
+        metrics, theta = _run_federated(method, config, data, index, outputs)
+        np.save(theta_path + '.tmp.npy', theta)
+        os.replace(theta_path + '.tmp.npy', theta_path)
+    else:
+        metrics, theta = _run_centralized(method, config, data, index, outputs)
+        theta = None  # The analysis compares federated methods only.
+    row = {'name': ROW_NAMES[method], 'method': method, **metrics, 'wall_seconds': time.time() - started}
+    outputs.write_json('results.json', row)  # Written last: the row is finished.
+    if federated:
+        _remove_state_store(outputs)
+    logging.info('[%s] %s', method, row)
+    with open(row_path) as f:  # As a rerun reads it back.
+        return json.load(f), theta
+
+
 def run(config: HpflConfig) -> dict[str, Any]:
     """Runs the configured methods; writes the outputs described in the module docstring and returns the results.
+
+    Rerunning with the same ``output_dir`` (and the same configuration, `program.guard_config`) resumes: rows that
+    finished are read back (not retrained), a federated method resumes from its latest checkpoint, and a finished
+    run returns its results without evaluating anything again.
 
     Returns:
       ``{'dataset', 'task', 'statistics', 'rows', 'private_components', 'rounds', 'ndcg_k', 'ndcg_gain',
@@ -508,28 +594,26 @@ def run(config: HpflConfig) -> dict[str, Any]:
     data = user_modeling.validate(load_data(config))
     tf.random.set_seed(config.seed)
     os.makedirs(config.output_dir, exist_ok=True)
+    _guard_output_dir(config)
+    requested = [m for m in METHODS if m in config.methods]
+    skipped = [m for m in requested if not _applicable(m, data.task)]
+    methods = [m for m in requested if m not in skipped]
+    for method in skipped:
+        logging.info('Skipping %s: it is the baseline of the other task (data task: %s).', method, data.task)
+    finished = _finished_run(config, methods, skipped)
+    if finished is not None:
+        logging.info('%s holds the finished run: results read back, nothing evaluated again.', config.output_dir)
+        return finished
     program.write_json(os.path.join(config.output_dir, 'config.json'), dataclasses.asdict(config))
     statistics = user_modeling.statistics(data)
     logging.info('HPFL data %s: %s', data.name, statistics)
     user_modeling.plot_attribute_distribution(data, os.path.join(config.output_dir, 'attribute_distribution.png'))
     index = PooledIndex(data)
-    rows, thetas, skipped = [], {}, []
-    for method in [m for m in METHODS if m in config.methods]:
-        if not _applicable(method, data.task):
-            skipped.append(method)
-            logging.info('Skipping %s: it is the baseline of the other task (data task: %s).', method, data.task)
-            continue
-        outputs = program.ExperimentOutputs(config.output_dir, method)
-        started = time.time()
-        if method in CENTRALIZED:
-            metrics, theta = _run_centralized(method, config, data, index, outputs)
-        else:
-            metrics, theta = _run_federated(method, config, data, index, outputs)
-        if theta is not None and method not in CENTRALIZED:
+    rows, thetas = [], {}
+    for method in methods:
+        row, theta = _run_method(method, config, data, index, program.ExperimentOutputs(config.output_dir, method))
+        if theta is not None:
             thetas[method] = theta
-        row = {'name': ROW_NAMES[method], 'method': method, **metrics, 'wall_seconds': time.time() - started}
-        outputs.write_json('results.json', row)
-        logging.info('[%s] %s', method, row)
         rows.append(row)
     analysis = None
     if thetas:
@@ -539,13 +623,15 @@ def run(config: HpflConfig) -> dict[str, Any]:
     results = {'dataset': data.name, 'task': data.task, 'source': data.source, 'statistics': statistics,
                'rows': rows, 'private_components': analysis, 'rounds': config.rounds, 'ndcg_k': config.ndcg_k,
                'ndcg_gain': config.ndcg_gain, 'skipped': skipped}
-    program.write_json(os.path.join(config.output_dir, 'results.json'), results)
+    results_path = os.path.join(config.output_dir, 'results.json')
+    program.write_json(results_path, results)
     curves = {r['name']: program.ExperimentOutputs(config.output_dir, r['method']).read_metrics() for r in rows}
     # The legend is drawn on the last panel: validation RMSE, which every row (centralized too) has.
     program.plot_curves(curves, ['train/client_work/train_loss', 'validation/accuracy', 'validation/rmse'],
                         os.path.join(config.output_dir, 'learning_curves.png'),
                         title=f'{data.name}: validation metrics per round (centralized rows: per epoch)')
-    return results
+    with open(results_path) as f:  # As a rerun reads it back.
+        return json.load(f)
 
 
 # ------------------------------------------------------------------------------------------------ tables

@@ -113,3 +113,83 @@ def test_gum_proficiency_orders_predictions_on_single_attribute_items():
         # Same item for every user: the prediction is increasing in the proficiency on k.
         order = np.argsort(proficiency[:, k])
         assert np.all(np.diff(y[order]) >= -1e-6)
+
+
+# ------------------------------------------------------------------------------------------------ kill and resume
+_REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+_TIMING = {'wall_seconds', 'seconds_per_round', 'seconds_per_epoch'}
+
+
+def _start_binary(argv, log_path):
+    import subprocess  # pylint: disable=g-import-not-at-top
+    import sys  # pylint: disable=g-import-not-at-top
+    with open(log_path, 'ab') as log:  # A file, not a pipe: TFF's worker keeps inherited pipes open.
+        return subprocess.Popen([sys.executable, os.path.join(_REPO, 'experiments', 'hpfl_user_modeling.py'), *argv],
+                                cwd=_REPO, stdout=log, stderr=subprocess.STDOUT)
+
+
+def _without_timing(value, output_dir):
+    if isinstance(value, dict):
+        return {k: _without_timing(v, output_dir) for k, v in value.items() if k not in _TIMING}
+    if isinstance(value, list):
+        return [_without_timing(v, output_dir) for v in value]
+    if isinstance(value, str):
+        return value.replace(output_dir, '<output_dir>')
+    return value
+
+
+def _results(output_dir):
+    with open(os.path.join(output_dir, 'results.json')) as f:
+        return _without_timing(json.load(f), output_dir)
+
+
+def test_binary_killed_mid_run_resumes_to_the_results_of_an_uninterrupted_run(tmp_path):
+    """SIGKILL the binary once a federated method wrote its first checkpoint, restart it with the same flags: the
+    finished rows are read back (not retrained), the method resumes from its checkpoint and the final results equal
+    those of an uninterrupted run exactly; a third start of the finished run evaluates nothing again."""
+    import signal  # pylint: disable=g-import-not-at-top
+    import time  # pylint: disable=g-import-not-at-top
+    flags = [f for f in TINY if not f.startswith('--rounds=')] + [
+        '--rounds=6', '--rounds_per_eval=2', '--methods=ncd,gum,distributed,fedavg,hpfl']
+    straight, killed = str(tmp_path / 'straight'), str(tmp_path / 'killed')
+    log = str(tmp_path / 'killed.log')
+
+    run = _start_binary(flags + [f'--output_dir={killed}'], log)
+    checkpoints = os.path.join(killed, 'fedavg', 'checkpoints')
+    deadline = time.time() + 600
+    while run.poll() is None and time.time() < deadline:
+        if os.path.isdir(checkpoints) and any(e.startswith('program_state_') for e in os.listdir(checkpoints)):
+            run.send_signal(signal.SIGKILL)
+            break
+        time.sleep(0.02)
+    assert run.wait(timeout=60) == -signal.SIGKILL, open(log).read()[-3000:]
+    assert not os.path.exists(os.path.join(killed, 'fedavg', 'results.json'))  # Killed mid-run.
+    finished = {m: os.path.getmtime(os.path.join(killed, m, 'results.json')) for m in ('ncd', 'gum', 'distributed')}
+    assert not os.path.exists(os.path.join(killed, 'results.json'))
+
+    with open(log, 'a') as f:
+        f.write('\n==== restart ====\n')
+    assert _start_binary(flags + [f'--output_dir={killed}'], log).wait(timeout=900) == 0
+    restarted = open(log).read().split('==== restart ====')[1]
+    for method in finished:
+        assert f'[{method}] finished earlier: row read back' in restarted
+        assert os.path.getmtime(os.path.join(killed, method, 'results.json')) == finished[method]  # Not retrained.
+    assert '[fedavg] resumed from checkpoint at round' in restarted
+    assert not os.path.exists(os.path.join(killed, 'fedavg', 'client_states.sqlite'))  # Removed once finished.
+
+    assert _start_binary(flags + [f'--output_dir={straight}'], str(tmp_path / 'straight.log')).wait(timeout=900) == 0
+    assert _results(killed) == _results(straight)
+
+    # A finished run is not evaluated again: same results file, nothing trained or evaluated.
+    results_mtime = os.path.getmtime(os.path.join(killed, 'results.json'))
+    with open(log, 'a') as f:
+        f.write('\n==== finished ====\n')
+    assert _start_binary(flags + [f'--output_dir={killed}'], log).wait(timeout=300) == 0
+    again = open(log).read().split('==== finished ====')[1]
+    assert 'holds the finished run' in again and 'round 1/' not in again and 'read back from' not in again
+    assert os.path.getmtime(os.path.join(killed, 'results.json')) == results_mtime
+
+    # Resuming under another configuration is refused, naming the field.
+    rerun = _start_binary(flags + [f'--output_dir={killed}', '--hidden_dim=3'], log)
+    assert rerun.wait(timeout=300) != 0
+    assert 'hidden_dim: 4 -> 3' in open(log).read()
