@@ -18,6 +18,7 @@ from __future__ import annotations
 import collections
 from collections.abc import Callable
 from typing import Any
+from typing import TypeAlias
 
 import tensorflow as tf
 import tensorflow_federated as tff
@@ -26,7 +27,7 @@ from fedpersonal.core import client_work
 from fedpersonal.core import compose
 from fedpersonal.core import process as process_lib
 
-ModelWeights = tff.learning.models.ModelWeights
+ModelWeights: TypeAlias = tff.learning.models.ModelWeights
 keras_weights = client_work.keras_weights
 
 

@@ -26,7 +26,7 @@ from __future__ import annotations
 import collections
 from collections.abc import Callable
 from typing import Any
-from typing import Union
+from typing import TypeAlias
 
 import tensorflow as tf
 import tensorflow_federated as tff
@@ -37,13 +37,15 @@ from fedpersonal.core import compose
 from fedpersonal.core import process as process_lib
 from fedpersonal.models import partially_local_model
 
-ReconstructionModel = tff.learning.models.ReconstructionModel
-ModelWeights = tff.learning.models.ModelWeights
-LossFn = Callable[[], tf.keras.losses.Loss]
-MetricsFn = Callable[[], list[tf.keras.metrics.Metric]]
-ModelFn = Callable[[], ReconstructionModel]
-AggregationFactory = Union[tff.aggregators.WeightedAggregationFactory, tff.aggregators.UnweightedAggregationFactory]
-SplitArg = Union[dataset_split_lib.ReconstructionSplit, dataset_split_lib.DatasetSplitFn]
+ReconstructionModel: TypeAlias = tff.learning.models.ReconstructionModel
+ModelWeights: TypeAlias = tff.learning.models.ModelWeights
+LossFn: TypeAlias = Callable[[], tf.keras.losses.Loss]
+MetricsFn: TypeAlias = Callable[[], list[tf.keras.metrics.Metric]]
+ModelFn: TypeAlias = Callable[[], ReconstructionModel]
+AggregationFactory: TypeAlias = (
+    tff.aggregators.WeightedAggregationFactory | tff.aggregators.UnweightedAggregationFactory
+)
+SplitArg: TypeAlias = dataset_split_lib.ReconstructionSplit | dataset_split_lib.DatasetSplitFn
 
 
 def resolve_split_fn(dataset_split: SplitArg) -> dataset_split_lib.DatasetSplitFn:
@@ -194,7 +196,8 @@ def build_fed_recon(
     """
     with tf.Graph().as_default():
         probe = model_fn()
-        if not isinstance(probe, ReconstructionModel):
+        # The class, not the ReconstructionModel alias: mypy cannot isinstance() an alias of an untyped module's class.
+        if not isinstance(probe, tff.learning.models.ReconstructionModel):
             raise TypeError(f'model_fn must return a tff.learning.models.ReconstructionModel, got {type(probe)}.')
         partially_local_model.require_parts(
             probe, algorithm='FedRecon', needs_global=True, needs_local=learn_local_init

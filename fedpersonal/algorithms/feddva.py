@@ -24,6 +24,7 @@ from __future__ import annotations
 import collections
 from collections.abc import Callable
 from typing import Any
+from typing import TypeAlias
 
 import tensorflow as tf
 import tensorflow_federated as tff
@@ -33,7 +34,7 @@ from fedpersonal.core import compose
 from fedpersonal.core import process as process_lib
 from fedpersonal.models import feddva_models
 
-ModelWeights = tff.learning.models.ModelWeights
+ModelWeights: TypeAlias = tff.learning.models.ModelWeights
 _METRIC_TERMS = ('decoder_loss', 'z_loss', 'c_loss', 'head_loss', 'head_accuracy')
 
 

@@ -33,6 +33,7 @@ from __future__ import annotations
 import collections
 from collections.abc import Callable
 from typing import Any
+from typing import TypeAlias
 
 import tensorflow as tf
 import tensorflow_federated as tff
@@ -42,7 +43,7 @@ from fedpersonal.core import compose
 from fedpersonal.core import process as process_lib
 from fedpersonal.models import partially_local_model
 
-ReconstructionModel = tff.learning.models.ReconstructionModel
+ReconstructionModel: TypeAlias = tff.learning.models.ReconstructionModel
 
 
 def build_furl(

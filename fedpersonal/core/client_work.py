@@ -27,6 +27,7 @@ from collections.abc import Callable
 from collections.abc import Sequence
 from typing import Any
 from typing import NamedTuple
+from typing import TypeAlias
 
 import tensorflow as tf
 import tensorflow_federated as tff
@@ -34,10 +35,10 @@ from tensorflow_federated.python.learning import tensor_utils
 from tensorflow_federated.python.learning.metrics import keras_finalizer
 from tensorflow_federated.python.learning.optimizers import keras_optimizer
 
-ModelWeights = tff.learning.models.ModelWeights
-ReconstructionModel = tff.learning.models.ReconstructionModel
-LossFn = Callable[[], tf.keras.losses.Loss]
-MetricsFn = Callable[[], list[tf.keras.metrics.Metric]]
+ModelWeights: TypeAlias = tff.learning.models.ModelWeights
+ReconstructionModel: TypeAlias = tff.learning.models.ReconstructionModel
+LossFn: TypeAlias = Callable[[], tf.keras.losses.Loss]
+MetricsFn: TypeAlias = Callable[[], list[tf.keras.metrics.Metric]]
 
 
 # ----------------------------------------------------------------------------------------------- weights

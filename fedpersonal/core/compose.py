@@ -27,7 +27,7 @@ from __future__ import annotations
 import collections
 from collections.abc import Callable
 from typing import Any
-from typing import Union
+from typing import TypeAlias
 
 import numpy as np
 import tensorflow as tf
@@ -35,7 +35,9 @@ import tensorflow_federated as tff
 
 from fedpersonal.core import process as process_lib
 
-AggregationFactory = Union[tff.aggregators.WeightedAggregationFactory, tff.aggregators.UnweightedAggregationFactory]
+AggregationFactory: TypeAlias = (
+    tff.aggregators.WeightedAggregationFactory | tff.aggregators.UnweightedAggregationFactory
+)
 
 
 def weighted_aggregator(

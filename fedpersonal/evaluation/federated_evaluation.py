@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import collections
 from collections.abc import Callable
+from typing import TypeAlias
 
 import tensorflow as tf
 import tensorflow_federated as tff
@@ -31,7 +32,7 @@ from fedpersonal.algorithms import dataset_split as dataset_split_lib
 from fedpersonal.algorithms import fed_recon
 from fedpersonal.core import client_work
 
-ReconstructionModel = tff.learning.models.ReconstructionModel
+ReconstructionModel: TypeAlias = tff.learning.models.ReconstructionModel
 
 
 def _build_evaluation(

@@ -287,7 +287,7 @@ def furl_model_fn(
     state if the algorithm takes it from ``model_fn``, is a function of ``seed`` only). See `build_keras_model` and
     the module docstring.
     """
-    kwargs = dict(
+    kwargs: dict[str, Any] = dict(
         char_vocab_size=char_vocab_size,
         max_chars=max_chars,
         num_features=num_features,

@@ -234,7 +234,7 @@ _ITEM_LAYERS = ('ItemEmbedding', 'ItemBias', 'GlobalBias')
 
 def item_weights_from_table_model(table_model: tf.keras.Model) -> list[np.ndarray]:
     """Global (item-side) weights of a table model, ordered as the personal model's globals."""
-    weights = []
+    weights: list[np.ndarray] = []
     for name in _ITEM_LAYERS:
         try:
             layer = table_model.get_layer(name)

@@ -21,14 +21,15 @@ from collections.abc import Iterable
 from collections.abc import Mapping
 from collections.abc import Sequence
 from typing import Any
+from typing import TypeAlias
 
 import tensorflow as tf
 import tensorflow_federated as tff
 from tensorflow.python.util import nest  # pylint: disable=g-direct-tensorflow-import
 
-ReconstructionModel = tff.learning.models.ReconstructionModel
-ReconstructionBatchOutput = tff.learning.models.reconstruction_model.ReconstructionBatchOutput
-ModelFn = Callable[[], ReconstructionModel]
+ReconstructionModel: TypeAlias = tff.learning.models.ReconstructionModel
+ReconstructionBatchOutput: TypeAlias = tff.learning.models.reconstruction_model.ReconstructionBatchOutput
+ModelFn: TypeAlias = Callable[[], ReconstructionModel]
 
 
 def initializer_seed(seed: int, index: int) -> int:

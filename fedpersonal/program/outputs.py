@@ -17,6 +17,7 @@ import os
 from collections.abc import Mapping
 from collections.abc import Sequence
 from typing import Any
+from typing import cast
 
 import numpy as np
 import tensorflow_federated as tff
@@ -64,7 +65,11 @@ def replace_marked_section(path: str, marker: str, section: str) -> None:
     Other content of the file is left as it is, so several scripts can each own one section.
     """
     start, end = f'<!-- {marker}:start -->', f'<!-- {marker}:end -->'
-    text = open(path).read() if os.path.exists(path) else '# Results\n'
+    if os.path.exists(path):
+        with open(path) as f:
+            text = f.read()
+    else:
+        text = '# Results\n'
     block = f'{start}\n{section.strip()}\n{end}'
     if start in text and end in text:
         text = text[: text.index(start)] + block + text[text.index(end) + len(end) :]
@@ -146,7 +151,10 @@ def plot_curves(
         return None
     fig, axes = plt.subplots(1, len(keys), figsize=(5 * len(keys), 3.6), squeeze=False)
     # A distinct (colour, line style) per run: the default cycle repeats after 10 colours.
-    colours = plt.get_cmap('tab10' if len(runs) <= 10 else 'tab20').colors
+    cmap = plt.get_cmap('tab10' if len(runs) <= 10 else 'tab20')
+    assert isinstance(cmap, matplotlib.colors.ListedColormap)  # tab10 and tab20 are lists of colours.
+    # A tuple of RGB tuples (the stubs type ListedColormap.colors as any colour specification).
+    colours = cast(Sequence[Any], cmap.colors)
     styles = ['-', '--', ':', '-.']
     for ax, key in zip(axes[0], keys):
         for i, (label, rows) in enumerate(runs.items()):

@@ -158,7 +158,7 @@ class FeddvaConfig(
     def dva_architecture(self, image_shape: tuple[int, int, int], num_classes: int) -> feddva_models.DvaArchitecture:
         return dataclasses.replace(
             ARCHITECTURES[self.architecture],
-            image_shape=tuple(image_shape),
+            image_shape=image_shape,
             z_dim=self.z_dim,
             c_dim=self.c_dim,
             head_hidden=self.head_hidden,
@@ -279,7 +279,7 @@ def run_feddva(
         def logits_for(weights):
             """`(client id, images) -> logits` with each client's stored private state (loaded once per client)."""
             states = dict(zip(task.data.client_ids, store.get(task.data.client_ids)))
-            current = {}
+            current: dict[str, str] = {}
 
             def logits(cid, images):
                 if current.get('cid') != cid:
@@ -304,7 +304,7 @@ def run_feddva(
             client_state_store=store,
         )
         weights = process.get_model_weights(state)
-        row = task.accuracy(logits_for(weights))
+        row: dict[str, Any] = task.accuracy(logits_for(weights))
         states = dict(zip(task.data.client_ids, [to_weights(s) for s in store.get(task.data.client_ids)]))
     row['seconds_per_round'] = outputs.median_round_seconds()
     encodings = encode_clients(task, model, weights, states)
@@ -317,7 +317,7 @@ def encode_clients(task: FeddvaTask, model: feddva_models.DualVae, weights, stat
     encode = tf.function(
         lambda x: model.encode(x, training=False), input_signature=[tf.TensorSpec([None, *task.arch.image_shape])]
     )
-    result = {}
+    result: dict[str, dict[str, Any]] = {}
     for cid in task.data.client_ids:
         feddva.set_weights(model, weights, states[cid])
         result[cid] = {}
@@ -377,8 +377,9 @@ def run_fedavg(task: FeddvaTask, outputs: program.ExperimentOutputs, finetune: b
         weights.assign_weights_to(model)
         result = task.accuracy(lambda cid, x: logits(x).numpy())
         if with_ft:
+            cache: dict[str, str] = {}  # The client whose fine-tuned weights the model holds.
 
-            def ft_logits(cid, images, cache={}):  # pylint: disable=dangerous-default-value
+            def ft_logits(cid, images):
                 if cache.get('cid') != cid:
                     weights.assign_weights_to(model)
                     finetune_fn(task.dataset_fn(task.train.create_tf_dataset_for_client(cid)))
@@ -434,8 +435,9 @@ def run_ditto(task: FeddvaTask, outputs: program.ExperimentOutputs) -> dict[str,
 
         def personal_accuracy(_):
             states = dict(zip(task.data.client_ids, store.get(task.data.client_ids)))
+            cache: dict[str, str] = {}  # The client whose private state the model holds.
 
-            def fn(cid, images, cache={}):  # pylint: disable=dangerous-default-value
+            def fn(cid, images):
                 if cache.get('cid') != cid:
                     to_weights(states[cid]).assign_weights_to(model)
                     cache['cid'] = cid
@@ -469,7 +471,7 @@ def analyze_disentanglement(task: FeddvaTask, context: dict[str, Any], output_di
     model, weights, states, encodings = context['model'], context['weights'], context['states'], context['encodings']
     decode = tf.function(lambda z, c: tf.sigmoid(model.decode(z, c, training=False)))
     marks = data.mark_types()
-    sets = {
+    collected: dict[str, dict[str, list[np.ndarray]]] = {
         'train': {k: [] for k in ('z', 'c', 'client', 'label', 'mark')},
         'test': {k: [] for k in ('z', 'c', 'client', 'label', 'mark')},
     }
@@ -477,12 +479,15 @@ def analyze_disentanglement(task: FeddvaTask, context: dict[str, Any], output_di
     for i, cid in enumerate(data.client_ids):
         for split in ('train', 'test'):
             mu_z, mu_c, labels = encodings[cid][split]
-            out = sets[split]
-            out['z'].append(mu_z), out['c'].append(mu_c), out['label'].append(labels)
-            out['client'].append(np.full(labels.size, i)), out['mark'].append(np.full(labels.size, marks[i]))
+            out = collected[split]
+            out['z'].append(mu_z)
+            out['c'].append(mu_c)
+            out['label'].append(labels)
+            out['client'].append(np.full(labels.size, i))
+            out['mark'].append(np.full(labels.size, marks[i]))
             if split == 'test':
                 codes[cid] = (mu_z, mu_c, labels)
-    sets = {s: {k: np.concatenate(v) for k, v in d.items()} for s, d in sets.items()}
+    sets = {s: {k: np.concatenate(v) for k, v in d.items()} for s, d in collected.items()}
     report = disentanglement.probe_report(sets['train'], sets['test'], seed=cfg.seed)
 
     # Manifold grids: rows = z of test images with distinct labels (from the first client), columns = c of the
@@ -544,24 +549,24 @@ def run(config: FeddvaConfig) -> dict[str, Any]:
         statistics[setting] = data.statistics()
         logging.info('FedDVA data: %s; %s', data.description, statistics[setting])
         task = FeddvaTask(config, data)
-        results: dict[str, dict[str, Any]] = {}
+        by_method: dict[str, dict[str, Any]] = {}
         for method in config.methods:
-            if method in results:
+            if method in by_method:
                 continue
             outputs = program.ExperimentOutputs(config.output_dir, f'{setting}/{method}')
             started = time.time()
             if method in ('feddva', 'feddva_tuned'):
-                results[method], context = run_feddva(task, outputs, head_tunes_encoders=method == 'feddva_tuned')
+                by_method[method], context = run_feddva(task, outputs, head_tunes_encoders=method == 'feddva_tuned')
                 if setting == config.disentanglement_setting and method == analyzed:
                     analyses[setting] = analyze_disentanglement(task, context, os.path.join(config.output_dir, setting))
             elif method in ('fedavg', 'fedavg_ft'):
-                results.update(run_fedavg(task, outputs, finetune='fedavg_ft' in config.methods))
+                by_method.update(run_fedavg(task, outputs, finetune='fedavg_ft' in config.methods))
             else:
-                results['ditto'] = run_ditto(task, outputs)
+                by_method['ditto'] = run_ditto(task, outputs)
             logging.info('[%s/%s] done in %.0fs', setting, method, time.time() - started)
         for method in METHODS:
-            if method in results and method in config.methods:
-                result = dict(results[method])
+            if method in by_method and method in config.methods:
+                result = dict(by_method[method])
                 rows.append(
                     {
                         'name': f'{METHOD_NAMES[method]} ({SETTING_NAMES[setting]})',

@@ -88,7 +88,9 @@ class FurlConfig(
         'Passes over the training data of the server rows; with --total_rounds=none the '
         'federated rows run as many rounds as that many passes over the users take.',
     )
-    total_rounds: int | None = None  # 'none': derived from --epochs (see its help).
+    # 'none': derived from --epochs (see its help). Widens RoundsConfig's int, which mypy rejects for a subclass
+    # field; sound here because the config is frozen and every reader goes through FurlTask.total_rounds().
+    total_rounds: int | None = None  # type: ignore[assignment]
     rounds_per_eval: int = 50
     rounds_per_checkpoint: int = 50
     centralized_optimizer: str = parts.option('sgd', 'Optimizer of the server (centralized) rows.')
@@ -125,6 +127,7 @@ def load_data(config: FurlConfig) -> furl_tasks.FurlData:
         return synthetic_subreddit.generate_subreddit_like(
             num_users=config.synthetic_num_users, max_chars=config.max_chars, seed=config.seed
         )
+    assert config.data_dir is not None  # FurlConfig requires it for every dataset but synthetic_subreddit.
     if config.dataset == 'movielens_likes':
         from fedpersonal.data import movielens_likes  # pylint: disable=g-import-not-at-top
 
@@ -275,13 +278,14 @@ def run_global_fl(task: FurlTask, outputs: program.ExperimentOutputs) -> dict[st
         rounds_per_checkpoint=cfg.rounds_per_checkpoint,
         name='global_fl',
     )
-    row = task.evaluate_global('none', process.get_model_weights(state))
+    row: dict[str, Any] = task.evaluate_global('none', process.get_model_weights(state))
     del history  # Only this process' rounds; metrics.csv has every round, also those of a resumed run.
     row['seconds_per_round'] = outputs.median_round_seconds()
     return row
 
 
 def _open_store(task: FurlTask, process: core.PersonalizedProcess, outputs: program.ExperimentOutputs):
+    assert process.private_state_type is not None  # Only personalized (stateful) processes have a store.
     spec = [
         (tuple(t.shape), t.dtype)
         for t in list(process.private_state_type.trainable) + list(process.private_state_type.non_trainable)

@@ -169,6 +169,7 @@ def load_corpus(config: NextWordPredictionConfig) -> text_corpus.TextCorpus:
             path, min_examples=config.min_examples_per_client, test_fraction=config.test_fraction, seed=config.seed
         )
     elif config.dataset == 'stackoverflow':
+        assert config.data_dir is not None  # NextWordPredictionConfig requires it for stackoverflow.
         corpus = stackoverflow.load_stackoverflow(config.data_dir, seed=config.seed)
     else:
         corpus = synthetic_text.generate_text_corpus(
@@ -451,7 +452,7 @@ class _Runner:
             final = task.evaluate(
                 computation, task.partially_local_weights(b, list(weights.trainable)), b, 'test', cfg.test_clients
             )
-        row = {'name': row_name(configuration, b), 'configuration': configuration}
+        row: dict[str, Any] = {'name': row_name(configuration, b), 'configuration': configuration}
         row.update({k: final['metrics'][k] for k in METRIC_KEYS if k in final['metrics']})
         row.update(summary)
         row['per_client'] = final['per_client']

@@ -289,9 +289,11 @@ def test_stateful_loop_resumes_consistently_with_a_durable_store(tmp_path):
         np.testing.assert_allclose(a[0], b[0], rtol=1e-6)
 
     # Resuming with a store that lost the checkpointed rounds' states (a fresh in-memory store) is refused.
-    with client_state.InMemoryClientStateStore(spec, default) as fresh_store:
-        with pytest.raises(program.ClientStatesLostError, match='round 4.*committed after round 0'):
-            _run(tmp_path, 'resumed', 6, fresh_store)
+    with (
+        client_state.InMemoryClientStateStore(spec, default) as fresh_store,
+        pytest.raises(program.ClientStatesLostError, match='round 4.*committed after round 0'),
+    ):
+        _run(tmp_path, 'resumed', 6, fresh_store)
 
     # StandardEval of seen users with their own private state beats the default for the same users.
     evaluate = evaluation.build_private_state_eval(furl_model_fn, loss_fn=tf.keras.losses.MeanSquaredError)

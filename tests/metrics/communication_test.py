@@ -63,8 +63,8 @@ def test_fed_recon_sends_only_global_variables_and_fedavg_sends_everything():
     )
     fedavg_measured = communication.communication_from_metrics(fedavg.next(fedavg.initialize(), _datasets()).metrics)
 
-    g, l = _variable_counts()
-    assert l == LAYOUT.num_oov_buckets * DIM
+    g, loc = _variable_counts()
+    assert loc == LAYOUT.num_oov_buckets * DIM
     assert recon_measured == {
         'scalars_down_per_client': g,
         'bytes_down_per_client': 4 * g,
@@ -72,12 +72,12 @@ def test_fed_recon_sends_only_global_variables_and_fedavg_sends_everything():
         'scalars_up_per_client': g + 1,
         'bytes_up_per_client': 4 * (g + 1),
     }
-    assert fedavg_measured['scalars_down_per_client'] == g + l
-    assert fedavg_measured['scalars_up_per_client'] == g + l + 1
+    assert fedavg_measured['scalars_down_per_client'] == g + loc
+    assert fedavg_measured['scalars_up_per_client'] == g + loc + 1
     # The paper's comparison: FedRecon 2|g| per client and round, FedAvg/FedYogi 2|l| + 2|g|.
     total_recon = recon_measured['scalars_down_per_client'] + recon_measured['scalars_up_per_client'] - 1
     total_fedavg = fedavg_measured['scalars_down_per_client'] + fedavg_measured['scalars_up_per_client'] - 1
-    assert (total_recon, total_fedavg) == (2 * g, 2 * g + 2 * l)
+    assert (total_recon, total_fedavg) == (2 * g, 2 * g + 2 * loc)
 
 
 @pytest.mark.parametrize('inner', [None, tff.aggregators.UnweightedMeanFactory(), tff.aggregators.SumFactory()])

@@ -14,12 +14,12 @@ def test_each_id_is_embedded_by_exactly_one_table():
     ids = tf.constant([[0, 1, 6, 7, 8, 9, 12]], tf.int64)
     global_layer = nwp.GlobalTokenEmbedding(LAYOUT.num_global_ids, 3)
     local_layer = nwp.LocalOovEmbedding(LAYOUT.num_oov_buckets, 3, LAYOUT.oov_start)
-    g, l = global_layer(ids).numpy()[0], local_layer(ids).numpy()[0]
+    g, loc = global_layer(ids).numpy()[0], local_layer(ids).numpy()[0]
     table_g, table_l = global_layer.embeddings.numpy(), local_layer.embeddings.numpy()
     np.testing.assert_allclose(g[:5], table_g[[0, 1, 6, 7, 8]])
     np.testing.assert_allclose(g[5:], 0.0)
-    np.testing.assert_allclose(l[:5], 0.0)  # BOS and EOS are global (no off-by-one into local rows)
-    np.testing.assert_allclose(l[5:], table_l[[0, 3]])
+    np.testing.assert_allclose(loc[:5], 0.0)  # BOS and EOS are global (no off-by-one into local rows)
+    np.testing.assert_allclose(loc[5:], table_l[[0, 3]])
 
 
 def test_only_the_oov_table_is_local():

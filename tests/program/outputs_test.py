@@ -21,7 +21,8 @@ def test_metrics_rows_resume_replaces_rows_from_the_restart_round(tmp_path):
 def test_write_json_handles_numpy_and_leaves_no_temp_file(tmp_path):
     path = str(tmp_path / 'deep' / 'results.json')
     program.write_json(path, {'auc': np.float32(0.5), 'rows': [np.int64(3)], 'vector': np.arange(2)})
-    assert json.load(open(path)) == {'auc': 0.5, 'rows': [3], 'vector': [0, 1]}
+    with open(path) as f:
+        assert json.load(f) == {'auc': 0.5, 'rows': [3], 'vector': [0, 1]}
     assert os.listdir(tmp_path / 'deep') == ['results.json']
 
 
@@ -30,7 +31,8 @@ def test_replace_marked_section_keeps_other_sections(tmp_path):
     program.replace_marked_section(path, 'a', 'first A')
     program.replace_marked_section(path, 'b', 'only B')
     program.replace_marked_section(path, 'a', 'second A')
-    text = open(path).read()
+    with open(path) as f:
+        text = f.read()
     assert 'second A' in text and 'first A' not in text and 'only B' in text
     assert text.index('<!-- a:start -->') < text.index('<!-- b:start -->')
     assert text.count('<!-- a:start -->') == 1
