@@ -35,11 +35,10 @@ import math
 import os
 import shutil
 import time
+from collections.abc import Callable
 from collections.abc import Mapping
 from collections.abc import Sequence
 from typing import Any
-from typing import Callable
-from typing import Optional
 
 import numpy as np
 import tensorflow as tf
@@ -103,8 +102,9 @@ def from_model_weights(weights: tff.learning.models.ModelWeights) -> list[np.nda
 def to_model_weights(arrays: list[Any], private_type: tff.Type) -> tff.learning.models.ModelWeights:
     """Inverse of `from_model_weights` for a process's `private_state_type`."""
     num_trainable = len(private_type.trainable)
-    return tff.learning.models.ModelWeights(trainable=list(arrays[:num_trainable]),
-                                            non_trainable=list(arrays[num_trainable:]))
+    return tff.learning.models.ModelWeights(
+        trainable=list(arrays[:num_trainable]), non_trainable=list(arrays[num_trainable:])
+    )
 
 
 # ------------------------------------------------------------------------------------------ model selection
@@ -169,7 +169,8 @@ def guard_config(path: str, config: Mapping[str, Any], *, resuming: bool = True)
             raise ConfigMismatchError(
                 f'{os.path.dirname(os.path.abspath(path))} holds the outputs of a run with another configuration '
                 f'({shown}); use another output directory, restore the configuration, or delete the directory to '
-                f'start over.')
+                f'start over.'
+            )
         return
     outputs_lib.write_json(path, current)
 
@@ -196,13 +197,15 @@ class _Checkpoints:
         for entry in sorted(os.listdir(self.staging)):
             path = os.path.join(self.staging, entry)
             if entry.startswith(_READY):
-                version = int(entry[len(_READY):])
+                version = int(entry[len(_READY) :])
                 target = os.path.join(self.root, f'{_PREFIX}{version}')
                 committed = store.committed_round() if store is not None else version
                 if committed >= version and not os.path.exists(target):
                     os.replace(path, target)
-                    logging.info('Completed the checkpoint of round %d interrupted after its client states were '
-                                 'committed.', version)
+                    logging.info(
+                        'Completed the checkpoint of round %d interrupted after its client states were committed.',
+                        version,
+                    )
                     continue
             shutil.rmtree(path, ignore_errors=True)
 
@@ -220,22 +223,26 @@ class _Checkpoints:
 
 
 # ------------------------------------------------------------------------------------------------- the loop
-def _participation(client_data: Any, clients_per_round: Optional[int]):
+def _participation(client_data: Any, clients_per_round: int | None):
     """``(client ids, every_client, inputs by id)`` of the two participation modes."""
     if isinstance(client_data, tff.simulation.datasets.ClientData):
         if clients_per_round is None or clients_per_round < 1:
             raise ValueError('Sampled participation (client_data is a ClientData) needs clients_per_round >= 1.')
         return list(client_data.client_ids), False, None
     if clients_per_round is not None:
-        raise ValueError('clients_per_round applies to a ClientData; with a sequence or mapping of client inputs every '
-                         'client participates in every round.')
+        raise ValueError(
+            'clients_per_round applies to a ClientData; with a sequence or mapping of client inputs every '
+            'client participates in every round.'
+        )
     if isinstance(client_data, Mapping):
         inputs = dict(client_data)
     elif isinstance(client_data, Sequence):
         inputs = {str(i): value for i, value in enumerate(client_data)}
     else:
-        raise TypeError(f'client_data must be a tff.simulation.datasets.ClientData, a sequence or a mapping, got '
-                        f'{type(client_data).__name__}.')
+        raise TypeError(
+            f'client_data must be a tff.simulation.datasets.ClientData, a sequence or a mapping, got '
+            f'{type(client_data).__name__}.'
+        )
     if not inputs:
         raise ValueError('client_data has no clients.')
     return list(inputs), True, inputs
@@ -247,22 +254,22 @@ def run_learning_process(
     client_data: Any,
     total_rounds: int,
     outputs: outputs_lib.ExperimentOutputs,
-    dataset_fn: Optional[Callable[[Any], Any]] = None,
-    clients_per_round: Optional[int] = None,
+    dataset_fn: Callable[[Any], Any] | None = None,
+    clients_per_round: int | None = None,
     seed: int = 0,
-    evaluation_fn: Optional[EvaluationFn] = None,
-    client_evaluation_fn: Optional[ClientEvaluationFn] = None,
+    evaluation_fn: EvaluationFn | None = None,
+    client_evaluation_fn: ClientEvaluationFn | None = None,
     rounds_per_evaluation: int = 10,
     rounds_per_checkpoint: int = 10,
     name: str = 'train',
     initial_state: Any = None,
-    validate_fn: Optional[Callable[[str, Any], None]] = None,
+    validate_fn: Callable[[str, Any], None] | None = None,
     client_state_store: Any = None,
-    selection: Optional[ModelSelection] = None,
-    train_metrics_fn: Optional[Callable[[Any], Any]] = None,
+    selection: ModelSelection | None = None,
+    train_metrics_fn: Callable[[Any], Any] | None = None,
     evaluation_name: str = 'eval',
-    config: Optional[Mapping[str, Any]] = None,
-    log_keys: Optional[Sequence[str]] = None,
+    config: Mapping[str, Any] | None = None,
+    log_keys: Sequence[str] | None = None,
 ) -> tuple[Any, list[dict[str, float]]]:
     """Runs `total_rounds` rounds, resuming from the latest checkpoint if any (see the module docstring).
 
@@ -311,8 +318,9 @@ def run_learning_process(
     client_ids, every_client, inputs = _participation(client_data, clients_per_round)
     if client_evaluation_fn is not None and not (every_client and client_state_store is not None):
         raise ValueError('client_evaluation_fn needs every-client participation and a client state store.')
-    if selection is not None and (client_evaluation_fn is None and evaluation_fn is None
-                                  or not every_client or client_state_store is None):
+    if selection is not None and (
+        client_evaluation_fn is None and evaluation_fn is None or not every_client or client_state_store is None
+    ):
         raise ValueError('selection needs an evaluation, every-client participation and a client state store.')
     state = initial_state if initial_state is not None else process.initialize()
     checkpoint = {'state': state, 'selection': selection._checkpoint()} if selection is not None else state
@@ -339,15 +347,17 @@ def run_learning_process(
                 f'{outputs.path("checkpoints")}: the client state store has no private client states committed '
                 f'after round {committed}, so the clients would continue from stale or initial states (an '
                 f'in-memory store does not outlive its process). Use a persistent store (e.g. --state_store=sqlite) '
-                f'to make stateful runs resumable, or delete the checkpoints to start over.')
+                f'to make stateful runs resumable, or delete the checkpoints to start over.'
+            )
         client_state_store.rollback(start_round)
         template = private_state_template(process)
     prepare = dataset_fn or (lambda value: value)
+    per_round = clients_per_round or 0  # Checked >= 1 for sampled participation.
     history = []
     started = time.time()
     for round_num in range(start_round + 1, total_rounds + 1):
         round_start = time.time()
-        participants = client_ids if every_client else sample_clients(client_ids, clients_per_round, round_num, seed)
+        participants = client_ids if every_client else sample_clients(client_ids, per_round, round_num, seed)
         round_inputs = []
         for client_id in participants:
             raw = inputs[client_id] if every_client else client_data.create_tf_dataset_for_client(client_id)
@@ -355,7 +365,7 @@ def run_learning_process(
             if validate_fn is not None:
                 validate_fn(client_id, value)
             round_inputs.append(value)
-        new_private = None
+        new_private: list[Any] = []
         if client_state_store is None:
             result = process.next(state, round_inputs)
         else:
@@ -364,8 +374,11 @@ def run_learning_process(
             new_private = list(result.private_states)
             client_state_store.put(participants, [flatten_private_state(p) for p in new_private], round_num)
         state = result.state
-        train = (train_metrics_fn(result.metrics) if train_metrics_fn is not None
-                 else result.metrics.get('client_work', {}).get('train', {}))
+        train = (
+            train_metrics_fn(result.metrics)
+            if train_metrics_fn is not None
+            else result.metrics.get('client_work', {}).get('train', {})
+        )
         metrics: dict[str, Any] = {'train': train}
         measured = communication.communication_from_metrics(result.metrics)
         if measured:
@@ -382,8 +395,9 @@ def run_learning_process(
             if selection is not None:
                 value = float(evaluation[selection.metric])
                 if np.isfinite(value) and value < selection.best_value:
-                    client_state_store.put(selection.state_ids(participants),
-                                           [flatten_private_state(p) for p in new_private], round_num)
+                    client_state_store.put(
+                        selection.state_ids(participants), [flatten_private_state(p) for p in new_private], round_num
+                    )
                     selection.best_value, selection.best_round = value, round_num
         history.append(outputs.release_metrics(round_num, metrics))
         if round_num % rounds_per_checkpoint == 0 or round_num == total_rounds:
@@ -395,7 +409,11 @@ def run_learning_process(
         shown = {k: history[-1][k] for k in keys if k in history[-1]}
         logging.info(
             '[%s] round %d/%d  %.2fs  eta %.0fs  %s',
-            name, round_num, total_rounds, metrics['round_seconds'], eta,
+            name,
+            round_num,
+            total_rounds,
+            metrics['round_seconds'],
+            eta,
             '  '.join(f'{k}={v:.4f}' for k, v in shown.items()),
         )
     return state, history

@@ -57,7 +57,8 @@ import dataclasses
 import json
 import os
 import time
-from typing import Any, Optional, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 import tensorflow as tf
@@ -73,19 +74,41 @@ from fedpersonal.metrics import user_modeling_metrics as um_metrics
 from fedpersonal.models import gum
 from fedpersonal.models import user_modeling_baselines as baselines
 
-__all__ = ['DATASETS', 'METHODS', 'ROW_NAMES', 'HpflConfig', 'load_data', 'PooledIndex', 'evaluate_predictions',
-           'gum_attribute_proficiency',
-           'run', 'private_components_analysis', 'format_statistics_table', 'format_accuracy_table',
-           'format_ranking_table', 'format_private_table']
+__all__ = [
+    'DATASETS',
+    'METHODS',
+    'ROW_NAMES',
+    'HpflConfig',
+    'load_data',
+    'PooledIndex',
+    'evaluate_predictions',
+    'gum_attribute_proficiency',
+    'run',
+    'private_components_analysis',
+    'format_statistics_table',
+    'format_accuracy_table',
+    'format_ranking_table',
+    'format_private_table',
+]
 
 DATASETS = ('synthetic', 'assist', 'movielens')
 CENTRALIZED = ('ncd', 'ncf', 'gum')
 HPFL_METHODS = hpfl.HPFL_VARIANTS
 METHODS = CENTRALIZED + hpfl.BASELINES + HPFL_METHODS
 ROW_NAMES = {
-    'ncd': 'NCD', 'ncf': 'NCF', 'gum': 'GUM', 'distributed': 'Distributed', 'fedsgd': 'FedSGD', 'fedavg': 'FedAvg',
-    'fednoise': 'Fednoise', 'fedprox': 'FedProx', 'fedatt': 'FedAtt', 'hpfl_k': 'HPFL-K', 'hpfl_r': 'HPFL-R',
-    'hpfl': 'HPFL', 'hpfl_inverse': 'HPFL (inverse distance)',
+    'ncd': 'NCD',
+    'ncf': 'NCF',
+    'gum': 'GUM',
+    'distributed': 'Distributed',
+    'fedsgd': 'FedSGD',
+    'fedavg': 'FedAvg',
+    'fednoise': 'Fednoise',
+    'fedprox': 'FedProx',
+    'fedatt': 'FedAtt',
+    'hpfl_k': 'HPFL-K',
+    'hpfl_r': 'HPFL-R',
+    'hpfl': 'HPFL',
+    'hpfl_inverse': 'HPFL (inverse distance)',
 }
 NDCG_GAINS = ('linear', 'exponential')
 # Fields that do not change a row's numbers: a rerun may change them and still read finished rows back.
@@ -100,29 +123,44 @@ class HpflConfig:
 
     output_dir: str
     dataset: str = dataclasses.field(default='synthetic', metadata={'help': f'One of {DATASETS}.'})
-    data_dir: Optional[str] = dataclasses.field(
+    data_dir: str | None = dataclasses.field(
         default=None,
-        metadata={'help': 'assist: dir with record.csv/item.csv; movielens: dir with u.data/u.item/u.user.'})
+        metadata={'help': 'assist: dir with record.csv/item.csv; movielens: dir with u.data/u.item/u.user.'},
+    )
     methods: tuple[str, ...] = dataclasses.field(
         default=METHODS,
-        metadata={'help': f'Rows to run, subset of {METHODS} (ncd runs on binary, ncf on rating data).'})
+        metadata={'help': f'Rows to run, subset of {METHODS} (ncd runs on binary, ncf on rating data).'},
+    )
     rounds: int = dataclasses.field(default=20, metadata={'help': 'Federated rounds (every client, every round).'})
     rounds_per_checkpoint: int = dataclasses.field(
-        default=1, metadata={'help': 'Rounds between checkpoints of a federated method (server state and client '
-                                     'states; the last round is always saved): a killed run resumes from there.'})
+        default=1,
+        metadata={
+            'help': 'Rounds between checkpoints of a federated method (server state and client '
+            'states; the last round is always saved): a killed run resumes from there.'
+        },
+    )
     client_epochs: int = dataclasses.field(default=1, metadata={'help': 'Local epochs per round (FedSGD: ignored).'})
     client_optimizer: str = dataclasses.field(default='adam', metadata={'help': f'One of {optimizers.OPTIMIZERS}.'})
     client_learning_rate: float = 0.01
     row_updates: str = dataclasses.field(
-        default='dense', metadata={'help': "Local steps update the full padded tables ('dense') or only the table "
-                                           "rows a batch touches ('lazy', lazy Adam)."})
+        default='dense',
+        metadata={
+            'help': "Local steps update the full padded tables ('dense') or only the table "
+            "rows a batch touches ('lazy', lazy Adam)."
+        },
+    )
     batch_size: int = 64
     hidden_dim: int = dataclasses.field(default=16, metadata={'help': 'GUM width h of skill_W/know_W.'})
     accuracy_threshold: float = dataclasses.field(
-        default=0.5, metadata={'help': "HPFL's p: a client's attribute k is aggregated only if Acc_ki > p."})
+        default=0.5, metadata={'help': "HPFL's p: a client's attribute k is aggregated only if Acc_ki > p."}
+    )
     center_weighting: str = dataclasses.field(
-        default='distance', metadata={'help': "Weighting of the global centres for HPFL-R ('distance' as published or "
-                                              "'inverse_distance'); the HPFL rows run both."})
+        default='distance',
+        metadata={
+            'help': "Weighting of the global centres for HPFL-R ('distance' as published or "
+            "'inverse_distance'); the HPFL rows run both."
+        },
+    )
     proximal_strength: float = dataclasses.field(default=0.01, metadata={'help': "FedProx's mu."})
     noise_stddev: float = dataclasses.field(default=0.01, metadata={'help': "Fednoise's upload noise stddev."})
     attention_step: float = dataclasses.field(default=1.0, metadata={'help': "FedAtt's server step eps."})
@@ -134,16 +172,21 @@ class HpflConfig:
     centralized_batch_size: int = 256
     ncd_hidden_units: tuple[int, ...] = (64, 32)
     ncf_embedding_dim: int = 16
-    rounds_per_eval: int = dataclasses.field(default=1, metadata={'help': 'Validation evaluation (model selection) '
-                                                                          'every this many rounds (and the last).'})
+    rounds_per_eval: int = dataclasses.field(
+        default=1, metadata={'help': 'Validation evaluation (model selection) every this many rounds (and the last).'}
+    )
     eval_batch_size: int = 1024
     ndcg_k: int = 10
     ndcg_gain: str = dataclasses.field(default='linear', metadata={'help': f'One of {NDCG_GAINS}.'})
     assist_num_clients: int = 40
     assist_grouping: str = 'exercises'
-    max_items_per_silo: Optional[int] = dataclasses.field(
-        default=None, metadata={'help': 'Silos with more items than this are left out (the GUM tables of every client '
-                                        'are padded to the largest silo, so one huge silo makes every step slow).'})
+    max_items_per_silo: int | None = dataclasses.field(
+        default=None,
+        metadata={
+            'help': 'Silos with more items than this are left out (the GUM tables of every client '
+            'are padded to the largest silo, so one huge silo makes every step slow).'
+        },
+    )
     synthetic_task: str = 'binary'
     synthetic_num_clients: int = 8
     synthetic_users_per_client: int = 40
@@ -157,17 +200,32 @@ class HpflConfig:
         unknown = [m for m in self.methods if m not in METHODS]
         if unknown or not self.methods:
             raise errors.ConfigError(f'methods must be a non-empty subset of {METHODS}; unknown: {unknown}.')
-        for name in ('rounds', 'rounds_per_checkpoint', 'client_epochs', 'batch_size', 'hidden_dim',
-                     'max_local_clusters', 'max_global_clusters', 'centralized_epochs', 'centralized_batch_size',
-                     'ncf_embedding_dim', 'rounds_per_eval', 'eval_batch_size', 'ndcg_k', 'assist_num_clients',
-                     'synthetic_num_clients', 'synthetic_users_per_client'):
+        for name in (
+            'rounds',
+            'rounds_per_checkpoint',
+            'client_epochs',
+            'batch_size',
+            'hidden_dim',
+            'max_local_clusters',
+            'max_global_clusters',
+            'centralized_epochs',
+            'centralized_batch_size',
+            'ncf_embedding_dim',
+            'rounds_per_eval',
+            'eval_batch_size',
+            'ndcg_k',
+            'assist_num_clients',
+            'synthetic_num_clients',
+            'synthetic_users_per_client',
+        ):
             if getattr(self, name) < 1:
                 raise errors.ConfigError(f'{name} must be >= 1, got {getattr(self, name)}.')
         if any(int(h) < 1 for h in self.ncd_hidden_units) or not self.ncd_hidden_units:
             raise errors.ConfigError(f'ncd_hidden_units must be positive widths, got {self.ncd_hidden_units!r}.')
         if self.client_optimizer not in optimizers.OPTIMIZERS:
             raise errors.ConfigError(
-                f'client_optimizer must be one of {optimizers.OPTIMIZERS}, got {self.client_optimizer!r}.')
+                f'client_optimizer must be one of {optimizers.OPTIMIZERS}, got {self.client_optimizer!r}.'
+            )
         if self.row_updates not in hpfl.ROW_UPDATES:
             raise errors.ConfigError(f'row_updates must be one of {hpfl.ROW_UPDATES}, got {self.row_updates!r}.')
         for name in ('client_learning_rate', 'centralized_learning_rate'):
@@ -177,7 +235,8 @@ class HpflConfig:
             raise errors.ConfigError(f'accuracy_threshold must be in [0, 1), got {self.accuracy_threshold}.')
         if self.center_weighting not in hpfl.CENTER_WEIGHTINGS:
             raise errors.ConfigError(
-                f'center_weighting must be one of {hpfl.CENTER_WEIGHTINGS}, got {self.center_weighting!r}.')
+                f'center_weighting must be one of {hpfl.CENTER_WEIGHTINGS}, got {self.center_weighting!r}.'
+            )
         if self.ndcg_gain not in NDCG_GAINS:
             raise errors.ConfigError(f'ndcg_gain must be one of {NDCG_GAINS}, got {self.ndcg_gain!r}.')
         if self.max_items_per_silo is not None and self.max_items_per_silo < 1:
@@ -195,28 +254,44 @@ def load_data(config: HpflConfig) -> user_modeling.UserModelingData:
         return data
     kept = [s for s in data.silos if s.num_items <= config.max_items_per_silo]
     if not kept:
-        raise errors.ConfigError(f'max_items_per_silo={config.max_items_per_silo} leaves no silo of {data.name} '
-                                 f'(smallest: {min(s.num_items for s in data.silos)} items).')
+        raise errors.ConfigError(
+            f'max_items_per_silo={config.max_items_per_silo} leaves no silo of {data.name} '
+            f'(smallest: {min(s.num_items for s in data.silos)} items).'
+        )
     left_out = [f'{s.client_id} ({s.num_items} items)' for s in data.silos if s.num_items > config.max_items_per_silo]
     if not left_out:
         return data
-    logging.info('Leaving out %d silos with more than %d items: %s', len(left_out), config.max_items_per_silo,
-                 ', '.join(left_out))
-    return dataclasses.replace(data, silos=kept, source=f'{data.source}; left out (more than '
-                                                        f'{config.max_items_per_silo} items): {", ".join(left_out)}')
+    logging.info(
+        'Leaving out %d silos with more than %d items: %s',
+        len(left_out),
+        config.max_items_per_silo,
+        ', '.join(left_out),
+    )
+    return dataclasses.replace(
+        data,
+        silos=kept,
+        source=f'{data.source}; left out (more than {config.max_items_per_silo} items): {", ".join(left_out)}',
+    )
 
 
 def _load_all(config: HpflConfig) -> user_modeling.UserModelingData:
     if config.dataset == 'synthetic':
         from fedpersonal.data import synthetic_user_modeling  # pylint: disable=g-import-not-at-top
+
         return synthetic_user_modeling.generate_user_modeling(
-            num_clients=config.synthetic_num_clients, users_per_client=config.synthetic_users_per_client,
-            task=config.synthetic_task, seed=config.seed)
+            num_clients=config.synthetic_num_clients,
+            users_per_client=config.synthetic_users_per_client,
+            task=config.synthetic_task,
+            seed=config.seed,
+        )
     if config.dataset == 'assist':
         from fedpersonal.data import hpfl_assistments  # pylint: disable=g-import-not-at-top
-        return hpfl_assistments.load_assist_silos(config.data_dir, num_clients=config.assist_num_clients,
-                                                  seed=config.seed, grouping=config.assist_grouping)
+
+        return hpfl_assistments.load_assist_silos(
+            config.data_dir, num_clients=config.assist_num_clients, seed=config.seed, grouping=config.assist_grouping
+        )
     from fedpersonal.data import hpfl_movielens  # pylint: disable=g-import-not-at-top
+
     return hpfl_movielens.load_movielens_silos(config.data_dir)
 
 
@@ -251,25 +326,48 @@ class PooledIndex:
         parts = []
         for s, silo in enumerate(self.data.silos):
             keep = silo.split == hpfl.SPLITS[name]
-            parts.append((silo.user[keep] + self.user_offset[s], silo.item[keep] + self.item_offset[s],
-                          silo.label[keep], np.full(int(keep.sum()), s)))
+            parts.append(
+                (
+                    silo.user[keep] + self.user_offset[s],
+                    silo.item[keep] + self.item_offset[s],
+                    silo.label[keep],
+                    np.full(int(keep.sum()), s),
+                )
+            )
         user, item, label, silo_index = (np.concatenate(p) for p in zip(*parts))
-        return {'user': user, 'item': item, 'global_user': self.user_to_global[user],
-                'global_item': self.item_to_global[item], 'label': label.astype(np.float32), 'silo': silo_index}
+        return {
+            'user': user,
+            'item': item,
+            'global_user': self.user_to_global[user],
+            'global_item': self.item_to_global[item],
+            'label': label.astype(np.float32),
+            'silo': silo_index,
+        }
 
     def pooled_arrays(self, name: str) -> baselines.PooledArrays:
         """A split with global indices and unit-scale labels, for the centralized models."""
         records = self.split(name)
         return baselines.PooledArrays(
-            user=records['global_user'], item=records['global_item'],
+            user=records['global_user'],
+            item=records['global_item'],
             attributes=self.global_item_attributes[records['global_item']],
-            label=gum.to_unit(records['label'], self.data.rating_range).astype(np.float32))
+            label=gum.to_unit(records['label'], self.data.rating_range).astype(np.float32),
+        )
 
 
-def evaluate_predictions(task: str, rating_range: Sequence[float], label: np.ndarray, prediction: np.ndarray, *,
-                         user: Optional[np.ndarray] = None, item: Optional[np.ndarray] = None,
-                         user_scores: Optional[np.ndarray] = None, item_attributes: Optional[np.ndarray] = None,
-                         ndcg_k: int = 10, ndcg_gain: str = 'linear') -> dict[str, float]:
+def evaluate_predictions(
+    task: str,
+    rating_range: Sequence[float],
+    label: np.ndarray,
+    prediction: np.ndarray,
+    *,
+    user: np.ndarray | None = None,
+    item: np.ndarray | None = None,
+    user_scores: np.ndarray | None = None,
+    item_attributes: np.ndarray | None = None,
+    ndcg_k: int = 10,
+    ndcg_gain: str = 'linear',
+) -> dict[str, float]:
     """The table's metrics of predictions on the original label scale.
 
     Binary task: ``accuracy``, ``auc``, ``rmse``; rating task: ``accuracy`` (rounded rating), ``mae``, ``rmse``.
@@ -279,11 +377,17 @@ def evaluate_predictions(task: str, rating_range: Sequence[float], label: np.nda
     label = np.asarray(label, np.float64)
     prediction = np.asarray(prediction, np.float64)
     if task == 'binary':
-        out = {'accuracy': um_metrics.accuracy_binary(label, prediction), 'auc': um_metrics.auc(label, prediction),
-               'rmse': um_metrics.rmse(label, prediction)}
+        out = {
+            'accuracy': um_metrics.accuracy_binary(label, prediction),
+            'auc': um_metrics.auc(label, prediction),
+            'rmse': um_metrics.rmse(label, prediction),
+        }
     else:
-        out = {'accuracy': um_metrics.rating_accuracy(label, prediction, rating_range=tuple(rating_range)),
-               'mae': um_metrics.mae(label, prediction), 'rmse': um_metrics.rmse(label, prediction)}
+        out = {
+            'accuracy': um_metrics.rating_accuracy(label, prediction, rating_range=tuple(rating_range)),
+            'mae': um_metrics.mae(label, prediction),
+            'rmse': um_metrics.rmse(label, prediction),
+        }
     if user is not None:
         out['ndcg'] = um_metrics.ndcg(user, label, prediction, k=ndcg_k, gain=ndcg_gain)
     if user is not None and item is not None and user_scores is not None and item_attributes is not None:
@@ -312,42 +416,77 @@ def gum_attribute_proficiency(public: gum.PublicWeights, theta: np.ndarray) -> n
     skill = np.asarray(public.skill_W, np.float64)
     out = np.empty_like(theta)
     for start in range(0, theta.shape[0], 256):
-        block = theta[start:start + 256][:, None, :] * relation[None, :, :]  # [u, k, K]
-        out[start:start + 256] = (1.0 / (1.0 + np.exp(-(block @ skill)))).mean(axis=-1)
+        block = theta[start : start + 256][:, None, :] * relation[None, :, :]  # [u, k, K]
+        out[start : start + 256] = (1.0 / (1.0 + np.exp(-(block @ skill)))).mean(axis=-1)
     return out
 
 
 # ------------------------------------------------------------------------------------------------ centralized
-def _run_centralized(method: str, config: HpflConfig, data: user_modeling.UserModelingData, index: PooledIndex,
-                     outputs: program.ExperimentOutputs) -> tuple[dict[str, Any], Optional[np.ndarray]]:
+def _run_centralized(
+    method: str,
+    config: HpflConfig,
+    data: user_modeling.UserModelingData,
+    index: PooledIndex,
+    outputs: program.ExperimentOutputs,
+) -> tuple[dict[str, Any], np.ndarray | None]:
     k = data.num_attributes
     if method == 'ncd':
-        model = baselines.NcdModel(index.num_global_users, index.num_global_items, k,
-                                   hidden_units=config.ncd_hidden_units, seed=config.seed)
+        model = baselines.NcdModel(
+            index.num_global_users, index.num_global_items, k, hidden_units=config.ncd_hidden_units, seed=config.seed
+        )
     elif method == 'ncf':
-        model = baselines.NcfModel(index.num_global_users, index.num_global_items,
-                                   embedding_dim=config.ncf_embedding_dim, task=data.task, seed=config.seed)
+        model = baselines.NcfModel(
+            index.num_global_users,
+            index.num_global_items,
+            embedding_dim=config.ncf_embedding_dim,
+            task=data.task,
+            seed=config.seed,
+        )
     else:
-        gum_config = gum.GumConfig(num_attributes=k, max_users=index.num_global_users,
-                                   max_items=index.num_global_items, hidden_dim=config.hidden_dim, task=data.task,
-                                   rating_range=tuple(data.rating_range))
+        gum_config = gum.GumConfig(
+            num_attributes=k,
+            max_users=index.num_global_users,
+            max_items=index.num_global_items,
+            hidden_dim=config.hidden_dim,
+            task=data.task,
+            rating_range=tuple(data.rating_range),
+        )
         model = baselines.CentralGumModel(gum_config, seed=config.seed)
     train, validation, test = (index.pooled_arrays(s) for s in ('train', 'validation', 'test'))
     validation_labels = index.split('validation')['label']
 
     def on_epoch_end(epoch, row):
-        prediction = gum.from_unit(baselines.predict_arrays(model, validation, config.eval_batch_size),
-                                   data.rating_range)
+        prediction = gum.from_unit(
+            baselines.predict_arrays(model, validation, config.eval_batch_size), data.rating_range
+        )
         val = evaluate_predictions(data.task, data.rating_range, validation_labels, prediction)
-        outputs.release_metrics(epoch, {'train': {'loss': row['train_loss']},
-                                        'validation': {'loss': row['validation_loss'], **val},
-                                        'seconds': row['seconds']})
-        logging.info('[%s] epoch %d train_loss=%.4f validation_loss=%.4f %s', method, epoch, row['train_loss'],
-                     row['validation_loss'], ' '.join(f'{a}={b:.4f}' for a, b in val.items()))
+        outputs.release_metrics(
+            epoch,
+            {
+                'train': {'loss': row['train_loss']},
+                'validation': {'loss': row['validation_loss'], **val},
+                'seconds': row['seconds'],
+            },
+        )
+        logging.info(
+            '[%s] epoch %d train_loss=%.4f validation_loss=%.4f %s',
+            method,
+            epoch,
+            row['train_loss'],
+            row['validation_loss'],
+            ' '.join(f'{a}={b:.4f}' for a, b in val.items()),
+        )
 
     result = baselines.train_centralized(
-        model, train, validation, epochs=config.centralized_epochs, learning_rate=config.centralized_learning_rate,
-        batch_size=config.centralized_batch_size, seed=config.seed, on_epoch_end=on_epoch_end)
+        model,
+        train,
+        validation,
+        epochs=config.centralized_epochs,
+        learning_rate=config.centralized_learning_rate,
+        batch_size=config.centralized_batch_size,
+        seed=config.seed,
+        on_epoch_end=on_epoch_end,
+    )
     records = index.split('test')
     prediction = gum.from_unit(baselines.predict_arrays(model, test, config.eval_batch_size), data.rating_range)
     scores = model.user_attribute_scores(index.global_item_attributes)
@@ -358,15 +497,28 @@ def _run_centralized(method: str, config: HpflConfig, data: user_modeling.UserMo
         scores = gum_attribute_proficiency(public, scores)
     # Stacked rows take their global user's scores: metrics are computed in the stacked index space.
     stacked_scores = scores[index.user_to_global]
-    row = evaluate_predictions(data.task, data.rating_range, records['label'], prediction, user=records['user'],
-                               item=records['item'], user_scores=stacked_scores,
-                               item_attributes=index.stacked_item_attributes, ndcg_k=config.ndcg_k,
-                               ndcg_gain=config.ndcg_gain)
+    row = evaluate_predictions(
+        data.task,
+        data.rating_range,
+        records['label'],
+        prediction,
+        user=records['user'],
+        item=records['item'],
+        user_scores=stacked_scores,
+        item_attributes=index.stacked_item_attributes,
+        ndcg_k=config.ndcg_k,
+        ndcg_gain=config.ndcg_gain,
+    )
     if theta is not None:
-        row['doa_theta'] = um_metrics.doa(records['user'], records['item'], records['label'], theta,
-                                          index.stacked_item_attributes)
-    row.update(best_epoch=result.best_epoch, best_validation_loss=result.best_validation_loss,
-               seconds_per_epoch=float(np.median([h['seconds'] for h in result.history])), seconds_per_round=None)
+        row['doa_theta'] = um_metrics.doa(
+            records['user'], records['item'], records['label'], theta, index.stacked_item_attributes
+        )
+    row.update(
+        best_epoch=result.best_epoch,
+        best_validation_loss=result.best_validation_loss,
+        seconds_per_epoch=float(np.median([h['seconds'] for h in result.history])),
+        seconds_per_round=None,
+    )
     return row, theta
 
 
@@ -374,47 +526,82 @@ def _run_centralized(method: str, config: HpflConfig, data: user_modeling.UserMo
 def _build_process(method: str, config: HpflConfig, gum_config: gum.GumConfig, num_silos: int) -> hpfl.HpflProcess:
     """The method's configuration of the one HPFL-family builder (`hpfl.round_spec` names them)."""
     return hpfl.build_method(
-        method, gum_config, client_optimizer=optimizers.build_optimizer(config.client_optimizer,
-                                                                        config.client_learning_rate),
-        client_epochs=config.client_epochs, proximal_strength=config.proximal_strength,
-        noise_stddev=config.noise_stddev, attention_step=config.attention_step,
-        accuracy_threshold=config.accuracy_threshold, center_weighting=config.center_weighting,
-        public_seed=config.seed, row_updates=config.row_updates, max_clients=max(num_silos, 1),
-        max_local_clusters=config.max_local_clusters, max_global_clusters=config.max_global_clusters,
-        kmeans_iterations=config.kmeans_iterations)
+        method,
+        gum_config,
+        client_optimizer=optimizers.build_optimizer(config.client_optimizer, config.client_learning_rate),
+        client_epochs=config.client_epochs,
+        proximal_strength=config.proximal_strength,
+        noise_stddev=config.noise_stddev,
+        attention_step=config.attention_step,
+        accuracy_threshold=config.accuracy_threshold,
+        center_weighting=config.center_weighting,
+        public_seed=config.seed,
+        row_updates=config.row_updates,
+        max_clients=max(num_silos, 1),
+        max_local_clusters=config.max_local_clusters,
+        max_global_clusters=config.max_global_clusters,
+        kmeans_iterations=config.kmeans_iterations,
+    )
 
 
 def _stacked_theta(states: Sequence[hpfl.ClientState], data: user_modeling.UserModelingData) -> np.ndarray:
-    return np.concatenate([np.asarray(state.model.private.theta)[:silo.num_users]
-                           for state, silo in zip(states, data.silos)]).astype(np.float64)
+    return np.concatenate(
+        [np.asarray(state.model.private.theta)[: silo.num_users] for state, silo in zip(states, data.silos)]
+    ).astype(np.float64)
 
 
 def _stacked_proficiency(states: Sequence[hpfl.ClientState], data: user_modeling.UserModelingData) -> np.ndarray:
     """`gum_attribute_proficiency` of every silo's users with the silo's own (personalized) public components."""
-    return np.concatenate([
-        gum_attribute_proficiency(gum.PublicWeights(*[np.asarray(v) for v in state.model.public]),
-                                  np.asarray(state.model.private.theta)[:silo.num_users])
-        for state, silo in zip(states, data.silos)])
+    return np.concatenate(
+        [
+            gum_attribute_proficiency(
+                gum.PublicWeights(*[np.asarray(v) for v in state.model.public]),
+                np.asarray(state.model.private.theta)[: silo.num_users],
+            )
+            for state, silo in zip(states, data.silos)
+        ]
+    )
 
 
-def _evaluate_states(config: HpflConfig, gum_config: gum.GumConfig, data: user_modeling.UserModelingData,
-                     index: PooledIndex, states, split: str, full: bool) -> dict[str, float]:
+def _evaluate_states(
+    config: HpflConfig,
+    gum_config: gum.GumConfig,
+    data: user_modeling.UserModelingData,
+    index: PooledIndex,
+    states,
+    split: str,
+    full: bool,
+) -> dict[str, float]:
     predictions = hpfl.predict_silos(gum_config, states, data, split=split, batch_size=config.eval_batch_size)
     records = index.split(split)
     prediction = np.concatenate([p.prediction for p in predictions])
     if not full:
         return evaluate_predictions(data.task, data.rating_range, records['label'], prediction)
-    out = evaluate_predictions(data.task, data.rating_range, records['label'], prediction, user=records['user'],
-                               item=records['item'], user_scores=_stacked_proficiency(states, data),
-                               item_attributes=index.stacked_item_attributes, ndcg_k=config.ndcg_k,
-                               ndcg_gain=config.ndcg_gain)
-    out['doa_theta'] = um_metrics.doa(records['user'], records['item'], records['label'], _stacked_theta(states, data),
-                                      index.stacked_item_attributes)
+    out = evaluate_predictions(
+        data.task,
+        data.rating_range,
+        records['label'],
+        prediction,
+        user=records['user'],
+        item=records['item'],
+        user_scores=_stacked_proficiency(states, data),
+        item_attributes=index.stacked_item_attributes,
+        ndcg_k=config.ndcg_k,
+        ndcg_gain=config.ndcg_gain,
+    )
+    out['doa_theta'] = um_metrics.doa(
+        records['user'], records['item'], records['label'], _stacked_theta(states, data), index.stacked_item_attributes
+    )
     return out
 
 
-def _run_federated(method: str, config: HpflConfig, data: user_modeling.UserModelingData, index: PooledIndex,
-                   outputs: program.ExperimentOutputs) -> tuple[dict[str, Any], np.ndarray]:
+def _run_federated(
+    method: str,
+    config: HpflConfig,
+    data: user_modeling.UserModelingData,
+    index: PooledIndex,
+    outputs: program.ExperimentOutputs,
+) -> tuple[dict[str, Any], np.ndarray]:
     """Trains one federated method on the shared training loop (every silo every round; server state and client
     states checkpointed every ``rounds_per_checkpoint`` rounds, so a killed run resumes), selects the round with the
     lowest validation RMSE and evaluates its client states on the test split."""
@@ -422,33 +609,62 @@ def _run_federated(method: str, config: HpflConfig, data: user_modeling.UserMode
     process = _build_process(method, config, gum_config, len(data.silos))
     ids = [silo.client_id for silo in data.silos]
     client_data = dict(zip(ids, hpfl.federated_data(data, gum_config, batch_size=config.batch_size, seed=config.seed)))
-    initial = dict(zip(ids, (program.flatten_private_state(s) for s in hpfl.initial_client_states(
-        data, gum_config, public_seed=config.seed, seed=config.seed))))
+    initial = dict(
+        zip(
+            ids,
+            (
+                program.flatten_private_state(s)
+                for s in hpfl.initial_client_states(data, gum_config, public_seed=config.seed, seed=config.seed)
+            ),
+        )
+    )
     selection = program.ModelSelection('rmse')
     template = process.initial_private_state()
     store = client_state.SqliteClientStateStore(
-        outputs.path(_STATE_STORE), client_state.spec_of(initial[ids[0]]),
-        lambda cid: [a.copy() for a in initial[cid.removeprefix(selection.prefix)]])
+        outputs.path(_STATE_STORE),
+        client_state.spec_of(initial[ids[0]]),
+        lambda cid: [a.copy() for a in initial[cid.removeprefix(selection.prefix)]],
+    )
     with store:
         program.run_learning_process(
-            process, client_data=client_data, total_rounds=config.rounds, outputs=outputs,
-            client_state_store=store, rounds_per_checkpoint=config.rounds_per_checkpoint,
+            process,
+            client_data=client_data,
+            total_rounds=config.rounds,
+            outputs=outputs,
+            client_state_store=store,
+            rounds_per_checkpoint=config.rounds_per_checkpoint,
             client_evaluation_fn=lambda weights, states: _evaluate_states(
-                config, gum_config, data, index, states, 'validation', full=False),
-            rounds_per_evaluation=config.rounds_per_eval, selection=selection, evaluation_name='validation',
-            train_metrics_fn=lambda metrics: metrics, config=_guarded_config(config), name=method,
-            log_keys=('train/client_work/train_loss', 'validation/accuracy', 'validation/auc', 'validation/rmse'))
+                config, gum_config, data, index, states, 'validation', full=False
+            ),
+            rounds_per_evaluation=config.rounds_per_eval,
+            selection=selection,
+            evaluation_name='validation',
+            train_metrics_fn=lambda metrics: metrics,
+            config=_guarded_config(config),
+            name=method,
+            log_keys=('train/client_work/train_loss', 'validation/accuracy', 'validation/auc', 'validation/rmse'),
+        )
         best_states = [program.unflatten_private_state(s, template) for s in selection.best_states(store, ids)]
-    row = _evaluate_states(config, gum_config, data, index, best_states, 'test', full=True)
-    row.update(best_round=selection.best_round, best_validation_rmse=float(selection.best_value),
-               seconds_per_round=outputs.median_round_seconds(), rounds=config.rounds)
+    row: dict[str, Any] = dict(_evaluate_states(config, gum_config, data, index, best_states, 'test', full=True))
+    row.update(
+        best_round=selection.best_round,
+        best_validation_rmse=float(selection.best_value),
+        seconds_per_round=outputs.median_round_seconds(),
+        rounds=config.rounds,
+    )
     return row, _stacked_theta(best_states, data)
 
 
 # ------------------------------------------------------------------------------------------------ analysis
-def private_components_analysis(thetas: dict[str, np.ndarray], silo_of_user: np.ndarray, client_ids: Sequence[str],
-                                path: Optional[str] = None, *, seed: int = 0,
-                                plot_methods: Sequence[str] = ('distributed', 'hpfl')) -> dict[str, Any]:
+def private_components_analysis(
+    thetas: dict[str, np.ndarray],
+    silo_of_user: np.ndarray,
+    client_ids: Sequence[str],
+    path: str | None = None,
+    *,
+    seed: int = 0,
+    plot_methods: Sequence[str] = ('distributed', 'hpfl'),
+) -> dict[str, Any]:
     """Are clients distinguishable from their users' private embeddings theta?
 
     Per method: ``probe_accuracy``, the 5-fold cross-validated accuracy (shuffled folds) of a multinomial
@@ -471,7 +687,8 @@ def private_components_analysis(thetas: dict[str, np.ndarray], silo_of_user: np.
     from sklearn.decomposition import PCA  # pylint: disable=g-import-not-at-top
     from sklearn.linear_model import LogisticRegression  # pylint: disable=g-import-not-at-top
     from sklearn.metrics import silhouette_score  # pylint: disable=g-import-not-at-top
-    from sklearn.model_selection import KFold, cross_val_score  # pylint: disable=g-import-not-at-top
+    from sklearn.model_selection import KFold  # pylint: disable=g-import-not-at-top
+    from sklearn.model_selection import cross_val_score  # pylint: disable=g-import-not-at-top
     from sklearn.pipeline import make_pipeline  # pylint: disable=g-import-not-at-top
     from sklearn.preprocessing import StandardScaler  # pylint: disable=g-import-not-at-top
 
@@ -492,8 +709,10 @@ def private_components_analysis(thetas: dict[str, np.ndarray], silo_of_user: np.
     shown = [m for m in plot_methods if m in thetas]
     if path and shown:
         import matplotlib  # pylint: disable=g-import-not-at-top
+
         matplotlib.use('Agg')
         from matplotlib import pyplot as plt  # pylint: disable=g-import-not-at-top
+
         top = np.argsort(-counts, kind='stable')[:10]
         fig, axes = plt.subplots(1, len(shown), figsize=(5.5 * len(shown), 4.8), squeeze=False)
         colours = matplotlib.colormaps['tab10']
@@ -503,12 +722,16 @@ def private_components_analysis(thetas: dict[str, np.ndarray], silo_of_user: np.
                 rows = labels == c
                 ax.scatter(xy[rows, 0], xy[rows, 1], s=8, color=colours(rank), label=client_ids[c], alpha=0.7)
             r = results[method]
-            ax.set_title(f"{ROW_NAMES.get(method, method)}: probe acc {r['probe_accuracy']:.2f} (chance "
-                         f"{r['chance']:.2f}), silhouette {r['silhouette']:.2f}", fontsize=9)
+            ax.set_title(
+                f'{ROW_NAMES.get(method, method)}: probe acc {r["probe_accuracy"]:.2f} (chance '
+                f'{r["chance"]:.2f}), silhouette {r["silhouette"]:.2f}',
+                fontsize=9,
+            )
             ax.set_xticks([]), ax.set_yticks([])
         axes[0][-1].legend(fontsize=7, markerscale=2, loc='best')
         figure = program.save_figure(
-            fig, path, title='User embeddings theta (private components), PCA, coloured by client (largest 10 clients)')
+            fig, path, title='User embeddings theta (private components), PCA, coloured by client (largest 10 clients)'
+        )
     return {'methods': results, 'num_users': int(labels.size), 'num_clients': int(counts.size), 'figure': figure}
 
 
@@ -535,7 +758,7 @@ def _guard_output_dir(config: HpflConfig) -> None:
     program.guard_config(record, _guarded_config(config))
 
 
-def _finished_run(config: HpflConfig, methods: Sequence[str], skipped: Sequence[str]) -> Optional[dict[str, Any]]:
+def _finished_run(config: HpflConfig, methods: Sequence[str], skipped: Sequence[str]) -> dict[str, Any] | None:
     """The results of a finished run of exactly these rows in ``output_dir``, else None."""
     path = os.path.join(config.output_dir, 'results.json')
     if not os.path.exists(path):
@@ -554,8 +777,13 @@ def _remove_state_store(outputs: program.ExperimentOutputs) -> None:
             os.remove(outputs.path(_STATE_STORE + suffix))
 
 
-def _run_method(method: str, config: HpflConfig, data: user_modeling.UserModelingData, index: PooledIndex,
-                outputs: program.ExperimentOutputs) -> tuple[dict[str, Any], Optional[np.ndarray]]:
+def _run_method(
+    method: str,
+    config: HpflConfig,
+    data: user_modeling.UserModelingData,
+    index: PooledIndex,
+    outputs: program.ExperimentOutputs,
+) -> tuple[dict[str, Any], np.ndarray | None]:
     """One row and (federated methods) the stacked selected theta: read back if the row finished earlier."""
     row_path, theta_path = outputs.path('results.json'), outputs.path(_THETA)
     federated = method not in CENTRALIZED
@@ -564,13 +792,13 @@ def _run_method(method: str, config: HpflConfig, data: user_modeling.UserModelin
         with open(row_path) as f:
             return json.load(f), np.load(theta_path) if federated else None
     started = time.time()
+    theta: np.ndarray | None = None  # The analysis compares federated methods only.
     if federated:
         metrics, theta = _run_federated(method, config, data, index, outputs)
         np.save(theta_path + '.tmp.npy', theta)
         os.replace(theta_path + '.tmp.npy', theta_path)
     else:
-        metrics, theta = _run_centralized(method, config, data, index, outputs)
-        theta = None  # The analysis compares federated methods only.
+        metrics, _ = _run_centralized(method, config, data, index, outputs)
     row = {'name': ROW_NAMES[method], 'method': method, **metrics, 'wall_seconds': time.time() - started}
     outputs.write_json('results.json', row)  # Written last: the row is finished.
     if federated:
@@ -618,18 +846,34 @@ def run(config: HpflConfig) -> dict[str, Any]:
     analysis = None
     if thetas:
         analysis = private_components_analysis(
-            thetas, index.silo_of_user, [s.client_id for s in data.silos],
-            os.path.join(config.output_dir, 'private_components.png'), seed=config.seed)
-    results = {'dataset': data.name, 'task': data.task, 'source': data.source, 'statistics': statistics,
-               'rows': rows, 'private_components': analysis, 'rounds': config.rounds, 'ndcg_k': config.ndcg_k,
-               'ndcg_gain': config.ndcg_gain, 'skipped': skipped}
+            thetas,
+            index.silo_of_user,
+            [s.client_id for s in data.silos],
+            os.path.join(config.output_dir, 'private_components.png'),
+            seed=config.seed,
+        )
+    results = {
+        'dataset': data.name,
+        'task': data.task,
+        'source': data.source,
+        'statistics': statistics,
+        'rows': rows,
+        'private_components': analysis,
+        'rounds': config.rounds,
+        'ndcg_k': config.ndcg_k,
+        'ndcg_gain': config.ndcg_gain,
+        'skipped': skipped,
+    }
     results_path = os.path.join(config.output_dir, 'results.json')
     program.write_json(results_path, results)
     curves = {r['name']: program.ExperimentOutputs(config.output_dir, r['method']).read_metrics() for r in rows}
     # The legend is drawn on the last panel: validation RMSE, which every row (centralized too) has.
-    program.plot_curves(curves, ['train/client_work/train_loss', 'validation/accuracy', 'validation/rmse'],
-                        os.path.join(config.output_dir, 'learning_curves.png'),
-                        title=f'{data.name}: validation metrics per round (centralized rows: per epoch)')
+    program.plot_curves(
+        curves,
+        ['train/client_work/train_loss', 'validation/accuracy', 'validation/rmse'],
+        os.path.join(config.output_dir, 'learning_curves.png'),
+        title=f'{data.name}: validation metrics per round (centralized rows: per epoch)',
+    )
     with open(results_path) as f:  # As a rerun reads it back.
         return json.load(f)
 
@@ -643,11 +887,17 @@ def _cell(value: Any, digits: int = 3) -> str:
 
 def format_statistics_table(statistics: dict[str, Any], dataset: str) -> str:
     """The paper's statistics table (one dataset column)."""
-    keys = [('# of clients', 'num_clients'), ('# of records', 'num_records'), ('# of users', 'num_users'),
-            ('# of items', 'num_items'), ('# of attributes', 'num_attributes'),
-            ('# attributes per item', 'attributes_per_item'), ('# attributes per record', 'attributes_per_record'),
-            ('mean TV distance of a client\'s attribute mix to the pooled one', 'attribute_tv_distance_mean'),
-            ('missing attributes per client (median)', 'missing_attributes_per_client_median')]
+    keys = [
+        ('# of clients', 'num_clients'),
+        ('# of records', 'num_records'),
+        ('# of users', 'num_users'),
+        ('# of items', 'num_items'),
+        ('# of attributes', 'num_attributes'),
+        ('# attributes per item', 'attributes_per_item'),
+        ('# attributes per record', 'attributes_per_record'),
+        ("mean TV distance of a client's attribute mix to the pooled one", 'attribute_tv_distance_mean'),
+        ('missing attributes per client (median)', 'missing_attributes_per_client_median'),
+    ]
     lines = [f'| Statistics | {dataset} |', '|---|---|']
     for label, key in keys:
         value = statistics.get(key)
@@ -663,8 +913,8 @@ def format_accuracy_table(rows: list[dict[str, Any]], task: str) -> str:
     for r in rows:
         selected = r.get('best_round', r.get('best_epoch'))
         spr = r.get('seconds_per_round')
-        spr = f"{spr:.2f}" if spr is not None else f"({r.get('seconds_per_epoch', float('nan')):.2f} s/epoch)"
-        lines.append(f"| {r['name']} | {' | '.join(_cell(r.get(m)) for m in metrics)} | {spr} | {selected} |")
+        spr = f'{spr:.2f}' if spr is not None else f'({r.get("seconds_per_epoch", float("nan")):.2f} s/epoch)'
+        lines.append(f'| {r["name"]} | {" | ".join(_cell(r.get(m)) for m in metrics)} | {spr} | {selected} |')
     return '\n'.join(lines)
 
 
@@ -676,12 +926,14 @@ def format_ranking_table(rows: list[dict[str, Any]]) -> str:
     return '\n'.join(lines)
 
 
-def format_private_table(analysis: Optional[dict[str, Any]]) -> str:
+def format_private_table(analysis: dict[str, Any] | None) -> str:
     """Probe accuracy, chance and silhouette of the private-components analysis, one row per method."""
     if not analysis:
         return ''
     lines = ['| Method | client probe accuracy (5-fold) | chance | silhouette (client labels) |', '|---|---|---|---|']
     for method, r in analysis['methods'].items():
-        lines.append(f"| {ROW_NAMES.get(method, method)} | {r['probe_accuracy']:.3f} | {r['chance']:.3f} | "
-                     f"{r['silhouette']:.3f} |")
+        lines.append(
+            f'| {ROW_NAMES.get(method, method)} | {r["probe_accuracy"]:.3f} | {r["chance"]:.3f} | '
+            f'{r["silhouette"]:.3f} |'
+        )
     return '\n'.join(lines)

@@ -138,6 +138,11 @@ def _without_timing(value, output_dir):
     return value
 
 
+def _read(path):
+    with open(path) as f:
+        return f.read()
+
+
 def _results(output_dir):
     with open(os.path.join(output_dir, 'results.json')) as f:
         return _without_timing(json.load(f), output_dir)
@@ -162,7 +167,7 @@ def test_binary_killed_mid_run_resumes_to_the_results_of_an_uninterrupted_run(tm
             run.send_signal(signal.SIGKILL)
             break
         time.sleep(0.02)
-    assert run.wait(timeout=60) == -signal.SIGKILL, open(log).read()[-3000:]
+    assert run.wait(timeout=60) == -signal.SIGKILL, _read(log)[-3000:]
     assert not os.path.exists(os.path.join(killed, 'fedavg', 'results.json'))  # Killed mid-run.
     finished = {m: os.path.getmtime(os.path.join(killed, m, 'results.json')) for m in ('ncd', 'gum', 'distributed')}
     assert not os.path.exists(os.path.join(killed, 'results.json'))
@@ -170,7 +175,7 @@ def test_binary_killed_mid_run_resumes_to_the_results_of_an_uninterrupted_run(tm
     with open(log, 'a') as f:
         f.write('\n==== restart ====\n')
     assert _start_binary(flags + [f'--output_dir={killed}'], log).wait(timeout=900) == 0
-    restarted = open(log).read().split('==== restart ====')[1]
+    restarted = _read(log).split('==== restart ====')[1]
     for method in finished:
         assert f'[{method}] finished earlier: row read back' in restarted
         assert os.path.getmtime(os.path.join(killed, method, 'results.json')) == finished[method]  # Not retrained.
@@ -185,11 +190,11 @@ def test_binary_killed_mid_run_resumes_to_the_results_of_an_uninterrupted_run(tm
     with open(log, 'a') as f:
         f.write('\n==== finished ====\n')
     assert _start_binary(flags + [f'--output_dir={killed}'], log).wait(timeout=300) == 0
-    again = open(log).read().split('==== finished ====')[1]
+    again = _read(log).split('==== finished ====')[1]
     assert 'holds the finished run' in again and 'round 1/' not in again and 'read back from' not in again
     assert os.path.getmtime(os.path.join(killed, 'results.json')) == results_mtime
 
     # Resuming under another configuration is refused, naming the field.
     rerun = _start_binary(flags + [f'--output_dir={killed}', '--hidden_dim=3'], log)
     assert rerun.wait(timeout=300) != 0
-    assert 'hidden_dim: 4 -> 3' in open(log).read()
+    assert 'hidden_dim: 4 -> 3' in _read(log)

@@ -50,19 +50,31 @@ def build_process():
     def initialize():
         return tff.federated_eval(initial_server, tff.SERVER)
 
-    @tff.federated_computation(initialize.type_signature.result, tff.FederatedType(np.float32, tff.CLIENTS),
-                               tff.FederatedType(private_type, tff.CLIENTS))
+    @tff.federated_computation(
+        initialize.type_signature.result,
+        tff.FederatedType(np.float32, tff.CLIENTS),
+        tff.FederatedType(private_type, tff.CLIENTS),
+    )
     def next_fn(state, xs, private):
         new_private, uploads = tff.federated_map(client, (tff.federated_broadcast(state), xs, private))
         mean = tff.federated_mean(uploads)
         new_state = tff.federated_map(tf_add, (state, tff.federated_map(half, mean)))
-        metrics = tff.federated_zip(collections.OrderedDict(
-            client_work=tff.federated_zip(collections.OrderedDict(train=tff.federated_zip(
-                collections.OrderedDict(mean_x=mean))))))
+        metrics = tff.federated_zip(
+            collections.OrderedDict(
+                client_work=tff.federated_zip(
+                    collections.OrderedDict(train=tff.federated_zip(collections.OrderedDict(mean_x=mean)))
+                )
+            )
+        )
         return core.ProcessOutput(state=new_state, metrics=metrics, private_states=new_private)
 
-    return core.PersonalizedProcess(initialize, next_fn, get_model_weights=lambda s: s,
-                                    private_state_type=private_type, initial_private_state_fn=initial_private)
+    return core.PersonalizedProcess(
+        initialize,
+        next_fn,
+        get_model_weights=lambda s: s,
+        private_state_type=private_type,
+        initial_private_state_fn=initial_private,
+    )
 
 
 @tff.tensorflow.computation(tff.TensorType(np.float32), tff.TensorType(np.float32))
@@ -90,12 +102,23 @@ def _run(tmp_path, run, rounds, *, config=None):
     selection = program.ModelSelection('score')
     with _store(tmp_path / f'{run}.sqlite') as store:
         state, history = program.run_learning_process(
-            process, client_data=INPUTS, total_rounds=rounds, outputs=outputs, client_state_store=store,
-            client_evaluation_fn=_evaluate, rounds_per_evaluation=1, rounds_per_checkpoint=2, selection=selection,
-            evaluation_name='validation', config=config or {'lr': 1}, name=run)
+            process,
+            client_data=INPUTS,
+            total_rounds=rounds,
+            outputs=outputs,
+            client_state_store=store,
+            client_evaluation_fn=_evaluate,
+            rounds_per_evaluation=1,
+            rounds_per_checkpoint=2,
+            selection=selection,
+            evaluation_name='validation',
+            config=config or {'lr': 1},
+            name=run,
+        )
         latest = [program.unflatten_private_state(s, _initial_private()) for s in store.get(list(INPUTS))]
-        best = [program.unflatten_private_state(s, _initial_private())
-                for s in selection.best_states(store, list(INPUTS))]
+        best = [
+            program.unflatten_private_state(s, _initial_private()) for s in selection.best_states(store, list(INPUTS))
+        ]
     return state, history, latest, best, selection, outputs
 
 
@@ -119,14 +142,15 @@ def test_every_client_rounds_resume_after_a_crash_to_the_same_result(tmp_path):
     with _store(tmp_path / 'resumed.sqlite') as store:
         assert store.committed_round() == 3  # The last round is always checkpointed; simulate a crash after it:
     resumed_state, resumed_history, resumed_latest, resumed_best, resumed_selection, resumed_outputs = _run(
-        tmp_path, 'resumed', 6)
+        tmp_path, 'resumed', 6
+    )
     assert len(resumed_history) == 3 and float(resumed_state) == float(state)
     _assert_same_states(resumed_latest, latest)
     _assert_same_states(resumed_best, best)
-    assert (resumed_selection.best_round, resumed_selection.best_value) == (selection.best_round,
-                                                                            selection.best_value)
-    assert [r['validation/score'] for r in resumed_outputs.read_metrics()] == [r['validation/score']
-                                                                              for r in outputs.read_metrics()]
+    assert (resumed_selection.best_round, resumed_selection.best_value) == (selection.best_round, selection.best_value)
+    assert [r['validation/score'] for r in resumed_outputs.read_metrics()] == [
+        r['validation/score'] for r in outputs.read_metrics()
+    ]
 
 
 def test_uncommitted_rounds_are_rolled_back_on_resume(tmp_path):
@@ -140,7 +164,7 @@ def test_uncommitted_rounds_are_rolled_back_on_resume(tmp_path):
 
 def test_resume_under_another_config_is_refused(tmp_path):
     _run(tmp_path, 'run', 2, config={'lr': 1, 'rounds': 4})
-    with pytest.raises(program.ConfigMismatchError, match="lr: 1 -> 2"):
+    with pytest.raises(program.ConfigMismatchError, match='lr: 1 -> 2'):
         _run(tmp_path, 'run', 4, config={'lr': 2, 'rounds': 4})
     _run(tmp_path, 'other', 2, config={'lr': 2, 'rounds': 4})  # A fresh directory records its own.
 
@@ -148,11 +172,13 @@ def test_resume_under_another_config_is_refused(tmp_path):
 def test_participation_arguments_are_checked(tmp_path):
     outputs = program.ExperimentOutputs(str(tmp_path), 'bad')
     with pytest.raises(ValueError, match='clients_per_round applies to a ClientData'):
-        program.run_learning_process(build_process(), client_data=INPUTS, clients_per_round=2, total_rounds=1,
-                                     outputs=outputs)
+        program.run_learning_process(
+            build_process(), client_data=INPUTS, clients_per_round=2, total_rounds=1, outputs=outputs
+        )
     with pytest.raises(ValueError, match='client_evaluation_fn needs'):
-        program.run_learning_process(build_process(), client_data=INPUTS, total_rounds=1, outputs=outputs,
-                                     client_evaluation_fn=_evaluate)
+        program.run_learning_process(
+            build_process(), client_data=INPUTS, total_rounds=1, outputs=outputs, client_evaluation_fn=_evaluate
+        )
 
 
 def test_checkpoints_are_atomic_with_the_client_state_commit(tmp_path):
@@ -160,6 +186,7 @@ def test_checkpoints_are_atomic_with_the_client_state_commit(tmp_path):
     checkpoint, restarts from a server state and client states of the same round."""
     import os  # pylint: disable=g-import-not-at-top
     import shutil  # pylint: disable=g-import-not-at-top
+
     straight_state, _, straight_latest, straight_best, _, _ = _run(tmp_path, 'straight', 6)
 
     # Killed after staging round 4's checkpoint, before the store committed it: resume from round 2.

@@ -56,7 +56,7 @@ only way the trained tables reach the server; see tests/algorithms/hpfl_test.py.
 
 Modules: `types` (the structures), `data` (client data, checks, initial states), `training` (local epochs,
 FedSGD's gradient pass, validation statistics), `clustering` (k-means), `aggregation` (formulas, FedAtt's
-aggregator), `server` (HPFL's server-side steps), `process` (`RoundSpec`, `build_process`, `build_hpfl`),
+aggregator), `server` (HPFL's server-side steps), `spec` (`RoundSpec`), `process` (`build_process`, `build_hpfl`),
 `baselines` (named configurations), `evaluation` (`predict_silos`).
 
     initialize: ( -> HpflState@SERVER)
@@ -93,9 +93,9 @@ from fedpersonal.algorithms.hpfl.data import initial_client_states
 from fedpersonal.algorithms.hpfl.data import split_dataset
 from fedpersonal.algorithms.hpfl.evaluation import predict_silos
 from fedpersonal.algorithms.hpfl.process import HpflProcess
-from fedpersonal.algorithms.hpfl.process import RoundSpec
 from fedpersonal.algorithms.hpfl.process import build_hpfl
 from fedpersonal.algorithms.hpfl.process import build_process
+from fedpersonal.algorithms.hpfl.spec import RoundSpec
 from fedpersonal.algorithms.hpfl.training import client_round
 from fedpersonal.algorithms.hpfl.training import finalize_metrics
 from fedpersonal.algorithms.hpfl.training import gradient_round
@@ -116,13 +116,54 @@ from fedpersonal.algorithms.hpfl.types import HpflState
 from fedpersonal.algorithms.hpfl.types import SiloPredictions
 
 __all__ = [
-    'BASELINES', 'CENTER_WEIGHTINGS', 'HPFL_VARIANTS', 'ROW_UPDATES', 'SPLITS', 'AttentionMeanFactory', 'Centres',
-    'ClientData', 'ClientReport', 'ClientState', 'GlobalCentres', 'GlobalComponents', 'HpflDataError', 'HpflProcess',
-    'HpflState', 'RoundSpec', 'SiloPredictions', 'batch_type', 'build_baseline', 'build_distributed', 'build_fedatt',
-    'build_fedavg', 'build_fednoise', 'build_fedprox', 'build_fedsgd', 'build_hpfl', 'build_method',
-    'build_process', 'client_data', 'client_data_type', 'client_round', 'client_state_type', 'federated_data',
-    'finalize_metrics', 'global_embedding', 'gradient_round', 'initial_client_state', 'initial_client_states',
-    'kmeans', 'lloyd_step', 'local_training', 'maximin_init', 'metric_sums', 'personalize_embeddings',
-    'personalize_public', 'predict_silos', 'public_aggregation_weights', 'round_spec', 'split_dataset',
+    'BASELINES',
+    'CENTER_WEIGHTINGS',
+    'HPFL_VARIANTS',
+    'ROW_UPDATES',
+    'SPLITS',
+    'AttentionMeanFactory',
+    'Centres',
+    'ClientData',
+    'ClientReport',
+    'ClientState',
+    'GlobalCentres',
+    'GlobalComponents',
+    'HpflDataError',
+    'HpflProcess',
+    'HpflState',
+    'RoundSpec',
+    'SiloPredictions',
+    'batch_type',
+    'build_baseline',
+    'build_distributed',
+    'build_fedatt',
+    'build_fedavg',
+    'build_fednoise',
+    'build_fedprox',
+    'build_fedsgd',
+    'build_hpfl',
+    'build_method',
+    'build_process',
+    'client_data',
+    'client_data_type',
+    'client_round',
+    'client_state_type',
+    'federated_data',
+    'finalize_metrics',
+    'global_embedding',
+    'gradient_round',
+    'initial_client_state',
+    'initial_client_states',
+    'kmeans',
+    'lloyd_step',
+    'local_training',
+    'maximin_init',
+    'metric_sums',
+    'personalize_embeddings',
+    'personalize_public',
+    'predict_silos',
+    'public_aggregation_weights',
+    'round_spec',
+    'split_dataset',
     'validation_statistics',
 ]

@@ -25,11 +25,12 @@ def public_aggregation_weights(attribute_accuracy, attribute_iterations, thresho
     return passed * attribute_iterations * attribute_accuracy
 
 
-def personalize_public(local: gum.PublicWeights, global_public: gum.PublicWeights,
-                       attribute_accuracy) -> gum.PublicWeights:
+def personalize_public(
+    local: gum.PublicWeights, global_public: gum.PublicWeights, attribute_accuracy
+) -> gum.PublicWeights:
     """``c_k <- c_k Acc_k + c_k^g (1 - Acc_k)`` for every attribute k (row k of each public matrix)."""
     acc = attribute_accuracy[:, None]
-    return gum.PublicWeights(*[acc * l + (1.0 - acc) * g for l, g in zip(local, global_public)])
+    return gum.PublicWeights(*[acc * mine + (1.0 - acc) * shared for mine, shared in zip(local, global_public)])
 
 
 def global_embedding(embeddings, centres, centre_mask, weighting: str = 'distance'):
@@ -90,13 +91,17 @@ class AttentionMeanFactory(tff.aggregators.WeightedAggregationFactory):
         def initialize():
             return inner.initialize()
 
-        @tff.federated_computation(initialize.type_signature.result, tff.FederatedType(value_type, tff.CLIENTS),
-                                   tff.FederatedType(weight_type, tff.CLIENTS))
+        @tff.federated_computation(
+            initialize.type_signature.result,
+            tff.FederatedType(value_type, tff.CLIENTS),
+            tff.FederatedType(weight_type, tff.CLIENTS),
+        )
         def next_fn(state, value, weight):
             summed = inner.next(state, tff.federated_map(scored, (value, weight)))
             return tff.templates.MeasuredProcessOutput(
-                state=summed.state, result=tff.federated_map(attention_mean, summed.result),
-                measurements=summed.measurements)
+                state=summed.state,
+                result=tff.federated_map(attention_mean, summed.result),
+                measurements=summed.measurements,
+            )
 
         return tff.templates.AggregationProcess(initialize, next_fn)
-

@@ -27,22 +27,30 @@ private aggregation only).
 
 from __future__ import annotations
 
-from typing import Optional
+import dataclasses
+from collections.abc import Callable
+from typing import Any
 
 import tensorflow_federated as tff
 
 from fedpersonal.algorithms.hpfl.process import HpflProcess
-from fedpersonal.algorithms.hpfl.process import RoundSpec
 from fedpersonal.algorithms.hpfl.process import build_process
+from fedpersonal.algorithms.hpfl.spec import RoundSpec
 from fedpersonal.models import gum
 
 BASELINES = ('distributed', 'fedsgd', 'fedavg', 'fednoise', 'fedprox', 'fedatt')
 HPFL_VARIANTS = ('hpfl_k', 'hpfl_r', 'hpfl', 'hpfl_inverse')
 
 
-def round_spec(method: str, *, proximal_strength: float = 0.01, noise_stddev: float = 0.01,
-               attention_step: float = 1.0, accuracy_threshold: float = 0.5,
-               center_weighting: str = 'distance') -> RoundSpec:
+def round_spec(
+    method: str,
+    *,
+    proximal_strength: float = 0.01,
+    noise_stddev: float = 0.01,
+    attention_step: float = 1.0,
+    accuracy_threshold: float = 0.5,
+    center_weighting: str = 'distance',
+) -> RoundSpec:
     """The `RoundSpec` of a named method (one of `BASELINES` or `HPFL_VARIANTS`).
 
     Args:
@@ -54,39 +62,62 @@ def round_spec(method: str, *, proximal_strength: float = 0.01, noise_stddev: fl
       center_weighting: The weighting of the global centres of ``hpfl_k``/``hpfl_r`` (``hpfl`` is 'distance' and
         ``hpfl_inverse`` 'inverse_distance').
     """
-    shared = dict(start='global', public_aggregation='mean')
-    hpfl = dict(accuracy_threshold=accuracy_threshold, center_weighting=center_weighting)
-    specs = {
-        'distributed': lambda: RoundSpec(),
-        'fedsgd': lambda: RoundSpec(local_update='gradient', **shared),
-        'fedavg': lambda: RoundSpec(**shared),
-        'fednoise': lambda: RoundSpec(upload_noise_stddev=noise_stddev, **shared),
-        'fedprox': lambda: RoundSpec(proximal_strength=proximal_strength, **shared),
-        'fedatt': lambda: RoundSpec(start='global', public_aggregation='attention',
-                                    server_learning_rate=attention_step),
-        'hpfl_k': lambda: RoundSpec(public_aggregation='accuracy_weighted', **hpfl),
-        'hpfl_r': lambda: RoundSpec(private_aggregation='clustered', **hpfl),
-        'hpfl': lambda: RoundSpec(public_aggregation='accuracy_weighted', private_aggregation='clustered',
-                                  **dict(hpfl, center_weighting='distance')),
-        'hpfl_inverse': lambda: RoundSpec(public_aggregation='accuracy_weighted', private_aggregation='clustered',
-                                          **dict(hpfl, center_weighting='inverse_distance')),
+
+    def fedavg(**changes: Any) -> RoundSpec:
+        return dataclasses.replace(RoundSpec(start='global', public_aggregation='mean'), **changes)
+
+    def hpfl(public: bool, private: bool, weighting: str = center_weighting) -> RoundSpec:
+        return RoundSpec(
+            public_aggregation='accuracy_weighted' if public else 'none',
+            private_aggregation='clustered' if private else 'none',
+            accuracy_threshold=accuracy_threshold,
+            center_weighting=weighting,
+        )
+
+    specs: dict[str, Callable[[], RoundSpec]] = {
+        'distributed': RoundSpec,
+        'fedsgd': lambda: fedavg(local_update='gradient'),
+        'fedavg': fedavg,
+        'fednoise': lambda: fedavg(upload_noise_stddev=noise_stddev),
+        'fedprox': lambda: fedavg(proximal_strength=proximal_strength),
+        'fedatt': lambda: fedavg(public_aggregation='attention', server_learning_rate=attention_step),
+        'hpfl_k': lambda: hpfl(public=True, private=False),
+        'hpfl_r': lambda: hpfl(public=False, private=True),
+        'hpfl': lambda: hpfl(public=True, private=True, weighting='distance'),
+        'hpfl_inverse': lambda: hpfl(public=True, private=True, weighting='inverse_distance'),
     }
     if method not in specs:
         raise ValueError(f'method must be one of {BASELINES + HPFL_VARIANTS}, got {method!r}.')
     return specs[method]()
 
 
-def build_method(method: str, config: gum.GumConfig, *, proximal_strength: float = 0.01,
-                 noise_stddev: float = 0.01, attention_step: float = 1.0, accuracy_threshold: float = 0.5,
-                 center_weighting: str = 'distance', **kwargs) -> HpflProcess:
+def build_method(
+    method: str,
+    config: gum.GumConfig,
+    *,
+    proximal_strength: float = 0.01,
+    noise_stddev: float = 0.01,
+    attention_step: float = 1.0,
+    accuracy_threshold: float = 0.5,
+    center_weighting: str = 'distance',
+    **kwargs,
+) -> HpflProcess:
     """`build_process` with the `round_spec` of `method`; other keyword arguments go to `build_process`."""
-    for name, value in (('proximal_strength', proximal_strength), ('noise_stddev', noise_stddev),
-                        ('attention_step', attention_step)):
+    for name, value in (
+        ('proximal_strength', proximal_strength),
+        ('noise_stddev', noise_stddev),
+        ('attention_step', attention_step),
+    ):
         if value < 0:
             raise ValueError(f'{name} must be >= 0, got {value}.')
-    spec = round_spec(method, proximal_strength=proximal_strength, noise_stddev=noise_stddev,
-                      attention_step=attention_step, accuracy_threshold=accuracy_threshold,
-                      center_weighting=center_weighting)
+    spec = round_spec(
+        method,
+        proximal_strength=proximal_strength,
+        noise_stddev=noise_stddev,
+        attention_step=attention_step,
+        accuracy_threshold=accuracy_threshold,
+        center_weighting=center_weighting,
+    )
     return build_process(config, spec, name=method, **kwargs)
 
 
@@ -94,10 +125,10 @@ def build_baseline(
     method: str,
     config: gum.GumConfig,
     *,
-    client_optimizer: Optional[tff.learning.optimizers.Optimizer] = None,
+    client_optimizer: tff.learning.optimizers.Optimizer | None = None,
     client_epochs: int = 1,
-    server_optimizer: Optional[tff.learning.optimizers.Optimizer] = None,
-    model_aggregator: Optional[tff.aggregators.WeightedAggregationFactory] = None,
+    server_optimizer: tff.learning.optimizers.Optimizer | None = None,
+    model_aggregator: tff.aggregators.WeightedAggregationFactory | None = None,
     proximal_strength: float = 0.01,
     noise_stddev: float = 0.01,
     attention_step: float = 1.0,
@@ -124,10 +155,19 @@ def build_baseline(
     """
     if method not in BASELINES:
         raise ValueError(f'method must be one of {BASELINES}, got {method!r}.')
-    return build_method(method, config, proximal_strength=proximal_strength, noise_stddev=noise_stddev,
-                        attention_step=attention_step, client_optimizer=client_optimizer, client_epochs=client_epochs,
-                        server_optimizer=server_optimizer, model_aggregator=model_aggregator,
-                        public_seed=public_seed, row_updates=row_updates)
+    return build_method(
+        method,
+        config,
+        proximal_strength=proximal_strength,
+        noise_stddev=noise_stddev,
+        attention_step=attention_step,
+        client_optimizer=client_optimizer,
+        client_epochs=client_epochs,
+        server_optimizer=server_optimizer,
+        model_aggregator=model_aggregator,
+        public_seed=public_seed,
+        row_updates=row_updates,
+    )
 
 
 def build_distributed(config: gum.GumConfig, **kwargs) -> HpflProcess:

@@ -14,8 +14,11 @@ import tensorflow as tf
 
 def squared_distances(points, centres):
     """``[n, m]`` squared Euclidean distances (expanded form, clipped at 0)."""
-    d2 = (tf.reduce_sum(tf.square(points), 1)[:, None] - 2.0 * tf.matmul(points, centres, transpose_b=True)
-          + tf.reduce_sum(tf.square(centres), 1)[None, :])
+    d2 = (
+        tf.reduce_sum(tf.square(points), 1)[:, None]
+        - 2.0 * tf.matmul(points, centres, transpose_b=True)
+        + tf.reduce_sum(tf.square(centres), 1)[None, :]
+    )
     return tf.maximum(d2, 0.0)
 
 

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import collections
 from typing import Any
-from typing import Optional
 
 import numpy as np
 import tensorflow as tf
@@ -19,16 +18,24 @@ from fedpersonal.models import gum
 
 def batch_type() -> collections.OrderedDict:
     """TFF type of one batch of a client dataset."""
-    return collections.OrderedDict(user=tff.TensorType(np.int64, [None]), item=tff.TensorType(np.int64, [None]),
-                                   label=tff.TensorType(np.float32, [None]))
+    return collections.OrderedDict(
+        user=tff.TensorType(np.int64, [None]),
+        item=tff.TensorType(np.int64, [None]),
+        label=tff.TensorType(np.float32, [None]),
+    )
 
 
 def client_data_type(config: gum.GumConfig) -> tff.Type:
     """TFF type of a `ClientData`."""
     sequence = tff.SequenceType(batch_type())
-    return tff.to_type(ClientData(train=sequence, validation=sequence,
-                                  item_attributes=tff.TensorType(np.float32, [config.max_items, config.num_attributes]),
-                                  seed=tff.TensorType(np.int64)))
+    return tff.to_type(
+        ClientData(
+            train=sequence,
+            validation=sequence,
+            item_attributes=tff.TensorType(np.float32, [config.max_items, config.num_attributes]),
+            seed=tff.TensorType(np.int64),
+        )
+    )
 
 
 def check_silo(silo: Any, config: gum.GumConfig, name: str) -> None:
@@ -39,9 +46,9 @@ def check_silo(silo: Any, config: gum.GumConfig, name: str) -> None:
         raise HpflDataError(f'{where}: {field} {problem}')
 
     if silo.num_users > config.max_users:
-        fail('num_users', f'= {silo.num_users} exceeds the model\'s max_users = {config.max_users}')
+        fail('num_users', f"= {silo.num_users} exceeds the model's max_users = {config.max_users}")
     if silo.num_items > config.max_items:
-        fail('num_items', f'= {silo.num_items} exceeds the model\'s max_items = {config.max_items}')
+        fail('num_items', f"= {silo.num_items} exceeds the model's max_items = {config.max_items}")
     arrays = {f: np.asarray(getattr(silo, f)) for f in ('user', 'item', 'label', 'split')}
     n = arrays['user'].shape[0] if arrays['user'].ndim == 1 else -1
     for field, array in arrays.items():
@@ -50,8 +57,11 @@ def check_silo(silo: Any, config: gum.GumConfig, name: str) -> None:
     for field, count in (('user', silo.num_users), ('item', silo.num_items)):
         array = arrays[field]
         if n and (not np.issubdtype(array.dtype, np.integer) or array.min() < 0 or array.max() >= count):
-            fail(field, f'indices must be integers in [0, {count}), got range '
-                        f'[{array.min()}, {array.max()}] (dtype {array.dtype})')
+            fail(
+                field,
+                f'indices must be integers in [0, {count}), got range '
+                f'[{array.min()}, {array.max()}] (dtype {array.dtype})',
+            )
     if n and not np.isin(arrays['split'], (0, 1, 2)).all():
         bad = arrays['split'][~np.isin(arrays['split'], (0, 1, 2))][0]
         fail('split', f'values must be 0 (train), 1 (validation) or 2 (test), got {bad}')
@@ -63,8 +73,10 @@ def check_silo(silo: Any, config: gum.GumConfig, name: str) -> None:
         fail('label', 'must be 0 or 1 for the binary task')
     attributes = np.asarray(silo.item_attributes)
     if attributes.shape != (silo.num_items, config.num_attributes):
-        fail('item_attributes', f'must have shape [num_items, K] = [{silo.num_items}, {config.num_attributes}], '
-                                f'got {attributes.shape}')
+        fail(
+            'item_attributes',
+            f'must have shape [num_items, K] = [{silo.num_items}, {config.num_attributes}], got {attributes.shape}',
+        )
     if not np.isfinite(attributes).all() or (attributes < 0).any():
         fail('item_attributes', 'must be finite and non-negative (multi-hot)')
 
@@ -72,12 +84,13 @@ def check_silo(silo: Any, config: gum.GumConfig, name: str) -> None:
 def padded_attributes(silo: Any, config: gum.GumConfig) -> np.ndarray:
     """The silo's item attribute rows padded with zero rows to ``[max_items, K]``."""
     attributes = np.zeros([config.max_items, config.num_attributes], np.float32)
-    attributes[:silo.num_items] = np.asarray(silo.item_attributes, np.float32)
+    attributes[: silo.num_items] = np.asarray(silo.item_attributes, np.float32)
     return attributes
 
 
-def split_dataset(silo: Any, config: gum.GumConfig, split: str, *, batch_size: int = 64,
-                  shuffle_seed: Optional[int] = None) -> tf.data.Dataset:
+def split_dataset(
+    silo: Any, config: gum.GumConfig, split: str, *, batch_size: int = 64, shuffle_seed: int | None = None
+) -> tf.data.Dataset:
     """The records of one split of a silo as a dataset of `batch_type` batches (labels mapped to [0, 1]).
 
     Args:
@@ -94,16 +107,25 @@ def split_dataset(silo: Any, config: gum.GumConfig, split: str, *, batch_size: i
         raise ValueError(f'batch_size must be >= 1, got {batch_size}.')
     keep = np.asarray(silo.split) == SPLITS[split]
     records = collections.OrderedDict(
-        user=np.asarray(silo.user, np.int64)[keep], item=np.asarray(silo.item, np.int64)[keep],
-        label=gum.to_unit(np.asarray(silo.label, np.float32)[keep], config.rating_range).astype(np.float32))
+        user=np.asarray(silo.user, np.int64)[keep],
+        item=np.asarray(silo.item, np.int64)[keep],
+        label=gum.to_unit(np.asarray(silo.label, np.float32)[keep], config.rating_range).astype(np.float32),
+    )
     dataset = tf.data.Dataset.from_tensor_slices(records)
     if shuffle_seed is not None and keep.any():
         dataset = dataset.shuffle(int(keep.sum()), seed=shuffle_seed, reshuffle_each_iteration=True)
     return dataset.batch(batch_size)
 
 
-def client_data(silo: Any, config: gum.GumConfig, *, batch_size: int = 64, seed: int = 0, shuffle: bool = True,
-                data_name: str = 'data') -> ClientData:
+def client_data(
+    silo: Any,
+    config: gum.GumConfig,
+    *,
+    batch_size: int = 64,
+    seed: int = 0,
+    shuffle: bool = True,
+    data_name: str = 'data',
+) -> ClientData:
     """A silo's `ClientData` (checked: bad input raises `HpflDataError` naming the client and the field).
 
     Args:
@@ -118,32 +140,46 @@ def client_data(silo: Any, config: gum.GumConfig, *, batch_size: int = 64, seed:
     return ClientData(
         train=split_dataset(silo, config, 'train', batch_size=batch_size, shuffle_seed=seed if shuffle else None),
         validation=split_dataset(silo, config, 'validation', batch_size=batch_size),
-        item_attributes=padded_attributes(silo, config), seed=np.int64(seed))
+        item_attributes=padded_attributes(silo, config),
+        seed=np.int64(seed),
+    )
 
 
-def federated_data(data: Any, config: gum.GumConfig, *, batch_size: int = 64, seed: int = 0,
-                   shuffle: bool = True) -> list[ClientData]:
+def federated_data(
+    data: Any, config: gum.GumConfig, *, batch_size: int = 64, seed: int = 0, shuffle: bool = True
+) -> list[ClientData]:
     """`client_data` of every silo of a `UserModelingData`, in silo order (silo i gets seed ``seed * 1000 + i``)."""
-    return [client_data(silo, config, batch_size=batch_size, seed=seed * 1000 + i, shuffle=shuffle,
-                        data_name=data.name) for i, silo in enumerate(data.silos)]
+    return [
+        client_data(silo, config, batch_size=batch_size, seed=seed * 1000 + i, shuffle=shuffle, data_name=data.name)
+        for i, silo in enumerate(data.silos)
+    ]
 
 
-def initial_client_state(config: gum.GumConfig, num_users: int, num_items: int, *, public_seed: int = 0,
-                         private_seed: int = 0) -> ClientState:
+def initial_client_state(
+    config: gum.GumConfig, num_users: int, num_items: int, *, public_seed: int = 0, private_seed: int = 0
+) -> ClientState:
     """A client's first `ClientState`: `gum.initial_weights` (the public part is the same for every client with the
     same `public_seed`, and equals HPFL's initial global c^g) and the silo's real sizes."""
     if not 0 <= num_users <= config.max_users or not 0 <= num_items <= config.max_items:
-        raise HpflDataError(f'silo sizes ({num_users} users, {num_items} items) exceed the model\'s tables '
-                            f'({config.max_users}, {config.max_items}).')
-    return ClientState(model=gum.initial_weights(config, public_seed, private_seed), num_users=np.int32(num_users),
-                       num_items=np.int32(num_items))
+        raise HpflDataError(
+            f"silo sizes ({num_users} users, {num_items} items) exceed the model's tables "
+            f'({config.max_users}, {config.max_items}).'
+        )
+    return ClientState(
+        model=gum.initial_weights(config, public_seed, private_seed),
+        num_users=np.int32(num_users),
+        num_items=np.int32(num_items),
+    )
 
 
-def initial_client_states(data: Any, config: gum.GumConfig, *, public_seed: int = 0,
-                          seed: int = 0) -> list[ClientState]:
+def initial_client_states(
+    data: Any, config: gum.GumConfig, *, public_seed: int = 0, seed: int = 0
+) -> list[ClientState]:
     """`initial_client_state` of every silo (private tables seeded ``seed * 1000 + i``)."""
-    return [initial_client_state(config, s.num_users, s.num_items, public_seed=public_seed,
-                                 private_seed=seed * 1000 + i) for i, s in enumerate(data.silos)]
+    return [
+        initial_client_state(config, s.num_users, s.num_items, public_seed=public_seed, private_seed=seed * 1000 + i)
+        for i, s in enumerate(data.silos)
+    ]
 
 
 def struct_type(fn) -> tff.Type:

@@ -20,8 +20,9 @@ from fedpersonal.models import gum
 @functools.lru_cache(maxsize=8)
 def _prediction_computation(config: gum.GumConfig):
     state_type = data_lib.client_state_type(config)
-    eval_type = tff.to_type((tff.SequenceType(data_lib.batch_type()),
-                             tff.TensorType(np.float32, [config.max_items, config.num_attributes])))
+    eval_type = tff.to_type(
+        (tff.SequenceType(data_lib.batch_type()), tff.TensorType(np.float32, [config.max_items, config.num_attributes]))
+    )
 
     @tff.tensorflow.computation(state_type, eval_type)
     def predict_client(state, data):
@@ -40,8 +41,14 @@ def _prediction_computation(config: gum.GumConfig):
     return predict_all
 
 
-def predict_silos(config: gum.GumConfig, client_states: Sequence[ClientState], data: Any, *, split: str = 'test',
-                  batch_size: int = 256) -> list[SiloPredictions]:
+def predict_silos(
+    config: gum.GumConfig,
+    client_states: Sequence[ClientState],
+    data: Any,
+    *,
+    split: str = 'test',
+    batch_size: int = 256,
+) -> list[SiloPredictions]:
     """Every silo's predictions on one split with its own client state (each silo computes on its own data).
 
     Args:
@@ -59,14 +66,25 @@ def predict_silos(config: gum.GumConfig, client_states: Sequence[ClientState], d
     inputs = []
     for silo in data.silos:
         data_lib.check_silo(silo, config, data.name)
-        inputs.append((data_lib.split_dataset(silo, config, split, batch_size=batch_size),
-                       data_lib.padded_attributes(silo, config)))
+        inputs.append(
+            (
+                data_lib.split_dataset(silo, config, split, batch_size=batch_size),
+                data_lib.padded_attributes(silo, config),
+            )
+        )
     outputs = _prediction_computation(config)(list(client_states), inputs)
     results = []
     for silo, prediction in zip(data.silos, outputs):
         keep = np.asarray(silo.split) == SPLITS[split]
-        results.append(SiloPredictions(
-            client_id=silo.client_id, user=np.asarray(silo.user)[keep], item=np.asarray(silo.item)[keep],
-            label=np.asarray(silo.label, np.float32)[keep],
-            prediction=np.asarray(gum.from_unit(np.asarray(prediction, np.float32), config.rating_range), np.float32)))
+        results.append(
+            SiloPredictions(
+                client_id=silo.client_id,
+                user=np.asarray(silo.user)[keep],
+                item=np.asarray(silo.item)[keep],
+                label=np.asarray(silo.label, np.float32)[keep],
+                prediction=np.asarray(
+                    gum.from_unit(np.asarray(prediction, np.float32), config.rating_range), np.float32
+                ),
+            )
+        )
     return results

@@ -32,7 +32,7 @@ step after aggregation. What each phase does is data, a `RoundSpec`:
    towards the global centres, ``Emb_ji <- Emb_ji Acc_i + Emb^g (1 - Acc_i)``
    (`aggregation.personalize_embeddings`, weighting ``center_weighting``).
 
-The methods are values of `RoundSpec` (`fedpersonal.algorithms.hpfl.baselines.round_spec` names them).
+The methods are values of `spec.RoundSpec` (`fedpersonal.algorithms.hpfl.baselines.round_spec` names them).
 
     initialize: ( -> HpflState@SERVER)
     next: (<HpflState@SERVER, {ClientData}@CLIENTS, {ClientState}@CLIENTS> ->
@@ -42,9 +42,7 @@ The methods are values of `RoundSpec` (`fedpersonal.algorithms.hpfl.baselines.ro
 from __future__ import annotations
 
 import collections
-import dataclasses
 from typing import Any
-from typing import Optional
 
 import numpy as np
 import tensorflow as tf
@@ -52,9 +50,9 @@ import tensorflow_federated as tff
 
 from fedpersonal.algorithms.hpfl import aggregation
 from fedpersonal.algorithms.hpfl import data as data_lib
-from fedpersonal.algorithms.hpfl import training
 from fedpersonal.algorithms.hpfl import server
-from fedpersonal.algorithms.hpfl.types import CENTER_WEIGHTINGS
+from fedpersonal.algorithms.hpfl import training
+from fedpersonal.algorithms.hpfl.spec import RoundSpec
 from fedpersonal.algorithms.hpfl.types import ROW_UPDATES
 from fedpersonal.algorithms.hpfl.types import ClientState
 from fedpersonal.algorithms.hpfl.types import GlobalCentres
@@ -63,71 +61,6 @@ from fedpersonal.algorithms.hpfl.types import HpflState
 from fedpersonal.algorithms.hpfl.types import ModelWeights
 from fedpersonal.core import process as process_lib
 from fedpersonal.models import gum
-
-STARTS = ('own', 'global')
-LOCAL_UPDATES = ('epochs', 'gradient')
-PUBLIC_AGGREGATIONS = ('none', 'accuracy_weighted', 'mean', 'attention')
-PRIVATE_AGGREGATIONS = ('none', 'clustered')
-UPDATE_AGGREGATIONS = ('mean', 'attention')
-
-
-@dataclasses.dataclass(frozen=True)
-class RoundSpec:
-    """What one round does (see the module docstring); HPFL, its ablations and every baseline are values of it.
-
-    Attributes:
-      start: What the client trains from: ``'own'`` model or the broadcast ``'global'`` public components.
-      local_update: ``'epochs'`` of local optimizer steps or FedSGD's one ``'gradient'`` pass.
-      proximal_strength: FedProx's mu of the local objective (0: no proximal term).
-      upload_noise_stddev: Fednoise's standard deviation of the noise added to every uploaded coordinate.
-      public_aggregation: One of `PUBLIC_AGGREGATIONS`.
-      private_aggregation: One of `PRIVATE_AGGREGATIONS`.
-      accuracy_threshold: HPFL's p of ``d(Acc_ki, p)`` (accuracy-weighted aggregation).
-      center_weighting: Weighting of the global centres in the fine-grained update, one of `CENTER_WEIGHTINGS`.
-      server_learning_rate: Learning rate of the default server optimizer (SGD) of update aggregations.
-    """
-
-    start: str = 'own'
-    local_update: str = 'epochs'
-    proximal_strength: float = 0.0
-    upload_noise_stddev: float = 0.0
-    public_aggregation: str = 'none'
-    private_aggregation: str = 'none'
-    accuracy_threshold: float = 0.5
-    center_weighting: str = 'distance'
-    server_learning_rate: float = 1.0
-
-    def __post_init__(self):
-        for name, allowed in (('start', STARTS), ('local_update', LOCAL_UPDATES),
-                              ('public_aggregation', PUBLIC_AGGREGATIONS),
-                              ('private_aggregation', PRIVATE_AGGREGATIONS), ('center_weighting', CENTER_WEIGHTINGS)):
-            if getattr(self, name) not in allowed:
-                raise ValueError(f'{name} must be one of {allowed}, got {getattr(self, name)!r}.')
-        for name in ('proximal_strength', 'upload_noise_stddev', 'server_learning_rate'):
-            if not getattr(self, name) >= 0:
-                raise ValueError(f'{name} must be >= 0, got {getattr(self, name)}.')
-        if not 0.0 <= self.accuracy_threshold < 1.0:
-            raise ValueError(f'accuracy_threshold must be in [0, 1), got {self.accuracy_threshold}.')
-        if (self.start == 'global') != self.updates_public:
-            raise ValueError(f"start='global' goes with an update aggregation {UPDATE_AGGREGATIONS} (the update is "
-                             f"global - trained) and start='own' with the others, got start={self.start!r}, "
-                             f'public_aggregation={self.public_aggregation!r}.')
-        if self.start == 'global' and self.private_aggregation != 'none':
-            raise ValueError("private_aggregation='clustered' needs start='own' (HPFL).")
-        if self.start == 'own' and (self.local_update != 'epochs' or self.proximal_strength
-                                    or self.upload_noise_stddev):
-            raise ValueError("local_update='gradient', proximal_strength and upload_noise_stddev act on the "
-                             "update to a broadcast model: they need start='global'.")
-
-    @property
-    def updates_public(self) -> bool:
-        """Clients upload updates to the broadcast public components (the FedAvg family)."""
-        return self.public_aggregation in UPDATE_AGGREGATIONS
-
-    @property
-    def personalizes(self) -> bool:
-        """There is a client step after aggregation."""
-        return self.public_aggregation != 'none' or self.private_aggregation != 'none'
 
 
 class HpflProcess(process_lib.PersonalizedProcess):
@@ -152,14 +85,27 @@ class HpflProcess(process_lib.PersonalizedProcess):
         `next` runs (None without accuracy-weighted aggregation).
     """
 
-    def __init__(self, initialize_fn, next_fn, *, config: gum.GumConfig, spec: RoundSpec, name: str,
-                 public_seed: int, parts: dict[str, Any]):
+    def __init__(
+        self,
+        initialize_fn,
+        next_fn,
+        *,
+        config: gum.GumConfig,
+        spec: RoundSpec,
+        name: str,
+        public_seed: int,
+        parts: dict[str, Any],
+    ):
         state_type = parts['client_state_type']
         super().__init__(
-            initialize_fn, next_fn, get_model_weights=lambda state: state.global_model_weights,
+            initialize_fn,
+            next_fn,
+            get_model_weights=lambda state: state.global_model_weights,
             global_weights_type=initialize_fn.type_signature.result.member.global_model_weights,
-            private_state_type=state_type, initial_private_state_fn=lambda: self.initial_client_state(0, 0),
-            parts=parts)
+            private_state_type=state_type,
+            initial_private_state_fn=lambda: self.initial_client_state(0, 0),
+            parts=parts,
+        )
         self.config = config
         self.spec = spec
         self.name = name
@@ -177,8 +123,9 @@ class HpflProcess(process_lib.PersonalizedProcess):
 
         `initial_private_state()` is the state of an empty silo (0 users and items): a template of the structure.
         """
-        return data_lib.initial_client_state(self.config, num_users, num_items, public_seed=self.public_seed,
-                                             private_seed=private_seed)
+        return data_lib.initial_client_state(
+            self.config, num_users, num_items, public_seed=self.public_seed, private_seed=private_seed
+        )
 
     def get_public_weights(self, state: HpflState) -> gum.PublicWeights:
         """The global public components in `state`."""
@@ -187,13 +134,13 @@ class HpflProcess(process_lib.PersonalizedProcess):
 
 def build_process(
     config: gum.GumConfig,
-    spec: RoundSpec = RoundSpec(),
+    spec: RoundSpec | None = None,
     *,
-    client_optimizer: Optional[tff.learning.optimizers.Optimizer] = None,
+    client_optimizer: tff.learning.optimizers.Optimizer | None = None,
     client_epochs: int = 1,
-    server_optimizer: Optional[tff.learning.optimizers.Optimizer] = None,
-    model_aggregator: Optional[tff.aggregators.WeightedAggregationFactory] = None,
-    public_sum_factory: Optional[tff.aggregators.UnweightedAggregationFactory] = None,
+    server_optimizer: tff.learning.optimizers.Optimizer | None = None,
+    model_aggregator: tff.aggregators.WeightedAggregationFactory | None = None,
+    public_sum_factory: tff.aggregators.UnweightedAggregationFactory | None = None,
     max_clients: int = 64,
     max_local_clusters: int = 32,
     local_cluster_divisor: int = 5,
@@ -208,7 +155,7 @@ def build_process(
 
     Args:
       config: The GUM config (`gum.GumConfig.for_data`).
-      spec: The round.
+      spec: The round (default `RoundSpec()`: Distributed).
       client_optimizer: Local optimizer (default Adam, learning rate 0.01); its state restarts every round.
       client_epochs: Local epochs per round (ignored by the ``'gradient'`` local update).
       server_optimizer: Server optimizer of update aggregations (default SGD, ``spec.server_learning_rate``).
@@ -230,11 +177,16 @@ def build_process(
     Returns:
       An `HpflProcess`.
     """
+    spec = spec or RoundSpec()
     if client_epochs < 1:
         raise ValueError(f'client_epochs must be >= 1, got {client_epochs}.')
-    for arg, value in (('max_clients', max_clients), ('max_local_clusters', max_local_clusters),
-                       ('local_cluster_divisor', local_cluster_divisor), ('max_global_clusters', max_global_clusters),
-                       ('global_cluster_divisor', global_cluster_divisor)):
+    for arg, value in (
+        ('max_clients', max_clients),
+        ('max_local_clusters', max_local_clusters),
+        ('local_cluster_divisor', local_cluster_divisor),
+        ('max_global_clusters', max_global_clusters),
+        ('global_cluster_divisor', global_cluster_divisor),
+    ):
         if value < 1:
             raise ValueError(f'{arg} must be >= 1, got {value}.')
     if kmeans_iterations < 0:
@@ -257,19 +209,24 @@ def build_process(
     @tff.tensorflow.computation
     def initial_centres():
         zeros = lambda *shape: tf.zeros(shape)
-        return GlobalCentres(zeros(max_global_clusters, dim), zeros(max_global_clusters),
-                             zeros(max_global_clusters, dim), zeros(max_global_clusters))
+        return GlobalCentres(
+            zeros(max_global_clusters, dim),
+            zeros(max_global_clusters),
+            zeros(max_global_clusters, dim),
+            zeros(max_global_clusters),
+        )
 
     weights_type = initial_weights.type_signature.result
     centres_state_type = initial_centres.type_signature.result
 
     # ---------------------------------------------------------------------------------------- client work
     if spec.start == 'own':
+
         @tff.tensorflow.computation(data_type, state_type)
         def client_train(data, state):
-            return training.client_round(data, state, optimizer, config, epochs=client_epochs,
-                                               row_updates=row_updates)
+            return training.client_round(data, state, optimizer, config, epochs=client_epochs, row_updates=row_updates)
     else:
+
         @tff.tensorflow.computation(data_type, state_type, weights_type, round_type)
         def client_train(data, state, global_weights, round_num):
             global_public = global_weights.trainable
@@ -279,47 +236,89 @@ def build_process(
                 start = gum.PublicWeights(*global_public)
                 proximal = spec.proximal_strength > 0
                 trained, report = training.client_round(
-                    data, state, optimizer, config, epochs=client_epochs, start_public=start,
-                    proximal_center=start if proximal else None, proximal_strength=spec.proximal_strength,
-                    row_updates=row_updates)
+                    data,
+                    state,
+                    optimizer,
+                    config,
+                    epochs=client_epochs,
+                    start_public=start,
+                    proximal_center=start if proximal else None,
+                    proximal_strength=spec.proximal_strength,
+                    row_updates=row_updates,
+                )
                 update = [g - w for g, w in zip(global_public, trained.model.public)]
             if spec.upload_noise_stddev > 0:
                 seed = tf.cast(data.seed, tf.int64)
-                update = [u + spec.upload_noise_stddev * tf.random.stateless_normal(
-                    tf.shape(u), seed=tf.stack([seed, tf.cast(round_num, tf.int64) * 8 + i]))
-                          for i, u in enumerate(update)]
+                update = [
+                    u
+                    + spec.upload_noise_stddev
+                    * tf.random.stateless_normal(
+                        tf.shape(u), seed=tf.stack([seed, tf.cast(round_num, tf.int64) * 8 + i])
+                    )
+                    for i, u in enumerate(update)
+                ]
             finite = tf.reduce_all([tf.reduce_all(tf.math.is_finite(u)) for u in update])
             update = [tf.where(finite, u, tf.zeros_like(u)) for u in update]
             weight = report.num_train_examples if spec.public_aggregation == 'mean' else tf.constant(1.0)
-            return trained, report, tff.learning.templates.ClientResult(
-                update=update, update_weight=tf.where(finite, weight, 0.0))
+            return (
+                trained,
+                report,
+                tff.learning.templates.ClientResult(update=update, update_weight=tf.where(finite, weight, 0.0)),
+            )
 
     report_type = client_train.type_signature.result[1]
-    client_centres = server.client_centres_computation(
-        state_type, config, local_cluster_divisor=local_cluster_divisor, max_local_clusters=max_local_clusters,
-        kmeans_iterations=kmeans_iterations) if spec.start == 'own' else None
-    uploads_type = (client_centres.type_signature.result if spec.start == 'own'
-                    else client_train.type_signature.result[2])
+    client_centres = (
+        server.client_centres_computation(
+            state_type,
+            config,
+            local_cluster_divisor=local_cluster_divisor,
+            max_local_clusters=max_local_clusters,
+            kmeans_iterations=kmeans_iterations,
+        )
+        if spec.start == 'own'
+        else None
+    )
+    uploads_type = (
+        client_centres.type_signature.result if spec.start == 'own' else client_train.type_signature.result[2]
+    )
 
     # ---------------------------------------------------------------------------------- aggregation, server
-    distributor = aggregator = finalizer = public_aggregation = clustering = None
+    distributor: Any = None
+    aggregator: Any = None
+    finalizer: Any = None
+    public_aggregation: server.PublicAggregation | None = None
+    clustering: server.CentreClustering | None = None
     if spec.updates_public:
         distributor = tff.learning.templates.build_broadcast_process(weights_type)
-        factory = (aggregation.AttentionMeanFactory() if spec.public_aggregation == 'attention'
-                   else model_aggregator or tff.aggregators.MeanFactory())
+        factory = (
+            aggregation.AttentionMeanFactory()
+            if spec.public_aggregation == 'attention'
+            else model_aggregator or tff.aggregators.MeanFactory()
+        )
         aggregator = factory.create(uploads_type.update, uploads_type.update_weight)
         finalizer = tff.learning.templates.build_apply_optimizer_finalizer(
             server_optimizer or tff.learning.optimizers.build_sgdm(learning_rate=spec.server_learning_rate),
-            weights_type)
+            weights_type,
+        )
     if spec.public_aggregation == 'accuracy_weighted':
         public_aggregation = server.PublicAggregation(
-            public_type, report_type.attribute_accuracy, report_type.attribute_iterations,
-            accuracy_threshold=spec.accuracy_threshold, sum_factory=public_sum_factory)
+            public_type,
+            report_type.attribute_accuracy,
+            report_type.attribute_iterations,
+            accuracy_threshold=spec.accuracy_threshold,
+            sum_factory=public_sum_factory,
+        )
     if spec.private_aggregation == 'clustered':
         clustering = server.CentreClustering(
-            client_centres.type_signature.result, centres_state_type, dim=dim, max_clients=max_clients,
-            max_local_clusters=max_local_clusters, max_global_clusters=max_global_clusters,
-            global_cluster_divisor=global_cluster_divisor, kmeans_iterations=kmeans_iterations)
+            client_centres.type_signature.result,
+            centres_state_type,
+            dim=dim,
+            max_clients=max_clients,
+            max_local_clusters=max_local_clusters,
+            max_global_clusters=max_global_clusters,
+            global_cluster_divisor=global_cluster_divisor,
+            kmeans_iterations=kmeans_iterations,
+        )
 
     @tff.tensorflow.computation(weights_type)
     def public_of(weights):
@@ -346,11 +345,22 @@ def build_process(
             items = tf.range(config.max_items) < state.num_items
             private = private._replace(
                 theta=aggregation.personalize_embeddings(
-                    private.theta, users, global_components.user_centres, global_components.user_mask,
-                    report.accuracy, spec.center_weighting),
+                    private.theta,
+                    users,
+                    global_components.user_centres,
+                    global_components.user_mask,
+                    report.accuracy,
+                    spec.center_weighting,
+                ),
                 difficulty=aggregation.personalize_embeddings(
-                    private.difficulty, items, global_components.item_centres, global_components.item_mask,
-                    report.accuracy, spec.center_weighting))
+                    private.difficulty,
+                    items,
+                    global_components.item_centres,
+                    global_components.item_mask,
+                    report.accuracy,
+                    spec.center_weighting,
+                ),
+            )
         return state._replace(model=gum.GumWeights(public=public, private=private))
 
     @tff.tensorflow.computation(round_type)
@@ -370,14 +380,22 @@ def build_process(
 
     @tff.federated_computation
     def initialize():
-        return tff.federated_zip(HpflState(
-            global_model_weights=tff.federated_eval(initial_weights, tff.SERVER),
-            centres=tff.federated_eval(initial_centres, tff.SERVER),
-            distributor=distributor.initialize() if distributor else unit(),
-            aggregator=(aggregator.initialize() if aggregator else
-                        public_aggregation.sum_process.initialize() if public_aggregation else unit()),
-            finalizer=finalizer.initialize() if finalizer else unit(),
-            round_num=tff.federated_value(np.int32(0), tff.SERVER)))
+        return tff.federated_zip(
+            HpflState(
+                global_model_weights=tff.federated_eval(initial_weights, tff.SERVER),
+                centres=tff.federated_eval(initial_centres, tff.SERVER),
+                distributor=distributor.initialize() if distributor else unit(),
+                aggregator=(
+                    aggregator.initialize()
+                    if aggregator
+                    else public_aggregation.sum_process.initialize()
+                    if public_aggregation
+                    else unit()
+                ),
+                finalizer=finalizer.initialize() if finalizer else unit(),
+                round_num=tff.federated_value(np.int32(0), tff.SERVER),
+            )
+        )
 
     server_state_type = initialize.type_signature.result
 
@@ -388,8 +406,12 @@ def build_process(
         measurements = collections.OrderedDict()
         if public_aggregation is not None:
             new_public, num_aggregated, aggregator_state = public_aggregation.aggregate(
-                state.aggregator, tff.federated_map(public_of, global_weights), reports.public,
-                reports.attribute_accuracy, reports.attribute_iterations)
+                state.aggregator,
+                tff.federated_map(public_of, global_weights),
+                reports.public,
+                reports.attribute_accuracy,
+                reports.attribute_iterations,
+            )
             measurements['attributes_aggregated'] = num_aggregated
             global_weights = tff.federated_map(weights_of, new_public)
         if aggregator is not None:
@@ -405,22 +427,31 @@ def build_process(
             broadcast = tff.federated_broadcast(tff.federated_map(components, (global_weights, centres)))
             new_states = tff.federated_map(client_update, (broadcast, trained, reports))
         train_metrics = tff.federated_map(finalize, tff.federated_sum(tff.federated_map(client_metric_sums, reports)))
-        new_state = tff.federated_zip(HpflState(
-            global_model_weights=global_weights, centres=centres,
-            distributor=state.distributor if distributor_state is None else distributor_state,
-            aggregator=aggregator_state, finalizer=finalizer_state,
-            round_num=tff.federated_map(increment, state.round_num)))
+        new_state = tff.federated_zip(
+            HpflState(
+                global_model_weights=global_weights,
+                centres=centres,
+                distributor=state.distributor if distributor_state is None else distributor_state,
+                aggregator=aggregator_state,
+                finalizer=finalizer_state,
+                round_num=tff.federated_map(increment, state.round_num),
+            )
+        )
         metrics = tff.federated_zip(collections.OrderedDict(client_work=train_metrics, **measurements))
         return process_lib.ProcessOutput(state=new_state, metrics=metrics, private_states=new_states)
 
-    @tff.federated_computation(server_state_type, tff.FederatedType(state_type, tff.CLIENTS),
-                               tff.FederatedType(report_type, tff.CLIENTS),
-                               tff.FederatedType(uploads_type, tff.CLIENTS))
+    @tff.federated_computation(
+        server_state_type,
+        tff.FederatedType(state_type, tff.CLIENTS),
+        tff.FederatedType(report_type, tff.CLIENTS),
+        tff.FederatedType(uploads_type, tff.CLIENTS),
+    )
     def round_from_uploads(state, trained, reports, uploads):
         return after_client_work(state, trained, reports, uploads)
 
-    @tff.federated_computation(server_state_type, tff.FederatedType(data_type, tff.CLIENTS),
-                               tff.FederatedType(state_type, tff.CLIENTS))
+    @tff.federated_computation(
+        server_state_type, tff.FederatedType(data_type, tff.CLIENTS), tff.FederatedType(state_type, tff.CLIENTS)
+    )
     def next_fn(state, client_data, client_states):
         if spec.start == 'own':
             trained, reports = tff.federated_map(client_train, (client_data, client_states))
@@ -428,20 +459,23 @@ def build_process(
             return after_client_work(state, trained, reports, uploads)
         distributed = distributor.next(state.distributor, state.global_model_weights)
         trained, reports, uploads = tff.federated_map(
-            client_train, (client_data, client_states, distributed.result,
-                           tff.federated_broadcast(state.round_num)))
+            client_train, (client_data, client_states, distributed.result, tff.federated_broadcast(state.round_num))
+        )
         return after_client_work(state, trained, reports, uploads, distributed.state)
 
-    parts = dict(client_data_type=data_type, client_state_type=state_type, client_train=client_train,
-                 round_from_uploads=round_from_uploads)
+    parts = dict(
+        client_data_type=data_type,
+        client_state_type=state_type,
+        client_train=client_train,
+        round_from_uploads=round_from_uploads,
+    )
     if clustering is not None:
         parts['client_centres'] = client_centres
     if spec.personalizes:
         parts['client_update'] = client_update
     if public_aggregation is not None:
         parts['public_aggregation'] = public_aggregation.computation
-    return HpflProcess(initialize, next_fn, config=config, spec=spec, name=name, public_seed=public_seed,
-                       parts=parts)
+    return HpflProcess(initialize, next_fn, config=config, spec=spec, name=name, public_seed=public_seed, parts=parts)
 
 
 def build_hpfl(
@@ -462,9 +496,16 @@ def build_hpfl(
     so p must lie below the clients' typical per-attribute accuracy or no attribute is aggregated
     (``metrics['attributes_aggregated']`` shows it). Other keyword arguments as in `build_process`.
     """
-    spec = RoundSpec(public_aggregation='accuracy_weighted' if aggregate_public else 'none',
-                     private_aggregation='clustered' if aggregate_private else 'none',
-                     accuracy_threshold=accuracy_threshold, center_weighting=center_weighting)
-    kwargs.setdefault('name', {(True, True): 'hpfl', (True, False): 'hpfl_k', (False, True): 'hpfl_r',
-                               (False, False): 'distributed'}[(aggregate_public, aggregate_private)])
+    spec = RoundSpec(
+        public_aggregation='accuracy_weighted' if aggregate_public else 'none',
+        private_aggregation='clustered' if aggregate_private else 'none',
+        accuracy_threshold=accuracy_threshold,
+        center_weighting=center_weighting,
+    )
+    kwargs.setdefault(
+        'name',
+        {(True, True): 'hpfl', (True, False): 'hpfl_k', (False, True): 'hpfl_r', (False, False): 'distributed'}[
+            (aggregate_public, aggregate_private)
+        ],
+    )
     return build_process(config, spec, **kwargs)

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import collections
 from typing import Any
-from typing import Optional
 
 import tensorflow as tf
 import tensorflow_federated as tff
@@ -38,14 +37,21 @@ class PublicAggregation:
         alone, the same code `aggregate` runs.
     """
 
-    def __init__(self, public_type: tff.Type, accuracy_type: tff.Type, iterations_type: tff.Type, *,
-                 accuracy_threshold: float,
-                 sum_factory: Optional[tff.aggregators.UnweightedAggregationFactory] = None):
+    def __init__(
+        self,
+        public_type: tff.Type,
+        accuracy_type: tff.Type,
+        iterations_type: tff.Type,
+        *,
+        accuracy_threshold: float,
+        sum_factory: tff.aggregators.UnweightedAggregationFactory | None = None,
+    ):
 
         @tff.tensorflow.computation(public_type, accuracy_type, iterations_type)
         def weighted_upload(public, attribute_accuracy, attribute_iterations):
-            weight = aggregation.public_aggregation_weights(attribute_accuracy, attribute_iterations,
-                                                            accuracy_threshold)
+            weight = aggregation.public_aggregation_weights(
+                attribute_accuracy, attribute_iterations, accuracy_threshold
+            )
             return gum.PublicWeights(*[weight[:, None] * c for c in public]), weight
 
         self.sum_process = (sum_factory or tff.aggregators.SumFactory()).create(weighted_upload.type_signature.result)
@@ -54,20 +60,24 @@ class PublicAggregation:
         def divide(previous, summed):
             weighted, weight = summed
             has = (weight > 0)[:, None]
-            new = gum.PublicWeights(*[tf.where(has, tf.math.divide_no_nan(s, weight[:, None]), p)
-                                      for s, p in zip(weighted, previous)])
+            new = gum.PublicWeights(
+                *[tf.where(has, tf.math.divide_no_nan(s, weight[:, None]), p) for s, p in zip(weighted, previous)]
+            )
             return new, tf.reduce_sum(tf.cast(weight > 0, tf.int32))
 
         self._weighted_upload = weighted_upload
         self._divide = divide
 
-        @tff.federated_computation(tff.FederatedType(public_type, tff.SERVER),
-                                   tff.FederatedType(public_type, tff.CLIENTS),
-                                   tff.FederatedType(accuracy_type, tff.CLIENTS),
-                                   tff.FederatedType(iterations_type, tff.CLIENTS))
+        @tff.federated_computation(
+            tff.FederatedType(public_type, tff.SERVER),
+            tff.FederatedType(public_type, tff.CLIENTS),
+            tff.FederatedType(accuracy_type, tff.CLIENTS),
+            tff.FederatedType(iterations_type, tff.CLIENTS),
+        )
         def computation(previous, public, attribute_accuracy, attribute_iterations):
-            new_public, _, _ = self.aggregate(self.sum_process.initialize(), previous, public, attribute_accuracy,
-                                              attribute_iterations)
+            new_public, _, _ = self.aggregate(
+                self.sum_process.initialize(), previous, public, attribute_accuracy, attribute_iterations
+            )
             return new_public
 
         self.computation = computation
@@ -83,15 +93,30 @@ class PublicAggregation:
 class CentreClustering:
     """HPFL's clustered aggregation of the private components (see the module docstring)."""
 
-    def __init__(self, centres_type: tff.Type, global_centres_type: tff.Type, *, dim: int, max_clients: int,
-                 max_local_clusters: int, max_global_clusters: int, global_cluster_divisor: int,
-                 kmeans_iterations: int):
+    def __init__(
+        self,
+        centres_type: tff.Type,
+        global_centres_type: tff.Type,
+        *,
+        dim: int,
+        max_clients: int,
+        max_local_clusters: int,
+        max_global_clusters: int,
+        global_cluster_divisor: int,
+        kmeans_iterations: int,
+    ):
         capacity = max_clients * max_local_clusters
 
         @tff.tensorflow.computation
         def empty_collection():
-            return (tf.zeros([capacity, dim]), tf.zeros([capacity]), tf.zeros([capacity, dim]), tf.zeros([capacity]),
-                    tf.constant(0), tf.constant(0))
+            return (
+                tf.zeros([capacity, dim]),
+                tf.zeros([capacity]),
+                tf.zeros([capacity, dim]),
+                tf.zeros([capacity]),
+                tf.constant(0),
+                tf.constant(0),
+            )
 
         collection_type = empty_collection.type_signature.result
 
@@ -104,8 +129,10 @@ class CentreClustering:
             fits = count < max_clients
             slot = tf.minimum(count, max_clients - 1)
             values = (centres.user_centres, centres.user_mask, centres.item_centres, centres.item_mask)
-            buffers = [tf.where(fits, tf.reshape(tf.tensor_scatter_nd_update(slots(b), [[slot]], v[None]),
-                                                 tf.shape(b)), b) for b, v in zip(buffers, values)]
+            buffers = [
+                tf.where(fits, tf.reshape(tf.tensor_scatter_nd_update(slots(b), [[slot]], v[None]), tf.shape(b)), b)
+                for b, v in zip(buffers, values)
+            ]
             return (*buffers, count + tf.cast(fits, tf.int32), dropped + 1 - tf.cast(fits, tf.int32))
 
         @tff.tensorflow.computation(collection_type, collection_type)
@@ -116,11 +143,16 @@ class CentreClustering:
             target = a_count + source
             keep = tf.logical_and(source < b_count, target < max_clients)
             indices = tf.boolean_mask(target, keep)[:, None]
-            buffers = [tf.reshape(tf.tensor_scatter_nd_update(slots(x), indices, tf.boolean_mask(slots(y), keep)),
-                                  tf.shape(x)) for x, y in zip(a_buffers, b_buffers)]
+            buffers = [
+                tf.reshape(tf.tensor_scatter_nd_update(slots(x), indices, tf.boolean_mask(slots(y), keep)), tf.shape(x))
+                for x, y in zip(a_buffers, b_buffers)
+            ]
             total = a_count + b_count
-            return (*buffers, tf.minimum(total, max_clients),
-                    a_dropped + b_dropped + tf.maximum(total - max_clients, 0))
+            return (
+                *buffers,
+                tf.minimum(total, max_clients),
+                a_dropped + b_dropped + tf.maximum(total - max_clients, 0),
+            )
 
         @tff.tensorflow.computation(collection_type)
         def report(collection):
@@ -134,18 +166,22 @@ class CentreClustering:
             def cluster(points, valid, old_centres, old_mask):
                 num = tf.reduce_sum(tf.cast(valid > 0, tf.int32))
                 wanted = clustering.cluster_count(num, global_cluster_divisor, max_global_clusters)
-                centres, mask, _ = clustering.kmeans(points, valid > 0, wanted, max_global_clusters,
-                                                     kmeans_iterations)
+                centres, mask, _ = clustering.kmeans(points, valid > 0, wanted, max_global_clusters, kmeans_iterations)
                 return tf.where(num > 0, centres, old_centres), tf.where(num > 0, mask, old_mask), num
 
-            user_centres, user_mask, num_user = cluster(user_points, user_valid, previous.user_centres,
-                                                        previous.user_mask)
-            item_centres, item_mask, num_item = cluster(item_points, item_valid, previous.item_centres,
-                                                        previous.item_mask)
+            user_centres, user_mask, num_user = cluster(
+                user_points, user_valid, previous.user_centres, previous.user_mask
+            )
+            item_centres, item_mask, num_item = cluster(
+                item_points, item_valid, previous.item_centres, previous.item_mask
+            )
             measurements = collections.OrderedDict(
-                uploaded_user_centres=num_user, uploaded_item_centres=num_item,
+                uploaded_user_centres=num_user,
+                uploaded_item_centres=num_item,
                 global_user_clusters=tf.reduce_sum(tf.cast(user_mask, tf.int32)),
-                global_item_clusters=tf.reduce_sum(tf.cast(item_mask, tf.int32)), dropped_centre_uploads=dropped)
+                global_item_clusters=tf.reduce_sum(tf.cast(item_mask, tf.int32)),
+                dropped_centre_uploads=dropped,
+            )
             return GlobalCentres(user_centres, user_mask, item_centres, item_mask), measurements
 
         self._parts = (empty_collection, accumulate, merge, report, server_cluster)
@@ -158,8 +194,14 @@ class CentreClustering:
         return tff.federated_map(server_cluster, (previous, collection))
 
 
-def client_centres_computation(state_type: tff.Type, config: gum.GumConfig, *, local_cluster_divisor: int,
-                               max_local_clusters: int, kmeans_iterations: int) -> tff.Computation:
+def client_centres_computation(
+    state_type: tff.Type,
+    config: gum.GumConfig,
+    *,
+    local_cluster_divisor: int,
+    max_local_clusters: int,
+    kmeans_iterations: int,
+) -> tff.Computation:
     """TF computation ``ClientState -> Centres``: k-means of the real user rows of theta and item rows of b, with
     ``min(n // local_cluster_divisor + 1, max_local_clusters)`` clusters each (padded to `max_local_clusters`)."""
 
@@ -169,12 +211,19 @@ def client_centres_computation(state_type: tff.Type, config: gum.GumConfig, *, l
         users = tf.range(config.max_users) < state.num_users
         items = tf.range(config.max_items) < state.num_items
         user_centres, user_mask, _ = clustering.kmeans(
-            private.theta, users, clustering.cluster_count(state.num_users, local_cluster_divisor, max_local_clusters),
-            max_local_clusters, kmeans_iterations)
+            private.theta,
+            users,
+            clustering.cluster_count(state.num_users, local_cluster_divisor, max_local_clusters),
+            max_local_clusters,
+            kmeans_iterations,
+        )
         item_centres, item_mask, _ = clustering.kmeans(
-            private.difficulty, items,
+            private.difficulty,
+            items,
             clustering.cluster_count(state.num_items, local_cluster_divisor, max_local_clusters),
-            max_local_clusters, kmeans_iterations)
+            max_local_clusters,
+            kmeans_iterations,
+        )
         return Centres(user_centres, user_mask, item_centres, item_mask)
 
     return client_centres

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import collections
 from collections.abc import Sequence
-from typing import Optional
 
 import tensorflow as tf
 import tensorflow_federated as tff
@@ -30,16 +29,27 @@ def _per_weight_state_keys(optimizer_state, specs: Sequence[tf.TensorSpec]) -> t
     """Keys of a `tff.learning.optimizers` state whose values hold one tensor per weight (Adam's moments, ...)."""
     keys = []
     for key, value in optimizer_state.items():
-        if isinstance(value, (tuple, list)) and len(value) == len(specs) and all(
-                tf.TensorShape(getattr(v, 'shape', ())) == spec.shape for v, spec in zip(value, specs)):
+        if (
+            isinstance(value, (tuple, list))
+            and len(value) == len(specs)
+            and all(tf.TensorShape(getattr(v, 'shape', ())) == spec.shape for v, spec in zip(value, specs))
+        ):
             keys.append(key)
     return tuple(keys)
 
 
-def local_training(weights: gum.GumWeights, dataset: tf.data.Dataset, item_attributes: tf.Tensor,
-                   optimizer: tff.learning.optimizers.Optimizer, config: gum.GumConfig, *, epochs: int = 1,
-                   proximal_center: Optional[gum.PublicWeights] = None, proximal_strength: float = 0.0,
-                   row_updates: str = 'dense'):
+def local_training(
+    weights: gum.GumWeights,
+    dataset: tf.data.Dataset,
+    item_attributes: tf.Tensor,
+    optimizer: tff.learning.optimizers.Optimizer,
+    config: gum.GumConfig,
+    *,
+    epochs: int = 1,
+    proximal_center: gum.PublicWeights | None = None,
+    proximal_strength: float = 0.0,
+    row_updates: str = 'dense',
+):
     """Trains all GUM weights (public and private) on `dataset` with one optimizer step per batch.
 
     The optimizer state starts fresh. With `proximal_center`, ``proximal_strength / 2 * ||public - center||^2`` is
@@ -75,15 +85,19 @@ def local_training(weights: gum.GumWeights, dataset: tf.data.Dataset, item_attri
         loss = gum.mse_loss(current, user, item, attributes, label)
         total = loss
         if proximal_center is not None and proximal_strength > 0:
-            total += 0.5 * proximal_strength * tf.add_n(
-                [tf.reduce_sum(tf.square(a - b)) for a, b in zip(current.public, proximal_center)])
+            total += (
+                0.5
+                * proximal_strength
+                * tf.add_n([tf.reduce_sum(tf.square(a - b)) for a, b in zip(current.public, proximal_center)])
+            )
         return loss, total
 
     def dense_step(values, optimizer_state, batch, attributes):
         with tf.GradientTape() as tape:
             tape.watch(values)
-            loss, total = loss_of(_rebuild(weights, values, fields), batch['user'], batch['item'], attributes,
-                                  batch['label'])
+            loss, total = loss_of(
+                _rebuild(weights, values, fields), batch['user'], batch['item'], attributes, batch['label']
+            )
         gradients = tuple(tf.convert_to_tensor(g) for g in tape.gradient(total, values))
         optimizer_state, values = optimizer.next(optimizer_state, values, gradients)
         return tuple(values), optimizer_state, loss
@@ -98,25 +112,36 @@ def local_training(weights: gum.GumWeights, dataset: tf.data.Dataset, item_attri
             return tuple(t if r is None else tf.gather(t, r) for t, r in zip(tensors, rows))
 
         def scatter(tensors, updates):
-            return tuple(u if r is None else tf.tensor_scatter_nd_update(t, r[:, None], u)
-                         for t, u, r in zip(tensors, updates, rows))
+            return tuple(
+                u if r is None else tf.tensor_scatter_nd_update(t, r[:, None], u)
+                for t, u, r in zip(tensors, updates, rows)
+            )
 
         local_values = gather(values)
         local_state = collections.OrderedDict(
-            (key, gather(value) if key in per_weight else value) for key, value in optimizer_state.items())
+            (key, gather(value) if key in per_weight else value) for key, value in optimizer_state.items()
+        )
         # The non-trained private fields (discrimination without use_discrimination) are read at the same rows.
-        local_weights = weights._replace(private=weights.private._replace(**{
-            f: tf.gather(getattr(weights.private, f), rows_of(f))
-            for f in gum.PrivateWeights._fields if f not in fields}))
+        local_weights = weights._replace(
+            private=weights.private._replace(
+                **{
+                    f: tf.gather(getattr(weights.private, f), rows_of(f))
+                    for f in gum.PrivateWeights._fields
+                    if f not in fields
+                }
+            )
+        )
         with tf.GradientTape() as tape:
             tape.watch(local_values)
-            loss, total = loss_of(_rebuild(local_weights, local_values, fields), user_index, item_index,
-                                  attributes, batch['label'])
+            loss, total = loss_of(
+                _rebuild(local_weights, local_values, fields), user_index, item_index, attributes, batch['label']
+            )
         gradients = tuple(tf.convert_to_tensor(g) for g in tape.gradient(total, local_values))
         local_state, local_values = optimizer.next(local_state, local_values, gradients)
         new_state = collections.OrderedDict(
             (key, scatter(optimizer_state[key], local_state[key]) if key in per_weight else local_state[key])
-            for key in optimizer_state)
+            for key in optimizer_state
+        )
         return scatter(values, tuple(local_values)), new_state, loss
 
     update = lazy_step if row_updates == 'lazy' else dense_step
@@ -126,17 +151,22 @@ def local_training(weights: gum.GumWeights, dataset: tf.data.Dataset, item_attri
         attributes = tf.gather(item_attributes, batch['item'])
         values, optimizer_state, loss = update(values, optimizer_state, batch, attributes)
         size = tf.shape(batch['label'])[0]
-        return (values, optimizer_state, n + size, loss_sum + loss * tf.cast(size, tf.float32),
-                iterations + tf.reduce_sum(tf.cast(attributes > 0, tf.float32), axis=0))
+        return (
+            values,
+            optimizer_state,
+            n + size,
+            loss_sum + loss * tf.cast(size, tf.float32),
+            iterations + tf.reduce_sum(tf.cast(attributes > 0, tf.float32), axis=0),
+        )
 
-    initial = (values, initial_state, tf.constant(0, tf.int32), tf.constant(0.0),
-               tf.zeros([config.num_attributes]))
+    initial = (values, initial_state, tf.constant(0, tf.int32), tf.constant(0.0), tf.zeros([config.num_attributes]))
     values, _, n, loss_sum, iterations = dataset.repeat(epochs).reduce(initial, step)
     return _rebuild(weights, values, fields), n, loss_sum, iterations
 
 
-def validation_statistics(weights: gum.GumWeights, dataset: tf.data.Dataset, item_attributes: tf.Tensor,
-                          config: gum.GumConfig):
+def validation_statistics(
+    weights: gum.GumWeights, dataset: tf.data.Dataset, item_attributes: tf.Tensor, config: gum.GumConfig
+):
     """Sums over `dataset`: ``(loss_sum, correct, num_examples, attribute_correct [K], attribute_count [K])``.
 
     A record counts for attribute k when its item has attribute k; Acc_k = attribute_correct / attribute_count.
@@ -149,17 +179,29 @@ def validation_statistics(weights: gum.GumWeights, dataset: tf.data.Dataset, ite
         prediction = gum.predict(weights, batch['user'], batch['item'], attributes)
         hits = gum.correct(prediction, batch['label'], config)
         has = tf.cast(attributes > 0, tf.float32)
-        return (loss_sum + tf.reduce_sum(tf.square(prediction - batch['label'])), right + tf.reduce_sum(hits),
-                n + tf.cast(tf.shape(hits)[0], tf.float32), attribute_right + tf.linalg.matvec(has, hits, True),
-                attribute_count + tf.reduce_sum(has, axis=0))
+        return (
+            loss_sum + tf.reduce_sum(tf.square(prediction - batch['label'])),
+            right + tf.reduce_sum(hits),
+            n + tf.cast(tf.shape(hits)[0], tf.float32),
+            attribute_right + tf.linalg.matvec(has, hits, True),
+            attribute_count + tf.reduce_sum(has, axis=0),
+        )
 
     return dataset.reduce((tf.constant(0.0), tf.constant(0.0), tf.constant(0.0), tf.zeros([k]), tf.zeros([k])), step)
 
 
-def client_round(data: ClientData, state: ClientState, optimizer: tff.learning.optimizers.Optimizer,
-                 config: gum.GumConfig, *, epochs: int, proximal_center: Optional[gum.PublicWeights] = None,
-                 proximal_strength: float = 0.0, start_public: Optional[gum.PublicWeights] = None,
-                 row_updates: str = 'dense'):
+def client_round(
+    data: ClientData,
+    state: ClientState,
+    optimizer: tff.learning.optimizers.Optimizer,
+    config: gum.GumConfig,
+    *,
+    epochs: int,
+    proximal_center: gum.PublicWeights | None = None,
+    proximal_strength: float = 0.0,
+    start_public: gum.PublicWeights | None = None,
+    row_updates: str = 'dense',
+):
     """Local training then validation statistics: ``(trained ClientState, ClientReport)`` (TF, shared by baselines).
 
     `start_public`, if given, replaces the client's public components before training (the FedAvg family);
@@ -169,20 +211,40 @@ def client_round(data: ClientData, state: ClientState, optimizer: tff.learning.o
     if start_public is not None:
         weights = weights._replace(public=gum.PublicWeights(*[tf.identity(v) for v in start_public]))
     trained, n, loss_sum, iterations = local_training(
-        weights, data.train, data.item_attributes, optimizer, config, epochs=epochs,
-        proximal_center=proximal_center, proximal_strength=proximal_strength, row_updates=row_updates)
+        weights,
+        data.train,
+        data.item_attributes,
+        optimizer,
+        config,
+        epochs=epochs,
+        proximal_center=proximal_center,
+        proximal_strength=proximal_strength,
+        row_updates=row_updates,
+    )
     val_loss, val_right, val_n, attribute_right, attribute_count = validation_statistics(
-        trained, data.validation, data.item_attributes, config)
+        trained, data.validation, data.item_attributes, config
+    )
     report = ClientReport(
-        public=trained.public, attribute_accuracy=tf.math.divide_no_nan(attribute_right, attribute_count),
-        attribute_iterations=iterations, accuracy=tf.math.divide_no_nan(val_right, val_n),
-        train_loss_sum=loss_sum, num_train_examples=tf.cast(n, tf.float32), validation_loss_sum=val_loss,
-        validation_correct=val_right, num_validation_examples=val_n)
+        public=trained.public,
+        attribute_accuracy=tf.math.divide_no_nan(attribute_right, attribute_count),
+        attribute_iterations=iterations,
+        accuracy=tf.math.divide_no_nan(val_right, val_n),
+        train_loss_sum=loss_sum,
+        num_train_examples=tf.cast(n, tf.float32),
+        validation_loss_sum=val_loss,
+        validation_correct=val_right,
+        num_validation_examples=val_n,
+    )
     return ClientState(model=trained, num_users=state.num_users, num_items=state.num_items), report
 
 
-_METRIC_SUM_FIELDS = ('train_loss_sum', 'num_train_examples', 'validation_loss_sum', 'validation_correct',
-                      'num_validation_examples')
+_METRIC_SUM_FIELDS = (
+    'train_loss_sum',
+    'num_train_examples',
+    'validation_loss_sum',
+    'validation_correct',
+    'num_validation_examples',
+)
 
 
 def metric_sums(report: ClientReport) -> collections.OrderedDict:
@@ -196,7 +258,9 @@ def finalize_metrics(sums) -> collections.OrderedDict:
         train_loss=tf.math.divide_no_nan(sums['train_loss_sum'], sums['num_train_examples']),
         validation_loss=tf.math.divide_no_nan(sums['validation_loss_sum'], sums['num_validation_examples']),
         validation_accuracy=tf.math.divide_no_nan(sums['validation_correct'], sums['num_validation_examples']),
-        num_train_examples=sums['num_train_examples'], num_validation_examples=sums['num_validation_examples'])
+        num_train_examples=sums['num_train_examples'],
+        num_validation_examples=sums['num_validation_examples'],
+    )
 
 
 def _add_scaled(total, gradient, scale):
@@ -223,29 +287,39 @@ def gradient_round(global_public, data: ClientData, state: ClientState, optimize
         attributes = tf.gather(data.item_attributes, batch['item'])
         with tf.GradientTape() as tape:
             tape.watch((public, private))
-            current = gum.GumWeights(gum.PublicWeights(*public),
-                                     weights.private._replace(**dict(zip(fields, private))))
+            current = gum.GumWeights(gum.PublicWeights(*public), weights.private._replace(**dict(zip(fields, private))))
             loss = gum.mse_loss(current, batch['user'], batch['item'], attributes, batch['label'])
         public_grads, private_grads = tape.gradient(loss, (public, private))
         size = tf.cast(tf.shape(batch['label'])[0], tf.float32)
-        return (tuple(s + size * tf.convert_to_tensor(g) for s, g in zip(public_sum, public_grads)),
-                tuple(_add_scaled(s, g, size) for s, g in zip(private_sum, private_grads)),
-                n + size, loss_sum + size * loss,
-                iterations + tf.reduce_sum(tf.cast(attributes > 0, tf.float32), axis=0))
+        return (
+            tuple(s + size * tf.convert_to_tensor(g) for s, g in zip(public_sum, public_grads)),
+            tuple(_add_scaled(s, g, size) for s, g in zip(private_sum, private_grads)),
+            n + size,
+            loss_sum + size * loss,
+            iterations + tf.reduce_sum(tf.cast(attributes > 0, tf.float32), axis=0),
+        )
 
     zeros = lambda values: tuple(tf.zeros_like(v) for v in values)
     public_sum, private_sum, n, loss_sum, iterations = data.train.reduce(
-        (zeros(public), zeros(private), tf.constant(0.0), tf.constant(0.0), tf.zeros([config.num_attributes])), step)
+        (zeros(public), zeros(private), tf.constant(0.0), tf.constant(0.0), tf.zeros([config.num_attributes])), step
+    )
     public_grad = [tf.math.divide_no_nan(s, n) for s in public_sum]
     private_grad = tuple(tf.math.divide_no_nan(s, n) for s in private_sum)
     optimizer_state = optimizer.initialize(tuple(tf.TensorSpec(v.shape, v.dtype) for v in private))
     _, private = optimizer.next(optimizer_state, private, private_grad)
     trained = weights._replace(private=weights.private._replace(**dict(zip(fields, private))))
     val_loss, val_right, val_n, attribute_right, attribute_count = validation_statistics(
-        trained, data.validation, data.item_attributes, config)
+        trained, data.validation, data.item_attributes, config
+    )
     report = ClientReport(
-        public=trained.public, attribute_accuracy=tf.math.divide_no_nan(attribute_right, attribute_count),
-        attribute_iterations=iterations, accuracy=tf.math.divide_no_nan(val_right, val_n), train_loss_sum=loss_sum,
-        num_train_examples=n, validation_loss_sum=val_loss, validation_correct=val_right,
-        num_validation_examples=val_n)
+        public=trained.public,
+        attribute_accuracy=tf.math.divide_no_nan(attribute_right, attribute_count),
+        attribute_iterations=iterations,
+        accuracy=tf.math.divide_no_nan(val_right, val_n),
+        train_loss_sum=loss_sum,
+        num_train_examples=n,
+        validation_loss_sum=val_loss,
+        validation_correct=val_right,
+        num_validation_examples=val_n,
+    )
     return state._replace(model=trained), report, public_grad
