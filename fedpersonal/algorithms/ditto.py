@@ -108,6 +108,17 @@ def build_ditto(
 
     Returns:
       A stateful `fedpersonal.core.PersonalizedProcess` whose private state is the personal model.
+
+    Example:
+
+    >>> import collections
+    >>> import tensorflow as tf
+    >>> from fedpersonal import algorithms
+    >>> spec = collections.OrderedDict(x=tf.TensorSpec([None, 4], tf.float32), y=tf.TensorSpec([None], tf.int32))
+    >>> process = algorithms.build_ditto(lambda: tf.keras.Sequential([tf.keras.Input([4]), tf.keras.layers.Dense(3)]),
+    ...                                  element_spec=spec, lam=0.1)
+    >>> process.stateful, len(process.initial_private_state().trainable)
+    (True, 2)
     """
     if lam < 0:
         raise ValueError(f'lam must be >= 0, got {lam}')

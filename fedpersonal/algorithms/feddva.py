@@ -146,6 +146,18 @@ def build_feddva(
 
     Returns:
       A stateful `fedpersonal.core.PersonalizedProcess` (private state: decoder + head + batch-norm statistics).
+
+    Example:
+
+    >>> import collections
+    >>> import tensorflow as tf
+    >>> from fedpersonal import algorithms
+    >>> from fedpersonal.models import feddva_models
+    >>> spec = collections.OrderedDict(x=tf.TensorSpec([None, 28, 28, 1], tf.float32),
+    ...                                y=tf.TensorSpec([None], tf.int32))
+    >>> process = algorithms.build_feddva(lambda: feddva_models.DualVae(feddva_models.SCALED), element_spec=spec)
+    >>> process.stateful
+    True
     """
     for name, value in (
         ('decoder_epochs', decoder_epochs),
