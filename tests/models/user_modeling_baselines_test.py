@@ -90,3 +90,37 @@ def test_bad_sizes_are_rejected():
         ub.NcdModel(0, 3, 2)
     with pytest.raises(ValueError, match='task'):
         ub.NcfModel(2, 3, task='ranking')
+
+
+@pytest.mark.parametrize('kind,task', [('ncd', 'binary'), ('ncf', 'rating'), ('gum', 'rating')])
+def test_training_is_a_function_of_the_seed(kind, task):
+    """Initializers (numpy) and shuffles derive from the seed: with TF's global seed set to it, as the HPFL task's
+    `run` does, the same seed trains identical weights whatever random ops ran before; another seed does not."""
+    data, index, train, validation = _pooled(task)
+
+    def trained(seed, earlier_draws):
+        tf.random.set_seed(seed)
+        tf.random.uniform([earlier_draws])  # Random ops before training (an op-seed counter) must not matter.
+        if kind == 'ncd':
+            model = ub.NcdModel(
+                index.num_global_users, index.num_global_items, data.num_attributes, hidden_units=(8, 4), seed=seed
+            )
+        elif kind == 'ncf':
+            model = ub.NcfModel(index.num_global_users, index.num_global_items, embedding_dim=8, task=task, seed=seed)
+        else:
+            config = gum.GumConfig(
+                num_attributes=data.num_attributes,
+                max_users=index.num_global_users,
+                max_items=index.num_global_items,
+                hidden_dim=4,
+                task=task,
+                rating_range=data.rating_range,
+            )
+            model = ub.CentralGumModel(config, seed=seed)
+        ub.train_centralized(model, train, validation, epochs=2, learning_rate=0.02, batch_size=64, seed=seed)
+        return [v.numpy() for v in model.variables]
+
+    first, again, other = trained(3, 1), trained(3, 5), trained(4, 1)
+    for a, b in zip(first, again):
+        np.testing.assert_array_equal(a, b)
+    assert any(not np.array_equal(a, b) for a, b in zip(first, other))
