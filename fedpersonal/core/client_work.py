@@ -248,6 +248,39 @@ def optimizer_steps(
     return StepsResult(num_examples, loss_sum, stats)
 
 
+def functional_steps(
+    values: Any,
+    optimizer_state: Any,
+    dataset: tf.data.Dataset,
+    update: Callable[[Any, Any, Any], tuple[Any, Any, BatchLoss]],
+    *,
+    epochs: int = 1,
+    count_dtype: tf.DType = tf.int32,
+    zero_stats: Any = (),
+) -> tuple[Any, Any, StepsResult]:
+    """`optimizer_steps` for a model held as tensors: the loop over a pure step function of (weights, batch).
+
+    ``update(values, optimizer_state, batch) -> (values, optimizer_state, BatchLoss)`` makes one step (e.g. a
+    gradient step on the full tensors, or on the rows a batch touches); this loop feeds it every batch of
+    `dataset` repeated `epochs` times and sums the `BatchLoss` statistics as `optimizer_steps` does.
+
+    Returns:
+      ``(values, optimizer_state, StepsResult)`` after the last step.
+    """
+    zero_stats = tf.nest.map_structure(lambda z: tf.zeros([], tf.float32) + z, zero_stats)
+
+    def step(carry, batch):
+        values, optimizer_state, num_examples, loss_sum, stats = carry
+        values, optimizer_state, result = update(values, optimizer_state, batch)
+        n = tf.cast(result.num_examples, count_dtype)
+        stats = tf.nest.map_structure(lambda a, b: a + b, stats, result.stats)
+        return values, optimizer_state, num_examples + n, loss_sum + result.loss * tf.cast(n, tf.float32), stats
+
+    initial = (values, optimizer_state, tf.zeros([], count_dtype), tf.constant(0.0), zero_stats)
+    values, optimizer_state, num_examples, loss_sum, stats = dataset.repeat(epochs).reduce(initial, step)
+    return values, optimizer_state, StepsResult(num_examples, loss_sum, stats)
+
+
 # ---------------------------------------------------------------------------------- reconstruction models
 def regularization_loss(model: ReconstructionModel) -> tf.Tensor:
     """Sum of the wrapped Keras model's regularization losses (0 if none)."""

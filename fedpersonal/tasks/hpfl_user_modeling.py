@@ -68,11 +68,19 @@ from fedpersonal import client_state
 from fedpersonal import errors
 from fedpersonal import program
 from fedpersonal.algorithms import hpfl
-from fedpersonal.algorithms import optimizers
 from fedpersonal.data import user_modeling
 from fedpersonal.metrics import user_modeling_metrics as um_metrics
 from fedpersonal.models import gum
 from fedpersonal.models import user_modeling_baselines as baselines
+from fedpersonal.program import config_parts as parts
+from fedpersonal.tasks.hpfl_analysis import ROW_NAMES
+from fedpersonal.tasks.hpfl_analysis import evaluate_predictions
+from fedpersonal.tasks.hpfl_analysis import format_accuracy_table
+from fedpersonal.tasks.hpfl_analysis import format_private_table
+from fedpersonal.tasks.hpfl_analysis import format_ranking_table
+from fedpersonal.tasks.hpfl_analysis import format_statistics_table
+from fedpersonal.tasks.hpfl_analysis import gum_attribute_proficiency
+from fedpersonal.tasks.hpfl_analysis import private_components_analysis
 
 __all__ = [
     'DATASETS',
@@ -95,21 +103,6 @@ DATASETS = ('synthetic', 'assist', 'movielens')
 CENTRALIZED = ('ncd', 'ncf', 'gum')
 HPFL_METHODS = hpfl.HPFL_VARIANTS
 METHODS = CENTRALIZED + hpfl.BASELINES + HPFL_METHODS
-ROW_NAMES = {
-    'ncd': 'NCD',
-    'ncf': 'NCF',
-    'gum': 'GUM',
-    'distributed': 'Distributed',
-    'fedsgd': 'FedSGD',
-    'fedavg': 'FedAvg',
-    'fednoise': 'Fednoise',
-    'fedprox': 'FedProx',
-    'fedatt': 'FedAtt',
-    'hpfl_k': 'HPFL-K',
-    'hpfl_r': 'HPFL-R',
-    'hpfl': 'HPFL',
-    'hpfl_inverse': 'HPFL (inverse distance)',
-}
 NDCG_GAINS = ('linear', 'exponential')
 # Fields that do not change a row's numbers: a rerun may change them and still read finished rows back.
 _UNGUARDED = ('output_dir', 'methods', 'rounds_per_checkpoint')
@@ -117,82 +110,71 @@ _STATE_STORE = 'client_states.sqlite'
 _THETA = 'theta.npy'
 
 
-@dataclasses.dataclass(frozen=True)
-class HpflConfig:
-    """Everything an HPFL experiment needs (flags are generated from these fields)."""
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class HpflConfig(
+    parts.OutputConfig,
+    parts.DataConfig,
+    parts.RoundsConfig,
+    parts.EvaluationConfig,
+    parts.BatchConfig,
+    parts.ClientEpochsConfig,
+    parts.ClientOptimizerConfig,
+):
+    """Everything an HPFL experiment needs (shared options from `fedpersonal.program.config_parts`; cross-silo:
+    every client takes part in every round, so there is no --clients_per_round)."""
 
-    output_dir: str
-    dataset: str = dataclasses.field(default='synthetic', metadata={'help': f'One of {DATASETS}.'})
-    data_dir: str | None = dataclasses.field(
-        default=None,
-        metadata={'help': 'assist: dir with record.csv/item.csv; movielens: dir with u.data/u.item/u.user.'},
+    dataset: str = parts.option('synthetic', f'One of {DATASETS}.')
+    data_dir: str | None = parts.option(
+        None, 'assist: dir with record.csv/item.csv; movielens: dir with u.data/u.item/u.user.'
     )
-    methods: tuple[str, ...] = dataclasses.field(
-        default=METHODS,
-        metadata={'help': f'Rows to run, subset of {METHODS} (ncd runs on binary, ncf on rating data).'},
+    methods: tuple[str, ...] = parts.option(
+        METHODS, f'Rows to run, subset of {METHODS} (ncd runs on binary, ncf on rating data).'
     )
-    rounds: int = dataclasses.field(default=20, metadata={'help': 'Federated rounds (every client, every round).'})
-    rounds_per_checkpoint: int = dataclasses.field(
-        default=1,
-        metadata={
-            'help': 'Rounds between checkpoints of a federated method (server state and client '
-            'states; the last round is always saved): a killed run resumes from there.'
-        },
-    )
-    client_epochs: int = dataclasses.field(default=1, metadata={'help': 'Local epochs per round (FedSGD: ignored).'})
-    client_optimizer: str = dataclasses.field(default='adam', metadata={'help': f'One of {optimizers.OPTIMIZERS}.'})
-    client_learning_rate: float = 0.01
-    row_updates: str = dataclasses.field(
-        default='dense',
-        metadata={
-            'help': "Local steps update the full padded tables ('dense') or only the table "
-            "rows a batch touches ('lazy', lazy Adam)."
-        },
-    )
+    total_rounds: int = 20
+    rounds_per_checkpoint: int = 1
+    rounds_per_eval: int = 1
     batch_size: int = 64
-    hidden_dim: int = dataclasses.field(default=16, metadata={'help': 'GUM width h of skill_W/know_W.'})
-    accuracy_threshold: float = dataclasses.field(
-        default=0.5, metadata={'help': "HPFL's p: a client's attribute k is aggregated only if Acc_ki > p."}
+    client_optimizer: str = 'adam'
+    client_learning_rate: float = 0.01
+    row_updates: str = parts.option(
+        'dense',
+        "Local steps update the full padded tables ('dense') or only the table rows a batch touches ('lazy', "
+        'lazy Adam).',
     )
-    center_weighting: str = dataclasses.field(
-        default='distance',
-        metadata={
-            'help': "Weighting of the global centres for HPFL-R ('distance' as published or "
-            "'inverse_distance'); the HPFL rows run both."
-        },
+    hidden_dim: int = parts.option(16, 'GUM width h of skill_W/know_W.')
+    accuracy_threshold: float = parts.option(0.5, "HPFL's p: a client's attribute k is aggregated only if Acc_ki > p.")
+    center_weighting: str = parts.option(
+        'distance',
+        "Weighting of the global centres for HPFL-R ('distance' as published or 'inverse_distance'); the HPFL rows "
+        'run both.',
     )
-    proximal_strength: float = dataclasses.field(default=0.01, metadata={'help': "FedProx's mu."})
-    noise_stddev: float = dataclasses.field(default=0.01, metadata={'help': "Fednoise's upload noise stddev."})
-    attention_step: float = dataclasses.field(default=1.0, metadata={'help': "FedAtt's server step eps."})
-    max_local_clusters: int = 32
-    max_global_clusters: int = 64
-    kmeans_iterations: int = 10
-    centralized_epochs: int = 10
-    centralized_learning_rate: float = 0.01
-    centralized_batch_size: int = 256
-    ncd_hidden_units: tuple[int, ...] = (64, 32)
-    ncf_embedding_dim: int = 16
-    rounds_per_eval: int = dataclasses.field(
-        default=1, metadata={'help': 'Validation evaluation (model selection) every this many rounds (and the last).'}
+    proximal_strength: float = parts.option(0.01, "FedProx's mu.")
+    noise_stddev: float = parts.option(0.01, "Fednoise's upload noise stddev.")
+    attention_step: float = parts.option(1.0, "FedAtt's server step eps.")
+    max_local_clusters: int = parts.option(32, "Cap on a client's k-means clusters (per table).")
+    max_global_clusters: int = parts.option(64, "Cap on the server's k-means clusters (per table).")
+    kmeans_iterations: int = parts.option(10, 'Lloyd iterations of every k-means.')
+    centralized_epochs: int = parts.option(10, 'Epochs of the centralized rows (NCD, NCF, GUM).')
+    centralized_learning_rate: float = parts.option(0.01, 'Learning rate of the centralized rows.')
+    centralized_batch_size: int = parts.option(256, 'Batch size of the centralized rows.')
+    ncd_hidden_units: tuple[int, ...] = parts.option((64, 32), "NCD's hidden layer widths.")
+    ncf_embedding_dim: int = parts.option(16, "NCF's embedding dimension.")
+    eval_batch_size: int = parts.option(1024, 'Batch size of evaluation.')
+    ndcg_k: int = parts.option(10, 'k of NDCG@k.')
+    ndcg_gain: str = parts.option('linear', f'One of {NDCG_GAINS}.')
+    assist_num_clients: int = parts.option(40, 'ASSIST: number of silos.')
+    assist_grouping: str = parts.option('exercises', 'ASSIST: how students are grouped into silos.')
+    max_items_per_silo: int | None = parts.option(
+        None,
+        'Silos with more items than this are left out (the GUM tables of every client are padded to the largest '
+        'silo, so one huge silo makes every step slow).',
     )
-    eval_batch_size: int = 1024
-    ndcg_k: int = 10
-    ndcg_gain: str = dataclasses.field(default='linear', metadata={'help': f'One of {NDCG_GAINS}.'})
-    assist_num_clients: int = 40
-    assist_grouping: str = 'exercises'
-    max_items_per_silo: int | None = dataclasses.field(
-        default=None,
-        metadata={
-            'help': 'Silos with more items than this are left out (the GUM tables of every client '
-            'are padded to the largest silo, so one huge silo makes every step slow).'
-        },
-    )
-    synthetic_task: str = 'binary'
-    synthetic_num_clients: int = 8
-    synthetic_users_per_client: int = 40
-    seed: int = 0
+    synthetic_task: str = parts.option('binary', f'Generated data: task, one of {gum.TASKS}.')
+    synthetic_num_clients: int = parts.option(8, 'Generated data: silos.')
+    synthetic_users_per_client: int = parts.option(40, 'Generated data: users per silo.')
 
     def __post_init__(self):
+        parts.run_post_inits(self)
         if self.dataset not in DATASETS:
             raise errors.ConfigError(f'dataset must be one of {DATASETS}, got {self.dataset!r}.')
         if self.dataset != 'synthetic' and not self.data_dir:
@@ -201,17 +183,12 @@ class HpflConfig:
         if unknown or not self.methods:
             raise errors.ConfigError(f'methods must be a non-empty subset of {METHODS}; unknown: {unknown}.')
         for name in (
-            'rounds',
-            'rounds_per_checkpoint',
-            'client_epochs',
-            'batch_size',
             'hidden_dim',
             'max_local_clusters',
             'max_global_clusters',
             'centralized_epochs',
             'centralized_batch_size',
             'ncf_embedding_dim',
-            'rounds_per_eval',
             'eval_batch_size',
             'ndcg_k',
             'assist_num_clients',
@@ -222,15 +199,12 @@ class HpflConfig:
                 raise errors.ConfigError(f'{name} must be >= 1, got {getattr(self, name)}.')
         if any(int(h) < 1 for h in self.ncd_hidden_units) or not self.ncd_hidden_units:
             raise errors.ConfigError(f'ncd_hidden_units must be positive widths, got {self.ncd_hidden_units!r}.')
-        if self.client_optimizer not in optimizers.OPTIMIZERS:
-            raise errors.ConfigError(
-                f'client_optimizer must be one of {optimizers.OPTIMIZERS}, got {self.client_optimizer!r}.'
-            )
         if self.row_updates not in hpfl.ROW_UPDATES:
             raise errors.ConfigError(f'row_updates must be one of {hpfl.ROW_UPDATES}, got {self.row_updates!r}.')
-        for name in ('client_learning_rate', 'centralized_learning_rate'):
-            if not getattr(self, name) > 0:
-                raise errors.ConfigError(f'{name} must be positive, got {getattr(self, name)}.')
+        if not self.centralized_learning_rate > 0:
+            raise errors.ConfigError(
+                f'centralized_learning_rate must be positive, got {self.centralized_learning_rate}.'
+            )
         if not 0.0 <= self.accuracy_threshold < 1.0:
             raise errors.ConfigError(f'accuracy_threshold must be in [0, 1), got {self.accuracy_threshold}.')
         if self.center_weighting not in hpfl.CENTER_WEIGHTINGS:
@@ -287,11 +261,13 @@ def _load_all(config: HpflConfig) -> user_modeling.UserModelingData:
     if config.dataset == 'assist':
         from fedpersonal.data import hpfl_assistments  # pylint: disable=g-import-not-at-top
 
+        assert config.data_dir is not None  # HpflConfig requires it for this dataset.
         return hpfl_assistments.load_assist_silos(
             config.data_dir, num_clients=config.assist_num_clients, seed=config.seed, grouping=config.assist_grouping
         )
     from fedpersonal.data import hpfl_movielens  # pylint: disable=g-import-not-at-top
 
+    assert config.data_dir is not None  # HpflConfig requires it for this dataset.
     return hpfl_movielens.load_movielens_silos(config.data_dir)
 
 
@@ -355,72 +331,6 @@ class PooledIndex:
         )
 
 
-def evaluate_predictions(
-    task: str,
-    rating_range: Sequence[float],
-    label: np.ndarray,
-    prediction: np.ndarray,
-    *,
-    user: np.ndarray | None = None,
-    item: np.ndarray | None = None,
-    user_scores: np.ndarray | None = None,
-    item_attributes: np.ndarray | None = None,
-    ndcg_k: int = 10,
-    ndcg_gain: str = 'linear',
-) -> dict[str, float]:
-    """The table's metrics of predictions on the original label scale.
-
-    Binary task: ``accuracy``, ``auc``, ``rmse``; rating task: ``accuracy`` (rounded rating), ``mae``, ``rmse``.
-    With `user` and `item` (stacked indices) also ``ndcg``; with `user_scores` ``[users, K]`` and
-    `item_attributes` ``[items, K]`` also ``doa``.
-    """
-    label = np.asarray(label, np.float64)
-    prediction = np.asarray(prediction, np.float64)
-    if task == 'binary':
-        out = {
-            'accuracy': um_metrics.accuracy_binary(label, prediction),
-            'auc': um_metrics.auc(label, prediction),
-            'rmse': um_metrics.rmse(label, prediction),
-        }
-    else:
-        out = {
-            'accuracy': um_metrics.rating_accuracy(label, prediction, rating_range=tuple(rating_range)),
-            'mae': um_metrics.mae(label, prediction),
-            'rmse': um_metrics.rmse(label, prediction),
-        }
-    if user is not None:
-        out['ndcg'] = um_metrics.ndcg(user, label, prediction, k=ndcg_k, gain=ndcg_gain)
-    if user is not None and item is not None and user_scores is not None and item_attributes is not None:
-        out['doa'] = um_metrics.doa(user, item, label, user_scores, item_attributes)
-    return out
-
-
-def gum_attribute_proficiency(public: gum.PublicWeights, theta: np.ndarray) -> np.ndarray:
-    """A GUM user's proficiency on each attribute as the model uses it (the DOA score of GUM rows).
-
-    For an item with the single attribute k (``q = e_k``, so ``q M = M[k]``), GUM's skill representation is
-    ``sigmoid((theta_u * M[k]) skill_W)``; its mean over the h coordinates is what the prediction compares with the
-    item's knowledge requirement (``x = mean(skill - knowledge) * w``), so the prediction for a fixed item rises with
-    it (for ``w > 0`` and ``1 - S - G > 0``). Raw theta coordinates are not ordered that way: ``skill_W`` can weigh a
-    coordinate negatively, so DOA on raw theta (reported as ``doa_theta``) can fall below 0.5 for a good model.
-
-    Args:
-      public: The (client's) public components.
-      theta: ``[num_users, K]`` user embeddings.
-
-    Returns:
-      float64 ``[num_users, K]``.
-    """
-    theta = np.asarray(theta, np.float64)
-    relation = np.asarray(public.relative_M, np.float64)
-    skill = np.asarray(public.skill_W, np.float64)
-    out = np.empty_like(theta)
-    for start in range(0, theta.shape[0], 256):
-        block = theta[start : start + 256][:, None, :] * relation[None, :, :]  # [u, k, K]
-        out[start : start + 256] = (1.0 / (1.0 + np.exp(-(block @ skill)))).mean(axis=-1)
-    return out
-
-
 # ------------------------------------------------------------------------------------------------ centralized
 def _run_centralized(
     method: str,
@@ -430,6 +340,7 @@ def _run_centralized(
     outputs: program.ExperimentOutputs,
 ) -> tuple[dict[str, Any], np.ndarray | None]:
     k = data.num_attributes
+    model: baselines.NcdModel | baselines.NcfModel | baselines.CentralGumModel
     if method == 'ncd':
         model = baselines.NcdModel(
             index.num_global_users, index.num_global_items, k, hidden_units=config.ncd_hidden_units, seed=config.seed
@@ -449,7 +360,7 @@ def _run_centralized(
             max_items=index.num_global_items,
             hidden_dim=config.hidden_dim,
             task=data.task,
-            rating_range=tuple(data.rating_range),
+            rating_range=(float(data.rating_range[0]), float(data.rating_range[1])),
         )
         model = baselines.CentralGumModel(gum_config, seed=config.seed)
     train, validation, test = (index.pooled_arrays(s) for s in ('train', 'validation', 'test'))
@@ -491,13 +402,13 @@ def _run_centralized(
     prediction = gum.from_unit(baselines.predict_arrays(model, test, config.eval_batch_size), data.rating_range)
     scores = model.user_attribute_scores(index.global_item_attributes)
     theta = None
-    if method == 'gum':
+    if isinstance(model, baselines.CentralGumModel):
         theta = scores[index.user_to_global]
         public = gum.PublicWeights(*[v.numpy() for v in model.public])
         scores = gum_attribute_proficiency(public, scores)
     # Stacked rows take their global user's scores: metrics are computed in the stacked index space.
     stacked_scores = scores[index.user_to_global]
-    row = evaluate_predictions(
+    row: dict[str, Any] = evaluate_predictions(
         data.task,
         data.rating_range,
         records['label'],
@@ -528,7 +439,7 @@ def _build_process(method: str, config: HpflConfig, gum_config: gum.GumConfig, n
     return hpfl.build_method(
         method,
         gum_config,
-        client_optimizer=optimizers.build_optimizer(config.client_optimizer, config.client_learning_rate),
+        client_optimizer=config.build_client_optimizer(),
         client_epochs=config.client_epochs,
         proximal_strength=config.proximal_strength,
         noise_stddev=config.noise_stddev,
@@ -629,7 +540,7 @@ def _run_federated(
         program.run_learning_process(
             process,
             client_data=client_data,
-            total_rounds=config.rounds,
+            total_rounds=config.total_rounds,
             outputs=outputs,
             client_state_store=store,
             rounds_per_checkpoint=config.rounds_per_checkpoint,
@@ -650,89 +561,9 @@ def _run_federated(
         best_round=selection.best_round,
         best_validation_rmse=float(selection.best_value),
         seconds_per_round=outputs.median_round_seconds(),
-        rounds=config.rounds,
+        rounds=config.total_rounds,
     )
     return row, _stacked_theta(best_states, data)
-
-
-# ------------------------------------------------------------------------------------------------ analysis
-def private_components_analysis(
-    thetas: dict[str, np.ndarray],
-    silo_of_user: np.ndarray,
-    client_ids: Sequence[str],
-    path: str | None = None,
-    *,
-    seed: int = 0,
-    plot_methods: Sequence[str] = ('distributed', 'hpfl'),
-) -> dict[str, Any]:
-    """Are clients distinguishable from their users' private embeddings theta?
-
-    Per method: ``probe_accuracy``, the 5-fold cross-validated accuracy (shuffled folds) of a multinomial
-    logistic-regression probe predicting the client from a user's (standardized) theta row; ``chance``, the largest
-    client's share of users; ``silhouette``, sklearn's silhouette score of theta with the client as the label
-    (near 0 or negative: clients overlap; near 1: separated clusters). With `path`, a 2-D PCA projection of the
-    `plot_methods` present, coloured by client (the 10 clients with most users), is saved there.
-
-    Args:
-      thetas: ``{method: [num_stacked_users, K]}``.
-      silo_of_user: ``[num_stacked_users]`` client index of each row.
-      client_ids: Names of the clients (for the legend).
-      path: PNG path, or None.
-      seed: Seed of the folds and the probe.
-      plot_methods: Methods to project side by side.
-
-    Returns:
-      ``{'methods': {method: {...}}, 'num_users': n, 'num_clients': c, 'figure': path or None}``.
-    """
-    from sklearn.decomposition import PCA  # pylint: disable=g-import-not-at-top
-    from sklearn.linear_model import LogisticRegression  # pylint: disable=g-import-not-at-top
-    from sklearn.metrics import silhouette_score  # pylint: disable=g-import-not-at-top
-    from sklearn.model_selection import KFold  # pylint: disable=g-import-not-at-top
-    from sklearn.model_selection import cross_val_score  # pylint: disable=g-import-not-at-top
-    from sklearn.pipeline import make_pipeline  # pylint: disable=g-import-not-at-top
-    from sklearn.preprocessing import StandardScaler  # pylint: disable=g-import-not-at-top
-
-    labels = np.asarray(silo_of_user)
-    counts = np.bincount(labels)
-    chance = float(counts.max() / counts.sum())
-    results: dict[str, Any] = {}
-    for method, theta in thetas.items():
-        theta = np.asarray(theta, np.float64)
-        if theta.shape[0] != labels.size:
-            raise ValueError(f'theta of {method!r} has {theta.shape[0]} rows for {labels.size} users.')
-        probe = make_pipeline(StandardScaler(), LogisticRegression(max_iter=2000, C=1.0))
-        folds = KFold(5, shuffle=True, random_state=seed)
-        accuracy = float(np.mean(cross_val_score(probe, theta, labels, cv=folds)))
-        silhouette = float(silhouette_score(theta, labels)) if len(set(labels)) > 1 else float('nan')
-        results[method] = {'probe_accuracy': accuracy, 'chance': chance, 'silhouette': silhouette}
-    figure = None
-    shown = [m for m in plot_methods if m in thetas]
-    if path and shown:
-        import matplotlib  # pylint: disable=g-import-not-at-top
-
-        matplotlib.use('Agg')
-        from matplotlib import pyplot as plt  # pylint: disable=g-import-not-at-top
-
-        top = np.argsort(-counts, kind='stable')[:10]
-        fig, axes = plt.subplots(1, len(shown), figsize=(5.5 * len(shown), 4.8), squeeze=False)
-        colours = matplotlib.colormaps['tab10']
-        for ax, method in zip(axes[0], shown):
-            xy = PCA(2, random_state=seed).fit_transform(np.asarray(thetas[method], np.float64))
-            for rank, c in enumerate(top):
-                rows = labels == c
-                ax.scatter(xy[rows, 0], xy[rows, 1], s=8, color=colours(rank), label=client_ids[c], alpha=0.7)
-            r = results[method]
-            ax.set_title(
-                f'{ROW_NAMES.get(method, method)}: probe acc {r["probe_accuracy"]:.2f} (chance '
-                f'{r["chance"]:.2f}), silhouette {r["silhouette"]:.2f}',
-                fontsize=9,
-            )
-            ax.set_xticks([]), ax.set_yticks([])
-        axes[0][-1].legend(fontsize=7, markerscale=2, loc='best')
-        figure = program.save_figure(
-            fig, path, title='User embeddings theta (private components), PCA, coloured by client (largest 10 clients)'
-        )
-    return {'methods': results, 'num_users': int(labels.size), 'num_clients': int(counts.size), 'figure': figure}
 
 
 # ------------------------------------------------------------------------------------------------ run
@@ -859,7 +690,7 @@ def run(config: HpflConfig) -> dict[str, Any]:
         'statistics': statistics,
         'rows': rows,
         'private_components': analysis,
-        'rounds': config.rounds,
+        'rounds': config.total_rounds,
         'ndcg_k': config.ndcg_k,
         'ndcg_gain': config.ndcg_gain,
         'skipped': skipped,
@@ -876,64 +707,3 @@ def run(config: HpflConfig) -> dict[str, Any]:
     )
     with open(results_path) as f:  # As a rerun reads it back.
         return json.load(f)
-
-
-# ------------------------------------------------------------------------------------------------ tables
-def _cell(value: Any, digits: int = 3) -> str:
-    if value is None or (isinstance(value, float) and not np.isfinite(value)):
-        return '-'
-    return f'{value:.{digits}f}' if isinstance(value, float) else str(value)
-
-
-def format_statistics_table(statistics: dict[str, Any], dataset: str) -> str:
-    """The paper's statistics table (one dataset column)."""
-    keys = [
-        ('# of clients', 'num_clients'),
-        ('# of records', 'num_records'),
-        ('# of users', 'num_users'),
-        ('# of items', 'num_items'),
-        ('# of attributes', 'num_attributes'),
-        ('# attributes per item', 'attributes_per_item'),
-        ('# attributes per record', 'attributes_per_record'),
-        ("mean TV distance of a client's attribute mix to the pooled one", 'attribute_tv_distance_mean'),
-        ('missing attributes per client (median)', 'missing_attributes_per_client_median'),
-    ]
-    lines = [f'| Statistics | {dataset} |', '|---|---|']
-    for label, key in keys:
-        value = statistics.get(key)
-        lines.append(f'| {label} | {_cell(value, 2) if isinstance(value, float) else f"{value:,}"} |')
-    return '\n'.join(lines)
-
-
-def format_accuracy_table(rows: list[dict[str, Any]], task: str) -> str:
-    """The paper's accuracy table: ACC/AUC/RMSE (binary) or ACC/MAE/RMSE (rating), plus seconds per round."""
-    metrics = ['accuracy', 'auc', 'rmse'] if task == 'binary' else ['accuracy', 'mae', 'rmse']
-    head = ' | '.join('ACC' if m == 'accuracy' else m.upper() for m in metrics)
-    lines = [f'| Method | {head} | s/round | selected round (epoch) |', '|---' * (len(metrics) + 3) + '|']
-    for r in rows:
-        selected = r.get('best_round', r.get('best_epoch'))
-        spr = r.get('seconds_per_round')
-        spr = f'{spr:.2f}' if spr is not None else f'({r.get("seconds_per_epoch", float("nan")):.2f} s/epoch)'
-        lines.append(f'| {r["name"]} | {" | ".join(_cell(r.get(m)) for m in metrics)} | {spr} | {selected} |')
-    return '\n'.join(lines)
-
-
-def format_ranking_table(rows: list[dict[str, Any]]) -> str:
-    """The paper's DOA/NDCG table: methods as columns."""
-    lines = ['| | ' + ' | '.join(r['name'] for r in rows) + ' |', '|---' * (len(rows) + 1) + '|']
-    for metric, label in (('doa', 'DOA'), ('ndcg', 'NDCG'), ('doa_theta', 'DOA on raw theta (GUM rows)')):
-        lines.append(f'| {label} | ' + ' | '.join(_cell(r.get(metric)) for r in rows) + ' |')
-    return '\n'.join(lines)
-
-
-def format_private_table(analysis: dict[str, Any] | None) -> str:
-    """Probe accuracy, chance and silhouette of the private-components analysis, one row per method."""
-    if not analysis:
-        return ''
-    lines = ['| Method | client probe accuracy (5-fold) | chance | silhouette (client labels) |', '|---|---|---|---|']
-    for method, r in analysis['methods'].items():
-        lines.append(
-            f'| {ROW_NAMES.get(method, method)} | {r["probe_accuracy"]:.3f} | {r["chance"]:.3f} | '
-            f'{r["silhouette"]:.3f} |'
-        )
-    return '\n'.join(lines)

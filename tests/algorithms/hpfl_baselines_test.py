@@ -24,13 +24,31 @@ def make_data(seed=0):
         item = rng.integers(0, ni, user.size)
         item[:ni] = np.arange(ni)
         label = (rng.random(user.size) < 0.3 + 0.4 * (user % 2)).astype(np.float32)
-        silos.append(um.ClientSilo(
-            client_id=f's{c}', num_users=nu, num_items=ni, user=user.astype(np.int64), item=item.astype(np.int64),
-            label=label, split=um.per_user_split(user), item_attributes=attributes,
-            global_user_ids=np.arange(nu, dtype=np.int64) + 10 * c, global_item_ids=np.arange(ni, dtype=np.int64)))
-    return um.validate(um.UserModelingData(name='tiny', task='binary', num_attributes=K,
-                                           attribute_names=['a', 'b', 'c'], rating_range=(0.0, 1.0), silos=silos,
-                                           source='test'))
+        silos.append(
+            um.ClientSilo(
+                client_id=f's{c}',
+                num_users=nu,
+                num_items=ni,
+                user=user.astype(np.int64),
+                item=item.astype(np.int64),
+                label=label,
+                split=um.per_user_split(user),
+                item_attributes=attributes,
+                global_user_ids=np.arange(nu, dtype=np.int64) + 10 * c,
+                global_item_ids=np.arange(ni, dtype=np.int64),
+            )
+        )
+    return um.validate(
+        um.UserModelingData(
+            name='tiny',
+            task='binary',
+            num_attributes=K,
+            attribute_names=['a', 'b', 'c'],
+            rating_range=(0.0, 1.0),
+            silos=silos,
+            source='test',
+        )
+    )
 
 
 DATA = make_data()
@@ -74,8 +92,9 @@ def test_fedatt_is_layerwise_attentive_aggregation(local_round):
         clients = [np.asarray(t.model.public[i]) for t, _ in local]
         d = np.array([np.linalg.norm(w - c) for c in clients])
         alpha = np.exp(-d) / np.exp(-d).sum()
-        np.testing.assert_allclose(value, w - eps * sum(a * (w - c) for a, c in zip(alpha, clients)), rtol=1e-4,
-                                   atol=1e-6)
+        np.testing.assert_allclose(
+            value, w - eps * sum(a * (w - c) for a, c in zip(alpha, clients)), rtol=1e-4, atol=1e-6
+        )
 
 
 def test_fedsgd_applies_the_mean_gradient():
@@ -90,8 +109,13 @@ def test_fedsgd_applies_the_mean_gradient():
         with tf.GradientTape() as tape:
             tape.watch(public)
             weights = state.model._replace(public=gum.PublicWeights(*public))
-            loss = gum.mse_loss(weights, tf.constant(silo.user[keep]), tf.constant(silo.item[keep]),
-                                tf.constant(silo.item_attributes[silo.item[keep]]), tf.constant(silo.label[keep]))
+            loss = gum.mse_loss(
+                weights,
+                tf.constant(silo.user[keep]),
+                tf.constant(silo.item[keep]),
+                tf.constant(silo.item_attributes[silo.item[keep]]),
+                tf.constant(silo.label[keep]),
+            )
         grads.append([g.numpy() for g in tape.gradient(loss, public)])
         counts.append(keep.sum())
     counts = np.array(counts, np.float64)
@@ -103,8 +127,10 @@ def test_fedsgd_applies_the_mean_gradient():
 
 def test_fedprox_stays_closer_to_the_global_model():
     distances = {}
-    for name, process in (('fedavg', hpfl_baselines.build_fedavg(CONFIG, client_epochs=3)),
-                          ('fedprox', hpfl_baselines.build_fedprox(CONFIG, client_epochs=3, proximal_strength=50.0))):
+    for name, process in (
+        ('fedavg', hpfl_baselines.build_fedavg(CONFIG, client_epochs=3)),
+        ('fedprox', hpfl_baselines.build_fedprox(CONFIG, client_epochs=3, proximal_strength=50.0)),
+    ):
         initial = process.initialize()
         out = process.next(initial, CLIENT_DATA, INITIAL)
         distances[name] = sum(np.linalg.norm(a - b) for a, b in zip(_public(initial), _public(out.state)))
@@ -141,6 +167,7 @@ def test_unknown_method_is_rejected():
 # ------------------------------------------------------------------------------------ one builder, one protocol
 def test_every_method_is_a_configuration_of_one_personalized_process():
     from fedpersonal import core  # pylint: disable=g-import-not-at-top
+
     initial_public = [np.asarray(v) for v in INITIAL[0].model.public]
     for method in hpfl.BASELINES + hpfl.HPFL_VARIANTS:
         process = hpfl.build_method(method, CONFIG)

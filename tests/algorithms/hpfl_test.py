@@ -32,13 +32,31 @@ def make_data(seed=0, users=(8, 12, 10), items=(10, 14, 12), records_per_user=20
         item[:ni] = np.arange(ni)
         score = (attributes[item] * proficiency[user]).sum(1) / attributes[item].sum(1) - difficulty[item]
         label = (rng.random(user.size) < 1 / (1 + np.exp(-3 * score))).astype(np.float32)
-        silos.append(um.ClientSilo(
-            client_id=f'silo_{c}', num_users=nu, num_items=ni, user=user.astype(np.int64), item=item.astype(np.int64),
-            label=label, split=um.per_user_split(user), item_attributes=attributes,
-            global_user_ids=np.arange(nu, dtype=np.int64) + 100 * c, global_item_ids=np.arange(ni, dtype=np.int64)))
-    return um.validate(um.UserModelingData(name='tiny', task='binary', num_attributes=K,
-                                           attribute_names=[f'a{k}' for k in range(K)], rating_range=(0.0, 1.0),
-                                           silos=silos, source='hpfl_test.make_data'))
+        silos.append(
+            um.ClientSilo(
+                client_id=f'silo_{c}',
+                num_users=nu,
+                num_items=ni,
+                user=user.astype(np.int64),
+                item=item.astype(np.int64),
+                label=label,
+                split=um.per_user_split(user),
+                item_attributes=attributes,
+                global_user_ids=np.arange(nu, dtype=np.int64) + 100 * c,
+                global_item_ids=np.arange(ni, dtype=np.int64),
+            )
+        )
+    return um.validate(
+        um.UserModelingData(
+            name='tiny',
+            task='binary',
+            num_attributes=K,
+            attribute_names=[f'a{k}' for k in range(K)],
+            rating_range=(0.0, 1.0),
+            silos=silos,
+            source='hpfl_test.make_data',
+        )
+    )
 
 
 DATA = make_data()
@@ -115,10 +133,12 @@ def np_kmeans(points, mask, k, max_k, iterations):
 def test_public_aggregation_matches_the_formula(process):
     rng = np.random.default_rng(0)
     previous = gum.PublicWeights(*[rng.normal(size=s).astype(np.float32) for s in ((K, H), (K, H), (K, K))])
-    publics = [gum.PublicWeights(*[rng.normal(size=s).astype(np.float32) for s in ((K, H), (K, H), (K, K))])
-               for _ in range(3)]
-    accuracies = [np.array(a, np.float32) for a in ([0.9, 0.5, 0.7, 0.8], [0.8, 0.6, 0.65, 0.0],
-                                                    [0.61, 0.55, 0.9, 0.95])]
+    publics = [
+        gum.PublicWeights(*[rng.normal(size=s).astype(np.float32) for s in ((K, H), (K, H), (K, K))]) for _ in range(3)
+    ]
+    accuracies = [
+        np.array(a, np.float32) for a in ([0.9, 0.5, 0.7, 0.8], [0.8, 0.6, 0.65, 0.0], [0.61, 0.55, 0.9, 0.95])
+    ]
     # Client 1 lacks attribute 3 (no records: Acc = I = 0); it passes p on attribute 2 but did no iteration there.
     # Attribute 1: 0.5, 0.6 (= p, not > p) and 0.55: nobody passes, so the previous global row stays.
     iterations = [np.array(i, np.float32) for i in ([10, 4, 6, 2], [5, 8, 0, 0], [7, 3, 2, 9])]
@@ -127,10 +147,12 @@ def test_public_aggregation_matches_the_formula(process):
     np.testing.assert_allclose(np.asarray(gum.attribute_vectors(got)), expected, rtol=1e-5, atol=1e-6)
     vectors = [np.asarray(gum.attribute_vectors(c)) for c in publics]
     np.testing.assert_allclose(expected[1], np.asarray(gum.attribute_vectors(previous))[1])
-    np.testing.assert_allclose(expected[3], (2 * 0.8 * vectors[0][3] + 9 * 0.95 * vectors[2][3]) / (1.6 + 8.55),
-                               rtol=1e-6)
-    np.testing.assert_allclose(expected[2], (6 * 0.7 * vectors[0][2] + 2 * 0.9 * vectors[2][2]) / (4.2 + 1.8),
-                               rtol=1e-6)
+    np.testing.assert_allclose(
+        expected[3], (2 * 0.8 * vectors[0][3] + 9 * 0.95 * vectors[2][3]) / (1.6 + 8.55), rtol=1e-6
+    )
+    np.testing.assert_allclose(
+        expected[2], (6 * 0.7 * vectors[0][2] + 2 * 0.9 * vectors[2][2]) / (4.2 + 1.8), rtol=1e-6
+    )
 
 
 @pytest.mark.parametrize('weighting', hpfl.CENTER_WEIGHTINGS)
@@ -142,8 +164,9 @@ def test_fine_grained_update_matches_numpy(weighting):
     row_mask = np.array([1, 1, 1, 1, 1, 0, 0], bool)
     accuracy = np.float32(0.7)
     global_emb = np_global_embedding(emb, centres, centre_mask, weighting)
-    np.testing.assert_allclose(hpfl.global_embedding(emb, centres, centre_mask, weighting), global_emb, rtol=1e-4,
-                               atol=1e-5)
+    np.testing.assert_allclose(
+        hpfl.global_embedding(emb, centres, centre_mask, weighting), global_emb, rtol=1e-4, atol=1e-5
+    )
     expected = np.where(row_mask[:, None], accuracy * emb + (1 - accuracy) * global_emb, emb)
     got = hpfl.personalize_embeddings(emb, row_mask, centres, centre_mask, accuracy, weighting)
     np.testing.assert_allclose(got, expected, rtol=1e-4, atol=1e-5)
@@ -158,7 +181,7 @@ def test_fine_grained_update_matches_numpy(weighting):
     glob = gum.PublicWeights(*[rng.normal(size=s).astype(np.float32) for s in ((K, H), (K, H), (K, K))])
     acc_k = np.array([0.9, 0.0, 0.5, 1.0], np.float32)
     got = hpfl.personalize_public(local, glob, acc_k)
-    for l, g, r in zip(local, glob, got):
+    for l, g, r in zip(local, glob, got):  # noqa: E741  (l: local, as in the paper's formula)
         np.testing.assert_allclose(r, acc_k[:, None] * l + (1 - acc_k[:, None]) * g, rtol=1e-6)
 
 
@@ -167,25 +190,36 @@ def test_client_update_computation_applies_both_formulas(process):
     state = process.initial_client_state(9, 11, private_seed=3)
     glob = hpfl.GlobalComponents(
         public=gum.PublicWeights(*[rng.normal(size=s).astype(np.float32) for s in ((K, H), (K, H), (K, K))]),
-        user_centres=rng.normal(size=(4, K)).astype(np.float32), user_mask=np.array([1, 1, 1, 0], np.float32),
-        item_centres=rng.normal(size=(4, K)).astype(np.float32), item_mask=np.array([1, 0, 0, 0], np.float32))
+        user_centres=rng.normal(size=(4, K)).astype(np.float32),
+        user_mask=np.array([1, 1, 1, 0], np.float32),
+        item_centres=rng.normal(size=(4, K)).astype(np.float32),
+        item_mask=np.array([1, 0, 0, 0], np.float32),
+    )
     acc_k = np.array([0.9, 0.2, 0.0, 0.6], np.float32)
-    report = hpfl.ClientReport(public=state.model.public, attribute_accuracy=acc_k,
-                               attribute_iterations=np.ones(K, np.float32), accuracy=np.float32(0.75),
-                               train_loss_sum=np.float32(0), num_train_examples=np.float32(0),
-                               validation_loss_sum=np.float32(0), validation_correct=np.float32(0),
-                               num_validation_examples=np.float32(0))
+    report = hpfl.ClientReport(
+        public=state.model.public,
+        attribute_accuracy=acc_k,
+        attribute_iterations=np.ones(K, np.float32),
+        accuracy=np.float32(0.75),
+        train_loss_sum=np.float32(0),
+        num_train_examples=np.float32(0),
+        validation_loss_sum=np.float32(0),
+        validation_correct=np.float32(0),
+        num_validation_examples=np.float32(0),
+    )
     new = process.client_update(glob, state, report)
-    for l, g, r in zip(state.model.public, glob.public, new.model.public):
+    for l, g, r in zip(state.model.public, glob.public, new.model.public):  # noqa: E741  (l: local, as in the paper's formula)
         np.testing.assert_allclose(r, acc_k[:, None] * l + (1 - acc_k[:, None]) * g, rtol=1e-5)
     theta = state.model.private.theta
     expected = theta.copy()
-    expected[:9] = 0.75 * theta[:9] + 0.25 * np_global_embedding(theta[:9], glob.user_centres, glob.user_mask,
-                                                                  'distance')
+    expected[:9] = 0.75 * theta[:9] + 0.25 * np_global_embedding(
+        theta[:9], glob.user_centres, glob.user_mask, 'distance'
+    )
     np.testing.assert_allclose(new.model.private.theta, expected, rtol=1e-4, atol=1e-5)  # Padded rows untouched.
     b = state.model.private.difficulty
-    np.testing.assert_allclose(new.model.private.difficulty[:11], 0.75 * b[:11] + 0.25 * glob.item_centres[0],
-                               rtol=1e-4, atol=1e-5)  # A single centre: Emb^g is that centre.
+    np.testing.assert_allclose(
+        new.model.private.difficulty[:11], 0.75 * b[:11] + 0.25 * glob.item_centres[0], rtol=1e-4, atol=1e-5
+    )  # A single centre: Emb^g is that centre.
     np.testing.assert_array_equal(new.model.private.slip, state.model.private.slip)
 
 
@@ -221,8 +255,9 @@ def test_client_centres_cluster_real_rows_only(process):
     state = state._replace(model=state.model._replace(private=state.model.private._replace(theta=theta)))
     centres = process.client_centres(state)
     mask = np.arange(CONFIG.max_users) < 9
-    expected, expected_mask = np_kmeans(theta, mask, 9 // 5 + 1, SMALL['max_local_clusters'],
-                                        SMALL['kmeans_iterations'])
+    expected, expected_mask = np_kmeans(
+        theta, mask, 9 // 5 + 1, SMALL['max_local_clusters'], SMALL['kmeans_iterations']
+    )
     np.testing.assert_allclose(centres.user_centres, expected, rtol=1e-4, atol=1e-5)
     np.testing.assert_array_equal(centres.user_mask, expected_mask)
     assert centres.user_mask.sum() == 2 and centres.item_mask.sum() == 11 // 5 + 1
@@ -244,18 +279,20 @@ def test_server_clusters_all_uploaded_centres_and_clients_update():
     points = np.concatenate([c.user_centres for c in centres])
     valid = np.concatenate([c.user_mask for c in centres]) > 0
     n = int(valid.sum())
-    expected, expected_mask = np_kmeans(points, valid, n // 3 + 1, SMALL['max_global_clusters'],
-                                        SMALL['kmeans_iterations'])
+    expected, expected_mask = np_kmeans(
+        points, valid, n // 3 + 1, SMALL['max_global_clusters'], SMALL['kmeans_iterations']
+    )
     glob = out.state.global_components
     np.testing.assert_allclose(glob.user_centres, expected, rtol=1e-4, atol=1e-5)
     np.testing.assert_array_equal(glob.user_mask, expected_mask)
     assert out.metrics['clustering']['uploaded_user_centres'] == n == 2 + 3 + 3
     assert out.metrics['clustering']['dropped_centre_uploads'] == 0
     for silo, t, r, new in zip(DATA.silos, trained, reports, out.private_states):
-        theta = t.model.private.theta[:silo.num_users]
-        blended = r.accuracy * theta + (1 - r.accuracy) * np_global_embedding(theta, expected, expected_mask,
-                                                                              'distance')
-        np.testing.assert_allclose(new.model.private.theta[:silo.num_users], blended, rtol=1e-4, atol=1e-5)
+        theta = t.model.private.theta[: silo.num_users]
+        blended = r.accuracy * theta + (1 - r.accuracy) * np_global_embedding(
+            theta, expected, expected_mask, 'distance'
+        )
+        np.testing.assert_allclose(new.model.private.theta[: silo.num_users], blended, rtol=1e-4, atol=1e-5)
 
 
 # ----------------------------------------------------------------------------------------- training, ablations
@@ -265,8 +302,13 @@ def _validation_mse(states):
 
 
 def test_hpfl_training_decreases_validation_loss():
-    process = hpfl.build_hpfl(CONFIG, client_epochs=2, accuracy_threshold=0.5,
-                              client_optimizer=tff.learning.optimizers.build_adam(0.05), **SMALL)
+    process = hpfl.build_hpfl(
+        CONFIG,
+        client_epochs=2,
+        accuracy_threshold=0.5,
+        client_optimizer=tff.learning.optimizers.build_adam(0.05),
+        **SMALL,
+    )
     data = hpfl.federated_data(DATA, CONFIG, batch_size=16)
     state, states = process.initialize(), hpfl.initial_client_states(DATA, CONFIG)
     before = _validation_mse(states)
@@ -286,8 +328,11 @@ def _train_locally(optimizer, row_updates, epochs=2, use_discrimination=True, si
     data = hpfl.client_data(DATA.silos[silo], config, batch_size=16, shuffle=False)
     weights = hpfl.initial_client_states(DATA, config)[silo].model
     weights = tf.nest.map_structure(tf.constant, weights)
-    trained = tf.function(lambda: hpfl.local_training(
-        weights, data.train, data.item_attributes, optimizer, config, epochs=epochs, row_updates=row_updates))()
+    trained = tf.function(
+        lambda: hpfl.local_training(
+            weights, data.train, data.item_attributes, optimizer, config, epochs=epochs, row_updates=row_updates
+        )
+    )()
     return weights, trained
 
 
@@ -309,11 +354,15 @@ def test_lazy_adam_steps_only_the_rows_a_batch_touches():
     # One step from fresh moments: rows without gradient do not move in dense Adam either, so both agree.
     silo = DATA.silos[0]  # 10 of the 14 padded item rows and 8 of the 12 user rows are real.
     config = CONFIG
-    train = hpfl.split_dataset(silo, config, "train", batch_size=10_000)
+    train = hpfl.split_dataset(silo, config, 'train', batch_size=10_000)
     attributes = tf.constant(hpfl.client_data(silo, config).item_attributes)
     weights = tf.nest.map_structure(tf.constant, hpfl.initial_client_states(DATA, config)[0].model)
-    one = {mode: tf.function(lambda mode=mode: hpfl.local_training(
-        weights, train.take(1), attributes, adam, config, row_updates=mode))()[0] for mode in hpfl.ROW_UPDATES}
+    one = {
+        mode: tf.function(
+            lambda mode=mode: hpfl.local_training(weights, train.take(1), attributes, adam, config, row_updates=mode)
+        )()[0]
+        for mode in hpfl.ROW_UPDATES
+    }
     for a, b in zip(tf.nest.flatten(one['dense']), tf.nest.flatten(one['lazy'])):
         np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
     # Several small batches: lazy Adam never moves a row no batch touched (padded rows, unrated items) and does
@@ -324,10 +373,12 @@ def test_lazy_adam_steps_only_the_rows_a_batch_touches():
     touched_items = np.unique(silo.item[silo.split == um.SPLIT_TRAIN])
     untouched_items = np.setdiff1d(np.arange(config.max_items), touched_items)
     assert untouched_items.size > 0
-    np.testing.assert_array_equal(np.asarray(lazy.private.difficulty)[untouched_items],
-                                  np.asarray(start.private.difficulty)[untouched_items])
-    np.testing.assert_array_equal(np.asarray(lazy.private.theta)[silo.num_users:],
-                                  np.asarray(start.private.theta)[silo.num_users:])
+    np.testing.assert_array_equal(
+        np.asarray(lazy.private.difficulty)[untouched_items], np.asarray(start.private.difficulty)[untouched_items]
+    )
+    np.testing.assert_array_equal(
+        np.asarray(lazy.private.theta)[silo.num_users :], np.asarray(start.private.theta)[silo.num_users :]
+    )
     moved = np.abs(np.asarray(lazy.private.difficulty) - np.asarray(start.private.difficulty)).max(axis=1)
     assert np.all(moved[touched_items] > 0)
     assert not np.allclose(lazy.private.theta, dense.private.theta)
@@ -347,8 +398,9 @@ def test_ablations_switch_off_the_other_part():
     initial = hpfl.initial_client_states(DATA, CONFIG)
     results = {}
     for name, public, private in (('distributed', False, False), ('hpfl_k', True, False), ('hpfl_r', False, True)):
-        process = hpfl.build_hpfl(CONFIG, aggregate_public=public, aggregate_private=private,
-                                  accuracy_threshold=0.0, **SMALL)
+        process = hpfl.build_hpfl(
+            CONFIG, aggregate_public=public, aggregate_private=private, accuracy_threshold=0.0, **SMALL
+        )
         state = process.initialize()
         results[name] = (process, state, process.next(state, data, initial))
     local = results['distributed'][2].private_states
@@ -402,8 +454,9 @@ def test_raw_private_tables_reach_the_server_only_through_the_centres(process):
     @tff.tensorflow.computation(process.client_state_type)
     def raw_rows(state):
         rows = SMALL['max_local_clusters']
-        return hpfl.Centres(state.model.private.theta[:rows], tf.ones([rows]), state.model.private.difficulty[:rows],
-                            tf.ones([rows]))
+        return hpfl.Centres(
+            state.model.private.theta[:rows], tf.ones([rows]), state.model.private.difficulty[:rows], tf.ones([rows])
+        )
 
     @tff.federated_computation(params[0], params[1], params[2], params[3])
     def rows_instead_of_centres(state, trained, reports, centres):
@@ -431,7 +484,8 @@ def test_raw_private_tables_reach_the_server_only_through_the_centres(process):
     assert {v.where for v in strict} <= {'federated_aggregate', 'result metrics'} and strict
 
     assert {v.where for v in audit.audit_private_dataflow(process.next, private_parameter_index=2)} == {
-        'federated_aggregate'}
+        'federated_aggregate'
+    }
     hpfl_k = hpfl.build_hpfl(CONFIG, aggregate_private=False, **SMALL)
     assert audit.audit_private_dataflow(hpfl_k.next, private_parameter_index=2) == []
 
@@ -455,12 +509,15 @@ def test_private_state_is_client_placed_input_and_output(process):
 
 
 # ------------------------------------------------------------------------------------------------ data errors
-@pytest.mark.parametrize('change, field', [
-    (lambda s: dataclasses.replace(s, label=s.label + 2), 'label'),
-    (lambda s: dataclasses.replace(s, item=s.item + 100), 'item'),
-    (lambda s: dataclasses.replace(s, item_attributes=s.item_attributes[:, :2]), 'item_attributes'),
-    (lambda s: dataclasses.replace(s, num_users=99), 'num_users'),
-])
+@pytest.mark.parametrize(
+    'change, field',
+    [
+        (lambda s: dataclasses.replace(s, label=s.label + 2), 'label'),
+        (lambda s: dataclasses.replace(s, item=s.item + 100), 'item'),
+        (lambda s: dataclasses.replace(s, item_attributes=s.item_attributes[:, :2]), 'item_attributes'),
+        (lambda s: dataclasses.replace(s, num_users=99), 'num_users'),
+    ],
+)
 def test_bad_client_data_names_the_client_and_the_field(change, field):
     silo = change(DATA.silos[1])
     with pytest.raises(hpfl.HpflDataError, match=f"client 'silo_1': {field}"):
@@ -475,8 +532,9 @@ def test_predictions_are_per_silo_on_the_label_scale():
         keep = silo.split == um.SPLIT_TEST
         assert p.prediction.shape == p.label.shape == (keep.sum(),)
         q = silo.item_attributes[silo.item[keep]]
-        expected = gum.predict(state.model, tf.constant(silo.user[keep]), tf.constant(silo.item[keep]),
-                               tf.constant(q)).numpy()
+        expected = gum.predict(
+            state.model, tf.constant(silo.user[keep]), tf.constant(silo.item[keep]), tf.constant(q)
+        ).numpy()
         np.testing.assert_allclose(p.prediction, expected, rtol=1e-5)
     with pytest.raises(ValueError, match='2 client states for 3 silos'):
         hpfl.predict_silos(CONFIG, states[:2], DATA)

@@ -14,9 +14,19 @@ from fedpersonal.models import gum
 from fedpersonal.tasks import hpfl_user_modeling
 
 FLAGS = flags.FLAGS
-TINY = ['--synthetic_num_clients=3', '--synthetic_users_per_client=8', '--rounds=2', '--centralized_epochs=2',
-        '--hidden_dim=4', '--batch_size=64', '--max_local_clusters=4', '--max_global_clusters=4',
-        '--kmeans_iterations=2', '--ncd_hidden_units=8,4', '--ncf_embedding_dim=4']
+TINY = [
+    '--synthetic_num_clients=3',
+    '--synthetic_users_per_client=8',
+    '--total_rounds=2',
+    '--centralized_epochs=2',
+    '--hidden_dim=4',
+    '--batch_size=64',
+    '--max_local_clusters=4',
+    '--max_global_clusters=4',
+    '--kmeans_iterations=2',
+    '--ncd_hidden_units=8,4',
+    '--ncf_embedding_dim=4',
+]
 # One of each kind (centralized, federated baseline, HPFL) keeps the test short; every baseline and HPFL variant is
 # built by the same two code paths (tests/algorithms/hpfl*_test.py test them one by one).
 METHODS = ('ncd', 'ncf', 'gum', 'distributed', 'fedavg', 'hpfl')
@@ -65,7 +75,8 @@ def test_private_components_analysis_separates_separated_clients(tmp_path):
     separated = rng.normal(size=[90, 4]) + 5.0 * np.eye(4)[labels]
     mixed = rng.normal(size=[90, 4])
     result = hpfl_user_modeling.private_components_analysis(
-        {'distributed': separated, 'hpfl': mixed}, labels, ['a', 'b', 'c'], str(tmp_path / 'p.png'))
+        {'distributed': separated, 'hpfl': mixed}, labels, ['a', 'b', 'c'], str(tmp_path / 'p.png')
+    )
     methods = result['methods']
     assert methods['distributed']['probe_accuracy'] > 0.95 and methods['distributed']['silhouette'] > 0.5
     assert methods['hpfl']['probe_accuracy'] < 0.6 and abs(methods['hpfl']['silhouette']) < 0.1
@@ -76,9 +87,15 @@ def test_private_components_analysis_separates_separated_clients(tmp_path):
 def test_doa_pairs_stay_within_a_silo():
     # Two silos, stacked items 0 (silo 0) and 1 (silo 1); a pair needs the same stacked item.
     metrics = hpfl_user_modeling.evaluate_predictions(
-        'binary', (0.0, 1.0), np.array([1, 0, 1, 0.]), np.array([0.9, 0.1, 0.8, 0.3]), user=np.array([0, 1, 2, 3]),
-        item=np.array([0, 0, 1, 1]), user_scores=np.array([[1.0], [0.0], [0.0], [1.0]]),
-        item_attributes=np.ones([2, 1]))
+        'binary',
+        (0.0, 1.0),
+        np.array([1, 0, 1, 0.0]),
+        np.array([0.9, 0.1, 0.8, 0.3]),
+        user=np.array([0, 1, 2, 3]),
+        item=np.array([0, 0, 1, 1]),
+        user_scores=np.array([[1.0], [0.0], [0.0], [1.0]]),
+        item_attributes=np.ones([2, 1]),
+    )
     assert metrics['doa'] == 0.5  # Silo 0's pair agrees, silo 1's disagrees.
     assert metrics['accuracy'] == 1.0 and metrics['auc'] == 1.0
 
@@ -123,9 +140,14 @@ _TIMING = {'wall_seconds', 'seconds_per_round', 'seconds_per_epoch'}
 def _start_binary(argv, log_path):
     import subprocess  # pylint: disable=g-import-not-at-top
     import sys  # pylint: disable=g-import-not-at-top
+
     with open(log_path, 'ab') as log:  # A file, not a pipe: TFF's worker keeps inherited pipes open.
-        return subprocess.Popen([sys.executable, os.path.join(_REPO, 'experiments', 'hpfl_user_modeling.py'), *argv],
-                                cwd=_REPO, stdout=log, stderr=subprocess.STDOUT)
+        return subprocess.Popen(
+            [sys.executable, os.path.join(_REPO, 'experiments', 'hpfl_user_modeling.py'), *argv],
+            cwd=_REPO,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+        )
 
 
 def _without_timing(value, output_dir):
@@ -154,8 +176,12 @@ def test_binary_killed_mid_run_resumes_to_the_results_of_an_uninterrupted_run(tm
     those of an uninterrupted run exactly; a third start of the finished run evaluates nothing again."""
     import signal  # pylint: disable=g-import-not-at-top
     import time  # pylint: disable=g-import-not-at-top
-    flags = [f for f in TINY if not f.startswith('--rounds=')] + [
-        '--rounds=6', '--rounds_per_eval=2', '--methods=ncd,gum,distributed,fedavg,hpfl']
+
+    flags = [f for f in TINY if not f.startswith('--total_rounds=')] + [
+        '--total_rounds=6',
+        '--rounds_per_eval=2',
+        '--methods=ncd,gum,distributed,fedavg,hpfl',
+    ]
     straight, killed = str(tmp_path / 'straight'), str(tmp_path / 'killed')
     log = str(tmp_path / 'killed.log')
 

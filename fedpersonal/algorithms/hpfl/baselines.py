@@ -152,6 +152,18 @@ def build_baseline(
       public_seed: Seed of the initial public components.
       row_updates: Local table updates, ``'lazy'`` or ``'dense'`` (FedSGD's single full-batch step is the same
         either way).
+
+    Returns:
+      An `HpflProcess`: the same round as HPFL's, configured by `round_spec(method)` (no private aggregation).
+
+    Example:
+
+    >>> from fedpersonal.algorithms import hpfl
+    >>> from fedpersonal.models import gum
+    >>> config = gum.GumConfig(num_attributes=3, max_users=5, max_items=4, hidden_dim=2)
+    >>> process = hpfl.build_baseline('fedprox', config, proximal_strength=0.1)
+    >>> process.spec.proximal_strength, process.spec.public_aggregation
+    (0.1, 'mean')
     """
     if method not in BASELINES:
         raise ValueError(f'method must be one of {BASELINES}, got {method!r}.')

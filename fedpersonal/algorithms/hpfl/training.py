@@ -13,6 +13,7 @@ from fedpersonal.algorithms.hpfl.types import ROW_UPDATES
 from fedpersonal.algorithms.hpfl.types import ClientData
 from fedpersonal.algorithms.hpfl.types import ClientReport
 from fedpersonal.algorithms.hpfl.types import ClientState
+from fedpersonal.core import client_work
 from fedpersonal.models import gum
 
 
@@ -146,21 +147,16 @@ def local_training(
 
     update = lazy_step if row_updates == 'lazy' else dense_step
 
-    def step(carry, batch):
-        values, optimizer_state, n, loss_sum, iterations = carry
+    def step(values, optimizer_state, batch):
         attributes = tf.gather(item_attributes, batch['item'])
         values, optimizer_state, loss = update(values, optimizer_state, batch, attributes)
-        size = tf.shape(batch['label'])[0]
-        return (
-            values,
-            optimizer_state,
-            n + size,
-            loss_sum + loss * tf.cast(size, tf.float32),
-            iterations + tf.reduce_sum(tf.cast(attributes > 0, tf.float32), axis=0),
-        )
+        iterations = tf.reduce_sum(tf.cast(attributes > 0, tf.float32), axis=0)
+        return values, optimizer_state, client_work.BatchLoss(loss, tf.shape(batch['label'])[0], iterations)
 
-    initial = (values, initial_state, tf.constant(0, tf.int32), tf.constant(0.0), tf.zeros([config.num_attributes]))
-    values, _, n, loss_sum, iterations = dataset.repeat(epochs).reduce(initial, step)
+    values, _, result = client_work.functional_steps(
+        values, initial_state, dataset, step, epochs=epochs, zero_stats=tf.zeros([config.num_attributes])
+    )
+    n, loss_sum, iterations = result.num_examples, result.loss_sum, result.stats
     return _rebuild(weights, values, fields), n, loss_sum, iterations
 
 

@@ -1,0 +1,26 @@
+"""The examples in the public API's docstrings run (doctest)."""
+
+import doctest
+import importlib
+
+import pytest
+
+MODULES = (
+    'fedpersonal',
+    'fedpersonal.algorithms.fed_recon',
+    'fedpersonal.algorithms.furl',
+    'fedpersonal.algorithms.ditto',
+    'fedpersonal.algorithms.feddva',
+    'fedpersonal.algorithms.hpfl.process',
+    'fedpersonal.algorithms.hpfl.baselines',
+)
+
+
+@pytest.mark.parametrize('name', MODULES)
+def test_docstring_examples_run(name):
+    module = importlib.import_module(name)
+    finder = doctest.DocTestFinder(exclude_empty=True)
+    examples = sum(len(t.examples) for t in finder.find(module))
+    assert examples, f'{name} has no docstring example'
+    result = doctest.testmod(module, optionflags=doctest.ELLIPSIS | doctest.NORMALIZE_WHITESPACE, verbose=False)
+    assert result.failed == 0, f'{result.failed} of {result.attempted} docstring examples of {name} failed'
