@@ -27,6 +27,7 @@ from fedpersonal import program
 from fedpersonal import runtime
 from fedpersonal.program import config_flags
 from fedpersonal.tasks import feddva
+from fedpersonal.tasks import feddva_analysis
 
 _DEFAULTS = {'output_dir': 'output/feddva'}
 config_flags.define_flags(feddva.FeddvaConfig, overrides=_DEFAULTS)
@@ -121,7 +122,7 @@ def main(argv):
             'timing': timing,
         },
     )
-    table = feddva.format_tables(results['rows'])
+    table = feddva_analysis.format_tables(results['rows'])
     md_dir = os.path.dirname(os.path.abspath(FLAGS.results_md))
     rel = lambda p: os.path.relpath(os.path.abspath(p), md_dir)
     stats = next(iter(results['statistics'].values()))

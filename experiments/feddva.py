@@ -16,12 +16,15 @@ from absl import app
 
 from fedpersonal.program import experiment_main
 from fedpersonal.tasks import feddva
+from fedpersonal.tasks import feddva_analysis
 
 
 def report(results: dict[str, Any], config: Any) -> str:
     """The tables printed at the end of the run."""
     del config
-    return f'Dataset: {results["dataset"]} ({results["rounds"]} rounds)\n' + feddva.format_tables(results['rows'])
+    return f'Dataset: {results["dataset"]} ({results["rounds"]} rounds)\n' + feddva_analysis.format_tables(
+        results['rows']
+    )
 
 
 main = experiment_main.define_main(feddva.FeddvaConfig, feddva.run, report, default_output_dir='output/feddva')

@@ -10,7 +10,8 @@ the same in every binary (`config_flags` turns the fields into flags, the help t
 
 Parts: `OutputConfig` (where results go), `DataConfig` (where data comes from), `RoundsConfig` (rounds, seed,
 checkpoints), `SamplingConfig` (clients per round), `EvaluationConfig`, `EvalClientsConfig`, `BatchConfig`, `ClientEpochsConfig`,
-`ClientOptimizerConfig`, `ServerOptimizerConfig`, `ReconstructionOptimizerConfig`. Every part validates its own
+`ClientOptimizerConfig`, `ServerOptimizerConfig`, `ReconstructionOptimizerConfig`; `CrossDeviceRunConfig` bundles
+the first six. Every part validates its own
 fields; a task's `__post_init__` calls `run_post_inits(self)` first.
 """
 
@@ -190,6 +191,11 @@ class ReconstructionOptimizerConfig:
     def build_reconstruction_optimizer(self) -> Any:
         """The `tff.learning.optimizers.Optimizer` of the reconstruction steps."""
         return build_optimizer(self.reconstruction_optimizer, self.reconstruction_learning_rate)
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class CrossDeviceRunConfig(OutputConfig, DataConfig, RoundsConfig, SamplingConfig, EvaluationConfig, BatchConfig):
+    """The parts every cross-device experiment has: output, data, rounds, client sampling, evaluation, batching."""
 
 
 def run_post_inits(config: Any) -> None:

@@ -62,13 +62,8 @@ DATASETS = ('synthetic_subreddit', 'movielens_likes', 'assistments')
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class FurlConfig(
-    parts.OutputConfig,
-    parts.DataConfig,
-    parts.RoundsConfig,
-    parts.SamplingConfig,
-    parts.EvaluationConfig,
+    parts.CrossDeviceRunConfig,
     parts.EvalClientsConfig,
-    parts.BatchConfig,
     parts.ClientEpochsConfig,
     parts.ClientOptimizerConfig,
     parts.ServerOptimizerConfig,

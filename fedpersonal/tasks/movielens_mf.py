@@ -61,13 +61,8 @@ METRIC_KEYS = ('rmse', 'mae', 'accuracy', 'loss', 'num_examples')
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class MovieLensMFConfig(
-    parts.OutputConfig,
-    parts.DataConfig,
-    parts.RoundsConfig,
-    parts.SamplingConfig,
-    parts.EvaluationConfig,
+    parts.CrossDeviceRunConfig,
     parts.EvalClientsConfig,
-    parts.BatchConfig,
     parts.ClientOptimizerConfig,
     parts.ServerOptimizerConfig,
     parts.ReconstructionOptimizerConfig,

@@ -82,13 +82,8 @@ def row_name(configuration: str, num_oov_buckets: int) -> str:
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class NextWordPredictionConfig(
-    parts.OutputConfig,
-    parts.DataConfig,
-    parts.RoundsConfig,
-    parts.SamplingConfig,
-    parts.EvaluationConfig,
+    parts.CrossDeviceRunConfig,
     parts.EvalClientsConfig,
-    parts.BatchConfig,
     parts.ClientOptimizerConfig,
     parts.ServerOptimizerConfig,
     parts.ReconstructionOptimizerConfig,
