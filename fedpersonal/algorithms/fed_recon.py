@@ -36,6 +36,11 @@ from fedpersonal.core import client_work
 from fedpersonal.core import compose
 from fedpersonal.core import process as process_lib
 from fedpersonal.models import partially_local_model
+from fedpersonal.simulation import functional
+from fedpersonal.simulation import group as group_lib
+from fedpersonal.simulation import lockstep
+from fedpersonal.simulation import options as simulation_options
+from fedpersonal.simulation import packing
 
 ReconstructionModel: TypeAlias = tff.learning.models.ReconstructionModel
 ModelWeights: TypeAlias = tff.learning.models.ModelWeights
@@ -128,6 +133,58 @@ def _build_client_update(
     return client_update
 
 
+def _build_group_client_update(
+    model: functional.FunctionalModel,
+    *,
+    loss_fn: LossFn,
+    metrics_fn: MetricsFn | None,
+    client_optimizer: tff.learning.optimizers.Optimizer,
+    reconstruction_optimizer: tff.learning.optimizers.Optimizer,
+    jointly_train_locals: bool,
+    learn_local_init: bool,
+    client_weighting: Any,
+    metric_finalizers: collections.OrderedDict,
+    weights_type: tff.Type,
+    group_type: tff.Type,
+) -> tff.Computation:
+    """The FedRecon client work of a group of logical clients in lockstep (the engine's `_build_client_update`)."""
+    initial = model.initial_weights
+    num_global = len(initial.global_trainable)
+    local_slots = [(functional.LOCAL_TRAINABLE, i) for i in range(len(initial.local_trainable))]
+    global_slots = [(functional.GLOBAL_TRAINABLE, i) for i in range(num_global)]
+    update_slots = global_slots + (local_slots if jointly_train_locals else [])
+    returned_slots = global_slots + (local_slots if learn_local_init else [])
+
+    @tff.tensorflow.computation(weights_type, group_type)
+    @tf.function
+    def client_update(server_weights, group):
+        with tf.init_scope():
+            metrics = client_work.build_metrics(metrics_fn, loss_fn, metric_finalizers)
+            loss = loss_fn()
+
+        @tf.function(jit_compile=True)
+        def train(received, non_trainable, group):
+            local_init = received[num_global:] if learn_local_init else [tf.constant(v) for v in initial.local_trainable]
+            weights = functional.Parts(
+                received[:num_global], non_trainable, local_init, [tf.constant(v) for v in initial.local_non_trainable]
+            )
+            weights, _ = lockstep.lockstep_steps(
+                model, weights, local_slots, group['support'], reconstruction_optimizer, loss
+            )
+            weights, steps = lockstep.lockstep_steps(
+                model, weights, update_slots, group['query'], client_optimizer, loss, metrics=metrics
+            )
+            clients = tf.shape(group['query']['steps'])[0]
+            trained = [lockstep.per_client(weights[g][i], initial[g][i], clients) for g, i in returned_slots]
+            weight = group_lib.client_weights(client_weighting, steps.num_examples)
+            return group_lib.weighted_update(received, trained, weight)
+
+        result = train(list(server_weights.trainable), list(server_weights.non_trainable), group)
+        return result, client_work.read_metrics(metrics)
+
+    return client_update
+
+
 def build_fed_recon(
     model_fn: ModelFn,
     *,
@@ -143,6 +200,8 @@ def build_fed_recon(
     model_aggregator: AggregationFactory | None = None,
     model_distributor: tff.learning.templates.DistributionProcess | None = None,
     metrics_aggregator: Callable[..., tff.Computation] = tff.learning.metrics.sum_then_finalize,
+    simulation: str = 'engine',
+    group_size: int | None = None,
 ) -> process_lib.PersonalizedProcess:
     """Builds the Federated Reconstruction learning process.
 
@@ -170,6 +229,11 @@ def build_fed_recon(
         e.g. DP or zeroing; default weighted `MeanFactory`.
       model_distributor: Default `tff.learning.templates.build_broadcast_process`.
       metrics_aggregator: As in TFF (default `sum_then_finalize`).
+      simulation: ``'engine'`` (default): a round's clients run in groups, each group as one compiled
+        program (`fedpersonal.simulation`); `process.pack(datasets)` makes `next`'s input. ``'per_client'``:
+        one TFF client computation per client, `next` takes the datasets. Same results to float precision.
+      group_size: Engine only: the most logical clients per group (default: as many as fit 1 GiB of
+        per-client weight copies, at most 128).
 
     Returns:
       A stateless `fedpersonal.core.PersonalizedProcess` (`next(state, client_datasets)` ->
@@ -203,6 +267,7 @@ def build_fed_recon(
             probe, algorithm='FedRecon', needs_global=True, needs_local=learn_local_init
         )
         element_type = tff.types.tensorflow_to_type(probe.input_spec)
+        probe_spec = probe.input_spec
 
     @tff.tensorflow.computation
     def initial_weights():
@@ -210,13 +275,50 @@ def build_fed_recon(
 
     weights_type = initial_weights.type_signature.result
     metric_finalizers: collections.OrderedDict = collections.OrderedDict()
+    simulation_options.check_simulation(simulation)
+    split_fn = resolve_split_fn(dataset_split)
+    if simulation == 'engine':
+        group_lib.check_aggregator(model_aggregator)
+        group_lib.client_weights(client_weighting, tf.zeros([1]))  # Refuses a callable weighting early.
+        for role, optimizer in (('client_optimizer', client_optimizer), ('reconstruction_optimizer', reconstruction_optimizer)):
+            lockstep.check_optimizer(optimizer, role)
+        model = functional.FunctionalModel(model_fn)
+        trained = model.initial_weights.global_trainable + model.initial_weights.local_trainable
+        packer = packing.ClientPacker(
+            split_fn,
+            ('support', 'query'),
+            probe_spec,
+            group_size or simulation_options.default_group_size(trained),
+        )
+        client_update = _build_group_client_update(
+            model,
+            loss_fn=loss_fn,
+            metrics_fn=metrics_fn,
+            client_optimizer=client_optimizer,
+            reconstruction_optimizer=reconstruction_optimizer,
+            jointly_train_locals=jointly_train_locals,
+            learn_local_init=learn_local_init,
+            client_weighting=client_weighting,
+            metric_finalizers=metric_finalizers,
+            weights_type=weights_type,
+            group_type=packer.group_type(),
+        )
+        return compose.compose_personalized_process(
+            initial_global_weights=initial_weights,
+            client_update=client_update,
+            aggregate_metrics=compose.keras_metrics(metric_finalizers, metrics_aggregator),
+            server_optimizer=server_optimizer,
+            model_aggregator=compose.weighted_aggregator(model_aggregator, client_weighting),
+            model_distributor=model_distributor,
+            packer=packer,
+        )
     client_update = _build_client_update(
         model_fn,
         loss_fn=loss_fn,
         metrics_fn=metrics_fn,
         client_optimizer=client_optimizer,
         reconstruction_optimizer=reconstruction_optimizer,
-        split_fn=resolve_split_fn(dataset_split),
+        split_fn=split_fn,
         jointly_train_locals=jointly_train_locals,
         learn_local_init=learn_local_init,
         client_weighting=client_weighting,

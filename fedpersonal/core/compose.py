@@ -125,6 +125,7 @@ def compose_personalized_process(
     initial_private_state: tff.Computation | None = None,
     model_distributor: tff.learning.templates.DistributionProcess | None = None,
     parts: dict[str, Any] | None = None,
+    packer: Any = None,
 ) -> process_lib.PersonalizedProcess:
     """Composes a `PersonalizedProcess` from an algorithm's client work and TFF's parts.
 
@@ -142,6 +143,8 @@ def compose_personalized_process(
         stateful.
       model_distributor: Default `tff.learning.templates.build_broadcast_process`.
       parts: Extra named building blocks recorded in `process.parts`.
+      packer: For group client work (the fast simulation engine): the `fedpersonal.simulation.packing`
+        packer whose groups `client_update` takes (`process.pack`).
 
     Returns:
       A `PersonalizedProcess` (metrics: `distributor`, `client_work` (`train`), `aggregator`, `finalizer`).
@@ -154,15 +157,17 @@ def compose_personalized_process(
     finalizer = tff.learning.templates.build_apply_optimizer_finalizer(server_optimizer, weights_type)
     parts = dict(parts or {}, client_update=client_update)
 
-    if initial_private_state is None:
+    dataset_type = client_update.type_signature.parameter[1]
+    stateful = initial_private_state is not None
+    if not stateful and isinstance(dataset_type, tff.SequenceType):
         client_work = _client_work_process(client_update, aggregate_metrics)
         learning_process = tff.learning.templates.compose_learning_process(
             initial_global_weights, distributor, client_work, aggregator, finalizer
         )
-        return process_lib.from_learning_process(learning_process, parts=parts)
-
-    dataset_type = client_update.type_signature.parameter[1]
-    private_type = initial_private_state.type_signature.result
+        return process_lib.from_learning_process(learning_process, parts=parts, packer=packer)
+    # Stateful client work, or client data that is not a sequence (the engine's packed groups, which TFF's
+    # ClientWorkProcess does not accept): the same composition written out.
+    private_type = initial_private_state.type_signature.result if stateful else None
 
     @tff.federated_computation
     def initialize():
@@ -176,16 +181,15 @@ def compose_personalized_process(
             )
         )
 
-    @tff.federated_computation(
-        initialize.type_signature.result,
-        tff.FederatedType(dataset_type, tff.CLIENTS),
-        tff.FederatedType(private_type, tff.CLIENTS),
-    )
-    def next_fn(state, client_data, private_states):
+    def round_fn(state, client_data, private_states):
         distributed = distributor.next(state.distributor, state.global_model_weights)
-        client_result, client_metrics, new_private = tff.federated_map(
-            client_update, (distributed.result, client_data, private_states)
-        )
+        if stateful:
+            client_result, client_metrics, new_private = tff.federated_map(
+                client_update, (distributed.result, client_data, private_states)
+            )
+        else:
+            client_result, client_metrics = tff.federated_map(client_update, (distributed.result, client_data))
+            new_private = ()
         aggregated = aggregator.next(state.aggregator, client_result.update, client_result.update_weight)
         finalized = finalizer.next(state.finalizer, state.global_model_weights, aggregated.result)
         new_state = tff.federated_zip(
@@ -207,6 +211,22 @@ def compose_personalized_process(
         )
         return process_lib.ProcessOutput(state=new_state, metrics=metrics, private_states=new_private)
 
+    if stateful:
+
+        @tff.federated_computation(
+            initialize.type_signature.result,
+            tff.FederatedType(dataset_type, tff.CLIENTS),
+            tff.FederatedType(private_type, tff.CLIENTS),
+        )
+        def next_fn(state, client_data, private_states):
+            return round_fn(state, client_data, private_states)
+
+    else:
+
+        @tff.federated_computation(initialize.type_signature.result, tff.FederatedType(dataset_type, tff.CLIENTS))
+        def next_fn(state, client_data):
+            return round_fn(state, client_data, None)
+
     return process_lib.PersonalizedProcess(
         initialize,
         next_fn,
@@ -215,4 +235,5 @@ def compose_personalized_process(
         private_state_type=private_type,
         initial_private_state_fn=initial_private_state,
         parts=parts,
+        packer=packer,
     )

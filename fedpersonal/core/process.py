@@ -19,6 +19,7 @@ Nothing derived only from private states reaches a SERVER-placed value (`fedpers
 from __future__ import annotations
 
 from collections.abc import Callable
+from collections.abc import Sequence
 from typing import Any
 from typing import NamedTuple
 
@@ -63,6 +64,7 @@ class PersonalizedProcess(tff.templates.IterativeProcess):
         initial_private_state_fn: Callable[[], Any] | None = None,
         learning_process: tff.learning.templates.LearningProcess | None = None,
         parts: dict[str, Any] | None = None,
+        packer: Any = None,
     ):
         super().__init__(initialize_fn, next_fn)
         result = next_fn.type_signature.result
@@ -83,6 +85,23 @@ class PersonalizedProcess(tff.templates.IterativeProcess):
         self._initial_private_state_fn = initial_private_state_fn
         self.learning_process = learning_process
         self.parts = dict(parts or {})
+        self.packer = packer
+
+    @property
+    def simulation(self) -> str:
+        """``'engine'`` when a TFF client slot carries a packed group of logical clients, else ``'per_client'``."""
+        return 'per_client' if self.packer is None else 'engine'
+
+    def pack(self, client_data: Sequence[Any], *, client_ids: Sequence[str] | None = None) -> list[Any]:
+        """The `next` input for a round's client datasets.
+
+        The per-client path takes the datasets as they are; the fast simulation engine takes them packed into
+        fixed-shape groups of logical clients (`fedpersonal.simulation.packing`), materialized once per client
+        id when `client_ids` are given.
+        """
+        if self.packer is None:
+            return list(client_data)
+        return self.packer.pack(list(client_data), client_ids)
 
     @property
     def stateful(self) -> bool:
@@ -105,7 +124,10 @@ class PersonalizedProcess(tff.templates.IterativeProcess):
 
 
 def from_learning_process(
-    learning_process: tff.learning.templates.LearningProcess, *, parts: dict[str, Any] | None = None
+    learning_process: tff.learning.templates.LearningProcess,
+    *,
+    parts: dict[str, Any] | None = None,
+    packer: Any = None,
 ) -> PersonalizedProcess:
     """A stateless `PersonalizedProcess` running a TFF `LearningProcess` (e.g. one built by TFF itself).
 
@@ -125,4 +147,5 @@ def from_learning_process(
         global_weights_type=learning_process.get_model_weights.type_signature.result,
         learning_process=learning_process,
         parts=parts,
+        packer=packer,
     )

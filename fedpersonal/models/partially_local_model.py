@@ -16,6 +16,8 @@ global or local part that an algorithm requires.
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 from collections.abc import Callable
 from collections.abc import Iterable
 from collections.abc import Mapping
@@ -43,6 +45,24 @@ def initializer_seed(seed: int, index: int) -> int:
     without a graph-level seed) starts from bit-identical weights.
     """
     return (int(seed) * 1024 + int(index)) % 2**31
+
+
+_WEIGHTS_AS_TENSORS: contextvars.ContextVar[bool] = contextvars.ContextVar('weights_as_tensors', default=False)
+
+
+@contextlib.contextmanager
+def weights_as_tensors():
+    """While active, `from_keras_model` only wraps: its weights may be tensors (see `fedpersonal.simulation.functional`).
+
+    A model function called inside a `tf.variable_creator_scope` that hands out tensors instead of variables
+    builds a Keras model that is a pure function of those tensors; the global/local declaration was already
+    validated when the model was first built, and tensors have no `trainable` to partition by.
+    """
+    token = _WEIGHTS_AS_TENSORS.set(True)
+    try:
+        yield
+    finally:
+        _WEIGHTS_AS_TENSORS.reset(token)
 
 
 class ModelSpecError(ValueError):
@@ -116,13 +136,14 @@ class PartiallyLocalModel(ReconstructionModel):
 
     @tf.function
     def forward_pass(self, batch_input: Any, training: bool = True) -> ReconstructionBatchOutput:
-        x, y = _split_batch(batch_input)
+        x, y = split_batch(batch_input)
         predictions = self._keras_model(x, training=training)
         num_examples = tf.shape(tf.nest.flatten(x)[0])[0]
         return ReconstructionBatchOutput(predictions=predictions, labels=y, num_examples=num_examples)
 
 
-def _split_batch(batch: Any) -> tuple[Any, Any]:
+def split_batch(batch: Any) -> tuple[Any, Any]:
+    """A batch's ``(x, y)``: the `"x"`/`"y"` entries of a mapping, or the two items of a pair."""
     if isinstance(batch, Mapping):
         return batch['x'], batch['y']
     return batch[0], batch[1]
@@ -206,6 +227,15 @@ def from_keras_model(
     """
     if not isinstance(keras_model, tf.keras.Model):
         raise TypeError(f'keras_model must be a tf.keras.Model, got {type(keras_model).__name__}.')
+    if _WEIGHTS_AS_TENSORS.get():
+        return PartiallyLocalModel(
+            keras_model,
+            global_trainable_variables=[],
+            global_non_trainable_variables=[],
+            local_trainable_variables=[],
+            local_non_trainable_variables=[],
+            input_spec=input_spec,
+        )
     if getattr(keras_model, 'compiled_loss', None) is not None or getattr(keras_model, '_is_compiled', False):
         raise ModelSpecError(
             f'Keras model "{keras_model.name}" is compiled. Pass an uncompiled model: losses, '

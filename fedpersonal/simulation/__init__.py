@@ -1,0 +1,30 @@
+"""Fast simulation: a round's logical clients as one compiled program per group (the default engine).
+
+* `functional`: a partially local Keras model as a pure function of its weights;
+* `packing`: clients' datasets as fixed-shape, masked group tensors (`ClientPacker`);
+* `lockstep`: the local optimizer loop of a whole group in lockstep (vectorized over clients, XLA-compiled);
+* `group`: a group's pre-aggregated `ClientResult` (per-client weights, non-finite zeroing) and the checks of
+  what a group can pre-aggregate.
+
+The algorithms compose these into their group client work (`build_fed_recon(..., simulation='engine')`); one
+TFF client slot then carries a group of logical clients, and TFF's weighted mean over the groups equals its
+weighted mean over the logical clients.
+"""
+
+from fedpersonal.simulation import functional
+from fedpersonal.simulation import group
+from fedpersonal.simulation import lockstep
+from fedpersonal.simulation import packing
+from fedpersonal.simulation.options import SIMULATIONS
+from fedpersonal.simulation.options import check_simulation
+from fedpersonal.simulation.options import default_group_size
+
+__all__ = [
+    'SIMULATIONS',
+    'check_simulation',
+    'default_group_size',
+    'functional',
+    'group',
+    'lockstep',
+    'packing',
+]

@@ -1,0 +1,76 @@
+"""What one TFF client slot reports for its group of logical clients: the per-client results, pre-aggregated.
+
+A group's `ClientResult` is the weighted mean of its clients' updates with the sum of their weights as its
+weight, so TFF's weighted `MeanFactory` over the groups equals TFF's weighted mean over the logical clients.
+Everything an aggregator would do per client that is not a plain weighted mean must therefore happen here,
+per logical client: zeroing a non-finite update (and its weight) is; aggregators that need each client's own
+value (DP clipping and noise, zeroing by norm, secure-sum bounds) are refused (`check_aggregator`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import tensorflow as tf
+import tensorflow_federated as tff
+
+from fedpersonal import errors
+
+
+def check_aggregator(model_aggregator: Any) -> None:
+    """Raises `ConfigError` unless `model_aggregator` is a plain weighted mean (the only one a group can pre-sum)."""
+    if model_aggregator is None:
+        return
+    if type(model_aggregator) is tff.aggregators.MeanFactory:  # pylint: disable=unidiomatic-typecheck
+        inner = getattr(model_aggregator, '_value_sum_factory', None)
+        if inner is None or type(inner) is tff.aggregators.SumFactory:  # pylint: disable=unidiomatic-typecheck
+            return
+    raise errors.ConfigError(
+        f'The fast simulation engine pre-aggregates each group of logical clients as a weighted mean, so it '
+        f'cannot apply {type(model_aggregator).__name__} to each client\'s own update (DP clipping and noise, '
+        f"norm zeroing and secure sums need per-client values). Use simulation='per_client' with this "
+        f'aggregator, or group_size=1.'
+    )
+
+
+def client_weights(client_weighting: Any, num_examples: tf.Tensor) -> tf.Tensor:
+    """Per-client aggregation weights ``[clients]`` (0 for a client without examples)."""
+    if client_weighting is tff.learning.ClientWeighting.NUM_EXAMPLES:
+        weight = num_examples
+    elif client_weighting is tff.learning.ClientWeighting.UNIFORM:
+        weight = tf.ones_like(num_examples)
+    else:
+        raise errors.ConfigError(
+            'The fast simulation engine supports client_weighting NUM_EXAMPLES or UNIFORM (a callable of each '
+            "client's unfinalized metrics needs per-client metrics); use simulation='per_client'."
+        )
+    return tf.where(num_examples > 0, weight, 0.0)
+
+
+def weighted_update(
+    received: Sequence[tf.Tensor], trained: Sequence[tf.Tensor], weights: tf.Tensor
+) -> tff.learning.templates.ClientResult:
+    """The group's `ClientResult`: the weighted mean of ``received - trained`` over its clients.
+
+    A client whose update has a non-finite value is dropped (update and weight zero), as the per-client path
+    zeroes it (`tensor_utils.zero_all_if_any_non_finite`).
+
+    Args:
+      received: The weights the clients started from (shared by the group).
+      trained: Their trained values per client (``[clients, ...]``).
+      weights: Per-client weights ``[clients]``.
+    """
+    deltas = [r[tf.newaxis] - t for r, t in zip(received, trained)]
+    finite = tf.ones_like(weights, tf.bool)
+    for delta in deltas:
+        axes = list(range(1, delta.shape.rank))
+        finite = tf.logical_and(finite, tf.reduce_all(tf.math.is_finite(delta), axis=axes) if axes else tf.math.is_finite(delta))
+    weights = tf.where(finite, weights, 0.0)
+    total = tf.reduce_sum(weights)
+    scale = tf.math.divide_no_nan(weights, total)
+    update = []
+    for delta in deltas:
+        shaped = tf.reshape(scale, [-1] + [1] * (delta.shape.rank - 1))
+        update.append(tf.reduce_sum(tf.where(shaped > 0, delta, 0.0) * shaped, axis=0))
+    return tff.learning.templates.ClientResult(update=update, update_weight=total)

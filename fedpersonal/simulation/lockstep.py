@@ -1,0 +1,235 @@
+"""The client-work library's local loop for a group of logical clients in lockstep, as one compiled program.
+
+`lockstep_steps` is `fedpersonal.core.client_work.optimizer_steps` for a whole group: the same optimizer step
+per batch, the same batch loss (the model's loss on the batch plus its regularization losses, plus an optional
+penalty), the same example counts; but every client's weights are stacked on a leading axis and one step of
+all clients is one vectorized call (`tf.vectorized_map` over the model as a pure function of its weights,
+`fedpersonal.simulation.functional`). The steps are a `tf.while_loop` (an unrolled loop costs tens of seconds
+of XLA compilation), and the loop runs as many steps as the group's longest client; a shorter client's extra
+steps have an all-zero example mask, hence a zero loss and no update.
+
+What made it fast (measured on the MovieLens MF round, see docs/RESULTS.md):
+
+* a weight is either *shared* by the group (its rank is the model's; e.g. the received globals while only
+  the local variables train) or *per client* (one more leading axis); only trained weights are per client;
+* gradients of embedding lookups (`tf.IndexedSlices`) leave the vectorized function as values and row
+  indices and are applied with one batched scatter for the whole group (plain SGD); a dense per-client table
+  update is 4-6x slower, and a scatter inside `vectorized_map` falls back to a loop;
+* the whole loop is compiled with XLA (`jit_compile=True`).
+
+Padded examples (a batch smaller than the group's batch size, an empty slot) carry mask 0: the loss is the
+masked mean over the batch's real examples (a Keras loss with ``sample_weight=mask``, rescaled from the padded
+to the real batch size), and metrics are updated with the mask as sample weight.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from collections.abc import Sequence
+from typing import Any
+from typing import NamedTuple
+
+import tensorflow as tf
+import tensorflow_federated as tff
+from tensorflow_federated.python.learning.optimizers import sgdm
+
+from fedpersonal import errors
+from fedpersonal.models import partially_local_model
+from fedpersonal.simulation import functional
+
+Slot = tuple[int, int]  # (group, index) of a weight in `functional.Parts`.
+Penalty = Callable[[list[tf.Tensor], list[tf.Tensor]], tf.Tensor]  # (trained, centre) -> scalar
+
+
+class GroupSteps(NamedTuple):
+    """Per-client sums over the batches a group's clients processed."""
+
+    num_examples: tf.Tensor  # [clients] float32
+    loss_sum: tf.Tensor  # [clients] float32: sum of batch loss x batch size (no penalty)
+
+
+def plain_sgd_learning_rate(optimizer: tff.learning.optimizers.Optimizer) -> tf.Tensor | None:
+    """The learning rate if `optimizer` is TFF's SGD without momentum (the sparse fast path), else None."""
+    if isinstance(optimizer, sgdm._SGD):  # pylint: disable=protected-access
+        state = optimizer.initialize(())
+        if 'momentum' not in state:
+            return state['learning_rate']
+    return None
+
+
+def check_optimizer(optimizer: Any, role: str) -> None:
+    """Raises `ConfigError` unless `optimizer` is a functional TFF optimizer the engine can step per client."""
+    if not isinstance(optimizer, tff.learning.optimizers.Optimizer):
+        raise errors.ConfigError(
+            f'The fast simulation engine needs a tff.learning.optimizers.Optimizer as {role}, got '
+            f"{type(optimizer).__name__} (a Keras optimizer is stateful); use simulation='per_client' for it."
+        )
+
+
+def is_per_client(value: Any, base: Any) -> bool:
+    """Whether `value` is stacked per client (one more leading axis than the model's weight `base`)."""
+    return value.shape.rank == len(base.shape) + 1
+
+
+def per_client(value: tf.Tensor, base: Any, clients: tf.Tensor) -> tf.Tensor:
+    """`value` stacked per client (broadcast if shared)."""
+    if is_per_client(value, base):
+        return value
+    return tf.broadcast_to(value[tf.newaxis], tf.concat([[clients], tf.shape(value)], 0))
+
+
+def _replace(parts: functional.Parts, slots: Sequence[Slot], values: Sequence[Any]) -> functional.Parts:
+    groups = [list(g) for g in parts]
+    for (g, i), v in zip(slots, values):
+        groups[g][i] = v
+    return functional.Parts(*groups)
+
+
+def _batch_mean_loss(loss: tf.keras.losses.Loss, labels, predictions, mask) -> tf.Tensor:
+    """Each client's batch loss ``[clients]``: the loss's mean over the client's real examples."""
+    values = loss.call(labels, predictions)  # [clients, batch, ...] per-example (per-element) losses.
+    weights = tf.broadcast_to(tf.reshape(mask, tf.concat([tf.shape(mask), tf.ones([values.shape.rank - 2], tf.int32)], 0)), tf.shape(values))
+    axes = list(range(1, values.shape.rank))
+    return tf.math.divide_no_nan(tf.reduce_sum(values * weights, axes), tf.reduce_sum(weights, axes))
+
+
+def _update_metrics(metrics: Sequence[tf.keras.metrics.Metric], labels, predictions, mask) -> None:
+    """Updates Keras metrics with a group's batch, as the per-client path updates them with each client's batch.
+
+    Example metrics see the clients' examples flattened (padded examples weigh 0); a metric of a batch's mean
+    loss (`MeanMetricWrapper` of a Keras `Loss`, e.g. the `loss` metric) gets one value per client batch.
+    """
+
+    def flat(t):
+        inner = t.shape[2:]
+        shape = [-1] + inner.as_list() if inner.is_fully_defined() else tf.concat([[-1], tf.shape(t)[2:]], 0)
+        return tf.reshape(t, shape)
+
+    flat_labels, flat_predictions = tf.nest.map_structure(flat, labels), tf.nest.map_structure(flat, predictions)
+    weights = tf.reshape(mask, [-1])
+    has_batch = tf.cast(tf.reduce_sum(mask, axis=1) > 0, tf.float32)
+    for metric in metrics:
+        fn = getattr(metric, '_fn', None)
+        if isinstance(metric, tff.learning.metrics.NumExamplesCounter):
+            metric.update_state(tf.zeros([tf.cast(tf.reduce_sum(weights), tf.int32)]))
+        elif isinstance(metric, tff.learning.metrics.NumBatchesCounter):
+            metric.update_state(tf.zeros([tf.cast(tf.reduce_sum(has_batch), tf.int32)]))
+        elif isinstance(metric, tf.keras.metrics.MeanMetricWrapper) and isinstance(fn, tf.keras.losses.Loss):
+            values = _batch_mean_loss(fn, labels, predictions, mask)
+            super(tf.keras.metrics.MeanMetricWrapper, metric).update_state(values, sample_weight=has_batch)
+        else:
+            metric.update_state(flat_labels, flat_predictions, sample_weight=weights)
+
+
+@tf.autograph.experimental.do_not_convert
+def lockstep_steps(
+    model: functional.FunctionalModel,
+    weights: functional.Parts,
+    train: Sequence[Slot],
+    phase: Any,
+    optimizer: tff.learning.optimizers.Optimizer,
+    loss: tf.keras.losses.Loss,
+    *,
+    metrics: Sequence[tf.keras.metrics.Metric] = (),
+    penalty: Penalty | None = None,
+    centre: Sequence[Any] = (),
+) -> tuple[functional.Parts, GroupSteps]:
+    """One optimizer step per batch of `phase` for every client of a group, on the weights at `train` slots.
+
+    Call inside a `tf.function` (the engine's group computation).
+
+    Args:
+      model: The model as a pure function of its weights.
+      weights: The group's weights; each entry shared (the model's shape) or per client (``[clients, ...]``).
+      train: The slots of the weights that train (they come back per client); the others stay frozen.
+      phase: A packed phase (`fedpersonal.simulation.packing`): ``{'batch', 'mask', 'steps'}``.
+      optimizer: A TFF optimizer; its state starts fresh for every client (as in the per-client path).
+      loss: The Keras loss (a batch's loss is its mean over the batch's real examples).
+      metrics: Keras metrics updated with every batch's labels and pre-step predictions (group sums).
+      penalty: Optional ``(trained, centre) -> scalar`` added to each client's batch loss (e.g. Ditto's
+        proximal term), with `centre` per-client or shared tensors.
+
+    Returns:
+      ``(weights, GroupSteps)``: the trained slots per client, the others as given.
+    """
+    base = model.initial_weights
+    clients = tf.shape(phase['mask'])[0]
+    padded_batch = tf.cast(tf.shape(phase['mask'])[2], tf.float32)
+    trained = [per_client(weights[g][i], base[g][i], clients) for g, i in train]
+    if not trained:
+        zeros = tf.zeros([clients])
+        return weights, GroupSteps(zeros, zeros)
+    slots = [(g, i) for g in range(4) for i in range(len(base[g])) if (g, i) not in train]
+    frozen_per_client = [s for s in slots if is_per_client(weights[s[0]][s[1]], base[s[0]][s[1]])]
+    centre_per_client = [k for k, c in enumerate(centre) if is_per_client(c, base[train[k][0]][train[k][1]])]
+    learning_rate = plain_sgd_learning_rate(optimizer)
+    sparse = []  # Per trained weight: is its gradient applied as sparse rows (set while tracing client_step).
+
+    def client_step(args):
+        values, frozen, centre_values, batch, mask = args
+        parts = _replace(_replace(weights, frozen_per_client, frozen), train, values)
+        full_centre = list(centre)
+        for k, c in zip(centre_per_client, centre_values):
+            full_centre[k] = c
+        x, y = partially_local_model.split_batch(batch)
+        with tf.GradientTape() as tape:
+            tape.watch(values)
+            predictions, regularization = model(parts, x, training=True)
+            n = tf.reduce_sum(mask)
+            batch_loss = loss(y, predictions, sample_weight=mask) * padded_batch / tf.maximum(n, 1.0)
+            total = batch_loss + regularization
+            if penalty is not None:
+                total += penalty(values, full_centre)
+            total *= tf.cast(n > 0, total.dtype)
+        gradients = tape.gradient(total, values, unconnected_gradients=tf.UnconnectedGradients.ZERO)
+        sparse[:] = [isinstance(g, tf.IndexedSlices) and learning_rate is not None for g in gradients]
+        flat = []
+        for g, is_sparse in zip(gradients, sparse):
+            flat.append((g.values, tf.cast(g.indices, tf.int32)) if is_sparse else tf.convert_to_tensor(g))
+        return batch_loss, n, predictions, flat
+
+    if learning_rate is None:
+        state_specs = tuple(tf.TensorSpec(t.shape[1:], t.dtype) for t in trained)
+        initial_state = optimizer.initialize(state_specs)
+        optimizer_state = tf.nest.map_structure(lambda s: per_client(tf.convert_to_tensor(s), s, clients), initial_state)
+    else:
+        optimizer_state = ()
+
+    def body(t, values, optimizer_state, num_examples, loss_sum):
+        batch = tf.nest.map_structure(lambda a: a[:, t], phase['batch'])
+        mask = phase['mask'][:, t]
+        frozen = [weights[g][i] for g, i in frozen_per_client]
+        centre_values = [centre[k] for k in centre_per_client]
+        batch_loss, n, predictions, gradients = tf.vectorized_map(
+            client_step, (values, frozen, centre_values, batch, mask)
+        )
+        if learning_rate is not None:
+            values = [_sgd(v, g, is_sparse, learning_rate) for v, g, is_sparse in zip(values, gradients, sparse)]
+        else:
+            step = lambda args: optimizer.next(args[0], tuple(args[1]), tuple(args[2]))
+            new_state, new_values = tf.vectorized_map(step, (optimizer_state, values, gradients))
+            active = n > 0
+            keep = lambda new, old: tf.where(tf.reshape(active, [-1] + [1] * (new.shape.rank - 1)), new, old)
+            values = [keep(a, b) for a, b in zip(new_values, values)]
+            optimizer_state = tf.nest.map_structure(keep, new_state, optimizer_state)
+        if metrics:
+            _update_metrics(metrics, partially_local_model.split_batch(batch)[1], predictions, mask)
+        return t + 1, values, optimizer_state, num_examples + n, loss_sum + batch_loss * n
+
+    zeros = tf.zeros([clients])
+    _, trained, _, num_examples, loss_sum = tf.while_loop(
+        lambda t, *_: t < tf.reduce_max(phase['steps']),
+        body,
+        (tf.constant(0), trained, optimizer_state, zeros, zeros),
+    )
+    return _replace(weights, train, trained), GroupSteps(num_examples, loss_sum)
+
+
+def _sgd(value: tf.Tensor, gradient: Any, is_sparse: bool, learning_rate: tf.Tensor) -> tf.Tensor:
+    """One SGD step of stacked per-client weights; sparse rows as one scatter over the whole group."""
+    learning_rate = tf.cast(learning_rate, value.dtype)
+    if not is_sparse:
+        return value - learning_rate * gradient
+    rows, indices = gradient  # [clients, k, ...], [clients, k]
+    client = tf.broadcast_to(tf.range(tf.shape(indices)[0])[:, tf.newaxis], tf.shape(indices))
+    return tf.tensor_scatter_nd_sub(value, tf.stack([client, indices], axis=-1), learning_rate * rows)

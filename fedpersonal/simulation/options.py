@@ -1,0 +1,30 @@
+"""The engine's options shared by every builder: which simulation path, and how many clients per group."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+
+from fedpersonal import errors
+
+SIMULATIONS = ('engine', 'per_client')
+DEFAULT_MEMORY_BUDGET_BYTES = 1 << 30  # Per group: the per-client copies of the trained weights.
+MAX_GROUP_SIZE = 128
+
+
+def check_simulation(simulation: str) -> None:
+    if simulation not in SIMULATIONS:
+        raise errors.ConfigError(f'simulation must be one of {SIMULATIONS}, got {simulation!r}.')
+
+
+def default_group_size(
+    per_client_arrays: Sequence[np.ndarray], *, memory_budget_bytes: int = DEFAULT_MEMORY_BUDGET_BYTES
+) -> int:
+    """The largest group (at most `MAX_GROUP_SIZE`) whose per-client weight copies fit the memory budget.
+
+    Each logical client of a group holds its own copy of the weights it trains (plus their gradients and the
+    optimizer's state, counted as 3 copies); a round with more clients than this runs several groups.
+    """
+    per_client = 3 * sum(int(np.prod(a.shape)) * 4 for a in per_client_arrays)
+    return int(max(1, min(MAX_GROUP_SIZE, memory_budget_bytes // max(per_client, 1))))

@@ -1,0 +1,156 @@
+"""Clients' data as fixed-shape tensors: the input of one compiled group of logical clients.
+
+A client's work reads one or more *phases* of batches (FedRecon: the support set, then the query set; FURL:
+its training batches). `ClientPacker` turns each client's `tf.data.Dataset` into those phases exactly as the
+per-client path iterates them (the phase function is the same: e.g. the algorithm's dataset split function
+with its epochs and step caps), materializes every batch once, and stacks a group of clients into
+
+    {phase: {'batch': <element structure of [clients, steps, batch, ...] arrays>,
+             'mask':  [clients, steps, batch] float32 (1 for a real example),
+             'steps': [clients] int32 (the client's number of batches)}}
+
+Shorter clients, smaller batches and empty slots are zero-padded and masked. Shapes only grow: steps are
+padded to a power of two and the batch and group sizes are fixed, so a run traces and compiles its group
+computation once (a rare larger client recompiles once).
+
+Client datasets are materialized once per client id (`pack(..., client_ids=...)`), which assumes they yield
+the same batches every round, as the package's tasks do; without ids every round is materialized afresh.
+"""
+
+from __future__ import annotations
+
+import collections
+from collections.abc import Callable
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+import tensorflow as tf
+import tensorflow_federated as tff
+
+from fedpersonal import errors
+
+PhaseFn = Callable[[tf.data.Dataset], Sequence[tf.data.Dataset]]
+
+
+class _Phase:
+    """One phase of one client: its batches stacked as ``[steps, batch, ...]`` leaves plus the example mask."""
+
+    def __init__(self, dataset: tf.data.Dataset):
+        batches = list(dataset.as_numpy_iterator())
+        specs = tf.nest.flatten(dataset.element_spec)
+        self.steps = len(batches)
+        self.batch_size = max((len(tf.nest.flatten(b)[0]) for b in batches), default=0)
+        self.leaves = []
+        for k, spec in enumerate(specs):
+            rows = [tf.nest.flatten(b)[k] for b in batches]
+            inner = np.max([r.shape[1:] for r in rows], axis=0).astype(int) if rows else _known(spec.shape[1:])
+            leaf = np.zeros([self.steps, self.batch_size, *inner], spec.dtype.as_numpy_dtype)
+            for s, row in enumerate(rows):
+                leaf[(s, slice(0, len(row))) + tuple(slice(0, d) for d in row.shape[1:])] = row
+            self.leaves.append(leaf)
+        self.mask = np.zeros([self.steps, self.batch_size], np.float32)
+        for s, b in enumerate(batches):
+            self.mask[s, : len(tf.nest.flatten(b)[0])] = 1.0
+
+
+def _known(shape: tf.TensorShape) -> list[int]:
+    return [d if d is not None else 0 for d in shape.as_list()]
+
+
+def _bucket(n: int) -> int:
+    return 1 if n <= 1 else 1 << (n - 1).bit_length()
+
+
+class ClientPacker:
+    """Packs clients' datasets into fixed-shape groups for the engine's group computation.
+
+    Args:
+      phase_fn: ``dataset -> (phase datasets...)`` as the per-client path iterates them.
+      phase_names: One name per phase.
+      element_spec: The batches' element spec (the model's input spec).
+      group_size: At most this many logical clients per group. A round's clients are split into the fewest
+        groups of at most `group_size`, of equal size (the last one padded with empty clients), so a fixed
+        number of clients per round gives fixed shapes.
+    """
+
+    def __init__(self, phase_fn: PhaseFn, phase_names: Sequence[str], element_spec: Any, group_size: int):
+        if group_size < 1:
+            raise errors.ConfigError(f'group_size must be >= 1, got {group_size}.')
+        self._phase_fn = phase_fn
+        self.phase_names = tuple(phase_names)
+        self.element_spec = element_spec
+        self.group_size = int(group_size)
+        self._cache: dict[str, list[_Phase]] = {}
+        self._steps = dict.fromkeys(self.phase_names, 1)
+        self._batch = dict.fromkeys(self.phase_names, 1)
+        self._inner: dict[str, list[np.ndarray]] = {
+            name: [np.asarray(_known(s.shape[1:]), int) for s in tf.nest.flatten(element_spec)]
+            for name in self.phase_names
+        }
+
+    def group_type(self) -> tff.Type:
+        """The TFF type of one packed group (unknown sizes as None dimensions)."""
+
+        def leaf(spec: tf.TensorSpec) -> tf.TensorSpec:
+            return tf.TensorSpec([None, None, None, *spec.shape[1:]], spec.dtype)
+
+        phase = collections.OrderedDict(
+            batch=tf.nest.map_structure(leaf, self.element_spec),
+            mask=tf.TensorSpec([None, None, None], tf.float32),
+            steps=tf.TensorSpec([None], tf.int32),
+        )
+        spec = collections.OrderedDict((name, phase) for name in self.phase_names)
+        return tff.types.tensorflow_to_type(spec)
+
+    def _client(self, dataset: tf.data.Dataset, client_id: str | None) -> list[_Phase]:
+        if client_id is not None and client_id in self._cache:
+            return self._cache[client_id]
+        phases = [_Phase(d) for d in self._phase_fn(dataset)]
+        if len(phases) != len(self.phase_names):
+            raise ValueError(f'The phase function returned {len(phases)} datasets, expected {self.phase_names}.')
+        if client_id is not None:
+            self._cache[client_id] = phases
+        return phases
+
+    def sizes(self, num_clients: int) -> tuple[int, int]:
+        """``(number of groups, clients per group)`` for a round of `num_clients`."""
+        groups = max(1, -(-num_clients // self.group_size))
+        return groups, max(1, -(-num_clients // groups))
+
+    def pack(self, datasets: Sequence[tf.data.Dataset], client_ids: Sequence[str] | None = None) -> list[Any]:
+        """The round's clients as a list of packed groups (in client order, `group_size` per group)."""
+        if client_ids is not None and len(client_ids) != len(datasets):
+            raise ValueError(f'{len(client_ids)} client ids for {len(datasets)} datasets.')
+        clients = [self._client(d, None if client_ids is None else str(client_ids[i])) for i, d in enumerate(datasets)]
+        for p, name in enumerate(self.phase_names):
+            steps = max((c[p].steps for c in clients), default=1)
+            self._steps[name] = max(self._steps[name], _bucket(steps))
+            self._batch[name] = max([self._batch[name]] + [c[p].batch_size for c in clients])
+            for c in clients:
+                for k, leaf in enumerate(c[p].leaves):
+                    self._inner[name][k] = np.maximum(self._inner[name][k], leaf.shape[2:])
+        groups, size = self.sizes(len(clients))
+        return [self._group(clients[g * size : (g + 1) * size], size) for g in range(groups)]
+
+    def _group(self, clients: list[list[_Phase]], size: int) -> collections.OrderedDict:
+        group = collections.OrderedDict()
+        for p, name in enumerate(self.phase_names):
+            steps, batch = self._steps[name], self._batch[name]
+            specs = tf.nest.flatten(self.element_spec)
+            leaves = [
+                np.zeros([size, steps, batch, *self._inner[name][k]], spec.dtype.as_numpy_dtype)
+                for k, spec in enumerate(specs)
+            ]
+            mask = np.zeros([size, steps, batch], np.float32)
+            num_steps = np.zeros([size], np.int32)
+            for g, client in enumerate(clients):
+                phase = client[p]
+                num_steps[g] = phase.steps
+                mask[g, : phase.steps, : phase.batch_size] = phase.mask
+                for k, leaf in enumerate(phase.leaves):
+                    leaves[k][(g,) + tuple(slice(0, d) for d in leaf.shape)] = leaf
+            group[name] = collections.OrderedDict(
+                batch=tf.nest.pack_sequence_as(self.element_spec, leaves), mask=mask, steps=num_steps
+            )
+        return group
