@@ -36,6 +36,7 @@ from fedpersonal.core import client_work
 from fedpersonal.core import compose
 from fedpersonal.core import process as process_lib
 from fedpersonal.models import partially_local_model
+from fedpersonal.simulation import driver
 from fedpersonal.simulation import functional
 from fedpersonal.simulation import group as group_lib
 from fedpersonal.simulation import lockstep
@@ -146,8 +147,12 @@ def _build_group_client_update(
     metric_finalizers: collections.OrderedDict,
     weights_type: tff.Type,
     group_type: tff.Type,
-) -> tff.Computation:
-    """The FedRecon client work of a group of logical clients in lockstep (the engine's `_build_client_update`)."""
+) -> tuple[tff.Computation, Callable[..., Any]]:
+    """The FedRecon client work of a group of logical clients in lockstep (the engine's `_build_client_update`).
+
+    Returns the TFF computation and the same client work as a `tf.function` of its own (run by
+    `simulation.driver`, with metric variables of its own).
+    """
     initial = model.initial_weights
     num_global = len(initial.global_trainable)
     local_slots = [(functional.LOCAL_TRAINABLE, i) for i in range(len(initial.local_trainable))]
@@ -155,34 +160,51 @@ def _build_group_client_update(
     update_slots = global_slots + (local_slots if jointly_train_locals else [])
     returned_slots = global_slots + (local_slots if learn_local_init else [])
 
-    @tff.tensorflow.computation(weights_type, group_type)
-    @tf.function
-    def client_update(server_weights, group):
-        with tf.init_scope():
-            metrics = client_work.build_metrics(metrics_fn, loss_fn, metric_finalizers)
-            loss = loss_fn()
+    def build_group_work(finalizers: collections.OrderedDict):
+        cache: dict[str, Any] = {}  # One set of metric variables per function, kept across its traces.
 
-        @tf.function(jit_compile=True)
-        def train(received, non_trainable, group):
-            local_init = received[num_global:] if learn_local_init else [tf.constant(v) for v in initial.local_trainable]
-            weights = functional.Parts(
-                received[:num_global], non_trainable, local_init, [tf.constant(v) for v in initial.local_non_trainable]
-            )
-            weights, _ = lockstep.lockstep_steps(
-                model, weights, local_slots, group['support'], reconstruction_optimizer, loss
-            )
-            weights, steps = lockstep.lockstep_steps(
-                model, weights, update_slots, group['query'], client_optimizer, loss, metrics=metrics
-            )
-            clients = tf.shape(group['query']['steps'])[0]
-            trained = [lockstep.per_client(weights[g][i], initial[g][i], clients) for g, i in returned_slots]
-            weight = group_lib.client_weights(client_weighting, steps.num_examples)
-            return group_lib.weighted_update(received, trained, weight)
+        @tf.function
+        def group_work(server_weights, group):
+            with tf.init_scope():
+                if not cache:
+                    cache.update(metrics=client_work.build_metrics(metrics_fn, loss_fn, finalizers), loss=loss_fn())
+            metrics, loss = cache['metrics'], cache['loss']
+            for metric in metrics:  # Run in this process's runtime, the variables outlive a call.
+                metric.reset_state()
 
-        result = train(list(server_weights.trainable), list(server_weights.non_trainable), group)
-        return result, client_work.read_metrics(metrics)
+            @tf.function(jit_compile=True)
+            def train(received, non_trainable, group):
+                local_init = (
+                    received[num_global:] if learn_local_init else [tf.constant(v) for v in initial.local_trainable]
+                )
+                weights = functional.Parts(
+                    received[:num_global],
+                    non_trainable,
+                    local_init,
+                    [tf.constant(v) for v in initial.local_non_trainable],
+                )
+                weights, _ = lockstep.lockstep_steps(
+                    model, weights, local_slots, group['support'], reconstruction_optimizer, loss
+                )
+                query = group['query']
+                weight = group_lib.client_weights(client_weighting, tf.reduce_sum(query['mask'], axis=[1, 2]))
+                weights, steps = lockstep.lockstep_steps(
+                    model, weights, update_slots, query, client_optimizer, loss, metrics=metrics, delta_weights=weight
+                )
+                clients = tf.shape(query['steps'])[0]
+                trained = [lockstep.per_client(weights[g][i], initial[g][i], clients) for g, i in returned_slots]
+                return group_lib.weighted_update(
+                    received, trained, weight, steps if returned_slots == update_slots else None
+                )
 
-    return client_update
+            result = train(list(server_weights.trainable), list(server_weights.non_trainable), group)
+            with tf.control_dependencies(tf.nest.flatten(result)):
+                return result, client_work.read_metrics(metrics)
+
+        return group_work
+
+    computation = tff.tensorflow.computation(weights_type, group_type)(build_group_work(metric_finalizers))
+    return computation, build_group_work(collections.OrderedDict())
 
 
 def build_fed_recon(
@@ -279,8 +301,14 @@ def build_fed_recon(
     split_fn = resolve_split_fn(dataset_split)
     if simulation == 'engine':
         group_lib.check_aggregator(model_aggregator)
+        simulation_options.check_engine_parts(
+            model_distributor=model_distributor, metrics_aggregator=metrics_aggregator
+        )
         group_lib.client_weights(client_weighting, tf.zeros([1]))  # Refuses a callable weighting early.
-        for role, optimizer in (('client_optimizer', client_optimizer), ('reconstruction_optimizer', reconstruction_optimizer)):
+        for role, optimizer in (
+            ('client_optimizer', client_optimizer),
+            ('reconstruction_optimizer', reconstruction_optimizer),
+        ):
             lockstep.check_optimizer(optimizer, role)
         model = functional.FunctionalModel(model_fn)
         trained = model.initial_weights.global_trainable + model.initial_weights.local_trainable
@@ -290,7 +318,7 @@ def build_fed_recon(
             probe_spec,
             group_size or simulation_options.default_group_size(trained),
         )
-        client_update = _build_group_client_update(
+        client_update, group_work = _build_group_client_update(
             model,
             loss_fn=loss_fn,
             metrics_fn=metrics_fn,
@@ -311,6 +339,13 @@ def build_fed_recon(
             model_aggregator=compose.weighted_aggregator(model_aggregator, client_weighting),
             model_distributor=model_distributor,
             packer=packer,
+            round_runner=driver.GroupRoundRunner(
+                group_work,
+                server_optimizer,
+                driver.KerasMetricsFinalizer(
+                    lambda: client_work.build_metrics(metrics_fn, loss_fn, collections.OrderedDict())
+                ),
+            ),
         )
     client_update = _build_client_update(
         model_fn,

@@ -126,6 +126,7 @@ def compose_personalized_process(
     model_distributor: tff.learning.templates.DistributionProcess | None = None,
     parts: dict[str, Any] | None = None,
     packer: Any = None,
+    round_runner: Callable[..., Any] | None = None,
 ) -> process_lib.PersonalizedProcess:
     """Composes a `PersonalizedProcess` from an algorithm's client work and TFF's parts.
 
@@ -145,6 +146,7 @@ def compose_personalized_process(
       parts: Extra named building blocks recorded in `process.parts`.
       packer: For group client work (the fast simulation engine): the `fedpersonal.simulation.packing`
         packer whose groups `client_update` takes (`process.pack`).
+      round_runner: For the engine: runs a round in the driver's runtime (`process.run_round`).
 
     Returns:
       A `PersonalizedProcess` (metrics: `distributor`, `client_work` (`train`), `aggregator`, `finalizer`).
@@ -164,7 +166,9 @@ def compose_personalized_process(
         learning_process = tff.learning.templates.compose_learning_process(
             initial_global_weights, distributor, client_work, aggregator, finalizer
         )
-        return process_lib.from_learning_process(learning_process, parts=parts, packer=packer)
+        return process_lib.from_learning_process(
+            learning_process, parts=parts, packer=packer, round_runner=round_runner
+        )
     # Stateful client work, or client data that is not a sequence (the engine's packed groups, which TFF's
     # ClientWorkProcess does not accept): the same composition written out.
     private_type = initial_private_state.type_signature.result if stateful else None
@@ -236,4 +240,5 @@ def compose_personalized_process(
         initial_private_state_fn=initial_private_state,
         parts=parts,
         packer=packer,
+        round_runner=round_runner,
     )

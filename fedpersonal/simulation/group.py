@@ -28,7 +28,7 @@ def check_aggregator(model_aggregator: Any) -> None:
             return
     raise errors.ConfigError(
         f'The fast simulation engine pre-aggregates each group of logical clients as a weighted mean, so it '
-        f'cannot apply {type(model_aggregator).__name__} to each client\'s own update (DP clipping and noise, '
+        f"cannot apply {type(model_aggregator).__name__} to each client's own update (DP clipping and noise, "
         f"norm zeroing and secure sums need per-client values). Use simulation='per_client' with this "
         f'aggregator, or group_size=1.'
     )
@@ -49,7 +49,10 @@ def client_weights(client_weighting: Any, num_examples: tf.Tensor) -> tf.Tensor:
 
 
 def weighted_update(
-    received: Sequence[tf.Tensor], trained: Sequence[tf.Tensor], weights: tf.Tensor
+    received: Sequence[tf.Tensor],
+    trained: Sequence[tf.Tensor],
+    weights: tf.Tensor,
+    steps: Any = None,
 ) -> tff.learning.templates.ClientResult:
     """The group's `ClientResult`: the weighted mean of ``received - trained`` over its clients.
 
@@ -60,12 +63,38 @@ def weighted_update(
       received: The weights the clients started from (shared by the group).
       trained: Their trained values per client (``[clients, ...]``).
       weights: Per-client weights ``[clients]``.
+      steps: Optional `lockstep.GroupSteps` of the training of `trained` with ``delta_weights=weights``: its
+        accumulated weighted deltas are used when every client's gradients were finite (the common case),
+        sparing a pass over each client's copy of large tables.
     """
+    accumulated = list(getattr(steps, 'weighted_deltas', None) or [None] * len(received))
+    if steps is not None and any(a is not None for a in accumulated):
+        dense = lambda: _dense_weighted_update(received, trained, weights)
+        total = tf.reduce_sum(weights)
+
+        def fast():
+            rest = iter(_dense_weighted_update(received, trained, weights, only=accumulated).update)
+            update = [tf.math.divide_no_nan(a, total) if a is not None else next(rest) for a in accumulated]
+            return tff.learning.templates.ClientResult(update=update, update_weight=total)
+
+        all_finite = tf.reduce_all(tf.logical_or(steps.finite, weights <= 0))
+        return tf.cond(all_finite, fast, dense)
+    return _dense_weighted_update(received, trained, weights)
+
+
+def _dense_weighted_update(received, trained, weights, only=None) -> tff.learning.templates.ClientResult:
+    """`weighted_update` from every client's trained copy (slots where `only` is not None are skipped: zeros)."""
+    if only is not None:
+        keep = [a is None for a in only]
+        received = [r for r, k in zip(received, keep) if k]
+        trained = [t for t, k in zip(trained, keep) if k]
     deltas = [r[tf.newaxis] - t for r, t in zip(received, trained)]
     finite = tf.ones_like(weights, tf.bool)
     for delta in deltas:
         axes = list(range(1, delta.shape.rank))
-        finite = tf.logical_and(finite, tf.reduce_all(tf.math.is_finite(delta), axis=axes) if axes else tf.math.is_finite(delta))
+        finite = tf.logical_and(
+            finite, tf.reduce_all(tf.math.is_finite(delta), axis=axes) if axes else tf.math.is_finite(delta)
+        )
     weights = tf.where(finite, weights, 0.0)
     total = tf.reduce_sum(weights)
     scale = tf.math.divide_no_nan(weights, total)

@@ -42,10 +42,21 @@ Penalty = Callable[[list[tf.Tensor], list[tf.Tensor]], tf.Tensor]  # (trained, c
 
 
 class GroupSteps(NamedTuple):
-    """Per-client sums over the batches a group's clients processed."""
+    """Per-client sums over the batches a group's clients processed.
 
-    num_examples: tf.Tensor  # [clients] float32
-    loss_sum: tf.Tensor  # [clients] float32: sum of batch loss x batch size (no penalty)
+    Attributes:
+      num_examples: ``[clients]`` float32.
+      loss_sum: ``[clients]`` float32: sum of batch loss x batch size (no penalty).
+      weighted_deltas: With `delta_weights` and plain SGD: per trained slot that started shared, the weighted
+        sum over clients of ``start - trained`` accumulated step by step (sparse rows scattered once per
+        step), which spares a pass over every client's copy of a large table; None for the other slots.
+      finite: ``[clients]`` bool: every gradient the client applied was finite.
+    """
+
+    num_examples: tf.Tensor
+    loss_sum: tf.Tensor
+    weighted_deltas: Sequence[tf.Tensor | None] = ()
+    finite: tf.Tensor | None = None
 
 
 def plain_sgd_learning_rate(optimizer: tff.learning.optimizers.Optimizer) -> tf.Tensor | None:
@@ -88,7 +99,9 @@ def _replace(parts: functional.Parts, slots: Sequence[Slot], values: Sequence[An
 def _batch_mean_loss(loss: tf.keras.losses.Loss, labels, predictions, mask) -> tf.Tensor:
     """Each client's batch loss ``[clients]``: the loss's mean over the client's real examples."""
     values = loss.call(labels, predictions)  # [clients, batch, ...] per-example (per-element) losses.
-    weights = tf.broadcast_to(tf.reshape(mask, tf.concat([tf.shape(mask), tf.ones([values.shape.rank - 2], tf.int32)], 0)), tf.shape(values))
+    weights = tf.broadcast_to(
+        tf.reshape(mask, tf.concat([tf.shape(mask), tf.ones([values.shape.rank - 2], tf.int32)], 0)), tf.shape(values)
+    )
     axes = list(range(1, values.shape.rank))
     return tf.math.divide_no_nan(tf.reduce_sum(values * weights, axes), tf.reduce_sum(weights, axes))
 
@@ -110,10 +123,10 @@ def _update_metrics(metrics: Sequence[tf.keras.metrics.Metric], labels, predicti
     has_batch = tf.cast(tf.reduce_sum(mask, axis=1) > 0, tf.float32)
     for metric in metrics:
         fn = getattr(metric, '_fn', None)
-        if isinstance(metric, tff.learning.metrics.NumExamplesCounter):
-            metric.update_state(tf.zeros([tf.cast(tf.reduce_sum(weights), tf.int32)]))
-        elif isinstance(metric, tff.learning.metrics.NumBatchesCounter):
-            metric.update_state(tf.zeros([tf.cast(tf.reduce_sum(has_batch), tf.int32)]))
+        if isinstance(metric, tff.learning.metrics.NumExamplesCounter):  # A Sum of batch sizes.
+            super(tff.learning.metrics.NumExamplesCounter, metric).update_state(tf.reduce_sum(weights))
+        elif isinstance(metric, tff.learning.metrics.NumBatchesCounter):  # A Sum of batches.
+            super(tff.learning.metrics.NumBatchesCounter, metric).update_state(tf.reduce_sum(has_batch))
         elif isinstance(metric, tf.keras.metrics.MeanMetricWrapper) and isinstance(fn, tf.keras.losses.Loss):
             values = _batch_mean_loss(fn, labels, predictions, mask)
             super(tf.keras.metrics.MeanMetricWrapper, metric).update_state(values, sample_weight=has_batch)
@@ -133,6 +146,7 @@ def lockstep_steps(
     metrics: Sequence[tf.keras.metrics.Metric] = (),
     penalty: Penalty | None = None,
     centre: Sequence[Any] = (),
+    delta_weights: tf.Tensor | None = None,
 ) -> tuple[functional.Parts, GroupSteps]:
     """One optimizer step per batch of `phase` for every client of a group, on the weights at `train` slots.
 
@@ -148,6 +162,8 @@ def lockstep_steps(
       metrics: Keras metrics updated with every batch's labels and pre-step predictions (group sums).
       penalty: Optional ``(trained, centre) -> scalar`` added to each client's batch loss (e.g. Ditto's
         proximal term), with `centre` per-client or shared tensors.
+      delta_weights: Optional per-client weights ``[clients]`` known before training (e.g. example counts);
+        see `GroupSteps.weighted_deltas`.
 
     Returns:
       ``(weights, GroupSteps)``: the trained slots per client, the others as given.
@@ -155,10 +171,11 @@ def lockstep_steps(
     base = model.initial_weights
     clients = tf.shape(phase['mask'])[0]
     padded_batch = tf.cast(tf.shape(phase['mask'])[2], tf.float32)
+    starts_shared = [not is_per_client(weights[g][i], base[g][i]) for g, i in train]
     trained = [per_client(weights[g][i], base[g][i], clients) for g, i in train]
     if not trained:
         zeros = tf.zeros([clients])
-        return weights, GroupSteps(zeros, zeros)
+        return weights, GroupSteps(zeros, zeros, [], tf.ones([clients], tf.bool))
     slots = [(g, i) for g in range(4) for i in range(len(base[g])) if (g, i) not in train]
     frozen_per_client = [s for s in slots if is_per_client(weights[s[0]][s[1]], base[s[0]][s[1]])]
     centre_per_client = [k for k, c in enumerate(centre) if is_per_client(c, base[train[k][0]][train[k][1]])]
@@ -191,11 +208,15 @@ def lockstep_steps(
     if learning_rate is None:
         state_specs = tuple(tf.TensorSpec(t.shape[1:], t.dtype) for t in trained)
         initial_state = optimizer.initialize(state_specs)
-        optimizer_state = tf.nest.map_structure(lambda s: per_client(tf.convert_to_tensor(s), s, clients), initial_state)
+        optimizer_state = tf.nest.map_structure(
+            lambda s: per_client(tf.convert_to_tensor(s), s, clients), initial_state
+        )
     else:
         optimizer_state = ()
+    accumulate = [shared and delta_weights is not None and learning_rate is not None for shared in starts_shared]
+    deltas = [tf.zeros(base[g][i].shape, base[g][i].dtype) for (g, i), a in zip(train, accumulate) if a]
 
-    def body(t, values, optimizer_state, num_examples, loss_sum):
+    def body(t, values, optimizer_state, num_examples, loss_sum, deltas, finite):
         batch = tf.nest.map_structure(lambda a: a[:, t], phase['batch'])
         mask = phase['mask'][:, t]
         frozen = [weights[g][i] for g, i in frozen_per_client]
@@ -205,6 +226,11 @@ def lockstep_steps(
         )
         if learning_rate is not None:
             values = [_sgd(v, g, is_sparse, learning_rate) for v, g, is_sparse in zip(values, gradients, sparse)]
+            accumulated = [g for g, a in zip(gradients, accumulate) if a]
+            kinds = [is_sparse for is_sparse, a in zip(sparse, accumulate) if a]
+            deltas = [_accumulate(d, g, k, learning_rate, delta_weights) for d, g, k in zip(deltas, accumulated, kinds)]
+            for g, is_sparse in zip(gradients, sparse):
+                finite = tf.logical_and(finite, _all_finite(g[0] if is_sparse else g))
         else:
             step = lambda args: optimizer.next(args[0], tuple(args[1]), tuple(args[2]))
             new_state, new_values = tf.vectorized_map(step, (optimizer_state, values, gradients))
@@ -214,15 +240,33 @@ def lockstep_steps(
             optimizer_state = tf.nest.map_structure(keep, new_state, optimizer_state)
         if metrics:
             _update_metrics(metrics, partially_local_model.split_batch(batch)[1], predictions, mask)
-        return t + 1, values, optimizer_state, num_examples + n, loss_sum + batch_loss * n
+        return t + 1, values, optimizer_state, num_examples + n, loss_sum + batch_loss * n, deltas, finite
 
     zeros = tf.zeros([clients])
-    _, trained, _, num_examples, loss_sum = tf.while_loop(
+    _, trained, _, num_examples, loss_sum, deltas, finite = tf.while_loop(
         lambda t, *_: t < tf.reduce_max(phase['steps']),
         body,
-        (tf.constant(0), trained, optimizer_state, zeros, zeros),
+        (tf.constant(0), trained, optimizer_state, zeros, zeros, deltas, tf.ones([clients], tf.bool)),
     )
-    return _replace(weights, train, trained), GroupSteps(num_examples, loss_sum)
+    remaining = iter(deltas)
+    weighted_deltas = [next(remaining) if a else None for a in accumulate]
+    return _replace(weights, train, trained), GroupSteps(num_examples, loss_sum, weighted_deltas, finite)
+
+
+def _all_finite(per_client_values: tf.Tensor) -> tf.Tensor:
+    axes = list(range(1, per_client_values.shape.rank))
+    return tf.reduce_all(tf.math.is_finite(per_client_values), axis=axes)
+
+
+def _accumulate(delta, gradient, is_sparse: bool, learning_rate, weights) -> tf.Tensor:
+    """``delta + sum_c weights_c * learning_rate * gradient_c`` (sparse rows scattered into the shared shape)."""
+    learning_rate = tf.cast(learning_rate, delta.dtype)
+    if not is_sparse:
+        return delta + learning_rate * tf.tensordot(weights, gradient, axes=1)
+    rows, indices = gradient
+    scaled = rows * tf.reshape(weights * learning_rate, [-1] + [1] * (rows.shape.rank - 1))
+    flat_rows = tf.reshape(scaled, tf.concat([[-1], tf.shape(rows)[2:]], 0))
+    return tf.tensor_scatter_nd_add(delta, tf.reshape(indices, [-1, 1]), flat_rows)
 
 
 def _sgd(value: tf.Tensor, gradient: Any, is_sparse: bool, learning_rate: tf.Tensor) -> tf.Tensor:

@@ -28,3 +28,19 @@ def default_group_size(
     """
     per_client = 3 * sum(int(np.prod(a.shape)) * 4 for a in per_client_arrays)
     return int(max(1, min(MAX_GROUP_SIZE, memory_budget_bytes // max(per_client, 1))))
+
+
+def check_engine_parts(*, model_distributor: object = None, metrics_aggregator: object = None) -> None:
+    """Raises `ConfigError` for parts the engine's round runner would not apply as TFF does."""
+    import tensorflow_federated as tff  # Lazy: options are read before TFF is imported.
+
+    if model_distributor is not None:
+        raise errors.ConfigError(
+            "The fast simulation engine runs TFF's default broadcast; a custom model_distributor needs "
+            "simulation='per_client'."
+        )
+    if metrics_aggregator not in (None, tff.learning.metrics.sum_then_finalize):
+        raise errors.ConfigError(
+            'The fast simulation engine finalizes metrics as tff.learning.metrics.sum_then_finalize; a custom '
+            "metrics_aggregator needs simulation='per_client'."
+        )
