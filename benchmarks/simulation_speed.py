@@ -498,8 +498,16 @@ def _machine() -> dict[str, Any]:
     with open('/proc/cpuinfo') as f:
         model = next((line.split(':', 1)[1].strip() for line in f if line.startswith('model name')), '')
     versions = {p: importlib.metadata.version(p) for p in ('tensorflow', 'tensorflow-federated', 'numpy')}
-    commit = subprocess.run(['git', 'rev-parse', 'HEAD'], cwd=_REPO, capture_output=True, text=True).stdout.strip()
-    return dict(cpus=os.cpu_count(), cpu_model=model, platform=platform.platform(), commit=commit, **versions)
+    git = lambda *a: subprocess.run(['git', *a], cwd=_REPO, capture_output=True, text=True).stdout.strip()
+    dirty = bool(git('status', '--porcelain', '--untracked-files=no'))  # Uncommitted changes were measured too.
+    return dict(
+        cpus=os.cpu_count(),
+        cpu_model=model,
+        platform=platform.platform(),
+        commit=git('rev-parse', 'HEAD'),
+        commit_dirty=dirty,
+        **versions,
+    )
 
 
 def main() -> None:
