@@ -178,7 +178,7 @@ def _nwp_round(seed):
     )
     state = process.initialize()
     initial = [np.asarray(w) for w in process.get_model_weights(state).trainable]
-    output = process.next(state, [_nwp_client(1), _nwp_client(2)])
+    output = process.run_round(state, [_nwp_client(1), _nwp_client(2)])
     trained = [np.asarray(w) for w in process.get_model_weights(output.state).trainable]
     return initial, trained, _flatten(output.metrics)
 

@@ -30,6 +30,7 @@ import dataclasses
 from collections.abc import Callable
 from typing import Any
 
+import numpy as np
 import tensorflow as tf
 
 from fedpersonal import errors
@@ -148,6 +149,41 @@ def build_dataset_split_fn(split: ReconstructionSplit = ReconstructionSplit()) -
         )
 
     return dataset_split_fn
+
+
+def _numpy_batches(examples: Any, batch_size: int, epochs: int, steps_max: int | None) -> list[Any]:
+    n = len(tf.nest.flatten(examples)[0])
+    one_pass = [tf.nest.map_structure(lambda a: a[i : i + batch_size], examples) for i in range(0, n, batch_size)]
+    batches = one_pass * epochs
+    return batches if steps_max is None else batches[:steps_max]
+
+
+def split_batches(batches: list[Any], split: ReconstructionSplit) -> tuple[list[Any], list[Any]]:
+    """`build_dataset_split_fn(split)` on a client's batches held as numpy structures (no `tf.data`).
+
+    Gives the same support and query batches as the dataset split function (the fast simulation engine packs
+    every client's data with it, tested equal); used where a client's batches are already in memory.
+    """
+    if not batches:
+        return [], []
+    examples = tf.nest.map_structure(lambda *parts: np.concatenate(parts), *batches)
+    batch_size = max(1, len(tf.nest.flatten(batches[0])[0]))
+    n = len(tf.nest.flatten(examples)[0])
+    if split.strategy == 'hash':
+        order = np.argsort(example_fingerprints(examples).numpy(), kind='stable')
+    else:
+        order = np.arange(n)
+    if split.allow_overlap:
+        support_idx = query_idx = order
+    else:
+        n_support = int(np.round(np.float32(n) * np.float32(split.support_fraction)))
+        n_support = min(max(n_support, 1), max(n - 1, 1)) if n >= 2 else n
+        support_idx, query_idx = order[:n_support], order[n_support:]
+    take = lambda idx: tf.nest.map_structure(lambda a: a[idx], examples)
+    return (
+        _numpy_batches(take(support_idx), batch_size, split.recon_epochs, split.recon_steps_max),
+        _numpy_batches(take(query_idx), batch_size, split.post_recon_epochs, split.post_recon_steps_max),
+    )
 
 
 def build_support_only_fn(split: ReconstructionSplit = ReconstructionSplit()) -> Callable[[tf.data.Dataset], tuple]:

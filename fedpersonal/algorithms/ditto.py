@@ -147,7 +147,7 @@ def build_ditto(
         count, total = global_steps(model, dataset, client_epochs, client_optimizer)
         delta, has_non_finite = client_work.weights_delta(server_weights.trainable, model.trainable_variables)
         num_examples = count / float(max(client_epochs, 1))
-        weight = tf.where(tf.logical_or(has_non_finite > 0, num_examples == 0), 0.0, num_examples)
+        weight = tf.where(tf.logical_or(has_non_finite > 0, tf.equal(num_examples, 0)), 0.0, num_examples)
         new_personal = client_work.snapshot(client_work.keras_weights(personal))
         sums = collections.OrderedDict(
             global_loss=tf.stack([total, count]),

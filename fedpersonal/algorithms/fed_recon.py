@@ -24,6 +24,7 @@ finalizer, via `tff.learning.templates.compose_learning_process`.
 from __future__ import annotations
 
 import collections
+import functools
 from collections.abc import Callable
 from typing import Any
 from typing import TypeAlias
@@ -312,11 +313,15 @@ def build_fed_recon(
             lockstep.check_optimizer(optimizer, role)
         model = functional.FunctionalModel(model_fn)
         trained = model.initial_weights.global_trainable + model.initial_weights.local_trainable
+        fast_split = isinstance(dataset_split, dataset_split_lib.ReconstructionSplit)
         packer = packing.ClientPacker(
-            split_fn,
+            None if fast_split else split_fn,
             ('support', 'query'),
             probe_spec,
             group_size or simulation_options.default_group_size(trained),
+            batch_phase_fn=functools.partial(dataset_split_lib.split_batches, split=dataset_split)
+            if fast_split
+            else None,
         )
         client_update, group_work = _build_group_client_update(
             model,

@@ -133,7 +133,7 @@ def client_weight(
         weight = tf.constant(1.0)
     else:
         weight = tf.cast(client_weighting(unfinalized_metrics), tf.float32)
-    return tf.where(tf.logical_or(has_non_finite > 0, num_examples == 0), 0.0, weight)
+    return tf.where(tf.logical_or(has_non_finite > 0, tf.equal(num_examples, 0)), 0.0, weight)
 
 
 def ratio_sums(sums: dict[str, tuple[Any, Any]]) -> collections.OrderedDict:

@@ -194,6 +194,27 @@ class ReconstructionOptimizerConfig:
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
+class SimulationConfig:
+    """How a round's clients are simulated (algorithms on the fast simulation engine)."""
+
+    simulation: str = option(
+        'engine',
+        "'engine': a round's clients in groups, each one XLA-compiled program (fast); 'per_client': one TFF "
+        'client computation per client (the reference path; same results).',
+    )
+    group_size: int | None = option(
+        None, "Engine: most clients per compiled group ('none': as many as fit 1 GiB of per-client weights)."
+    )
+
+    def __post_init__(self):
+        _require(
+            self.simulation in ('engine', 'per_client'),
+            f"simulation must be 'engine' or 'per_client', got {self.simulation!r}.",
+        )
+        _require(self.group_size is None or self.group_size >= 1, f'group_size must be >= 1, got {self.group_size}.')
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
 class CrossDeviceRunConfig(OutputConfig, DataConfig, RoundsConfig, SamplingConfig, EvaluationConfig, BatchConfig):
     """The parts every cross-device experiment has: output, data, rounds, client sampling, evaluation, batching."""
 

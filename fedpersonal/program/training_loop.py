@@ -366,11 +366,18 @@ def run_learning_process(
                 validate_fn(client_id, value)
             round_inputs.append(value)
         new_private: list[Any] = []
+        run_round = getattr(process, 'run_round', None)  # A PersonalizedProcess packs for its engine.
         if client_state_store is None:
-            result = process.next(state, round_inputs)
+            if run_round is not None:
+                result = run_round(state, round_inputs, client_ids=participants)
+            else:
+                result = process.next(state, round_inputs)
         else:
             private = [unflatten_private_state(s, template) for s in client_state_store.get(participants)]
-            result = process.next(state, round_inputs, private)
+            if run_round is not None:
+                result = run_round(state, round_inputs, private, client_ids=participants)
+            else:
+                result = process.next(state, round_inputs, private)
             new_private = list(result.private_states)
             client_state_store.put(participants, [flatten_private_state(p) for p in new_private], round_num)
         state = result.state

@@ -87,7 +87,7 @@ class GroupRoundRunner:
                 tf.math.divide(tf.add_n([u[k] * w for u, w in zip(updates, weights)]), total)
                 for k in range(len(trainable))
             ]
-            new_state, new_weights = server_optimizer.next(optimizer_state, tuple(trainable), tuple(mean))
+            new_state, new_weights = server_optimizer.next(optimizer_state, list(trainable), mean)
             reject, measurements = apply_optimizer_finalizer.reject_non_finite_update(new_state, mean)
             keep = lambda new, old: tf.nest.map_structure(lambda a, b: tf.where(reject, b, a), new, old)
             return keep(new_state, optimizer_state), keep(list(new_weights), list(trainable)), measurements

@@ -209,7 +209,8 @@ def lockstep_steps(
         state_specs = tuple(tf.TensorSpec(t.shape[1:], t.dtype) for t in trained)
         initial_state = optimizer.initialize(state_specs)
         optimizer_state = tf.nest.map_structure(
-            lambda s: per_client(tf.convert_to_tensor(s), s, clients), initial_state
+            lambda s: tf.broadcast_to(tf.convert_to_tensor(s)[tf.newaxis], tf.concat([[clients], tf.shape(s)], 0)),
+            initial_state,
         )
     else:
         optimizer_state = ()

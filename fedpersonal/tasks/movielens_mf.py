@@ -66,6 +66,7 @@ class MovieLensMFConfig(
     parts.ClientOptimizerConfig,
     parts.ServerOptimizerConfig,
     parts.ReconstructionOptimizerConfig,
+    parts.SimulationConfig,
 ):
     """Everything a MovieLens MF experiment needs (defaults: the paper code's settings).
 
@@ -349,6 +350,8 @@ class MovieLensMFTask:
             jointly_train_locals=cfg.jointly_train_locals,
             learn_local_init=cfg.learn_local_init,
             client_weighting=weighting,
+            simulation=cfg.simulation,
+            group_size=cfg.group_size,
             **kwargs,
         )
 

@@ -89,7 +89,7 @@ def test_round_matches_tff_reference_implementation():
     data = [client_dataset(users[i], items, items=np.arange(3 + 3 * i)) for i in range(3)]
     state_a, state_b = ours.initialize(), reference.initialize()
     for _ in range(2):
-        state_a = ours.next(state_a, data).state
+        state_a = ours.run_round(state_a, data).state
         state_b = reference.next(state_b, data).state
     a = ours.get_model_weights(state_a).trainable[0]
     b = reference.get_model_weights(state_b).trainable[0]
@@ -110,7 +110,7 @@ def test_one_round_matches_algorithm_1_by_hand():
     users, items = true_factors(1)
     item_ids = np.array([3, 5, 8, 9, 3, 1])
     ratings = (items[item_ids] @ users[0]).astype(np.float32)
-    state = process.next(process.initialize(), [client_dataset(users[0], items, item_ids, batch=3)]).state
+    state = process.run_round(process.initialize(), [client_dataset(users[0], items, item_ids, batch=3)]).state
     # Reconstruction: one step on the support batch (first 3 examples), items frozen.
     q, u = ITEM_INIT.astype(np.float64), np.full(DIM, 0.1)
     s_items, s_r = item_ids[:3], ratings[:3]
@@ -152,7 +152,7 @@ def test_reconstruction_changes_only_locals_and_update_only_globals():
 def test_zero_update_steps_leave_globals_untouched():
     process = build(dataset_split=algorithms.ReconstructionSplit(post_recon_steps_max=0))
     users, items = true_factors(2)
-    state = process.next(process.initialize(), [client_dataset(users[i], items) for i in range(2)]).state
+    state = process.run_round(process.initialize(), [client_dataset(users[i], items) for i in range(2)]).state
     np.testing.assert_array_equal(process.get_model_weights(state).trainable[0], ITEM_INIT)
 
 
@@ -207,7 +207,7 @@ def test_convergence_and_recon_eval_on_a_known_low_rank_problem():
     before = recon_eval(process.get_model_weights(state), held_out)['eval']['loss']
     rng = np.random.default_rng(0)
     for _ in range(40):
-        state = process.next(state, [train[i] for i in rng.choice(20, 8, replace=False)]).state
+        state = process.run_round(state, [train[i] for i in rng.choice(20, 8, replace=False)]).state
     after = recon_eval(process.get_model_weights(state), held_out)
     variance = np.var(np.concatenate([[float(y) for b in d for y in b['y'].numpy().ravel()] for d in held_out]))
     assert after['eval']['loss'] < 0.25 * before
@@ -231,7 +231,7 @@ def test_learned_local_init_helps_clients_that_cannot_reconstruct():
         )
         state = process.initialize()
         for _ in range(25):
-            state = process.next(state, data[:8]).state
+            state = process.run_round(state, data[:8]).state
         eval_fn = evaluation.build_recon_eval(
             deterministic_model_fn,
             loss_fn=tf.keras.losses.MeanSquaredError,
@@ -252,13 +252,14 @@ def test_any_aggregator_and_server_optimizer_plug_in():
         model_aggregator=dp,
         client_weighting=tff.learning.ClientWeighting.UNIFORM,
         server_optimizer=tff.learning.optimizers.build_yogi(learning_rate=0.01),
+        simulation='per_client',  # The engine refuses per-client aggregators (tests/simulation/engine_test.py).
     )
-    output = process.next(process.initialize(), data)
+    output = process.run_round(process.initialize(), data)
     weights = process.get_model_weights(output.state).trainable[0]
     assert np.all(np.isfinite(weights)) and not np.allclose(weights, ITEM_INIT)
     assert 'dp' in str(output.metrics['aggregator']) or output.metrics['aggregator'] is not None
     with pytest.raises(ValueError, match='UNIFORM'):
-        build(model_aggregator=tff.aggregators.UnweightedMeanFactory())
+        build(model_aggregator=tff.aggregators.UnweightedMeanFactory(), simulation='per_client')
 
 
 def test_model_without_globals_is_rejected_with_a_clear_error():

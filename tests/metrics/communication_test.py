@@ -44,6 +44,7 @@ def test_fed_recon_sends_only_global_variables_and_fedavg_sends_everything():
         loss_fn=nwp.loss_fn,
         model_distributor=communication.build_measured_broadcast(fed_recon.server_weights_type(model_fn)),
         model_aggregator=communication.MeasuredAggregationFactory(),
+        simulation='per_client',  # The engine runs TFF's default broadcast and mean only (refused otherwise).
     )
     recon_measured = communication.communication_from_metrics(recon.next(recon.initialize(), _datasets()).metrics)
 

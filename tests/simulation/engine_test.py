@@ -1,0 +1,184 @@
+"""The fast simulation engine gives the per-client path's results (FedRecon), and refuses what it cannot do."""
+
+import collections
+
+import numpy as np
+import pytest
+import tensorflow as tf
+import tensorflow_federated as tff
+
+from fedpersonal import algorithms
+from fedpersonal import errors
+from fedpersonal.algorithms import dataset_split
+from fedpersonal.models import matrix_factorization as mf
+from fedpersonal.simulation import functional
+
+NUM_ITEMS = 30
+SGD = tff.learning.optimizers.build_sgdm
+
+
+def client_datasets(sizes, seed=0, batch=5):
+    rng = np.random.default_rng(seed)
+    datasets = []
+    for n in sizes:
+        items = rng.integers(0, NUM_ITEMS, n).astype(np.int64)
+        ratings = rng.integers(1, 6, n).astype(np.float32)
+        datasets.append(
+            tf.data.Dataset.from_tensor_slices(collections.OrderedDict(x=items[:, None], y=ratings[:, None])).batch(
+                batch
+            )
+        )
+    return datasets
+
+
+# Unequal sizes, a client smaller than one batch (3), one with a single example (empty query set).
+SIZES = (12, 7, 1, 30, 4, 3)
+
+CONFIGS = {
+    'sgd_hash_split': dict(
+        model=dict(num_latent_factors=4),
+        build=dict(dataset_split=algorithms.ReconstructionSplit(recon_epochs=2)),
+    ),
+    'adam_joint_learned_init_uniform_biases_l2': dict(
+        model=dict(num_latent_factors=3, add_biases=True, l2_regularization=0.01),
+        build=dict(
+            client_optimizer=tff.learning.optimizers.build_adam(0.01),
+            server_optimizer=tff.learning.optimizers.build_adam(0.05),
+            dataset_split=algorithms.ReconstructionSplit(strategy='order', recon_steps_max=3, post_recon_epochs=2),
+            jointly_train_locals=True,
+            learn_local_init=True,
+            client_weighting=tff.learning.ClientWeighting.UNIFORM,
+        ),
+    ),
+    'custom_split_function': dict(
+        model=dict(num_latent_factors=4),
+        build=dict(dataset_split=dataset_split.build_dataset_split_fn(algorithms.ReconstructionSplit())),
+    ),
+}
+
+
+def build(config, simulation, **extra):
+    return algorithms.build_fed_recon(
+        mf.personal_model_fn(num_items=NUM_ITEMS, **config['model']),
+        loss_fn=tf.keras.losses.MeanSquaredError,
+        metrics_fn=lambda: [tf.keras.metrics.MeanSquaredError(name='mse')],
+        reconstruction_optimizer=SGD(0.1),
+        simulation=simulation,
+        **{'client_optimizer': SGD(0.1), **config['build'], **extra},
+    )
+
+
+def run(process, rounds, datasets, through_tff=False):
+    state, ids = process.initialize(), [str(i) for i in range(len(datasets))]
+    for _ in range(rounds):
+        if through_tff:  # `next` in TFF's runtime (no XLA there), instead of the driver's compiled round.
+            output = process.next(state, process.pack(datasets, client_ids=ids))
+        else:
+            output = process.run_round(state, datasets, client_ids=ids)
+        state = output.state
+    return process.get_model_weights(state), output.metrics
+
+
+def assert_same(weights_a, metrics_a, weights_b, metrics_b):
+    for a, b in zip(tf.nest.flatten(weights_a), tf.nest.flatten(weights_b)):
+        scale = max(1.0, float(np.max(np.abs(b))))
+        np.testing.assert_allclose(a, b, rtol=0, atol=1e-5 * scale)
+    train_a, train_b = metrics_a['client_work']['train'], metrics_b['client_work']['train']
+    assert list(train_a) == list(train_b)
+    for name in train_b:
+        np.testing.assert_allclose(float(train_a[name]), float(train_b[name]), rtol=1e-5)
+    assert int(metrics_a['finalizer']['update_non_finite']) == int(metrics_b['finalizer']['update_non_finite'])
+
+
+@pytest.mark.parametrize('name', sorted(CONFIGS))
+def test_engine_equals_per_client_path(name):
+    datasets = client_datasets(SIZES)
+    reference = run(build(CONFIGS[name], 'per_client'), 3, datasets)
+    engine = run(build(CONFIGS[name], 'engine', group_size=4), 3, datasets)  # Two groups, the last padded.
+    assert_same(*engine, *reference)
+    initial = build(CONFIGS[name], 'per_client').initialize().global_model_weights.trainable[0]
+    assert not np.allclose(reference[0].trainable[0], initial)  # The rounds trained something.
+
+
+def test_engine_round_in_tff_runtime_equals_compiled_round():
+    """`process.next` (TFF's runtime) and `process.run_round` (the driver's XLA round) agree."""
+    datasets = client_datasets(SIZES, seed=1)
+    process = build(CONFIGS['sgd_hash_split'], 'engine', group_size=3)
+    assert_same(*run(process, 2, datasets, through_tff=True), *run(process, 2, datasets))
+
+
+def test_non_finite_client_is_dropped_alone_like_the_per_client_path():
+    datasets = client_datasets((10, 10, 10), seed=2)
+    huge = tf.data.Dataset.from_tensor_slices(
+        collections.OrderedDict(x=np.arange(10, dtype=np.int64)[:, None], y=np.full([10, 1], 3e38, np.float32))
+    ).batch(5)
+    datasets.insert(1, huge)
+    config = CONFIGS['sgd_hash_split']
+    engine = run(build(config, 'engine'), 1, datasets)
+    reference = run(build(config, 'per_client'), 1, datasets)
+    assert np.all(np.isfinite(engine[0].trainable[0]))
+    assert_same(*engine, *reference)
+    without = run(build(config, 'engine'), 1, datasets[:1] + datasets[2:])
+    np.testing.assert_allclose(engine[0].trainable[0], without[0].trainable[0], atol=1e-6)
+
+
+@pytest.mark.parametrize(
+    'extra, named',
+    [
+        (
+            dict(
+                model_aggregator=tff.learning.dp_aggregator(noise_multiplier=0.1, clients_per_round=2),
+                client_weighting=tff.learning.ClientWeighting.UNIFORM,
+            ),
+            'per_client',
+        ),
+        (dict(model_aggregator=tff.aggregators.zeroing_factory(1.0, tff.aggregators.MeanFactory())), 'ZeroingFactory'),
+        (dict(client_optimizer=lambda: tf.keras.optimizers.SGD(0.1)), 'Keras optimizer'),
+        (dict(client_weighting=lambda metrics: 1.0), 'callable'),
+    ],
+)
+def test_engine_refuses_what_needs_each_clients_own_value(extra, named):
+    with pytest.raises(errors.ConfigError, match=named):
+        build(CONFIGS['sgd_hash_split'], 'engine', **extra)
+    build(CONFIGS['sgd_hash_split'], 'per_client', **extra)  # The per-client path takes them.
+
+
+@pytest.mark.parametrize(
+    'split',
+    [
+        algorithms.ReconstructionSplit(),
+        algorithms.ReconstructionSplit(strategy='order', support_fraction=0.3, recon_epochs=3, recon_steps_max=4),
+        algorithms.ReconstructionSplit(allow_overlap=True, post_recon_epochs=2, post_recon_steps_max=3),
+    ],
+)
+def test_numpy_split_equals_dataset_split_function(split):
+    for dataset in client_datasets((1, 2, 7, 23), seed=3):
+        support, query = dataset_split.build_dataset_split_fn(split)(dataset)
+        fast_support, fast_query = dataset_split.split_batches(list(dataset.as_numpy_iterator()), split)
+        for slow, fast in ((support, fast_support), (query, fast_query)):
+            slow = list(slow.as_numpy_iterator())
+            assert len(slow) == len(fast)
+            for a, b in zip(slow, fast):
+                tf.nest.map_structure(np.testing.assert_array_equal, a, b)
+
+
+def test_functional_model_equals_the_keras_model():
+    model_fn = mf.personal_model_fn(num_items=NUM_ITEMS, num_latent_factors=3, add_biases=True, l2_regularization=0.1)
+    model = model_fn()
+    functional_model = functional.FunctionalModel(model_fn)
+    items = np.array([[0], [5], [29]], np.int64)
+    weights = functional.Parts(
+        *[
+            [v.numpy() for v in group]
+            for group in (
+                model.global_trainable_variables,
+                model.global_non_trainable_variables,
+                model.local_trainable_variables,
+                model.local_non_trainable_variables,
+            )
+        ]
+    )
+    tf.nest.map_structure(np.testing.assert_array_equal, functional_model.initial_weights, weights)
+    predictions, regularization = functional_model(weights, items)
+    np.testing.assert_allclose(predictions, model.keras_model(items), rtol=1e-6)
+    np.testing.assert_allclose(regularization, tf.add_n(model.keras_model.losses), rtol=1e-6)
