@@ -169,13 +169,13 @@ def split_batches(batches: list[Any], split: ReconstructionSplit) -> tuple[list[
     examples = tf.nest.map_structure(lambda *parts: np.concatenate(parts), *batches)
     batch_size = max(1, len(tf.nest.flatten(batches[0])[0]))
     n = len(tf.nest.flatten(examples)[0])
-    if split.strategy == 'hash':
-        order = np.argsort(example_fingerprints(examples).numpy(), kind='stable')
-    else:
-        order = np.arange(n)
     if split.allow_overlap:
-        support_idx = query_idx = order
+        support_idx = query_idx = np.arange(n)
     else:
+        if split.strategy == 'hash':
+            order = np.argsort(example_fingerprints(examples).numpy(), kind='stable')
+        else:
+            order = np.arange(n)
         n_support = int(np.round(np.float32(n) * np.float32(split.support_fraction)))
         n_support = min(max(n_support, 1), max(n - 1, 1)) if n >= 2 else n
         support_idx, query_idx = order[:n_support], order[n_support:]

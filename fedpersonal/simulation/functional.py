@@ -105,7 +105,11 @@ class FunctionalModel:
     def __call__(self, weights: Parts, x: Any, training: bool = True) -> tuple[Any, tf.Tensor]:
         """The predictions for inputs `x` and the regularization loss, as functions of `weights`."""
         tensors = iter(
-            [tf.constant(source) if isinstance(source, np.ndarray) else weights[source[0]][source[1]]]
+            [
+                tf.constant(source)
+                if isinstance(source, np.ndarray)
+                else tf.convert_to_tensor(weights[source[0]][source[1]])
+            ]
             for source in self._sources
         )
 

@@ -17,9 +17,10 @@ What made it fast (measured on the MovieLens MF round, see docs/RESULTS.md):
   update is 4-6x slower, and a scatter inside `vectorized_map` falls back to a loop;
 * the whole loop is compiled with XLA (`jit_compile=True`).
 
-Padded examples (a batch smaller than the group's batch size, an empty slot) carry mask 0: the loss is the
-masked mean over the batch's real examples (a Keras loss with ``sample_weight=mask``, rescaled from the padded
-to the real batch size), and metrics are updated with the mask as sample weight.
+Padded examples (a batch smaller than the group's batch size, an empty slot) carry mask 0 and zero-filled
+features and labels: the loss is reduced over the batch's real examples only (`masked_loss`), and metrics
+are updated with the mask as sample weight (a metric that ignores sample weights must skip zero labels, as
+the next-word accuracies skip the pad token).
 """
 
 from __future__ import annotations
@@ -96,8 +97,30 @@ def _replace(parts: functional.Parts, slots: Sequence[Slot], values: Sequence[An
     return functional.Parts(*groups)
 
 
+def masked_loss(loss: tf.keras.losses.Loss, labels, predictions, mask) -> tf.Tensor:
+    """A batch's loss over its real examples only (mask 1), as the loss computes it on those examples alone.
+
+    A Keras loss with the standard `__call__` is reduced from its per-example values (`Loss.call`) over the
+    real examples (``SUM_OVER_BATCH_SIZE``/``AUTO``: their mean; ``SUM``: their sum). A loss with its own
+    `__call__` is called with ``sample_weight=mask``; it must give padded examples no weight (e.g. the
+    next-word loss, whose padded examples are all pad tokens, which it skips).
+    """
+    if type(loss).__call__ is not tf.keras.losses.Loss.__call__:
+        return loss(labels, predictions, sample_weight=mask)
+    values = loss.call(labels, predictions)  # [batch, ...] per-example (per-element) losses.
+    weights = tf.broadcast_to(
+        tf.reshape(mask, tf.concat([tf.shape(mask), tf.ones([values.shape.rank - 1], tf.int32)], 0)), tf.shape(values)
+    )
+    total = tf.reduce_sum(values * weights)
+    if loss.reduction == tf.keras.losses.Reduction.SUM:
+        return total
+    return tf.math.divide_no_nan(total, tf.reduce_sum(weights))
+
+
 def _batch_mean_loss(loss: tf.keras.losses.Loss, labels, predictions, mask) -> tf.Tensor:
     """Each client's batch loss ``[clients]``: the loss's mean over the client's real examples."""
+    if type(loss).__call__ is not tf.keras.losses.Loss.__call__:
+        return tf.vectorized_map(lambda args: masked_loss(loss, *args), (labels, predictions, mask))
     values = loss.call(labels, predictions)  # [clients, batch, ...] per-example (per-element) losses.
     weights = tf.broadcast_to(
         tf.reshape(mask, tf.concat([tf.shape(mask), tf.ones([values.shape.rank - 2], tf.int32)], 0)), tf.shape(values)
@@ -106,7 +129,9 @@ def _batch_mean_loss(loss: tf.keras.losses.Loss, labels, predictions, mask) -> t
     return tf.math.divide_no_nan(tf.reduce_sum(values * weights, axes), tf.reduce_sum(weights, axes))
 
 
-def _update_metrics(metrics: Sequence[tf.keras.metrics.Metric], labels, predictions, mask) -> None:
+def _update_metrics(
+    metrics: Sequence[tf.keras.metrics.Metric], labels, predictions, mask, loss: tf.keras.losses.Loss, batch_loss
+) -> None:
     """Updates Keras metrics with a group's batch, as the per-client path updates them with each client's batch.
 
     Example metrics see the clients' examples flattened (padded examples weigh 0); a metric of a batch's mean
@@ -128,7 +153,8 @@ def _update_metrics(metrics: Sequence[tf.keras.metrics.Metric], labels, predicti
         elif isinstance(metric, tff.learning.metrics.NumBatchesCounter):  # A Sum of batches.
             super(tff.learning.metrics.NumBatchesCounter, metric).update_state(tf.reduce_sum(has_batch))
         elif isinstance(metric, tf.keras.metrics.MeanMetricWrapper) and isinstance(fn, tf.keras.losses.Loss):
-            values = _batch_mean_loss(fn, labels, predictions, mask)
+            same = type(fn) is type(loss) and fn.get_config() == loss.get_config()  # The training loss.
+            values = batch_loss if same else _batch_mean_loss(fn, labels, predictions, mask)
             super(tf.keras.metrics.MeanMetricWrapper, metric).update_state(values, sample_weight=has_batch)
         else:
             metric.update_state(flat_labels, flat_predictions, sample_weight=weights)
@@ -170,7 +196,6 @@ def lockstep_steps(
     """
     base = model.initial_weights
     clients = tf.shape(phase['mask'])[0]
-    padded_batch = tf.cast(tf.shape(phase['mask'])[2], tf.float32)
     starts_shared = [not is_per_client(weights[g][i], base[g][i]) for g, i in train]
     trained = [per_client(weights[g][i], base[g][i], clients) for g, i in train]
     if not trained:
@@ -193,7 +218,7 @@ def lockstep_steps(
             tape.watch(values)
             predictions, regularization = model(parts, x, training=True)
             n = tf.reduce_sum(mask)
-            batch_loss = loss(y, predictions, sample_weight=mask) * padded_batch / tf.maximum(n, 1.0)
+            batch_loss = masked_loss(loss, y, predictions, mask)
             total = batch_loss + regularization
             if penalty is not None:
                 total += penalty(values, full_centre)
@@ -222,7 +247,7 @@ def lockstep_steps(
         mask = phase['mask'][:, t]
         frozen = [weights[g][i] for g, i in frozen_per_client]
         centre_values = [centre[k] for k in centre_per_client]
-        batch_loss, n, predictions, gradients = tf.vectorized_map(
+        batch_loss, n, predictions, gradients = for_each_client(
             client_step, (values, frozen, centre_values, batch, mask)
         )
         if learning_rate is not None:
@@ -240,7 +265,8 @@ def lockstep_steps(
             values = [keep(a, b) for a, b in zip(new_values, values)]
             optimizer_state = tf.nest.map_structure(keep, new_state, optimizer_state)
         if metrics:
-            _update_metrics(metrics, partially_local_model.split_batch(batch)[1], predictions, mask)
+            labels = partially_local_model.split_batch(batch)[1]
+            _update_metrics(metrics, labels, predictions, mask, loss, batch_loss)
         return t + 1, values, optimizer_state, num_examples + n, loss_sum + batch_loss * n, deltas, finite
 
     zeros = tf.zeros([clients])
@@ -252,6 +278,21 @@ def lockstep_steps(
     remaining = iter(deltas)
     weighted_deltas = [next(remaining) if a else None for a in accumulate]
     return _replace(weights, train, trained), GroupSteps(num_examples, loss_sum, weighted_deltas, finite)
+
+
+def for_each_client(fn: Callable[[Any], Any], elems: Any) -> Any:
+    """``fn`` of every client's slice of `elems`, stacked: vectorized (`tf.vectorized_map`) where TF can, else a
+    compiled loop over the clients (`tf.map_fn`).
+
+    Vectorizing fails for a few models, e.g. the gradient of a Keras LSTM (its `tf.while_loop` holds a
+    TensorList that `pfor` cannot batch); those run client after client inside the same compiled program.
+    """
+    try:
+        return tf.vectorized_map(fn, elems, fallback_to_while_loop=False)
+    except (ValueError, TypeError, NotImplementedError):
+        first = fn(tf.nest.map_structure(lambda t: t[0], elems))  # Traced only for the output structure.
+        signature = tf.nest.map_structure(lambda t: tf.TensorSpec(t.shape, t.dtype), first)
+        return tf.map_fn(fn, elems, fn_output_signature=signature)
 
 
 def _all_finite(per_client_values: tf.Tensor) -> tf.Tensor:
