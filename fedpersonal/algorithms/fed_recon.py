@@ -194,9 +194,8 @@ def _build_group_client_update(
                 )
                 clients = tf.shape(query['steps'])[0]
                 trained = [lockstep.per_client(weights[g][i], initial[g][i], clients) for g, i in returned_slots]
-                return group_lib.weighted_update(
-                    received, trained, weight, steps if returned_slots == update_slots else None
-                )
+                accumulated = steps.weighted_deltas if returned_slots == update_slots else None
+                return group_lib.weighted_update(received, trained, weight, accumulated, steps.finite)
 
             result = train(list(server_weights.trainable), list(server_weights.non_trainable), group)
             with tf.control_dependencies(tf.nest.flatten(result)):
@@ -225,6 +224,7 @@ def build_fed_recon(
     metrics_aggregator: Callable[..., tff.Computation] = tff.learning.metrics.sum_then_finalize,
     simulation: str = 'engine',
     group_size: int | None = None,
+    measure_communication: bool = False,
 ) -> process_lib.PersonalizedProcess:
     """Builds the Federated Reconstruction learning process.
 
@@ -257,6 +257,9 @@ def build_fed_recon(
         one TFF client computation per client, `next` takes the datasets. Same results to float precision.
       group_size: Engine only: the most logical clients per group (default: as many as fit 1 GiB of
         per-client weight copies, at most 128).
+      measure_communication: Engine only: `run_round`'s metrics also report each logical client's download
+        and upload as `fedpersonal.metrics.communication`'s measured broadcast and aggregator do on the
+        per-client path (same keys; `simulation.driver`).
 
     Returns:
       A stateless `fedpersonal.core.PersonalizedProcess` (`next(state, client_datasets)` ->
@@ -350,6 +353,7 @@ def build_fed_recon(
                 driver.KerasMetricsFinalizer(
                     lambda: client_work.build_metrics(metrics_fn, loss_fn, collections.OrderedDict())
                 ),
+                measure_communication=measure_communication,
             ),
         )
     client_update = _build_client_update(

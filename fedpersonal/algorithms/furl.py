@@ -42,6 +42,12 @@ from fedpersonal.core import client_work
 from fedpersonal.core import compose
 from fedpersonal.core import process as process_lib
 from fedpersonal.models import partially_local_model
+from fedpersonal.simulation import driver
+from fedpersonal.simulation import functional
+from fedpersonal.simulation import group as group_lib
+from fedpersonal.simulation import lockstep
+from fedpersonal.simulation import options as simulation_options
+from fedpersonal.simulation import packing
 
 ReconstructionModel: TypeAlias = tff.learning.models.ReconstructionModel
 
@@ -58,6 +64,8 @@ def build_furl(
     client_weighting: Any = tff.learning.ClientWeighting.NUM_EXAMPLES,
     model_aggregator: compose.AggregationFactory | None = None,
     metrics_aggregator: Callable[..., tff.Computation] = tff.learning.metrics.sum_then_finalize,
+    simulation: str = 'engine',
+    group_size: int | None = None,
 ) -> process_lib.PersonalizedProcess:
     """Builds the FURL iterative process.
 
@@ -76,6 +84,10 @@ def build_furl(
       client_weighting: `NUM_EXAMPLES` (FedAvg, Eq. 4), `UNIFORM`, or a callable.
       model_aggregator: Any `tff.aggregators` factory for the federated update.
       metrics_aggregator: As in TFF.
+      simulation: ``'engine'`` (default): a round's clients in groups, each one XLA-compiled program, their
+        private states stacked per group (`process.run_round`); ``'per_client'``: one TFF client
+        computation per client. Same results to float precision.
+      group_size: Engine only: the most logical clients per group (default: as many as fit 1 GiB).
 
     Returns:
       A stateful `fedpersonal.core.PersonalizedProcess`: `next(state, client_datasets, private_states)` ->
@@ -98,6 +110,7 @@ def build_furl(
         probe = model_fn()
         partially_local_model.require_parts(probe, algorithm='FURL', needs_global=True, needs_local=True)
         element_type = tff.types.tensorflow_to_type(probe.input_spec)
+        probe_spec = probe.input_spec
 
     @tff.tensorflow.computation
     def initial_global_weights():
@@ -109,6 +122,24 @@ def build_furl(
 
     dataset_type = tff.SequenceType(element_type)
     metric_finalizers: collections.OrderedDict = collections.OrderedDict()
+    simulation_options.check_simulation(simulation)
+    if simulation == 'engine':
+        return _build_engine_process(
+            model_fn,
+            probe_spec=probe_spec,
+            loss_fn=loss_fn,
+            metrics_fn=metrics_fn,
+            client_optimizer=client_optimizer,
+            server_optimizer=server_optimizer,
+            client_epochs=client_epochs,
+            private_norm_regularization=private_norm_regularization,
+            client_weighting=client_weighting,
+            model_aggregator=model_aggregator,
+            metrics_aggregator=metrics_aggregator,
+            group_size=group_size,
+            initial_global_weights=initial_global_weights,
+            initial_private_state=initial_private_state,
+        )
 
     @tff.tensorflow.computation(
         initial_global_weights.type_signature.result, dataset_type, initial_private_state.type_signature.result
@@ -150,4 +181,131 @@ def build_furl(
         model_aggregator=compose.weighted_aggregator(model_aggregator, client_weighting),
         server_optimizer=server_optimizer,
         aggregate_metrics=compose.keras_metrics(metric_finalizers, metrics_aggregator),
+    )
+
+
+def _stacked_type(member: tff.Type) -> tff.Type:
+    """The type of a group's stacked values of `member` (a leading clients axis of unknown size)."""
+    specs = tff.types.type_to_tf_tensor_specs(member)
+    stacked = tf.nest.map_structure(lambda t: tf.TensorSpec([None, *t.shape], t.dtype), specs)
+    return tff.types.tensorflow_to_type(stacked)
+
+
+def _build_engine_process(
+    model_fn,
+    *,
+    probe_spec,
+    loss_fn,
+    metrics_fn,
+    client_optimizer,
+    server_optimizer,
+    client_epochs,
+    private_norm_regularization,
+    client_weighting,
+    model_aggregator,
+    metrics_aggregator,
+    group_size,
+    initial_global_weights,
+    initial_private_state,
+) -> process_lib.PersonalizedProcess:
+    """FURL on the fast simulation engine: the same client work for a group of clients in lockstep."""
+    group_lib.check_aggregator(model_aggregator)
+    group_lib.client_weights(client_weighting, tf.zeros([1]))  # Refuses a callable weighting early.
+    lockstep.check_optimizer(client_optimizer, 'client_optimizer')
+    simulation_options.check_engine_parts(metrics_aggregator=metrics_aggregator)
+    model = functional.FunctionalModel(model_fn)
+    initial = model.initial_weights
+    num_global, num_local = len(initial.global_trainable), len(initial.local_trainable)
+    global_slots = [(functional.GLOBAL_TRAINABLE, i) for i in range(num_global)]
+    local_slots = [(functional.LOCAL_TRAINABLE, i) for i in range(num_local)]
+    packer = packing.ClientPacker(
+        None,
+        ('train',),
+        probe_spec,
+        group_size or simulation_options.default_group_size(initial.global_trainable + initial.local_trainable),
+        batch_phase_fn=lambda batches: (batches * client_epochs,),
+    )
+    weights_type = initial_global_weights.type_signature.result
+    private_type = initial_private_state.type_signature.result
+    group_private_type = _stacked_type(private_type)
+    penalty = None
+    if private_norm_regularization > 0:
+        penalty = lambda values, _: (
+            private_norm_regularization * tf.add_n([tf.reduce_sum(tf.square(v)) for v in values[num_global:]])
+        )
+
+    def build_group_work(finalizers: collections.OrderedDict):
+        cache: dict[str, Any] = {}  # One set of metric variables per function, kept across its traces.
+
+        @tf.function
+        def group_work(server_weights, group, private_states):
+            with tf.init_scope():
+                if not cache:
+                    cache.update(metrics=client_work.build_metrics(metrics_fn, loss_fn, finalizers), loss=loss_fn())
+            metrics, loss = cache['metrics'], cache['loss']
+            for metric in metrics:
+                metric.reset_state()
+
+            @tf.function(jit_compile=True)
+            def train(received, non_trainable, group, private_trainable, private_non_trainable):
+                weights = functional.Parts(received, non_trainable, private_trainable, private_non_trainable)
+                phase = group['train']
+                weight = group_lib.client_weights(client_weighting, tf.reduce_sum(phase['mask'], axis=[1, 2]))
+                weights, steps = lockstep.lockstep_steps(
+                    model,
+                    weights,
+                    global_slots + local_slots,
+                    phase,
+                    client_optimizer,
+                    loss,
+                    metrics=metrics,
+                    penalty=penalty,
+                    delta_weights=weight,
+                )
+                trained_globals = list(weights.global_trainable)
+                accumulated = list(steps.weighted_deltas[:num_global])
+                finite = steps.finite if all(a is not None for a in accumulated) else None
+                if finite is None:
+                    finite = group_lib.client_finite(received, trained_globals)
+                result = group_lib.weighted_update(received, trained_globals, weight, accumulated, finite)
+                keep = lambda new, old: tf.where(
+                    tf.reshape(finite, [-1] + [1] * (new.shape.rank - 1)), new, tf.cast(old, new.dtype)
+                )
+                new_private = tff.learning.models.ModelWeights(
+                    trainable=[keep(n, o) for n, o in zip(weights.local_trainable, private_trainable)],
+                    non_trainable=list(private_non_trainable),
+                )
+                return result, new_private
+
+            result, new_private = train(
+                list(server_weights.trainable),
+                list(server_weights.non_trainable),
+                group,
+                list(private_states.trainable),
+                list(private_states.non_trainable),
+            )
+            with tf.control_dependencies(tf.nest.flatten(result)):
+                return result, client_work.read_metrics(metrics), new_private
+
+        return group_work
+
+    metric_finalizers: collections.OrderedDict = collections.OrderedDict()
+    client_update = tff.tensorflow.computation(weights_type, packer.group_type(), group_private_type)(
+        build_group_work(metric_finalizers)
+    )
+    runner = driver.GroupRoundRunner(
+        build_group_work(collections.OrderedDict()),
+        server_optimizer,
+        driver.KerasMetricsFinalizer(lambda: client_work.build_metrics(metrics_fn, loss_fn, collections.OrderedDict())),
+    )
+    return compose.compose_personalized_process(
+        initial_global_weights=initial_global_weights,
+        initial_private_state=initial_private_state,
+        client_update=client_update,
+        model_aggregator=compose.weighted_aggregator(model_aggregator, client_weighting),
+        server_optimizer=server_optimizer,
+        aggregate_metrics=compose.keras_metrics(metric_finalizers, metrics_aggregator),
+        packer=packer,
+        round_runner=runner,
+        group_private_state_type=group_private_type,
     )

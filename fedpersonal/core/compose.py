@@ -127,6 +127,7 @@ def compose_personalized_process(
     parts: dict[str, Any] | None = None,
     packer: Any = None,
     round_runner: Callable[..., Any] | None = None,
+    group_private_state_type: tff.Type | None = None,
 ) -> process_lib.PersonalizedProcess:
     """Composes a `PersonalizedProcess` from an algorithm's client work and TFF's parts.
 
@@ -147,6 +148,8 @@ def compose_personalized_process(
       packer: For group client work (the fast simulation engine): the `fedpersonal.simulation.packing`
         packer whose groups `client_update` takes (`process.pack`).
       round_runner: For the engine: runs a round in the driver's runtime (`process.run_round`).
+      group_private_state_type: For a stateful engine process: the type of a group's stacked private states
+        (what `client_update` and `next` take per client slot); `initial_private_state` stays one client's.
 
     Returns:
       A `PersonalizedProcess` (metrics: `distributor`, `client_work` (`train`), `aggregator`, `finalizer`).
@@ -172,6 +175,7 @@ def compose_personalized_process(
     # Stateful client work, or client data that is not a sequence (the engine's packed groups, which TFF's
     # ClientWorkProcess does not accept): the same composition written out.
     private_type = initial_private_state.type_signature.result if stateful else None
+    slot_private_type = group_private_state_type or private_type
 
     @tff.federated_computation
     def initialize():
@@ -220,7 +224,7 @@ def compose_personalized_process(
         @tff.federated_computation(
             initialize.type_signature.result,
             tff.FederatedType(dataset_type, tff.CLIENTS),
-            tff.FederatedType(private_type, tff.CLIENTS),
+            tff.FederatedType(slot_private_type, tff.CLIENTS),
         )
         def next_fn(state, client_data, private_states):
             return round_fn(state, client_data, private_states)

@@ -14,6 +14,15 @@ runs the round as TFF's computation would, step for step, with TFF's own pieces:
 5. the clients' unfinalized metrics are summed and finalized with the recorded Keras finalizers
    (`tff.learning.metrics.sum_then_finalize`).
 
+With ``measure_communication=True`` the round's metrics also carry what
+`fedpersonal.metrics.communication`'s measured broadcast and `MeasuredAggregationFactory` report on the
+per-client path, under the same keys: ``metrics['distributor']`` = (``scalars_down_per_client``,
+``bytes_down_per_client``, ``clients``) and ``metrics['aggregator']`` = (``scalars_up_per_client``,
+``bytes_up_per_client``, ``inner``), computed from the tensors each logical client receives (the broadcast
+server weights) and sends (its update, shaped as the group's update, plus its aggregation weight), with
+``clients`` the round's real logical clients (padding slots excluded). The engine refuses the measured parts
+themselves: in its TFF computation a client slot is a group, so they would count groups.
+
 `process.next` stays the full TFF computation (placements, the privacy audit, other runtimes); the tests check
 that `process.run_round` (this runner) and `process.next` give the same state and metrics.
 """
@@ -68,6 +77,8 @@ class GroupRoundRunner:
       server_optimizer: The process's TFF server optimizer.
       finalize_metrics: The clients' summed unfinalized metrics -> the round's metrics (e.g.
         `KerasMetricsFinalizer`).
+      measure_communication: Also report each logical client's download and upload as the per-client path's
+        measured broadcast and aggregator do (`metrics['distributor']`, `metrics['aggregator']`; see above).
     """
 
     def __init__(
@@ -75,9 +86,11 @@ class GroupRoundRunner:
         group_work: Callable[[Any, Any], Any],
         server_optimizer: tff.learning.optimizers.Optimizer,
         finalize_metrics: Callable[[Any], Any],
+        measure_communication: bool = False,
     ):
         self._group_work = group_work
         self._finalize_metrics = finalize_metrics
+        self._measure_communication = measure_communication
         self.compile_seconds: float | None = None
 
         @tf.function(jit_compile=True)
@@ -94,15 +107,33 @@ class GroupRoundRunner:
 
         self._server_step = server_step
 
-    def __call__(self, state: Any, groups: Sequence[Any]) -> process_lib.ProcessOutput:
+    def __call__(
+        self,
+        state: Any,
+        groups: Sequence[Any],
+        private_states: Sequence[Any] | None = None,
+        *,
+        num_clients: int | None = None,
+    ) -> process_lib.ProcessOutput:
+        """The round's output; a stateful process's private states go in and come out one per logical client.
+
+        `num_clients` (the round's real logical clients) is only read by the communication measurement; without
+        it the count is that of the private states, else inferred from the packed groups (`_real_clients`).
+        """
+        stacked = _stack_per_group(groups, private_states) if private_states is not None else None
         weights = state.global_model_weights
         model_weights = tff.learning.models.ModelWeights(
             trainable=[tf.convert_to_tensor(w) for w in weights.trainable],
             non_trainable=[tf.convert_to_tensor(w) for w in weights.non_trainable],
         )
-        results, metric_sums = [], None
-        for group in groups:
-            result, metrics = self._group_work(model_weights, tf.nest.map_structure(tf.convert_to_tensor, group))
+        results, metric_sums, new_private = [], None, []
+        for g, group in enumerate(groups):
+            group = tf.nest.map_structure(tf.convert_to_tensor, group)
+            if stacked is None:
+                result, metrics = self._group_work(model_weights, group)
+            else:
+                result, metrics, private = self._group_work(model_weights, group, stacked[g])
+                new_private.extend(_unstack(private, _group_clients(group)))
             results.append(result)
             metric_sums = metrics if metric_sums is None else tf.nest.map_structure(tf.add, metric_sums, metrics)
         optimizer_state, trainable, measurements = self._server_step(
@@ -127,4 +158,87 @@ class GroupRoundRunner:
             aggregator=collections.OrderedDict(mean_value=(), mean_weight=()),
             finalizer=_numpy(measurements),
         )
+        if self._measure_communication:
+            if num_clients is None:
+                num_clients = len(private_states) if private_states is not None else _real_clients(groups)
+            metrics.update(_communication(model_weights, results[0], num_clients))
+        if private_states is not None:
+            return process_lib.ProcessOutput(new_state, metrics, new_private[: len(private_states)])
         return process_lib.ProcessOutput(state=new_state, metrics=metrics, private_states=())
+
+
+def _group_clients(group: Any) -> int:
+    """The number of client slots of a packed group (real and padding)."""
+    return int(next(iter(group.values()))['steps'].shape[0])
+
+
+def _stack_per_group(groups: Sequence[Any], private_states: Sequence[Any]) -> list[Any]:
+    """The clients' private states stacked per group (in client order; padding slots repeat the first state)."""
+    stacked, start = [], 0
+    for group in groups:
+        size = _group_clients(group)
+        members = list(private_states[start : start + size])
+        members += [private_states[0]] * (size - len(members))
+        stacked.append(tf.nest.map_structure(lambda *values: np.stack([np.asarray(v) for v in values]), *members))
+        start += size
+    return stacked
+
+
+def _unstack(stacked: Any, size: int) -> list[Any]:
+    arrays = _numpy(stacked)
+    return [tf.nest.map_structure(lambda a: a[k], arrays) for k in range(size)]
+
+
+def _payload(structure: Any) -> tuple[float, float]:
+    """``(scalars, bytes)`` of one copy of `structure`, counted as `communication`'s measured parts count them."""
+    scalars = num_bytes = 0
+    for leaf in tf.nest.flatten(structure):
+        tensor = tf.convert_to_tensor(leaf)
+        if tensor.dtype == tf.string:
+            scalars += int(tf.size(tensor))
+            num_bytes += int(tf.reduce_sum(tf.strings.length(tf.reshape(tensor, [-1]), unit='BYTE')))
+        else:
+            size = int(np.prod(tensor.shape.as_list(), dtype=np.int64))
+            scalars += size
+            num_bytes += size * tensor.dtype.size
+    return float(scalars), float(num_bytes)
+
+
+def _communication(received: Any, group_result: Any, num_clients: int) -> collections.OrderedDict:
+    """The measured broadcast's and `MeasuredAggregationFactory`'s metrics for a round of identical payloads.
+
+    Every logical client receives the server weights and sends an update shaped as its group's (the weighted
+    mean of its clients' updates) plus one aggregation weight; their per-client means are those sizes.
+    """
+    scalars_down, bytes_down = _payload(received)
+    scalars_up, bytes_up = _payload([list(group_result.update), group_result.update_weight])
+    return collections.OrderedDict(
+        distributor=collections.OrderedDict(
+            scalars_down_per_client=np.float64(scalars_down),
+            bytes_down_per_client=np.float64(bytes_down),
+            clients=np.int32(num_clients),
+        ),
+        aggregator=collections.OrderedDict(
+            scalars_up_per_client=np.float64(scalars_up),
+            bytes_up_per_client=np.float64(bytes_up),
+            inner=collections.OrderedDict(mean_value=(), mean_weight=()),
+        ),
+    )
+
+
+def _real_clients(groups: Sequence[Any]) -> int:
+    """The real logical clients of a round packed by `ClientPacker` (padding slots excluded).
+
+    The packer splits n clients into G groups of S slots, S = ceil(n / G), padding the last group's trailing
+    slots: n = S for one group, and G * (S - 1) < n <= G * S otherwise; in that range the count ends at the
+    last slot with data (exact unless a real client at the end of the round has no data at all).
+    """
+    sizes = [_group_clients(g) for g in groups]
+    if len(sizes) <= 1:
+        return sum(sizes)
+    last = groups[-1]
+    has_data = np.zeros([sizes[-1]], bool)
+    for phase in last.values():
+        has_data |= np.asarray(phase['steps']) > 0
+    filled = int(np.max(np.nonzero(has_data)[0], initial=-1)) + 1
+    return max(sum(sizes[:-1]) + filled, len(sizes) * (sizes[-1] - 1) + 1)

@@ -52,7 +52,8 @@ def weighted_update(
     received: Sequence[tf.Tensor],
     trained: Sequence[tf.Tensor],
     weights: tf.Tensor,
-    steps: Any = None,
+    accumulated: Sequence[tf.Tensor | None] | None = None,
+    finite: tf.Tensor | None = None,
 ) -> tff.learning.templates.ClientResult:
     """The group's `ClientResult`: the weighted mean of ``received - trained`` over its clients.
 
@@ -63,12 +64,14 @@ def weighted_update(
       received: The weights the clients started from (shared by the group).
       trained: Their trained values per client (``[clients, ...]``).
       weights: Per-client weights ``[clients]``.
-      steps: Optional `lockstep.GroupSteps` of the training of `trained` with ``delta_weights=weights``: its
-        accumulated weighted deltas are used when every client's gradients were finite (the common case),
-        sparing a pass over each client's copy of large tables.
+      accumulated: Optional, per weight: its weighted delta sum accumulated during training with
+        ``delta_weights=weights`` (`lockstep.GroupSteps.weighted_deltas`, aligned with `received`), used when
+        every client's gradients were finite (`finite`, the common case): it spares a pass over each
+        client's copy of large tables.
+      finite: ``[clients]`` bool, with `accumulated` (`lockstep.GroupSteps.finite`).
     """
-    accumulated = list(getattr(steps, 'weighted_deltas', None) or [None] * len(received))
-    if steps is not None and any(a is not None for a in accumulated):
+    accumulated = list(accumulated or [None] * len(received))
+    if finite is not None and any(a is not None for a in accumulated):
         dense = lambda: _dense_weighted_update(received, trained, weights)
         total = tf.reduce_sum(weights)
 
@@ -77,9 +80,20 @@ def weighted_update(
             update = [tf.math.divide_no_nan(a, total) if a is not None else next(rest) for a in accumulated]
             return tff.learning.templates.ClientResult(update=update, update_weight=total)
 
-        all_finite = tf.reduce_all(tf.logical_or(steps.finite, weights <= 0))
+        all_finite = tf.reduce_all(tf.logical_or(finite, weights <= 0))
         return tf.cond(all_finite, fast, dense)
     return _dense_weighted_update(received, trained, weights)
+
+
+def client_finite(received: Sequence[tf.Tensor], trained: Sequence[tf.Tensor]) -> tf.Tensor:
+    """``[clients]`` bool: every value of the client's update ``received - trained`` is finite."""
+    finite = None
+    for r, t in zip(received, trained):
+        delta = r[tf.newaxis] - t
+        axes = list(range(1, delta.shape.rank))
+        ok = tf.reduce_all(tf.math.is_finite(delta), axis=axes) if axes else tf.math.is_finite(delta)
+        finite = ok if finite is None else tf.logical_and(finite, ok)
+    return finite
 
 
 def _dense_weighted_update(received, trained, weights, only=None) -> tff.learning.templates.ClientResult:

@@ -129,7 +129,7 @@ def test_split_personalization_equivalence_round_by_round():
     server_weights = init()
     np.testing.assert_allclose(server_weights[0], ITEM_INIT)
     for cohort in ([0, 1, 2, 3], [0, 2], [1, 3], [3], [0, 1, 2, 3]):
-        out = process.next(state, [furl_dataset(u) for u in cohort], [on_device[u] for u in cohort])
+        out = process.run_round(state, [furl_dataset(u) for u in cohort], [on_device[u] for u in cohort])
         state = out.state
         for u, private in zip(cohort, out.private_states):
             on_device[u] = private
@@ -152,7 +152,15 @@ def test_private_state_is_client_placed_input_and_output_only():
 
 
 def test_privacy_audit_passes_furl_and_catches_leaks():
-    process = furl.build_furl(furl_model_fn, loss_fn=tf.keras.losses.MeanSquaredError, private_norm_regularization=0.01)
+    engine = furl.build_furl(furl_model_fn, loss_fn=tf.keras.losses.MeanSquaredError, private_norm_regularization=0.01)
+    assert engine.simulation == 'engine'
+    assert audit.audit_private_dataflow(engine.next, private_parameter_index=2) == []  # The engine's round.
+    process = furl.build_furl(
+        furl_model_fn,
+        loss_fn=tf.keras.losses.MeanSquaredError,
+        private_norm_regularization=0.01,
+        simulation='per_client',  # Its client datasets are sequences, which the leaks below read.
+    )
     assert audit.audit_private_dataflow(process.next, private_parameter_index=2) == []
 
     params = process.next.type_signature.parameter
@@ -214,7 +222,7 @@ def test_norm_regularization_shrinks_private_parameters():
             [tff.learning.models.ModelWeights(trainable=[USER_INIT[0:1] * 10], non_trainable=[])],
         )
         for _ in range(3):
-            out = process.next(state, [furl_dataset(0)], private)
+            out = process.run_round(state, [furl_dataset(0)], private)
             state, private = out.state, out.private_states
         norms[lam] = float(np.linalg.norm(private[0].trainable[0]))
     assert norms[1.0] < 0.7 * norms[0.0]

@@ -1,0 +1,92 @@
+"""FURL on the fast simulation engine: the per-client path's state, metrics and private states."""
+
+import collections
+
+import numpy as np
+import pytest
+import tensorflow as tf
+import tensorflow_federated as tff
+
+from fedpersonal.algorithms import furl
+from fedpersonal.models import matrix_factorization as mf
+
+NUM_ITEMS = 20
+
+
+def datasets(sizes, seed=0):
+    rng = np.random.default_rng(seed)
+    out = []
+    for n in sizes:
+        items = rng.integers(0, NUM_ITEMS, n).astype(np.int64)
+        ratings = rng.integers(1, 6, n).astype(np.float32)
+        out.append(
+            tf.data.Dataset.from_tensor_slices(collections.OrderedDict(x=items[:, None], y=ratings[:, None])).batch(4)
+        )
+    return out
+
+
+CONFIGS = {
+    'sgd_norm_penalty': dict(client_optimizer=tff.learning.optimizers.build_sgdm(0.1), private_norm_regularization=0.1),
+    'adam_two_epochs_uniform': dict(
+        client_optimizer=tff.learning.optimizers.build_adam(0.02),
+        client_epochs=2,
+        client_weighting=tff.learning.ClientWeighting.UNIFORM,
+    ),
+}
+
+
+def build(name, simulation, **extra):
+    return furl.build_furl(
+        mf.personal_model_fn(num_items=NUM_ITEMS, num_latent_factors=3, add_biases=True),
+        loss_fn=tf.keras.losses.MeanSquaredError,
+        metrics_fn=lambda: [tf.keras.metrics.MeanAbsoluteError(name='mae')],
+        simulation=simulation,
+        **CONFIGS[name],
+        **extra,
+    )
+
+
+def run(process, cohorts, data):
+    state = process.initialize()
+    private = {c: process.initial_private_state() for c in range(len(data))}
+    for cohort in cohorts:
+        output = process.run_round(
+            state, [data[c] for c in cohort], [private[c] for c in cohort], client_ids=[str(c) for c in cohort]
+        )
+        state = output.state
+        for c, p in zip(cohort, output.private_states):
+            private[c] = p
+    return process.get_model_weights(state), output.metrics, private
+
+
+@pytest.mark.parametrize('name', sorted(CONFIGS))
+def test_furl_engine_equals_per_client_path(name):
+    data = datasets((9, 2, 0, 14, 5))  # Unequal sizes, one smaller than a batch, one empty.
+    cohorts = ([0, 1, 2, 3, 4], [3, 1], [0, 2, 4, 1])
+    reference = run(build(name, 'per_client'), cohorts, data)
+    engine = run(build(name, 'engine', group_size=2), cohorts, data)
+    for a, b in zip(tf.nest.flatten(engine[0]), tf.nest.flatten(reference[0])):
+        np.testing.assert_allclose(a, b, atol=1e-5)
+    for c in reference[2]:
+        for a, b in zip(tf.nest.flatten(engine[2][c]), tf.nest.flatten(reference[2][c])):
+            np.testing.assert_allclose(a, b, atol=1e-5)
+    train_a, train_b = engine[1]['client_work']['train'], reference[1]['client_work']['train']
+    for key in train_b:
+        np.testing.assert_allclose(float(train_a[key]), float(train_b[key]), rtol=1e-5)
+    initial = build(name, 'per_client').initial_private_state()
+    assert not np.allclose(reference[2][0].trainable[0], initial.trainable[0])  # Private embeddings trained.
+    np.testing.assert_array_equal(engine[2][2].trainable[0], initial.trainable[0])  # The empty client's did not.
+
+
+def test_non_finite_client_keeps_its_previous_private_state_and_is_dropped():
+    data = datasets((8, 8))
+    huge = tf.data.Dataset.from_tensor_slices(
+        collections.OrderedDict(x=np.arange(8, dtype=np.int64)[:, None], y=np.full([8, 1], 3e38, np.float32))
+    ).batch(4)
+    data.insert(1, huge)
+    engine = run(build('sgd_norm_penalty', 'engine'), ([0, 1, 2],), data)
+    reference = run(build('sgd_norm_penalty', 'per_client'), ([0, 1, 2],), data)
+    initial = build('sgd_norm_penalty', 'engine').initial_private_state()
+    np.testing.assert_array_equal(engine[2][1].trainable[0], initial.trainable[0])
+    for a, b in zip(tf.nest.flatten(engine[0]), tf.nest.flatten(reference[0])):
+        np.testing.assert_allclose(a, b, atol=1e-5)
