@@ -6,7 +6,7 @@ Complements `benchmarks/client_state_scaling.py` (the store alone): here each
 configuration runs, in a fresh process, the whole FURL loop that
 `fedpersonal.program.run_learning_process` runs: sample k of the N registered
 clients, read their private states (user embedding, dim 32) from a durable
-SQLite store, run `build_furl(...).next` (TFF local runtime, the FURL model with a
+SQLite store, run `build_furl(..., simulation=...).run_round` (the engine, or the per-client path on TFF's local runtime; the FURL model with a
 private user embedding, 16 examples per client), write the states back and commit
 (fsync) with the round. Reports the median / p90 round time (after 3 warm-up
 rounds), the time spent in the store, and peak RSS (VmHWM, including TFF).
@@ -71,7 +71,7 @@ def run_child(config: dict) -> dict:
         return furl_models.batch_dataset(tf.data.Dataset.from_tensor_slices(elements), batch_size=8)
 
     with runtime.LocalRuntime():
-        process = furl.build_furl(model_fn, loss_fn=furl_models.loss_fn)
+        process = furl.build_furl(model_fn, loss_fn=furl_models.loss_fn, simulation=config['simulation'])
         private_type = process.private_state_type
         spec = [(tuple(t.shape), t.dtype) for t in list(private_type.trainable) + list(private_type.non_trainable)]
         default = client_state.seeded_uniform_default(spec, scale=0.05, seed=0)
@@ -93,7 +93,7 @@ def run_child(config: dict) -> dict:
                 started = time.perf_counter()
                 states = [training_loop.to_model_weights(s, private_type) for s in store.get(sampled)]
                 in_store = time.perf_counter() - started
-                result = process.next(state, datasets, states)
+                result = process.run_round(state, datasets, states, client_ids=sampled)
                 state = result.state
                 store_started = time.perf_counter()
                 store.put(sampled, [training_loop.from_model_weights(p) for p in result.private_states], round_num)
@@ -105,7 +105,8 @@ def run_child(config: dict) -> dict:
             assert len(store) == n
     ordered = sorted(round_times)
     return {
-        'name': f'FURL round, SQLite store, N={n:,} registered, k={k}',
+        'name': f'FURL round ({config["simulation"]}), SQLite store, N={n:,} registered, k={k}',
+        'simulation': config['simulation'],
         'registered_clients': n,
         'clients_per_round': k,
         'rounds_timed': len(round_times),
@@ -122,6 +123,7 @@ def main() -> None:
     parser.add_argument('--sizes', default='1000,1000000')
     parser.add_argument('--rounds', type=int, default=30)
     parser.add_argument('--clients_per_round', type=int, default=10)
+    parser.add_argument('--simulations', default='engine,per_client', help='Comma list: engine, per_client.')
     parser.add_argument('--work_dir', default=None)
     parser.add_argument('--results_json', default='docs/results/furl_round_scaling.json')
     parser.add_argument('--results_md', default='docs/RESULTS.md')
@@ -133,8 +135,14 @@ def main() -> None:
     command = 'python benchmarks/furl_round_scaling.py ' + ' '.join(shlex.quote(a) for a in sys.argv[1:])
     work_dir = args.work_dir or tempfile.mkdtemp(prefix='furl_round_scaling_')
     rows = []
-    for n in (int(s) for s in args.sizes.split(',')):
-        config = {'n': n, 'k': args.clients_per_round, 'rounds': args.rounds, 'work_dir': work_dir}
+    for simulation, n in ((m, int(s)) for m in args.simulations.split(',') for s in args.sizes.split(',')):
+        config = {
+            'n': n,
+            'k': args.clients_per_round,
+            'rounds': args.rounds,
+            'work_dir': work_dir,
+            'simulation': simulation,
+        }
         out = subprocess.run(
             [sys.executable, os.path.abspath(__file__), '--child', json.dumps(config)],
             check=True,
@@ -149,13 +157,13 @@ def main() -> None:
 
     outputs.write_json(args.results_json, {'command': command, 'rows': rows})
     lines = [
-        '| registered clients | round, median (s) | p90 (s) | of which store get+put+commit (ms) | '
+        '| simulation | registered clients | round, median (s) | p90 (s) | of which store get+put+commit (ms) | '
         'register N (s) | peak RSS (MB) |',
-        '| ---: | ---: | ---: | ---: | ---: | ---: |',
+        '| --- | ---: | ---: | ---: | ---: | ---: | ---: |',
     ]
     for r in rows:
         lines.append(
-            f'| {r["registered_clients"]:,} | {r["seconds_per_round"]:.3f} | {r["seconds_per_round_p90"]:.3f} | '
+            f'| {r["simulation"]} | {r["registered_clients"]:,} | {r["seconds_per_round"]:.3f} | {r["seconds_per_round_p90"]:.3f} | '
             f'{1000 * r["store_seconds_per_round"]:.2f} | {r["register_seconds"]:.1f} | '
             f'{r["peak_rss_mb"]:.0f} |'
         )
@@ -166,7 +174,7 @@ def main() -> None:
             f'Command: `{command}`',
             '',
             f'Each size in a fresh process: k={args.clients_per_round} sampled clients per round, private user embedding '
-            f'dim {_DIM} in a durable SQLite store (get, `build_furl(...).next` on the TFF local runtime, put, fsynced '
+            f'dim {_DIM} in a durable SQLite store (get, `build_furl(...).run_round`, put, fsynced '
             f'commit), {args.rounds} rounds, the first 3 not timed. Shared 2-core machine (other jobs were running).',
             '',
             *lines,

@@ -104,6 +104,11 @@ class FunctionalModel:
 
     def __call__(self, weights: Parts, x: Any, training: bool = True) -> tuple[Any, tf.Tensor]:
         """The predictions for inputs `x` and the regularization loss, as functions of `weights`."""
+        if tf.executing_eagerly():  # Keras reads weight names while building, which eager tensors lack.
+            return tf.function(self._call, autograph=False)(weights, x, training)
+        return self._call(weights, x, training)
+
+    def _call(self, weights: Parts, x: Any, training: bool) -> tuple[Any, tf.Tensor]:
         tensors = iter(
             [
                 tf.constant(source)

@@ -67,6 +67,7 @@ class FurlConfig(
     parts.ClientEpochsConfig,
     parts.ClientOptimizerConfig,
     parts.ServerOptimizerConfig,
+    parts.SimulationConfig,
 ):
     """Everything a FURL experiment needs (shared options from `fedpersonal.program.config_parts`)."""
 
@@ -302,6 +303,8 @@ def run_personalized_fl(task: FurlTask, outputs: program.ExperimentOutputs) -> t
         server_optimizer=optimizers.build_optimizer(cfg.server_optimizer, cfg.server_learning_rate),
         client_epochs=cfg.client_epochs,
         private_norm_regularization=cfg.private_norm_regularization,
+        simulation=cfg.simulation,
+        group_size=cfg.group_size,
     )
     evaluate = evaluation.build_private_state_eval(model_fn, loss_fn=task.loss_fn, metrics_fn=task.metrics_fn)
     ids = data.client_ids

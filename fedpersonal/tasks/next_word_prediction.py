@@ -19,7 +19,10 @@ Rows (the paper's Table 2; B = `num_oov_buckets`, default 500):
 Every row is evaluated on the same held-out clients' query sets (second half
 in time order). Communication per client per round is measured from the
 values each process broadcasts and aggregates
-(`fedpersonal.metrics.communication`).
+(`fedpersonal.metrics.communication`; FedRecon on the fast simulation engine, the
+default `--simulation=engine`, measures the same values per logical client in its
+round runner, `build_fed_recon(measure_communication=True)`). FedYogi rows run TFF's
+`build_weighted_fed_avg` per client.
 
 Configuration flows one way: flags -> `NextWordPredictionConfig` -> builders.
 
@@ -87,6 +90,7 @@ class NextWordPredictionConfig(
     parts.ClientOptimizerConfig,
     parts.ServerOptimizerConfig,
     parts.ReconstructionOptimizerConfig,
+    parts.SimulationConfig,
 ):
     """Everything a next-word-prediction experiment needs (shared options from `fedpersonal.program.config_parts`).
 
@@ -340,9 +344,24 @@ class NextWordPredictionTask:
                 cfg.reconstruction_optimizer, cfg.reconstruction_learning_rate
             ),
             dataset_split=split or cfg.split,
-            model_distributor=communication.build_measured_broadcast(fed_recon.server_weights_type(model_fn)),
-            model_aggregator=communication.MeasuredAggregationFactory(),
+            simulation=cfg.simulation,
+            group_size=cfg.group_size,
+            **self._measured_communication(model_fn),
         )
+
+    def _measured_communication(self, model_fn) -> dict[str, Any]:
+        """`build_fed_recon` arguments that measure what the clients receive and send (`communication/...`).
+
+        The per-client path measures inside TFF with the measured broadcast and aggregator
+        (`fedpersonal.metrics.communication`); the engine refuses those (it pre-aggregates groups of clients) and
+        measures the same quantities, under the same metric keys, per logical client in its round runner.
+        """
+        if self.config.simulation == 'engine':
+            return {'measure_communication': True}
+        return {
+            'model_distributor': communication.build_measured_broadcast(fed_recon.server_weights_type(model_fn)),
+            'model_aggregator': communication.MeasuredAggregationFactory(),
+        }
 
     def build_fed_yogi(self, num_oov_buckets: int):
         cfg = self.config

@@ -99,3 +99,34 @@ def test_fed_recon_learns_a_deterministic_language(tmp_path):
     row = nwp_task.run_fed_recon(task, config.split, 'fedrecon', str(tmp_path))
     assert untrained['accuracy_no_oov_no_eos'] < 0.3
     assert row['accuracy_no_oov_no_eos'] > 0.8
+
+
+def test_engine_and_per_client_runs_measure_the_same_communication(tmp_path):
+    """`--simulation=engine` (default) measures in its round runner what the per-client path's measured parts do."""
+    from fedpersonal.metrics import communication
+
+    corpus = text_corpus.TextCorpus(name='cyclic', train=_cyclic_corpus(6, 0), test=_cyclic_corpus(2, 1), source='test')
+    measured, losses = {}, {}
+    for simulation in ('engine', 'per_client'):
+        config = nwp_task.NextWordPredictionConfig(
+            output_dir=str(tmp_path),
+            vocab_sizes=(8,),
+            num_oov_buckets=3,
+            max_sequence_length=6,
+            embedding_dim=4,
+            lstm_units=5,
+            batch_size=8,
+            simulation=simulation,
+            group_size=2,
+        )
+        task = nwp_task.NextWordPredictionTask(config, corpus, vocab_size=8)
+        process = task.build_fed_recon(3)
+        assert process.simulation == simulation
+        data = task.client_data(3, 'train')
+        ids = list(data.client_ids)[:3]  # Two groups on the engine, the last one padded.
+        datasets = [task.dataset_fn(data.create_tf_dataset_for_client(c)) for c in ids]
+        metrics = process.run_round(process.initialize(), datasets, client_ids=ids).metrics
+        measured[simulation] = communication.communication_from_metrics(metrics)
+        losses[simulation] = float(metrics['client_work']['train']['loss'])
+    assert measured['engine'] == measured['per_client'] and measured['engine']['clients'] == 3
+    np.testing.assert_allclose(losses['engine'], losses['per_client'], rtol=1e-5)
