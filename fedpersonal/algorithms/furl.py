@@ -184,13 +184,6 @@ def build_furl(
     )
 
 
-def _stacked_type(member: tff.Type) -> tff.Type:
-    """The type of a group's stacked values of `member` (a leading clients axis of unknown size)."""
-    specs = tff.types.type_to_tf_tensor_specs(member)
-    stacked = tf.nest.map_structure(lambda t: tf.TensorSpec([None, *t.shape], t.dtype), specs)
-    return tff.types.tensorflow_to_type(stacked)
-
-
 def _build_engine_process(
     model_fn,
     *,
@@ -227,7 +220,7 @@ def _build_engine_process(
     )
     weights_type = initial_global_weights.type_signature.result
     private_type = initial_private_state.type_signature.result
-    group_private_type = _stacked_type(private_type)
+    group_private_type = packing.stacked_type(private_type)
     penalty = None
     if private_norm_regularization > 0:
         penalty = lambda values, _: (

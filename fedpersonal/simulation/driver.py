@@ -68,6 +68,13 @@ class KerasMetricsFinalizer:
         return finalized
 
 
+def finalize_ratios(sums: Any) -> collections.OrderedDict:
+    """`fedpersonal.core.compose.ratio_metrics`' finalization of summed ``[numerator, denominator]`` pairs."""
+    return collections.OrderedDict(
+        (k, _numpy(v[0] if k == 'num_examples' else v[0] / tf.maximum(v[1], 1.0))) for k, v in sums.items()
+    )
+
+
 class GroupRoundRunner:
     """Runs one round of a stateless engine process from its group client work and server optimizer.
 

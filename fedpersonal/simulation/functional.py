@@ -26,6 +26,7 @@ from typing import NamedTuple
 import numpy as np
 import tensorflow as tf
 
+from fedpersonal import errors
 from fedpersonal.models import partially_local_model
 
 ModelFn = Callable[[], Any]
@@ -45,6 +46,9 @@ GLOBAL_TRAINABLE, GLOBAL_NON_TRAINABLE, LOCAL_TRAINABLE, LOCAL_NON_TRAINABLE = r
 
 class FunctionalModel:
     """``model_fn``'s Keras model as a pure function ``(Parts, x, training) -> (predictions, regularization)``.
+
+    `model_fn` returns a `fedpersonal.models.from_keras_model` model (its global/local split), or a plain Keras
+    model (all its weights in the global groups).
 
     Attributes:
       initial_weights: The model's initial weights (`Parts` of numpy arrays): its seeded initializers' values.
@@ -75,26 +79,39 @@ class FunctionalModel:
         with tf.Graph().as_default() as graph:
             with tf.variable_creator_scope(record):
                 model = model_fn()
-            keras_model = getattr(model, 'keras_model', None)
-            if not isinstance(keras_model, tf.keras.Model):
-                raise partially_local_model.ModelSpecError(
-                    'The fast simulation engine needs a model built with fedpersonal.models.from_keras_model '
-                    f'(a Keras model as a pure function of its weights); got {type(model).__name__}. Use '
-                    "simulation='per_client' for other ReconstructionModel implementations."
+            if isinstance(model, tf.keras.Model):  # A plain Keras model: every weight is global.
+                keras_model = model
+                groups = (model.trainable_weights, model.non_trainable_weights, [], [])
+            else:
+                keras_model = getattr(model, 'keras_model', None)
+                if not isinstance(keras_model, tf.keras.Model):
+                    raise partially_local_model.ModelSpecError(
+                        'The fast simulation engine needs a Keras model, or a model built with '
+                        'fedpersonal.models.from_keras_model (a Keras model as a pure function of its weights); got '
+                        f"{type(model).__name__}. Use simulation='per_client' for other ReconstructionModel "
+                        'implementations.'
+                    )
+                groups = (
+                    model.global_trainable_variables,
+                    model.global_non_trainable_variables,
+                    model.local_trainable_variables,
+                    model.local_non_trainable_variables,
                 )
-            groups = (
-                model.global_trainable_variables,
-                model.global_non_trainable_variables,
-                model.local_trainable_variables,
-                model.local_non_trainable_variables,
-            )
+            stateful = [
+                layer.name for layer in keras_model.submodules if isinstance(layer, tf.keras.layers.BatchNormalization)
+            ]
+            if stateful:
+                raise errors.ConfigError(
+                    f'The fast simulation engine cannot run layers that update their own weights while training '
+                    f"(BatchNormalization's moving statistics): {stateful}. Use simulation='per_client' for this model."
+                )
             position = {id(v): (g, i) for g, variables in enumerate(groups) for i, v in enumerate(variables)}
             with tf.compat.v1.Session(graph=graph) as session:
                 session.run(tf.compat.v1.variables_initializer(created))
                 values = session.run([list(group) for group in groups])
                 created_values = session.run(created)
             self.regularized = bool(keras_model.losses)
-            self.input_spec = model.input_spec
+            self.input_spec = None if isinstance(model, tf.keras.Model) else model.input_spec
         self._model_fn = model_fn
         # For each created variable: its (group, index), or its initial value if it is in no group.
         self._sources: list[tuple[int, int] | np.ndarray] = [
@@ -124,6 +141,7 @@ class FunctionalModel:
 
         with tf.variable_creator_scope(hand_out), partially_local_model.weights_as_tensors():
             model = self._model_fn()
-        predictions = model.keras_model(x, training=training)
-        losses = model.keras_model.losses
+        keras_model = model if isinstance(model, tf.keras.Model) else model.keras_model
+        predictions = keras_model(x, training=training)
+        losses = keras_model.losses
         return predictions, (tf.add_n(losses) if losses else tf.constant(0.0))

@@ -58,6 +58,13 @@ def _known(shape: tf.TensorShape) -> list[int]:
     return [d if d is not None else 0 for d in shape.as_list()]
 
 
+def stacked_type(member: tff.Type) -> tff.Type:
+    """The type of a group's values of `member` stacked per client (a leading axis of unknown size)."""
+    specs = tff.types.type_to_tf_tensor_specs(member)
+    stacked = tf.nest.map_structure(lambda t: tf.TensorSpec([None, *t.shape], t.dtype), specs)
+    return tff.types.tensorflow_to_type(stacked)
+
+
 def _bucket(n: int) -> int:
     return 1 if n <= 1 else 1 << (n - 1).bit_length()
 

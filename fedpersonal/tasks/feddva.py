@@ -367,6 +367,7 @@ def run_ditto(task: FeddvaTask, outputs: program.ExperimentOutputs) -> dict[str,
         personal_epochs=cfg.client_epochs,
         client_optimizer=tff.learning.optimizers.build_adam(learning_rate=cfg.learning_rate),
         personal_optimizer=tff.learning.optimizers.build_sgdm(learning_rate=cfg.ditto_personal_learning_rate),
+        simulation='per_client',  # The CNNs have BatchNormalization, which the engine cannot run (it says so).
     )
     model = task.cnn_fn()
     logits = _cnn_logits(model, task.data.image_shape)

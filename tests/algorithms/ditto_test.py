@@ -46,7 +46,7 @@ def test_personal_and_global_updates_match_hand_computation():
     state = process.initialize()
     v0 = W0 + np.array([[0.5, 0.0, -0.5], [0.0, 0.2, 0.0]], np.float32)
     personal = tff.learning.models.ModelWeights(trainable=[v0], non_trainable=[])
-    out = process.next(state, [data()], [personal])
+    out = process.run_round(state, [data()], [personal])
     # v <- v - eta * (grad F(v) + lam * (v - w)), w the received global model.
     expected_v = v0 - eta * (ce_gradient(v0, X, Y) + lam * (v0 - W0))
     np.testing.assert_allclose(out.private_states[0].trainable[0], expected_v, rtol=1e-5, atol=1e-6)
@@ -63,7 +63,7 @@ def test_personal_and_global_updates_match_hand_computation():
         personal_optimizer=tff.learning.optimizers.build_sgdm(eta),
     )
     x2, y2 = X[:1], Y[:1]
-    out = process0.next(process0.initialize(), [data(), data(x2, y2)], [personal, personal])
+    out = process0.run_round(process0.initialize(), [data(), data(x2, y2)], [personal, personal])
     np.testing.assert_allclose(out.private_states[1].trainable[0], v0 - eta * ce_gradient(v0, x2, y2), rtol=1e-5)
     expected_w = (3 * (W0 - eta_global * ce_gradient(W0, X, Y)) + (W0 - eta_global * ce_gradient(W0, x2, y2))) / 4
     np.testing.assert_allclose(process0.get_model_weights(out.state).trainable[0], expected_w, rtol=1e-5, atol=1e-6)

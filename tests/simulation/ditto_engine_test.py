@@ -1,0 +1,80 @@
+"""Ditto on the fast simulation engine: the per-client path's global model, personal models and metrics."""
+
+import collections
+
+import numpy as np
+import pytest
+import tensorflow as tf
+import tensorflow_federated as tff
+
+from fedpersonal import errors
+from fedpersonal.algorithms import ditto
+
+SPEC = collections.OrderedDict(x=tf.TensorSpec([None, 4], tf.float32), y=tf.TensorSpec([None], tf.int32))
+
+
+def model_fn():
+    init = tf.keras.initializers.GlorotUniform
+    return tf.keras.Sequential(
+        [
+            tf.keras.Input([4]),
+            tf.keras.layers.Dense(5, 'relu', kernel_initializer=init(seed=1)),
+            tf.keras.layers.Dense(3, kernel_initializer=init(seed=2)),
+        ]
+    )
+
+
+def datasets(sizes, seed=0):
+    rng = np.random.default_rng(seed)
+    return [
+        tf.data.Dataset.from_tensor_slices(
+            collections.OrderedDict(
+                x=rng.normal(size=[n, 4]).astype(np.float32), y=rng.integers(0, 3, n).astype(np.int32)
+            )
+        ).batch(3)
+        for n in sizes
+    ]
+
+
+def run(simulation, data, **kwargs):
+    process = ditto.build_ditto(
+        model_fn,
+        element_spec=SPEC,
+        lam=0.3,
+        client_epochs=2,
+        personal_epochs=1,
+        simulation=simulation,
+        **kwargs,
+    )
+    state = process.initialize()
+    personal = {c: process.initial_private_state() for c in range(len(data))}
+    for cohort in ([0, 1, 2, 3], [2, 0], [3, 1, 0]):
+        out = process.run_round(state, [data[c] for c in cohort], [personal[c] for c in cohort])
+        state = out.state
+        personal.update(zip(cohort, out.private_states))
+    return process.get_model_weights(state), out.metrics['client_work']['train'], personal
+
+
+def test_ditto_engine_equals_per_client_path():
+    data = datasets((7, 2, 0, 11))  # Unequal, smaller than a batch, empty.
+    engine = run('engine', data, group_size=2)
+    reference = run('per_client', data)
+    for a, b in zip(tf.nest.flatten(engine[0]), tf.nest.flatten(reference[0])):
+        np.testing.assert_allclose(a, b, atol=1e-5)
+    for c in reference[2]:
+        for a, b in zip(tf.nest.flatten(engine[2][c]), tf.nest.flatten(reference[2][c])):
+            np.testing.assert_allclose(a, b, atol=1e-5)
+    for key, value in reference[1].items():
+        np.testing.assert_allclose(float(engine[1][key]), float(value), rtol=1e-5, err_msg=key)
+    assert not np.allclose(reference[2][0].trainable[0], run('per_client', data)[2][2].trainable[0])
+
+
+def test_engine_refuses_batch_normalization_clearly():
+    def bn_model():
+        return tf.keras.Sequential(
+            [tf.keras.Input([4]), tf.keras.layers.BatchNormalization(), tf.keras.layers.Dense(3)]
+        )
+
+    with pytest.raises(errors.ConfigError, match="BatchNormalization.*simulation='per_client'"):
+        ditto.build_ditto(bn_model, element_spec=SPEC)
+    ditto.build_ditto(bn_model, element_spec=SPEC, simulation='per_client')
