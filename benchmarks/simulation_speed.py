@@ -1,21 +1,25 @@
-"""Seconds per simulated FedRecon round, side by side on identical work, in one run (issue 14).
+"""Seconds per simulated round (FedRecon, FURL), side by side on identical work, in one run (issue 14).
 
-  python benchmarks/simulation_speed.py [--quick] [--rounds 10] [--workloads mf,mf_table1]
+  python benchmarks/simulation_speed.py [--quick] [--rounds 10] [--workloads mf,mf_table1,nwp,furl]
       [--rows tff,per_client,engine,limit] [--data_dir DIR_WITH_ML100K_u.data] [--output FILE]
 
 Rows: ``tff`` (TFF 0.87's own ``tff.learning.algorithms.build_fed_recon``, same model, split and optimizers),
-``per_client`` and ``engine`` (``fedpersonal.algorithms.build_fed_recon(..., simulation=...)``; per_client leaves
-the argument out if the builder does not take it: ``simulation_arg``), ``limit`` (one hand-written XLA-compiled
+``per_client`` and ``engine`` (``fedpersonal.algorithms.build_fed_recon`` / ``build_furl(..., simulation=...)``;
+per_client leaves the argument out if the builder does not take it: ``simulation_arg``), ``limit`` (one hand-written XLA-compiled
 function per round: ``../shared/reference/limit_fedrecon_mf.py`` on the same data, split batches, initial weights).
 
 Each row runs in its own process from the same initial weights: 1 warm-up round, then ``--rounds`` timed rounds
-on the same seeded client samples. ``seconds_per_round``: median timed round, ``process.pack(datasets,
-client_ids=ids)`` (if the process has one; also ``pack_s``) + ``next`` (building the clients' lazy tf.data
-pipelines is not timed). ``compile_s``: build + initialize + warm-up round - ``seconds_per_round`` (without the
-limit's one-off per-client array preparation, ``prepare_s``). ``peak_rss_mb``: the row process' ``ru_maxrss`` +
+on the same seeded client samples. ``seconds_per_round``: median timed round, ``process.run_round(state,
+datasets[, private states], client_ids=ids)`` (fedpersonal: packs, then its fastest round) or ``next`` (TFF);
+building the clients' lazy tf.data pipelines is not timed, and the engine rows materialize every sampled client's
+data once before round 0 (``prepare_s``, as the limit prepares its arrays). ``compile_s``: build + initialize +
+warm-up round - ``seconds_per_round`` (without the one-off ``prepare_s``). ``peak_rss_mb``: the row process' ``ru_maxrss`` +
 its TFF ``worker_binary``'s VmHWM (TFF computations run there), also given apart. ``max_abs_diff_vs_per_client``:
 final server weights vs the per-client row's (``max_abs_weight``: the row's largest weight, for scale).
-``compute_bound_s``: the round's analytic FLOPs (``_mf_round_flops``) / a float32 matmul's measured FLOP rate.
+``compute_bound_s``: the round's analytic FLOPs (``_mf_round_flops``, ``_nwp_round_flops``,
+``_furl_round_flops``; only the real examples, matmuls at 2 FLOPs per multiply-add) / a float32 matmul's measured
+FLOP rate. A stateful process (FURL) carries each client's private state between rounds (a dict by client id,
+starting from ``process.initial_private_state()``) into ``process.run_round``; its timed round includes them.
 
 Workloads (``WORKLOADS``; a new one is a ``*_setup()`` returning a ``Setup`` plus a registry entry):
 ``mf``: generated MovieLens-shaped MF as in the reference (1,000 users, 3,700 items, 100 ratings each, dim 50),
@@ -23,9 +27,20 @@ Workloads (``WORKLOADS``; a new one is a ``*_setup()`` returning a ``Setup`` plu
 reconstruction + 10 update SGD steps, client and reconstruction lr 0.1, server 1.0. ``mf_table1``: the Table 1
 FedRecon round (``fedpersonal.tasks.movielens_mf`` defaults) on MovieLens 100K from ``--data_dir``; without the
 data it is skipped with the reason printed and recorded (never replaced by generated data).
+``nwp``: FedRecon of the next-word-prediction task (``fedpersonal.tasks.next_word_prediction``) on its Shakespeare
+configuration: ``NextWordPredictionConfig`` defaults with ``dataset='shakespeare'`` (first vocabulary size, 1,000
+words + 500 local OOV buckets, LSTM 64, embedding 32, 20 tokens, batch 16, <= 128 sequences per client, 10 clients
+per round, Yogi server) on the training roles of ``../shared/data/shakespeare``, built by the task's own
+``build_fed_recon`` (so with the Table 2 binary's communication measurement: the measured broadcast and aggregator
+per client, ``measure_communication`` on the engine). ``furl``: FURL (``fedpersonal.algorithms.build_furl``, as
+``fedpersonal.tasks.furl_personalization.run_personalized_fl`` builds it) on ``configs/furl_assistments.flags``
+with ``../shared/data/assist-a0910`` (10 students per round, one local epoch, user embedding 8). Both have rows
+``per_client`` and ``engine`` only; without their data they are skipped with the reason (never generated data).
 
-``--quick`` (2 timed rounds, ``mf``) takes ~4 minutes on 2 cores. Writes ``--output`` (``command``, ``machine``,
-``flop_rate_gflops``, ``rows``, ``skipped``) and prints a Markdown table.
+``--quick`` (2 timed rounds of ``QUICK_WORKLOADS``: ``mf`` and the cheapest other workload, ``furl``, unless
+``--workloads``; ``mf_table1`` and ``nwp`` are left out to stay under 5 minutes) takes ~4 minutes on 2 cores.
+Writes ``--output`` (``command``, ``machine``, ``flop_rate_gflops``, ``rows``, ``skipped``) and prints a Markdown
+table.
 """
 
 from __future__ import annotations
@@ -52,9 +67,10 @@ from absl import flags
 
 _REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 _OUTPUT = flags.DEFINE_string('output', 'docs/results/simulation_speed.json', 'JSON file written.')
-_QUICK = flags.DEFINE_bool('quick', False, 'Quick run: 2 timed rounds, workload mf (unless --workloads).')
+_QUICK = flags.DEFINE_bool('quick', False, 'Quick run: 2 timed rounds, workloads mf and furl (unless --workloads).')
+_SHARED_DATA = os.path.normpath(os.path.join(_REPO, '..', 'shared', 'data'))  # The project's data copies.
 _ROUNDS = flags.DEFINE_integer('rounds', None, 'Timed rounds per row, after 1 warm-up round (default 10; quick 2).')
-_WORKLOADS = flags.DEFINE_list('workloads', None, 'Workloads to run (default: all; quick: mf).')
+_WORKLOADS = flags.DEFINE_list('workloads', None, 'Workloads to run (default: all; quick: mf, furl).')
 _ROWS = flags.DEFINE_list('rows', None, 'Rows to run (default: every row of each workload).')
 _DATA_DIR = flags.DEFINE_string('data_dir', None, 'Directory holding MovieLens 100K u.data (for mf_table1).')
 _ROW_TIMEOUT = flags.DEFINE_integer('row_timeout', 1800, 'Seconds before a row process is stopped.')
@@ -64,8 +80,8 @@ _RESULT = flags.DEFINE_string('_result', None, 'Internal: JSON file --_row write
 
 ROW_DESCRIPTIONS = {
     'tff': 'TFF 0.87 tff.learning.algorithms.build_fed_recon',
-    'per_client': "fedpersonal build_fed_recon(simulation='per_client')",
-    'engine': "fedpersonal build_fed_recon(simulation='engine')",
+    'per_client': "fedpersonal build_fed_recon / build_furl(simulation='per_client')",
+    'engine': "fedpersonal build_fed_recon / build_furl(simulation='engine')",
     'limit': 'hand-written single XLA-compiled round function',
 }
 
@@ -183,11 +199,177 @@ def mf_table1_setup() -> Setup:
     return _mf_setup(list(train.client_ids), dataset_fn, *args, config.num_latent_factors, config.clients_per_round)
 
 
+def _missing(directory: str, *names: str) -> str | None:
+    absent = [n for n in names if not os.path.isfile(os.path.join(directory, n))]
+    return f'no {", ".join(absent)} in {directory} (see ../shared/data/README.md)' if absent else None
+
+
+def _count_examples(batches: list[Any]) -> int:
+    import tensorflow as tf
+
+    return int(sum(len(tf.nest.flatten(b)[0]) for b in batches))
+
+
+def nwp_setup() -> Setup:
+    """FedRecon of the NWP task (`NextWordPredictionConfig` defaults, dataset='shakespeare'), first vocabulary."""
+    import dataclasses as dc
+
+    from fedpersonal.algorithms import dataset_split
+    from fedpersonal.tasks import next_word_prediction as nwp_task
+
+    config = nwp_task.NextWordPredictionConfig(
+        dataset='shakespeare', data_dir=os.path.join(_SHARED_DATA, 'shakespeare'), output_dir=tempfile.gettempdir()
+    )
+    corpus = nwp_task.load_corpus(config)
+    vocab_size, buckets = config.vocab_sizes[0], config.num_oov_buckets
+    task = nwp_task.NextWordPredictionTask(config, corpus, vocab_size)
+    train = task.client_data(buckets, 'train')
+    dataset_fn = lambda cid: task.dataset_fn(train.create_tf_dataset_for_client(cid))
+
+    def build_fedpersonal(simulation: str) -> tuple[Any, dict]:
+        row_task = nwp_task.NextWordPredictionTask(dc.replace(config, simulation=simulation), corpus, vocab_size)
+        return row_task.build_fed_recon(buckets), {'simulation_arg': True}
+
+    variables = [(v.name, v.shape) for v in task.model_fn(buckets, oov_local=True)().global_trainable_variables]
+    global_params = sum(int(np.prod(s)) for _, s in variables)
+    # The matmul weights every token meets: the LSTM's input and recurrent kernels, the projection and the logits.
+    per_token_weights = sum(int(np.prod(s)) for name, s in variables if 'kernel' in name)
+    counts: dict[str, tuple[int, int, int]] = {}
+
+    def client_counts(cid: str) -> tuple[int, int, int]:  # (support examples, query examples, query steps)
+        if cid not in counts:
+            support, query = dataset_split.split_batches(list(dataset_fn(cid).as_numpy_iterator()), config.split)
+            counts[cid] = (_count_examples(support), _count_examples(query), len(query))
+        return counts[cid]
+
+    flops = lambda ids: _nwp_round_flops(
+        [client_counts(c) for c in ids], config.max_sequence_length, per_token_weights, global_params
+    )
+    ids = list(train.client_ids)
+    return Setup(ids, dataset_fn, config.clients_per_round, build_fedpersonal, round_flops=flops, seed=config.seed)
+
+
+def _nwp_round_flops(counts: list[tuple[int, int, int]], length: int, per_token_weights: int, params: int) -> float:
+    """Analytic FLOPs of one NWP FedRecon round, real examples only (every example is `length` tokens long).
+
+    A token's forward pass is 2 FLOPs per multiply-add of each matmul weight it meets (LSTM input and recurrent
+    kernels, projection, logits; embedding lookups, gates and softmax left out): F = 2 * per_token_weights. A
+    reconstruction example costs 2F per token (forward, and the backward pass to the OOV rows without weight
+    gradients), an update example 3F (forward, backward to activations and to weights); each update step's SGD
+    2 per global parameter (dense), each client's delta and weighting 3 per global parameter, the server's
+    mean and Yogi step ~10 per global parameter.
+    """
+    forward = 2.0 * per_token_weights * length
+    flops = 10.0 * params
+    for support, query, query_steps in counts:
+        flops += 2 * forward * support + 3 * forward * query + 2.0 * params * query_steps + 3.0 * params
+    return float(flops)
+
+
+def _furl_config():
+    """`FurlConfig` from configs/furl_assistments.flags with the shared ASSISTments copy."""
+    from absl import flags as absl_flags
+
+    from fedpersonal.program import config_flags
+    from fedpersonal.tasks import furl_personalization
+
+    values = absl_flags.FlagValues()
+    config_flags.define_flags(furl_personalization.FurlConfig, flag_values=values)
+    values(
+        [
+            'furl',
+            f'--flagfile={os.path.join(_REPO, "configs", "furl_assistments.flags")}',
+            f'--data_dir={os.path.join(_SHARED_DATA, "assist-a0910")}',
+            f'--output_dir={tempfile.gettempdir()}',
+        ]
+    )
+    return config_flags.config_from_flags(furl_personalization.FurlConfig, flag_values=values)
+
+
+def furl_setup() -> Setup:
+    """FURL (personalized FL row of the FURL task) on its ASSISTments configuration."""
+    from fedpersonal.algorithms import furl
+    from fedpersonal.algorithms import optimizers
+    from fedpersonal.tasks import furl_personalization
+
+    config = _furl_config()
+    data = furl_personalization.load_data(config)
+    task = furl_personalization.FurlTask(config, data)
+    dataset_fn = lambda cid: task.dataset_fn(data.train.create_tf_dataset_for_client(cid))
+    model_fn = task.model_fn('private')
+
+    def build_fedpersonal(simulation: str) -> tuple[Any, dict]:  # As run_personalized_fl builds it.
+        kwargs = dict(
+            loss_fn=task.loss_fn,
+            metrics_fn=task.metrics_fn,
+            client_optimizer=optimizers.build_optimizer(config.client_optimizer, config.client_learning_rate),
+            server_optimizer=optimizers.build_optimizer(config.server_optimizer, config.server_learning_rate),
+            client_epochs=config.client_epochs,
+            private_norm_regularization=config.private_norm_regularization,
+            group_size=config.group_size,
+        )
+        return furl.build_furl(model_fn, simulation=simulation, **kwargs), {'simulation_arg': True}
+
+    if data.max_chars > 0:  # The analytic count below has no text encoder (ASSISTments has no text).
+        flops = None
+    else:
+        model = model_fn()
+        variables = [(v.name, tuple(v.shape)) for v in model.global_trainable_variables]
+        table = next(s for n, s in variables if 'item_embedding' in n)  # [num_items, item dimension]
+        sizes = dict(
+            kernels=sum(int(np.prod(s)) for n, s in variables if 'kernel' in n),
+            dense=sum(int(np.prod(s)) for n, s in variables if 'item_embedding' not in n),
+            private=sum(int(np.prod(v.shape)) for v in model.local_trainable_variables),
+        )
+        counts: dict[str, tuple[int, int]] = {}
+
+        def client_counts(cid: str) -> tuple[int, int]:  # (examples, steps) of one local epoch
+            if cid not in counts:
+                batches = list(dataset_fn(cid).as_numpy_iterator())
+                counts[cid] = (_count_examples(batches), len(batches))
+            return counts[cid]
+
+        flops = lambda ids: _furl_round_flops([client_counts(c) for c in ids], config.client_epochs, table, **sizes)
+    ids = list(data.client_ids)
+    return Setup(ids, dataset_fn, config.clients_per_round, build_fedpersonal, round_flops=flops, seed=config.seed)
+
+
+def _furl_round_flops(
+    counts: list[tuple[int, int]], epochs: int, table: tuple[int, int], *, kernels: int, dense: int, private: int
+) -> float:
+    """Analytic FLOPs of one FURL round without a text encoder (ASSISTments), real examples only.
+
+    An example's forward pass is 2 FLOPs per multiply-add of the MLP and logits kernels (F = 2 * kernels; the
+    lookups and concatenation left out); forward + backward 3F. Each local step's SGD costs 2 per dense global
+    parameter and per private parameter, plus 2 per value of the item-embedding rows it looks up (one per
+    example); each client's delta and weighting 3 per dense parameter and per value of a looked-up row; the
+    server's mean and SGD step 3 per global parameter (the whole item table).
+    """
+    rows, row = table
+    flops = 3.0 * (dense + rows * row)
+    for examples, steps in counts:
+        examples, steps = examples * epochs, steps * epochs
+        flops += 3 * 2.0 * kernels * examples + steps * 2.0 * (dense + private) + 2.0 * row * examples
+        flops += 3.0 * (dense + row * min(examples, rows))
+    return float(flops)
+
+
 WORKLOADS: dict[str, Workload] = {
     'mf': Workload('generated MovieLens-shaped MF, dim 50', mf_setup, tuple(ROW_DESCRIPTIONS), 'tff'),
     'mf_table1': Workload('Table 1 round, ML-100K', mf_table1_setup, tuple(ROW_DESCRIPTIONS), 'tff', _ml100k_missing),
-    # nwp, furl, hpfl, feddva: a `*_setup()` whose Setup has build_fedpersonal only (rows per_client, engine).
+    'nwp': Workload(
+        'NWP FedRecon (Table 2 task), Shakespeare, vocab 1K + 500 OOV, LSTM 64',
+        nwp_setup,
+        skip_reason=lambda: _missing(os.path.join(_SHARED_DATA, 'shakespeare'), 'shakespeare.txt.zip'),
+    ),
+    'furl': Workload(
+        'FURL (personalized FL), ASSISTments a0910, configs/furl_assistments.flags',
+        furl_setup,
+        skip_reason=lambda: _missing(os.path.join(_SHARED_DATA, 'assist-a0910'), 'record.csv', 'item.csv'),
+    ),
+    # hpfl, feddva: a `*_setup()` whose Setup has build_fedpersonal only (rows per_client, engine).
 }
+QUICK_WORKLOADS = ('mf', 'furl')  # --quick: mf and the cheapest other workload (furl ~1 min, nwp ~1.7 min).
 
 
 # ------------------------------------------------------------------------------------- the limit (MF only)
@@ -329,24 +511,49 @@ def _run_rounds(setup: Setup, rounds: int, start: Callable[[], Any], step: Calla
 
 
 def _row_process(setup: Setup, rounds: int, build: Callable[[], tuple[Any, dict]]):
-    """A TFF-runtime row: build() -> (process, info). Times `pack` (if the process has one) + `next`."""
+    """A TFF-runtime row: build() -> (process, info). Times `run_round` (fedpersonal) or `next` (TFF).
+
+    A stateful process's private states are kept by client id between rounds (`initial_private_state()` before a
+    client's first round) and go into `run_round` with the round's datasets.
+    """
     from fedpersonal import runtime
 
     with runtime.LocalRuntime():
-        holder = {}
+        holder: dict[str, Any] = {}
+        private: dict[str, Any] = {}
 
         def start():
             holder['process'], holder['info'] = build()
-            return holder['process'].initialize()
+            process = holder['process']
+            if getattr(process, 'simulation', 'per_client') == 'engine':
+                # Each sampled client's data is materialized once per run (as the limit row prepares its arrays):
+                # timed apart as prepare_s, not per round.
+                t = time.perf_counter()
+                clients = sorted({c for r in range(rounds + 1) for c in setup.sample(r)})
+                process.pack([setup.dataset_fn(c) for c in clients], client_ids=clients)
+                holder['info']['prepare_s'] = time.perf_counter() - t
+            return process.initialize()
 
         def step(state, ids):
             datasets = [setup.dataset_fn(c) for c in ids]  # Lazy tf.data pipelines, built outside the timer.
+            process = holder['process']
+            run_round = getattr(process, 'run_round', None)  # fedpersonal: packs, then its fastest round.
+            if run_round is None:  # TFF's own LearningProcess.
+                t = time.perf_counter()
+                state = process.next(state, datasets).state
+                return state, time.perf_counter() - t, 0.0
+            if not process.stateful:
+                t = time.perf_counter()
+                state = run_round(state, datasets, client_ids=ids).state
+                return state, time.perf_counter() - t, 0.0
+            if 'initial' not in holder:
+                holder['initial'] = process.initial_private_state()
+            states = [private.get(c, holder['initial']) for c in ids]
             t = time.perf_counter()
-            pack = getattr(holder['process'], 'pack', None)
-            data = pack(datasets, client_ids=ids) if pack is not None else datasets
-            pack_s = time.perf_counter() - t
-            state = holder['process'].next(state, data).state
-            return state, time.perf_counter() - t, pack_s
+            output = run_round(state, datasets, states, client_ids=ids)
+            seconds = time.perf_counter() - t
+            private.update(zip(ids, output.private_states))
+            return output.state, seconds, 0.0
 
         state, info = _run_rounds(setup, rounds, start, step)
         info.update(holder['info'], has_pack=hasattr(holder['process'], 'pack'), peak_rss_mb_worker=_worker_peak_mb())
@@ -514,7 +721,7 @@ def main() -> None:
     rounds = _ROUNDS.value or (2 if _QUICK.value else 10)
     if _ROW.value:
         return run_row(_ROW.value, _WORKLOAD.value, rounds, _RESULT.value)
-    names = _WORKLOADS.value or (['mf'] if _QUICK.value else list(WORKLOADS))
+    names = _WORKLOADS.value or (list(QUICK_WORKLOADS) if _QUICK.value else list(WORKLOADS))
     unknown = [w for w in names if w not in WORKLOADS] + [r for r in _ROWS.value or [] if r not in ROW_RUNNERS]
     if unknown:
         sys.exit(f'unknown workloads/rows {unknown}; workloads: {list(WORKLOADS)}, rows: {list(ROW_RUNNERS)}')
