@@ -127,11 +127,8 @@ class PersonalizedProcess(tff.templates.IterativeProcess):
         """
         data = self.pack(client_data, client_ids=client_ids)
         if self._round_runner is not None:
-            return (
-                self._round_runner(state, data)
-                if not self.stateful
-                else self._round_runner(state, data, private_states)
-            )
+            private = list(private_states or []) if self.stateful else None
+            return self._round_runner(state, data, private, num_clients=len(client_data))
         if self.stateful:
             return self.next(state, data, list(private_states or []))
         return self.next(state, data)

@@ -54,6 +54,8 @@ class FunctionalModel:
       initial_weights: The model's initial weights (`Parts` of numpy arrays): its seeded initializers' values.
       input_spec: The model's input spec.
       regularized: Whether the Keras model has regularization losses.
+      unroll_rnns: Whether recurrent layers run unrolled (needs a static number of time steps; lets a client
+        step of an LSTM vectorize over clients).
 
     Example:
 
@@ -68,7 +70,8 @@ class FunctionalModel:
     [1.0, 1.0]
     """
 
-    def __init__(self, model_fn: ModelFn):
+    def __init__(self, model_fn: ModelFn, *, unroll_rnns: bool = True):
+        self.unroll_rnns = unroll_rnns
         created: list[tf.Variable] = []
 
         def record(next_creator, **kwargs):
@@ -142,6 +145,12 @@ class FunctionalModel:
         with tf.variable_creator_scope(hand_out), partially_local_model.weights_as_tensors():
             model = self._model_fn()
         keras_model = model if isinstance(model, tf.keras.Model) else model.keras_model
+        for layer in keras_model.submodules:
+            if isinstance(layer, tf.keras.layers.RNN) and self.unroll_rnns:
+                # An unrolled RNN has no tf.while_loop, so a step vectorizes over clients (pfor cannot batch the
+                # TensorList of a while loop's gradient); the same arithmetic over a static number of steps.
+                layer.unroll = True
+                layer._could_use_gpu_kernel = False  # pylint: disable=protected-access
         predictions = keras_model(x, training=training)
         losses = keras_model.losses
         return predictions, (tf.add_n(losses) if losses else tf.constant(0.0))

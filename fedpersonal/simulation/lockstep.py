@@ -284,8 +284,10 @@ def for_each_client(fn: Callable[[Any], Any], elems: Any) -> Any:
     """``fn`` of every client's slice of `elems`, stacked: vectorized (`tf.vectorized_map`) where TF can, else a
     compiled loop over the clients (`tf.map_fn`).
 
-    Vectorizing fails for a few models, e.g. the gradient of a Keras LSTM (its `tf.while_loop` holds a
-    TensorList that `pfor` cannot batch); those run client after client inside the same compiled program.
+    Vectorizing fails for a few models, e.g. the gradient of a Keras LSTM run as a `tf.while_loop` (its
+    TensorList cannot be batched by `pfor`; `FunctionalModel` unrolls recurrent layers to avoid it); those run
+    client after client inside the same compiled program (measured on the NWP round: 2.5 s with the loop over
+    clients, 0.53 s unrolled and vectorized, 0.94 s per client in TFF).
     """
     try:
         return tf.vectorized_map(fn, elems, fallback_to_while_loop=False)
