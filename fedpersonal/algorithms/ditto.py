@@ -215,7 +215,7 @@ def _build_engine_process(
         None,
         ('personal', 'global'),
         element_spec,
-        group_size or simulation_options.default_group_size(2 * initial.global_trainable),
+        group_size or simulation_options.default_group_size(list(initial.global_trainable) * 2),
         batch_phase_fn=lambda batches: (batches * personal_epochs, batches * max(client_epochs, 1)),
     )
     weights_type = initial_weights.type_signature.result

@@ -315,7 +315,7 @@ def build_fed_recon(
         ):
             lockstep.check_optimizer(optimizer, role)
         model = functional.FunctionalModel(model_fn)
-        trained = model.initial_weights.global_trainable + model.initial_weights.local_trainable
+        trained = list(model.initial_weights.global_trainable) + list(model.initial_weights.local_trainable)
         fast_split = isinstance(dataset_split, dataset_split_lib.ReconstructionSplit)
         packer = packing.ClientPacker(
             None if fast_split else split_fn,

@@ -215,7 +215,8 @@ def _build_engine_process(
         None,
         ('train',),
         probe_spec,
-        group_size or simulation_options.default_group_size(initial.global_trainable + initial.local_trainable),
+        group_size
+        or simulation_options.default_group_size(list(initial.global_trainable) + list(initial.local_trainable)),
         batch_phase_fn=lambda batches: (batches * client_epochs,),
     )
     weights_type = initial_global_weights.type_signature.result

@@ -174,7 +174,7 @@ def compose_personalized_process(
         )
     # Stateful client work, or client data that is not a sequence (the engine's packed groups, which TFF's
     # ClientWorkProcess does not accept): the same composition written out.
-    private_type = initial_private_state.type_signature.result if stateful else None
+    private_type = initial_private_state.type_signature.result if initial_private_state is not None else None
     slot_private_type = group_private_state_type or private_type
 
     @tff.federated_computation

@@ -90,7 +90,7 @@ class GroupRoundRunner:
 
     def __init__(
         self,
-        group_work: Callable[[Any, Any], Any],
+        group_work: Callable[..., Any],
         server_optimizer: tff.learning.optimizers.Optimizer,
         finalize_metrics: Callable[[Any], Any],
         measure_communication: bool = False,

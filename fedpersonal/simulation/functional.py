@@ -82,6 +82,7 @@ class FunctionalModel:
         with tf.Graph().as_default() as graph:
             with tf.variable_creator_scope(record):
                 model = model_fn()
+            groups: tuple[Sequence[Any], ...]
             if isinstance(model, tf.keras.Model):  # A plain Keras model: every weight is global.
                 keras_model = model
                 groups = (model.trainable_weights, model.non_trainable_weights, [], [])

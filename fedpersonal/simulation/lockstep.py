@@ -205,7 +205,9 @@ def lockstep_steps(
     frozen_per_client = [s for s in slots if is_per_client(weights[s[0]][s[1]], base[s[0]][s[1]])]
     centre_per_client = [k for k, c in enumerate(centre) if is_per_client(c, base[train[k][0]][train[k][1]])]
     learning_rate = plain_sgd_learning_rate(optimizer)
-    sparse = []  # Per trained weight: is its gradient applied as sparse rows (set while tracing client_step).
+    sparse: list[
+        bool
+    ] = []  # Per trained weight: is its gradient applied as sparse rows (set while tracing client_step).
 
     def client_step(args):
         values, frozen, centre_values, batch, mask = args

@@ -5,7 +5,6 @@ import collections
 import numpy as np
 import pytest
 import tensorflow as tf
-import tensorflow_federated as tff
 
 from fedpersonal import errors
 from fedpersonal.algorithms import ditto
