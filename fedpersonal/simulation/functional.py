@@ -146,12 +146,21 @@ class FunctionalModel:
         with tf.variable_creator_scope(hand_out), partially_local_model.weights_as_tensors():
             model = self._model_fn()
         keras_model = model if isinstance(model, tf.keras.Model) else model.keras_model
-        for layer in keras_model.submodules:
-            if isinstance(layer, tf.keras.layers.RNN) and self.unroll_rnns:
-                # An unrolled RNN has no tf.while_loop, so a step vectorizes over clients (pfor cannot batch the
-                # TensorList of a while loop's gradient); the same arithmetic over a static number of steps.
-                layer.unroll = True
-                layer._could_use_gpu_kernel = False  # pylint: disable=protected-access
-        predictions = keras_model(x, training=training)
+        rnns = [layer for layer in keras_model.submodules if isinstance(layer, tf.keras.layers.RNN)]
+        if rnns and self.unroll_rnns:
+            # An unrolled RNN has no tf.while_loop, so a step vectorizes over clients (pfor cannot batch the
+            # TensorList of a while loop's gradient); the same arithmetic over a static number of time steps.
+            for layer in rnns:
+                layer.unroll, layer._could_use_gpu_kernel = True, False  # pylint: disable=protected-access
+            try:
+                predictions = keras_model(x, training=training)
+            except ValueError as error:  # A time dimension unknown until run time cannot be unrolled.
+                if 'unroll' not in str(error):
+                    raise
+                for layer in rnns:
+                    layer.unroll = False
+                predictions = keras_model(x, training=training)
+        else:
+            predictions = keras_model(x, training=training)
         losses = keras_model.losses
         return predictions, (tf.add_n(losses) if losses else tf.constant(0.0))
