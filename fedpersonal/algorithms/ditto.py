@@ -258,12 +258,7 @@ def _build_engine_process(
                     model, weights, slots, phase, client_optimizer, loss, delta_weights=weight
                 )
                 trained = list(weights.global_trainable)
-                accumulated = list(steps.weighted_deltas)
-                finite = steps.finite if all(a is not None for a in accumulated) else None
-                if finite is None:
-                    finite = group_lib.client_finite(received, trained)
-                weight = tf.where(finite, weight, 0.0)
-                result = group_lib.weighted_update(received, trained, weight, accumulated, finite)
+                result, _ = group_lib.update_after_steps(received, trained, weight, steps)
                 clients = tf.cast(tf.reduce_sum(tf.cast(phase['steps'] > 0, tf.float32)), tf.float32)
                 sums = collections.OrderedDict(
                     global_loss=tf.stack([tf.reduce_sum(steps.loss_sum), tf.reduce_sum(steps.num_examples)]),

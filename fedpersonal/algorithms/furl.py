@@ -257,11 +257,7 @@ def _build_engine_process(
                     delta_weights=weight,
                 )
                 trained_globals = list(weights.global_trainable)
-                accumulated = list(steps.weighted_deltas[:num_global])
-                finite = steps.finite if all(a is not None for a in accumulated) else None
-                if finite is None:
-                    finite = group_lib.client_finite(received, trained_globals)
-                result = group_lib.weighted_update(received, trained_globals, weight, accumulated, finite)
+                result, finite = group_lib.update_after_steps(received, trained_globals, weight, steps)
                 keep = lambda new, old: tf.where(
                     tf.reshape(finite, [-1] + [1] * (new.shape.rank - 1)), new, tf.cast(old, new.dtype)
                 )

@@ -85,6 +85,20 @@ def weighted_update(
     return _dense_weighted_update(received, trained, weights)
 
 
+def update_after_steps(
+    received: Sequence[tf.Tensor], trained: Sequence[tf.Tensor], weights: tf.Tensor, steps: Any
+) -> tuple[tff.learning.templates.ClientResult, tf.Tensor]:
+    """`weighted_update` of the first ``len(received)`` slots a `lockstep_steps` call trained (with
+    ``delta_weights=weights``), and each client's finiteness ``[clients]`` (e.g. to keep its previous private state).
+    """
+    accumulated = list(steps.weighted_deltas[: len(received)])
+    if all(a is not None for a in accumulated):
+        finite = steps.finite
+    else:
+        finite = client_finite(received, trained)
+    return weighted_update(received, trained, weights, accumulated, finite), finite
+
+
 def client_finite(received: Sequence[tf.Tensor], trained: Sequence[tf.Tensor]) -> tf.Tensor:
     """``[clients]`` bool: every value of the client's update ``received - trained`` is finite."""
     finite = None
