@@ -99,6 +99,7 @@ class Setup:
     build_limit: Callable[[], Any] | None = None  # -> an object like _MFLimit
     round_flops: Callable[[list[str]], float] | None = None  # sampled client ids -> FLOPs of their round
     seed: int = 0
+    initial_private_state: Callable[[str], Any] | None = None  # client id -> its first private state (HPFL)
 
     def sample(self, round_num: int) -> list[str]:
         from fedpersonal import program
@@ -354,6 +355,41 @@ def _furl_round_flops(
     return float(flops)
 
 
+def hpfl_setup() -> Setup:
+    """HPFL (both aggregations) on its ASSISTments configuration: 40 silos, every silo every round."""
+    from absl import flags as absl_flags
+
+    from fedpersonal.algorithms import hpfl
+    from fedpersonal.models import gum
+    from fedpersonal.program import config_flags
+    from fedpersonal.tasks import hpfl_user_modeling as task
+
+    values = absl_flags.FlagValues()
+    config_flags.define_flags(task.HpflConfig, flag_values=values)
+    values(
+        [
+            'hpfl',
+            f'--flagfile={os.path.join(_REPO, "configs", "hpfl_assist.flags")}',
+            f'--data_dir={os.path.join(_SHARED_DATA, "assist-a0910")}',
+            f'--output_dir={tempfile.gettempdir()}',
+        ]
+    )
+    config = config_flags.config_from_flags(task.HpflConfig, flag_values=values)
+    data = task.load_data(config)
+    gum_config = gum.GumConfig.for_data(data, hidden_dim=config.hidden_dim)
+    ids = [silo.client_id for silo in data.silos]
+    client_data = dict(zip(ids, hpfl.federated_data(data, gum_config, batch_size=config.batch_size, seed=config.seed)))
+    initial = dict(zip(ids, hpfl.initial_client_states(data, gum_config, public_seed=config.seed, seed=config.seed)))
+
+    def build_fedpersonal(simulation: str) -> tuple[Any, dict]:  # As the HPFL task builds its 'hpfl' row.
+        configured = dataclasses.replace(config, simulation=simulation)
+        return task._build_process('hpfl', configured, gum_config, len(ids)), {'simulation_arg': True}
+
+    return Setup(
+        ids, client_data.__getitem__, len(ids), build_fedpersonal, seed=config.seed, initial_private_state=initial.get
+    )
+
+
 WORKLOADS: dict[str, Workload] = {
     'mf': Workload('generated MovieLens-shaped MF, dim 50', mf_setup, tuple(ROW_DESCRIPTIONS), 'tff'),
     'mf_table1': Workload('Table 1 round, ML-100K', mf_table1_setup, tuple(ROW_DESCRIPTIONS), 'tff', _ml100k_missing),
@@ -367,7 +403,12 @@ WORKLOADS: dict[str, Workload] = {
         furl_setup,
         skip_reason=lambda: _missing(os.path.join(_SHARED_DATA, 'assist-a0910'), 'record.csv', 'item.csv'),
     ),
-    # hpfl, feddva: a `*_setup()` whose Setup has build_fedpersonal only (rows per_client, engine).
+    'hpfl': Workload(
+        'HPFL (both aggregations), ASSISTments a0910, 40 silos, configs/hpfl_assist.flags',
+        hpfl_setup,
+        skip_reason=lambda: _missing(os.path.join(_SHARED_DATA, 'assist-a0910'), 'record.csv', 'item.csv'),
+    ),
+    # feddva: a `*_setup()` whose Setup has build_fedpersonal only (rows per_client, engine).
 }
 QUICK_WORKLOADS = ('mf', 'furl')  # --quick: mf and the cheapest other workload (furl ~1 min, nwp ~1.7 min).
 
@@ -548,7 +589,8 @@ def _row_process(setup: Setup, rounds: int, build: Callable[[], tuple[Any, dict]
                 return state, time.perf_counter() - t, 0.0
             if 'initial' not in holder:
                 holder['initial'] = process.initial_private_state()
-            states = [private.get(c, holder['initial']) for c in ids]
+            first = setup.initial_private_state or (lambda c: holder['initial'])
+            states = [private[c] if c in private else first(c) for c in ids]
             t = time.perf_counter()
             output = run_round(state, datasets, states, client_ids=ids)
             seconds = time.perf_counter() - t

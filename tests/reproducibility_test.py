@@ -131,7 +131,8 @@ def test_furl_same_seed_same_metrics(tmp_path):
             eval_clients=8,
             state_store='memory',
             seed=seed,
-        )
+            simulation='per_client',  # The engine's compile of the character LSTM would triple this test's time;
+        )  # the engine equals this path (tests/simulation/furl_engine_test.py); its determinism: the MovieLens test.
         return _run_task(furl_personalization, config)
 
     with runtime.LocalRuntime():

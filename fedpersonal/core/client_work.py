@@ -248,10 +248,44 @@ def optimizer_steps(
     return StepsResult(num_examples, loss_sum, stats)
 
 
+class PaddedBatches(NamedTuple):
+    """A client's batches as tensors, the fast simulation engine's form of a dataset.
+
+    Attributes:
+      batches: The batches stacked and padded to a fixed number of steps: every leaf ``[steps, batch, ...]``,
+        plus ``mask`` ``[steps, batch]`` float32, 1 for a real example (a short last batch is padded).
+      num_steps: int32 scalar, how many of the steps are real (the rest are skipped, not run).
+    """
+
+    batches: Any
+    num_steps: Any
+
+
+def reduce_batches(source: tf.data.Dataset | PaddedBatches, initial: Any, fn: Callable[[Any, Any], Any]) -> Any:
+    """`tf.data.Dataset.reduce` over a dataset or over the real steps of `PaddedBatches` (a `tf.while_loop`).
+
+    A padded batch carries its ``mask``: `fn` must weigh its examples by it (see `batch_mask`).
+    """
+    if isinstance(source, PaddedBatches):
+
+        def body(i, carry):
+            return i + 1, fn(carry, tf.nest.map_structure(lambda t: t[i], source.batches))
+
+        return tf.while_loop(lambda i, _: i < source.num_steps, body, (tf.constant(0), initial))[1]
+    return source.reduce(initial, fn)
+
+
+def batch_mask(batch: Any, like: tf.Tensor) -> tf.Tensor:
+    """A batch's example mask: its ``mask`` entry (padded batches) or ones shaped like `like`'s first axis."""
+    if isinstance(batch, dict) and 'mask' in batch:
+        return batch['mask']
+    return tf.ones([tf.shape(like)[0]], tf.float32)
+
+
 def functional_steps(
     values: Any,
     optimizer_state: Any,
-    dataset: tf.data.Dataset,
+    dataset: tf.data.Dataset | PaddedBatches,
     update: Callable[[Any, Any, Any], tuple[Any, Any, BatchLoss]],
     *,
     epochs: int = 1,
@@ -262,7 +296,8 @@ def functional_steps(
 
     ``update(values, optimizer_state, batch) -> (values, optimizer_state, BatchLoss)`` makes one step (e.g. a
     gradient step on the full tensors, or on the rows a batch touches); this loop feeds it every batch of
-    `dataset` repeated `epochs` times and sums the `BatchLoss` statistics as `optimizer_steps` does.
+    `dataset` repeated `epochs` times and sums the `BatchLoss` statistics as `optimizer_steps` does. `PaddedBatches`
+    already hold every epoch's batches (`epochs` is then ignored) and their masks (`update` must weigh by them).
 
     Returns:
       ``(values, optimizer_state, StepsResult)`` after the last step.
@@ -277,7 +312,8 @@ def functional_steps(
         return values, optimizer_state, num_examples + n, loss_sum + result.loss * tf.cast(n, tf.float32), stats
 
     initial = (values, optimizer_state, tf.zeros([], count_dtype), tf.constant(0.0), zero_stats)
-    values, optimizer_state, num_examples, loss_sum, stats = dataset.repeat(epochs).reduce(initial, step)
+    source = dataset if isinstance(dataset, PaddedBatches) else dataset.repeat(epochs)
+    values, optimizer_state, num_examples, loss_sum, stats = reduce_batches(source, initial, step)
     return values, optimizer_state, StepsResult(num_examples, loss_sum, stats)
 
 

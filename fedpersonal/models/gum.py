@@ -233,11 +233,21 @@ def predict(weights: GumWeights, user: tf.Tensor, item: tf.Tensor, attributes: t
 
 
 def mse_loss(
-    weights: GumWeights, user: tf.Tensor, item: tf.Tensor, attributes: tf.Tensor, label: tf.Tensor
+    weights: GumWeights,
+    user: tf.Tensor,
+    item: tf.Tensor,
+    attributes: tf.Tensor,
+    label: tf.Tensor,
+    mask: tf.Tensor | None = None,
 ) -> tf.Tensor:
-    """Mean squared error of `predict` against labels in [0, 1] (a scalar; 0 for an empty batch)."""
+    """Mean squared error of `predict` against labels in [0, 1] (a scalar; 0 for an empty batch).
+
+    With `mask` (float ``[B]``, 1 for a real example of a padded batch), the mean over the real examples.
+    """
     error = predict(weights, user, item, attributes) - label
-    return tf.math.divide_no_nan(tf.reduce_sum(tf.square(error)), tf.cast(tf.size(error), tf.float32))
+    if mask is None:
+        return tf.math.divide_no_nan(tf.reduce_sum(tf.square(error)), tf.cast(tf.size(error), tf.float32))
+    return tf.math.divide_no_nan(tf.reduce_sum(mask * tf.square(error)), tf.reduce_sum(mask))
 
 
 def to_unit(label, rating_range: Sequence[float]):

@@ -68,6 +68,17 @@ class KerasMetricsFinalizer:
         return finalized
 
 
+def apply_update(
+    server_optimizer: tff.learning.optimizers.Optimizer, optimizer_state: Any, trainable: Sequence[Any], update: Any
+) -> tuple[Any, list[Any], Any]:
+    """TFF's apply-optimizer finalizer step (TF): ``(optimizer state, weights, measurements)`` after applying the
+    aggregated `update`; a non-finite update keeps the previous weights and state (`reject_non_finite_update`)."""
+    new_state, new_weights = server_optimizer.next(optimizer_state, list(trainable), list(update))
+    reject, measurements = apply_optimizer_finalizer.reject_non_finite_update(new_state, list(update))
+    keep = lambda new, old: tf.nest.map_structure(lambda a, b: tf.where(reject, b, a), new, old)
+    return keep(new_state, optimizer_state), keep(list(new_weights), list(trainable)), measurements
+
+
 def finalize_ratios(sums: Any) -> collections.OrderedDict:
     """`fedpersonal.core.compose.ratio_metrics`' finalization of summed ``[numerator, denominator]`` pairs."""
     return collections.OrderedDict(
@@ -107,10 +118,7 @@ class GroupRoundRunner:
                 tf.math.divide(tf.add_n([u[k] * w for u, w in zip(updates, weights)]), total)
                 for k in range(len(trainable))
             ]
-            new_state, new_weights = server_optimizer.next(optimizer_state, list(trainable), mean)
-            reject, measurements = apply_optimizer_finalizer.reject_non_finite_update(new_state, mean)
-            keep = lambda new, old: tf.nest.map_structure(lambda a, b: tf.where(reject, b, a), new, old)
-            return keep(new_state, optimizer_state), keep(list(new_weights), list(trainable)), measurements
+            return apply_update(server_optimizer, optimizer_state, trainable, mean)
 
         self._server_step = server_step
 

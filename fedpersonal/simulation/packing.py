@@ -69,6 +69,42 @@ def _bucket(n: int) -> int:
     return 1 if n <= 1 else 1 << (n - 1).bit_length()
 
 
+def batches_as_tff_sees(dataset: tf.data.Dataset) -> list[Any]:
+    """The batches of `dataset` in the order a TFF computation receiving it iterates them (numpy).
+
+    A dataset shuffled with ``reshuffle_each_iteration`` yields a new order every time the same Python object is
+    iterated, while TFF serializes it for every call, so each call starts from the first order. Iterating the
+    dataset inside a TFF computation gives exactly what the per-client path trains on, however often the object
+    was iterated before.
+    """
+    spec = dataset.element_spec
+    key = repr(spec)
+    if key not in _COLLECTORS:
+        leaves = tf.nest.flatten(spec)
+
+        @tff.tensorflow.computation(tff.SequenceType(tff.types.tensorflow_to_type(spec)))
+        def collect(batches):
+            def step(acc, batch):
+                values, sizes = acc
+                flat = tf.nest.flatten(batch)
+                return tuple(tf.concat([a, b], 0) for a, b in zip(values, flat)), tf.concat(
+                    [sizes, tf.shape(flat[0])[:1]], 0
+                )
+
+            initial = (tuple(tf.zeros([0, *s.shape[1:]], s.dtype) for s in leaves), tf.zeros([0], tf.int32))
+            return batches.reduce(initial, step)
+
+        _COLLECTORS[key] = collect
+    values, sizes = _COLLECTORS[key](dataset)
+    bounds = np.concatenate([[0], np.cumsum(sizes)]).astype(int)
+    return [
+        tf.nest.pack_sequence_as(spec, [np.asarray(v)[a:b] for v in values]) for a, b in zip(bounds[:-1], bounds[1:])
+    ]
+
+
+_COLLECTORS: dict[str, Any] = {}
+
+
 class ClientPacker:
     """Packs clients' datasets into fixed-shape groups for the engine's group computation.
 

@@ -120,6 +120,7 @@ class HpflConfig(
     parts.BatchConfig,
     parts.ClientEpochsConfig,
     parts.ClientOptimizerConfig,
+    parts.SimulationConfig,
 ):
     """Everything an HPFL experiment needs (shared options from `fedpersonal.program.config_parts`; cross-silo:
     every client takes part in every round, so there is no --clients_per_round)."""
@@ -291,6 +292,7 @@ def _build_process(method: str, config: HpflConfig, gum_config: gum.GumConfig, n
         max_local_clusters=config.max_local_clusters,
         max_global_clusters=config.max_global_clusters,
         kmeans_iterations=config.kmeans_iterations,
+        simulation=config.simulation,
     )
 
 

@@ -36,6 +36,7 @@ def test_four_configurations_on_generated_data(tmp_path, capsys):
             '--mlp_units=8',
             '--rounds_per_eval=3',
             '--knn=2',
+            '--simulation=per_client',  # The engine path: tests/simulation/furl_engine_test.py (compiles longer).
             f'--output_dir={out}',
         ]
     )

@@ -57,6 +57,18 @@ def personalize_embeddings(embeddings, row_mask, centres, centre_mask, accuracy,
     return tf.where(update[:, None], blended, embeddings)
 
 
+def attention_upload(update, mask):
+    """A client's FedAtt upload: ``([s_l u_l], [s_l])`` with ``s_l = exp(-||u_l||) m`` per tensor l."""
+    scores = [tf.exp(-tf.norm(u)) * mask for u in update]
+    return [s * u for s, u in zip(scores, update)], scores
+
+
+def divide_attention(sums):
+    """FedAtt's server division of the summed uploads: ``sum_i alpha_il u_il`` per tensor l."""
+    weighted, scores = sums
+    return [tf.math.divide_no_nan(w, s) for w, s in zip(weighted, scores)]
+
+
 class AttentionMeanFactory(tff.aggregators.WeightedAggregationFactory):
     """FedAtt's attentive aggregation (Ji et al. 2019) of client updates, per tensor ("layer") l.
 
@@ -77,15 +89,13 @@ class AttentionMeanFactory(tff.aggregators.WeightedAggregationFactory):
 
         @tff.tensorflow.computation(value_type, weight_type)
         def scored(update, mask):
-            scores = [tf.exp(-tf.norm(u)) * mask for u in update]
-            return [s * u for s, u in zip(scores, update)], scores
+            return attention_upload(update, mask)
 
         inner = self._inner_factory.create(scored.type_signature.result)
 
         @tff.tensorflow.computation(scored.type_signature.result)
         def attention_mean(sums):
-            weighted, scores = sums
-            return [tf.math.divide_no_nan(w, s) for w, s in zip(weighted, scores)]
+            return divide_attention(sums)
 
         @tff.federated_computation
         def initialize():

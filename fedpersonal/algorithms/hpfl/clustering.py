@@ -47,14 +47,16 @@ def maximin_init(points, mask, num_clusters, max_clusters: int):
     first = tf.argmin(to_mean, output_type=tf.int32)
     dim = tf.shape(points)[1]
     centres = tf.zeros([max_clusters, dim])
-    centres = tf.where(k > 0, tf.tensor_scatter_nd_update(centres, [[0]], points[first][None]), centres)
-    nearest = tf.where(valid, tf.reduce_sum(tf.square(points - points[first]), 1), -inf)
+    centres = tf.where(k > 0, tf.tensor_scatter_nd_update(centres, [[0]], tf.gather(points, first[None])), centres)
+    nearest = tf.where(valid, tf.reduce_sum(tf.square(points - tf.gather(points, first)), 1), -inf)
 
     def body(t, centres, nearest):
         chosen = tf.argmax(nearest, output_type=tf.int32)
         take = t < k
-        centres = tf.where(take, tf.tensor_scatter_nd_update(centres, [[t]], points[chosen][None]), centres)
-        nearest = tf.where(take, tf.minimum(nearest, tf.reduce_sum(tf.square(points - points[chosen]), 1)), nearest)
+        centres = tf.where(take, tf.tensor_scatter_nd_update(centres, [[t]], tf.gather(points, chosen[None])), centres)
+        nearest = tf.where(
+            take, tf.minimum(nearest, tf.reduce_sum(tf.square(points - tf.gather(points, chosen)), 1)), nearest
+        )
         return t + 1, centres, nearest
 
     _, centres, _ = tf.while_loop(lambda t, *_: t < max_clusters, body, (tf.constant(1), centres, nearest))

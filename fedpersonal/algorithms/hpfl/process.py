@@ -42,6 +42,7 @@ The methods are values of `spec.RoundSpec` (`fedpersonal.algorithms.hpfl.baselin
 from __future__ import annotations
 
 import collections
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -50,6 +51,7 @@ import tensorflow_federated as tff
 
 from fedpersonal.algorithms.hpfl import aggregation
 from fedpersonal.algorithms.hpfl import data as data_lib
+from fedpersonal.algorithms.hpfl import engine
 from fedpersonal.algorithms.hpfl import server
 from fedpersonal.algorithms.hpfl import training
 from fedpersonal.algorithms.hpfl.spec import RoundSpec
@@ -61,6 +63,7 @@ from fedpersonal.algorithms.hpfl.types import HpflState
 from fedpersonal.algorithms.hpfl.types import ModelWeights
 from fedpersonal.core import process as process_lib
 from fedpersonal.models import gum
+from fedpersonal.simulation import options as simulation_options
 
 
 class HpflProcess(process_lib.PersonalizedProcess):
@@ -95,6 +98,8 @@ class HpflProcess(process_lib.PersonalizedProcess):
         name: str,
         public_seed: int,
         parts: dict[str, Any],
+        packer: Any = None,
+        round_runner: Any = None,
     ):
         state_type = parts['client_state_type']
         super().__init__(
@@ -105,6 +110,8 @@ class HpflProcess(process_lib.PersonalizedProcess):
             private_state_type=state_type,
             initial_private_state_fn=lambda: self.initial_client_state(0, 0),
             parts=parts,
+            packer=packer,
+            round_runner=round_runner,
         )
         self.config = config
         self.spec = spec
@@ -150,6 +157,7 @@ def build_process(
     public_seed: int = 0,
     row_updates: str = 'dense',
     name: str = 'hpfl',
+    simulation: str = 'engine',
 ) -> HpflProcess:
     """Builds the process a `RoundSpec` describes (see the module docstring).
 
@@ -173,10 +181,18 @@ def build_process(
         `HpflProcess.initial_client_state`).
       row_updates: ``'dense'`` or ``'lazy'`` local table updates (`training.local_training`).
       name: The method's name.
+      simulation: ``'engine'`` (default): `run_round` runs the silos' work as XLA-compiled programs
+        (`fedpersonal.algorithms.hpfl.engine`); ``'per_client'``: one TFF client computation per silo. Same
+        results to float precision; `next` is the TFF computation either way.
 
     Returns:
       An `HpflProcess`.
     """
+    simulation_options.check_simulation(simulation)
+    if simulation == 'engine':
+        engine.check_engine_options(
+            row_updates=row_updates, public_sum_factory=public_sum_factory, model_aggregator=model_aggregator
+        )
     spec = spec or RoundSpec()
     if client_epochs < 1:
         raise ValueError(f'client_epochs must be >= 1, got {client_epochs}.')
@@ -220,51 +236,58 @@ def build_process(
     centres_state_type = initial_centres.type_signature.result
 
     # ---------------------------------------------------------------------------------------- client work
-    if spec.start == 'own':
+    def train_own(data, state):
+        return training.client_round(data, state, optimizer, config, epochs=client_epochs, row_updates=row_updates)
 
-        @tff.tensorflow.computation(data_type, state_type)
-        def client_train(data, state):
-            return training.client_round(data, state, optimizer, config, epochs=client_epochs, row_updates=row_updates)
-    else:
+    public_shapes = [v.shape for v in gum.initial_public(config, public_seed)]
 
-        @tff.tensorflow.computation(data_type, state_type, weights_type, round_type)
-        def client_train(data, state, global_weights, round_num):
-            global_public = global_weights.trainable
-            if spec.local_update == 'gradient':
-                trained, report, update = training.gradient_round(global_public, data, state, optimizer, config)
-            else:
-                start = gum.PublicWeights(*global_public)
-                proximal = spec.proximal_strength > 0
-                trained, report = training.client_round(
-                    data,
-                    state,
-                    optimizer,
-                    config,
-                    epochs=client_epochs,
-                    start_public=start,
-                    proximal_center=start if proximal else None,
-                    proximal_strength=spec.proximal_strength,
-                    row_updates=row_updates,
-                )
-                update = [g - w for g, w in zip(global_public, trained.model.public)]
-            if spec.upload_noise_stddev > 0:
-                seed = tf.cast(data.seed, tf.int64)
-                update = [
-                    u
-                    + spec.upload_noise_stddev
-                    * tf.random.stateless_normal(
-                        tf.shape(u), seed=tf.stack([seed, tf.cast(round_num, tf.int64) * 8 + i])
-                    )
-                    for i, u in enumerate(update)
-                ]
-            finite = tf.reduce_all([tf.reduce_all(tf.math.is_finite(u)) for u in update])
-            update = [tf.where(finite, u, tf.zeros_like(u)) for u in update]
-            weight = report.num_train_examples if spec.public_aggregation == 'mean' else tf.constant(1.0)
-            return (
-                trained,
-                report,
-                tff.learning.templates.ClientResult(update=update, update_weight=tf.where(finite, weight, 0.0)),
+    def upload_noise(seed, round_num):
+        """Fednoise's noise of one silo's upload: seeded by the silo and the round (outside XLA, whose
+        stateless random numbers differ from TF's)."""
+        seed = tf.cast(seed, tf.int64)
+        return [
+            spec.upload_noise_stddev
+            * tf.random.stateless_normal(shape, seed=tf.stack([seed, tf.cast(round_num, tf.int64) * 8 + i]))
+            for i, shape in enumerate(public_shapes)
+        ]
+
+    def train_from_global(data, state, global_weights, round_num, noise=None):
+        global_public = global_weights.trainable
+        if spec.local_update == 'gradient':
+            trained, report, update = training.gradient_round(global_public, data, state, optimizer, config)
+        else:
+            start = gum.PublicWeights(*global_public)
+            proximal = spec.proximal_strength > 0
+            trained, report = training.client_round(
+                data,
+                state,
+                optimizer,
+                config,
+                epochs=client_epochs,
+                start_public=start,
+                proximal_center=start if proximal else None,
+                proximal_strength=spec.proximal_strength,
+                row_updates=row_updates,
             )
+            update = [g - w for g, w in zip(global_public, trained.model.public)]
+        if spec.upload_noise_stddev > 0:
+            noise = upload_noise(data.seed, round_num) if noise is None else noise
+            update = [u + n for u, n in zip(update, noise)]
+        finite = tf.reduce_all([tf.reduce_all(tf.math.is_finite(u)) for u in update])
+        update = [tf.where(finite, u, tf.zeros_like(u)) for u in update]
+        weight = report.num_train_examples if spec.public_aggregation == 'mean' else tf.constant(1.0)
+        return (
+            trained,
+            report,
+            tff.learning.templates.ClientResult(update=update, update_weight=tf.where(finite, weight, 0.0)),
+        )
+
+    if spec.start == 'own':
+        client_train = tff.tensorflow.computation(data_type, state_type)(train_own)
+    else:
+        client_train = tff.tensorflow.computation(data_type, state_type, weights_type, round_type)(
+            lambda data, state, global_weights, round_num: train_from_global(data, state, global_weights, round_num)
+        )
 
     report_type = client_train.type_signature.result[1]
     client_centres = (
@@ -284,6 +307,7 @@ def build_process(
 
     # ---------------------------------------------------------------------------------- aggregation, server
     distributor: Any = None
+    finalizer_optimizer: Any = None
     aggregator: Any = None
     finalizer: Any = None
     public_aggregation: server.PublicAggregation | None = None
@@ -296,10 +320,10 @@ def build_process(
             else model_aggregator or tff.aggregators.MeanFactory()
         )
         aggregator = factory.create(uploads_type.update, uploads_type.update_weight)
-        finalizer = tff.learning.templates.build_apply_optimizer_finalizer(
-            server_optimizer or tff.learning.optimizers.build_sgdm(learning_rate=spec.server_learning_rate),
-            weights_type,
+        finalizer_optimizer = server_optimizer or tff.learning.optimizers.build_sgdm(
+            learning_rate=spec.server_learning_rate
         )
+        finalizer = tff.learning.templates.build_apply_optimizer_finalizer(finalizer_optimizer, weights_type)
     if spec.public_aggregation == 'accuracy_weighted':
         public_aggregation = server.PublicAggregation(
             public_type,
@@ -333,16 +357,15 @@ def build_process(
         return GlobalComponents(gum.PublicWeights(*weights.trainable), *centres)
 
     # ------------------------------------------------------------------------ client step after aggregation
-    @tff.tensorflow.computation(components.type_signature.result, state_type, report_type)
-    def client_update(global_components, state, report):
+    def update_client(global_components, state, report):
         public, private = state.model.public, state.model.private
         if spec.public_aggregation == 'accuracy_weighted':
             public = aggregation.personalize_public(public, global_components.public, report.attribute_accuracy)
         elif spec.updates_public:
             public = gum.PublicWeights(*global_components.public)
         if spec.private_aggregation == 'clustered':
-            users = tf.range(config.max_users) < state.num_users
-            items = tf.range(config.max_items) < state.num_items
+            users = tf.range(tf.shape(private.theta)[0]) < state.num_users
+            items = tf.range(tf.shape(private.difficulty)[0]) < state.num_items
             private = private._replace(
                 theta=aggregation.personalize_embeddings(
                     private.theta,
@@ -362,6 +385,8 @@ def build_process(
                 ),
             )
         return state._replace(model=gum.GumWeights(public=public, private=private))
+
+    client_update = tff.tensorflow.computation(components.type_signature.result, state_type, report_type)(update_client)
 
     @tff.tensorflow.computation(round_type)
     def increment(round_num):
@@ -463,6 +488,36 @@ def build_process(
         )
         return after_client_work(state, trained, reports, uploads, distributed.state)
 
+    packer: engine.SiloPacker | None = None
+    runner: engine.HpflRoundRunner | None = None
+    if simulation == 'engine':
+        train: Callable[..., Any] = train_from_global
+        if spec.start == 'own':
+            train = train_own
+        packer = engine.SiloPacker(epochs=1 if spec.local_update == 'gradient' else client_epochs)
+        runner = engine.HpflRoundRunner(
+            spec=spec,
+            train=train,
+            centres=(
+                (
+                    lambda state: server.client_centres(
+                        state,
+                        config,
+                        local_cluster_divisor=local_cluster_divisor,
+                        max_local_clusters=max_local_clusters,
+                        kmeans_iterations=kmeans_iterations,
+                    )
+                )
+                if clustering is not None
+                else None
+            ),
+            update_client=update_client,
+            upload_noise=upload_noise if spec.upload_noise_stddev > 0 else None,
+            clustering=clustering,
+            server_optimizer=finalizer_optimizer,
+            metric_sums=training.metric_sums,
+            finalize_metrics=training.finalize_metrics,
+        )
     parts = dict(
         client_data_type=data_type,
         client_state_type=state_type,
@@ -475,7 +530,17 @@ def build_process(
         parts['client_update'] = client_update
     if public_aggregation is not None:
         parts['public_aggregation'] = public_aggregation.computation
-    return HpflProcess(initialize, next_fn, config=config, spec=spec, name=name, public_seed=public_seed, parts=parts)
+    return HpflProcess(
+        initialize,
+        next_fn,
+        config=config,
+        spec=spec,
+        name=name,
+        public_seed=public_seed,
+        parts=parts,
+        packer=packer,
+        round_runner=runner,
+    )
 
 
 def build_hpfl(
@@ -489,25 +554,26 @@ def build_hpfl(
 ) -> HpflProcess:
     """Builds HPFL (or HPFL-K / HPFL-R / Distributed with the two switches).
 
-    ``aggregate_public``: accuracy-weighted public aggregation and personalization (off: HPFL-R);
-    ``aggregate_private``: clustered private aggregation and the fine-grained update of the tables (off: HPFL-K);
-    both off: Distributed (local training only). `accuracy_threshold` is p of ``d(Acc_ki, p)``: Acc is the task's
-    accuracy (binary: thresholded at 0.5; rating: the rounded rating is right, typically about 0.4 on MovieLens),
-    so p must lie below the clients' typical per-attribute accuracy or no attribute is aggregated
-    (``metrics['attributes_aggregated']`` shows it). Other keyword arguments as in `build_process`.
+        ``aggregate_public``: accuracy-weighted public aggregation and personalization (off: HPFL-R);
+        ``aggregate_private``: clustered private aggregation and the fine-grained update of the tables (off: HPFL-K);
+        both off: Distributed (local training only). `accuracy_threshold` is p of ``d(Acc_ki, p)``: Acc is the task's
+        accuracy (binary: thresholded at 0.5; rating: the rounded rating is right, typically about 0.4 on MovieLens),
+        so p must lie below the clients' typical per-attribute accuracy or no attribute is aggregated
+        (``metrics['attributes_aggregated']`` shows it). Other keyword arguments as in `build_process`.
 
-    Returns:
-      An `HpflProcess` (a stateful `fedpersonal.core.PersonalizedProcess`; a client's private state is its
-      `ClientState`, `initial_client_state(num_users, num_items)` builds the first one).
+        Returns:
+          An `HpflProcess` (a stateful `fedpersonal.core.PersonalizedProcess`; a client's private state is its
+          `ClientState`, `initial_client_state(num_users, num_items)` builds the first one).
 
-    Example:
+        Example:
 
-    >>> from fedpersonal.algorithms import hpfl
-    >>> from fedpersonal.models import gum
-    >>> config = gum.GumConfig(num_attributes=3, max_users=5, max_items=4, hidden_dim=2)
-    >>> process = hpfl.build_hpfl(config, accuracy_threshold=0.5)
-    >>> process.stateful, process.initial_client_state(5, 4).num_users
-    (True, 5)
+        >>> from fedpersonal.algorithms import hpfl
+        >>> from fedpersonal.models import gum
+    from fedpersonal.simulation import options as simulation_options
+        >>> config = gum.GumConfig(num_attributes=3, max_users=5, max_items=4, hidden_dim=2)
+        >>> process = hpfl.build_hpfl(config, accuracy_threshold=0.5)
+        >>> process.stateful, process.initial_client_state(5, 4).num_users
+        (True, 5)
     """
     spec = RoundSpec(
         public_aggregation='accuracy_weighted' if aggregate_public else 'none',

@@ -26,6 +26,23 @@ from fedpersonal.algorithms.hpfl.types import GlobalCentres
 from fedpersonal.models import gum
 
 
+def weighted_public_upload(public, attribute_accuracy, attribute_iterations, accuracy_threshold: float):
+    """A client's upload of the accuracy-weighted public aggregation: ``(a_k c_k for each matrix, a_k)``."""
+    weight = aggregation.public_aggregation_weights(attribute_accuracy, attribute_iterations, accuracy_threshold)
+    return gum.PublicWeights(*[weight[:, None] * c for c in public]), weight
+
+
+def divide_public(previous, summed):
+    """The server's division of the summed uploads: ``(new c^g, number of attributes aggregated)``; an attribute
+    nobody passed keeps its `previous` global value."""
+    weighted, weight = summed
+    has = (weight > 0)[:, None]
+    new = gum.PublicWeights(
+        *[tf.where(has, tf.math.divide_no_nan(s, weight[:, None]), p) for s, p in zip(weighted, previous)]
+    )
+    return new, tf.reduce_sum(tf.cast(weight > 0, tf.int32))
+
+
 class PublicAggregation:
     """HPFL's accuracy-weighted public aggregation.
 
@@ -49,21 +66,13 @@ class PublicAggregation:
 
         @tff.tensorflow.computation(public_type, accuracy_type, iterations_type)
         def weighted_upload(public, attribute_accuracy, attribute_iterations):
-            weight = aggregation.public_aggregation_weights(
-                attribute_accuracy, attribute_iterations, accuracy_threshold
-            )
-            return gum.PublicWeights(*[weight[:, None] * c for c in public]), weight
+            return weighted_public_upload(public, attribute_accuracy, attribute_iterations, accuracy_threshold)
 
         self.sum_process = (sum_factory or tff.aggregators.SumFactory()).create(weighted_upload.type_signature.result)
 
         @tff.tensorflow.computation(public_type, weighted_upload.type_signature.result)
         def divide(previous, summed):
-            weighted, weight = summed
-            has = (weight > 0)[:, None]
-            new = gum.PublicWeights(
-                *[tf.where(has, tf.math.divide_no_nan(s, weight[:, None]), p) for s, p in zip(weighted, previous)]
-            )
-            return new, tf.reduce_sum(tf.cast(weight > 0, tf.int32))
+            return divide_public(previous, summed)
 
         self._weighted_upload = weighted_upload
         self._divide = divide
@@ -106,6 +115,11 @@ class CentreClustering:
         kmeans_iterations: int,
     ):
         capacity = max_clients * max_local_clusters
+        self.max_clients = max_clients
+        self.max_local_clusters = max_local_clusters
+        self._global_cluster_divisor = global_cluster_divisor
+        self._max_global_clusters = max_global_clusters
+        self._kmeans_iterations = kmeans_iterations
 
         @tff.tensorflow.computation
         def empty_collection():
@@ -160,31 +174,37 @@ class CentreClustering:
 
         @tff.tensorflow.computation(global_centres_type, collection_type)
         def server_cluster(previous, collection):
-            user_points, user_valid, item_points, item_valid, count, dropped = collection
-            del count
-
-            def cluster(points, valid, old_centres, old_mask):
-                num = tf.reduce_sum(tf.cast(valid > 0, tf.int32))
-                wanted = clustering.cluster_count(num, global_cluster_divisor, max_global_clusters)
-                centres, mask, _ = clustering.kmeans(points, valid > 0, wanted, max_global_clusters, kmeans_iterations)
-                return tf.where(num > 0, centres, old_centres), tf.where(num > 0, mask, old_mask), num
-
-            user_centres, user_mask, num_user = cluster(
-                user_points, user_valid, previous.user_centres, previous.user_mask
-            )
-            item_centres, item_mask, num_item = cluster(
-                item_points, item_valid, previous.item_centres, previous.item_mask
-            )
-            measurements = collections.OrderedDict(
-                uploaded_user_centres=num_user,
-                uploaded_item_centres=num_item,
-                global_user_clusters=tf.reduce_sum(tf.cast(user_mask, tf.int32)),
-                global_item_clusters=tf.reduce_sum(tf.cast(item_mask, tf.int32)),
-                dropped_centre_uploads=dropped,
-            )
-            return GlobalCentres(user_centres, user_mask, item_centres, item_mask), measurements
+            return self.cluster_collection(previous, collection)
 
         self._parts = (empty_collection, accumulate, merge, report, server_cluster)
+
+    def cluster_collection(self, previous: Any, collection: Any):
+        """The server's k-means of the collected centres (TF): ``(new GlobalCentres, measurements)``.
+
+        ``collection`` is ``(user_points, user_valid, item_points, item_valid, count, dropped)``: the uploaded
+        centres in upload order, each client's `max_local_clusters` slots after the previous client's.
+        """
+        user_points, user_valid, item_points, item_valid, count, dropped = collection
+        del count
+
+        def cluster(points, valid, old_centres, old_mask):
+            num = tf.reduce_sum(tf.cast(valid > 0, tf.int32))
+            wanted = clustering.cluster_count(num, self._global_cluster_divisor, self._max_global_clusters)
+            centres, mask, _ = clustering.kmeans(
+                points, valid > 0, wanted, self._max_global_clusters, self._kmeans_iterations
+            )
+            return tf.where(num > 0, centres, old_centres), tf.where(num > 0, mask, old_mask), num
+
+        user_centres, user_mask, num_user = cluster(user_points, user_valid, previous.user_centres, previous.user_mask)
+        item_centres, item_mask, num_item = cluster(item_points, item_valid, previous.item_centres, previous.item_mask)
+        measurements = collections.OrderedDict(
+            uploaded_user_centres=num_user,
+            uploaded_item_centres=num_item,
+            global_user_clusters=tf.reduce_sum(tf.cast(user_mask, tf.int32)),
+            global_item_clusters=tf.reduce_sum(tf.cast(item_mask, tf.int32)),
+            dropped_centre_uploads=dropped,
+        )
+        return GlobalCentres(user_centres, user_mask, item_centres, item_mask), measurements
 
     def cluster(self, previous: Any, centres: Any):
         """Traced inside a federated computation: ``(new GlobalCentres@S, measurements@S)`` from the clients'
@@ -192,6 +212,31 @@ class CentreClustering:
         empty_collection, accumulate, merge, report, server_cluster = self._parts
         collection = tff.federated_aggregate(centres, empty_collection(), accumulate, merge, report)
         return tff.federated_map(server_cluster, (previous, collection))
+
+
+def client_centres(
+    state: Any, config: gum.GumConfig, *, local_cluster_divisor: int, max_local_clusters: int, kmeans_iterations: int
+) -> Centres:
+    """A client's `Centres` (TF): k-means of the real user rows of theta and item rows of b, with
+    ``min(n // local_cluster_divisor + 1, max_local_clusters)`` clusters each (padded to `max_local_clusters`)."""
+    private = state.model.private
+    users = tf.range(tf.shape(private.theta)[0]) < state.num_users
+    items = tf.range(tf.shape(private.difficulty)[0]) < state.num_items
+    user_centres, user_mask, _ = clustering.kmeans(
+        private.theta,
+        users,
+        clustering.cluster_count(state.num_users, local_cluster_divisor, max_local_clusters),
+        max_local_clusters,
+        kmeans_iterations,
+    )
+    item_centres, item_mask, _ = clustering.kmeans(
+        private.difficulty,
+        items,
+        clustering.cluster_count(state.num_items, local_cluster_divisor, max_local_clusters),
+        max_local_clusters,
+        kmeans_iterations,
+    )
+    return Centres(user_centres, user_mask, item_centres, item_mask)
 
 
 def client_centres_computation(
@@ -202,28 +247,13 @@ def client_centres_computation(
     max_local_clusters: int,
     kmeans_iterations: int,
 ) -> tff.Computation:
-    """TF computation ``ClientState -> Centres``: k-means of the real user rows of theta and item rows of b, with
-    ``min(n // local_cluster_divisor + 1, max_local_clusters)`` clusters each (padded to `max_local_clusters`)."""
-
-    @tff.tensorflow.computation(state_type)
-    def client_centres(state):
-        private = state.model.private
-        users = tf.range(config.max_users) < state.num_users
-        items = tf.range(config.max_items) < state.num_items
-        user_centres, user_mask, _ = clustering.kmeans(
-            private.theta,
-            users,
-            clustering.cluster_count(state.num_users, local_cluster_divisor, max_local_clusters),
-            max_local_clusters,
-            kmeans_iterations,
+    """`client_centres` as a TF computation ``ClientState -> Centres``."""
+    return tff.tensorflow.computation(state_type)(
+        lambda state: client_centres(
+            state,
+            config,
+            local_cluster_divisor=local_cluster_divisor,
+            max_local_clusters=max_local_clusters,
+            kmeans_iterations=kmeans_iterations,
         )
-        item_centres, item_mask, _ = clustering.kmeans(
-            private.difficulty,
-            items,
-            clustering.cluster_count(state.num_items, local_cluster_divisor, max_local_clusters),
-            max_local_clusters,
-            kmeans_iterations,
-        )
-        return Centres(user_centres, user_mask, item_centres, item_mask)
-
-    return client_centres
+    )

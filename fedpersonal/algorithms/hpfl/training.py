@@ -82,8 +82,8 @@ def local_training(
     initial_state = optimizer.initialize(specs)
     per_weight = _per_weight_state_keys(initial_state, specs)
 
-    def loss_of(current, user, item, attributes, label):
-        loss = gum.mse_loss(current, user, item, attributes, label)
+    def loss_of(current, user, item, attributes, label, mask):
+        loss = gum.mse_loss(current, user, item, attributes, label, mask)
         total = loss
         if proximal_center is not None and proximal_strength > 0:
             total += (
@@ -93,17 +93,17 @@ def local_training(
             )
         return loss, total
 
-    def dense_step(values, optimizer_state, batch, attributes):
+    def dense_step(values, optimizer_state, batch, attributes, mask):
         with tf.GradientTape() as tape:
             tape.watch(values)
             loss, total = loss_of(
-                _rebuild(weights, values, fields), batch['user'], batch['item'], attributes, batch['label']
+                _rebuild(weights, values, fields), batch['user'], batch['item'], attributes, batch['label'], mask
             )
         gradients = tuple(tf.convert_to_tensor(g) for g in tape.gradient(total, values))
         optimizer_state, values = optimizer.next(optimizer_state, values, gradients)
         return tuple(values), optimizer_state, loss
 
-    def lazy_step(values, optimizer_state, batch, attributes):
+    def lazy_step(values, optimizer_state, batch, attributes, mask):
         users, user_index = tf.unique(batch['user'])
         items, item_index = tf.unique(batch['item'])
         rows_of = lambda field: users if field == 'theta' else items  # Every other private table is per item.
@@ -135,7 +135,7 @@ def local_training(
         with tf.GradientTape() as tape:
             tape.watch(local_values)
             loss, total = loss_of(
-                _rebuild(local_weights, local_values, fields), user_index, item_index, attributes, batch['label']
+                _rebuild(local_weights, local_values, fields), user_index, item_index, attributes, batch['label'], mask
             )
         gradients = tuple(tf.convert_to_tensor(g) for g in tape.gradient(total, local_values))
         local_state, local_values = optimizer.next(local_state, local_values, gradients)
@@ -149,9 +149,10 @@ def local_training(
 
     def step(values, optimizer_state, batch):
         attributes = tf.gather(item_attributes, batch['item'])
-        values, optimizer_state, loss = update(values, optimizer_state, batch, attributes)
-        iterations = tf.reduce_sum(tf.cast(attributes > 0, tf.float32), axis=0)
-        return values, optimizer_state, client_work.BatchLoss(loss, tf.shape(batch['label'])[0], iterations)
+        mask = client_work.batch_mask(batch, batch['label'])
+        values, optimizer_state, loss = update(values, optimizer_state, batch, attributes, mask)
+        iterations = tf.linalg.matvec(tf.cast(attributes > 0, tf.float32), mask, transpose_a=True)
+        return values, optimizer_state, client_work.BatchLoss(loss, tf.reduce_sum(mask), iterations)
 
     values, _, result = client_work.functional_steps(
         values, initial_state, dataset, step, epochs=epochs, zero_stats=tf.zeros([config.num_attributes])
@@ -172,18 +173,20 @@ def validation_statistics(
     def step(carry, batch):
         loss_sum, right, n, attribute_right, attribute_count = carry
         attributes = tf.gather(item_attributes, batch['item'])
+        mask = client_work.batch_mask(batch, batch['label'])
         prediction = gum.predict(weights, batch['user'], batch['item'], attributes)
-        hits = gum.correct(prediction, batch['label'], config)
+        hits = gum.correct(prediction, batch['label'], config) * mask
         has = tf.cast(attributes > 0, tf.float32)
         return (
-            loss_sum + tf.reduce_sum(tf.square(prediction - batch['label'])),
+            loss_sum + tf.reduce_sum(mask * tf.square(prediction - batch['label'])),
             right + tf.reduce_sum(hits),
-            n + tf.cast(tf.shape(hits)[0], tf.float32),
+            n + tf.reduce_sum(mask),
             attribute_right + tf.linalg.matvec(has, hits, True),
-            attribute_count + tf.reduce_sum(has, axis=0),
+            attribute_count + tf.linalg.matvec(has, mask, True),
         )
 
-    return dataset.reduce((tf.constant(0.0), tf.constant(0.0), tf.constant(0.0), tf.zeros([k]), tf.zeros([k])), step)
+    initial = (tf.constant(0.0), tf.constant(0.0), tf.constant(0.0), tf.zeros([k]), tf.zeros([k]))
+    return client_work.reduce_batches(dataset, initial, step)
 
 
 def client_round(
@@ -281,24 +284,24 @@ def gradient_round(global_public, data: ClientData, state: ClientState, optimize
     def step(carry, batch):
         public_sum, private_sum, n, loss_sum, iterations = carry
         attributes = tf.gather(data.item_attributes, batch['item'])
+        mask = client_work.batch_mask(batch, batch['label'])
         with tf.GradientTape() as tape:
             tape.watch((public, private))
             current = gum.GumWeights(gum.PublicWeights(*public), weights.private._replace(**dict(zip(fields, private))))
-            loss = gum.mse_loss(current, batch['user'], batch['item'], attributes, batch['label'])
+            loss = gum.mse_loss(current, batch['user'], batch['item'], attributes, batch['label'], mask)
         public_grads, private_grads = tape.gradient(loss, (public, private))
-        size = tf.cast(tf.shape(batch['label'])[0], tf.float32)
+        size = tf.reduce_sum(mask)
         return (
             tuple(s + size * tf.convert_to_tensor(g) for s, g in zip(public_sum, public_grads)),
             tuple(_add_scaled(s, g, size) for s, g in zip(private_sum, private_grads)),
             n + size,
             loss_sum + size * loss,
-            iterations + tf.reduce_sum(tf.cast(attributes > 0, tf.float32), axis=0),
+            iterations + tf.linalg.matvec(tf.cast(attributes > 0, tf.float32), mask, transpose_a=True),
         )
 
     zeros = lambda values: tuple(tf.zeros_like(v) for v in values)
-    public_sum, private_sum, n, loss_sum, iterations = data.train.reduce(
-        (zeros(public), zeros(private), tf.constant(0.0), tf.constant(0.0), tf.zeros([config.num_attributes])), step
-    )
+    initial = (zeros(public), zeros(private), tf.constant(0.0), tf.constant(0.0), tf.zeros([config.num_attributes]))
+    public_sum, private_sum, n, loss_sum, iterations = client_work.reduce_batches(data.train, initial, step)
     public_grad = [tf.math.divide_no_nan(s, n) for s in public_sum]
     private_grad = tuple(tf.math.divide_no_nan(s, n) for s in private_sum)
     optimizer_state = optimizer.initialize(tuple(tf.TensorSpec(v.shape, v.dtype) for v in private))

@@ -1,0 +1,109 @@
+"""HPFL, its ablations and its baselines on the fast simulation engine equal the per-silo TFF path."""
+
+import numpy as np
+import pytest
+import tensorflow as tf
+import tensorflow_federated as tff
+
+from fedpersonal import errors
+from fedpersonal.algorithms import hpfl
+from fedpersonal.data import user_modeling as um
+from fedpersonal.models import gum
+
+K, H = 3, 2
+
+
+def make_data():
+    """Three silos of unequal sizes; silo 2 has fewer training records than one batch."""
+    rng = np.random.default_rng(3)
+    silos = []
+    for c, (nu, ni, n) in enumerate(((6, 7, 14), (8, 9, 10), (3, 4, 3))):
+        attributes = np.zeros((ni, K), np.float32)
+        attributes[np.arange(ni), rng.integers(0, K, ni)] = 1
+        attributes[0, :] = 1  # One item with every attribute.
+        user = np.repeat(np.arange(nu), n)
+        item = rng.integers(0, ni, user.size)
+        item[:ni] = np.arange(ni)
+        label = (rng.random(user.size) < 0.3 + 0.4 * (user % 2)).astype(np.float32)
+        silos.append(
+            um.ClientSilo(
+                client_id=f's{c}',
+                num_users=nu,
+                num_items=ni,
+                user=user.astype(np.int64),
+                item=item.astype(np.int64),
+                label=label,
+                split=um.per_user_split(user),
+                item_attributes=attributes,
+                global_user_ids=np.arange(nu, dtype=np.int64) + 10 * c,
+                global_item_ids=np.arange(ni, dtype=np.int64),
+            )
+        )
+    return um.validate(
+        um.UserModelingData(
+            name='tiny',
+            task='binary',
+            num_attributes=K,
+            attribute_names=['a', 'b', 'c'],
+            rating_range=(0.0, 1.0),
+            silos=silos,
+            source='test',
+        )
+    )
+
+
+DATA = make_data()
+CONFIG = gum.GumConfig.for_data(DATA, hidden_dim=H)
+IDS = [s.client_id for s in DATA.silos]
+CLIENT_DATA = hpfl.federated_data(DATA, CONFIG, batch_size=8)
+
+
+def _rounds(process, num_rounds):
+    state, states = process.initialize(), hpfl.initial_client_states(DATA, CONFIG)
+    history = []
+    for _ in range(num_rounds):
+        out = process.run_round(state, CLIENT_DATA, states, client_ids=IDS)
+        state, states = out.state, out.private_states
+        history.append(out.metrics)
+    return state, states, history
+
+
+def _assert_close(actual, expected, what):
+    tf.nest.assert_same_structure(expected, actual, check_types=False)
+    for a, e in zip(tf.nest.flatten(actual), tf.nest.flatten(expected)):
+        a, e = np.asarray(a), np.asarray(e)
+        scale = max(1.0, float(np.max(np.abs(e), initial=0.0)))
+        np.testing.assert_allclose(a, e, rtol=0, atol=1e-5 * scale, err_msg=what)
+
+
+@pytest.mark.parametrize('method', hpfl.HPFL_VARIANTS[:3] + hpfl.BASELINES)
+def test_engine_equals_the_per_silo_path(method):
+    kwargs = dict(
+        client_optimizer=tff.learning.optimizers.build_adam(0.02),
+        client_epochs=2,
+        accuracy_threshold=0.3,
+        max_clients=len(IDS),
+        max_local_clusters=3,
+        max_global_clusters=4,
+        kmeans_iterations=3,
+    )
+    engine = hpfl.build_method(method, CONFIG, simulation='engine', **kwargs)
+    reference = hpfl.build_method(method, CONFIG, simulation='per_client', **kwargs)
+    assert engine.simulation == 'engine' and reference.simulation == 'per_client'
+    state, states, metrics = _rounds(engine, 2)
+    expected_state, expected_states, expected_metrics = _rounds(reference, 2)
+    _assert_close(metrics, expected_metrics, 'metrics')
+    _assert_close(state.global_model_weights, expected_state.global_model_weights, 'global weights')
+    _assert_close(state.centres, expected_state.centres, 'centres')
+    _assert_close(state.finalizer, expected_state.finalizer, 'server optimizer state')
+    assert int(state.round_num) == int(expected_state.round_num) == 2
+    _assert_close(states, expected_states, 'client states')
+    assert metrics[-1]['client_work']['num_train_examples'] > 0
+
+
+def test_engine_refuses_what_it_would_not_apply_per_silo():
+    with pytest.raises(errors.ConfigError, match="row_updates='lazy'"):
+        hpfl.build_hpfl(CONFIG, row_updates='lazy')
+    with pytest.raises(errors.ConfigError, match='public_sum_factory'):
+        hpfl.build_hpfl(CONFIG, public_sum_factory=tff.aggregators.SumFactory())
+    hpfl.build_hpfl(CONFIG, row_updates='lazy', simulation='per_client')
