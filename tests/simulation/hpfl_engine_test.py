@@ -107,3 +107,20 @@ def test_engine_refuses_what_it_would_not_apply_per_silo():
     with pytest.raises(errors.ConfigError, match='public_sum_factory'):
         hpfl.build_hpfl(CONFIG, public_sum_factory=tff.aggregators.SumFactory())
     hpfl.build_hpfl(CONFIG, row_updates='lazy', simulation='per_client')
+
+
+def test_batches_are_materialized_in_the_order_tff_iterates_them():
+    """A reshuffling dataset's Python object yields a new order per iteration; TFF (and the engine) the first one."""
+    from fedpersonal.simulation import packing
+
+    dataset = tf.data.Dataset.range(20).shuffle(20, seed=4, reshuffle_each_iteration=True).batch(6)
+    first = [b.tolist() for b in dataset.as_numpy_iterator()]
+    second = [b.tolist() for b in dataset.as_numpy_iterator()]
+    assert first != second  # The object's seed generator moved on.
+    concat = tff.tensorflow.computation(tff.SequenceType(tff.TensorType(np.int64, [None])))(
+        lambda batches: batches.reduce(tf.zeros([0], tf.int64), lambda a, b: tf.concat([a, b], 0))
+    )
+    seen_by_tff = concat(dataset).tolist()
+    materialized = packing.batches_as_tff_sees(dataset)
+    assert [len(b) for b in materialized] == [6, 6, 6, 2]
+    assert np.concatenate(materialized).tolist() == seen_by_tff == sum(first, [])
