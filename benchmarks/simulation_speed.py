@@ -385,9 +385,53 @@ def hpfl_setup() -> Setup:
         configured = dataclasses.replace(config, simulation=simulation)
         return task._build_process('hpfl', configured, gum_config, len(ids)), {'simulation_arg': True}
 
-    return Setup(
-        ids, client_data.__getitem__, len(ids), build_fedpersonal, seed=config.seed, initial_private_state=initial.get
+    silos = {silo.client_id: silo for silo in data.silos}
+    sizes = dict(
+        users=gum_config.max_users,
+        k=gum_config.num_attributes,
+        h=gum_config.hidden_dim,
+        local=config.max_local_clusters,
+        centres=config.max_global_clusters,
+        iterations=config.kmeans_iterations,
+        batch=config.batch_size,
+        epochs=config.client_epochs,
     )
+
+    def silo_counts(cid: str) -> tuple[int, int, int]:  # (train examples, validation examples, items)
+        split = np.asarray(silos[cid].split)
+        return int((split == 0).sum()), int((split == 1).sum()), int(silos[cid].num_items)
+
+    flops = lambda ids: _hpfl_round_flops([silo_counts(c) for c in ids], max_items=gum_config.max_items, **sizes)
+    return Setup(
+        ids,
+        client_data.__getitem__,
+        len(ids),
+        build_fedpersonal,
+        round_flops=flops,
+        seed=config.seed,
+        initial_private_state=initial.get,
+    )
+
+
+def _hpfl_round_flops(counts, *, max_items, users, k, h, local, centres, iterations, batch, epochs) -> float:
+    """Analytic FLOPs of one HPFL round with each silo's item tables at the engine's cut (a power of 2 >= its items).
+
+    Per silo with e training examples over s = ceil(e / batch) steps per epoch, v validation examples and P table and
+    public parameters: forward + backward 3F per example with F = 2 (K^2 + 2 K h) (the attribute product and the
+    two projections), dense Adam 10 per parameter per step, validation F per example; k-means of the items (and of
+    the users): maximin 3 K per row per centre, each Lloyd iteration 4 K per row per centre (distances and means);
+    the fine-grained update 4 K per row per global centre. The server's work (a few thousand centres) is left out.
+    """
+    per_example = 2.0 * (k * k + 2 * k * h)
+    flops = 0.0
+    for examples, validation, items in counts:
+        rows = min(max_items, max(16, 1 << max(0, items - 1).bit_length()))
+        params = users * k + rows * (k + 3) + 2 * k * h + k * k
+        steps = -(-examples // batch) * epochs
+        flops += 3 * per_example * examples * epochs + 10.0 * params * steps + per_example * validation
+        for table_rows in (rows, users):
+            flops += table_rows * k * local * (3.0 + 4.0 * iterations) + 4.0 * table_rows * k * centres
+    return float(flops)
 
 
 WORKLOADS: dict[str, Workload] = {

@@ -266,7 +266,7 @@ def _rows(count: Any, capacity: int) -> int:
 
 
 def _cut(data: ClientData, state: Any) -> tuple[ClientData, Any]:
-    """The silo's data and state with its tables cut to its own rows (a power of 2 >= its users/items).
+    """The silo's data and state with its item tables cut to its own rows (a power of 2 >= its items).
 
     Exact: rows past a silo's users/items are never indexed by its data, so their gradients are 0 and every
     optimizer leaves them unchanged (Adam's state restarts every round), and they are masked out of the
@@ -274,7 +274,7 @@ def _cut(data: ClientData, state: Any) -> tuple[ClientData, Any]:
     and clustering work (the largest silo has 10,745 items, the median a few hundred).
     """
     private = state.model.private
-    users = _rows(state.num_users, np.shape(private.theta)[0])
+    users = np.shape(private.theta)[0]  # User tables are small: one cut per item-table size (fewer traces).
     items = _rows(state.num_items, np.shape(private.difficulty)[0])
     rows = {field: users if field == 'theta' else items for field in private._fields}
     cut_private = private._replace(**{f: np.asarray(getattr(private, f))[:n] for f, n in rows.items()})
