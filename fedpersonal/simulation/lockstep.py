@@ -21,6 +21,13 @@ Padded examples (a batch smaller than the group's batch size, an empty slot) car
 features and labels: the loss is reduced over the batch's real examples only (`masked_loss`), and metrics
 are updated with the mask as sample weight (a metric that ignores sample weights must skip zero labels, as
 the next-word accuracies skip the pad token).
+
+Models that are not one Keras model's forward pass and loss (e.g. FedDVA's phases of a dual VAE) give their
+own per-client batch loss (`client_loss`, on the model rebuilt from the client's weights with
+`FunctionalModel.rebuild`), per-step inputs (`step_inputs`, e.g. precomputed noise) and statistics read after
+each step (`after_step`). Weights a model updates itself while training (batch norm moving statistics,
+`FunctionalModel.stateful_slots`) are carried per client from step to step, and change only on a client's real
+steps, as the per-client path assigns them.
 """
 
 from __future__ import annotations
@@ -38,8 +45,12 @@ from fedpersonal import errors
 from fedpersonal.models import partially_local_model
 from fedpersonal.simulation import functional
 
-Slot = tuple[int, int]  # (group, index) of a weight in `functional.Parts`.
+Slot = functional.Slot  # (group, index) of a weight in `functional.Parts`.
 Penalty = Callable[[list[tf.Tensor], list[tf.Tensor]], tf.Tensor]  # (trained, centre) -> scalar
+# (one client's weights, batch, example mask, step input) -> (batch loss, {slot: updated stateful weight})
+ClientLoss = Callable[[functional.Parts, Any, tf.Tensor, Any], tuple[tf.Tensor, dict[Slot, tf.Tensor]]]
+# (one client's weights after the step, batch, example mask, step input) -> scalar statistics to sum
+AfterStep = Callable[[functional.Parts, Any, tf.Tensor, Any], Any]
 
 
 class GroupSteps(NamedTuple):
@@ -52,12 +63,14 @@ class GroupSteps(NamedTuple):
         sum over clients of ``start - trained`` accumulated step by step (sparse rows scattered once per
         step), which spares a pass over every client's copy of a large table; None for the other slots.
       finite: ``[clients]`` bool: every gradient the client applied was finite.
+      stats: Per-client sums of the `after_step` statistics (``[clients]`` each), or ().
     """
 
     num_examples: tf.Tensor
     loss_sum: tf.Tensor
     weighted_deltas: Sequence[tf.Tensor | None] = ()
     finite: tf.Tensor | None = None
+    stats: Any = ()
 
 
 def plain_sgd_learning_rate(optimizer: tff.learning.optimizers.Optimizer) -> tf.Tensor | None:
@@ -167,12 +180,17 @@ def lockstep_steps(
     train: Sequence[Slot],
     phase: Any,
     optimizer: tff.learning.optimizers.Optimizer,
-    loss: tf.keras.losses.Loss,
+    loss: tf.keras.losses.Loss | None = None,
     *,
     metrics: Sequence[tf.keras.metrics.Metric] = (),
     penalty: Penalty | None = None,
     centre: Sequence[Any] = (),
     delta_weights: tf.Tensor | None = None,
+    client_loss: ClientLoss | None = None,
+    step_inputs: Any = None,
+    after_step: AfterStep | None = None,
+    zero_stats: Any = (),
+    vectorize: bool = True,
 ) -> tuple[functional.Parts, GroupSteps]:
     """One optimizer step per batch of `phase` for every client of a group, on the weights at `train` slots.
 
@@ -184,16 +202,32 @@ def lockstep_steps(
       train: The slots of the weights that train (they come back per client); the others stay frozen.
       phase: A packed phase (`fedpersonal.simulation.packing`): ``{'batch', 'mask', 'steps'}``.
       optimizer: A TFF optimizer; its state starts fresh for every client (as in the per-client path).
-      loss: The Keras loss (a batch's loss is its mean over the batch's real examples).
+      loss: The Keras loss (a batch's loss is its mean over the batch's real examples), or None with
+        `client_loss`.
       metrics: Keras metrics updated with every batch's labels and pre-step predictions (group sums).
       penalty: Optional ``(trained, centre) -> scalar`` added to each client's batch loss (e.g. Ditto's
         proximal term), with `centre` per-client or shared tensors.
       delta_weights: Optional per-client weights ``[clients]`` known before training (e.g. example counts);
         see `GroupSteps.weighted_deltas`.
+      client_loss: Instead of `loss`: ``(weights, batch, mask, step input) -> (batch loss, updates)`` for one
+        client (its batch padded, `mask` its real examples): the loss over the real examples, and the new
+        values of the model's stateful weights (`FunctionalModel.rebuild(..., example_mask=mask).updates`).
+      step_inputs: Optional structure of ``[clients, steps, ...]`` tensors; a client's step gets its slice.
+      after_step: Optional ``(weights after the step, batch, mask, step input) -> structure of scalars`` summed
+        over each client's real steps (`GroupSteps.stats`), e.g. the correct predictions after the step.
+      zero_stats: With `after_step`: its structure of float32 scalars, at their initial values (e.g.
+        ``OrderedDict(correct=0.0)``), as in `fedpersonal.core.client_work.optimizer_steps`.
+      vectorize: False runs each step's clients in a compiled loop without trying `tf.vectorized_map` first
+        (for models it cannot batch, e.g. convolutions with per-client filters).
 
     Returns:
-      ``(weights, GroupSteps)``: the trained slots per client, the others as given.
+      ``(weights, GroupSteps)``: the trained slots (and the model's stateful slots) per client, the others as
+      given.
     """
+    if (loss is None) == (client_loss is None):
+        raise ValueError('Give exactly one of loss and client_loss.')
+    if metrics and client_loss is not None:
+        raise ValueError('metrics need the Keras loss path (predictions); sum statistics with after_step instead.')
     base = model.initial_weights
     clients = tf.shape(phase['mask'])[0]
     starts_shared = [not is_per_client(weights[g][i], base[g][i]) for g, i in train]
@@ -201,7 +235,9 @@ def lockstep_steps(
     if not trained:
         zeros = tf.zeros([clients])
         return weights, GroupSteps(zeros, zeros, [], tf.ones([clients], tf.bool))
-    slots = [(g, i) for g in range(4) for i in range(len(base[g])) if (g, i) not in train]
+    stateful = [s for s in model.stateful_slots if s not in train]
+    carried = [per_client(weights[g][i], base[g][i], clients) for g, i in stateful]
+    slots = [(g, i) for g in range(4) for i in range(len(base[g])) if (g, i) not in train and (g, i) not in stateful]
     frozen_per_client = [s for s in slots if is_per_client(weights[s[0]][s[1]], base[s[0]][s[1]])]
     centre_per_client = [k for k, c in enumerate(centre) if is_per_client(c, base[train[k][0]][train[k][1]])]
     learning_rate = plain_sgd_learning_rate(optimizer)
@@ -209,19 +245,29 @@ def lockstep_steps(
         bool
     ] = []  # Per trained weight: is its gradient applied as sparse rows (set while tracing client_step).
 
+    def client_parts(values, frozen, carried_values):
+        parts = _replace(_replace(weights, frozen_per_client, frozen), stateful, carried_values)
+        return _replace(parts, train, values)
+
     def client_step(args):
-        values, frozen, centre_values, batch, mask = args
-        parts = _replace(_replace(weights, frozen_per_client, frozen), train, values)
+        values, frozen, carried_values, centre_values, batch, mask, extra = args
+        parts = client_parts(values, frozen, carried_values)
         full_centre = list(centre)
         for k, c in zip(centre_per_client, centre_values):
             full_centre[k] = c
-        x, y = partially_local_model.split_batch(batch)
         with tf.GradientTape() as tape:
             tape.watch(values)
-            predictions, regularization = model(parts, x, training=True)
             n = tf.reduce_sum(mask)
-            batch_loss = masked_loss(loss, y, predictions, mask)
-            total = batch_loss + regularization
+            if client_loss is not None:
+                batch_loss, updates = client_loss(parts, batch, mask, extra)
+                predictions, total = tf.zeros([]), batch_loss
+            else:
+                x, y = partially_local_model.split_batch(batch)
+                predictions, regularization, updates = model.apply(
+                    parts, x, training=True, example_mask=mask if stateful else None
+                )
+                batch_loss = masked_loss(loss, y, predictions, mask)
+                total = batch_loss + regularization
             if penalty is not None:
                 total += penalty(values, full_centre)
             total *= tf.cast(n > 0, total.dtype)
@@ -230,7 +276,17 @@ def lockstep_steps(
         flat = []
         for g, is_sparse in zip(gradients, sparse):
             flat.append((g.values, tf.cast(g.indices, tf.int32)) if is_sparse else tf.convert_to_tensor(g))
-        return batch_loss, n, predictions, flat
+        new_carried = [tf.stop_gradient(updates.get(s, c)) for s, c in zip(stateful, carried_values)]
+        return batch_loss, n, predictions, flat, new_carried
+
+    def optimizer_step(args):
+        new_state, new_values = optimizer.next(args[0], tuple(args[1]), tuple(args[2]))
+        return new_state, list(new_values)
+
+    def client_stats(args):
+        values, frozen, carried_values, batch, mask, extra = args
+        assert after_step is not None
+        return after_step(client_parts(values, frozen, carried_values), batch, mask, extra)
 
     if learning_rate is None:
         state_specs = tuple(tf.TensorSpec(t.shape[1:], t.dtype) for t in trained)
@@ -244,14 +300,21 @@ def lockstep_steps(
     accumulate = [shared and delta_weights is not None and learning_rate is not None for shared in starts_shared]
     deltas = [tf.zeros(base[g][i].shape, base[g][i].dtype) for (g, i), a in zip(train, accumulate) if a]
 
-    def body(t, values, optimizer_state, num_examples, loss_sum, deltas, finite):
+    def body(t, values, optimizer_state, num_examples, loss_sum, deltas, finite, carried, stats):
         batch = tf.nest.map_structure(lambda a: a[:, t], phase['batch'])
         mask = phase['mask'][:, t]
+        extra = tf.nest.map_structure(lambda a: a[:, t], step_inputs) if step_inputs is not None else ()
         frozen = [weights[g][i] for g, i in frozen_per_client]
         centre_values = [centre[k] for k in centre_per_client]
-        batch_loss, n, predictions, gradients = for_each_client(
-            client_step, (values, frozen, centre_values, batch, mask)
+        batch_loss, n, predictions, gradients, new_carried = for_each_client(
+            client_step,
+            (values, frozen, carried, centre_values, batch, mask, extra),
+            vectorize=vectorize,
+            signature=step_signature,
         )
+        active = n > 0
+        keep = lambda new, old: tf.where(tf.reshape(active, [-1] + [1] * (new.shape.rank - 1)), new, old)
+        carried = [keep(a, b) for a, b in zip(new_carried, carried)]
         if learning_rate is not None:
             values = [_sgd(v, g, is_sparse, learning_rate) for v, g, is_sparse in zip(values, gradients, sparse)]
             accumulated = [g for g, a in zip(gradients, accumulate) if a]
@@ -260,43 +323,68 @@ def lockstep_steps(
             for g, is_sparse in zip(gradients, sparse):
                 finite = tf.logical_and(finite, _all_finite(g[0] if is_sparse else g))
         else:
-            step = lambda args: optimizer.next(args[0], tuple(args[1]), tuple(args[2]))
-            new_state, new_values = tf.vectorized_map(step, (optimizer_state, values, gradients))
-            active = n > 0
-            keep = lambda new, old: tf.where(tf.reshape(active, [-1] + [1] * (new.shape.rank - 1)), new, old)
+            new_state, new_values = for_each_client(
+                optimizer_step,
+                (optimizer_state, values, gradients),
+                vectorize=vectorize,
+                signature=one_client((optimizer_state, values)),
+            )
             values = [keep(a, b) for a, b in zip(new_values, values)]
             optimizer_state = tf.nest.map_structure(keep, new_state, optimizer_state)
         if metrics:
             labels = partially_local_model.split_batch(batch)[1]
             _update_metrics(metrics, labels, predictions, mask, loss, batch_loss)
-        return t + 1, values, optimizer_state, num_examples + n, loss_sum + batch_loss * n, deltas, finite
+        if after_step is not None:
+            step_stats = for_each_client(
+                client_stats,
+                (values, frozen, carried, batch, mask, extra),
+                vectorize=vectorize,
+                signature=stats_signature,
+            )
+            stats = tf.nest.map_structure(lambda a, b: a + tf.where(active, b, 0.0), stats, step_stats)
+        n_sum, l_sum = num_examples + n, loss_sum + batch_loss * n
+        return t + 1, values, optimizer_state, n_sum, l_sum, deltas, finite, carried, stats
 
+    one_client = lambda structure: tf.nest.map_structure(lambda t: tf.TensorSpec(t.shape[1:], t.dtype), structure)
+    step_signature = None  # Known without a trace for dense gradients (not the plain SGD path's sparse rows).
+    if client_loss is not None and learning_rate is None:
+        scalar = tf.TensorSpec([], tf.float32)
+        step_signature = (scalar, scalar, scalar, one_client(trained), one_client(carried))
     zeros = tf.zeros([clients])
-    _, trained, _, num_examples, loss_sum, deltas, finite = tf.while_loop(
-        lambda t, *_: t < tf.reduce_max(phase['steps']),
-        body,
-        (tf.constant(0), trained, optimizer_state, zeros, zeros, deltas, tf.ones([clients], tf.bool)),
+    stats_signature = None
+    if after_step is not None:
+        zero_stats = tf.nest.map_structure(lambda z: zeros + z, zero_stats)
+        stats_signature = tf.nest.map_structure(lambda _: tf.TensorSpec([], tf.float32), zero_stats)
+    finite = tf.ones([clients], tf.bool)
+    initial = (tf.constant(0), trained, optimizer_state, zeros, zeros, deltas, finite, carried, zero_stats)
+    _, trained, _, num_examples, loss_sum, deltas, finite, carried, stats = tf.while_loop(
+        lambda t, *_: t < tf.reduce_max(phase['steps']), body, initial
     )
     remaining = iter(deltas)
     weighted_deltas = [next(remaining) if a else None for a in accumulate]
-    return _replace(weights, train, trained), GroupSteps(num_examples, loss_sum, weighted_deltas, finite)
+    weights = _replace(_replace(weights, train, trained), stateful, carried)
+    return weights, GroupSteps(num_examples, loss_sum, weighted_deltas, finite, stats)
 
 
-def for_each_client(fn: Callable[[Any], Any], elems: Any) -> Any:
+def for_each_client(fn: Callable[[Any], Any], elems: Any, *, vectorize: bool = True, signature: Any = None) -> Any:
     """``fn`` of every client's slice of `elems`, stacked: vectorized (`tf.vectorized_map`) where TF can, else a
     compiled loop over the clients (`tf.map_fn`).
 
     Vectorizing fails for a few models, e.g. the gradient of a Keras LSTM run as a `tf.while_loop` (its
     TensorList cannot be batched by `pfor`; `FunctionalModel` unrolls recurrent layers to avoid it); those run
     client after client inside the same compiled program (measured on the NWP round: 2.5 s with the loop over
-    clients, 0.53 s unrolled and vectorized, 0.94 s per client in TFF).
+    clients, 0.53 s unrolled and vectorized, 0.94 s per client in TFF). ``vectorize=False`` goes straight to the
+    loop, and its output `signature` (one client's `tf.TensorSpec` structure), if known, spares a trace of `fn`.
     """
-    try:
-        return tf.vectorized_map(fn, elems, fallback_to_while_loop=False)
-    except (ValueError, TypeError, NotImplementedError):
+    if vectorize:
+        try:
+            return tf.vectorized_map(fn, elems, fallback_to_while_loop=False)
+        except (ValueError, TypeError, NotImplementedError):
+            pass
+    if signature is None:
         first = fn(tf.nest.map_structure(lambda t: t[0], elems))  # Traced only for the output structure.
         signature = tf.nest.map_structure(lambda t: tf.TensorSpec(t.shape, t.dtype), first)
-        return tf.map_fn(fn, elems, fn_output_signature=signature)
+    return tf.map_fn(fn, elems, fn_output_signature=signature)
 
 
 def _all_finite(per_client_values: tf.Tensor) -> tf.Tensor:
