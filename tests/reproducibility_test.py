@@ -256,7 +256,8 @@ def test_feddva_model_and_client_update_are_seeded():
     cnn = [_weights(feddva_models.build_cnn_classifier((8, 8, 1), (4, 8), 8, 3, seed=s).variables) for s in (0, 0, 1)]
     assert _equal(cnn[0], cnn[1]) and not _equal(cnn[0], cnn[2])
 
-    # The noise is deterministic, yet fresh per client (batch) and per step (weights).
+    # The noise is deterministic, yet fresh per client (batch), per step and per participation (round); it does
+    # not depend on the weights' values.
     model = feddva_models.DualVae(ARCH, seed=0)
     x1, x2 = (next(iter(_dva_client(c)))['x'] for c in (1, 2))
     eps = model.noise('z', x1)
@@ -264,7 +265,10 @@ def test_feddva_model_and_client_update_are_seeded():
     assert eps[0].shape == (6, 2) and eps[1].shape == (6, 2)
     assert not np.array_equal(eps[0], model.noise('z', x2)[0])
     assert not np.array_equal(eps[0], model.noise('c', x1)[0])
+    assert not np.array_equal(eps[0], model.noise('z', x1, step=1)[0])
     model.z_branch[0].assign_add(tf.fill(model.z_branch[0].shape, 1e-3))
+    np.testing.assert_array_equal(eps[0], model.noise('z', x1)[0])
+    model.participations.assign_add(1)
     assert not np.array_equal(eps[0], model.noise('z', x1)[0])
     samples = np.concatenate([model.noise('z', x)[0].numpy().ravel() for x in (x1, x2)])
     assert abs(samples.mean()) < 1.5 and 0.2 < samples.std() < 3.0

@@ -37,9 +37,12 @@ Seeding (reproducibility): every builder takes a keyword-only ``seed`` (default 
   (FedDVA's clients build it inside their computation: the same seed gives the same initial private state, and
   two runs start identically).
 * Reparameterization noise (`DualVae.noise`, used by `phase_loss`): stateless N(0, I) draws whose seed is a
-  function of the model's seed, the phase, the batch's pixel values and the current values of the variables the
-  phase steps. The noise is therefore deterministic, yet differs between clients (their batches differ), between
-  steps and between rounds (the stepped variables change), without any random state to carry between rounds.
+  function of the model's seed, the phase, the batch's pixel values, the step's index in the phase and the
+  client's participation count (`DualVae.participations`, a private non-trainable counter that FedDVA's client
+  round increments). The noise is therefore deterministic, yet differs between clients (their batches differ),
+  between steps and between rounds (the counter grows). It is not a function of any trained value: two ways of
+  computing the same training (one client at a time, or many in lockstep, `fedpersonal.simulation`) differ in
+  float rounding, and noise seeded by the bits of trained weights would then differ completely.
 """
 
 from __future__ import annotations
@@ -312,8 +315,11 @@ class DualVae:
         classification loss (encoder batch norms in inference mode); otherwise only the head steps, on
         stop_gradient of the posterior means.
       seed: Determines the initial weights (bit-identical for every `DualVae` built with the same seed and
-        architecture, e.g. the initial private state of every FedDVA client) and, with the data and the current
-        weights, the reparameterization noise (`noise`). Default 0.
+        architecture, e.g. the initial private state of every FedDVA client) and, with the data, the step and the
+        participation count, the reparameterization noise (`noise`). Default 0.
+
+    Attributes:
+      participations: int64 counter of the client rounds this model took part in (private, non-trainable).
     """
 
     def __init__(
@@ -333,6 +339,7 @@ class DualVae:
         self.c_encoder = build_c_encoder(arch, seed=seed)
         self.decoder = build_decoder(arch, seed=seed)
         self.head = build_head(arch, seed=seed)
+        self.participations = tf.Variable(0, dtype=tf.int64, trainable=False, name='participations')
 
     # Variable groups.
     @property
@@ -363,12 +370,13 @@ class DualVae:
 
     @property
     def private_non_trainable(self) -> list[tf.Variable]:
-        """Client-local batch-norm statistics of all parts."""
+        """Client-local batch-norm statistics of all parts, then the participation counter."""
         return (
             list(self.z_encoder.non_trainable_variables)
             + list(self.c_encoder.non_trainable_variables)
             + list(self.decoder.non_trainable_variables)
             + list(self.head.non_trainable_variables)
+            + [self.participations]
         )
 
     def variables_of(self, phase: str) -> list[tf.Variable]:
@@ -438,40 +446,40 @@ class DualVae:
             return {'loss': loss, 'reconstruction': recon, 'kl_c_slack': slack, 'constraint': constraint}
         raise ValueError(f'unknown phase {phase!r}; expected one of {PHASES}')
 
-    def noise_seed(self, phase: str, x: tf.Tensor) -> tf.Tensor:
-        """The `[2]` int64 stateless seed of the noise of one step of `phase` on the batch `x`.
+    def noise(self, phase: str, x: tf.Tensor, step: tf.Tensor | int = 0) -> tuple[tf.Tensor, tf.Tensor]:
+        """`reparameterization_noise` of step `step` of `phase` on the batch `x` in the current participation."""
+        return reparameterization_noise(self.seed, self.arch, phase, x, self.participations, step)
 
-        A fingerprint (farmhash64) of the bits of `x` and of the current values of `variables_of(phase)`, folded
-        into ``[seed, phase index]``: a deterministic function of the model's seed, the phase, the batch and the
-        weights about to be stepped. Clients see different batches, and the stepped variables change with every
-        step and every round, so the noise is fresh for each step of each client in each round while two runs
-        with the same seed and data draw the same noise.
-        """
-        state = [tf.reshape(tf.cast(x, tf.float32), [1, -1])]
-        state += [tf.reshape(tf.cast(v, tf.float32), [1, -1]) for v in self.variables_of(phase)]
-        fingerprint = tf.bitcast(tf.fingerprint(tf.stop_gradient(tf.concat(state, axis=1))), tf.int64)[0]
-        base = tf.constant([self.seed, PHASES.index(phase)], tf.int64)
-        return tf.random.experimental.stateless_fold_in(base, fingerprint)
-
-    def noise(self, phase: str, x: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor]:
-        """N(0, I) reparameterization noise `(eps_z [n, z_dim], eps_c [n, c_dim])` for one step of `phase` on `x`,
-        drawn by stateless random ops seeded by `noise_seed` (deterministic; see there)."""
-        n = tf.shape(x)[0]
-        seed = self.noise_seed(phase, x)
-        fold_in = tf.random.experimental.stateless_fold_in
-        eps_z = tf.random.stateless_normal([n, self.arch.z_dim], seed=fold_in(seed, tf.constant(0, tf.int64)))
-        eps_c = tf.random.stateless_normal([n, self.arch.c_dim], seed=fold_in(seed, tf.constant(1, tf.int64)))
-        return eps_z, eps_c
-
-    def phase_loss(self, phase: str, x: tf.Tensor, y: tf.Tensor | None = None) -> tf.Tensor:
-        """The loss of `phase` on a batch, with N(0, I) reparameterization noise from `noise` (fresh for every step,
-        client and round, yet a deterministic function of the seed, the batch and the current weights)."""
+    def phase_loss(self, phase: str, x: tf.Tensor, y: tf.Tensor | None = None, step: tf.Tensor | int = 0) -> tf.Tensor:
+        """The loss of `phase` on a batch (the phase's `step`-th), with N(0, I) reparameterization noise from `noise`
+        (fresh for every step, client and round, yet a deterministic function of the seed and the data)."""
         if phase == 'head':  # No sampling in the head phase.
             n = tf.shape(x)[0]
             eps_z, eps_c = tf.zeros([n, self.arch.z_dim]), tf.zeros([n, self.arch.c_dim])
         else:
-            eps_z, eps_c = self.noise(phase, x)
+            eps_z, eps_c = self.noise(phase, x, step)
         return self.phase_terms(phase, x, eps_z, eps_c, y)['loss']
+
+
+def noise_seed(seed: int, phase: str, x: tf.Tensor, participation: tf.Tensor, step: tf.Tensor | int) -> tf.Tensor:
+    """The `[2]` int64 stateless seed of the noise of step `step` of `phase` on the batch `x`: ``[seed, phase index]``
+    folded with a fingerprint (farmhash64) of the bits of `x`, the participation count and the step (module doc)."""
+    fingerprint = tf.bitcast(tf.fingerprint(tf.reshape(tf.cast(x, tf.float32), [1, -1])), tf.int64)[0]
+    fold_in = tf.random.experimental.stateless_fold_in
+    folded = fold_in(tf.constant([seed, PHASES.index(phase)], tf.int64), fingerprint)
+    return fold_in(fold_in(folded, tf.cast(participation, tf.int64)), tf.cast(step, tf.int64))
+
+
+def reparameterization_noise(
+    seed: int, arch: DvaArchitecture, phase: str, x: tf.Tensor, participation: tf.Tensor, step: tf.Tensor | int
+) -> tuple[tf.Tensor, tf.Tensor]:
+    """`(eps_z [n, z_dim], eps_c [n, c_dim])`: stateless N(0, I) draws seeded by `noise_seed` (deterministic)."""
+    n = tf.shape(x)[0]
+    folded = noise_seed(seed, phase, x, participation, step)
+    fold_in = tf.random.experimental.stateless_fold_in
+    eps_z = tf.random.stateless_normal([n, arch.z_dim], seed=fold_in(folded, tf.constant(0, tf.int64)))
+    eps_c = tf.random.stateless_normal([n, arch.c_dim], seed=fold_in(folded, tf.constant(1, tf.int64)))
+    return eps_z, eps_c
 
 
 def build_cnn_classifier(

@@ -91,13 +91,13 @@ def test_decoders_stay_on_clients_and_encoders_are_averaged():
 
     state = process.initialize()
     private = [process.initial_private_state() for _ in range(2)]
-    out = process.next(state, [dataset(1), dataset(2)], private)
+    out = process.run_round(state, [dataset(1), dataset(2)], private)
     train = out.metrics['client_work']['train']
     assert train['num_examples'] == 24 and np.isfinite(train['c_loss'])
     # Each client's decoder trained on its own data only: the two private states differ.
     assert not np.allclose(out.private_states[0].trainable[0], out.private_states[1].trainable[0])
     # A second round starts from the returned private states (stateful decoders).
-    out2 = process.next(out.state, [dataset(1)], [out.private_states[0]])
+    out2 = process.run_round(out.state, [dataset(1)], [out.private_states[0]])
     assert not np.allclose(out2.private_states[0].trainable[0], out.private_states[0].trainable[0])
     assert not np.allclose(
         process.get_model_weights(out2.state).trainable[0], process.get_model_weights(state).trainable[0]

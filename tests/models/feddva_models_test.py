@@ -109,13 +109,14 @@ def test_variable_groups_partition_the_model():
     model = fm.DualVae(TINY)
     everything = {
         id(v) for part in (model.z_encoder, model.c_encoder, model.decoder, model.head) for v in part.variables
-    }
+    } | {id(model.participations)}
     groups = model.global_trainable + model.private_trainable + model.private_non_trainable
     assert len(groups) == len({id(v) for v in groups}) == len(everything)
     names = [v.name for v in model.global_trainable]
     assert any('c_x_embedding' in n for n in names) and any('c_z_embedding' in n for n in names)
     assert not any('dec_' in v.name or 'head' in v.name for v in model.global_trainable)
-    assert all('moving' in v.name for v in model.private_non_trainable)
+    assert all('moving' in v.name for v in model.private_non_trainable[:-1])
+    assert model.private_non_trainable[-1] is model.participations  # The noise's participation counter.
 
 
 def test_architecture_validation_and_cnn():
