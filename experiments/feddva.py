@@ -4,7 +4,9 @@ heterogeneous-inputs and heterogeneous-outputs settings, plus the disentanglemen
 Datasets: --dataset=generated (default, no data needed), mnist (--data_dir with the IDX files, e.g.
 ../shared/data/mnist), fashion_mnist (--data_dir, default /usr/share/datasets/fashion-mnist from the Debian package
 dataset-fashion-mnist) or cifar10 (--data_dir with the python batches). Writes metrics, checkpoints, results.json,
-accuracy_vs_rounds.png and the manifold/projection figures to --output_dir.
+accuracy_vs_rounds.png and the manifold/projection figures to --output_dir. FedDVA and Ditto run on the fast
+simulation engine (--simulation=engine, the default; --group_size caps the clients per compiled group);
+--simulation=per_client runs one TFF client computation per client.
 
   python experiments/feddva.py --flagfile=configs/feddva_scaled.flags --dataset=mnist \
       --data_dir=../shared/data/mnist --output_dir=/tmp/feddva

@@ -17,6 +17,10 @@ Methods (all evaluated as the example-weighted accuracy over every client's own 
 * `fedavg_ft`: the FedAvg model fine-tuned on each client's training data (`finetune_epochs`, fresh Adam);
 * `ditto`: `fedpersonal.algorithms.build_ditto`, the personal models' accuracy.
 
+FedDVA and Ditto run on the fast simulation engine by default (``--simulation``, ``--group_size``:
+`fedpersonal.simulation`); ``--simulation=per_client`` runs one TFF client computation per client (FedDVA: the
+same results to float precision).
+
 Disentanglement (FedDVA in `disentanglement_setting`): linear probes (client from c vs z, label from z vs c,
 mark type from c vs z), manifold grids through client decoders, t-SNE of z and c coloured by client, label and
 mark type; on `feddva` (whose encoders see no labels) when it runs, else on `feddva_tuned`.
@@ -26,7 +30,7 @@ Configuration flows one way: flags -> `FeddvaConfig` -> builders.
 Every random choice derives from `FeddvaConfig.seed`, so two runs with the same config give bit-identical metrics
 (on CPU): the generated images, client allocation and marks, every model's initial weights (`DualVae` and
 `build_cnn_classifier` with ``seed``), FedDVA's reparameterization noise (stateless draws seeded by ``seed``, the
-phase, the batch and the current weights: `feddva_models.DualVae.noise`), the clients' batch shuffling (`tf.data`
+phase, the batch, the step and the client's participation count: `feddva_models.DualVae.noise`), the clients' batch shuffling (`tf.data`
 shuffle with ``seed``), the clients sampled each round ((``seed``, round)), the probes and the projection. `run`
 also sets TensorFlow's global seed to ``seed``, so the op-level seeds combine with the same graph-level seed
 whatever ran earlier in the process.
@@ -75,6 +79,7 @@ ARCHITECTURES = {'paper': feddva_models.PAPER, 'scaled': feddva_models.SCALED}
 class FeddvaConfig(
     parts.CrossDeviceRunConfig,
     parts.ClientEpochsConfig,
+    parts.SimulationConfig,
 ):
     """Everything a FedDVA experiment needs (shared options from `fedpersonal.program.config_parts`; defaults: a
     small run on the generated data)."""
@@ -244,6 +249,8 @@ def run_feddva(
         head_epochs=cfg.head_epochs,
         learning_rate=cfg.learning_rate,
         head_learning_rate=cfg.learning_rate if head_tunes_encoders else cfg.head_learning_rate,
+        simulation=cfg.simulation,
+        group_size=cfg.group_size,
     )
     model = model_fn()
     classify = tf.function(model.classify, input_signature=[tf.TensorSpec([None, *task.arch.image_shape])])
@@ -367,7 +374,8 @@ def run_ditto(task: FeddvaTask, outputs: program.ExperimentOutputs) -> dict[str,
         personal_epochs=cfg.client_epochs,
         client_optimizer=tff.learning.optimizers.build_adam(learning_rate=cfg.learning_rate),
         personal_optimizer=tff.learning.optimizers.build_sgdm(learning_rate=cfg.ditto_personal_learning_rate),
-        simulation='per_client',  # The CNNs have BatchNormalization, which the engine cannot run (it says so).
+        simulation=cfg.simulation,
+        group_size=cfg.group_size,
     )
     model = task.cnn_fn()
     logits = _cnn_logits(model, task.data.image_shape)

@@ -41,6 +41,7 @@ def test_generated_default_end_to_end(tmp_path, capsys):
         '--projection=pca',
         '--projection_points=40',
         '--grid_size=3',
+        '--simulation=per_client',  # Faster at this size; the engine equals it (tests/simulation/feddva_engine_test).
         f'--output_dir={out}',
     ]
     _run(argv)
@@ -84,8 +85,16 @@ def test_generated_default_end_to_end(tmp_path, capsys):
         (['--dataset=mnist'], 'needs --data_dir'),
         (['--methods=fedprox'], 'methods must be a non-empty subset'),
         (['--decoder_c_source=both'], "decoder_c_source must be 'prior' or 'posterior'"),
+        (['--simulation=lockstep'], "simulation must be 'engine' or 'per_client'"),
+        (['--group_size=0'], 'group_size must be >= 1'),
     ],
 )
 def test_configuration_errors(tmp_path, argv, message):
     with pytest.raises(app.UsageError, match=message):
         _run(argv + [f'--output_dir={tmp_path}'])
+
+
+def test_engine_is_the_default():
+    from fedpersonal.tasks import feddva as task
+
+    assert task.FeddvaConfig().simulation == 'engine' and task.FeddvaConfig().group_size is None
