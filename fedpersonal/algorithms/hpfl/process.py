@@ -569,7 +569,6 @@ def build_hpfl(
 
         >>> from fedpersonal.algorithms import hpfl
         >>> from fedpersonal.models import gum
-    from fedpersonal.simulation import options as simulation_options
         >>> config = gum.GumConfig(num_attributes=3, max_users=5, max_items=4, hidden_dim=2)
         >>> process = hpfl.build_hpfl(config, accuracy_threshold=0.5)
         >>> process.stateful, process.initial_client_state(5, 4).num_users
