@@ -554,25 +554,25 @@ def build_hpfl(
 ) -> HpflProcess:
     """Builds HPFL (or HPFL-K / HPFL-R / Distributed with the two switches).
 
-        ``aggregate_public``: accuracy-weighted public aggregation and personalization (off: HPFL-R);
-        ``aggregate_private``: clustered private aggregation and the fine-grained update of the tables (off: HPFL-K);
-        both off: Distributed (local training only). `accuracy_threshold` is p of ``d(Acc_ki, p)``: Acc is the task's
-        accuracy (binary: thresholded at 0.5; rating: the rounded rating is right, typically about 0.4 on MovieLens),
-        so p must lie below the clients' typical per-attribute accuracy or no attribute is aggregated
-        (``metrics['attributes_aggregated']`` shows it). Other keyword arguments as in `build_process`.
+    ``aggregate_public``: accuracy-weighted public aggregation and personalization (off: HPFL-R);
+    ``aggregate_private``: clustered private aggregation and the fine-grained update of the tables (off: HPFL-K);
+    both off: Distributed (local training only). `accuracy_threshold` is p of ``d(Acc_ki, p)``: Acc is the task's
+    accuracy (binary: thresholded at 0.5; rating: the rounded rating is right, typically about 0.4 on MovieLens),
+    so p must lie below the clients' typical per-attribute accuracy or no attribute is aggregated
+    (``metrics['attributes_aggregated']`` shows it). Other keyword arguments as in `build_process`.
 
-        Returns:
-          An `HpflProcess` (a stateful `fedpersonal.core.PersonalizedProcess`; a client's private state is its
-          `ClientState`, `initial_client_state(num_users, num_items)` builds the first one).
+    Returns:
+      An `HpflProcess` (a stateful `fedpersonal.core.PersonalizedProcess`; a client's private state is its
+      `ClientState`, `initial_client_state(num_users, num_items)` builds the first one).
 
-        Example:
+    Example:
 
-        >>> from fedpersonal.algorithms import hpfl
-        >>> from fedpersonal.models import gum
-        >>> config = gum.GumConfig(num_attributes=3, max_users=5, max_items=4, hidden_dim=2)
-        >>> process = hpfl.build_hpfl(config, accuracy_threshold=0.5)
-        >>> process.stateful, process.initial_client_state(5, 4).num_users
-        (True, 5)
+    >>> from fedpersonal.algorithms import hpfl
+    >>> from fedpersonal.models import gum
+    >>> config = gum.GumConfig(num_attributes=3, max_users=5, max_items=4, hidden_dim=2)
+    >>> process = hpfl.build_hpfl(config, accuracy_threshold=0.5)
+    >>> process.stateful, process.initial_client_state(5, 4).num_users
+    (True, 5)
     """
     spec = RoundSpec(
         public_aggregation='accuracy_weighted' if aggregate_public else 'none',
