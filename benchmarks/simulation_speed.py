@@ -267,24 +267,30 @@ def _nwp_round_flops(counts: list[tuple[int, int, int]], length: int, per_token_
     return float(flops)
 
 
-def _furl_config():
-    """`FurlConfig` from configs/furl_assistments.flags with the shared ASSISTments copy."""
+def _assist_config(config_cls, flagfile: str):
+    """A task config from `configs/<flagfile>` with the shared ASSISTments copy as its data."""
     from absl import flags as absl_flags
 
     from fedpersonal.program import config_flags
-    from fedpersonal.tasks import furl_personalization
 
     values = absl_flags.FlagValues()
-    config_flags.define_flags(furl_personalization.FurlConfig, flag_values=values)
+    config_flags.define_flags(config_cls, flag_values=values)
     values(
         [
-            'furl',
-            f'--flagfile={os.path.join(_REPO, "configs", "furl_assistments.flags")}',
+            'benchmark',
+            f'--flagfile={os.path.join(_REPO, "configs", flagfile)}',
             f'--data_dir={os.path.join(_SHARED_DATA, "assist-a0910")}',
             f'--output_dir={tempfile.gettempdir()}',
         ]
     )
-    return config_flags.config_from_flags(furl_personalization.FurlConfig, flag_values=values)
+    return config_flags.config_from_flags(config_cls, flag_values=values)
+
+
+def _furl_config():
+    """`FurlConfig` from configs/furl_assistments.flags with the shared ASSISTments copy."""
+    from fedpersonal.tasks import furl_personalization
+
+    return _assist_config(furl_personalization.FurlConfig, 'furl_assistments.flags')
 
 
 def furl_setup() -> Setup:
@@ -357,24 +363,11 @@ def _furl_round_flops(
 
 def hpfl_setup() -> Setup:
     """HPFL (both aggregations) on its ASSISTments configuration: 40 silos, every silo every round."""
-    from absl import flags as absl_flags
-
     from fedpersonal.algorithms import hpfl
     from fedpersonal.models import gum
-    from fedpersonal.program import config_flags
     from fedpersonal.tasks import hpfl_user_modeling as task
 
-    values = absl_flags.FlagValues()
-    config_flags.define_flags(task.HpflConfig, flag_values=values)
-    values(
-        [
-            'hpfl',
-            f'--flagfile={os.path.join(_REPO, "configs", "hpfl_assist.flags")}',
-            f'--data_dir={os.path.join(_SHARED_DATA, "assist-a0910")}',
-            f'--output_dir={tempfile.gettempdir()}',
-        ]
-    )
-    config = config_flags.config_from_flags(task.HpflConfig, flag_values=values)
+    config = _assist_config(task.HpflConfig, 'hpfl_assist.flags')
     data = task.load_data(config)
     gum_config = gum.GumConfig.for_data(data, hidden_dim=config.hidden_dim)
     ids = [silo.client_id for silo in data.silos]
