@@ -235,7 +235,7 @@ def _build_engine_process(
             accuracy = cache['accuracy']
             accuracy.reset_state()
 
-            @tf.function(jit_compile=True)
+            @tf.function(jit_compile=model.xla)
             def train(received, non_trainable, group, personal_trainable, personal_non_trainable):
                 loss = tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True)
                 personal = functional.Parts(personal_trainable, personal_non_trainable, [], [])

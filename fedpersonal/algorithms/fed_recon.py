@@ -173,7 +173,7 @@ def _build_group_client_update(
             for metric in metrics:  # Run in this process's runtime, the variables outlive a call.
                 metric.reset_state()
 
-            @tf.function(jit_compile=True)
+            @tf.function(jit_compile=model.xla)
             def train(received, non_trainable, group):
                 local_init = (
                     received[num_global:] if learn_local_init else [tf.constant(v) for v in initial.local_trainable]

@@ -240,7 +240,7 @@ def _build_engine_process(
             for metric in metrics:
                 metric.reset_state()
 
-            @tf.function(jit_compile=True)
+            @tf.function(jit_compile=model.xla)
             def train(received, non_trainable, group, private_trainable, private_non_trainable):
                 weights = functional.Parts(received, non_trainable, private_trainable, private_non_trainable)
                 phase = group['train']

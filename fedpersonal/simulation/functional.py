@@ -97,6 +97,10 @@ def _batch_norms(model: Any) -> list[Any]:
 
 
 _BATCH_NORM = tf.keras.layers.BatchNormalization.__mro__[1]  # Keras' BatchNormalizationBase (also Sync...).
+# Layers whose client steps run slower compiled by XLA on the CPU than as a plain TF graph (measured, engine round):
+# the next-word LSTM (unrolled) 0.65 vs 0.25 s, FedDVA's convolutions 17 vs 3.5 s. Embedding and dense models
+# (matrix factorization, FURL) run about 3.5x faster with XLA.
+_NO_XLA_LAYERS = (tf.keras.layers.RNN, tf.keras.layers.Conv1D, tf.keras.layers.Conv2D, tf.keras.layers.Conv3D)
 
 
 class FunctionalModel:
@@ -116,6 +120,8 @@ class FunctionalModel:
       initial_weights: The model's initial weights (`Parts` of numpy arrays): its seeded initializers' values.
       input_spec: The model's input spec (None for a Keras model or a model object without one).
       regularized: Whether the Keras parts have regularization losses.
+      xla: Whether the engine compiles this model's client steps with XLA (``jit_compile``): not for recurrent or
+        convolutional layers, which XLA's CPU backend ran 2.5-5x slower than TF's kernels (measured).
       stateful_slots: The slots of the weights the model's layers update in training mode (batch norm moving
         statistics), in a fixed order.
       template: The model object built once in a scratch graph (for its structure and attributes, e.g. sizes;
@@ -168,6 +174,9 @@ class FunctionalModel:
                 values = session.run([list(group) for group in weight_groups])
                 created_values = session.run(created)
             self.regularized = any(part.losses for part in keras_parts(model))
+            self.xla = not any(
+                isinstance(layer, _NO_XLA_LAYERS) for part in keras_parts(model) for layer in [part, *part.submodules]
+            )
             self.input_spec = getattr(model, 'input_spec', None) if not self._is_keras else None
         self._model_fn = model_fn
         self.template = model

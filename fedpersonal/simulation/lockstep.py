@@ -15,7 +15,8 @@ What made it fast (measured on the MovieLens MF round, see docs/RESULTS.md):
 * gradients of embedding lookups (`tf.IndexedSlices`) leave the vectorized function as values and row
   indices and are applied with one batched scatter for the whole group (plain SGD); a dense per-client table
   update is 4-6x slower, and a scatter inside `vectorized_map` falls back to a loop;
-* the whole loop is compiled with XLA (`jit_compile=True`).
+* the whole loop is compiled with XLA (`jit_compile=True`) where that pays (`FunctionalModel.xla`: not for
+  recurrent or convolutional models, which XLA's CPU backend ran 2.5-5x slower).
 
 Padded examples (a batch smaller than the group's batch size, an empty slot) carry mask 0 and zero-filled
 features and labels: the loss is reduced over the batch's real examples only (`masked_loss`), and metrics
