@@ -307,15 +307,17 @@ def lockstep_steps(
     def body(t, values, optimizer_state, num_examples, loss_sum, deltas, finite, carried, stats):
         # Without XLA (dynamic shapes are free) a step runs only the clients that still have a batch; with XLA
         # every client of the group steps and a finished client's all-zero mask makes its step a no-op.
-        if compact:
-            index = tf.cast(tf.where(t < phase['steps'])[:, 0], tf.int32)
-            take = lambda a: tf.gather(a, index)
-            put = lambda full, part: tf.tensor_scatter_nd_update(full, index[:, tf.newaxis], part)
-            expand = lambda part, fill: put(tf.fill([clients], tf.constant(fill, part.dtype)), part)
-        else:
-            index = tf.range(clients)
-            take = put = lambda *a: a[-1]
-            expand = lambda part, fill: part
+        index = tf.cast(tf.where(t < phase['steps'])[:, 0], tf.int32) if compact else None
+
+        def take(value: tf.Tensor) -> tf.Tensor:  # The stepping clients' slices.
+            return value if index is None else tf.gather(value, index)
+
+        def put(full: tf.Tensor, part: tf.Tensor) -> tf.Tensor:  # The stepping clients' new slices, in place.
+            return part if index is None else tf.tensor_scatter_nd_update(full, index[:, tf.newaxis], part)
+
+        def expand(part: tf.Tensor, fill: float | bool) -> tf.Tensor:  # Per stepping client -> per client.
+            return put(tf.fill([clients], tf.constant(fill, part.dtype)), part)
+
         batch = tf.nest.map_structure(lambda a: take(a[:, t]), phase['batch'])
         mask = take(phase['mask'][:, t])
         extra = tf.nest.map_structure(lambda a: take(a[:, t]), step_inputs) if step_inputs is not None else ()
