@@ -315,8 +315,9 @@ def lockstep_steps(
         def put(full: tf.Tensor, part: tf.Tensor) -> tf.Tensor:  # The stepping clients' new slices, in place.
             return part if index is None else tf.tensor_scatter_nd_update(full, index[:, tf.newaxis], part)
 
-        def expand(part: tf.Tensor, fill: float | bool) -> tf.Tensor:  # Per stepping client -> per client.
-            return put(tf.fill([clients], tf.constant(fill, part.dtype)), part)
+        def expand(part: tf.Tensor, fill: int) -> tf.Tensor:  # Per stepping client -> per client (fill the rest).
+            # Shaped like `steps`, so a group of statically known size keeps its static shape through the loop.
+            return put(tf.cast(tf.zeros_like(phase['steps']) + fill, part.dtype), part)
 
         batch = tf.nest.map_structure(lambda a: take(a[:, t]), phase['batch'])
         mask = take(phase['mask'][:, t])
@@ -342,7 +343,7 @@ def lockstep_steps(
             kinds = [is_sparse for is_sparse, a in zip(sparse, accumulate) if a]
             deltas = [_accumulate(d, g, k, learning_rate, step_weights) for d, g, k in zip(deltas, accumulated, kinds)]
             for g, is_sparse in zip(gradients, sparse):
-                finite = tf.logical_and(finite, expand(_all_finite(g[0] if is_sparse else g), True))
+                finite = tf.logical_and(finite, expand(_all_finite(g[0] if is_sparse else g), 1))
         else:
             state_now = tf.nest.map_structure(take, optimizer_state)
             new_state, new_values = for_each_client(
@@ -366,8 +367,8 @@ def lockstep_steps(
                 vectorize=vectorize,
                 signature=stats_signature,
             )
-            stats = tf.nest.map_structure(lambda a, b: a + expand(tf.where(active, b, 0.0), 0.0), stats, step_stats)
-        n_sum, l_sum = num_examples + expand(n, 0.0), loss_sum + expand(batch_loss * n, 0.0)
+            stats = tf.nest.map_structure(lambda a, b: a + expand(tf.where(active, b, 0.0), 0), stats, step_stats)
+        n_sum, l_sum = num_examples + expand(n, 0), loss_sum + expand(batch_loss * n, 0)
         return t + 1, values, optimizer_state, n_sum, l_sum, deltas, finite, carried, stats
 
     one_client = lambda structure: tf.nest.map_structure(lambda t: tf.TensorSpec(t.shape[1:], t.dtype), structure)
