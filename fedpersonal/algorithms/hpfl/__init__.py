@@ -92,7 +92,7 @@ from fedpersonal.algorithms.hpfl.data import initial_client_state
 from fedpersonal.algorithms.hpfl.data import initial_client_states
 from fedpersonal.algorithms.hpfl.data import split_dataset
 from fedpersonal.algorithms.hpfl.evaluation import predict_silos
-from fedpersonal.algorithms.hpfl.process import HpflProcess
+from fedpersonal.algorithms.hpfl.hpfl_process import HpflProcess
 from fedpersonal.algorithms.hpfl.process import build_hpfl
 from fedpersonal.algorithms.hpfl.process import build_process
 from fedpersonal.algorithms.hpfl.spec import RoundSpec

@@ -33,7 +33,7 @@ from typing import Any
 
 import tensorflow_federated as tff
 
-from fedpersonal.algorithms.hpfl.process import HpflProcess
+from fedpersonal.algorithms.hpfl.hpfl_process import HpflProcess
 from fedpersonal.algorithms.hpfl.process import build_process
 from fedpersonal.algorithms.hpfl.spec import RoundSpec
 from fedpersonal.models import gum
