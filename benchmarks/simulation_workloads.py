@@ -387,7 +387,6 @@ def _hpfl_round_flops(counts, *, max_items, users, k, h, local, centres, iterati
 
 def feddva_setup() -> Setup:
     """FedDVA (heterogeneous inputs, the head on fixed [z, c]) on configs/feddva_scaled.flags with MNIST."""
-    from fedpersonal.data import federated_images
     from fedpersonal.tasks import feddva as feddva_task
     from fedpersonal.tasks import feddva_workload
 
@@ -398,14 +397,7 @@ def feddva_setup() -> Setup:
         f'--data_dir={os.path.join(_SHARED_DATA, "mnist")}',
     )
     workload = feddva_workload.round_workload(config)
-    source = federated_images.load_source(
-        config.dataset,
-        config.data_dir,
-        generated_train=config.generated_train,
-        generated_test=config.generated_test,
-        seed=config.seed,
-    )
-    task = feddva_task.FeddvaTask(config, feddva_task.load_setting(config, source, 'heterogeneous_inputs'))
+    task = workload.task
     epochs = dict(decoder=config.decoder_epochs, z=config.z_epochs, c=config.c_epochs, head=config.head_epochs)
     per_batch = _feddva_batch_flops(task.dva_fn(False), config.batch_size, task.data.image_shape)
     sizes = {cid: _count_examples(list(workload.dataset_fn(cid).as_numpy_iterator())) for cid in workload.client_ids}

@@ -35,6 +35,7 @@ class Workload:
       clients_per_round: Sampled clients per round.
       build: ``simulation -> PersonalizedProcess`` ('per_client' or 'engine'; the config's group size).
       seed: The config's seed (client sampling).
+      task: The `FeddvaTask` of the setting (its model functions, data and config).
     """
 
     client_ids: list[str]
@@ -42,6 +43,7 @@ class Workload:
     clients_per_round: int
     build: Callable[[str], Any]
     seed: int
+    task: feddva_task.FeddvaTask
 
     def sample(self, round_num: int) -> list[str]:
         from fedpersonal import program
@@ -78,4 +80,4 @@ def round_workload(
         )
 
     dataset_fn = lambda cid: task.dataset_fn(task.train.create_tf_dataset_for_client(cid))
-    return Workload(list(task.data.client_ids), dataset_fn, config.clients_per_round, build, config.seed)
+    return Workload(list(task.data.client_ids), dataset_fn, config.clients_per_round, build, config.seed, task)
