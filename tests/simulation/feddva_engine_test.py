@@ -77,9 +77,14 @@ def test_feddva_engine_equals_per_client_path():
     engine = run(engine_process)
     for a, b in zip(tf.nest.flatten(engine[0]), tf.nest.flatten(reference[0])):
         assert_close(a, b)
+    # Private states (decoders, heads) take 3-4 fresh-Adam phases per round: Adam divides each gradient entry by its
+    # own running scale, so a rounding difference in a small gradient entry becomes a difference of a step. The
+    # rounding varies between runs (this test passes alone; in a parallel CI run one decoder entry of 60 was off by
+    # 3.8e-5 after 3 rounds). 1e-4 of the parameter scale still catches any real divergence (a wrong
+    # batch, mask or step moves weights by about the learning rate, 1e-2).
     for c in reference[2]:
         for a, b in zip(tf.nest.flatten(engine[2][c]), tf.nest.flatten(reference[2][c])):
-            assert_close(a, b)
+            assert_close(a, b, rtol=1e-4)
     assert list(engine[1]) == list(reference[1])
     for key, value in reference[1].items():
         assert_close(engine[1][key], value)
