@@ -50,22 +50,29 @@ class KerasMetricsFinalizer:
     """`tff.learning.metrics.sum_then_finalize`'s finalization of summed Keras metric variables, run eagerly.
 
     TFF's Keras finalizers build a metric inside a `tf.function` on every trace, which only works in a TFF
-    computation's graph; here one set of metrics (from `build_metrics`) is kept and its variables are set.
+    computation's graph; here one set of metrics (from `build_metrics`) is kept, and one `tf.function` (traced
+    once) sets its variables and returns every result: one call per round instead of an eager op per variable.
     """
 
     def __init__(self, build_metrics: Callable[[], Sequence[tf.keras.metrics.Metric]]):
         self._build_metrics = build_metrics
-        self._metrics: Sequence[tf.keras.metrics.Metric] | None = None
+        self._finalize: Callable[[Any], Any] | None = None
 
     def __call__(self, unfinalized: Any) -> collections.OrderedDict:
-        if self._metrics is None:
-            self._metrics = self._build_metrics()
-        finalized = collections.OrderedDict()
-        for metric in self._metrics:
-            for variable, value in zip(metric.variables, unfinalized[metric.name]):
-                variable.assign(value)
-            finalized[metric.name] = metric.result().numpy()
-        return finalized
+        if self._finalize is None:
+            metrics = self._build_metrics()
+
+            @tf.function
+            def finalize(unfinalized):
+                finalized = collections.OrderedDict()
+                for metric in metrics:
+                    for variable, value in zip(metric.variables, unfinalized[metric.name]):
+                        variable.assign(value)
+                    finalized[metric.name] = metric.result()
+                return finalized
+
+            self._finalize = finalize
+        return collections.OrderedDict((k, v.numpy()) for k, v in self._finalize(unfinalized).items())
 
 
 def apply_update(
