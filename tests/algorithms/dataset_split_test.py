@@ -38,6 +38,24 @@ def test_split_is_disjoint_covering_and_order_invariant():
         assert (sorted(s), sorted(q)) == reference  # Same examples whatever the order.
 
 
+def test_hash_split_is_independent_between_clients():
+    # 300 clients, each rating a random 40 of 100 items (rating = item % 5, so an item's example is the same in
+    # every client). Unsalted, an example's rank depends on its content alone and the same items fall in the
+    # support set of almost every client; salted per client, each item is in about half of its clients' support
+    # sets (binomial, ~120 clients per item: share 0.5 +- 0.05).
+    rng = np.random.default_rng(0)
+    in_support, total = np.zeros(100), np.zeros(100)
+    for _ in range(300):
+        items = rng.choice(100, size=40, replace=False).astype(np.int64)
+        examples = collections.OrderedDict(x=items[:, None], y=(items % 5).astype(np.float32)[:, None])
+        support, _ = dataset_split.split_examples(examples, algorithms.ReconstructionSplit())
+        in_support[support['x'].numpy().ravel()] += 1
+        total[items] += 1
+    share = in_support / total
+    assert np.mean((share < 0.25) | (share > 0.75)) == 0.0, np.sort(share)
+    assert abs(np.mean(share) - 0.5) < 0.02
+
+
 def test_tff_even_odd_split_leaks_under_reshuffling():
     """The failure mode this split fixes: TFF 0.87's split iterates the dataset twice."""
     tff_split = tff.learning.models.ReconstructionModel.build_dataset_split_fn(split_dataset=True)
