@@ -103,7 +103,7 @@ class PersonalizedProcess(tff.templates.IterativeProcess):
         """
         if self.packer is None:
             return list(client_data)
-        return self.packer.pack(list(client_data), client_ids)
+        return self.packer.pack(client_data, client_ids)
 
     def run_round(
         self,

@@ -159,9 +159,10 @@ class ClientPacker:
         spec = collections.OrderedDict((name, phase) for name in self.phase_names)
         return tff.types.tensorflow_to_type(spec)
 
-    def _client(self, dataset: tf.data.Dataset, client_id: str | None) -> list[_Phase]:
+    def _client(self, get_dataset: Callable[[], tf.data.Dataset], client_id: str | None) -> list[_Phase]:
         if client_id is not None and client_id in self._cache:
             return self._cache[client_id]
+        dataset = get_dataset()
         if self._batch_phase_fn is not None:
             phase_batches = self._batch_phase_fn(list(dataset.as_numpy_iterator()))
         else:
@@ -179,10 +180,18 @@ class ClientPacker:
         return groups, max(1, -(-num_clients // groups))
 
     def pack(self, datasets: Sequence[tf.data.Dataset], client_ids: Sequence[str] | None = None) -> list[Any]:
-        """The round's clients as a list of packed groups (in client order, `group_size` per group)."""
+        """The round's clients as a list of packed groups (in client order, `group_size` per group).
+
+        With `client_ids`, a client's data is materialized once: later rounds read `datasets[i]` only for clients
+        not seen before, so `datasets` may be a lazy sequence that builds a pipeline when indexed.
+        """
         if client_ids is not None and len(client_ids) != len(datasets):
             raise ValueError(f'{len(client_ids)} client ids for {len(datasets)} datasets.')
-        clients = [self._client(d, None if client_ids is None else str(client_ids[i])) for i, d in enumerate(datasets)]
+        # `datasets[i]` is only read for a client not packed before (a lazy sequence then builds no pipeline).
+        clients = [
+            self._client(lambda i=i: datasets[i], None if client_ids is None else str(client_ids[i]))
+            for i in range(len(datasets))
+        ]
         for p, name in enumerate(self.phase_names):
             steps = max((c[p].steps for c in clients), default=1)
             self._steps[name] = max(self._steps[name], _bucket(steps))

@@ -85,9 +85,11 @@ class SiloPacker:
         self._epochs = epochs
         self._cache: dict[Any, dict[str, Any]] = {}
 
-    def _silo(self, data: ClientData, key: Any) -> dict[str, Any]:
+    def _silo(self, get_data: Callable[[], ClientData], key: Any) -> dict[str, Any]:
+        """A silo's materialized batches; `get_data` is only called for a silo not cached under `key`."""
         if key is not None and key in self._cache:
             return self._cache[key]
+        data = get_data()
         silo = dict(
             train=packing.batches_as_tff_sees(data.train.repeat(self._epochs)),
             validation=packing.batches_as_tff_sees(data.validation),
@@ -101,7 +103,7 @@ class SiloPacker:
     def pack(self, client_data: Sequence[ClientData], client_ids: Sequence[Any] | None = None) -> list[ClientData]:
         """Each silo's `ClientData` with `PaddedBatches`, padded to the round's largest silo (a power of 2 steps)."""
         keys = list(client_ids) if client_ids is not None else [None] * len(client_data)
-        silos = [self._silo(d, k) for d, k in zip(client_data, keys)]
+        silos = [self._silo(lambda i=i: client_data[i], k) for i, k in enumerate(keys)]  # Lazy: see `_silo`.
         splits = ('train', 'validation')
         batch = max([len(b['label']) for s in silos for split in splits for b in s[split]] or [1])
         steps = {split: _pow2(max([len(s[split]) for s in silos] or [1])) for split in splits}
