@@ -118,7 +118,7 @@ class _ClientInputs(Sequence):
     def __len__(self) -> int:
         return len(self._client_ids)
 
-    def __getitem__(self, index):  # type: ignore[override]
+    def __getitem__(self, index):
         if isinstance(index, slice):
             return [self._make(c) for c in self._client_ids[index]]
         return self._make(self._client_ids[index])

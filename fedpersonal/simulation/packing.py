@@ -20,6 +20,7 @@ the same batches every round, as the package's tasks do; without ids every round
 from __future__ import annotations
 
 import collections
+import functools
 from collections.abc import Callable
 from collections.abc import Sequence
 from typing import Any
@@ -189,7 +190,7 @@ class ClientPacker:
             raise ValueError(f'{len(client_ids)} client ids for {len(datasets)} datasets.')
         # `datasets[i]` is only read for a client not packed before (a lazy sequence then builds no pipeline).
         clients = [
-            self._client(lambda i=i: datasets[i], None if client_ids is None else str(client_ids[i]))
+            self._client(functools.partial(datasets.__getitem__, i), None if client_ids is None else str(client_ids[i]))
             for i in range(len(datasets))
         ]
         for p, name in enumerate(self.phase_names):

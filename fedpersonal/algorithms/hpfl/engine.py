@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import collections
 import concurrent.futures
+import functools
 import os
 import time
 from collections.abc import Callable
@@ -103,7 +104,9 @@ class SiloPacker:
     def pack(self, client_data: Sequence[ClientData], client_ids: Sequence[Any] | None = None) -> list[ClientData]:
         """Each silo's `ClientData` with `PaddedBatches`, padded to the round's largest silo (a power of 2 steps)."""
         keys = list(client_ids) if client_ids is not None else [None] * len(client_data)
-        silos = [self._silo(lambda i=i: client_data[i], k) for i, k in enumerate(keys)]  # Lazy: see `_silo`.
+        silos = [
+            self._silo(functools.partial(client_data.__getitem__, i), k) for i, k in enumerate(keys)
+        ]  # Lazy: see `_silo`.
         splits = ('train', 'validation')
         batch = max([len(b['label']) for s in silos for split in splits for b in s[split]] or [1])
         steps = {split: _pow2(max([len(s[split]) for s in silos] or [1])) for split in splits}
