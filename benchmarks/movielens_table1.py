@@ -1,17 +1,25 @@
-"""FedRecon paper Table 1 on MovieLens, side by side with TFF 0.87's own FedRecon.
+"""FedRecon paper Table 1 on MovieLens, to convergence, tuned on validation, over seeds; beside TFF 0.87's FedRecon.
 
   python benchmarks/movielens_table1.py --flagfile=configs/movielens_100k_table1.flags \
       --data_dir=DIR_WITH_u.data --output_dir=output/table1
 
-Runs the configurations of the flagfile with fedpersonal, then the `fedrecon`
-configuration again with `tff.learning.algorithms.build_fed_recon` (same model,
-data split, hyperparameters, client sampling and ReconEval), then an
-interleaved speed test: both processes run the same sampled clients on
-alternating rounds, so machine noise hits both equally.
+For every configuration of the flagfile:
 
-Writes `docs/results/movielens_table1.json` (rows with `rmse`, `mae`,
-`accuracy`, `seconds_per_round`) and replaces the Table 1 section of
-`docs/RESULTS.md`.
+1. *tuning* (federated rows, when a ``--grid_*`` list has several values): every combination of the grids' client,
+   server and reconstruction learning rates trains with the first seed, early-stopped on validation RMSE
+   (``--early_stopping_patience``); the combination with the lowest best validation RMSE is selected;
+2. *seeds*: the selected combination trains with every ``--seeds`` value (the first one's run is the tuning run),
+   each early-stopped on validation and tested once, with the model of its best validation round;
+3. the row is the mean over seeds, with ``<metric>_std`` (sample standard deviation), ``seeds`` and the per-seed rows.
+
+Then (unless ``--skip_tff``) TFF 0.87's `tff.learning.algorithms.build_fed_recon` trains the `fedrecon` row's
+selected configuration with the first seed for the same number of rounds as fedpersonal's run (same model, split,
+sampling and ReconEval), and an interleaved speed test runs both on the same sampled clients on alternating rounds.
+
+Every run has its own output directory under ``--output_dir`` (``grid/<row>/<lrs>``, ``seed<k>/<row>``); a rerun skips
+the runs that wrote their results and resumes the others from their checkpoints. Writes
+`docs/results/movielens_table1.json` (rows with `rmse`, `mae`, `accuracy`, their `_std`, `seeds`,
+`seconds_per_round`) and replaces the Table 1 section of `docs/RESULTS.md`.
 """
 
 import dataclasses
@@ -27,6 +35,7 @@ from absl import app
 from absl import flags
 from absl import logging
 
+from fedpersonal import data as data_lib
 from fedpersonal import program
 from fedpersonal import runtime
 from fedpersonal.program import config_flags
@@ -36,6 +45,10 @@ _DEFAULTS = {'output_dir': 'output/table1'}
 config_flags.define_flags(movielens_mf.MovieLensMFConfig, overrides=_DEFAULTS)
 flags.DEFINE_integer('speed_rounds', 20, 'Rounds of the interleaved speed comparison (per implementation).')
 flags.DEFINE_bool('skip_tff', False, 'Skip the TFF reference run.')
+flags.DEFINE_list('seeds', ['0', '1', '2'], 'Seeds of every row (initialization, client sampling, reconstruction).')
+flags.DEFINE_list('grid_client_learning_rates', [], 'Tuning grid of the federated rows (empty: the flag value).')
+flags.DEFINE_list('grid_server_learning_rates', [], 'Tuning grid of the federated rows (empty: the flag value).')
+flags.DEFINE_list('grid_reconstruction_learning_rates', [], 'Tuning grid (empty: the flag value).')
 flags.DEFINE_string('results_json', 'docs/results/movielens_table1.json', 'Machine-readable results.')
 flags.DEFINE_string('results_md', 'docs/RESULTS.md', 'Markdown results file (its Table 1 section is replaced).')
 FLAGS = flags.FLAGS
@@ -69,52 +82,186 @@ def interleaved_speed(config: movielens_mf.MovieLensMFConfig, rounds: int) -> di
     return {impl: float(np.median(t)) for impl, t in times.items()}
 
 
+FEDERATED = ('fedavg_standard', 'fedavg_recon', 'fedrecon')
+_RUN_ORDER = ('fedrecon', 'centralized_recon', 'centralized_standard', 'fedavg_recon', 'fedavg_standard')
+_STD_KEYS = ('rmse', 'mae', 'accuracy')
+
+
+def _run(task_config: movielens_mf.MovieLensMFConfig, prepared, name: str) -> dict:
+    """One configuration's row in its output directory; an earlier finished run's results are read back."""
+    path = os.path.join(task_config.output_dir, name, 'results.json')
+    if os.path.exists(path):
+        with open(path) as f:
+            return json.load(f)
+    program.write_json(os.path.join(task_config.output_dir, 'config.json'), dataclasses.asdict(task_config))
+    return movielens_mf.run_configuration(movielens_mf.MovieLensMFTask(task_config, prepared), name)
+
+
+def _grid(config: movielens_mf.MovieLensMFConfig, name: str) -> list[dict[str, float]]:
+    """The learning-rate combinations tried for row `name` (only the flag values when no grid is given)."""
+    values = lambda flag, default: [float(v) for v in FLAGS[flag].value] or [default]
+    clients = values('grid_client_learning_rates', config.client_learning_rate)
+    servers = values('grid_server_learning_rates', config.server_learning_rate)
+    recons = values('grid_reconstruction_learning_rates', config.reconstruction_learning_rate)
+    if name == 'fedavg_standard':  # Never reconstructs.
+        recons = [config.reconstruction_learning_rate]
+    return [
+        dict(client_learning_rate=c, server_learning_rate=s, reconstruction_learning_rate=r)
+        for c in clients
+        for s in servers
+        for r in recons
+    ]
+
+
+def _label(lrs: dict[str, float]) -> str:
+    return f'c{lrs["client_learning_rate"]:g}_s{lrs["server_learning_rate"]:g}_r{lrs["reconstruction_learning_rate"]:g}'
+
+
+def _mean_row(name: str, runs: list[dict], seeds: list[int]) -> dict:
+    """The mean over seeds of every numeric metric, with the sample standard deviation of the headline ones."""
+    row: dict = {'name': runs[0]['name'], 'configuration': name, 'seeds': seeds}
+    for key in ('rmse', 'mae', 'accuracy', 'loss', 'num_examples', 'seconds_per_round', 'best_round', 'rounds'):
+        values = [r[key] for r in runs if r.get(key) is not None]
+        if values:
+            row[key] = float(np.mean(values))
+    for key in _STD_KEYS:
+        row[f'{key}_std'] = float(np.std([r[key] for r in runs], ddof=1)) if len(runs) > 1 else 0.0
+    row['per_client'] = runs[0].get('per_client', {})  # The first seed's per-client quantiles.
+    row['per_seed'] = [{k: r.get(k) for k in (*_STD_KEYS, 'best_round', 'rounds', 'wall_seconds')} for r in runs]
+    return row
+
+
+def run_row(config, prepared, name: str, seeds: list[int]) -> dict:
+    """Tunes (federated rows) on the first seed's validation RMSE, then runs every seed; returns the mean row."""
+    selected: dict[str, float] = {}
+    first = None
+    if name in FEDERATED:
+        trials = []
+        for lrs in _grid(config, name):
+            trial_config = dataclasses.replace(
+                config, seed=seeds[0], output_dir=os.path.join(config.output_dir, 'grid', name, _label(lrs)), **lrs
+            )
+            trials.append((lrs, _run(trial_config, prepared, name)))
+            logging.info('[%s] %s: best validation RMSE %.4f', name, _label(lrs), trials[-1][1]['best_validation_rmse'])
+        score = lambda trial: trial[1]['best_validation_rmse'] if np.isfinite(trial[1]['best_validation_rmse']) else 1e9
+        selected, first = min(trials, key=score)
+        grid = [
+            {**lrs, 'best_validation_rmse': r['best_validation_rmse'], 'best_round': r['best_round']}
+            for lrs, r in trials
+        ]
+    runs = [first] if first is not None else []
+    for seed in seeds[len(runs) :]:
+        seed_config = dataclasses.replace(
+            config, seed=seed, output_dir=os.path.join(config.output_dir, f'seed{seed}'), **selected
+        )
+        runs.append(_run(seed_config, prepared, name))
+    row = _mean_row(name, runs, seeds)
+    if selected:
+        row.update(selected=selected, grid=grid)
+    return row
+
+
+def format_table(rows: list[dict]) -> str:
+    """Markdown: mean +- std over seeds, the selected learning rates and the early-stopping rounds."""
+    lines = [
+        '| configuration | RMSE | MAE | accuracy | selected lrs (client/server/recon) | best round (of) | seeds | s/round |',
+        '|---|---|---|---|---|---|---|---|',
+    ]
+    for r in rows:
+        pm = lambda k: f'{r[k]:.3f} +- {r.get(k + "_std", 0.0):.3f}'
+        lrs = r.get('selected')
+        lrs_text = (
+            '/'.join(
+                f'{lrs[k]:g}' for k in ('client_learning_rate', 'server_learning_rate', 'reconstruction_learning_rate')
+            )
+            if lrs
+            else '-'
+        )
+        rounds = f'{r["best_round"]:.0f} ({r["rounds"]:.0f})' if 'best_round' in r else '-'
+        spr = r.get('seconds_per_round')
+        lines.append(
+            f'| {r["name"]} | {pm("rmse")} | {pm("mae")} | {pm("accuracy")} | {lrs_text} | {rounds} | '
+            f'{len(r.get("seeds", [0]))} | {"" if spr is None else f"{spr:.2f}"} |'
+        )
+    return '\n'.join(lines)
+
+
 def main(argv):
     del argv
     logging.set_verbosity(logging.INFO)
     command = 'python benchmarks/movielens_table1.py ' + ' '.join(shlex.quote(a) for a in sys.argv[1:])
     config = config_flags.config_from_flags(movielens_mf.MovieLensMFConfig, overrides=_DEFAULTS)
+    seeds = [int(s) for s in FLAGS.seeds]
+    started = time.time()
     with runtime.LocalRuntime():
-        results = movielens_mf.run(config)
-        rows = results['rows']
-        if not FLAGS.skip_tff and 'fedrecon' in config.configurations:
+        prepared = movielens_mf.load_data(config)
+        # The headline row first (a long run interrupted early still has it); the table keeps the flag's order.
+        order = sorted(config.configurations, key=lambda n: _RUN_ORDER.index(n))
+        done = {name: run_row(config, prepared, name, seeds) for name in order}
+        rows = [done[name] for name in config.configurations]
+        fedrecon = next((r for r in rows if r['configuration'] == 'fedrecon'), None)
+        if not FLAGS.skip_tff and fedrecon is not None:
             tff_config = dataclasses.replace(
                 config,
+                seed=seeds[0],
                 fedrecon_implementation='tff',
-                configurations=('fedrecon',),
+                total_rounds=int(fedrecon['per_seed'][0]['rounds']),  # fedpersonal's budget, early stopping aside.
+                early_stopping_patience=0,
                 output_dir=os.path.join(config.output_dir, 'tff_reference'),
+                **fedrecon.get('selected', {}),
             )
-            tff_row = movielens_mf.run(tff_config)['rows'][0]
+            tff_row = _mean_row('fedrecon_tff', [_run(tff_config, prepared, 'fedrecon')], seeds[:1])
             tff_row['name'] = 'FedRecon (ReconEval), TFF 0.87 build_fed_recon'
-            tff_row['configuration'] = 'fedrecon_tff'
             rows.append(tff_row)
-            speed = interleaved_speed(config, FLAGS.speed_rounds)
-            for row in rows:
-                if row['configuration'] == 'fedrecon':
-                    row['seconds_per_round_interleaved'] = speed['fedpersonal']
-                elif row['configuration'] == 'fedrecon_tff':
-                    row['seconds_per_round_interleaved'] = speed['tff']
+            speed = interleaved_speed(
+                dataclasses.replace(tff_config, fedrecon_implementation='fedpersonal'), FLAGS.speed_rounds
+            )
+            fedrecon['seconds_per_round_interleaved'] = speed['fedpersonal']
+            tff_row['seconds_per_round_interleaved'] = speed['tff']
+    runs = {
+        r['name']: program.ExperimentOutputs(
+            os.path.join(config.output_dir, f'seed{seeds[0]}')
+            if r['configuration'] not in FEDERATED
+            else os.path.join(config.output_dir, 'grid', r['configuration'], _label(r['selected'])),
+            r['configuration'],
+        ).read_metrics()
+        for r in rows
+        if r['configuration'] != 'fedrecon_tff'
+    }
+    curves = os.path.join(os.path.dirname(FLAGS.results_json), 'movielens_table1_learning_curves.png')
+    program.plot_curves(
+        runs, ['train/loss', 'eval/rmse', 'eval/accuracy'], curves, title=f'MovieLens Table 1, seed {seeds[0]}'
+    )
+    stats = data_lib.dataset_statistics(prepared.data)
     payload = {
         'command': command,
-        'dataset': results['dataset'],
-        'statistics': {k: v for k, v in results['statistics'].items() if not isinstance(v, dict)},
+        'dataset': prepared.description,
+        'statistics': {k: v for k, v in stats.items() if not isinstance(v, dict)},
         'machine': f'{platform.processor() or platform.machine()}, {os.cpu_count()} cores',
+        'wall_seconds': time.time() - started,
         'config': dataclasses.asdict(config),
-        'rows': [dict(r) for r in rows],
+        'rows': rows,
     }
     program.write_json(FLAGS.results_json, payload)
-    table = movielens_mf.format_table(rows)
+    table = format_table(rows)
     interleaved = [r for r in rows if 'seconds_per_round_interleaved' in r]
-    speed_lines = ''.join(f'\n- {r["name"]}: {r["seconds_per_round_interleaved"]:.2f} s/round' for r in interleaved)
+    speed_lines = ''.join(f'\n- {r["name"]}: {r["seconds_per_round_interleaved"]:.3f} s/round' for r in interleaved)
     section = (
         f'## FedRecon Table 1: MovieLens matrix factorization\n\n'
-        f'Command: `{command}`\n\nData: {results["dataset"]}. Machine: {payload["machine"]}.\n\n{table}\n\n'
-        f'Interleaved speed test ({FLAGS.speed_rounds} rounds each, identical clients, alternating order):'
-        f'{speed_lines}\n\nMachine-readable: `{FLAGS.results_json}`.'
+        f'Command: `{command}` ({payload["wall_seconds"] / 60:.0f} min)\n\n'
+        f'Data: {prepared.description}. Machine: {payload["machine"]}. Mean +- standard deviation over seeds '
+        f'{seeds}; each run early-stopped on validation RMSE (patience {config.early_stopping_patience} evaluations '
+        f"of every {config.rounds_per_eval} rounds) and tested once with its best validation round's model; "
+        f"learning rates selected on the first seed's validation RMSE.\n\n{table}\n\n"
+        + (
+            f'Interleaved speed test ({FLAGS.speed_rounds} rounds each, identical clients):{speed_lines}\n\n'
+            if interleaved
+            else ''
+        )
+        + f'Learning curves (first seed): `{curves}`. Machine-readable: `{FLAGS.results_json}`.'
     )
     program.replace_marked_section(FLAGS.results_md, 'movielens_table1', section)
     print(table)
-    print(json.dumps({r['name']: r.get('seconds_per_round_interleaved') for r in interleaved}))
 
 
 if __name__ == '__main__':

@@ -4,6 +4,7 @@ Every builder returns a `fedpersonal.core.PersonalizedProcess` (`initialize`, `n
 `ProcessOutput(state, metrics, private_states)`, `get_model_weights`):
 
 * `build_fed_recon`: Federated Reconstruction (stateless: local variables reconstructed every round);
+* `build_fed_avg`: weighted FedAvg (every variable global) on the fast engine, as FedRecon's special case;
 * `build_furl`: FURL (private parameters persisted on stateful clients);
 * `build_ditto`: Ditto (personal models as private state);
 * `build_feddva`: FedDVA (shared dual encoders, private decoders and heads);
@@ -14,6 +15,7 @@ Every builder returns a `fedpersonal.core.PersonalizedProcess` (`initialize`, `n
 from fedpersonal.algorithms.dataset_split import ReconstructionSplit
 from fedpersonal.algorithms.dataset_split import build_dataset_split_fn
 from fedpersonal.algorithms.ditto import build_ditto
+from fedpersonal.algorithms.fed_avg import build_fed_avg
 from fedpersonal.algorithms.fed_recon import build_fed_recon
 from fedpersonal.algorithms.feddva import build_feddva
 from fedpersonal.algorithms.furl import build_furl
@@ -25,6 +27,7 @@ __all__ = [
     'ReconstructionSplit',
     'build_dataset_split_fn',
     'build_ditto',
+    'build_fed_avg',
     'build_fed_recon',
     'build_feddva',
     'build_furl',

@@ -110,6 +110,28 @@ class EvaluationConfig:
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
+class EarlyStoppingConfig:
+    """Early stopping of federated training on the periodic validation evaluation (`program.EarlyStopping`)."""
+
+    early_stopping_patience: int = option(
+        0,
+        'Stop federated training after this many validation evaluations (every rounds_per_eval rounds) without '
+        'improvement (0: run total_rounds). Either way the model of the best validation round is the one tested.',
+    )
+    early_stopping_min_delta: float = option(0.0, 'The least validation improvement that counts (early stopping).')
+
+    def __post_init__(self):
+        _require(
+            self.early_stopping_patience >= 0,
+            f'early_stopping_patience must be >= 0, got {self.early_stopping_patience}.',
+        )
+        _require(
+            self.early_stopping_min_delta >= 0,
+            f'early_stopping_min_delta must be >= 0, got {self.early_stopping_min_delta}.',
+        )
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
 class EvalClientsConfig:
     """How many validation clients a periodic evaluation uses (cross-device)."""
 

@@ -23,15 +23,15 @@ for ``total_rounds`` rounds and owns, once for every binary:
   the last, the evaluation) go to ``metrics.csv`` and TensorBoard (`ExperimentOutputs.release_metrics`);
 * **model selection** (``selection``): the private states of the evaluation round with the lowest validation
   metric are kept in the store (ids ``'best/<client id>'``) and the best round and value in the checkpoint;
+* **early stopping** (``stopping``): the server state of the best evaluation round is kept in the checkpoint and
+  the run ends after ``patience`` evaluations without improvement (`fedpersonal.program.selection`);
 * **progress**: one log line per round with its time, the ETA and the headline metrics.
 """
 
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import json
-import math
 import os
 import shutil
 import time
@@ -48,6 +48,8 @@ from absl import logging
 from fedpersonal import errors
 from fedpersonal.metrics import communication
 from fedpersonal.program import outputs as outputs_lib
+from fedpersonal.program.selection import EarlyStopping
+from fedpersonal.program.selection import ModelSelection
 
 EvaluationFn = Callable[[Any], dict[str, Any]]
 ClientEvaluationFn = Callable[[Any, list[Any]], dict[str, Any]]
@@ -122,45 +124,6 @@ class _ClientInputs(Sequence):
         if isinstance(index, slice):
             return [self._make(c) for c in self._client_ids[index]]
         return self._make(self._client_ids[index])
-
-
-# ------------------------------------------------------------------------------------------ model selection
-@dataclasses.dataclass
-class ModelSelection:
-    """Validation-based model selection done by the loop (every-client runs with a client state store).
-
-    After each evaluation whose `metric` (a key of the evaluation metrics) is finite and lower than every earlier
-    one, the loop stores the new private states of every client under `state_ids` (the same store, same round,
-    so they are committed with the checkpoint and rolled back on resume) and records the round and value here
-    and in the checkpoint. Read the selected states with `best_states`.
-
-    Attributes:
-      metric: The evaluation metric to minimize (e.g. ``'rmse'``).
-      best_value: The lowest value so far (inf before any finite one).
-      best_round: Its round (0: none yet; the selected states are then the initial ones).
-    """
-
-    metric: str
-    best_value: float = math.inf
-    best_round: int = 0
-    prefix: str = 'best/'
-
-    def state_ids(self, client_ids: Sequence[str]) -> list[str]:
-        """The store ids of the selected states of `client_ids`."""
-        return [f'{self.prefix}{c}' for c in client_ids]
-
-    def best_states(self, store: Any, client_ids: Sequence[str]) -> list[list[np.ndarray]]:
-        """The selected flat private states of `client_ids` (their initial states, `store.default_fn`, if no
-        evaluation selected a round)."""
-        if self.best_round == 0:
-            return [store.default_fn(c) for c in client_ids]
-        return store.get(self.state_ids(client_ids))
-
-    def _checkpoint(self) -> dict[str, Any]:
-        return {'best_value': np.float64(self.best_value), 'best_round': np.int64(self.best_round)}
-
-    def _restore(self, saved: Mapping[str, Any]) -> None:
-        self.best_value, self.best_round = float(saved['best_value']), int(saved['best_round'])
 
 
 # ---------------------------------------------------------------------------------------------- config guard
@@ -283,6 +246,7 @@ def run_learning_process(
     validate_fn: Callable[[str, Any], None] | None = None,
     client_state_store: Any = None,
     selection: ModelSelection | None = None,
+    stopping: EarlyStopping | None = None,
     train_metrics_fn: Callable[[Any], Any] | None = None,
     evaluation_name: str = 'eval',
     config: Mapping[str, Any] | None = None,
@@ -316,6 +280,9 @@ def run_learning_process(
         ``next`` as its CLIENTS-placed third argument and the returned ones written back; the store is committed
         right after each server checkpoint and rolled back to the checkpointed round on resume.
       selection: Optional `ModelSelection` (every-client runs with a store and an evaluation), updated in place.
+      stopping: Optional `EarlyStopping` on an evaluation metric (needs an evaluation), updated in place: the run
+        ends after its `patience` stale evaluations (checkpointed, so a resumed run stops at the same round) and
+        keeps the best evaluation round's server state (`stopping.best_state`).
       train_metrics_fn: Maps the round's ``metrics`` to what is released under ``train`` (default: the client
         work's ``train`` metrics).
       evaluation_name: The key the evaluation metrics are released under.
@@ -339,19 +306,35 @@ def run_learning_process(
         client_evaluation_fn is None and evaluation_fn is None or not every_client or client_state_store is None
     ):
         raise ValueError('selection needs an evaluation, every-client participation and a client state store.')
+    if stopping is not None and evaluation_fn is None and client_evaluation_fn is None:
+        raise ValueError('stopping needs an evaluation (evaluation_fn or client_evaluation_fn).')
     state = initial_state if initial_state is not None else process.initialize()
-    checkpoint = {'state': state, 'selection': selection._checkpoint()} if selection is not None else state
+
+    def saved(state: Any) -> Any:  # What a checkpoint holds: the state, plus the selection's and stopping's records.
+        if selection is None and stopping is None:
+            return state
+        record: dict[str, Any] = {'state': state}
+        if selection is not None:
+            record['selection'] = selection._checkpoint()
+        if stopping is not None:
+            record['stopping'] = stopping._checkpoint(state)
+        return record
+
+    checkpoint = saved(state)
     checkpoints = _Checkpoints(outputs)
     checkpoints.recover(client_state_store)
     start_round = 0
     loaded, version = asyncio.run(outputs.state_manager.load_latest(checkpoint))
     if loaded is not None:
         start_round = int(version)
-        if selection is not None:
-            state = loaded['state']
-            selection._restore(loaded['selection'])
-        else:
+        if selection is None and stopping is None:
             state = loaded
+        else:
+            state = loaded['state']
+            if selection is not None:
+                selection._restore(loaded['selection'])
+            if stopping is not None:
+                stopping._restore(loaded['stopping'])
         logging.info('[%s] resumed from checkpoint at round %d', name, start_round)
     if config is not None:
         guard_config(outputs.path(RUN_CONFIG_FILE), config, resuming=loaded is not None)
@@ -382,7 +365,10 @@ def run_learning_process(
     per_round = clients_per_round or 0  # Checked >= 1 for sampled participation.
     history = []
     started = time.time()
-    for round_num in range(start_round + 1, total_rounds + 1):
+    if stopping is not None and stopping.stopped:
+        logging.info('[%s] stopped early before: best %s at round %d', name, stopping.metric, stopping.best_round)
+    last_round = start_round if stopping is not None and stopping.stopped else total_rounds
+    for round_num in range(start_round + 1, last_round + 1):
         round_start = time.time()
         participants = client_ids if every_client else sample_clients(client_ids, per_round, round_num, seed)
         run_round = getattr(process, 'run_round', None)  # A PersonalizedProcess packs for its engine.
@@ -429,10 +415,12 @@ def run_learning_process(
                         selection.state_ids(participants), [flatten_private_state(p) for p in new_private], round_num
                     )
                     selection.best_value, selection.best_round = value, round_num
+            if stopping is not None:
+                stopping.update(stopping.value_of(evaluation), round_num, state)
         history.append(outputs.release_metrics(round_num, metrics))
-        if round_num % rounds_per_checkpoint == 0 or round_num == total_rounds:
-            saved = {'state': state, 'selection': selection._checkpoint()} if selection is not None else state
-            checkpoints.save(saved, round_num, client_state_store)
+        stop = stopping is not None and stopping.stopped
+        if round_num % rounds_per_checkpoint == 0 or round_num == total_rounds or stop:
+            checkpoints.save(saved(state), round_num, client_state_store)
         done = round_num - start_round
         eta = (time.time() - started) / done * (total_rounds - round_num)
         keys = log_keys if log_keys is not None else _DEFAULT_LOG_KEYS
@@ -446,4 +434,16 @@ def run_learning_process(
             eta,
             '  '.join(f'{k}={v:.4f}' for k, v in shown.items()),
         )
+        if stop:
+            assert stopping is not None
+            logging.info(
+                '[%s] early stop at round %d: %s did not improve for %d evaluations (best %.4f at round %d)',
+                name,
+                round_num,
+                stopping.metric,
+                stopping.stale,
+                stopping.best_value,
+                stopping.best_round,
+            )
+            break
     return state, history

@@ -63,6 +63,7 @@ METRIC_KEYS = ('rmse', 'mae', 'accuracy', 'loss', 'num_examples')
 class MovieLensMFConfig(
     parts.CrossDeviceRunConfig,
     parts.EvalClientsConfig,
+    parts.EarlyStoppingConfig,
     parts.ClientOptimizerConfig,
     parts.ServerOptimizerConfig,
     parts.ReconstructionOptimizerConfig,
@@ -257,11 +258,6 @@ class MovieLensMFTask:
             global_variables=list(keras_model.trainable_variables) + list(keras_model.non_trainable_variables),
         )
 
-    def table_tff_model_fn(self) -> tff.learning.models.VariableModel:
-        return tff.learning.models.from_keras_model(
-            self.table_keras_model(), loss=self.loss_fn(), input_spec=mf.table_input_spec(), metrics=self.metrics_fn()
-        )
-
     def personal_globals_from_table(self, table_trainable: list[np.ndarray]) -> tff.learning.models.ModelWeights:
         """Item-side weights of a trained table model as personal-model global weights."""
         keras_model = self.table_keras_model()
@@ -355,12 +351,18 @@ class MovieLensMFTask:
             **kwargs,
         )
 
-    def build_fed_avg(self) -> tff.learning.templates.LearningProcess:
+    def build_fed_avg(self) -> Any:
+        """FedAvg of the table model: `algorithms.build_fed_avg` (tested equal to TFF's
+        `build_weighted_fed_avg`), on the engine unless ``simulation='per_client'``."""
         cfg = self.config
-        return tff.learning.algorithms.build_weighted_fed_avg(
-            self.table_tff_model_fn,
-            client_optimizer_fn=optimizers.build_optimizer(cfg.client_optimizer, cfg.client_learning_rate),
-            server_optimizer_fn=optimizers.build_optimizer(cfg.server_optimizer, cfg.server_learning_rate),
+        return algorithms.build_fed_avg(
+            self.table_model_fn,
+            loss_fn=self.loss_fn,
+            metrics_fn=self.metrics_fn,
+            client_optimizer=optimizers.build_optimizer(cfg.client_optimizer, cfg.client_learning_rate),
+            server_optimizer=optimizers.build_optimizer(cfg.server_optimizer, cfg.server_learning_rate),
+            simulation=cfg.simulation,
+            group_size=cfg.group_size,
         )
 
 
@@ -372,9 +374,13 @@ def _validate_personal(input_spec):
 
 
 def train_process(task, process, name, outputs, client_data, dataset_fn, eval_fn, validate_fn=None):
-    """Runs the configured rounds (resuming from `outputs`' checkpoints); returns the final state and the median
-    seconds per round."""
+    """Runs the configured rounds (resuming from `outputs`' checkpoints), early-stopped on validation RMSE with
+    `early_stopping_patience`; returns the state of the best validation round, the selection record
+    (``best_round``, ``best_validation_rmse``, ``rounds``) and the median seconds per round."""
     cfg = task.config
+    stopping = program.EarlyStopping(
+        'rmse', patience=cfg.early_stopping_patience, min_delta=cfg.early_stopping_min_delta
+    )
     state, history = program.run_learning_process(
         process,
         client_data=client_data,
@@ -388,9 +394,17 @@ def train_process(task, process, name, outputs, client_data, dataset_fn, eval_fn
         rounds_per_checkpoint=cfg.rounds_per_checkpoint,
         name=name,
         validate_fn=validate_fn,
+        stopping=stopping,
     )
     del history  # Only this process' rounds; metrics.csv has every round, also those of a resumed run.
-    return state, outputs.median_round_seconds()
+    selection = {
+        'best_round': stopping.best_round,
+        'best_validation_rmse': stopping.best_value,
+        'rounds': max([int(r['round']) for r in outputs.read_metrics()] or [0]),
+        'early_stopped': stopping.stopped,
+    }
+    best = stopping.best_state if stopping.best_state is not None else state
+    return best, selection, outputs.median_round_seconds()
 
 
 def run_configuration(task: MovieLensMFTask, name: str) -> dict[str, Any]:
@@ -402,7 +416,7 @@ def run_configuration(task: MovieLensMFTask, name: str) -> dict[str, Any]:
     if name == 'fedrecon':
         process = task.build_fed_recon()
         eval_fn = lambda w: task.periodic_metrics('recon', w, prepared.user_val, task.personal_dataset_fn)
-        state, row['seconds_per_round'] = train_process(
+        state, selection, row['seconds_per_round'] = train_process(
             task,
             process,
             name,
@@ -412,6 +426,7 @@ def run_configuration(task: MovieLensMFTask, name: str) -> dict[str, Any]:
             eval_fn,
             validate_fn=_validate_personal(mf.personal_input_spec()),
         )
+        row.update(selection)
         final = task.evaluate('recon', process.get_model_weights(state), prepared.user_test, task.personal_dataset_fn)
     elif name.startswith('fedavg'):
         standard = name == 'fedavg_standard'
@@ -428,9 +443,10 @@ def run_configuration(task: MovieLensMFTask, name: str) -> dict[str, Any]:
                 task.personal_dataset_fn,
             )
 
-        state, row['seconds_per_round'] = train_process(
+        state, selection, row['seconds_per_round'] = train_process(
             task, process, name, outputs, train, task.table_dataset_fn, eval_fn
         )
+        row.update(selection)
         weights = process.get_model_weights(state)
         if standard:
             final = task.evaluate('standard', weights, prepared.time_test, task.table_dataset_fn_eval)

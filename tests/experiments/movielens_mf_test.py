@@ -101,3 +101,24 @@ def test_bad_flag_values_give_clear_errors(tmp_path):
         _run(TINY + ['--configurations=fedprox', f'--output_dir={tmp_path}'])
     with pytest.raises(app.UsageError, match=r"--recon_steps_max='many': expected int or 'none'"):
         _run(TINY + ['--recon_steps_max=many', f'--output_dir={tmp_path}'])
+
+
+def test_early_stopping_ends_the_run_after_patience_stale_evaluations(tmp_path):
+    out = str(tmp_path / 'stopping')
+    # Client SGD at 3 on this tiny data: validation RMSE is noisy and soon stops improving (seeded: best at round 6
+    # of 40); 2 stale evaluations end the run, which is then tested with the best validation round's model.
+    _run(
+        TINY
+        + [
+            '--total_rounds=40',
+            '--client_learning_rate=3',
+            '--early_stopping_patience=2',
+            '--configurations=fedrecon',
+            f'--output_dir={out}',
+        ]
+    )
+    with open(os.path.join(out, 'results.json')) as f:
+        row = json.load(f)['rows'][0]
+    assert row['early_stopped'] and row['rounds'] == row['best_round'] + 2 < 40
+    assert _rounds(os.path.join(out, 'fedrecon', 'metrics.csv'))[-1] == row['rounds']
+    assert row['best_round'] >= 1 and 0 < row['best_validation_rmse'] < 10 and 0 < row['rmse'] < 10

@@ -12,6 +12,7 @@ import tensorflow_federated as tff
 
 from fedpersonal import client_state
 from fedpersonal import core
+from fedpersonal import errors
 from fedpersonal import program
 
 
@@ -212,3 +213,72 @@ def test_checkpoints_are_atomic_with_the_client_state_commit(tmp_path):
     _assert_same_states(latest, straight_latest)
     _assert_same_states(best, straight_best)
     assert sorted(os.listdir(checkpoints)) == ['.staging', 'program_state_4', 'program_state_6']
+
+
+def _scores(rounds):
+    """The validation score of every round, simulated in numpy (the process of `build_process`)."""
+    x = np.array(list(INPUTS.values()))
+    a, s, scores = np.zeros([len(x), 2]), 0.0, []
+    for _ in range(rounds):
+        a, s = a + x[:, None] + s, s + x.mean() / 2
+        scores.append(np.abs(a - 3.0).sum())
+    return np.array(scores), s
+
+
+def _run_stopping(tmp_path, rounds, patience):
+    process = build_process()
+    stopping = program.EarlyStopping('score', patience=patience)
+    tmp_path.mkdir(exist_ok=True)
+    with _store(tmp_path / 'stop.sqlite') as store:
+        state, history = program.run_learning_process(
+            process,
+            client_data=INPUTS,
+            total_rounds=rounds,
+            outputs=program.ExperimentOutputs(str(tmp_path), 'stop'),
+            client_state_store=store,
+            client_evaluation_fn=_evaluate,
+            rounds_per_evaluation=1,
+            rounds_per_checkpoint=3,
+            stopping=stopping,
+            evaluation_name='validation',
+            name='stop',
+        )
+    return state, history, stopping
+
+
+def test_early_stopping_keeps_the_best_state_and_stops_after_patience_also_across_a_resume(tmp_path):
+    scores, _ = _scores(40)
+    best = int(np.argmin(scores)) + 1  # The score falls, then rises: one minimum.
+    assert 1 < best < 35 and np.all(np.diff(scores[best - 1 :]) > 0)
+    _, expected_state = _scores(best)
+    state, history, stopping = _run_stopping(tmp_path / 'straight', 40, patience=3)
+    assert len(history) == best + 3  # Three stale evaluations, then stop.
+    assert stopping.stopped and stopping.best_round == best
+    np.testing.assert_allclose(stopping.best_value, scores[best - 1], rtol=1e-6)
+    np.testing.assert_allclose(stopping.best_state, expected_state, rtol=1e-6)
+    np.testing.assert_allclose(state, _scores(best + 3)[1], rtol=1e-6)
+
+    # Interrupted after the best round and before the stop (the checkpoint of round best + 1 or earlier), then
+    # resumed with the full budget: the same stop and best state; a further rerun trains no more rounds.
+    _run_stopping(tmp_path / 'resumed', best + 1, patience=3)
+    _, resumed_history, resumed = _run_stopping(tmp_path / 'resumed', 40, patience=3)
+    assert len(resumed_history) == 2  # Rounds best + 2 and best + 3 after the checkpoint of round best + 1.
+    assert (resumed.best_round, resumed.stale) == (best, 3)
+    np.testing.assert_allclose(resumed.best_state, expected_state, rtol=1e-6)
+    _, again, again_stopping = _run_stopping(tmp_path / 'resumed', 40, patience=3)
+    assert again == [] and again_stopping.best_round == best
+
+
+def test_early_stopping_checks_its_inputs(tmp_path):
+    with pytest.raises(ValueError, match='stopping needs an evaluation'):
+        program.run_learning_process(
+            build_process(),
+            client_data=INPUTS,
+            total_rounds=1,
+            outputs=program.ExperimentOutputs(str(tmp_path), 'x'),
+            stopping=program.EarlyStopping('score', patience=1),
+        )
+    with pytest.raises(errors.ConfigError, match='mode'):
+        program.EarlyStopping('score', mode='lowest')
+    with pytest.raises(errors.ConfigError, match="'loss' is not among the evaluation metrics"):
+        program.EarlyStopping('loss').value_of({'rmse': 1.0})
