@@ -44,7 +44,6 @@ from fedpersonal import evaluation
 from fedpersonal import program
 from fedpersonal.algorithms import centralized
 from fedpersonal.algorithms import furl
-from fedpersonal.algorithms import optimizers
 from fedpersonal.data import furl_tasks
 from fedpersonal.models import furl_models
 from fedpersonal.program import config_parts as parts
@@ -258,8 +257,8 @@ def run_global_fl(task: FurlTask, outputs: program.ExperimentOutputs) -> dict[st
     cfg = task.config
     process = tff.learning.algorithms.build_weighted_fed_avg(
         task.tff_model_fn('none'),
-        client_optimizer_fn=optimizers.build_optimizer(cfg.client_optimizer, cfg.client_learning_rate),
-        server_optimizer_fn=optimizers.build_optimizer(cfg.server_optimizer, cfg.server_learning_rate),
+        client_optimizer_fn=cfg.build_client_optimizer(),
+        server_optimizer_fn=cfg.build_server_optimizer(),
     )
     state, history = program.run_learning_process(
         process,
@@ -299,8 +298,8 @@ def run_personalized_fl(task: FurlTask, outputs: program.ExperimentOutputs) -> t
         model_fn,
         loss_fn=task.loss_fn,
         metrics_fn=task.metrics_fn,
-        client_optimizer=optimizers.build_optimizer(cfg.client_optimizer, cfg.client_learning_rate),
-        server_optimizer=optimizers.build_optimizer(cfg.server_optimizer, cfg.server_learning_rate),
+        client_optimizer=cfg.build_client_optimizer(),
+        server_optimizer=cfg.build_server_optimizer(),
         client_epochs=cfg.client_epochs,
         private_norm_regularization=cfg.private_norm_regularization,
         simulation=cfg.simulation,

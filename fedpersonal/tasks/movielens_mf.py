@@ -275,9 +275,7 @@ class MovieLensMFTask:
                 self.personal_model_fn,
                 loss_fn=self.loss_fn,
                 metrics_fn=self.metrics_fn,
-                reconstruction_optimizer=optimizers.build_optimizer(
-                    cfg.reconstruction_optimizer, cfg.reconstruction_learning_rate
-                ),
+                reconstruction_optimizer=cfg.build_reconstruction_optimizer(),
                 dataset_split=cfg.split,
                 finetune_optimizer=(
                     optimizers.build_optimizer(cfg.client_optimizer, cfg.finetune_learning_rate)
@@ -318,9 +316,9 @@ class MovieLensMFTask:
             if cfg.client_weighting == 'num_examples'
             else tff.learning.ClientWeighting.UNIFORM
         )
-        server = optimizers.build_optimizer(cfg.server_optimizer, cfg.server_learning_rate)
-        client = optimizers.build_optimizer(cfg.client_optimizer, cfg.client_learning_rate)
-        recon = optimizers.build_optimizer(cfg.reconstruction_optimizer, cfg.reconstruction_learning_rate)
+        server = cfg.build_server_optimizer()
+        client = cfg.build_client_optimizer()
+        recon = cfg.build_reconstruction_optimizer()
         if cfg.fedrecon_implementation == 'tff':
             return tff.learning.algorithms.build_fed_recon(
                 self.personal_model_fn,
@@ -359,8 +357,8 @@ class MovieLensMFTask:
             self.table_model_fn,
             loss_fn=self.loss_fn,
             metrics_fn=self.metrics_fn,
-            client_optimizer=optimizers.build_optimizer(cfg.client_optimizer, cfg.client_learning_rate),
-            server_optimizer=optimizers.build_optimizer(cfg.server_optimizer, cfg.server_learning_rate),
+            client_optimizer=cfg.build_client_optimizer(),
+            server_optimizer=cfg.build_server_optimizer(),
             simulation=cfg.simulation,
             group_size=cfg.group_size,
         )

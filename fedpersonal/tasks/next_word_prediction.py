@@ -312,9 +312,7 @@ class NextWordPredictionTask:
                 loss_fn=nwp.loss_fn,
                 metrics_fn=nwp.metrics_fn(self.layout(num_oov_buckets)),
                 # The OOV table is reconstructed (FedRecon) or fine-tuned (from trained values) with the same optimizer.
-                reconstruction_optimizer=optimizers.build_optimizer(
-                    cfg.reconstruction_optimizer, cfg.reconstruction_learning_rate
-                ),
+                reconstruction_optimizer=cfg.build_reconstruction_optimizer(),
                 dataset_split=split,
                 finetune_optimizer=(
                     optimizers.build_optimizer(cfg.client_optimizer, cfg.finetune_learning_rate) if finetune else None
@@ -338,11 +336,9 @@ class NextWordPredictionTask:
             model_fn,
             loss_fn=nwp.loss_fn,
             metrics_fn=nwp.metrics_fn(self.layout(num_oov_buckets)),
-            server_optimizer=optimizers.build_optimizer(cfg.server_optimizer, cfg.server_learning_rate),
-            client_optimizer=optimizers.build_optimizer(cfg.client_optimizer, cfg.client_learning_rate),
-            reconstruction_optimizer=optimizers.build_optimizer(
-                cfg.reconstruction_optimizer, cfg.reconstruction_learning_rate
-            ),
+            server_optimizer=cfg.build_server_optimizer(),
+            client_optimizer=cfg.build_client_optimizer(),
+            reconstruction_optimizer=cfg.build_reconstruction_optimizer(),
             dataset_split=split or cfg.split,
             simulation=cfg.simulation,
             group_size=cfg.group_size,
@@ -368,8 +364,8 @@ class NextWordPredictionTask:
         model_fn = self.tff_model_fn(num_oov_buckets)
         return tff.learning.algorithms.build_weighted_fed_avg(
             model_fn,
-            client_optimizer_fn=optimizers.build_optimizer(cfg.client_optimizer, cfg.client_learning_rate),
-            server_optimizer_fn=optimizers.build_optimizer(cfg.server_optimizer, cfg.server_learning_rate),
+            client_optimizer_fn=cfg.build_client_optimizer(),
+            server_optimizer_fn=cfg.build_server_optimizer(),
             model_distributor=communication.build_measured_broadcast(
                 tff.learning.models.weights_type_from_model(model_fn)
             ),
