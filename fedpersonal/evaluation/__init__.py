@@ -6,6 +6,10 @@
 * `build_standard_eval`: the given weights on each client's whole dataset (no reconstruction).
 * `build_private_state_eval`: stateful methods (FURL, FedPer, ...): each client with its stored private state, or
   with `process.initial_private_state()` for a new client.
+* `evaluate_clients`: runs any of these on clients by id, building their datasets on demand.
+
+They run on the fast simulation engine by default (`simulation='engine'`: many clients' evaluation as compiled
+groups, `fedpersonal.simulation.evaluation`), equal to the per-client TFF computations (`simulation='per_client'`).
 * `predict_silos`: HPFL and its baselines: every silo's predictions with its own personalized GUM (metrics in
   `fedpersonal.metrics.user_modeling_metrics`).
 * `disentanglement`: FedDVA's linear probes, manifold grids and projections.
@@ -15,8 +19,17 @@ distributions (`fedpersonal.metrics.summarize_per_client`).
 """
 
 from fedpersonal.algorithms.hpfl.evaluation import predict_silos
+from fedpersonal.evaluation.federated_evaluation import Evaluation
 from fedpersonal.evaluation.federated_evaluation import build_private_state_eval
 from fedpersonal.evaluation.federated_evaluation import build_recon_eval
 from fedpersonal.evaluation.federated_evaluation import build_standard_eval
+from fedpersonal.evaluation.federated_evaluation import evaluate_clients
 
-__all__ = ['build_private_state_eval', 'build_recon_eval', 'build_standard_eval', 'predict_silos']
+__all__ = [
+    'Evaluation',
+    'build_private_state_eval',
+    'build_recon_eval',
+    'build_standard_eval',
+    'evaluate_clients',
+    'predict_silos',
+]

@@ -23,6 +23,8 @@ from __future__ import annotations
 
 import collections
 from collections.abc import Callable
+from collections.abc import Sequence
+from typing import Any
 from typing import TypeAlias
 
 import tensorflow as tf
@@ -31,8 +33,12 @@ import tensorflow_federated as tff
 from fedpersonal.algorithms import dataset_split as dataset_split_lib
 from fedpersonal.algorithms import fed_recon
 from fedpersonal.core import client_work
+from fedpersonal.simulation import options as simulation_options
 
 ReconstructionModel: TypeAlias = tff.learning.models.ReconstructionModel
+# A per-client TFF computation (``simulation='per_client'``) or the engine's `GroupEvaluation` (the default); both
+# are called as ``evaluate(weights, datasets[, private_states])`` and return ``<eval, per_client>``.
+Evaluation: TypeAlias = Any
 
 
 def _build_evaluation(
@@ -47,7 +53,26 @@ def _build_evaluation(
     per_client_sample_size: int,
     metrics_aggregator: Callable[..., tff.Computation],
     with_private_states: bool = False,
-) -> tff.Computation:
+    simulation: str = 'engine',
+    group_size: int | None = None,
+) -> Evaluation:
+    simulation_options.check_simulation(simulation)
+    if simulation == 'engine':
+        from fedpersonal.simulation import evaluation as engine_evaluation  # pylint: disable=g-import-not-at-top
+
+        simulation_options.check_engine_parts(metrics_aggregator=metrics_aggregator)
+        return engine_evaluation.GroupEvaluation(
+            model_fn,
+            loss_fn=loss_fn,
+            metrics_fn=metrics_fn,
+            dataset_split=dataset_split,
+            reconstruction_optimizer=reconstruction_optimizer,
+            finetune_optimizer=finetune_optimizer,
+            learn_local_init=learn_local_init,
+            with_private_states=with_private_states,
+            per_client_sample_size=per_client_sample_size,
+            group_size=group_size,
+        )
     with tf.Graph().as_default():
         element_type = tff.types.tensorflow_to_type(model_fn().input_spec)
 
@@ -154,7 +179,9 @@ def build_recon_eval(
     learn_local_init: bool = False,
     per_client_sample_size: int = 100_000,
     metrics_aggregator: Callable[..., tff.Computation] = tff.learning.metrics.sum_then_finalize,
-) -> tff.Computation:
+    simulation: str = 'engine',
+    group_size: int | None = None,
+) -> Evaluation:
     """Builds ReconEval (optionally FedRecon+Finetune).
 
     Args:
@@ -169,10 +196,15 @@ def build_recon_eval(
       learn_local_init: The weights carry learned local defaults (as produced by
         `build_fed_recon(..., learn_local_init=True)`).
       per_client_sample_size: Max number of clients whose own metrics are kept.
-      metrics_aggregator: As in TFF.
+      metrics_aggregator: As in TFF (the engine takes only `sum_then_finalize`).
+      simulation: ``'engine'`` (default): clients evaluated in compiled groups (`fedpersonal.simulation.evaluation`;
+        call it with ``client_ids=`` to pack each client's data once); ``'per_client'``: one TFF client
+        computation per client. Same results to float precision (tests/simulation/evaluation_engine_test.py).
+      group_size: Engine only: the most clients per compiled group (default: within the engine's memory budget).
 
     Returns:
-      A `tff.Computation` `(weights@SERVER, datasets@CLIENTS) -> <eval, per_client>@SERVER`.
+      ``evaluate(weights, client_datasets) -> <eval, per_client>``: the engine's `GroupEvaluation`, or a
+      `tff.Computation` `(weights@SERVER, datasets@CLIENTS) -> <eval, per_client>@SERVER` (per_client).
     """
     return _build_evaluation(
         model_fn,
@@ -184,6 +216,8 @@ def build_recon_eval(
         learn_local_init=learn_local_init,
         per_client_sample_size=per_client_sample_size,
         metrics_aggregator=metrics_aggregator,
+        simulation=simulation,
+        group_size=group_size,
     )
 
 
@@ -195,8 +229,13 @@ def build_standard_eval(
     learn_local_init: bool = False,
     per_client_sample_size: int = 100_000,
     metrics_aggregator: Callable[..., tff.Computation] = tff.learning.metrics.sum_then_finalize,
-) -> tff.Computation:
-    """Builds StandardEval: metrics of the given weights on each client's whole dataset."""
+    simulation: str = 'engine',
+    group_size: int | None = None,
+) -> Evaluation:
+    """Builds StandardEval: metrics of the given weights on each client's whole dataset.
+
+    Args: as `build_recon_eval` (without reconstruction); `simulation` and `group_size` likewise.
+    """
     return _build_evaluation(
         model_fn,
         loss_fn=loss_fn,
@@ -207,6 +246,8 @@ def build_standard_eval(
         learn_local_init=learn_local_init,
         per_client_sample_size=per_client_sample_size,
         metrics_aggregator=metrics_aggregator,
+        simulation=simulation,
+        group_size=group_size,
     )
 
 
@@ -217,11 +258,14 @@ def build_private_state_eval(
     metrics_fn: fed_recon.MetricsFn | None = None,
     per_client_sample_size: int = 100_000,
     metrics_aggregator: Callable[..., tff.Computation] = tff.learning.metrics.sum_then_finalize,
-) -> tff.Computation:
+    simulation: str = 'engine',
+    group_size: int | None = None,
+) -> Evaluation:
     """StandardEval for stateful personalization (FURL): each client uses its own private state.
 
-    Returns a `tff.Computation` `(global_weights@SERVER, {dataset}@CLIENTS,
-    {private_state}@CLIENTS) -> <eval, per_client>@SERVER`. Seen users pass the
+    Returns ``evaluate(global_weights, client_datasets, private_states) -> <eval, per_client>``: the engine's
+    `GroupEvaluation` (``simulation='engine'``, default) or a `tff.Computation` `(global_weights@SERVER,
+    {dataset}@CLIENTS, {private_state}@CLIENTS) -> <eval, per_client>@SERVER` (``'per_client'``). Seen users pass the
     private state their training left; never-seen users pass a default (e.g.
     `PersonalizedProcess.initial_private_state()`). Private states are only read inside
     the client computation.
@@ -237,4 +281,42 @@ def build_private_state_eval(
         per_client_sample_size=per_client_sample_size,
         metrics_aggregator=metrics_aggregator,
         with_private_states=True,
+        simulation=simulation,
+        group_size=group_size,
     )
+
+
+def evaluate_clients(
+    evaluate: Evaluation,
+    weights: Any,
+    client_ids: Sequence[str],
+    make_dataset: Callable[[str], tf.data.Dataset],
+    private_states: Sequence[Any] | None = None,
+    *,
+    cache_key: str = '',
+) -> Any:
+    """Runs an evaluation built here (engine or per-client) on `client_ids`, their datasets built on demand.
+
+    The engine's evaluation packs a client's data once per ``(cache_key, client id)`` and builds its dataset only
+    then (a tf.data pipeline costs ~10 ms a client); give each distinct client data and dataset function its own
+    `cache_key` (e.g. the split's name). The per-client computation gets every dataset.
+
+    Args:
+      evaluate: From `build_recon_eval`, `build_standard_eval` or `build_private_state_eval`.
+      weights: The server's weights.
+      client_ids: The clients to evaluate.
+      make_dataset: A client id -> its batched evaluation dataset.
+      private_states: Each client's private state (private-state evaluation only).
+      cache_key: Names the client data and dataset function (engine cache).
+
+    Returns:
+      What `evaluate` returns: ``<eval, per_client>``.
+    """
+    from fedpersonal.simulation import evaluation as engine_evaluation  # pylint: disable=g-import-not-at-top
+    from fedpersonal.simulation import packing  # pylint: disable=g-import-not-at-top
+
+    extra = () if private_states is None else (list(private_states),)
+    if isinstance(evaluate, engine_evaluation.GroupEvaluation):
+        datasets = packing.LazyDatasets(client_ids, make_dataset)
+        return evaluate(weights, datasets, *extra, client_ids=[f'{cache_key}/{c}' for c in client_ids])
+    return evaluate(weights, [make_dataset(c) for c in client_ids], *extra)

@@ -50,6 +50,7 @@ from fedpersonal.metrics import communication
 from fedpersonal.program import outputs as outputs_lib
 from fedpersonal.program.selection import EarlyStopping
 from fedpersonal.program.selection import ModelSelection
+from fedpersonal.simulation import packing
 
 EvaluationFn = Callable[[Any], dict[str, Any]]
 ClientEvaluationFn = Callable[[Any, list[Any]], dict[str, Any]]
@@ -107,23 +108,6 @@ def to_model_weights(arrays: list[Any], private_type: tff.Type) -> tff.learning.
     return tff.learning.models.ModelWeights(
         trainable=list(arrays[:num_trainable]), non_trainable=list(arrays[num_trainable:])
     )
-
-
-class _ClientInputs(Sequence):
-    """The round's client inputs, each built when indexed: the engine reads only those of clients it has not
-    materialized before (building a client's tf.data pipeline costs ~10 ms, more than a whole engine round's
-    client work on MovieLens)."""
-
-    def __init__(self, client_ids: Sequence[str], make: Callable[[str], Any]):
-        self._client_ids, self._make = list(client_ids), make
-
-    def __len__(self) -> int:
-        return len(self._client_ids)
-
-    def __getitem__(self, index):
-        if isinstance(index, slice):
-            return [self._make(c) for c in self._client_ids[index]]
-        return self._make(self._client_ids[index])
 
 
 # ---------------------------------------------------------------------------------------------- config guard
@@ -372,7 +356,7 @@ def run_learning_process(
         round_start = time.time()
         participants = client_ids if every_client else sample_clients(client_ids, per_round, round_num, seed)
         run_round = getattr(process, 'run_round', None)  # A PersonalizedProcess packs for its engine.
-        round_inputs: Sequence[Any] = _ClientInputs(participants, make_input)
+        round_inputs: Sequence[Any] = packing.LazyDatasets(participants, make_input)
         if run_round is None:
             round_inputs = list(round_inputs)
         new_private: list[Any] = []

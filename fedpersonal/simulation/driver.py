@@ -142,7 +142,7 @@ class GroupRoundRunner:
         `num_clients` (the round's real logical clients) is only read by the communication measurement; without
         it the count is that of the private states, else inferred from the packed groups (`_real_clients`).
         """
-        stacked = _stack_per_group(groups, private_states) if private_states is not None else None
+        stacked = stack_per_group(groups, private_states) if private_states is not None else None
         weights = state.global_model_weights
         model_weights = tff.learning.models.ModelWeights(
             trainable=[tf.convert_to_tensor(w) for w in weights.trainable],
@@ -155,7 +155,7 @@ class GroupRoundRunner:
                 result, metrics = self._group_work(model_weights, group)
             else:
                 result, metrics, private = self._group_work(model_weights, group, stacked[g])
-                new_private.extend(_unstack(private, _group_clients(group)))
+                new_private.extend(_unstack(private, group_clients(group)))
             results.append(result)
             metric_sums = metrics if metric_sums is None else tf.nest.map_structure(tf.add, metric_sums, metrics)
         optimizer_state, trainable, measurements = self._server_step(
@@ -189,16 +189,16 @@ class GroupRoundRunner:
         return process_lib.ProcessOutput(state=new_state, metrics=metrics, private_states=())
 
 
-def _group_clients(group: Any) -> int:
+def group_clients(group: Any) -> int:
     """The number of client slots of a packed group (real and padding)."""
     return int(next(iter(group.values()))['steps'].shape[0])
 
 
-def _stack_per_group(groups: Sequence[Any], private_states: Sequence[Any]) -> list[Any]:
+def stack_per_group(groups: Sequence[Any], private_states: Sequence[Any]) -> list[Any]:
     """The clients' private states stacked per group (in client order; padding slots repeat the first state)."""
     stacked, start = [], 0
     for group in groups:
-        size = _group_clients(group)
+        size = group_clients(group)
         members = list(private_states[start : start + size])
         members += [private_states[0]] * (size - len(members))
         stacked.append(tf.nest.map_structure(lambda *values: np.stack([np.asarray(v) for v in values]), *members))
@@ -255,7 +255,7 @@ def _real_clients(groups: Sequence[Any]) -> int:
     slots: n = S for one group, and G * (S - 1) < n <= G * S otherwise; in that range the count ends at the
     last slot with data (exact unless a real client at the end of the round has no data at all).
     """
-    sizes = [_group_clients(g) for g in groups]
+    sizes = [group_clients(g) for g in groups]
     if len(sizes) <= 1:
         return sum(sizes)
     last = groups[-1]

@@ -133,7 +133,7 @@ def masked_loss(loss: tf.keras.losses.Loss, labels, predictions, mask) -> tf.Ten
     return tf.math.divide_no_nan(total, tf.reduce_sum(weights))
 
 
-def _batch_mean_loss(loss: tf.keras.losses.Loss, labels, predictions, mask) -> tf.Tensor:
+def batch_mean_loss(loss: tf.keras.losses.Loss, labels, predictions, mask) -> tf.Tensor:
     """Each client's batch loss ``[clients]``: the loss's mean over the client's real examples."""
     if type(loss).__call__ is not tf.keras.losses.Loss.__call__:
         return tf.vectorized_map(lambda args: masked_loss(loss, *args), (labels, predictions, mask))
@@ -145,7 +145,7 @@ def _batch_mean_loss(loss: tf.keras.losses.Loss, labels, predictions, mask) -> t
     return tf.math.divide_no_nan(tf.reduce_sum(values * weights, axes), tf.reduce_sum(weights, axes))
 
 
-def _update_metrics(
+def update_metrics(
     metrics: Sequence[tf.keras.metrics.Metric], labels, predictions, mask, loss: tf.keras.losses.Loss, batch_loss
 ) -> None:
     """Updates Keras metrics with a group's batch, as the per-client path updates them with each client's batch.
@@ -170,7 +170,7 @@ def _update_metrics(
             super(tff.learning.metrics.NumBatchesCounter, metric).update_state(tf.reduce_sum(has_batch))
         elif isinstance(metric, tf.keras.metrics.MeanMetricWrapper) and isinstance(fn, tf.keras.losses.Loss):
             same = type(fn) is type(loss) and fn.get_config() == loss.get_config()  # The training loss.
-            values = batch_loss if same else _batch_mean_loss(fn, labels, predictions, mask)
+            values = batch_loss if same else batch_mean_loss(fn, labels, predictions, mask)
             super(tf.keras.metrics.MeanMetricWrapper, metric).update_state(values, sample_weight=has_batch)
         else:
             metric.update_state(flat_labels, flat_predictions, sample_weight=weights)
@@ -359,7 +359,7 @@ def lockstep_steps(
         values = [put(full, v) for full, v in zip(values, stepped)]
         if metrics:
             labels = partially_local_model.split_batch(batch)[1]
-            _update_metrics(metrics, labels, predictions, mask, loss, batch_loss)
+            update_metrics(metrics, labels, predictions, mask, loss, batch_loss)
         if after_step is not None:
             step_stats = for_each_client(
                 client_stats,

@@ -141,7 +141,7 @@ class FurlTask:
         self.binary = data.num_classes == 2
         self.loss_fn = furl_models.loss_fn
         self.metrics_fn = functools.partial(furl_models.metrics_fn, num_classes=data.num_classes)
-        self._fed_evals: dict[str, tff.learning.templates.LearningProcess] = {}
+        self._evaluations: dict[str, evaluation.Evaluation] = {}
 
     def model_fn(self, personalization: str):
         cfg = self.config
@@ -164,12 +164,32 @@ class FurlTask:
             return cfg.total_rounds
         return max(1, int(round(cfg.epochs * self.data.num_users / cfg.clients_per_round)))
 
-    def test_datasets(self, split: str = 'test') -> list[tf.data.Dataset]:
+    def make_dataset(self, split: str) -> Any:
+        """A client id -> its batched dataset of `split` ('train', 'eval' or 'test')."""
         client_data = self.data.client_data(split)
-        return [self.dataset_fn(client_data.create_tf_dataset_for_client(c)) for c in self.data.client_ids]
+        return lambda c: self.dataset_fn(client_data.create_tf_dataset_for_client(c))
 
-    # --- evaluation of fully global models (TFF's federated evaluation) ---
+    def evaluate(self, evaluate: evaluation.Evaluation, weights, split: str, private_states=None) -> dict[str, float]:
+        """Every user's `split` examples, with `evaluate` from `fedpersonal.evaluation` (engine or per-client)."""
+        result = evaluation.evaluate_clients(
+            evaluate, weights, self.data.client_ids, self.make_dataset(split), private_states, cache_key=split
+        )
+        return {k: float(v) for k, v in result['eval'].items()}
+
+    # --- evaluation of fully global models (the same StandardEval as every other row) ---
+    def evaluate_global(self, personalization: str, weights, split: str = 'test') -> dict[str, float]:
+        if personalization not in self._evaluations:  # Built (and traced) once, reused every evaluation.
+            self._evaluations[personalization] = evaluation.build_standard_eval(
+                self.model_fn(personalization),
+                loss_fn=self.loss_fn,
+                metrics_fn=self.metrics_fn,
+                simulation=self.config.simulation,
+                group_size=self.config.group_size,
+            )
+        return self.evaluate(self._evaluations[personalization], weights, split)
+
     def tff_model_fn(self, personalization: str):
+        """The model as a TFF `VariableModel` (for TFF's own FedAvg, the Global FL row)."""
         model_fn = self.model_fn(personalization)
 
         def build() -> tff.learning.models.VariableModel:
@@ -179,18 +199,6 @@ class FurlTask:
             )
 
         return build
-
-    def evaluate_global(self, personalization: str, weights, split: str = 'test') -> dict[str, float]:
-        if personalization not in self._fed_evals:  # Built (and traced) once, reused every evaluation.
-            self._fed_evals[personalization] = tff.learning.algorithms.build_fed_eval(
-                self.tff_model_fn(personalization)
-            )
-        fed_eval = self._fed_evals[personalization]
-        state = fed_eval.set_model_weights(fed_eval.initialize(), weights)
-        metrics = fed_eval.next(state, self.test_datasets(split)).metrics['client_work']['eval'][
-            'current_round_metrics'
-        ]
-        return {k: float(v) for k, v in metrics.items()}
 
 
 def _keras_weights(keras_model: tf.keras.Model) -> tff.learning.models.ModelWeights:
@@ -305,7 +313,13 @@ def run_personalized_fl(task: FurlTask, outputs: program.ExperimentOutputs) -> t
         simulation=cfg.simulation,
         group_size=cfg.group_size,
     )
-    evaluate = evaluation.build_private_state_eval(model_fn, loss_fn=task.loss_fn, metrics_fn=task.metrics_fn)
+    evaluate = evaluation.build_private_state_eval(
+        model_fn,
+        loss_fn=task.loss_fn,
+        metrics_fn=task.metrics_fn,
+        simulation=cfg.simulation,
+        group_size=cfg.group_size,
+    )
     ids = data.client_ids
     to_weights = lambda arrays: training_loop.to_model_weights(arrays, process.private_state_type)
 
@@ -314,8 +328,7 @@ def run_personalized_fl(task: FurlTask, outputs: program.ExperimentOutputs) -> t
 
         def eval_fn(weights, split='eval', private=True):
             states = store.get(ids) if private else [default(c) for c in ids]
-            result = evaluate(weights, task.test_datasets(split), [to_weights(s) for s in states])
-            return {k: float(v) for k, v in result['eval'].items()}
+            return task.evaluate(evaluate, weights, split, [to_weights(s) for s in states])
 
         state, history = program.run_learning_process(
             process,

@@ -218,7 +218,8 @@ class MovieLensMFTask:
             l2_regularization=config.l2_regularization,
             seed=config.seed,
         )
-        self._evaluations: dict[str, tff.Computation] = {}
+        self._evaluations: dict[str, evaluation.Evaluation] = {}
+        self._eval_data: dict[int, tuple[Any, str]] = {}
 
     # ----- datasets -------------------------------------------------------
     def personal_dataset_fn(self, dataset: tf.data.Dataset) -> tf.data.Dataset:
@@ -233,11 +234,11 @@ class MovieLensMFTask:
             dataset = dataset.take(self.config.post_recon_steps_max)  # Same k_u cap as FedRecon's update.
         return dataset
 
-    def _client_datasets(self, client_data, dataset_fn, limit: int | None = None) -> list[tf.data.Dataset]:
+    def _eval_clients(self, client_data, limit: int | None = None) -> list[str]:
         ids = list(client_data.client_ids)
         if limit is not None and limit < len(ids):
             ids = program.sample_clients(ids, limit, round_num=0, seed=self.config.seed + 1)
-        return [dataset_fn(client_data.create_tf_dataset_for_client(cid)) for cid in ids]
+        return ids
 
     # ----- models ---------------------------------------------------------
     def table_keras_model(self) -> tf.keras.Model:
@@ -268,7 +269,7 @@ class MovieLensMFTask:
         )
 
     # ----- evaluation -----------------------------------------------------
-    def recon_eval(self) -> tff.Computation:
+    def recon_eval(self) -> evaluation.Evaluation:
         if 'recon' not in self._evaluations:
             cfg = self.config
             self._evaluations['recon'] = evaluation.build_recon_eval(
@@ -283,13 +284,19 @@ class MovieLensMFTask:
                     else None
                 ),
                 learn_local_init=cfg.learn_local_init,
+                simulation=cfg.simulation,
+                group_size=cfg.group_size,
             )
         return self._evaluations['recon']
 
-    def standard_eval(self) -> tff.Computation:
+    def standard_eval(self) -> evaluation.Evaluation:
         if 'standard' not in self._evaluations:
             self._evaluations['standard'] = evaluation.build_standard_eval(
-                self.table_model_fn, loss_fn=self.loss_fn, metrics_fn=self.metrics_fn
+                self.table_model_fn,
+                loss_fn=self.loss_fn,
+                metrics_fn=self.metrics_fn,
+                simulation=self.config.simulation,
+                group_size=self.config.group_size,
             )
         return self._evaluations['standard']
 
@@ -301,7 +308,15 @@ class MovieLensMFTask:
 
     def evaluate(self, kind: str, weights, client_data, dataset_fn, limit: int | None = None) -> dict[str, Any]:
         computation = self.recon_eval() if kind == 'recon' else self.standard_eval()
-        result = computation(weights, self._client_datasets(client_data, dataset_fn, limit))
+        # The engine packs each client's data once per client data object (kept alive here, so its id is not reused).
+        key = self._eval_data.setdefault(id(client_data), (client_data, f'data{len(self._eval_data)}'))[1]
+        result = evaluation.evaluate_clients(
+            computation,
+            weights,
+            self._eval_clients(client_data, limit),
+            lambda c: dataset_fn(client_data.create_tf_dataset_for_client(c)),
+            cache_key=key,
+        )
         return {
             'metrics': {k: float(v) for k, v in result['eval'].items()},
             'per_client': metrics_lib.summarize_per_client(result['per_client']),

@@ -215,7 +215,7 @@ class NextWordPredictionTask:
             'test': dict(corpus.test),
         }
         self._client_data: dict[tuple[int, str], Any] = {}
-        self._evaluations: dict[tuple, tff.Computation] = {}
+        self._evaluations: dict[tuple, evaluation.Evaluation] = {}
 
     # ----- data -----------------------------------------------------------
     def layout(self, num_oov_buckets: int) -> text_pipeline.TokenLayout:
@@ -234,12 +234,11 @@ class NextWordPredictionTask:
     def dataset_fn(self, dataset: tf.data.Dataset) -> tf.data.Dataset:
         return dataset.batch(self.config.batch_size)
 
-    def eval_datasets(self, num_oov_buckets: int, split: str, limit: int | None) -> list[tf.data.Dataset]:
-        data = self.client_data(num_oov_buckets, split)
-        ids = list(data.client_ids)
+    def eval_clients(self, num_oov_buckets: int, split: str, limit: int | None) -> list[str]:
+        ids = list(self.client_data(num_oov_buckets, split).client_ids)
         if limit is not None and limit < len(ids):
             ids = program.sample_clients(ids, limit, round_num=0, seed=self.config.seed + 1)
-        return [self.dataset_fn(data.create_tf_dataset_for_client(c)) for c in ids]
+        return ids
 
     # ----- models ---------------------------------------------------------
     def model_fn(self, num_oov_buckets: int, oov_local: bool):
@@ -318,11 +317,20 @@ class NextWordPredictionTask:
                     optimizers.build_optimizer(cfg.client_optimizer, cfg.finetune_learning_rate) if finetune else None
                 ),
                 learn_local_init=learn_local_init,
+                simulation=cfg.simulation,
+                group_size=cfg.group_size,
             )
         return self._evaluations[key]
 
     def evaluate(self, computation, weights, num_oov_buckets: int, split: str, limit: int | None) -> dict:
-        result = computation(weights, self.eval_datasets(num_oov_buckets, split, limit))
+        data = self.client_data(num_oov_buckets, split)
+        result = evaluation.evaluate_clients(
+            computation,
+            weights,
+            self.eval_clients(num_oov_buckets, split, limit),
+            lambda c: self.dataset_fn(data.create_tf_dataset_for_client(c)),
+            cache_key=f'{split}/{num_oov_buckets}',
+        )
         return {
             'metrics': {k: float(v) for k, v in result['eval'].items()},
             'per_client': metrics_lib.summarize_per_client(result['per_client']),

@@ -1,0 +1,182 @@
+"""The engine's evaluation equals the per-client TFF evaluation computations (aggregate and per-client metrics)."""
+
+import collections
+
+import numpy as np
+import pytest
+import tensorflow as tf
+import tensorflow_federated as tff
+
+from fedpersonal import algorithms
+from fedpersonal import evaluation
+from fedpersonal import metrics
+from fedpersonal import models
+from fedpersonal.models import matrix_factorization as mf
+
+NUM_ITEMS = 12
+
+
+def _client(num_examples: int, seed: int, batch_size: int = 3) -> tf.data.Dataset:
+    rng = np.random.default_rng(seed)
+    items = rng.integers(0, NUM_ITEMS, size=num_examples)
+    ratings = rng.integers(1, 6, size=num_examples).astype(np.float32)
+    examples = collections.OrderedDict(x=items[:, None].astype(np.int64), y=ratings[:, None])
+    return tf.data.Dataset.from_tensor_slices(examples).batch(batch_size)
+
+
+# Unequal clients: one smaller than a batch, one with a single example (an empty query set after the split).
+SIZES = (1, 2, 7, 11, 20)
+
+
+def _datasets(offset: int = 0) -> list[tf.data.Dataset]:
+    return [_client(n, seed=offset + i) for i, n in enumerate(SIZES)]
+
+
+def _perturbed(arrays, seed: int) -> list[np.ndarray]:
+    rng = np.random.default_rng(seed)
+    return [np.asarray(a) + rng.normal(0.0, 0.5, size=np.shape(a)).astype(np.float32) for a in arrays]
+
+
+def _assert_same(engine, reference, rtol=1e-5, atol=1e-5):
+    assert list(engine['eval']) == list(reference['eval'])
+    for name, value in reference['eval'].items():
+        np.testing.assert_allclose(engine['eval'][name], value, rtol=rtol, atol=atol, err_msg=name)
+    for name, values in reference['per_client'].items():
+        # TFF's reservoir sampler keeps every client but not their order.
+        np.testing.assert_allclose(
+            np.sort(np.asarray(engine['per_client'][name])),
+            np.sort(np.asarray(values)),
+            rtol=rtol,
+            atol=atol,
+            err_msg=name,
+        )
+
+
+def _mf_weights(model_fn, learn_local_init: bool, seed: int = 0) -> tff.learning.models.ModelWeights:
+    model = model_fn()
+    arrays = [v.numpy() for v in model.global_trainable_variables]
+    if learn_local_init:
+        arrays += [v.numpy() for v in model.local_trainable_variables]
+    return tff.learning.models.ModelWeights(trainable=_perturbed(arrays, seed), non_trainable=[])
+
+
+@pytest.mark.parametrize(
+    'finetune, learn_local_init, optimizer',
+    [(False, False, 'sgd'), (True, False, 'sgd'), (False, True, 'adam')],
+    ids=['recon_eval', 'finetune', 'learned_init_adam'],
+)
+def test_recon_eval_engine_equals_per_client(finetune, learn_local_init, optimizer):
+    model_fn = mf.personal_model_fn(NUM_ITEMS, num_latent_factors=3, add_biases=True, seed=0)
+    build_optimizer = (
+        (lambda: tff.learning.optimizers.build_sgdm(0.3))
+        if optimizer == 'sgd'
+        else (lambda: tff.learning.optimizers.build_adam(0.05))
+    )
+    kwargs = dict(
+        loss_fn=tf.keras.losses.MeanSquaredError,
+        metrics_fn=metrics.rating_metrics_fn(),
+        reconstruction_optimizer=build_optimizer(),
+        dataset_split=algorithms.ReconstructionSplit(recon_epochs=2, recon_steps_max=5),
+        finetune_optimizer=build_optimizer() if finetune else None,
+        learn_local_init=learn_local_init,
+    )
+    weights = _mf_weights(model_fn, learn_local_init)
+    reference = evaluation.build_recon_eval(model_fn, simulation='per_client', **kwargs)(weights, _datasets())
+    engine = evaluation.build_recon_eval(model_fn, group_size=2, **kwargs)  # 3 groups, the last one padded.
+    ids = [f'c{i}' for i in range(len(SIZES))]
+    _assert_same(engine(weights, _datasets(), client_ids=ids), reference)
+    # A second call reads the cached clients (and their datasets are not rebuilt).
+    again = engine(weights, [None] * len(SIZES), client_ids=ids)
+    _assert_same(again, reference)
+    assert float(reference['eval']['num_examples']) > 0
+
+
+def test_standard_eval_engine_equals_per_client():
+    def table_model_fn():
+        keras_model = mf.table_keras_model(len(SIZES), NUM_ITEMS, 3, add_biases=True, seed=0)
+        return models.from_keras_model(
+            keras_model, input_spec=mf.table_input_spec(), global_variables=keras_model.trainable_variables
+        )
+
+    def table_client(user: int) -> tf.data.Dataset:
+        rng = np.random.default_rng(user)
+        n = SIZES[user]
+        x = collections.OrderedDict(
+            user_id=np.full([n, 1], user, np.int64), item_id=rng.integers(0, NUM_ITEMS, size=[n, 1]).astype(np.int64)
+        )
+        y = rng.integers(1, 6, size=[n, 1]).astype(np.float32)
+        return tf.data.Dataset.from_tensor_slices(collections.OrderedDict(x=x, y=y)).batch(4)
+
+    weights = tff.learning.models.ModelWeights(
+        trainable=_perturbed([v.numpy() for v in table_model_fn().global_trainable_variables], 1), non_trainable=[]
+    )
+    kwargs = dict(loss_fn=tf.keras.losses.MeanSquaredError, metrics_fn=metrics.rating_metrics_fn())
+    datasets = [table_client(u) for u in range(len(SIZES))]
+    reference = evaluation.build_standard_eval(table_model_fn, simulation='per_client', **kwargs)(weights, datasets)
+    engine = evaluation.build_standard_eval(table_model_fn, **kwargs)(weights, datasets)
+    _assert_same(engine, reference)
+
+
+def test_private_state_eval_engine_equals_per_client():
+    model_fn = mf.personal_model_fn(NUM_ITEMS, num_latent_factors=3, add_biases=True, seed=0)
+    kwargs = dict(loss_fn=tf.keras.losses.MeanSquaredError, metrics_fn=metrics.rating_metrics_fn())
+    weights = _mf_weights(model_fn, learn_local_init=False, seed=2)
+    model = model_fn()
+    private = [
+        tff.learning.models.ModelWeights(
+            trainable=_perturbed([v.numpy() for v in model.local_trainable_variables], 10 + i), non_trainable=[]
+        )
+        for i in range(len(SIZES))
+    ]
+    reference = evaluation.build_private_state_eval(model_fn, simulation='per_client', **kwargs)(
+        weights, _datasets(), private
+    )
+    engine = evaluation.build_private_state_eval(model_fn, group_size=3, **kwargs)(weights, _datasets(), private)
+    _assert_same(engine, reference)
+    # Each client's own state matters: swapping two clients' states changes their metrics.
+    swapped = [private[1], private[0], *private[2:]]
+    changed = evaluation.build_private_state_eval(model_fn, **kwargs)(weights, _datasets(), swapped)
+    assert not np.allclose(np.sort(changed['per_client']['rmse']), np.sort(reference['per_client']['rmse']))
+
+
+@pytest.mark.parametrize('finetune', [False, True], ids=['recon_eval', 'finetune'])
+def test_next_word_recon_eval_engine_equals_per_client(finetune):
+    """An LSTM with local OOV embeddings, a loss and metrics that skip the pad token, padded sequences."""
+    from fedpersonal.data import text_pipeline
+    from fedpersonal.models import next_word_prediction as nwp
+
+    layout = text_pipeline.TokenLayout(vocab_size=6, num_oov_buckets=2)
+    rng = np.random.default_rng(4)
+    datasets = []
+    for n in (8, 3, 1, 11):
+        ids = rng.integers(1, layout.num_classes, size=[n, 6]).astype(np.int64)
+        ids[:, -2:] *= rng.integers(0, 2, size=[n, 1])  # Padded sequences.
+        datasets.append(
+            tf.data.Dataset.from_tensor_slices(collections.OrderedDict(x=ids[:, :-1], y=ids[:, 1:])).batch(4)
+        )
+    model_fn = nwp.model_fn(layout, max_sequence_length=5, embedding_dim=4, lstm_units=5, seed=0)
+    kwargs = dict(
+        loss_fn=nwp.loss_fn,
+        metrics_fn=nwp.metrics_fn(layout),
+        reconstruction_optimizer=tff.learning.optimizers.build_sgdm(0.5),
+        dataset_split=algorithms.ReconstructionSplit(recon_epochs=2),
+        finetune_optimizer=tff.learning.optimizers.build_sgdm(0.2) if finetune else None,
+    )
+    weights = _mf_weights(model_fn, learn_local_init=False, seed=5)
+    reference = evaluation.build_recon_eval(model_fn, simulation='per_client', **kwargs)(weights, datasets)
+    engine = evaluation.build_recon_eval(model_fn, group_size=3, **kwargs)(weights, datasets)
+    _assert_same(engine, reference)
+    assert set(reference['eval']) >= {'accuracy_no_oov_no_eos', 'loss'}
+
+
+def test_groups_shrink_to_the_predictions_memory_budget(monkeypatch):
+    from fedpersonal.simulation import evaluation as engine_evaluation
+
+    model_fn = mf.personal_model_fn(NUM_ITEMS, num_latent_factors=3, add_biases=True, seed=0)
+    kwargs = dict(loss_fn=tf.keras.losses.MeanSquaredError, metrics_fn=metrics.rating_metrics_fn())
+    weights = _mf_weights(model_fn, learn_local_init=False)
+    reference = evaluation.build_recon_eval(model_fn, simulation='per_client', **kwargs)(weights, _datasets())
+    monkeypatch.setattr(engine_evaluation, 'PREDICTIONS_BUDGET_BYTES', 1)  # Not even one client's predictions.
+    engine = evaluation.build_recon_eval(model_fn, **kwargs)
+    _assert_same(engine(weights, _datasets()), reference)
+    assert engine._packer.group_size == 1  # pylint: disable=protected-access
