@@ -12,6 +12,7 @@ from fedpersonal import errors
 from fedpersonal.algorithms import dataset_split
 from fedpersonal.models import matrix_factorization as mf
 from fedpersonal.simulation import functional
+from tests.simulation import next_word_data
 
 NUM_ITEMS = 30
 SGD = tff.learning.optimizers.build_sgdm
@@ -186,22 +187,13 @@ def test_functional_model_equals_the_keras_model():
 
 def test_engine_equals_per_client_path_on_the_next_word_lstm_with_local_oov_embeddings():
     """An LSTM's gradient does not vectorize; its clients run in a compiled loop inside the group program."""
-    from fedpersonal.data import text_pipeline
     from fedpersonal.models import next_word_prediction as nwp
 
-    layout = text_pipeline.TokenLayout(vocab_size=6, num_oov_buckets=2)
-    rng = np.random.default_rng(4)
-    datasets = []
-    for n in (8, 3, 1, 11):
-        ids = rng.integers(1, layout.num_classes, size=[n, 6]).astype(np.int64)
-        ids[:, -2:] *= rng.integers(0, 2, size=[n, 1])  # Padded sequences.
-        datasets.append(
-            tf.data.Dataset.from_tensor_slices(collections.OrderedDict(x=ids[:, :-1], y=ids[:, 1:])).batch(4)
-        )
+    layout, datasets = next_word_data.LAYOUT, next_word_data.client_datasets()
 
     def build_nwp(simulation):
         return algorithms.build_fed_recon(
-            nwp.model_fn(layout, max_sequence_length=5, embedding_dim=4, lstm_units=5, seed=0),
+            next_word_data.model_fn,
             loss_fn=nwp.loss_fn,
             metrics_fn=nwp.metrics_fn(layout),
             client_optimizer=SGD(0.5),

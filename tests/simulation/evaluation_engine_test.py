@@ -12,6 +12,7 @@ from fedpersonal import evaluation
 from fedpersonal import metrics
 from fedpersonal import models
 from fedpersonal.models import matrix_factorization as mf
+from tests.simulation import next_word_data
 
 NUM_ITEMS = 12
 
@@ -142,19 +143,9 @@ def test_private_state_eval_engine_equals_per_client():
 @pytest.mark.parametrize('finetune', [False, True], ids=['recon_eval', 'finetune'])
 def test_next_word_recon_eval_engine_equals_per_client(finetune):
     """An LSTM with local OOV embeddings, a loss and metrics that skip the pad token, padded sequences."""
-    from fedpersonal.data import text_pipeline
     from fedpersonal.models import next_word_prediction as nwp
 
-    layout = text_pipeline.TokenLayout(vocab_size=6, num_oov_buckets=2)
-    rng = np.random.default_rng(4)
-    datasets = []
-    for n in (8, 3, 1, 11):
-        ids = rng.integers(1, layout.num_classes, size=[n, 6]).astype(np.int64)
-        ids[:, -2:] *= rng.integers(0, 2, size=[n, 1])  # Padded sequences.
-        datasets.append(
-            tf.data.Dataset.from_tensor_slices(collections.OrderedDict(x=ids[:, :-1], y=ids[:, 1:])).batch(4)
-        )
-    model_fn = nwp.model_fn(layout, max_sequence_length=5, embedding_dim=4, lstm_units=5, seed=0)
+    layout, datasets, model_fn = next_word_data.LAYOUT, next_word_data.client_datasets(), next_word_data.model_fn
     kwargs = dict(
         loss_fn=nwp.loss_fn,
         metrics_fn=nwp.metrics_fn(layout),
