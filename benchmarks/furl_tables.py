@@ -11,6 +11,7 @@ and the user-embedding projection next to it, and the `furl_<dataset>` section o
 """
 
 import dataclasses
+import json
 import os
 import shlex
 import shutil
@@ -27,6 +28,7 @@ from fedpersonal.tasks import furl_personalization
 
 _DEFAULTS = {'output_dir': 'output/furl'}
 config_flags.define_flags(furl_personalization.FurlConfig, overrides=_DEFAULTS)
+flags.DEFINE_list('seeds', ['0', '1', '2'], 'Seeds of every row (data split, initialization, client sampling).')
 flags.DEFINE_string('results_dir', 'docs/results', 'Where the JSON and PNG copies go.')
 flags.DEFINE_string('results_md', 'docs/RESULTS.md', 'Markdown results file (its furl_<dataset> section is replaced).')
 FLAGS = flags.FLAGS
@@ -37,8 +39,30 @@ def main(argv):
     logging.set_verbosity(logging.INFO)
     command = 'python benchmarks/furl_tables.py ' + ' '.join(shlex.quote(a) for a in sys.argv[1:])
     config = config_flags.config_from_flags(furl_personalization.FurlConfig, overrides=_DEFAULTS)
+    seeds = [int(s) for s in FLAGS.seeds]
+    per_seed = []
     with runtime.LocalRuntime():
-        results = furl_personalization.run(config)
+        for seed in seeds:  # Each seed in its own directory; a rerun reads back the seeds that finished.
+            seed_config = dataclasses.replace(
+                config, seed=seed, output_dir=os.path.join(config.output_dir, f'seed{seed}')
+            )
+            path = os.path.join(seed_config.output_dir, 'results.json')
+            if os.path.exists(path):
+                with open(path) as f:
+                    per_seed.append(json.load(f))
+            else:
+                per_seed.append(furl_personalization.run(seed_config))
+    results = dict(per_seed[0])
+    results['rows'] = [
+        program.mean_over_seeds(
+            [next(r for r in run['rows'] if r['configuration'] == row['configuration']) for run in per_seed],
+            seeds,
+            std_keys=('auc', 'accuracy', 'loss', 'default_state_auc', 'default_state_accuracy'),
+            per_seed_keys=('best_round', 'rounds', 'wall_seconds'),
+        )
+        for row in per_seed[0]['rows']
+    ]
+    config = dataclasses.replace(config, seed=seeds[0], output_dir=os.path.join(config.output_dir, f'seed{seeds[0]}'))
     name = f'furl_{config.dataset}'
     binary = results['statistics'].get('num_classes') == 2
     images = {}
@@ -66,7 +90,18 @@ def main(argv):
         '',
         f'Command: `{command}`',
         '',
-        f'{results["rounds"]} FL rounds of {config.clients_per_round} users, {config.client_epochs} local epoch.',
+        f'Mean +- standard deviation over seeds {seeds} (each seed also draws the data split). FL rows: up to '
+        f'{results["rounds"]} rounds of {config.clients_per_round} users, {config.client_epochs} local epoch, '
+        f'validation every {config.rounds_per_eval} rounds'
+        + (
+            f', early-stopped after {config.early_stopping_patience} evaluations without a better validation '
+            f"{'AUC' if binary else 'accuracy'}. Global FL is tested with its best validation round's model; "
+            "Personalized FL with the state it stopped at (its users' private states are not snapshotted)."
+            if config.early_stopping_patience
+            else '.'
+        )
+        + ' Server rows: centralized training, the best epoch by validation loss. Embeddings and curves: the '
+        'first seed.',
         '',
         table,
     ]

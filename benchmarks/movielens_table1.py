@@ -119,15 +119,10 @@ def _label(lrs: dict[str, float]) -> str:
 
 def _mean_row(name: str, runs: list[dict], seeds: list[int]) -> dict:
     """The mean over seeds of every numeric metric, with the sample standard deviation of the headline ones."""
-    row: dict = {'name': runs[0]['name'], 'configuration': name, 'seeds': seeds}
-    for key in ('rmse', 'mae', 'accuracy', 'loss', 'num_examples', 'seconds_per_round', 'best_round', 'rounds'):
-        values = [r[key] for r in runs if r.get(key) is not None]
-        if values:
-            row[key] = float(np.mean(values))
-    for key in _STD_KEYS:
-        row[f'{key}_std'] = float(np.std([r[key] for r in runs], ddof=1)) if len(runs) > 1 else 0.0
-    row['per_client'] = runs[0].get('per_client', {})  # The first seed's per-client quantiles.
-    row['per_seed'] = [{k: r.get(k) for k in (*_STD_KEYS, 'best_round', 'rounds', 'wall_seconds')} for r in runs]
+    row = program.mean_over_seeds(
+        runs, seeds, std_keys=_STD_KEYS, per_seed_keys=('best_round', 'rounds', 'wall_seconds')
+    )
+    row['configuration'] = name
     return row
 
 

@@ -37,6 +37,7 @@ import tensorflow as tf
 import tensorflow_federated as tff
 from absl import logging
 
+from fedpersonal import algorithms
 from fedpersonal import client_state
 from fedpersonal import core
 from fedpersonal import errors
@@ -67,6 +68,7 @@ class FurlConfig(
     parts.ClientOptimizerConfig,
     parts.ServerOptimizerConfig,
     parts.SimulationConfig,
+    parts.EarlyStoppingConfig,
 ):
     """Everything a FURL experiment needs (shared options from `fedpersonal.program.config_parts`)."""
 
@@ -188,18 +190,6 @@ class FurlTask:
             )
         return self.evaluate(self._evaluations[personalization], weights, split)
 
-    def tff_model_fn(self, personalization: str):
-        """The model as a TFF `VariableModel` (for TFF's own FedAvg, the Global FL row)."""
-        model_fn = self.model_fn(personalization)
-
-        def build() -> tff.learning.models.VariableModel:
-            model = model_fn()
-            return tff.learning.models.from_keras_model(
-                model.keras_model, loss=self.loss_fn(), input_spec=model.input_spec, metrics=self.metrics_fn()
-            )
-
-        return build
-
 
 def _keras_weights(keras_model: tf.keras.Model) -> tff.learning.models.ModelWeights:
     return tff.learning.models.ModelWeights(
@@ -261,17 +251,44 @@ def run_server(task: FurlTask, name: str, outputs: program.ExperimentOutputs) ->
     return row, _user_table(model.keras_model)
 
 
-def run_global_fl(task: FurlTask, outputs: program.ExperimentOutputs) -> dict[str, Any]:
+def _stopping(task: FurlTask) -> program.EarlyStopping:
+    """Early stopping of a federated row on its validation metric (AUC for binary tasks, else accuracy)."""
     cfg = task.config
-    process = tff.learning.algorithms.build_weighted_fed_avg(
-        task.tff_model_fn('none'),
-        client_optimizer_fn=cfg.build_client_optimizer(),
-        server_optimizer_fn=cfg.build_server_optimizer(),
+    metric = 'auc' if task.binary else 'accuracy'
+    return program.EarlyStopping(
+        metric, mode='max', patience=cfg.early_stopping_patience, min_delta=cfg.early_stopping_min_delta
     )
+
+
+def _selection(stopping: program.EarlyStopping, outputs: program.ExperimentOutputs) -> dict[str, Any]:
+    """What the run's early stopping saw: its best validation round and value, and the rounds run."""
+    return {
+        'best_round': stopping.best_round,
+        f'best_validation_{stopping.metric}': stopping.best_value,
+        'rounds': max([int(r['round']) for r in outputs.read_metrics()] or [0]),
+        'early_stopped': stopping.stopped,
+    }
+
+
+def run_global_fl(task: FurlTask, outputs: program.ExperimentOutputs) -> dict[str, Any]:
+    """FedAvg of the model without user embedding (`algorithms.build_fed_avg`, equal to TFF's
+    `build_weighted_fed_avg`), tested with its best validation round's model."""
+    cfg = task.config
+    process = algorithms.build_fed_avg(
+        task.model_fn('none'),
+        loss_fn=task.loss_fn,
+        metrics_fn=task.metrics_fn,
+        client_optimizer=cfg.build_client_optimizer(),
+        server_optimizer=cfg.build_server_optimizer(),
+        epochs=cfg.client_epochs,
+        simulation=cfg.simulation,
+        group_size=cfg.group_size,
+    )
+    stopping = _stopping(task)
     state, history = program.run_learning_process(
         process,
         client_data=task.data.train,
-        dataset_fn=lambda d: task.dataset_fn(d.repeat(cfg.client_epochs)),
+        dataset_fn=task.dataset_fn,
         clients_per_round=cfg.clients_per_round,
         total_rounds=task.total_rounds(),
         outputs=outputs,
@@ -280,10 +297,13 @@ def run_global_fl(task: FurlTask, outputs: program.ExperimentOutputs) -> dict[st
         rounds_per_evaluation=cfg.rounds_per_eval,
         rounds_per_checkpoint=cfg.rounds_per_checkpoint,
         name='global_fl',
+        stopping=stopping,
     )
-    row: dict[str, Any] = task.evaluate_global('none', process.get_model_weights(state))
+    best = stopping.best_state if stopping.best_state is not None else state
+    row: dict[str, Any] = task.evaluate_global('none', process.get_model_weights(best))
     del history  # Only this process' rounds; metrics.csv has every round, also those of a resumed run.
     row['seconds_per_round'] = outputs.median_round_seconds()
+    row.update(_selection(stopping, outputs))
     return row
 
 
@@ -324,6 +344,9 @@ def run_personalized_fl(task: FurlTask, outputs: program.ExperimentOutputs) -> t
     to_weights = lambda arrays: training_loop.to_model_weights(arrays, process.private_state_type)
 
     store, default = _open_store(task, process, outputs)
+    # The store holds each user's latest private state, so unlike the stateless rows this row is tested with the
+    # state training stopped at (`early_stopping_patience` evaluations after its best validation round).
+    stopping = _stopping(task)
     with store:
 
         def eval_fn(weights, split='eval', private=True):
@@ -343,6 +366,7 @@ def run_personalized_fl(task: FurlTask, outputs: program.ExperimentOutputs) -> t
             rounds_per_checkpoint=cfg.rounds_per_checkpoint,
             name='personalized_fl',
             client_state_store=store,
+            stopping=stopping,
         )
         weights = process.get_model_weights(state)
         row = eval_fn(weights, 'test')
@@ -351,6 +375,7 @@ def run_personalized_fl(task: FurlTask, outputs: program.ExperimentOutputs) -> t
         del history  # Only this process' rounds; metrics.csv has every round, also those of a resumed run.
         row['seconds_per_round'] = outputs.median_round_seconds()
         row['clients_with_trained_state'] = int(sum(store.contains(c) for c in ids))
+        row.update(_selection(stopping, outputs))
         embeddings = np.stack([s[0].reshape(-1) for s in store.get(ids)])
     return row, embeddings
 
@@ -455,19 +480,27 @@ def run(config: FurlConfig) -> dict[str, Any]:
 
 
 def format_table(rows: list[dict[str, Any]], binary: bool) -> str:
-    """Markdown table in the paper's Table 3 shape (AUC for binary tasks, accuracy otherwise)."""
+    """Markdown table in the paper's Table 3 shape (AUC for binary tasks, accuracy otherwise); a row averaged over
+    seeds shows ``mean +- std`` and the federated rows their early-stopping rounds."""
     metrics = ['auc', 'accuracy'] if binary else ['accuracy']
     head = ' | '.join(m.upper() if m == 'auc' else m for m in metrics)
     lines = [
-        f'| configuration | {head} | loss | default-state {metrics[0]} | s/round |',
-        '|---' * (len(metrics) + 4) + '|',
+        f'| configuration | {head} | loss | default-state {metrics[0]} | best round (of) | seeds | s/round |',
+        '|---' * (len(metrics) + 6) + '|',
     ]
+
+    def value(r: dict[str, Any], key: str) -> str:
+        if r.get(key) is None:
+            return ''
+        std = r.get(f'{key}_std')
+        return f'{r[key]:.4f}' + (f' +- {std:.4f}' if std is not None and len(r.get('seeds', [])) > 1 else '')
+
     for r in rows:
-        values = ' | '.join(f'{r.get(m, float("nan")):.4f}' for m in metrics)
-        default = r.get(f'default_state_{metrics[0]}')
+        values = ' | '.join(value(r, m) for m in metrics)
+        rounds = f'{r["best_round"]:.0f} ({r["rounds"]:.0f})' if r.get('best_round') is not None else ''
         spr = r.get('seconds_per_round')
         lines.append(
-            f'| {r["name"]} | {values} | {r.get("loss", float("nan")):.4f} | '
-            f'{"" if default is None else f"{default:.4f}"} | {"" if spr is None else f"{spr:.2f}"} |'
+            f'| {r["name"]} | {values} | {value(r, "loss")} | {value(r, f"default_state_{metrics[0]}")} | {rounds} | '
+            f'{len(r.get("seeds", [0]))} | {"" if spr is None else f"{spr:.3f}"} |'
         )
     return '\n'.join(lines)

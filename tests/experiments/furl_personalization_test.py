@@ -50,6 +50,9 @@ def test_four_configurations_on_generated_data(tmp_path, capsys):
     assert set(rows) == set(furl_personalization.CONFIGURATIONS)
     assert 0 <= rows['personalized_fl']['accuracy'] <= 1 and 'default_state_accuracy' in rows['personalized_fl']
     assert rows['personalized_fl']['clients_with_trained_state'] > 0
+    for name in ('global_fl', 'personalized_fl'):  # Early stopping's record (one evaluation, after round 3).
+        assert (rows[name]['rounds'], rows[name]['best_round']) == (3, 3)
+        assert 0 <= rows[name]['best_validation_accuracy'] <= 1  # A multi-class task: stopped on accuracy.
     assert 0 <= results['embeddings']['knn_overlap'] <= 1
     assert os.path.getsize(os.path.join(out, 'user_embeddings.png')) > 1000
     assert os.path.exists(os.path.join(out, 'personalized_fl', 'client_states.sqlite'))
