@@ -11,7 +11,6 @@ and the user-embedding projection next to it, and the `furl_<dataset>` section o
 """
 
 import dataclasses
-import json
 import os
 import shlex
 import shutil
@@ -40,29 +39,16 @@ def main(argv):
     command = 'python benchmarks/furl_tables.py ' + ' '.join(shlex.quote(a) for a in sys.argv[1:])
     config = config_flags.config_from_flags(furl_personalization.FurlConfig, overrides=_DEFAULTS)
     seeds = [int(s) for s in FLAGS.seeds]
-    per_seed = []
     with runtime.LocalRuntime():
-        for seed in seeds:  # Each seed in its own directory; a rerun reads back the seeds that finished.
-            seed_config = dataclasses.replace(
-                config, seed=seed, output_dir=os.path.join(config.output_dir, f'seed{seed}')
-            )
-            path = os.path.join(seed_config.output_dir, 'results.json')
-            if os.path.exists(path):
-                with open(path) as f:
-                    per_seed.append(json.load(f))
-            else:
-                per_seed.append(furl_personalization.run(seed_config))
-    results = dict(per_seed[0])
-    results['rows'] = [
-        program.mean_over_seeds(
-            [next(r for r in run['rows'] if r['configuration'] == row['configuration']) for run in per_seed],
+        results = program.run_seeds(
+            furl_personalization.run,
+            config,
             seeds,
+            row_key='configuration',
             std_keys=('auc', 'accuracy', 'loss', 'default_state_auc', 'default_state_accuracy'),
             per_seed_keys=('best_round', 'rounds', 'wall_seconds'),
         )
-        for row in per_seed[0]['rows']
-    ]
-    config = dataclasses.replace(config, seed=seeds[0], output_dir=os.path.join(config.output_dir, f'seed{seeds[0]}'))
+    config = dataclasses.replace(config, seed=seeds[0], output_dir=program.seed_output_dir(config.output_dir, seeds[0]))
     name = f'furl_{config.dataset}'
     binary = results['statistics'].get('num_classes') == 2
     images = {}

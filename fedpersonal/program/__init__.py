@@ -7,6 +7,8 @@ from fedpersonal.program.outputs import replace_marked_section
 from fedpersonal.program.outputs import save_figure
 from fedpersonal.program.outputs import write_json
 from fedpersonal.program.seeds import mean_over_seeds
+from fedpersonal.program.seeds import run_seeds
+from fedpersonal.program.seeds import seed_output_dir
 from fedpersonal.program.selection import EarlyStopping
 from fedpersonal.program.selection import ModelSelection
 from fedpersonal.program.training_loop import RUN_CONFIG_FILE

@@ -8,7 +8,11 @@
 
 from __future__ import annotations
 
+import dataclasses
+import json
 import math
+import os
+from collections.abc import Callable
 from collections.abc import Mapping
 from collections.abc import Sequence
 from typing import Any
@@ -49,3 +53,59 @@ def mean_over_seeds(
 
 def _finite(value: Any) -> bool:
     return isinstance(value, (int, float, np.number)) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def run_seeds(
+    run: Callable[[Any], Mapping[str, Any]],
+    config: Any,
+    seeds: Sequence[int],
+    *,
+    row_key: str,
+    std_keys: Sequence[str],
+    per_seed_keys: Sequence[str] = (),
+    results_file: str = 'results.json',
+) -> dict[str, Any]:
+    """Runs an experiment once per seed and averages its rows over the seeds.
+
+    Each seed runs ``run(config)`` with ``config.seed`` set and its own output directory
+    ``<config.output_dir>/seed<k>``; a seed whose `results_file` exists there is read back instead of rerun (a
+    rerun after an interruption finishes the missing seeds; each run resumes from its own checkpoints).
+
+    Args:
+      run: ``config -> results`` with ``results['rows']``, writing `results_file` into ``config.output_dir``.
+      config: A frozen dataclass config with ``seed`` and ``output_dir``.
+      seeds: The seeds.
+      row_key: The row field naming a row (e.g. ``'configuration'``); rows are matched across seeds by it.
+      std_keys: Row metrics that also get a ``<key>_std`` (`mean_over_seeds`).
+      per_seed_keys: Other row fields kept per seed.
+      results_file: The JSON file `run` writes.
+
+    Returns:
+      The first seed's results, with ``rows`` averaged over the seeds and ``seeds``.
+    """
+    per_seed = []
+    for seed in seeds:
+        seed_config = dataclasses.replace(config, seed=seed, output_dir=seed_output_dir(config.output_dir, seed))
+        path = os.path.join(seed_config.output_dir, results_file)
+        if os.path.exists(path):
+            with open(path) as f:
+                per_seed.append(json.load(f))
+        else:
+            per_seed.append(dict(run(seed_config)))
+    results = dict(per_seed[0])
+    results['rows'] = [
+        mean_over_seeds(
+            [next(r for r in run_results['rows'] if r[row_key] == row[row_key]) for run_results in per_seed],
+            seeds,
+            std_keys=std_keys,
+            per_seed_keys=per_seed_keys,
+        )
+        for row in per_seed[0]['rows']
+    ]
+    results['seeds'] = [int(s) for s in seeds]
+    return results
+
+
+def seed_output_dir(output_dir: str, seed: int) -> str:
+    """The output directory of one seed's run under an experiment's `output_dir`."""
+    return os.path.join(output_dir, f'seed{seed}')

@@ -184,6 +184,14 @@ def _cell(value: Any, digits: int = 3) -> str:
     return f'{value:.{digits}f}' if isinstance(value, float) else str(value)
 
 
+def _metric_cell(row: dict[str, Any], metric: str) -> str:
+    """A row's metric, with ``+- std`` when the row is a mean over several seeds."""
+    std = row.get(f'{metric}_std')
+    if std is None or len(row.get('seeds', [])) < 2 or _cell(row.get(metric)) == '-':
+        return _cell(row.get(metric))
+    return f'{_cell(row.get(metric))} +- {std:.3f}'
+
+
 def format_statistics_table(statistics: dict[str, Any], dataset: str) -> str:
     """The paper's statistics table (one dataset column)."""
     keys = [
@@ -213,7 +221,10 @@ def format_accuracy_table(rows: list[dict[str, Any]], task: str) -> str:
         selected = r.get('best_round', r.get('best_epoch'))
         spr = r.get('seconds_per_round')
         spr = f'{spr:.2f}' if spr is not None else f'({r.get("seconds_per_epoch", float("nan")):.2f} s/epoch)'
-        lines.append(f'| {r["name"]} | {" | ".join(_cell(r.get(m)) for m in metrics)} | {spr} | {selected} |')
+        if selected is not None and r.get('rounds') is not None:
+            selected = f'{selected:.0f} (of {r["rounds"]:.0f})'
+        cells = ' | '.join(_metric_cell(r, m) for m in metrics)
+        lines.append(f'| {r["name"]} | {cells} | {spr} | {selected} |')
     return '\n'.join(lines)
 
 
@@ -221,7 +232,7 @@ def format_ranking_table(rows: list[dict[str, Any]]) -> str:
     """The paper's DOA/NDCG table: methods as columns."""
     lines = ['| | ' + ' | '.join(r['name'] for r in rows) + ' |', '|---' * (len(rows) + 1) + '|']
     for metric, label in (('doa', 'DOA'), ('ndcg', 'NDCG'), ('doa_theta', 'DOA on raw theta (GUM rows)')):
-        lines.append(f'| {label} | ' + ' | '.join(_cell(r.get(metric)) for r in rows) + ' |')
+        lines.append(f'| {label} | ' + ' | '.join(_metric_cell(r, metric) for r in rows) + ' |')
     return '\n'.join(lines)
 
 

@@ -121,6 +121,7 @@ class HpflConfig(
     parts.ClientEpochsConfig,
     parts.ClientOptimizerConfig,
     parts.SimulationConfig,
+    parts.EarlyStoppingConfig,
 ):
     """Everything an HPFL experiment needs (shared options from `fedpersonal.program.config_parts`; cross-silo:
     every client takes part in every round, so there is no --clients_per_round)."""
@@ -371,6 +372,11 @@ def _run_federated(
         )
     )
     selection = program.ModelSelection('rmse')
+    # Training stops after `early_stopping_patience` validation evaluations without a lower RMSE (0: never); the
+    # selection keeps the clients' states of the best one either way.
+    stopping = program.EarlyStopping(
+        'rmse', patience=config.early_stopping_patience, min_delta=config.early_stopping_min_delta
+    )
     template = process.initial_private_state()
     store = client_state.SqliteClientStateStore(
         outputs.path(_STATE_STORE),
@@ -390,6 +396,7 @@ def _run_federated(
             ),
             rounds_per_evaluation=config.rounds_per_eval,
             selection=selection,
+            stopping=stopping,
             evaluation_name='validation',
             train_metrics_fn=lambda metrics: metrics,
             config=_guarded_config(config),
@@ -402,7 +409,8 @@ def _run_federated(
         best_round=selection.best_round,
         best_validation_rmse=float(selection.best_value),
         seconds_per_round=outputs.median_round_seconds(),
-        rounds=config.total_rounds,
+        rounds=max([int(r['round']) for r in outputs.read_metrics()] or [0]),
+        early_stopped=stopping.stopped,
     )
     return row, _stacked_theta(best_states, data)
 

@@ -224,3 +224,24 @@ def test_binary_killed_mid_run_resumes_to_the_results_of_an_uninterrupted_run(tm
     rerun = _start_binary(flags + [f'--output_dir={killed}', '--hidden_dim=3'], log)
     assert rerun.wait(timeout=300) != 0
     assert 'hidden_dim: 4 -> 3' in _read(log)
+
+
+def test_early_stopping_ends_a_run_whose_validation_rmse_stops_improving(tmp_path):
+    """With (almost) no local training the validation RMSE never improves on the first evaluation by min_delta: the
+    run stops after `early_stopping_patience` more evaluations, keeping the first evaluation's states."""
+    out = str(tmp_path / 'hpfl')
+    argv = [a for a in TINY if not a.startswith('--total_rounds')]
+    _run(
+        argv
+        + [
+            '--total_rounds=20',
+            '--client_learning_rate=1e-9',
+            '--early_stopping_patience=2',
+            '--early_stopping_min_delta=0.001',
+            '--methods=distributed',
+            f'--output_dir={out}',
+        ]
+    )
+    with open(os.path.join(out, 'results.json')) as f:
+        (row,) = json.load(f)['rows']
+    assert (row['best_round'], row['rounds'], row['early_stopped']) == (1, 3, True)
