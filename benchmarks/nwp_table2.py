@@ -31,6 +31,7 @@ _DEFAULTS = {'output_dir': 'output/nwp'}
 config_flags.define_flags(nwp_task.NextWordPredictionConfig, overrides=_DEFAULTS)
 flags.DEFINE_string('results_dir', 'docs/results', 'Where the JSON and PNG copies go.')
 flags.DEFINE_string('results_md', 'docs/RESULTS.md', 'Markdown results file (its nwp_<dataset> section is replaced).')
+flags.DEFINE_list('seeds', ['0'], 'Seeds of every row (initialization, client sampling, reconstruction).')
 FLAGS = flags.FLAGS
 
 _TRAINING = {
@@ -65,8 +66,20 @@ def main(argv):
     logging.set_verbosity(logging.INFO)
     command = 'python benchmarks/nwp_table2.py ' + ' '.join(shlex.quote(a) for a in sys.argv[1:])
     config = config_flags.config_from_flags(nwp_task.NextWordPredictionConfig, overrides=_DEFAULTS)
+    seeds = [int(s) for s in FLAGS.seeds]
     with runtime.LocalRuntime():
-        results = nwp_task.run(config)
+        results = program.run_seeds(
+            nwp_task.run,
+            config,
+            seeds,
+            row_key=('configuration', 'vocab_size'),
+            std_keys=nwp_task.METRIC_KEYS,
+            per_seed_keys=('best_round', 'rounds'),
+            rows_of=lambda r: [row for table in r['tables'] for row in table['rows']],
+        )
+    for table in results['tables']:  # The tables' rows, averaged over the seeds.
+        table['rows'] = [r for r in results['rows'] if r['vocab_size'] == table['vocab_size']]
+    config = dataclasses.replace(config, seed=seeds[0], output_dir=program.seed_output_dir(config.output_dir, seeds[0]))
     name = f'nwp_{config.dataset}'
     os.makedirs(FLAGS.results_dir, exist_ok=True)
     rows = []
@@ -104,7 +117,16 @@ def main(argv):
         '',
         f'Data: {results["source"]}. Vocabulary coverage of train tokens: {coverage}. '
         f'{config.total_rounds} rounds x {config.clients_per_round} clients; model embedding {config.embedding_dim}, '
-        f'LSTM {config.lstm_units}; evaluated on the query sets (second half in time order) of held-out clients.',
+        f'LSTM {config.lstm_units}; evaluated on the query sets (second half in time order) of held-out clients. '
+        f'Mean (+- standard deviation) over seeds {seeds}'
+        + (
+            f'; training early-stopped after {config.early_stopping_patience} validation evaluations (every '
+            f'{config.rounds_per_eval} rounds) without a higher accuracy (no OOV/EOS), tested with the best '
+            "validation round's model"
+            if config.early_stopping_patience
+            else ''
+        )
+        + '.',
     ]
     for metric, title in (
         ('accuracy_no_oov_no_eos', 'Accuracy without OOV and EOS targets (%)'),

@@ -226,7 +226,7 @@ def _nwp_round_flops(counts: list[tuple[int, int, int]], length: int, per_token_
     return float(flops)
 
 
-def _flagfile_config(config_cls, flagfile: str, *extra_flags: str):
+def flagfile_config(config_cls, flagfile: str, *extra_flags: str):
     """A task config from `configs/<flagfile>` and `extra_flags` (e.g. the shared data copy), output to /tmp."""
     from absl import flags as absl_flags
 
@@ -241,10 +241,10 @@ def _flagfile_config(config_cls, flagfile: str, *extra_flags: str):
 
 def _assist_config(config_cls, flagfile: str):
     """A task config from `configs/<flagfile>` with the shared ASSISTments copy as its data."""
-    return _flagfile_config(config_cls, flagfile, f'--data_dir={os.path.join(_SHARED_DATA, "assist-a0910")}')
+    return flagfile_config(config_cls, flagfile, f'--data_dir={os.path.join(_SHARED_DATA, "assist-a0910")}')
 
 
-def _furl_config():
+def furl_config():
     """`FurlConfig` from configs/furl_assistments.flags with the shared ASSISTments copy."""
     from fedpersonal.tasks import furl_personalization
 
@@ -257,7 +257,7 @@ def furl_setup() -> Setup:
     from fedpersonal.algorithms import optimizers
     from fedpersonal.tasks import furl_personalization
 
-    config = _furl_config()
+    config = furl_config()
     data = furl_personalization.load_data(config)
     task = furl_personalization.FurlTask(config, data)
     dataset_fn = lambda cid: task.dataset_fn(data.train.create_tf_dataset_for_client(cid))
@@ -390,7 +390,7 @@ def feddva_setup() -> Setup:
     from fedpersonal.tasks import feddva as feddva_task
     from fedpersonal.tasks import feddva_workload
 
-    config = _flagfile_config(
+    config = flagfile_config(
         feddva_task.FeddvaConfig,
         'feddva_scaled.flags',
         '--dataset=mnist',

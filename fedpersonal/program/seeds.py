@@ -60,10 +60,11 @@ def run_seeds(
     config: Any,
     seeds: Sequence[int],
     *,
-    row_key: str,
+    row_key: str | Sequence[str],
     std_keys: Sequence[str],
     per_seed_keys: Sequence[str] = (),
     results_file: str = 'results.json',
+    rows_of: Callable[[Mapping[str, Any]], Sequence[Mapping[str, Any]]] = lambda results: results['rows'],
 ) -> dict[str, Any]:
     """Runs an experiment once per seed and averages its rows over the seeds.
 
@@ -75,13 +76,15 @@ def run_seeds(
       run: ``config -> results`` with ``results['rows']``, writing `results_file` into ``config.output_dir``.
       config: A frozen dataclass config with ``seed`` and ``output_dir``.
       seeds: The seeds.
-      row_key: The row field naming a row (e.g. ``'configuration'``); rows are matched across seeds by it.
+      row_key: The row field naming a row (e.g. ``'configuration'``); rows are matched across seeds by it, or a
+        tuple of fields.
       std_keys: Row metrics that also get a ``<key>_std`` (`mean_over_seeds`).
       per_seed_keys: Other row fields kept per seed.
       results_file: The JSON file `run` writes.
+      rows_of: The rows of one seed's results (default ``results['rows']``).
 
     Returns:
-      The first seed's results, with ``rows`` averaged over the seeds and ``seeds``.
+      The first seed's results, with ``rows`` (the rows of `rows_of`) averaged over the seeds and ``seeds``.
     """
     per_seed = []
     for seed in seeds:
@@ -92,15 +95,17 @@ def run_seeds(
                 per_seed.append(json.load(f))
         else:
             per_seed.append(dict(run(seed_config)))
+    keys = (row_key,) if isinstance(row_key, str) else tuple(row_key)
+    name = lambda row: tuple(row[k] for k in keys)
     results = dict(per_seed[0])
     results['rows'] = [
         mean_over_seeds(
-            [next(r for r in run_results['rows'] if r[row_key] == row[row_key]) for run_results in per_seed],
+            [next(r for r in rows_of(run_results) if name(r) == name(row)) for run_results in per_seed],
             seeds,
             std_keys=std_keys,
             per_seed_keys=per_seed_keys,
         )
-        for row in per_seed[0]['rows']
+        for row in rows_of(per_seed[0])
     ]
     results['seeds'] = [int(s) for s in seeds]
     return results

@@ -137,14 +137,12 @@ class GroupEvaluation:
                     )
             return _query_predictions(model, weights, group['query'], loss)
 
-        metrics_holder: list[list[tf.keras.metrics.Metric]] = []
+        self._metrics: list[tf.keras.metrics.Metric] = []  # Built eagerly before the first call (`__call__`).
+        self._build_metrics = lambda: client_work.build_metrics(metrics_fn, loss_fn, self._finalizers)
 
         @tf.function
         def group_eval(received, non_trainable, group, local_trainable, local_non_trainable, num_real):
-            with tf.init_scope():
-                if not metrics_holder:
-                    metrics_holder.append(client_work.build_metrics(metrics_fn, loss_fn, self._finalizers))
-            metrics = metrics_holder[0]
+            metrics = self._metrics
             predictions, batch_loss = predict(received, non_trainable, group, local_trainable, local_non_trainable)
             query = group['query']
             labels = partially_local_model.split_batch(query['batch'])[1]
@@ -186,6 +184,8 @@ class GroupEvaluation:
             raise ValueError('Pass private_states exactly when the evaluation was built for private states.')
         if private_states is not None and len(private_states) != len(client_datasets):
             raise ValueError(f'{len(private_states)} private states for {len(client_datasets)} datasets.')
+        if not self._metrics:
+            self._metrics = self._build_metrics()
         n = len(client_datasets)
         groups = self._packer.pack(client_datasets, client_ids) if n else []
         fitting = self._group_size_within_budget(groups)

@@ -91,6 +91,7 @@ class NextWordPredictionConfig(
     parts.ServerOptimizerConfig,
     parts.ReconstructionOptimizerConfig,
     parts.SimulationConfig,
+    parts.EarlyStoppingConfig,
 ):
     """Everything a next-word-prediction experiment needs (shared options from `fedpersonal.program.config_parts`).
 
@@ -382,7 +383,17 @@ class NextWordPredictionTask:
 
 
 def _train(task: NextWordPredictionTask, process, name: str, outputs, num_oov_buckets: int, eval_fn):
+    """Trains `process`; with an evaluation, early-stopped on validation accuracy (without OOV and EOS targets) and
+    returning the best validation round's state."""
     cfg = task.config
+    stopping = None
+    if eval_fn is not None:
+        stopping = program.EarlyStopping(
+            'accuracy_no_oov_no_eos',
+            mode='max',
+            patience=cfg.early_stopping_patience,
+            min_delta=cfg.early_stopping_min_delta,
+        )
     state, history = program.run_learning_process(
         process,
         client_data=task.client_data(num_oov_buckets, 'train'),
@@ -395,11 +406,17 @@ def _train(task: NextWordPredictionTask, process, name: str, outputs, num_oov_bu
         rounds_per_evaluation=cfg.rounds_per_eval,
         rounds_per_checkpoint=cfg.rounds_per_checkpoint,
         name=name,
+        stopping=stopping,
     )
     del history  # Only this process' rounds; metrics.csv has every round, also those of a resumed run.
     rows = outputs.read_metrics()
     seconds = [r['round_seconds'] for r in rows if 'round_seconds' in r]
     summary = {'seconds_per_round': float(np.median(seconds)) if seconds else None}
+    summary['rounds'] = max([int(r['round']) for r in rows] or [0])
+    if stopping is not None:
+        summary.update(best_round=stopping.best_round, best_validation_accuracy_no_oov_no_eos=stopping.best_value)
+        if stopping.best_state is not None:
+            state = stopping.best_state
     for key in COMMUNICATION_KEYS:
         values = [r[f'communication/{key}'] for r in rows if f'communication/{key}' in r]
         if values:
@@ -523,8 +540,9 @@ def format_table(tables: list[dict[str, Any]], metric: str = 'accuracy_no_oov_no
     for i, name in enumerate(names):
         cells = []
         for t in tables:
-            value = t['rows'][i].get(metric)
-            cells.append('' if value is None else f'{100 * value:.1f}')
+            value, std = t['rows'][i].get(metric), t['rows'][i].get(f'{metric}_std')
+            many = len(t['rows'][i].get('seeds', [])) > 1
+            cells.append('' if value is None else f'{100 * value:.1f}' + (f' +- {100 * std:.1f}' if many else ''))
         last = tables[-1]['rows'][i]
         comm = (
             f'{last.get("scalars_down_per_client", float("nan")):,.0f} / '
