@@ -100,7 +100,9 @@ _BATCH_NORM = tf.keras.layers.BatchNormalization.__mro__[1]  # Keras' BatchNorma
 # Layers whose client steps run slower compiled by XLA on the CPU than as a plain TF graph (measured, engine round):
 # the next-word LSTM (unrolled) 0.65 vs 0.25 s, FedDVA's convolutions 17 vs 3.5 s. Embedding and dense models
 # (matrix factorization, FURL) run about 3.5x faster with XLA.
-_NO_XLA_LAYERS = (tf.keras.layers.RNN, tf.keras.layers.Conv1D, tf.keras.layers.Conv2D, tf.keras.layers.Conv3D)
+# pfor has no converter for a convolution whose filters differ per client (it logs an error and falls back to a loop).
+_CONV_LAYERS = (tf.keras.layers.Conv1D, tf.keras.layers.Conv2D, tf.keras.layers.Conv3D)
+_NO_XLA_LAYERS = (tf.keras.layers.RNN, *_CONV_LAYERS)
 
 
 class FunctionalModel:
@@ -122,6 +124,8 @@ class FunctionalModel:
       regularized: Whether the Keras parts have regularization losses.
       xla: Whether the engine compiles this model's client steps with XLA (``jit_compile``): not for recurrent or
         convolutional layers, which XLA's CPU backend ran 2.5-5x slower than TF's kernels (measured).
+      vectorizes: Whether a client step with per-client weights vectorizes over clients (`tf.vectorized_map`): not
+        for convolutions, whose per-client filters pfor cannot batch (their clients loop in the program instead).
       stateful_slots: The slots of the weights the model's layers update in training mode (batch norm moving
         statistics), in a fixed order.
       template: The model object built once in a scratch graph (for its structure and attributes, e.g. sizes;
@@ -174,9 +178,9 @@ class FunctionalModel:
                 values = session.run([list(group) for group in weight_groups])
                 created_values = session.run(created)
             self.regularized = any(part.losses for part in keras_parts(model))
-            self.xla = not any(
-                isinstance(layer, _NO_XLA_LAYERS) for part in keras_parts(model) for layer in [part, *part.submodules]
-            )
+            layers = [layer for part in keras_parts(model) for layer in [part, *part.submodules]]
+            self.xla = not any(isinstance(layer, _NO_XLA_LAYERS) for layer in layers)
+            self.vectorizes = not any(isinstance(layer, _CONV_LAYERS) for layer in layers)
             self.input_spec = getattr(model, 'input_spec', None) if not self._is_keras else None
         self._model_fn = model_fn
         self.template = model

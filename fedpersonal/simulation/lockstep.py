@@ -193,7 +193,7 @@ def lockstep_steps(
     step_inputs: Any = None,
     after_step: AfterStep | None = None,
     zero_stats: Any = (),
-    vectorize: bool = True,
+    vectorize: bool | None = None,
 ) -> tuple[functional.Parts, GroupSteps]:
     """One optimizer step per batch of `phase` for every client of a group, on the weights at `train` slots.
 
@@ -221,7 +221,7 @@ def lockstep_steps(
       zero_stats: With `after_step`: its structure of float32 scalars, at their initial values (e.g.
         ``OrderedDict(correct=0.0)``), as in `fedpersonal.core.client_work.optimizer_steps`.
       vectorize: False runs each step's clients in a compiled loop without trying `tf.vectorized_map` first
-        (for models it cannot batch, e.g. convolutions with per-client filters).
+        (for models it cannot batch, e.g. convolutions with per-client filters); default `model.vectorizes`.
 
     Returns:
       ``(weights, GroupSteps)``: the trained slots (and the model's stateful slots) per client, the others as
@@ -229,6 +229,7 @@ def lockstep_steps(
     """
     if (loss is None) == (client_loss is None):
         raise ValueError('Give exactly one of loss and client_loss.')
+    vectorized: bool = getattr(model, 'vectorizes', True) if vectorize is None else vectorize
     if metrics and client_loss is not None:
         raise ValueError('metrics need the Keras loss path (predictions); sum statistics with after_step instead.')
     base = model.initial_weights
@@ -329,7 +330,7 @@ def lockstep_steps(
         batch_loss, n, predictions, gradients, new_carried = for_each_client(
             client_step,
             (stepped, frozen, carried_now, centre_values, batch, mask, extra),
-            vectorize=vectorize,
+            vectorize=vectorized,
             signature=step_signature,
         )
         active = n > 0
@@ -349,7 +350,7 @@ def lockstep_steps(
             new_state, new_values = for_each_client(
                 optimizer_step,
                 (state_now, stepped, gradients),
-                vectorize=vectorize,
+                vectorize=vectorized,
                 signature=one_client((optimizer_state, values)),
             )
             stepped = [keep(a, b) for a, b in zip(new_values, stepped)]
@@ -364,7 +365,7 @@ def lockstep_steps(
             step_stats = for_each_client(
                 client_stats,
                 (stepped, frozen, carried_now, batch, mask, extra),
-                vectorize=vectorize,
+                vectorize=vectorized,
                 signature=stats_signature,
             )
             stats = tf.nest.map_structure(lambda a, b: a + expand(tf.where(active, b, 0.0), 0), stats, step_stats)
