@@ -90,6 +90,11 @@ def test_recon_eval_engine_equals_per_client(finetune, learn_local_init, optimiz
     again = engine(weights, [None] * len(SIZES), client_ids=ids)
     _assert_same(again, reference)
     assert float(reference['eval']['num_examples']) > 0
+    # The one-example client's query set is empty: it has no metric values, so no distribution counts it (Keras
+    # would report an RMSE of 0.0 for it).
+    for result in (reference, again):
+        summary = metrics.summarize_per_client(result['per_client'])
+        assert (summary['rmse']['clients'], summary['rmse']['clients_without_examples']) == (len(SIZES) - 1, 1)
 
 
 def test_standard_eval_engine_equals_per_client():
