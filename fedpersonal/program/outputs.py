@@ -137,21 +137,55 @@ class ExperimentOutputs:
         return plot_curves({self.directory: self.read_metrics()}, keys, self.path(filename), title=title)
 
 
+def metric_label(key: str) -> str:
+    """An axis label for a flat metric key: ``'eval/auc'`` -> ``'auc (validation)'``.
+
+    >>> metric_label('eval/auc'), metric_label('train/loss'), metric_label('rmse')
+    ('auc (validation)', 'loss (train)', 'rmse')
+    """
+    split, _, metric = key.rpartition('/')
+    if not split:
+        return key
+    split = {'eval': 'validation'}.get(split, split.replace('/', ' '))
+    return f'{metric} ({split})'
+
+
 def plot_curves(
-    runs: Mapping[str, list[dict[str, float]]], keys: Sequence[str], path: str, *, title: str | None = None
+    runs: Mapping[str, list[dict[str, float]]],
+    keys: Sequence[str],
+    path: str,
+    *,
+    title: str | None = None,
+    references: Mapping[str, Mapping[str, float]] | None = None,
 ) -> str | None:
-    """One subplot per metric key, one line per run (rows need a 'round' column)."""
+    """One subplot per metric key (x: round, y: the metric and its split), one line per run; the legend sits
+    outside the plots, so it covers no data.
+
+    Args:
+      runs: Run name -> its metric rows (each with a ``'round'``).
+      keys: Flat metric keys to plot (keys no run has are skipped).
+      path: The PNG written.
+      title: Optional figure title.
+      references: Optional name -> {key: value} drawn as dashed horizontal lines, e.g. a centralized model's
+        value at its selected epoch (trained in epochs, not rounds).
+    """
     import matplotlib  # pylint: disable=g-import-not-at-top
 
     matplotlib.use('Agg')
     import matplotlib.pyplot as plt  # pylint: disable=g-import-not-at-top
 
-    keys = [k for k in keys if any(k in row for rows in runs.values() for row in rows)]
+    references = references or {}
+    keys = [
+        k
+        for k in keys
+        if any(k in row for rows in runs.values() for row in rows) or any(k in r for r in references.values())
+    ]
     if not keys:
         return None
-    fig, axes = plt.subplots(1, len(keys), figsize=(5 * len(keys), 3.6), squeeze=False)
+    fig, axes = plt.subplots(1, len(keys), figsize=(4.6 * len(keys) + 2.2, 3.6), squeeze=False)
     # A distinct (colour, line style) per run: the default cycle repeats after 10 colours.
-    cmap = plt.get_cmap('tab10' if len(runs) <= 10 else 'tab20')
+    count = len(runs) + len(references)
+    cmap = plt.get_cmap('tab10' if count <= 10 else 'tab20')
     assert isinstance(cmap, matplotlib.colors.ListedColormap)  # tab10 and tab20 are lists of colours.
     # A tuple of RGB tuples (the stubs type ListedColormap.colors as any colour specification).
     colours = cast(Sequence[Any], cmap.colors)
@@ -169,11 +203,22 @@ def plot_curves(
                     color=colours[i % len(colours)],
                     linestyle=styles[(i // len(colours)) % len(styles)],
                 )
+        for j, (label, values) in enumerate(references.items()):
+            if key in values:
+                colour = colours[(len(runs) + j) % len(colours)]
+                ax.axhline(values[key], color=colour, linestyle='--', linewidth=1.2, label=str(label))
         ax.set_xlabel('round')
-        ax.set_title(key)
+        ax.set_ylabel(metric_label(key))
         ax.grid(alpha=0.3)
-    axes[0][-1].legend(fontsize=8)
-    return save_figure(fig, path, title=title)
+    handles, labels = axes[0][0].get_legend_handles_labels()
+    for ax in axes[0][1:]:  # Runs absent from the first subplot still get a legend entry.
+        for handle, label in zip(*ax.get_legend_handles_labels()):
+            if label not in labels:
+                handles.append(handle)
+                labels.append(label)
+    fig.legend(handles, labels, fontsize=8, loc='center right', frameon=False)
+    fig.tight_layout(rect=(0.0, 0.0, 1.0 - 2.0 / (4.6 * len(keys) + 2.2), 0.9 if title else 1.0))
+    return save_figure(fig, path, title=title, tight_layout=False)
 
 
 def save_figure(fig: Any, path: str, *, title: str | None = None, tight_layout: bool = True) -> str:

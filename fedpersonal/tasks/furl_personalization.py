@@ -469,12 +469,21 @@ def run(config: FurlConfig) -> dict[str, Any]:
             rate_label='user positive rate' if data.num_classes == 2 else "share of the user's top class",
         )
     program.write_json(os.path.join(config.output_dir, 'results.json'), results)
-    curves = {
-        ROW_NAMES[r['configuration']]: program.ExperimentOutputs(config.output_dir, r['configuration']).read_metrics()
+    metrics = {
+        r['configuration']: program.ExperimentOutputs(config.output_dir, r['configuration']).read_metrics()
         for r in rows
     }
+    # The server rows train in epochs, not rounds: each is drawn at its selected epoch (lowest validation loss).
+    references = {
+        f'{ROW_NAMES[name]} (selected epoch)': min(epochs, key=lambda row: row.get('eval/loss', np.inf))
+        for name, epochs in metrics.items()
+        if name in ('global_server', 'personalized_server') and epochs
+    }
     program.plot_curves(
-        curves, ['eval/loss', 'eval/accuracy', 'eval/auc'], os.path.join(config.output_dir, 'learning_curves.png')
+        {ROW_NAMES[name]: rounds for name, rounds in metrics.items() if name in ('global_fl', 'personalized_fl')},
+        ['eval/loss', 'eval/accuracy', 'eval/auc'],
+        os.path.join(config.output_dir, 'learning_curves.png'),
+        references=references,
     )
     return results
 
