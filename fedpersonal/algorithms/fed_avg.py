@@ -35,6 +35,7 @@ def build_fed_avg(
     model_aggregator: Any = None,
     simulation: str = 'engine',
     group_size: int | None = None,
+    measure_communication: bool = False,
 ) -> process_lib.PersonalizedProcess:
     """Builds weighted FedAvg for a model whose variables are all global.
 
@@ -51,6 +52,8 @@ def build_fed_avg(
       model_aggregator: Any `tff.aggregators` factory (default weighted `MeanFactory`).
       simulation: ``'engine'`` (default) or ``'per_client'``, as in `build_fed_recon`.
       group_size: Engine only: the most logical clients per group.
+      measure_communication: Engine only: report each client's download and upload as TFF's measured
+        broadcast and aggregator would (`build_fed_recon`).
 
     Returns:
       A stateless `fedpersonal.core.PersonalizedProcess`.
@@ -90,4 +93,5 @@ def build_fed_avg(
         model_aggregator=model_aggregator,
         simulation=simulation,
         group_size=group_size,
+        measure_communication=measure_communication,
     )

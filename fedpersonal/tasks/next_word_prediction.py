@@ -49,6 +49,7 @@ from fedpersonal import algorithms
 from fedpersonal import errors
 from fedpersonal import evaluation
 from fedpersonal import metrics as metrics_lib
+from fedpersonal import models
 from fedpersonal import program
 from fedpersonal.algorithms import fed_recon
 from fedpersonal.algorithms import optimizers
@@ -368,8 +369,44 @@ class NextWordPredictionTask:
             'model_aggregator': communication.MeasuredAggregationFactory(),
         }
 
-    def build_fed_yogi(self, num_oov_buckets: int):
+    def global_model_fn(self, num_oov_buckets: int):
+        """The fully global model as a `ReconstructionModel`, its variables in the Keras model's order (as the
+        `VariableModel` of `tff_model_fn` has them), for the engine's FedAvg."""
         cfg = self.config
+        layout = self.layout(num_oov_buckets)
+
+        def build():
+            keras_model, _, _ = nwp.build_keras_model(
+                layout,
+                max_sequence_length=cfg.max_sequence_length,
+                embedding_dim=cfg.embedding_dim,
+                lstm_units=cfg.lstm_units,
+                seed=cfg.seed,
+            )
+            return models.from_keras_model(
+                keras_model,
+                input_spec=nwp.input_spec(cfg.max_sequence_length),
+                global_variables=list(keras_model.trainable_variables) + list(keras_model.non_trainable_variables),
+            )
+
+        return build
+
+    def build_fed_yogi(self, num_oov_buckets: int):
+        """FedAvg of the fully global model with the configured server optimizer (Yogi in the paper): the engine's
+        `algorithms.build_fed_avg`, or TFF's `build_weighted_fed_avg` with ``simulation='per_client'``; both
+        measure the communication."""
+        cfg = self.config
+        if cfg.simulation == 'engine':
+            return algorithms.build_fed_avg(
+                self.global_model_fn(num_oov_buckets),
+                loss_fn=nwp.loss_fn,
+                metrics_fn=nwp.metrics_fn(self.layout(num_oov_buckets)),
+                client_optimizer=cfg.build_client_optimizer(),
+                server_optimizer=cfg.build_server_optimizer(),
+                simulation='engine',
+                group_size=cfg.group_size,
+                measure_communication=True,
+            )
         model_fn = self.tff_model_fn(num_oov_buckets)
         return tff.learning.algorithms.build_weighted_fed_avg(
             model_fn,

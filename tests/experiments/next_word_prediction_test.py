@@ -131,3 +131,40 @@ def test_engine_and_per_client_runs_measure_the_same_communication(tmp_path):
         losses[simulation] = float(metrics['client_work']['train']['loss'])
     assert measured['engine'] == measured['per_client'] and measured['engine']['clients'] == 3
     np.testing.assert_allclose(losses['engine'], losses['per_client'], rtol=1e-5)
+
+
+def test_fed_yogi_on_the_engine_equals_tff_build_weighted_fed_avg(tmp_path):
+    """The FedYogi row trains on the engine's FedAvg: the same weights (in the Keras model's order, as the rows'
+    evaluation reads them) and the same measured communication as TFF's `build_weighted_fed_avg`."""
+    from fedpersonal.metrics import communication
+
+    corpus = text_corpus.TextCorpus(name='cyclic', train=_cyclic_corpus(6, 0), test=_cyclic_corpus(2, 1), source='test')
+    weights, measured = {}, {}
+    for simulation in ('engine', 'per_client'):
+        config = nwp_task.NextWordPredictionConfig(
+            output_dir=str(tmp_path),
+            vocab_sizes=(8,),
+            num_oov_buckets=3,
+            max_sequence_length=6,
+            embedding_dim=4,
+            lstm_units=5,
+            batch_size=8,
+            simulation=simulation,
+            group_size=2,
+        )
+        task = nwp_task.NextWordPredictionTask(config, corpus, vocab_size=8)
+        process = task.build_fed_yogi(3)
+        data = task.client_data(3, 'train')
+        ids = list(data.client_ids)[:3]
+        datasets = [task.dataset_fn(data.create_tf_dataset_for_client(c)) for c in ids]
+        run_round = getattr(process, 'run_round', None)
+        state = process.initialize()
+        for _ in range(2):
+            output = run_round(state, datasets, client_ids=ids) if run_round else process.next(state, datasets)
+            state = output.state
+        weights[simulation] = process.get_model_weights(state).trainable
+        measured[simulation] = communication.communication_from_metrics(output.metrics)
+    assert measured['engine'] == measured['per_client'] and measured['engine']['clients'] == 3
+    assert len(weights['engine']) == len(weights['per_client'])
+    for a, b in zip(weights['engine'], weights['per_client']):
+        np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-5)
