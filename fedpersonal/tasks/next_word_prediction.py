@@ -254,39 +254,34 @@ class NextWordPredictionTask:
             seed=cfg.seed,
         )
 
+    def keras_model(self, num_oov_buckets: int):
+        """A new fully global Keras model with its (global layers, local OOV layers) split."""
+        cfg = self.config
+        return nwp.build_keras_model(
+            self.layout(num_oov_buckets),
+            max_sequence_length=cfg.max_sequence_length,
+            embedding_dim=cfg.embedding_dim,
+            lstm_units=cfg.lstm_units,
+            seed=cfg.seed,
+        )
+
     def tff_model_fn(self, num_oov_buckets: int):
         """The fully global model as a TFF `VariableModel` (for TFF's FedAvg)."""
-        cfg = self.config
-        layout = self.layout(num_oov_buckets)
 
         def build():
-            keras_model, _, _ = nwp.build_keras_model(
-                layout,
-                max_sequence_length=cfg.max_sequence_length,
-                embedding_dim=cfg.embedding_dim,
-                lstm_units=cfg.lstm_units,
-                seed=cfg.seed,
-            )
             return tff.learning.models.from_keras_model(
-                keras_model,
+                self.keras_model(num_oov_buckets)[0],
                 loss=nwp.loss_fn(),
-                input_spec=nwp.input_spec(cfg.max_sequence_length),
-                metrics=nwp.metrics_fn(layout)(),
+                input_spec=nwp.input_spec(self.config.max_sequence_length),
+                metrics=nwp.metrics_fn(self.layout(num_oov_buckets))(),
             )
 
         return build
 
     def partially_local_weights(self, num_oov_buckets: int, keras_order_trainable: list[np.ndarray]):
         """Weights of a fully global Keras model, rearranged as (globals, OOV table) for ReconEval with a learned init."""
-        cfg = self.config
         with tf.Graph().as_default():
-            keras_model, global_layers, local_layers = nwp.build_keras_model(
-                self.layout(num_oov_buckets),
-                max_sequence_length=cfg.max_sequence_length,
-                embedding_dim=cfg.embedding_dim,
-                lstm_units=cfg.lstm_units,
-                seed=cfg.seed,
-            )
+            keras_model, global_layers, local_layers = self.keras_model(num_oov_buckets)
             by_name = {v.name: value for v, value in zip(keras_model.trainable_variables, keras_order_trainable)}
             ordered = [by_name[v.name] for layer in global_layers for v in layer.trainable_variables]
             ordered += [by_name[v.name] for layer in local_layers for v in layer.trainable_variables]
@@ -372,20 +367,12 @@ class NextWordPredictionTask:
     def global_model_fn(self, num_oov_buckets: int):
         """The fully global model as a `ReconstructionModel`, its variables in the Keras model's order (as the
         `VariableModel` of `tff_model_fn` has them), for the engine's FedAvg."""
-        cfg = self.config
-        layout = self.layout(num_oov_buckets)
 
         def build():
-            keras_model, _, _ = nwp.build_keras_model(
-                layout,
-                max_sequence_length=cfg.max_sequence_length,
-                embedding_dim=cfg.embedding_dim,
-                lstm_units=cfg.lstm_units,
-                seed=cfg.seed,
-            )
+            keras_model = self.keras_model(num_oov_buckets)[0]
             return models.from_keras_model(
                 keras_model,
-                input_spec=nwp.input_spec(cfg.max_sequence_length),
+                input_spec=nwp.input_spec(self.config.max_sequence_length),
                 global_variables=list(keras_model.trainable_variables) + list(keras_model.non_trainable_variables),
             )
 

@@ -102,30 +102,36 @@ def test_fed_recon_learns_a_deterministic_language(tmp_path):
     assert row['accuracy_no_oov_no_eos'] > 0.8
 
 
+def _cyclic_task(tmp_path, simulation):
+    """A tiny task on the cyclic corpus (vocabulary 8, 3 OOV buckets) and its first 3 training clients' datasets
+    (two groups on the engine, the last one padded)."""
+    corpus = text_corpus.TextCorpus(name='cyclic', train=_cyclic_corpus(6, 0), test=_cyclic_corpus(2, 1), source='test')
+    config = nwp_task.NextWordPredictionConfig(
+        output_dir=str(tmp_path),
+        vocab_sizes=(8,),
+        num_oov_buckets=3,
+        max_sequence_length=6,
+        embedding_dim=4,
+        lstm_units=5,
+        batch_size=8,
+        simulation=simulation,
+        group_size=2,
+    )
+    task = nwp_task.NextWordPredictionTask(config, corpus, vocab_size=8)
+    data = task.client_data(3, 'train')
+    ids = list(data.client_ids)[:3]
+    return task, ids, [task.dataset_fn(data.create_tf_dataset_for_client(c)) for c in ids]
+
+
 def test_engine_and_per_client_runs_measure_the_same_communication(tmp_path):
     """`--simulation=engine` (default) measures in its round runner what the per-client path's measured parts do."""
     from fedpersonal.metrics import communication
 
-    corpus = text_corpus.TextCorpus(name='cyclic', train=_cyclic_corpus(6, 0), test=_cyclic_corpus(2, 1), source='test')
     measured, losses = {}, {}
     for simulation in ('engine', 'per_client'):
-        config = nwp_task.NextWordPredictionConfig(
-            output_dir=str(tmp_path),
-            vocab_sizes=(8,),
-            num_oov_buckets=3,
-            max_sequence_length=6,
-            embedding_dim=4,
-            lstm_units=5,
-            batch_size=8,
-            simulation=simulation,
-            group_size=2,
-        )
-        task = nwp_task.NextWordPredictionTask(config, corpus, vocab_size=8)
+        task, ids, datasets = _cyclic_task(tmp_path, simulation)
         process = task.build_fed_recon(3)
         assert process.simulation == simulation
-        data = task.client_data(3, 'train')
-        ids = list(data.client_ids)[:3]  # Two groups on the engine, the last one padded.
-        datasets = [task.dataset_fn(data.create_tf_dataset_for_client(c)) for c in ids]
         metrics = process.run_round(process.initialize(), datasets, client_ids=ids).metrics
         measured[simulation] = communication.communication_from_metrics(metrics)
         losses[simulation] = float(metrics['client_work']['train']['loss'])
@@ -138,25 +144,10 @@ def test_fed_yogi_on_the_engine_equals_tff_build_weighted_fed_avg(tmp_path):
     evaluation reads them) and the same measured communication as TFF's `build_weighted_fed_avg`."""
     from fedpersonal.metrics import communication
 
-    corpus = text_corpus.TextCorpus(name='cyclic', train=_cyclic_corpus(6, 0), test=_cyclic_corpus(2, 1), source='test')
     weights, measured = {}, {}
     for simulation in ('engine', 'per_client'):
-        config = nwp_task.NextWordPredictionConfig(
-            output_dir=str(tmp_path),
-            vocab_sizes=(8,),
-            num_oov_buckets=3,
-            max_sequence_length=6,
-            embedding_dim=4,
-            lstm_units=5,
-            batch_size=8,
-            simulation=simulation,
-            group_size=2,
-        )
-        task = nwp_task.NextWordPredictionTask(config, corpus, vocab_size=8)
+        task, ids, datasets = _cyclic_task(tmp_path, simulation)
         process = task.build_fed_yogi(3)
-        data = task.client_data(3, 'train')
-        ids = list(data.client_ids)[:3]
-        datasets = [task.dataset_fn(data.create_tf_dataset_for_client(c)) for c in ids]
         run_round = getattr(process, 'run_round', None)
         state = process.initialize()
         for _ in range(2):
