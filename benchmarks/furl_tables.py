@@ -76,7 +76,8 @@ def main(argv):
         '',
         f'Command: `{command}`',
         '',
-        f'Mean +- standard deviation over seeds {seeds} (each seed also draws the data split). FL rows: up to '
+        f'Mean +- standard deviation over seeds {seeds} (a seed sets the initial weights, the sampled clients and the '
+        "server rows' shuffling; the data split is the dataset's own, see above). FL rows: up to "
         f'{results["rounds"]} rounds of {config.clients_per_round} users, {config.client_epochs} local epoch, '
         f'validation every {config.rounds_per_eval} rounds'
         + (
