@@ -155,8 +155,6 @@ class GroupEvaluation:
     def _group_size_within_budget(self, groups: Sequence[Any]) -> int:
         """The largest group size whose query predictions (and the loss's copies of them, 3 in all) fit the
         memory budget, e.g. a next-word model's ``[examples, length, vocabulary]`` logits."""
-        if not groups:
-            return self._packer.group_size
         mask = groups[0]['query']['mask']  # [clients, steps, batch]
         per_client = 3 * 4 * int(np.prod(mask.shape[1:])) * self._output_elements
         return int(max(1, min(self._packer.group_size, PREDICTIONS_BUDGET_BYTES // max(per_client, 1))))
@@ -180,6 +178,8 @@ class GroupEvaluation:
           client_ids: Optional cache keys of the clients' data, one per dataset: a key's data is packed once
             (its dataset must then yield the same batches every time; use a different key for another split).
         """
+        if not client_datasets:
+            raise ValueError('Evaluation needs at least one client dataset.')
         if self._with_private_states != (private_states is not None):
             raise ValueError('Pass private_states exactly when the evaluation was built for private states.')
         if private_states is not None and len(private_states) != len(client_datasets):
@@ -187,7 +187,7 @@ class GroupEvaluation:
         if not self._metrics:
             self._metrics = self._build_metrics()
         n = len(client_datasets)
-        groups = self._packer.pack(client_datasets, client_ids) if n else []
+        groups = self._packer.pack(client_datasets, client_ids)
         fitting = self._group_size_within_budget(groups)
         if fitting < self._packer.group_size:  # Repacked from the cache; later calls keep the smaller groups.
             self._packer.group_size = fitting
@@ -221,8 +221,6 @@ class GroupEvaluation:
             )
             unfinalized.append(unf)
             finalized.append(fin)
-        if not groups:
-            raise ValueError('Evaluation needs at least one client dataset.')
         sums = tf.nest.map_structure(lambda *parts: tf.add_n([tf.reduce_sum(p, axis=0) for p in parts]), *unfinalized)
         per_client = collections.OrderedDict(
             (name, np.concatenate([np.asarray(f[name]) for f in finalized])) for name in finalized[0]
