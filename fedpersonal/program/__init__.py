@@ -1,21 +1,100 @@
-"""Experiment programs: resumable training loop and the output directory."""
+"""Experiment programs: resumable training loop and the output directory.
 
-from fedpersonal.program.outputs import ExperimentOutputs
-from fedpersonal.program.outputs import flatten_metrics
-from fedpersonal.program.outputs import plot_curves
-from fedpersonal.program.outputs import replace_marked_section
-from fedpersonal.program.outputs import save_figure
-from fedpersonal.program.outputs import write_json
-from fedpersonal.program.seeds import mean_over_seeds
-from fedpersonal.program.seeds import run_seeds
-from fedpersonal.program.seeds import seed_output_dir
-from fedpersonal.program.selection import EarlyStopping
-from fedpersonal.program.selection import ModelSelection
-from fedpersonal.program.training_loop import RUN_CONFIG_FILE
-from fedpersonal.program.training_loop import ClientStatesLostError
-from fedpersonal.program.training_loop import ConfigMismatchError
-from fedpersonal.program.training_loop import flatten_private_state
-from fedpersonal.program.training_loop import guard_config
-from fedpersonal.program.training_loop import run_learning_process
-from fedpersonal.program.training_loop import sample_clients
-from fedpersonal.program.training_loop import unflatten_private_state
+The names below are imported from their submodules on first use, like the subpackages of `fedpersonal`: the
+modules the binaries need to define and parse their flags (`config_parts`, `config_flags`, `experiment_main`)
+import neither TensorFlow nor TFF, and `import fedpersonal.program` alone must not import them either
+(`outputs` and `training_loop` do).
+
+Example:
+
+>>> from fedpersonal import program
+>>> 'ExperimentOutputs' in program.__all__
+True
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING
+from typing import Any
+
+if TYPE_CHECKING:  # The static view of the lazily imported names (mypy, IDEs).
+    from fedpersonal.program.outputs import ExperimentOutputs
+    from fedpersonal.program.outputs import flatten_metrics
+    from fedpersonal.program.outputs import plot_curves
+    from fedpersonal.program.outputs import replace_marked_section
+    from fedpersonal.program.outputs import save_figure
+    from fedpersonal.program.outputs import write_json
+    from fedpersonal.program.seeds import mean_over_seeds
+    from fedpersonal.program.seeds import run_seeds
+    from fedpersonal.program.seeds import seed_output_dir
+    from fedpersonal.program.selection import EarlyStopping
+    from fedpersonal.program.selection import ModelSelection
+    from fedpersonal.program.training_loop import RUN_CONFIG_FILE
+    from fedpersonal.program.training_loop import ClientStatesLostError
+    from fedpersonal.program.training_loop import ConfigMismatchError
+    from fedpersonal.program.training_loop import flatten_private_state
+    from fedpersonal.program.training_loop import guard_config
+    from fedpersonal.program.training_loop import run_learning_process
+    from fedpersonal.program.training_loop import sample_clients
+    from fedpersonal.program.training_loop import unflatten_private_state
+
+# Exported name -> the submodule that defines it.
+_EXPORTS = {
+    'ExperimentOutputs': 'outputs',
+    'flatten_metrics': 'outputs',
+    'plot_curves': 'outputs',
+    'replace_marked_section': 'outputs',
+    'save_figure': 'outputs',
+    'write_json': 'outputs',
+    'mean_over_seeds': 'seeds',
+    'run_seeds': 'seeds',
+    'seed_output_dir': 'seeds',
+    'EarlyStopping': 'selection',
+    'ModelSelection': 'selection',
+    'RUN_CONFIG_FILE': 'training_loop',
+    'ClientStatesLostError': 'training_loop',
+    'ConfigMismatchError': 'training_loop',
+    'flatten_private_state': 'training_loop',
+    'guard_config': 'training_loop',
+    'run_learning_process': 'training_loop',
+    'sample_clients': 'training_loop',
+    'unflatten_private_state': 'training_loop',
+}
+_SUBMODULES = (
+    'config_flags',
+    'config_parts',
+    'experiment_main',
+    'outputs',
+    'seeds',
+    'selection',
+    'training_loop',
+)
+
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name: str) -> Any:
+    """Imports an exported name (or a submodule) of `fedpersonal.program` on first use.
+
+    Args:
+      name: An exported name (e.g. 'ExperimentOutputs') or a submodule (e.g. 'outputs').
+
+    Returns:
+      The object, which is also cached in this module's namespace.
+
+    Raises:
+      AttributeError: `name` is neither.
+    """
+    if name in _EXPORTS:
+        value = getattr(importlib.import_module(f'{__name__}.{_EXPORTS[name]}'), name)
+    elif name in _SUBMODULES:
+        value = importlib.import_module(f'{__name__}.{name}')
+    else:
+        raise AttributeError(f'module {__name__!r} has no attribute {name!r}')
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_EXPORTS) | set(_SUBMODULES))
