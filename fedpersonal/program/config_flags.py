@@ -3,6 +3,10 @@
 One definition of every option (the dataclass field, its type and default) is
 turned into a flag, and the parsed flags back into a frozen config instance:
 flags/flagfile -> config -> builders.
+
+The flags of a config are the key flags of `help_module(config_cls)`, so a binary's help lists exactly them
+(`flags.FLAGS.module_help(help_module(config_cls))`, as `experiment_main` prints for `--help`). Importing this
+module imports neither TensorFlow nor TFF (tests/program/help_test.py).
 """
 
 from __future__ import annotations
@@ -32,6 +36,19 @@ def _base_type(annotation: Any) -> tuple[Any, bool]:
     return annotation, False
 
 
+def help_module(config_cls: type) -> str:
+    """The name under which `define_flags` registers the flags of `config_cls` as key flags.
+
+    Args:
+      config_cls: A config dataclass.
+
+    Returns:
+      Its qualified name, e.g. 'fedpersonal.tasks.feddva_config.FeddvaConfig': the heading of its flags in
+      `flags.FLAGS.module_help(...)`.
+    """
+    return f'{config_cls.__module__}.{config_cls.__qualname__}'
+
+
 def define_flags(
     config_cls: type,
     *,
@@ -46,34 +63,53 @@ def define_flags(
     if present. A flag another config already defined (several binaries in one
     process, e.g. a test session) is shared; `config_from_flags` then takes its
     value only if it was given, and this config's own default otherwise.
+    Every flag of the config (shared or not) is a key flag of
+    `help_module(config_cls)`, so `flag_values.module_help(help_module(config_cls))`
+    lists them all with their help and default.
+
+    Args:
+      config_cls: The config dataclass.
+      exclude: Fields that get no flag.
+      overrides: Flag defaults that differ from the dataclass defaults (e.g. a binary's `output_dir`).
+      flag_values: Where the flags are defined.
     """
     overrides = overrides or {}
+    module = help_module(config_cls)
     for field in dataclasses.fields(config_cls):
-        if field.name in exclude or field.name in flag_values:
+        if field.name in exclude:
             continue
-        default = overrides.get(field.name, field.default if field.default is not dataclasses.MISSING else None)
-        base, optional = _base_type(field.type)
-        help_text = config_parts.help_text(config_cls, field.name) or f'{config_cls.__name__}.{field.name}'
+        if field.name not in flag_values:
+            _define_flag(config_cls, field, overrides, flag_values)
+        flag_values.register_key_flag_for_module(module, flag_values[field.name])
 
-        if typing.get_origin(base) is tuple:
-            flags.DEFINE_list(
-                field.name, list(default) if default is not None else None, help_text, flag_values=flag_values
-            )
-        elif base is bool:
-            flags.DEFINE_bool(field.name, default, help_text, flag_values=flag_values)
-        elif optional:
-            flags.DEFINE_string(
-                field.name,
-                _NONE if default is None else str(default),
-                f'{help_text} ({_NONE!r} for None)',
-                flag_values=flag_values,
-            )
-        elif base is int:
-            flags.DEFINE_integer(field.name, default, help_text, flag_values=flag_values)
-        elif base is float:
-            flags.DEFINE_float(field.name, default, help_text, flag_values=flag_values)
-        else:
-            flags.DEFINE_string(field.name, default, help_text, flag_values=flag_values)
+
+def _define_flag(
+    config_cls: type, field: dataclasses.Field, overrides: dict[str, Any], flag_values: flags.FlagValues
+) -> None:
+    """Defines the flag of one field (see `define_flags`)."""
+    default = overrides.get(field.name, field.default if field.default is not dataclasses.MISSING else None)
+    base, optional = _base_type(field.type)
+    help_text = config_parts.help_text(config_cls, field.name) or f'{config_cls.__name__}.{field.name}'
+
+    if typing.get_origin(base) is tuple:
+        flags.DEFINE_list(
+            field.name, list(default) if default is not None else None, help_text, flag_values=flag_values
+        )
+    elif base is bool:
+        flags.DEFINE_bool(field.name, default, help_text, flag_values=flag_values)
+    elif optional:
+        flags.DEFINE_string(
+            field.name,
+            _NONE if default is None else str(default),
+            f'{help_text} ({_NONE!r} for None)',
+            flag_values=flag_values,
+        )
+    elif base is int:
+        flags.DEFINE_integer(field.name, default, help_text, flag_values=flag_values)
+    elif base is float:
+        flags.DEFINE_float(field.name, default, help_text, flag_values=flag_values)
+    else:
+        flags.DEFINE_string(field.name, default, help_text, flag_values=flag_values)
 
 
 def _coerce(name: str, raw: Any, base: type, optional: bool) -> Any:
