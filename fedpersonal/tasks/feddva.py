@@ -51,117 +51,29 @@ import tensorflow_federated as tff
 from absl import logging
 
 from fedpersonal import client_state
-from fedpersonal import errors
 from fedpersonal import program
 from fedpersonal.algorithms import ditto
 from fedpersonal.algorithms import feddva
 from fedpersonal.algorithms import optimizers
 from fedpersonal.data import federated_images
 from fedpersonal.models import feddva_models
-from fedpersonal.program import config_parts as parts
 from fedpersonal.program import training_loop
 from fedpersonal.tasks.feddva_analysis import _EVAL_BATCH
 from fedpersonal.tasks.feddva_analysis import METHOD_NAMES
-from fedpersonal.tasks.feddva_analysis import METHODS
 from fedpersonal.tasks.feddva_analysis import SETTING_NAMES
-from fedpersonal.tasks.feddva_analysis import SETTINGS
 from fedpersonal.tasks.feddva_analysis import analyze_disentanglement
 from fedpersonal.tasks.feddva_analysis import encode_clients
 from fedpersonal.tasks.feddva_analysis import load_curves
 from fedpersonal.tasks.feddva_analysis import local_logistic_heads
 from fedpersonal.tasks.feddva_analysis import plot_accuracy_curves
+from fedpersonal.tasks.feddva_config import ARCHITECTURE_NAMES as ARCHITECTURE_NAMES
+from fedpersonal.tasks.feddva_config import DATASETS as DATASETS
+from fedpersonal.tasks.feddva_config import METHODS as METHODS
+from fedpersonal.tasks.feddva_config import SETTINGS as SETTINGS
+from fedpersonal.tasks.feddva_config import FeddvaConfig as FeddvaConfig
+from fedpersonal.tasks.feddva_config import architectures
 
-DATASETS = ('generated', 'mnist', 'fashion_mnist', 'cifar10')
-ARCHITECTURES = {'paper': feddva_models.PAPER, 'scaled': feddva_models.SCALED}
-
-
-@dataclasses.dataclass(frozen=True, kw_only=True)
-class FeddvaConfig(
-    parts.CrossDeviceRunConfig,
-    parts.ClientEpochsConfig,
-    parts.SimulationConfig,
-):
-    """Everything a FedDVA experiment needs (shared options from `fedpersonal.program.config_parts`; defaults: a
-    small run on the generated data)."""
-
-    dataset: str = parts.option('generated', f'One of {DATASETS}.')
-    settings: tuple[str, ...] = parts.option(SETTINGS, f'Personalization settings, a subset of {SETTINGS}.')
-    methods: tuple[str, ...] = parts.option(METHODS, f'Methods, a subset of {METHODS}.')
-    num_clients: int = parts.option(20, 'Clients.')
-    train_per_client: int = parts.option(300, 'Training images per client.')
-    test_per_client: int = parts.option(100, 'Test images per client.')
-    alpha_inputs: float = parts.option(100.0, 'Dirichlet concentration of the label split (input heterogeneity).')
-    alpha_outputs: float = parts.option(0.5, 'Dirichlet concentration of the label split (output heterogeneity).')
-    marks_in_outputs: bool = parts.option(False, 'Add client marks in the output-heterogeneity setting too.')
-    generated_train: int = parts.option(12000, 'Generated data: training images.')
-    generated_test: int = parts.option(2000, 'Generated data: test images.')
-    architecture: str = parts.option('scaled', f'One of {tuple(ARCHITECTURES)}.')
-    z_dim: int = parts.option(8, 'Dimension of the shared latent z.')
-    c_dim: int = parts.option(8, 'Dimension of the client latent c.')
-    head_hidden: int = parts.option(0, 'Hidden units of the classifier head (0: linear).')
-    total_rounds: int = 20
-    clients_per_round: int = 20
-    batch_size: int = 64
-    learning_rate: float = parts.option(1e-3, 'Adam learning rate of the VAE phases (and FedAvg baselines).')
-    decoder_epochs: int = parts.option(1, 'Epochs of the decoder phase per round.')
-    z_epochs: int = parts.option(1, 'Epochs of the z-encoder phase per round.')
-    c_epochs: int = parts.option(1, 'Epochs of the c-encoder phase per round.')
-    head_epochs: int = parts.option(1, 'Epochs of the head phase per round.')
-    head_learning_rate: float = parts.option(1e-2, 'Adam learning rate of the head phase.')
-    lambda_c: float = parts.option(1.0, 'Weight of the c regularizer.')
-    lambda_cc: float = parts.option(0.75, 'Weight of the c consistency term.')
-    xi: float | None = parts.option(None, "xi of the loss ('none': the paper's default).")
-    decoder_c_source: str = parts.option('posterior', "Decoder's c: 'prior' or 'posterior'.")
-    cnn_channels: tuple[int, ...] = parts.option((16, 32, 64), 'Channels of the CNN baselines.')
-    cnn_dense: int = parts.option(64, 'Dense units of the CNN baselines.')
-    ditto_lambda: float = parts.option(0.1, "Ditto's lambda.")
-    ditto_personal_learning_rate: float = parts.option(0.05, "Ditto's personal SGD learning rate.")
-    finetune_epochs: int = parts.option(2, 'Fine-tuning epochs of FedAvg + fine-tuning.')
-    finetune_learning_rate: float = parts.option(1e-3, 'Fine-tuning learning rate.')
-    rounds_per_eval: int = 5
-    state_store: str = parts.option(
-        'sqlite',
-        "Where each client's private state (decoder, head, batch-norm statistics; Ditto's personal model) "
-        "lives between rounds: 'sqlite' (in the run's output directory, so an interrupted run resumes) or 'memory'.",
-    )
-    disentanglement_setting: str = parts.option('heterogeneous_inputs', 'Setting analysed for disentanglement.')
-    grid_size: int = parts.option(6, 'Manifold grid size.')
-    projection: str = parts.option('tsne', 'Projection of the latent codes.')
-    projection_points: int = parts.option(1000, 'Points projected.')
-
-    def __post_init__(self):
-        parts.run_post_inits(self)
-        if self.dataset not in DATASETS:
-            raise errors.ConfigError(f'dataset must be one of {DATASETS}, got {self.dataset!r}.')
-        if self.dataset in ('mnist', 'cifar10') and not self.data_dir:
-            raise errors.ConfigError(
-                f'dataset {self.dataset!r} needs --data_dir (the generated default is "generated").'
-            )
-        for field, allowed in (('settings', SETTINGS), ('methods', METHODS)):
-            values = getattr(self, field)
-            unknown = [v for v in values if v not in allowed]
-            if unknown or not values:
-                raise errors.ConfigError(f'{field} must be a non-empty subset of {allowed}; unknown: {unknown}.')
-        if self.architecture not in ARCHITECTURES:
-            raise errors.ConfigError(f'architecture must be one of {tuple(ARCHITECTURES)}, got {self.architecture!r}.')
-        if self.state_store not in ('sqlite', 'memory'):
-            raise errors.ConfigError(f"state_store must be 'sqlite' or 'memory', got {self.state_store!r}.")
-        if self.disentanglement_setting not in SETTINGS + ('none',):
-            raise errors.ConfigError(f'disentanglement_setting must be one of {SETTINGS + ("none",)}.')
-        for name in ('num_clients', 'train_per_client', 'test_per_client', 'z_dim', 'c_dim'):
-            if getattr(self, name) < 1:
-                raise errors.ConfigError(f'{name} must be >= 1, got {getattr(self, name)}.')
-        feddva_models.LossWeights(self.lambda_c, self.lambda_cc, self.xi, self.decoder_c_source)  # Validates.
-
-    def dva_architecture(self, image_shape: tuple[int, int, int], num_classes: int) -> feddva_models.DvaArchitecture:
-        return dataclasses.replace(
-            ARCHITECTURES[self.architecture],
-            image_shape=image_shape,
-            z_dim=self.z_dim,
-            c_dim=self.c_dim,
-            head_hidden=self.head_hidden,
-            num_classes=num_classes,
-        )
+ARCHITECTURES = architectures()
 
 
 def load_setting(config: FeddvaConfig, source, setting: str) -> federated_images.FederatedImageData:

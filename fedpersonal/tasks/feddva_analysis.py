@@ -17,9 +17,9 @@ from fedpersonal.algorithms import feddva
 from fedpersonal.data import federated_images
 from fedpersonal.evaluation import disentanglement
 from fedpersonal.models import feddva_models
+from fedpersonal.tasks.feddva_config import METHODS as METHODS
+from fedpersonal.tasks.feddva_config import SETTINGS as SETTINGS
 
-SETTINGS = ('heterogeneous_inputs', 'heterogeneous_outputs')
-METHODS = ('feddva', 'feddva_tuned', 'fedavg', 'fedavg_ft', 'ditto')
 METHOD_NAMES = {
     'feddva': 'FedDVA head on [z, c]',
     'feddva_tuned': 'FedDVA, encoders tuned with the head',

@@ -1,0 +1,77 @@
+"""The configuration of the FURL experiment (`fedpersonal.tasks.furl_personalization`).
+
+Kept apart from the task so that defining and parsing the binary's flags imports neither TensorFlow nor TFF
+(`experiments/furl_personalization.py --help`); `fedpersonal.tasks.furl_personalization` re-exports every name.
+
+Example:
+
+>>> config = FurlConfig(configurations=('global_fl',), synthetic_num_users=12)
+>>> config.total_rounds is None, config.epochs  # Rounds derived from the epochs.
+(True, 5)
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+from fedpersonal import errors
+from fedpersonal.program import config_parts as parts
+
+CONFIGURATIONS = ('global_server', 'personalized_server', 'global_fl', 'personalized_fl')
+DATASETS = ('synthetic_subreddit', 'movielens_likes', 'assistments')
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class FurlConfig(
+    parts.CrossDeviceRunConfig,
+    parts.EvalClientsConfig,
+    parts.ClientEpochsConfig,
+    parts.ClientOptimizerConfig,
+    parts.ServerOptimizerConfig,
+    parts.SimulationConfig,
+    parts.EarlyStoppingConfig,
+):
+    """Everything a FURL experiment needs (shared options from `fedpersonal.program.config_parts`)."""
+
+    dataset: str = parts.option('synthetic_subreddit', f'One of {DATASETS}.')
+    configurations: tuple[str, ...] = parts.option(CONFIGURATIONS, f'Rows to run, a subset of {CONFIGURATIONS}.')
+    synthetic_num_users: int = parts.option(400, 'Generated data: users.')
+    max_chars: int = parts.option(64, 'Characters of a document kept (0: no text).')
+    char_embedding_dim: int = parts.option(16, 'Character embedding dimension.')
+    lstm_units: int = parts.option(32, 'Units of each LSTM direction.')
+    user_embedding_dim: int = parts.option(32, 'Dimension of the private user embedding.')
+    mlp_units: int = parts.option(64, 'Units of the MLP head.')
+    epochs: int = parts.option(
+        5,
+        'Passes over the training data of the server rows; with --total_rounds=none the '
+        'federated rows run as many rounds as that many passes over the users take.',
+    )
+    # 'none': derived from --epochs (see its help). Widens RoundsConfig's int, which mypy rejects for a subclass
+    # field; sound here because the config is frozen and every reader goes through FurlTask.total_rounds().
+    total_rounds: int | None = None  # type: ignore[assignment]
+    rounds_per_eval: int = 50
+    rounds_per_checkpoint: int = 50
+    centralized_optimizer: str = parts.option('sgd', 'Optimizer of the server (centralized) rows.')
+    centralized_learning_rate: float = parts.option(0.1, 'Learning rate of the server (centralized) rows.')
+    private_norm_regularization: float = parts.option(0.0, 'lambda of the norm penalty on private parameters.')
+    state_store: str = parts.option('sqlite', "Client state store: 'sqlite' (durable, resumable) or 'memory'.")
+    knn: int = parts.option(10, 'Neighbours compared in the embedding analysis.')
+
+    def __post_init__(self):
+        parts.run_post_inits(self)
+        unknown = [c for c in self.configurations if c not in CONFIGURATIONS]
+        if unknown or not self.configurations:
+            raise errors.ConfigError(
+                f'configurations must be a non-empty subset of {CONFIGURATIONS}; unknown: {unknown}.'
+            )
+        if self.dataset not in DATASETS:
+            raise errors.ConfigError(f'dataset must be one of {DATASETS}, got {self.dataset!r}.')
+        if self.dataset != 'synthetic_subreddit' and not self.data_dir:
+            raise errors.ConfigError(
+                f'dataset {self.dataset!r} needs --data_dir (the generated default is synthetic_subreddit).'
+            )
+        if self.state_store not in ('sqlite', 'memory'):
+            raise errors.ConfigError(f"state_store must be 'sqlite' or 'memory', got {self.state_store!r}.")
+        for name in ('epochs', 'knn'):
+            if getattr(self, name) < 1:
+                raise errors.ConfigError(f'{name} must be >= 1, got {getattr(self, name)}.')
