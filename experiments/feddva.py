@@ -1,4 +1,4 @@
-"""FedDVA (federated dual VAE): personalized classification vs FedAvg, FedAvg + fine-tuning and Ditto in the
+r"""FedDVA (federated dual VAE): personalized classification vs FedAvg, FedAvg + fine-tuning and Ditto in the
 heterogeneous-inputs and heterogeneous-outputs settings, plus the disentanglement evidence.
 
 Datasets: --dataset=generated (default, no data needed), mnist (--data_dir with the IDX files, e.g.
@@ -14,22 +14,24 @@ simulation engine (--simulation=engine, the default; --group_size caps the clien
 
 from typing import Any
 
-from absl import app
-
 from fedpersonal.program import experiment_main
-from fedpersonal.tasks import feddva
-from fedpersonal.tasks import feddva_analysis
+from fedpersonal.tasks import feddva_config
 
 
 def report(results: dict[str, Any], config: Any) -> str:
     """The tables printed at the end of the run."""
     del config
+    # The task module imports TensorFlow: here, once the flags are parsed, not at the top level.
+    from fedpersonal.tasks import feddva_analysis  # pylint: disable=g-import-not-at-top
+
     return f'Dataset: {results["dataset"]} ({results["rounds"]} rounds)\n' + feddva_analysis.format_tables(
         results['rows']
     )
 
 
-main = experiment_main.define_main(feddva.FeddvaConfig, feddva.run, report, default_output_dir='output/feddva')
+main = experiment_main.define_main(
+    feddva_config.FeddvaConfig, 'fedpersonal.tasks.feddva:run', report, default_output_dir='output/feddva'
+)
 
 if __name__ == '__main__':
-    app.run(main)
+    experiment_main.run(main)

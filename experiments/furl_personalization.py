@@ -11,15 +11,16 @@ curves and the user-embedding projection to --output_dir.
 
 from typing import Any
 
-from absl import app
-
 from fedpersonal.program import experiment_main
-from fedpersonal.tasks import furl_personalization
+from fedpersonal.tasks import furl_personalization_config
 
 
 def report(results: dict[str, Any], config: Any) -> str:
     """The tables printed at the end of the run."""
     del config
+    # The task module imports TensorFlow: here, once the flags are parsed, not at the top level.
+    from fedpersonal.tasks import furl_personalization  # pylint: disable=g-import-not-at-top
+
     binary = results['statistics'].get('num_classes') == 2
     lines = [
         f'Dataset: {results["dataset"]} ({results["rounds"]} FL rounds)',
@@ -35,8 +36,11 @@ def report(results: dict[str, Any], config: Any) -> str:
 
 
 main = experiment_main.define_main(
-    furl_personalization.FurlConfig, furl_personalization.run, report, default_output_dir='output/furl'
+    furl_personalization_config.FurlConfig,
+    'fedpersonal.tasks.furl_personalization:run',
+    report,
+    default_output_dir='output/furl',
 )
 
 if __name__ == '__main__':
-    app.run(main)
+    experiment_main.run(main)

@@ -11,15 +11,16 @@ projection to --output_dir.
 
 from typing import Any
 
-from absl import app
-
 from fedpersonal.program import experiment_main
-from fedpersonal.tasks import hpfl_user_modeling
+from fedpersonal.tasks import hpfl_user_modeling_config
 
 
 def report(results: dict[str, Any], config: Any) -> str:
     """The tables printed at the end of the run."""
     del config
+    # The task module imports TensorFlow: here, once the flags are parsed, not at the top level.
+    from fedpersonal.tasks import hpfl_user_modeling  # pylint: disable=g-import-not-at-top
+
     lines = [
         f'Dataset: {results["dataset"]} ({results["task"]} task, {results["rounds"]} federated rounds)',
         hpfl_user_modeling.format_statistics_table(results['statistics'], results['dataset']),
@@ -34,8 +35,11 @@ def report(results: dict[str, Any], config: Any) -> str:
 
 
 main = experiment_main.define_main(
-    hpfl_user_modeling.HpflConfig, hpfl_user_modeling.run, report, default_output_dir='output/hpfl'
+    hpfl_user_modeling_config.HpflConfig,
+    'fedpersonal.tasks.hpfl_user_modeling:run',
+    report,
+    default_output_dir='output/hpfl',
 )
 
 if __name__ == '__main__':
-    app.run(main)
+    experiment_main.run(main)

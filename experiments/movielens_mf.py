@@ -1,4 +1,4 @@
-"""MovieLens matrix factorization with Federated Reconstruction (the FedRecon paper's Table 1).
+r"""MovieLens matrix factorization with Federated Reconstruction (the FedRecon paper's Table 1).
 
 Runs any of the five Table 1 configurations on MovieLens 100K/1M read from
 --data_dir (GroupLens layout), or on generated MovieLens-like data when no
@@ -12,21 +12,25 @@ Runs any of the five Table 1 configurations on MovieLens 100K/1M read from
 
 from typing import Any
 
-from absl import app
-
 from fedpersonal.program import experiment_main
-from fedpersonal.tasks import movielens_mf
+from fedpersonal.tasks import movielens_mf_config
 
 
 def report(results: dict[str, Any], config: Any) -> str:
     """The tables printed at the end of the run."""
     del config
+    # The task module imports TensorFlow: here, once the flags are parsed, not at the top level.
+    from fedpersonal.tasks import movielens_mf  # pylint: disable=g-import-not-at-top
+
     return f'Dataset: {results["dataset"]}\n' + movielens_mf.format_table(results['rows'])
 
 
 main = experiment_main.define_main(
-    movielens_mf.MovieLensMFConfig, movielens_mf.run, report, default_output_dir='output/movielens_mf'
+    movielens_mf_config.MovieLensMFConfig,
+    'fedpersonal.tasks.movielens_mf:run',
+    report,
+    default_output_dir='output/movielens_mf',
 )
 
 if __name__ == '__main__':
-    app.run(main)
+    experiment_main.run(main)

@@ -1,4 +1,4 @@
-"""Next-word prediction with local OOV embeddings (the FedRecon paper's Table 2).
+r"""Next-word prediction with local OOV embeddings (the FedRecon paper's Table 2).
 
 Trains FedYogi, FedRecon (1 and B OOV buckets) and the fine-tuning baselines for
 every --vocab_sizes entry on Shakespeare (--dataset=shakespeare, read from
@@ -15,15 +15,16 @@ checkpoints (resumable), config.json, results.json and learning curves to
 
 from typing import Any
 
-from absl import app
-
 from fedpersonal.program import experiment_main
-from fedpersonal.tasks import next_word_prediction
+from fedpersonal.tasks import next_word_prediction_config
 
 
 def report(results: dict[str, Any], config: Any) -> str:
     """The tables printed at the end of the run."""
     del config
+    # The task module imports TensorFlow: here, once the flags are parsed, not at the top level.
+    from fedpersonal.tasks import next_word_prediction  # pylint: disable=g-import-not-at-top
+
     lines = [f'Dataset: {results["dataset"]}']
     for metric in ('accuracy_no_oov_no_eos', 'accuracy_no_oov', 'accuracy'):
         lines += [f'\n{metric} (%):', next_word_prediction.format_table(results['tables'], metric)]
@@ -31,11 +32,11 @@ def report(results: dict[str, Any], config: Any) -> str:
 
 
 main = experiment_main.define_main(
-    next_word_prediction.NextWordPredictionConfig,
-    next_word_prediction.run,
+    next_word_prediction_config.NextWordPredictionConfig,
+    'fedpersonal.tasks.next_word_prediction:run',
     report,
     default_output_dir='output/next_word_prediction',
 )
 
 if __name__ == '__main__':
-    app.run(main)
+    experiment_main.run(main)

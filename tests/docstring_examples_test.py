@@ -14,6 +14,13 @@ MODULES = (
     'fedpersonal.algorithms.hpfl.process',
     'fedpersonal.algorithms.hpfl.baselines',
     'fedpersonal.simulation.functional',
+    'fedpersonal.program',
+    'fedpersonal.program.experiment_main',
+    'fedpersonal.tasks.feddva_config',
+    'fedpersonal.tasks.furl_personalization_config',
+    'fedpersonal.tasks.hpfl_user_modeling_config',
+    'fedpersonal.tasks.movielens_mf_config',
+    'fedpersonal.tasks.next_word_prediction_config',
 )
 
 
