@@ -12,6 +12,7 @@ Layout of `ExperimentOutputs(root_dir, run_name)`:
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import json
 import os
 from collections.abc import Mapping
@@ -35,6 +36,20 @@ def flatten_metrics(metrics: Mapping[str, Any], prefix: str = '') -> dict[str, f
             if array.ndim == 0 and array.dtype.kind in 'fiub':
                 flat[name] = float(array)
     return flat
+
+
+def run_coroutine(coroutine: Any) -> Any:
+    """Runs `coroutine` (e.g. a `tff.program` manager's save or load) to completion and returns its result.
+
+    `asyncio.run`, except under a running event loop (a Jupyter kernel, an async application), where
+    `asyncio.run` refuses to start: the coroutine then runs on its own loop in a helper thread.
+    """
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        return asyncio.run(coroutine)
+    with concurrent.futures.ThreadPoolExecutor(max_workers=1) as pool:
+        return pool.submit(asyncio.run, coroutine).result()
 
 
 def _to_jsonable(value: Any) -> Any:
@@ -104,7 +119,7 @@ class ExperimentOutputs:
     def release_metrics(self, round_num: int, metrics: Mapping[str, Any]) -> dict[str, float]:
         """Appends one row (replacing rows at or after `round_num` from an interrupted run)."""
         flat = flatten_metrics(metrics)
-        asyncio.run(self._release(flat, round_num))
+        run_coroutine(self._release(flat, round_num))
         return flat
 
     async def _release(self, flat: dict[str, float], round_num: int) -> None:

@@ -30,7 +30,6 @@ for ``total_rounds`` rounds and owns, once for every binary:
 
 from __future__ import annotations
 
-import asyncio
 import json
 import os
 import shutil
@@ -176,12 +175,12 @@ class _Checkpoints:
     def save(self, checkpoint: Any, round_num: int, store: Any) -> None:
         staged = os.path.join(self.staging, f'{_PREFIX}{round_num}')
         ready = os.path.join(self.staging, f'{_READY}{round_num}')
-        asyncio.run(tff.program.FileProgramStateManager(self.staging).save(checkpoint, round_num))
+        outputs_lib.run_coroutine(tff.program.FileProgramStateManager(self.staging).save(checkpoint, round_num))
         os.replace(staged, ready)
         if store is not None:
             store.commit(round_num)
         os.replace(ready, os.path.join(self.root, f'{_PREFIX}{round_num}'))
-        versions = asyncio.run(self.manager.get_versions()) or []
+        versions = outputs_lib.run_coroutine(self.manager.get_versions()) or []
         for version in versions[:-_KEEP_CHECKPOINTS]:
             shutil.rmtree(os.path.join(self.root, f'{_PREFIX}{version}'), ignore_errors=True)
 
@@ -308,7 +307,7 @@ def run_learning_process(
     checkpoints = _Checkpoints(outputs)
     checkpoints.recover(client_state_store)
     start_round = 0
-    loaded, version = asyncio.run(outputs.state_manager.load_latest(checkpoint))
+    loaded, version = outputs_lib.run_coroutine(outputs.state_manager.load_latest(checkpoint))
     if loaded is not None:
         start_round = int(version)
         if selection is None and stopping is None:

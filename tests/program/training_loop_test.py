@@ -282,3 +282,19 @@ def test_early_stopping_checks_its_inputs(tmp_path):
         program.EarlyStopping('score', mode='lowest')
     with pytest.raises(errors.ConfigError, match="'loss' is not among the evaluation metrics"):
         program.EarlyStopping('loss').value_of({'rmse': 1.0})
+
+
+def test_runs_and_resumes_under_a_running_event_loop_as_in_a_notebook(tmp_path):
+    # A Jupyter kernel runs its cells inside an asyncio event loop, where asyncio.run refuses to start; the loop's
+    # checkpoints and metric releases must still work there.
+    import asyncio  # pylint: disable=g-import-not-at-top
+
+    state, history, latest, *_ = _run(tmp_path, 'straight', 4)
+
+    async def in_a_kernel():
+        _run(tmp_path, 'in_loop', 2)
+        return _run(tmp_path, 'in_loop', 4)  # Resumes from the checkpoint written under the loop.
+
+    loop_state, loop_history, loop_latest, *_ = asyncio.run(in_a_kernel())
+    assert len(loop_history) == 2 and float(loop_state) == float(state)
+    _assert_same_states(loop_latest, latest)
