@@ -1,9 +1,10 @@
 r"""FedDVA (federated dual VAE): personalized classification vs FedAvg, FedAvg + fine-tuning and Ditto in the
 heterogeneous-inputs and heterogeneous-outputs settings, plus the disentanglement evidence.
 
-Datasets: --dataset=generated (default, no data needed), mnist (--data_dir with the IDX files, e.g.
+Datasets: --dataset=generated (the default without --data_dir, no data needed), mnist (--data_dir with the IDX files, e.g.
 ../shared/data/mnist), fashion_mnist (--data_dir, default /usr/share/datasets/fashion-mnist from the Debian package
-dataset-fashion-mnist) or cifar10 (--data_dir with the python batches). Writes metrics, checkpoints, results.json,
+dataset-fashion-mnist) or cifar10 (--data_dir with the python batches). --data_dir without --dataset: the dataset
+whose files are there (cifar10; MNIST and Fashion-MNIST have the same files, so name them). Writes metrics, checkpoints, results.json,
 accuracy_vs_rounds.png and the manifold/projection figures to --output_dir. FedDVA and Ditto run on the fast
 simulation engine (--simulation=engine, the default; --group_size caps the clients per compiled group);
 --simulation=per_client runs one TFF client computation per client.

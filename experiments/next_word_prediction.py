@@ -3,7 +3,8 @@ r"""Next-word prediction with local OOV embeddings (the FedRecon paper's Table 2
 Trains FedYogi, FedRecon (1 and B OOV buckets) and the fine-tuning baselines for
 every --vocab_sizes entry on Shakespeare (--dataset=shakespeare, read from
 --data_dir), TFF's Stack Overflow SQLite file (--dataset=stackoverflow
---data_dir=PATH), or a generated corpus (default, no data needed). Writes
+--data_dir=PATH), or a generated corpus (the default without --data_dir;
+--data_dir without --dataset: the dataset whose files are there). Writes
 per-round metrics (CSV, TensorBoard; including measured communication),
 checkpoints (resumable), config.json, results.json and learning curves to
 --output_dir.

@@ -16,6 +16,7 @@ MODULES = (
     'fedpersonal.simulation.functional',
     'fedpersonal.program',
     'fedpersonal.program.experiment_main',
+    'fedpersonal.program.dataset_inference',
     'fedpersonal.tasks.feddva_config',
     'fedpersonal.tasks.furl_personalization_config',
     'fedpersonal.tasks.hpfl_user_modeling_config',

@@ -70,7 +70,11 @@ class OutputConfig:
 class DataConfig:
     """Where the data comes from."""
 
-    data_dir: str | None = option(None, "Directory (or file) of the real dataset; 'none': generated data.")
+    data_dir: str | None = option(
+        None,
+        "Directory (or file) of the real dataset (without --dataset: the dataset whose files are there); 'none': "
+        'generated data.',
+    )
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)

@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING
 
 from fedpersonal import errors
 from fedpersonal.program import config_parts as parts
+from fedpersonal.program import dataset_inference
 
 if TYPE_CHECKING:
     from fedpersonal.models import feddva_models
@@ -27,6 +28,12 @@ SETTINGS = ('heterogeneous_inputs', 'heterogeneous_outputs')
 METHODS = ('feddva', 'feddva_tuned', 'fedavg', 'fedavg_ft', 'ditto')
 ARCHITECTURE_NAMES = ('paper', 'scaled')  # The keys of `architectures()`.
 DECODER_C_SOURCES = ('prior', 'posterior')  # Those of `feddva_models.LossWeights`.
+# The files of every dataset read from --data_dir (for --dataset inferred from them).
+DATA_LAYOUTS = {
+    'mnist': dataset_inference.MNIST,
+    'fashion_mnist': dataset_inference.FASHION_MNIST,
+    'cifar10': dataset_inference.CIFAR10,
+}
 
 
 def architectures() -> dict[str, feddva_models.DvaArchitecture]:
@@ -49,7 +56,7 @@ class FeddvaConfig(
     """Everything a FedDVA experiment needs (shared options from `fedpersonal.program.config_parts`; defaults: a
     small run on the generated data)."""
 
-    dataset: str = parts.option('generated', f'One of {DATASETS}.')
+    dataset: str = parts.option(dataset_inference.AUTO, dataset_inference.dataset_help(DATASETS, 'generated'))
     settings: tuple[str, ...] = parts.option(SETTINGS, f'Personalization settings, a subset of {SETTINGS}.')
     methods: tuple[str, ...] = parts.option(METHODS, f'Methods, a subset of {METHODS}.')
     num_clients: int = parts.option(20, 'Clients.')
@@ -96,6 +103,7 @@ class FeddvaConfig(
 
     def __post_init__(self):
         parts.run_post_inits(self)
+        dataset_inference.resolve_dataset(self, generated='generated', layouts=DATA_LAYOUTS)
         if self.dataset not in DATASETS:
             raise errors.ConfigError(f'dataset must be one of {DATASETS}, got {self.dataset!r}.')
         if self.dataset in ('mnist', 'cifar10') and not self.data_dir:

@@ -16,9 +16,12 @@ import dataclasses
 
 from fedpersonal import errors
 from fedpersonal.program import config_parts as parts
+from fedpersonal.program import dataset_inference
 
 CONFIGURATIONS = ('global_server', 'personalized_server', 'global_fl', 'personalized_fl')
 DATASETS = ('synthetic_subreddit', 'movielens_likes', 'assistments')
+# The files of every dataset read from --data_dir (for --dataset inferred from them).
+DATA_LAYOUTS = {'movielens_likes': dataset_inference.MOVIELENS_LIKES, 'assistments': dataset_inference.ASSISTMENTS}
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -33,7 +36,7 @@ class FurlConfig(
 ):
     """Everything a FURL experiment needs (shared options from `fedpersonal.program.config_parts`)."""
 
-    dataset: str = parts.option('synthetic_subreddit', f'One of {DATASETS}.')
+    dataset: str = parts.option(dataset_inference.AUTO, dataset_inference.dataset_help(DATASETS, 'synthetic_subreddit'))
     configurations: tuple[str, ...] = parts.option(CONFIGURATIONS, f'Rows to run, a subset of {CONFIGURATIONS}.')
     synthetic_num_users: int = parts.option(400, 'Generated data: users.')
     max_chars: int = parts.option(64, 'Characters of a document kept (0: no text).')
@@ -59,6 +62,7 @@ class FurlConfig(
 
     def __post_init__(self):
         parts.run_post_inits(self)
+        dataset_inference.resolve_dataset(self, generated='synthetic_subreddit', layouts=DATA_LAYOUTS)
         unknown = [c for c in self.configurations if c not in CONFIGURATIONS]
         if unknown or not self.configurations:
             raise errors.ConfigError(

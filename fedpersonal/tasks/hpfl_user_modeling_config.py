@@ -16,8 +16,11 @@ import dataclasses
 
 from fedpersonal import errors
 from fedpersonal.program import config_parts as parts
+from fedpersonal.program import dataset_inference
 
 DATASETS = ('synthetic', 'assist', 'movielens')
+# The files of every dataset read from --data_dir (for --dataset inferred from them).
+DATA_LAYOUTS = {'assist': dataset_inference.ASSISTMENTS, 'movielens': dataset_inference.MOVIELENS_USERS}
 CENTRALIZED = ('ncd', 'ncf', 'gum')
 NDCG_GAINS = ('linear', 'exponential')
 # The names of `fedpersonal.algorithms.hpfl` and `fedpersonal.models.gum` (TensorFlow modules) the config accepts,
@@ -46,9 +49,11 @@ class HpflConfig(
     """Everything an HPFL experiment needs (shared options from `fedpersonal.program.config_parts`; cross-silo:
     every client takes part in every round, so there is no --clients_per_round)."""
 
-    dataset: str = parts.option('synthetic', f'One of {DATASETS}.')
+    dataset: str = parts.option(dataset_inference.AUTO, dataset_inference.dataset_help(DATASETS, 'synthetic'))
     data_dir: str | None = parts.option(
-        None, 'assist: dir with record.csv/item.csv; movielens: dir with u.data/u.item/u.user.'
+        None,
+        'assist: dir with record.csv/item.csv; movielens: dir with u.data/u.item/u.user (without --dataset, '
+        "the one of the two whose files are there); 'none': generated data.",
     )
     methods: tuple[str, ...] = parts.option(
         METHODS, f'Rows to run, subset of {METHODS} (ncd runs on binary, ncf on rating data).'
@@ -98,6 +103,7 @@ class HpflConfig(
 
     def __post_init__(self):
         parts.run_post_inits(self)
+        dataset_inference.resolve_dataset(self, generated='synthetic', layouts=DATA_LAYOUTS)
         if self.dataset not in DATASETS:
             raise errors.ConfigError(f'dataset must be one of {DATASETS}, got {self.dataset!r}.')
         if self.dataset != 'synthetic' and not self.data_dir:

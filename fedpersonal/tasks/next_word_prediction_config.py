@@ -17,12 +17,15 @@ from typing import TYPE_CHECKING
 
 from fedpersonal import errors
 from fedpersonal.program import config_parts as parts
+from fedpersonal.program import dataset_inference
 
 if TYPE_CHECKING:
     from fedpersonal import algorithms
 
 CONFIGURATIONS = ('fedyogi', 'fedrecon_1oov', 'fedrecon', 'oov_finetuning', 'full_finetuning', 'fedrecon_finetune')
 DATASETS = ('synthetic_text', 'shakespeare', 'stackoverflow')
+# The files of every dataset read from --data_dir (for --dataset inferred from them).
+DATA_LAYOUTS = {'shakespeare': dataset_inference.SHAKESPEARE, 'stackoverflow': dataset_inference.STACKOVERFLOW}
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -42,7 +45,7 @@ class NextWordPredictionConfig(
     LSTM 670, FedYogi. Defaults here are CPU-sized (see `docs/RESULTS.md`).
     """
 
-    dataset: str = parts.option('synthetic_text', f'One of {DATASETS}.')
+    dataset: str = parts.option(dataset_inference.AUTO, dataset_inference.dataset_help(DATASETS, 'synthetic_text'))
     configurations: tuple[str, ...] = parts.option(CONFIGURATIONS, f'Rows to run, a subset of {CONFIGURATIONS}.')
     vocab_sizes: tuple[int, ...] = parts.option((1000, 5000, 10000), 'Vocabulary sizes (one table per size).')
     num_oov_buckets: int = parts.option(500, 'Local OOV embedding rows of FedRecon (B).')
@@ -67,6 +70,7 @@ class NextWordPredictionConfig(
 
     def __post_init__(self):
         parts.run_post_inits(self)
+        dataset_inference.resolve_dataset(self, generated='synthetic_text', layouts=DATA_LAYOUTS)
         unknown = [c for c in self.configurations if c not in CONFIGURATIONS]
         if unknown or not self.configurations:
             raise errors.ConfigError(
