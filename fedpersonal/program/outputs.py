@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import json
+import math
 import os
 from collections.abc import Mapping
 from collections.abc import Sequence
@@ -64,12 +65,51 @@ def _to_jsonable(value: Any) -> Any:
     return value
 
 
+NON_FINITE_KEY = 'non_finite'
+"""The top-level key of a `write_json` file listing the paths of the non-finite numbers written as null."""
+
+
+def _finite_jsonable(value: Any, path: str, replaced: list[str]) -> Any:
+    """`_to_jsonable(value)` with every non-finite float as None, its path (``rows/0/rmse``) added to `replaced`."""
+    if isinstance(value, Mapping):
+        return {str(k): _finite_jsonable(v, f'{path}/{k}' if path else str(k), replaced) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_finite_jsonable(v, f'{path}/{i}' if path else str(i), replaced) for i, v in enumerate(value)]
+    if isinstance(value, np.ndarray):
+        return _finite_jsonable(value.tolist(), path, replaced)
+    if isinstance(value, (np.floating, np.integer, np.bool_)):
+        value = value.item()
+    if isinstance(value, float) and not math.isfinite(value):
+        replaced.append(path)
+        return None
+    return value
+
+
 def write_json(path: str, value: Any) -> None:
-    """Writes `value` as indented JSON atomically (temp file + rename)."""
+    """Writes `value` as indented, strictly valid JSON atomically (temp file + rename).
+
+    NaN and infinities (Python or NumPy floats, also inside NumPy arrays), which JSON cannot represent, are written
+    as ``null``; when `value` is a mapping and something was replaced, its key ``non_finite`` (`NON_FINITE_KEY`)
+    lists the paths of the replaced numbers (``'rows/0/rmse'``: key ``rmse`` of the first element of ``rows``), so
+    a reader can tell a diverged metric from a missing one.
+
+    >>> import tempfile
+    >>> with tempfile.TemporaryDirectory() as d:
+    ...     write_json(os.path.join(d, 'r.json'), {'rows': [{'rmse': float('nan'), 'mae': 0.5}]})
+    ...     with open(os.path.join(d, 'r.json')) as f:
+    ...         json.load(f)
+    {'rows': [{'rmse': None, 'mae': 0.5}], 'non_finite': ['rows/0/rmse']}
+    """
+    replaced: list[str] = []
+    jsonable = _finite_jsonable(value, '', replaced)
+    if replaced and isinstance(jsonable, dict):
+        earlier = jsonable.get(NON_FINITE_KEY)
+        earlier = earlier if isinstance(earlier, list) else []
+        jsonable[NON_FINITE_KEY] = earlier + [p for p in replaced if p not in earlier]
     os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
     tmp = f'{path}.tmp'
     with open(tmp, 'w') as f:
-        json.dump(_to_jsonable(value), f, indent=2, sort_keys=False)
+        json.dump(jsonable, f, indent=2, sort_keys=False, allow_nan=False)
         f.write('\n')
     os.replace(tmp, path)
 

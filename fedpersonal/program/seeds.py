@@ -37,7 +37,8 @@ def mean_over_seeds(
         raise ValueError(f'{len(runs)} runs for seeds {list(seeds)}.')
     row: dict[str, Any] = {}
     for key, first in runs[0].items():
-        numeric = isinstance(first, (int, float, np.number)) and not isinstance(first, bool)
+        # None: a diverged run's non-finite metric, read back from JSON (`outputs.write_json`).
+        numeric = _number(first) or (first is None and any(_number(r.get(key)) for r in runs))
         if not numeric:
             row[key] = first
             continue
@@ -51,8 +52,12 @@ def mean_over_seeds(
     return row
 
 
+def _number(value: Any) -> bool:
+    return isinstance(value, (int, float, np.number)) and not isinstance(value, bool)
+
+
 def _finite(value: Any) -> bool:
-    return isinstance(value, (int, float, np.number)) and not isinstance(value, bool) and math.isfinite(value)
+    return _number(value) and math.isfinite(value)
 
 
 def run_seeds(

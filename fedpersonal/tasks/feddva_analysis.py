@@ -175,6 +175,11 @@ def plot_accuracy_curves(curves: dict[tuple[str, str], list[tuple[int, float]]],
     return program.save_figure(fig, path, title=title)
 
 
+def _number(value: Any) -> str:
+    """A table cell: 4 decimals, or 'n/a' for a missing value (a non-finite metric reads back from JSON as None)."""
+    return 'n/a' if value is None else f'{value:.4f}'
+
+
 def format_tables(rows: list[dict[str, Any]]) -> str:
     """Markdown: the classification table (method x setting) and the probe table."""
     classification = [r for r in rows if 'accuracy' in r]
@@ -186,8 +191,8 @@ def format_tables(rows: list[dict[str, Any]]) -> str:
     for r in classification:
         spr = r.get('seconds_per_round')
         lines.append(
-            f'| {METHOD_NAMES[r["method"]]} | {SETTING_NAMES[r["setting"]]} | {r["accuracy"]:.4f} | '
-            f'{r["client_mean_accuracy"]:.4f} | {r["client_min_accuracy"]:.4f} | '
+            f'| {METHOD_NAMES[r["method"]]} | {SETTING_NAMES[r["setting"]]} | {_number(r["accuracy"])} | '
+            f'{_number(r["client_mean_accuracy"])} | {_number(r["client_min_accuracy"])} | '
             f'{"" if spr is None else f"{spr:.2f}"} |'
         )
     if logistic:
@@ -202,8 +207,8 @@ def format_tables(rows: list[dict[str, Any]]) -> str:
         for r in logistic:
             lines.append(
                 f'| {METHOD_NAMES[r["method"]]} | {SETTING_NAMES[r["setting"]]} | '
-                f'{r["local_logistic_zc_accuracy"]:.4f} | '
-                f'{r["local_logistic_z_accuracy"]:.4f} | {r["local_logistic_c_accuracy"]:.4f} |'
+                f'{_number(r["local_logistic_zc_accuracy"])} | '
+                f'{_number(r["local_logistic_z_accuracy"])} | {_number(r["local_logistic_c_accuracy"])} |'
             )
     probes = [r for r in rows if any(k.startswith('probe_') for k in r)]
     for r in probes:
@@ -218,7 +223,7 @@ def format_tables(rows: list[dict[str, Any]]) -> str:
         for target in ('client', 'label', 'mark'):
             if f'probe_{target}_from_c' in r:
                 lines.append(
-                    f'| {target} | {r[f"probe_{target}_from_c"]:.4f} | {r[f"probe_{target}_from_z"]:.4f} | '
-                    f'{r[f"chance_{target}"]:.4f} |'
+                    f'| {target} | {_number(r[f"probe_{target}_from_c"])} | {_number(r[f"probe_{target}_from_z"])} | '
+                    f'{_number(r[f"chance_{target}"])} |'
                 )
     return '\n'.join(lines)

@@ -208,7 +208,7 @@ def format_statistics_table(statistics: dict[str, Any], dataset: str) -> str:
     lines = [f'| Statistics | {dataset} |', '|---|---|']
     for label, key in keys:
         value = statistics.get(key)
-        lines.append(f'| {label} | {_cell(value, 2) if isinstance(value, float) else f"{value:,}"} |')
+        lines.append(f'| {label} | {_cell(value, 2) if isinstance(value, float) or value is None else f"{value:,}"} |')
     return '\n'.join(lines)
 
 
@@ -243,7 +243,7 @@ def format_private_table(analysis: dict[str, Any] | None) -> str:
     lines = ['| Method | client probe accuracy (5-fold) | chance | silhouette (client labels) |', '|---|---|---|---|']
     for method, r in analysis['methods'].items():
         lines.append(
-            f'| {ROW_NAMES.get(method, method)} | {r["probe_accuracy"]:.3f} | {r["chance"]:.3f} | '
-            f'{r["silhouette"]:.3f} |'
+            f'| {ROW_NAMES.get(method, method)} | {_cell(r["probe_accuracy"])} | {_cell(r["chance"])} | '
+            f'{_cell(r["silhouette"])} |'
         )
     return '\n'.join(lines)

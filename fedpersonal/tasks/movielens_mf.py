@@ -469,6 +469,11 @@ def run(config: MovieLensMFConfig) -> dict[str, Any]:
     return results
 
 
+def _number(value: Any) -> str:
+    """A table cell: 3 decimals, or 'n/a' for a missing value (a non-finite metric reads back from JSON as None)."""
+    return 'n/a' if value is None else f'{value:.3f}'
+
+
 def format_table(rows: list[dict[str, Any]]) -> str:
     """A Markdown table of the rows (RMSE, MAE, accuracy, per-client RMSE median, s/round)."""
     lines = [
@@ -479,9 +484,8 @@ def format_table(rows: list[dict[str, Any]]) -> str:
         pc = r.get('per_client', {}).get('rmse', {})
         spr = r.get('seconds_per_round')
         lines.append(
-            f'| {r["name"]} | {r.get("rmse", float("nan")):.3f} | {r.get("mae", float("nan")):.3f} | '
-            f'{r.get("accuracy", float("nan")):.3f} | '
-            f'{pc.get("p50", float("nan")):.3f} [{pc.get("p10", float("nan")):.3f}, {pc.get("p90", float("nan")):.3f}] | '
+            f'| {r["name"]} | {_number(r.get("rmse"))} | {_number(r.get("mae"))} | {_number(r.get("accuracy"))} | '
+            f'{_number(pc.get("p50"))} [{_number(pc.get("p10"))}, {_number(pc.get("p90"))}] | '
             f'{"" if spr is None else f"{spr:.2f}"} |'
         )
     return '\n'.join(lines)

@@ -245,3 +245,15 @@ def test_early_stopping_ends_a_run_whose_validation_rmse_stops_improving(tmp_pat
     with open(os.path.join(out, 'results.json')) as f:
         (row,) = json.load(f)['rows']
     assert (row['best_round'], row['rounds'], row['early_stopped']) == (1, 3, True)
+
+
+def test_tables_of_results_read_back_with_null_metrics():
+    from fedpersonal.tasks import hpfl_analysis  # pylint: disable=g-import-not-at-top
+
+    # A diverged run's results.json holds null for its non-finite numbers (program.write_json).
+    rows = [{'name': 'HPFL', 'method': 'hpfl', 'accuracy': None, 'auc': 0.7, 'rmse': None, 'seconds_per_round': 1.0}]
+    assert '| HPFL | - | 0.700 | - | 1.00 |' in hpfl_analysis.format_accuracy_table(rows, 'binary')
+    assert '| - |' in hpfl_analysis.format_ranking_table([{'name': 'HPFL', 'doa': None, 'ndcg': 0.5}])
+    private = {'methods': {'hpfl': {'probe_accuracy': 0.5, 'chance': 0.25, 'silhouette': None}}}
+    assert '| 0.500 | 0.250 | - |' in hpfl_analysis.format_private_table(private)
+    assert '| # of clients | - |' in hpfl_analysis.format_statistics_table({'num_clients': None}, 'x')

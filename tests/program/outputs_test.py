@@ -55,3 +55,62 @@ def test_median_round_seconds_counts_the_rounds_of_a_resumed_run(tmp_path):
     resumed = program.ExperimentOutputs(str(tmp_path), 'run')
     resumed.release_metrics(3, {'round_seconds': 9.0, 'train': {'loss': 0.0}})
     assert resumed.median_round_seconds() == 2.0
+
+
+def _strict_json(text):
+    """`json.loads` that rejects NaN and Infinity (which `json.loads` accepts by default)."""
+
+    def reject(constant):
+        raise ValueError(f'invalid JSON constant {constant}')
+
+    return json.loads(text, parse_constant=reject)
+
+
+def test_write_json_writes_non_finite_numbers_as_null_and_lists_their_paths(tmp_path):
+    path = str(tmp_path / 'results.json')
+    program.write_json(
+        path,
+        {
+            'rows': [{'name': 'diverged', 'rmse': float('nan'), 'mae': np.float32('inf')}, {'rmse': 0.9}],
+            'curve': np.array([1.0, -np.inf, 0.5]),
+            'nested': {'deep': [np.float64('nan'), 2, True, None]},
+            'ok': 1.5,
+        },
+    )
+    with open(path) as f:
+        results = _strict_json(f.read())
+    assert results['rows'] == [{'name': 'diverged', 'rmse': None, 'mae': None}, {'rmse': 0.9}]
+    assert results['curve'] == [1.0, None, 0.5]
+    assert results['nested'] == {'deep': [None, 2, True, None]}  # The original None is not listed below.
+    assert results['ok'] == 1.5
+    assert results['non_finite'] == ['rows/0/rmse', 'rows/0/mae', 'curve/1', 'nested/deep/0']
+
+
+def test_write_json_of_finite_values_has_no_non_finite_key_and_keeps_an_earlier_list(tmp_path):
+    path = str(tmp_path / 'results.json')
+    program.write_json(path, {'rows': [{'rmse': 0.9}]})
+    with open(path) as f:
+        assert _strict_json(f.read()) == {'rows': [{'rmse': 0.9}]}
+    program.write_json(path, {'rmse': None, 'non_finite': ['rmse'], 'mae': float('nan')})  # A row read back.
+    with open(path) as f:
+        assert _strict_json(f.read()) == {'rmse': None, 'non_finite': ['rmse', 'mae'], 'mae': None}
+    program.write_json(path, [float('inf')])  # Not a mapping: nulls, nowhere to list them.
+    with open(path) as f:
+        assert _strict_json(f.read()) == [None]
+
+
+def test_mean_over_seeds_of_rows_read_back_with_a_null_metric(tmp_path):
+    runs = [{'name': 'a', 'rmse': None, 'non_finite': ['rmse']}, {'name': 'a', 'rmse': 0.5}]
+    row = program.mean_over_seeds(runs, [0, 1], std_keys=('rmse',))
+    assert row['rmse'] == 0.5 and row['rmse_std'] == 0.0 and row['name'] == 'a'
+
+
+def test_tables_of_results_read_back_with_null_metrics_show_n_a():
+    from fedpersonal.tasks import feddva_analysis  # pylint: disable=g-import-not-at-top
+    from fedpersonal.tasks import movielens_mf  # pylint: disable=g-import-not-at-top
+
+    row = {'name': 'FedRecon', 'rmse': None, 'mae': 0.75, 'accuracy': 0.5, 'per_client': {'rmse': {'p50': None}}}
+    assert '| FedRecon | n/a | 0.750 | 0.500 | n/a [n/a, n/a] |' in movielens_mf.format_table([row])
+    row = {'method': 'feddva', 'setting': 'heterogeneous_inputs', 'accuracy': None}
+    row.update(client_mean_accuracy=0.5, client_min_accuracy=None)
+    assert '| n/a | 0.5000 | n/a |' in feddva_analysis.format_tables([row])
