@@ -427,16 +427,15 @@ def plot_attribute_distribution(data: UserModelingData, path: str, *, title: str
         `path`.
     """
     import matplotlib  # Imported lazily: only plotting needs it.
-
-    matplotlib.use('Agg')
-    from matplotlib import pyplot as plt
+    from matplotlib.figure import Figure  # Not pyplot: plotting to a file leaves the session's backend alone.
 
     matrix = attribute_distribution(data)
     num_clients, k = matrix.shape
     names_on_axis = k <= 40
     width = min(22.0, max(7.0, 0.28 * k + 3.0))
     height = min(16.0, max(3.5, 0.24 * num_clients + (2.8 if names_on_axis else 1.8)))
-    fig, ax = plt.subplots(figsize=(width, height), dpi=110)
+    fig = Figure(figsize=(width, height), dpi=110)
+    ax = fig.subplots()
     cmap = matplotlib.colormaps['viridis'].copy()
     cmap.set_bad('#d9d9d9')  # Missing attributes (no item of the client has them) in light grey.
     norm = matplotlib.colors.PowerNorm(gamma=0.5, vmin=0.0, vmax=max(float(matrix.max()), 1e-12))
@@ -467,5 +466,4 @@ def plot_attribute_distribution(data: UserModelingData, path: str, *, title: str
     if directory:
         os.makedirs(directory, exist_ok=True)
     fig.savefig(path, format='png')
-    plt.close(fig)
     return path

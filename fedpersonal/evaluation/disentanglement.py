@@ -17,6 +17,8 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from fedpersonal import program
+
 
 def linear_probe_accuracy(
     train_features: np.ndarray,
@@ -74,12 +76,7 @@ def plot_manifold_grids(panels: Sequence[tuple[str, np.ndarray]], path: str, tit
       path: PNG path.
       title: Figure title.
     """
-    import matplotlib  # pylint: disable=g-import-not-at-top
-
-    matplotlib.use('Agg')
-    import matplotlib.pyplot as plt  # pylint: disable=g-import-not-at-top
-
-    fig, axes = plt.subplots(1, len(panels), figsize=(3.2 * len(panels), 3.6), squeeze=False)
+    fig, axes = program.new_figure(1, len(panels), figsize=(3.2 * len(panels), 3.6), squeeze=False)
     for ax, (panel_title, images) in zip(axes[0], panels):
         rows, cols, h, w, ch = images.shape
         canvas = np.ones([rows * (h + 1) - 1, cols * (w + 1) - 1, ch], np.float32)
@@ -96,7 +93,6 @@ def plot_manifold_grids(panels: Sequence[tuple[str, np.ndarray]], path: str, tit
     fig.tight_layout()
     os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
     fig.savefig(path, dpi=110)
-    plt.close(fig)
     return path
 
 
@@ -142,17 +138,12 @@ def plot_projections(
         (e.g. the class label and the client's mark type: c should separate what the client changes, z the
         content).
     """
-    import matplotlib  # pylint: disable=g-import-not-at-top
-
-    matplotlib.use('Agg')
-    import matplotlib.pyplot as plt  # pylint: disable=g-import-not-at-top
-
     colourings = [('client', np.asarray(clients))] + [(name, np.asarray(v)) for name, v in also_by]
     projections = [(project_2d(z, method, seed), 'z (shared)'), (project_2d(c, method, seed), 'c (personalized)')]
-    fig, axes = plt.subplots(len(colourings), 2, figsize=(11, 4.6 * len(colourings)), squeeze=False)
+    fig, axes = program.new_figure(len(colourings), 2, figsize=(11, 4.6 * len(colourings)), squeeze=False)
     for row, (label_name, values) in enumerate(colourings):
         top = max(int(values.max()) if values.size else 0, 1)
-        cmap = plt.get_cmap('tab10' if top < 10 else 'tab20', top + 1)  # One colour per value.
+        cmap = program.colormap('tab10' if top < 10 else 'tab20', top + 1)  # One colour per value.
         for ax, (xy, name) in zip(axes[row], projections):
             points = ax.scatter(xy[:, 0], xy[:, 1], c=values, cmap=cmap, s=6, vmin=-0.5, vmax=top + 0.5)
             ax.set_title(f'{name} ({method}), coloured by {label_name}')
@@ -162,5 +153,4 @@ def plot_projections(
         fig.suptitle(title)
     os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
     fig.savefig(path, dpi=110)
-    plt.close(fig)
     return path

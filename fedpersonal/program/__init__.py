@@ -20,7 +20,9 @@ from typing import Any
 
 if TYPE_CHECKING:  # The static view of the lazily imported names (mypy, IDEs).
     from fedpersonal.program.outputs import ExperimentOutputs
+    from fedpersonal.program.outputs import colormap
     from fedpersonal.program.outputs import flatten_metrics
+    from fedpersonal.program.outputs import new_figure
     from fedpersonal.program.outputs import plot_curves
     from fedpersonal.program.outputs import replace_marked_section
     from fedpersonal.program.outputs import save_figure
@@ -43,6 +45,8 @@ if TYPE_CHECKING:  # The static view of the lazily imported names (mypy, IDEs).
 _EXPORTS = {
     'ExperimentOutputs': 'outputs',
     'flatten_metrics': 'outputs',
+    'new_figure': 'outputs',
+    'colormap': 'outputs',
     'plot_curves': 'outputs',
     'replace_marked_section': 'outputs',
     'save_figure': 'outputs',

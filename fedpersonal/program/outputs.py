@@ -226,9 +226,6 @@ def plot_curves(
     """
     import matplotlib  # pylint: disable=g-import-not-at-top
 
-    matplotlib.use('Agg')
-    import matplotlib.pyplot as plt  # pylint: disable=g-import-not-at-top
-
     references = references or {}
     keys = [
         k
@@ -237,10 +234,10 @@ def plot_curves(
     ]
     if not keys:
         return None
-    fig, axes = plt.subplots(1, len(keys), figsize=(4.6 * len(keys) + 2.2, 3.6), squeeze=False)
+    fig, axes = new_figure(1, len(keys), figsize=(4.6 * len(keys) + 2.2, 3.6), squeeze=False)
     # A distinct (colour, line style) per run: the default cycle repeats after 10 colours.
     count = len(runs) + len(references)
-    cmap = plt.get_cmap('tab10' if count <= 10 else 'tab20')
+    cmap = colormap('tab10' if count <= 10 else 'tab20', 10 if count <= 10 else 20)
     assert isinstance(cmap, matplotlib.colors.ListedColormap)  # tab10 and tab20 are lists of colours.
     # A tuple of RGB tuples (the stubs type ListedColormap.colors as any colour specification).
     colours = cast(Sequence[Any], cmap.colors)
@@ -276,15 +273,31 @@ def plot_curves(
     return save_figure(fig, path, title=title, tight_layout=False)
 
 
-def save_figure(fig: Any, path: str, *, title: str | None = None, tight_layout: bool = True) -> str:
-    """Writes a matplotlib figure as a PNG (creating its directory), closes it, and returns `path`."""
-    import matplotlib.pyplot as plt  # pylint: disable=g-import-not-at-top
+def new_figure(*args: Any, figsize: tuple[float, float], dpi: float | None = None, **subplots: Any) -> tuple[Any, Any]:
+    """``(figure, axes)`` for a plot written to a file (`save_figure`), like `pyplot.subplots`.
 
+    A `matplotlib.figure.Figure` made without pyplot: writing plots never switches the process's matplotlib backend
+    nor registers figures with pyplot, so a notebook's inline plots keep working after a run wrote its own.
+    """
+    from matplotlib.figure import Figure  # pylint: disable=g-import-not-at-top
+
+    figure = Figure(figsize=figsize, dpi=dpi)
+    return figure, figure.subplots(*args, **subplots)
+
+
+def colormap(name: str, colours: int) -> Any:
+    """Matplotlib's colormap `name` resampled to `colours` entries (`pyplot.get_cmap(name, colours)`)."""
+    import matplotlib  # pylint: disable=g-import-not-at-top
+
+    return matplotlib.colormaps[name].resampled(colours)
+
+
+def save_figure(fig: Any, path: str, *, title: str | None = None, tight_layout: bool = True) -> str:
+    """Writes a matplotlib figure as a PNG (creating its directory) and returns `path`."""
     if title:
         fig.suptitle(title)
     if tight_layout:
         fig.tight_layout()
     os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
     fig.savefig(path, dpi=110)
-    plt.close(fig)
     return path

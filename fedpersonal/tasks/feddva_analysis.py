@@ -154,13 +154,8 @@ def analyze_disentanglement(task: FeddvaTask, context: dict[str, Any], output_di
 
 def plot_accuracy_curves(curves: dict[tuple[str, str], list[tuple[int, float]]], path: str, title: str = '') -> str:
     """One subplot per setting, one line per method: test accuracy against rounds."""
-    import matplotlib  # pylint: disable=g-import-not-at-top
-
-    matplotlib.use('Agg')
-    import matplotlib.pyplot as plt  # pylint: disable=g-import-not-at-top
-
     settings = [s for s in SETTINGS if any(k[0] == s for k in curves)]
-    fig, axes = plt.subplots(1, max(1, len(settings)), figsize=(5.5 * max(1, len(settings)), 4), squeeze=False)
+    fig, axes = program.new_figure(1, max(1, len(settings)), figsize=(5.5 * max(1, len(settings)), 4), squeeze=False)
     for ax, setting in zip(axes[0], settings):
         for method in METHODS:
             points = curves.get((setting, method))

@@ -346,15 +346,11 @@ def embedding_analysis(
     rate_label: str = 'user positive rate',
 ) -> dict[str, float]:
     """t-SNE of both embedding sets side by side (coloured by the user's positive rate) + kNN overlap."""
-    import matplotlib  # pylint: disable=g-import-not-at-top
-
-    matplotlib.use('Agg')
-    import matplotlib.pyplot as plt  # pylint: disable=g-import-not-at-top
     from sklearn.manifold import TSNE  # pylint: disable=g-import-not-at-top
 
     overlap = knn_overlap(server, fl, k)
     chance = k / max(server.shape[0] - 1, 1)
-    fig, axes = plt.subplots(1, 2, figsize=(11, 4.8))
+    fig, axes = program.new_figure(1, 2, figsize=(11, 4.8))
     for ax, emb, title in ((axes[0], server, 'Personalized Server'), (axes[1], fl, 'Personalized FL')):
         xy = TSNE(
             n_components=2, perplexity=min(30, max(5, emb.shape[0] // 4)), random_state=seed, init='pca'

@@ -152,11 +152,8 @@ def private_components_analysis(
     if path and shown:
         import matplotlib  # pylint: disable=g-import-not-at-top
 
-        matplotlib.use('Agg')
-        from matplotlib import pyplot as plt  # pylint: disable=g-import-not-at-top
-
         top = np.argsort(-counts, kind='stable')[:10]
-        fig, axes = plt.subplots(1, len(shown), figsize=(5.5 * len(shown), 4.8), squeeze=False)
+        fig, axes = program.new_figure(1, len(shown), figsize=(5.5 * len(shown), 4.8), squeeze=False)
         colours = matplotlib.colormaps['tab10']
         for ax, method in zip(axes[0], shown):
             xy = PCA(2, random_state=seed).fit_transform(np.asarray(thetas[method], np.float64))

@@ -114,3 +114,25 @@ def test_tables_of_results_read_back_with_null_metrics_show_n_a():
     row = {'method': 'feddva', 'setting': 'heterogeneous_inputs', 'accuracy': None}
     row.update(client_mean_accuracy=0.5, client_min_accuracy=None)
     assert '| n/a | 0.5000 | n/a |' in feddva_analysis.format_tables([row])
+
+
+def test_plots_written_to_files_leave_the_sessions_matplotlib_backend_and_pyplot_alone(tmp_path):
+    # A notebook's inline plots stop showing if a library call switches the backend (matplotlib.use('Agg')) or
+    # leaves figures registered with pyplot.
+    import matplotlib  # pylint: disable=g-import-not-at-top
+    import matplotlib.pyplot as plt  # pylint: disable=g-import-not-at-top
+
+    from fedpersonal import data  # pylint: disable=g-import-not-at-top
+
+    previous = matplotlib.get_backend()
+    matplotlib.use('svg')
+    try:
+        rows = [{'round': r, 'loss': 1.0 / r} for r in range(1, 4)]
+        assert program.plot_curves({'a': rows, 'b': rows}, ['loss'], str(tmp_path / 'c.png'), references={'r': {}})
+        silos = data.generate_user_modeling(num_clients=3, users_per_client=5, seed=0)
+        data.user_modeling.plot_attribute_distribution(silos, str(tmp_path / 'd.png'))
+        assert matplotlib.get_backend() == 'svg'
+        assert plt.get_fignums() == []
+        assert os.path.getsize(tmp_path / 'c.png') > 0 and os.path.getsize(tmp_path / 'd.png') > 0
+    finally:
+        matplotlib.use(previous)
