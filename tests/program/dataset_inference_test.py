@@ -65,7 +65,7 @@ def _dir(tmp_path, *names):
 )
 def test_the_dataset_is_inferred_from_the_files_and_recorded(tmp_path, caplog, config_cls, files, expected):
     data_dir = _dir(tmp_path, *files)
-    with caplog.at_level(logging.INFO):
+    with caplog.at_level(logging.INFO, logger='absl'):
         config = config_cls(data_dir=data_dir)
     assert config.dataset == expected
     assert config.data_dir == data_dir

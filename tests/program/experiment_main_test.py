@@ -90,7 +90,9 @@ def test_a_malformed_target_is_refused_before_anything_is_imported(target):
 def test_usage_lists_every_flag_of_the_config_with_help_and_default():
     text = ' '.join(_MAIN.usage(doc='Test binary.').split())
     assert text.startswith('Test binary. flags:')
-    assert "--output_dir: _Config.output_dir (default: '/nonexistent')" in text
+    # --output_dir is shared with any other binary's config defined in this process (then its help and default are
+    # the first definition's; tests/program/help_test.py checks each real binary's in a fresh interpreter).
+    assert '--output_dir:' in text
     assert "--em_test_failure: _Config.em_test_failure (default: 'none')" in text
 
 
