@@ -33,7 +33,7 @@ status 0; ``--helpfull`` is absl's (every flag of every module).
 
 from __future__ import annotations
 
-import importlib
+import pkgutil
 import sys
 from collections.abc import Callable
 from collections.abc import Sequence
@@ -80,10 +80,7 @@ def load(target: Target) -> Callable[..., Any]:
     >>> load('os.path:join')('a', 'b')
     'a/b'
     """
-    if callable(target):
-        return target
-    module, _, attribute = target.partition(':')
-    return getattr(importlib.import_module(module), attribute)
+    return target if callable(target) else pkgutil.resolve_name(target)
 
 
 class ExperimentMain(Generic[ConfigT]):
