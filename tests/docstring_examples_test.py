@@ -17,6 +17,8 @@ MODULES = (
     'fedpersonal.program',
     'fedpersonal.program.experiment_main',
     'fedpersonal.program.dataset_inference',
+    'fedpersonal.program.non_finite',
+    'fedpersonal.progress',
     'fedpersonal.tasks.feddva_config',
     'fedpersonal.tasks.furl_personalization_config',
     'fedpersonal.tasks.hpfl_user_modeling_config',

@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING
 from typing import Any
 
 if TYPE_CHECKING:  # The static view of the lazily imported names (mypy, IDEs).
+    from fedpersonal.program.non_finite import NonFiniteLossError
     from fedpersonal.program.outputs import ExperimentOutputs
     from fedpersonal.program.outputs import colormap
     from fedpersonal.program.outputs import flatten_metrics
@@ -43,6 +44,7 @@ if TYPE_CHECKING:  # The static view of the lazily imported names (mypy, IDEs).
 
 # Exported name -> the submodule that defines it.
 _EXPORTS = {
+    'NonFiniteLossError': 'non_finite',
     'ExperimentOutputs': 'outputs',
     'flatten_metrics': 'outputs',
     'new_figure': 'outputs',
@@ -69,6 +71,7 @@ _SUBMODULES = (
     'config_flags',
     'config_parts',
     'experiment_main',
+    'non_finite',
     'outputs',
     'seeds',
     'selection',

@@ -84,8 +84,18 @@ class RoundsConfig:
     total_rounds: int = option(100, 'Federated training rounds.')
     seed: int = option(0, 'Seed of every random choice of the run (initializers, sampling, shuffles).')
     rounds_per_checkpoint: int = option(10, 'Rounds between checkpoints (the last round is always saved).')
+    non_finite_clients: str = option(
+        'stop',
+        "A round whose training loss is NaN or infinite: 'stop' (the run ends with an error naming the round and the "
+        "clients, before that round is checkpointed) or 'zero' (those clients' updates are zeroed and their number "
+        'is reported as train/non_finite_clients).',
+    )
 
     def __post_init__(self):
+        _require(
+            self.non_finite_clients in ('stop', 'zero'),
+            f"non_finite_clients must be 'stop' or 'zero', got {self.non_finite_clients!r}.",
+        )
         _require(
             self.rounds_per_checkpoint >= 1, f'rounds_per_checkpoint must be >= 1, got {self.rounds_per_checkpoint}.'
         )

@@ -25,7 +25,13 @@ for ``total_rounds`` rounds and owns, once for every binary:
   metric are kept in the store (ids ``'best/<client id>'``) and the best round and value in the checkpoint;
 * **early stopping** (``stopping``): the server state of the best evaluation round is kept in the checkpoint and
   the run ends after ``patience`` evaluations without improvement (`fedpersonal.program.selection`);
-* **progress**: one log line per round with its time, the ETA and the headline metrics.
+* **non-finite losses** (``non_finite_clients``): a round whose training loss is NaN or infinite is diagnosed by
+  rerunning each of its clients alone from the round's starting state; ``'stop'`` (the default) raises
+  `NonFiniteLossError` naming the round and the clients before anything of that round is checkpointed, ``'zero'``
+  keeps going (the client work already zeroes a non-finite update and keeps the client's previous private state,
+  as TFF's zeroing aggregators do) and counts them in ``train/non_finite_clients``;
+* **progress**: one log line per round with its time, the ETA (training and evaluation time per round measured
+  separately) and the headline metrics.
 """
 
 from __future__ import annotations
@@ -45,8 +51,12 @@ import tensorflow_federated as tff
 from absl import logging
 
 from fedpersonal import errors
+from fedpersonal import progress
 from fedpersonal.metrics import communication
 from fedpersonal.program import outputs as outputs_lib
+from fedpersonal.program.non_finite import NON_FINITE_MODES
+from fedpersonal.program.non_finite import NonFiniteLossError
+from fedpersonal.program.non_finite import non_finite_losses
 from fedpersonal.program.selection import EarlyStopping
 from fedpersonal.program.selection import ModelSelection
 from fedpersonal.simulation import packing
@@ -211,6 +221,12 @@ def _participation(client_data: Any, clients_per_round: int | None):
     return list(inputs), True, inputs
 
 
+def _train_metrics(metrics: Any, train_metrics_fn: Callable[[Any], Any] | None) -> Any:
+    if train_metrics_fn is not None:
+        return train_metrics_fn(metrics)
+    return metrics.get('client_work', {}).get('train', {})
+
+
 def run_learning_process(
     process: Any,
     *,
@@ -234,6 +250,7 @@ def run_learning_process(
     evaluation_name: str = 'eval',
     config: Mapping[str, Any] | None = None,
     log_keys: Sequence[str] | None = None,
+    non_finite_clients: str = 'stop',
 ) -> tuple[Any, list[dict[str, float]]]:
     """Runs `total_rounds` rounds, resuming from the latest checkpoint if any (see the module docstring).
 
@@ -271,17 +288,25 @@ def run_learning_process(
       evaluation_name: The key the evaluation metrics are released under.
       config: Optional JSON-able configuration of the run (the config guard).
       log_keys: Flat metric keys shown in the progress lines.
+      non_finite_clients: What a round with a non-finite training loss does: ``'stop'`` raises
+        `NonFiniteLossError` (naming the round and the clients whose loss is non-finite, found by rerunning each
+        participant alone; nothing of that round is checkpointed, so a resume with other settings can continue),
+        ``'zero'`` goes on with those clients' updates zeroed (as the client work does for any non-finite update)
+        and counts them in ``train/non_finite_clients``.
 
     Raises:
       ClientStatesLostError: On resume from a checkpoint of round R when `client_state_store` has committed only up
         to a round < R (e.g. a fresh in-memory store): continuing would silently pair the checkpointed server
         state with initial client states.
       ConfigMismatchError: On resume under a `config` other than the recorded one.
+      NonFiniteLossError: A round's training loss is not finite and `non_finite_clients` is ``'stop'``.
 
     Returns:
       `(final_state, history)`: the state and the metric rows released by this invocation (``metrics.csv`` has
       every round, also those of a resumed earlier invocation).
     """
+    if non_finite_clients not in NON_FINITE_MODES:
+        raise ValueError(f'non_finite_clients must be one of {NON_FINITE_MODES}, got {non_finite_clients!r}.')
     client_ids, every_client, inputs = _participation(client_data, clients_per_round)
     if client_evaluation_fn is not None and not (every_client and client_state_store is not None):
         raise ValueError('client_evaluation_fn needs every-client participation and a client state store.')
@@ -345,45 +370,79 @@ def run_learning_process(
             validated.add(client_id)
         return value
 
+    def run_clients(state: Any, participants: Sequence[str], private: list[Any] | None) -> Any:
+        run_round = getattr(process, 'run_round', None)  # A PersonalizedProcess packs for its engine.
+        round_inputs: Sequence[Any] = packing.LazyDatasets(list(participants), make_input)
+        extra = () if private is None else (private,)
+        if run_round is not None:
+            return run_round(state, round_inputs, *extra, client_ids=list(participants))
+        return process.next(state, list(round_inputs), *extra)
+
+    def _non_finite_clients(state: Any, participants: Sequence[str], private: list[Any] | None) -> list[str]:
+        """The participants whose training loss is non-finite when each runs alone from `state`."""
+        culprits = []
+        for i, client_id in enumerate(participants):
+            alone = run_clients(state, [client_id], None if private is None else [private[i]])
+            if non_finite_losses(_train_metrics(alone.metrics, train_metrics_fn)):
+                culprits.append(client_id)
+        return culprits
+
     per_round = clients_per_round or 0  # Checked >= 1 for sampled participation.
     history = []
-    started = time.time()
+    train_seconds: list[float] = []
+    evaluation_seconds: list[float] = []
     if stopping is not None and stopping.stopped:
         logging.info('[%s] stopped early before: best %s at round %d', name, stopping.metric, stopping.best_round)
     last_round = start_round if stopping is not None and stopping.stopped else total_rounds
     for round_num in range(start_round + 1, last_round + 1):
         round_start = time.time()
         participants = client_ids if every_client else sample_clients(client_ids, per_round, round_num, seed)
-        run_round = getattr(process, 'run_round', None)  # A PersonalizedProcess packs for its engine.
-        round_inputs: Sequence[Any] = packing.LazyDatasets(participants, make_input)
-        if run_round is None:
-            round_inputs = list(round_inputs)
+        private = (
+            None
+            if client_state_store is None
+            else [unflatten_private_state(s, template) for s in client_state_store.get(participants)]
+        )
+        result = run_clients(state, participants, private)
+        train = _train_metrics(result.metrics, train_metrics_fn)
+        bad_losses = non_finite_losses(train)
+        if bad_losses:
+            culprits = _non_finite_clients(state, participants, private)
+            if non_finite_clients == 'stop':
+                losses = ', '.join(f'{k}={v}' for k, v in bad_losses.items())
+                raise NonFiniteLossError(
+                    f'[{name}] round {round_num}: non-finite training loss ({losses}) from client(s) '
+                    f'{culprits[:20]}{" ..." if len(culprits) > 20 else ""} ({len(culprits)} of '
+                    f'{len(participants)} participants). The run stopped before checkpointing round {round_num} '
+                    f'(outputs in {outputs.directory}). A diverging model usually means a too large learning rate '
+                    "(e.g. lower --client_learning_rate); to drop such clients' updates and go on, pass "
+                    "--non_finite_clients=zero (run_learning_process(non_finite_clients='zero')).",
+                    round_num=round_num,
+                    client_ids=culprits,
+                )
+            logging.warning(
+                '[%s] round %d: %d client(s) with a non-finite loss, their updates zeroed: %s',
+                name,
+                round_num,
+                len(culprits),
+                culprits[:20],
+            )
+        if non_finite_clients == 'zero':
+            train = dict(train)
+            train['non_finite_clients'] = len(culprits) if bad_losses else 0
         new_private: list[Any] = []
-        if client_state_store is None:
-            if run_round is not None:
-                result = run_round(state, round_inputs, client_ids=participants)
-            else:
-                result = process.next(state, round_inputs)
-        else:
-            private = [unflatten_private_state(s, template) for s in client_state_store.get(participants)]
-            if run_round is not None:
-                result = run_round(state, round_inputs, private, client_ids=participants)
-            else:
-                result = process.next(state, round_inputs, private)
+        if client_state_store is not None:
             new_private = list(result.private_states)
             client_state_store.put(participants, [flatten_private_state(p) for p in new_private], round_num)
         state = result.state
-        train = (
-            train_metrics_fn(result.metrics)
-            if train_metrics_fn is not None
-            else result.metrics.get('client_work', {}).get('train', {})
-        )
         metrics: dict[str, Any] = {'train': train}
         measured = communication.communication_from_metrics(result.metrics)
         if measured:
             metrics['communication'] = measured
         metrics['round_seconds'] = time.time() - round_start
-        if round_num % rounds_per_evaluation == 0 or round_num == total_rounds:
+        train_seconds.append(metrics['round_seconds'])
+        evaluated = round_num % rounds_per_evaluation == 0 or round_num == total_rounds
+        if evaluated:
+            evaluation_start = time.time()
             evaluation: dict[str, Any] = {}
             if evaluation_fn is not None:
                 evaluation.update(evaluation_fn(process.get_model_weights(state)))
@@ -400,20 +459,21 @@ def run_learning_process(
                     selection.best_value, selection.best_round = value, round_num
             if stopping is not None:
                 stopping.update(stopping.value_of(evaluation), round_num, state)
+            evaluation_seconds.append(time.time() - evaluation_start)
         history.append(outputs.release_metrics(round_num, metrics))
         stop = stopping is not None and stopping.stopped
         if round_num % rounds_per_checkpoint == 0 or round_num == total_rounds or stop:
             checkpoints.save(saved(state), round_num, client_state_store)
-        done = round_num - start_round
-        eta = (time.time() - started) / done * (total_rounds - round_num)
+        eta = progress.eta_text(train_seconds, evaluation_seconds, round_num, total_rounds, rounds_per_evaluation)
         keys = log_keys if log_keys is not None else _DEFAULT_LOG_KEYS
         shown = {k: history[-1][k] for k in keys if k in history[-1]}
         logging.info(
-            '[%s] round %d/%d  %.2fs  eta %.0fs  %s',
+            '[%s] round %d/%d  %.2fs%s  eta %s  %s',
             name,
             round_num,
             total_rounds,
             metrics['round_seconds'],
+            f' + eval {evaluation_seconds[-1]:.1f}s' if evaluated else '',
             eta,
             '  '.join(f'{k}={v:.4f}' for k, v in shown.items()),
         )

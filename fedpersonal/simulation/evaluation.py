@@ -34,6 +34,7 @@ import numpy as np
 import tensorflow as tf
 import tensorflow_federated as tff
 
+from fedpersonal import progress
 from fedpersonal.algorithms import dataset_split as dataset_split_lib
 from fedpersonal.core import client_work
 from fedpersonal.models import partially_local_model
@@ -187,7 +188,7 @@ class GroupEvaluation:
         if not self._metrics:
             self._metrics = self._build_metrics()
         n = len(client_datasets)
-        groups = self._packer.pack(client_datasets, client_ids)
+        groups = self._packer.pack(client_datasets, client_ids, description='evaluation: reading clients')
         fitting = self._group_size_within_budget(groups)
         if fitting < self._packer.group_size:  # Repacked from the cache; later calls keep the smaller groups.
             self._packer.group_size = fitting
@@ -211,7 +212,9 @@ class GroupEvaluation:
         unfinalized: list[Any] = []
         finalized: list[Any] = []
         start = 0
-        for group, (local_trainable, local_non_trainable) in zip(groups, locals_per_group):
+        for group, (local_trainable, local_non_trainable) in progress.logged(
+            zip(groups, locals_per_group), len(groups), f'evaluation: groups of {self._packer.group_size} clients'
+        ):
             size = driver.group_clients(group)
             real = min(size, n - start)
             start += size

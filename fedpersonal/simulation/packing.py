@@ -30,6 +30,7 @@ import tensorflow as tf
 import tensorflow_federated as tff
 
 from fedpersonal import errors
+from fedpersonal import progress
 
 PhaseFn = Callable[[tf.data.Dataset], Sequence[tf.data.Dataset]]
 BatchPhaseFn = Callable[[list[Any]], Sequence[list[Any]]]
@@ -200,18 +201,29 @@ class ClientPacker:
         groups = max(1, -(-num_clients // self.group_size))
         return groups, max(1, -(-num_clients // groups))
 
-    def pack(self, datasets: Sequence[tf.data.Dataset], client_ids: Sequence[str] | None = None) -> list[Any]:
+    def pack(
+        self,
+        datasets: Sequence[tf.data.Dataset],
+        client_ids: Sequence[str] | None = None,
+        *,
+        description: str | None = None,
+    ) -> list[Any]:
         """The round's clients as a list of packed groups (in client order, `group_size` per group).
 
         With `client_ids`, a client's data is materialized once: later rounds read `datasets[i]` only for clients
-        not seen before, so `datasets` may be a lazy sequence that builds a pipeline when indexed.
+        not seen before, so `datasets` may be a lazy sequence that builds a pipeline when indexed. With
+        `description`, a packing that lasts logs its progress (`fedpersonal.progress.logged`).
         """
         if client_ids is not None and len(client_ids) != len(datasets):
             raise ValueError(f'{len(client_ids)} client ids for {len(datasets)} datasets.')
         # `datasets[i]` is only read for a client not packed before (a lazy sequence then builds no pipeline).
         clients = [
             self._client(functools.partial(datasets.__getitem__, i), None if client_ids is None else str(client_ids[i]))
-            for i in range(len(datasets))
+            for i in (
+                range(len(datasets))
+                if description is None
+                else progress.logged(range(len(datasets)), len(datasets), description)
+            )
         ]
         for p, name in enumerate(self.phase_names):
             steps = max((c[p].steps for c in clients), default=1)

@@ -194,6 +194,7 @@ def run_feddva(
             evaluation_fn=lambda w: task.accuracy(logits_for(w)),
             rounds_per_evaluation=cfg.rounds_per_eval,
             rounds_per_checkpoint=cfg.rounds_per_checkpoint,
+            non_finite_clients=cfg.non_finite_clients,
             name='feddva_tuned' if head_tunes_encoders else 'feddva',
             client_state_store=store,
         )
@@ -263,6 +264,7 @@ def run_fedavg(task: FeddvaTask, outputs: program.ExperimentOutputs, finetune: b
         evaluation_fn=eval_fn,
         rounds_per_evaluation=cfg.rounds_per_eval,
         rounds_per_checkpoint=cfg.rounds_per_checkpoint,
+        non_finite_clients=cfg.non_finite_clients,
         name='fedavg',
     )
     final = evaluate(process.get_model_weights(state), finetune)
@@ -318,6 +320,7 @@ def run_ditto(task: FeddvaTask, outputs: program.ExperimentOutputs) -> dict[str,
             evaluation_fn=personal_accuracy,
             rounds_per_evaluation=cfg.rounds_per_eval,
             rounds_per_checkpoint=cfg.rounds_per_checkpoint,
+            non_finite_clients=cfg.non_finite_clients,
             name='ditto',
             client_state_store=store,
         )

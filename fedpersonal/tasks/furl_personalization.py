@@ -239,6 +239,7 @@ def run_global_fl(task: FurlTask, outputs: program.ExperimentOutputs) -> dict[st
         evaluation_fn=lambda w: task.evaluate_global('none', w, 'eval'),
         rounds_per_evaluation=cfg.rounds_per_eval,
         rounds_per_checkpoint=cfg.rounds_per_checkpoint,
+        non_finite_clients=cfg.non_finite_clients,
         name='global_fl',
         stopping=stopping,
     )
@@ -307,6 +308,7 @@ def run_personalized_fl(task: FurlTask, outputs: program.ExperimentOutputs) -> t
             evaluation_fn=eval_fn,
             rounds_per_evaluation=cfg.rounds_per_eval,
             rounds_per_checkpoint=cfg.rounds_per_checkpoint,
+            non_finite_clients=cfg.non_finite_clients,
             name='personalized_fl',
             client_state_store=store,
             stopping=stopping,

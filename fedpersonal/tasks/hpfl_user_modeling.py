@@ -279,6 +279,7 @@ def _run_federated(
             outputs=outputs,
             client_state_store=store,
             rounds_per_checkpoint=config.rounds_per_checkpoint,
+            non_finite_clients=config.non_finite_clients,
             client_evaluation_fn=lambda weights, states: _evaluate_states(
                 config, gum_config, data, index, states, 'validation', full=False
             ),

@@ -323,6 +323,7 @@ def train_process(task, process, name, outputs, client_data, dataset_fn, eval_fn
         evaluation_fn=eval_fn,
         rounds_per_evaluation=cfg.rounds_per_eval,
         rounds_per_checkpoint=cfg.rounds_per_checkpoint,
+        non_finite_clients=cfg.non_finite_clients,
         name=name,
         validate_fn=validate_fn,
         stopping=stopping,

@@ -350,6 +350,7 @@ def _train(task: NextWordPredictionTask, process, name: str, outputs, num_oov_bu
         evaluation_fn=eval_fn,
         rounds_per_evaluation=cfg.rounds_per_eval,
         rounds_per_checkpoint=cfg.rounds_per_checkpoint,
+        non_finite_clients=cfg.non_finite_clients,
         name=name,
         stopping=stopping,
     )

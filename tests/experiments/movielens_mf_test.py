@@ -122,3 +122,13 @@ def test_early_stopping_ends_the_run_after_patience_stale_evaluations(tmp_path):
     assert row['early_stopped'] and row['rounds'] == row['best_round'] + 2 < 40
     assert _rounds(os.path.join(out, 'fedrecon', 'metrics.csv'))[-1] == row['rounds']
     assert row['best_round'] >= 1 and 0 < row['best_validation_rmse'] < 10 and 0 < row['rmse'] < 10
+
+
+def test_a_diverging_run_stops_naming_the_round_and_clients(tmp_path):
+    out = str(tmp_path / 'diverging')
+    with pytest.raises(app.UsageError, match=r'round \d+: non-finite training loss .* from client\(s\) \[') as raised:
+        _run(
+            TINY
+            + ['--total_rounds=3', '--client_learning_rate=1e6', '--configurations=fedrecon', f'--output_dir={out}']
+        )
+    assert '--non_finite_clients=zero' in str(raised.value)
