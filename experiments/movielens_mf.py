@@ -22,7 +22,7 @@ def report(results: dict[str, Any], config: Any) -> str:
     # The task module imports TensorFlow: here, once the flags are parsed, not at the top level.
     from fedpersonal.tasks import movielens_mf  # pylint: disable=g-import-not-at-top
 
-    return f'Dataset: {results["dataset"]}\n' + movielens_mf.format_table(results['rows'])
+    return f'Dataset: {results["dataset"]}\n' + movielens_mf.format_table(results['rows'], results.get('baseline'))
 
 
 main = experiment_main.define_main(

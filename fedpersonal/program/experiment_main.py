@@ -209,4 +209,10 @@ def run(main: ExperimentMain[Any], argv: Sequence[str] | None = None) -> None:
         sys.stdout.write(main.usage())
         sys.stdout.flush()
         sys.exit(0)
+    # TensorFlow is imported before absl's `app.run`, not inside it: imported only once absl had parsed the flags,
+    # the engine's first round failed in every binary run from the command line ("tensor 'total:0' ... is out of
+    # scope": its Keras metrics were built as graph-mode (v1) objects). tests/experiments/command_line_test.py runs a
+    # binary as a subprocess to keep this covered. TensorFlow alone takes ~3 s; TFF is still imported after parsing.
+    import tensorflow  # noqa: F401  # pylint: disable=g-import-not-at-top,unused-import
+
     app.run(main, argv=argv)

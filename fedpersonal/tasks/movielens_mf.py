@@ -460,7 +460,9 @@ def run(config: MovieLensMFConfig) -> dict[str, Any]:
     program.write_json(f'{config.output_dir}/config.json', dataclasses.asdict(config))
     task = MovieLensMFTask(config, prepared)
     rows = [run_configuration(task, name) for name in config.configurations]
-    results = {'dataset': prepared.description, 'statistics': stats, 'rows': rows}
+    baseline = mean_rating_baseline(prepared, accuracy_threshold=config.accuracy_threshold)
+    logging.info('Mean-rating baseline: %s', baseline)
+    results = {'dataset': prepared.description, 'statistics': stats, 'rows': rows, 'baseline': baseline}
     program.write_json(f'{config.output_dir}/results.json', results)
     runs = {
         ROW_NAMES[r['configuration']]: program.ExperimentOutputs(config.output_dir, r['configuration']).read_metrics()
@@ -470,13 +472,39 @@ def run(config: MovieLensMFConfig) -> dict[str, Any]:
     return results
 
 
+def mean_rating_baseline(prepared: PreparedData, *, accuracy_threshold: float = 0.5) -> dict[str, Any]:
+    """The score of predicting the training users' mean rating for every rating of the test users.
+
+    The floor every row must beat: a model that learned nothing about users or items scores this. It is scored on
+    every rating of the held-out test users (the ReconEval rows score the part of them left after reconstruction,
+    a hash-based half: the same distribution).
+
+    Args:
+      prepared: The splits (`load_data`).
+      accuracy_threshold: A prediction is accurate when within this distance of the rating (the rows' accuracy).
+
+    Returns:
+      ``{'name', 'mean_rating', 'rmse', 'mae', 'accuracy', 'ratings'}``.
+    """
+    mean = float(prepared.user_split_ratings['train'].rating.mean())
+    errors_ = prepared.user_split_ratings['test'].rating.to_numpy(np.float64) - mean
+    return {
+        'name': 'Mean rating (baseline)',
+        'mean_rating': mean,
+        'rmse': float(np.sqrt(np.mean(errors_**2))),
+        'mae': float(np.mean(np.abs(errors_))),
+        'accuracy': float(np.mean(np.abs(errors_) < accuracy_threshold)),
+        'ratings': int(errors_.size),
+    }
+
+
 def _number(value: Any) -> str:
     """A table cell: 3 decimals, or 'n/a' for a missing value (a non-finite metric reads back from JSON as None)."""
     return 'n/a' if value is None else f'{value:.3f}'
 
 
-def format_table(rows: list[dict[str, Any]]) -> str:
-    """A Markdown table of the rows (RMSE, MAE, accuracy, per-client RMSE median, s/round)."""
+def format_table(rows: list[dict[str, Any]], baseline: dict[str, Any] | None = None) -> str:
+    """A Markdown table of the rows (RMSE, MAE, accuracy, per-client RMSE median, s/round), then the baseline."""
     lines = [
         '| configuration | RMSE | MAE | accuracy | per-client RMSE p50 [p10, p90] | s/round |',
         '|---|---|---|---|---|---|',
@@ -488,5 +516,10 @@ def format_table(rows: list[dict[str, Any]]) -> str:
             f'| {r["name"]} | {_number(r.get("rmse"))} | {_number(r.get("mae"))} | {_number(r.get("accuracy"))} | '
             f'{_number(pc.get("p50"))} [{_number(pc.get("p10"))}, {_number(pc.get("p90"))}] | '
             f'{"" if spr is None else f"{spr:.2f}"} |'
+        )
+    if baseline is not None:
+        lines.append(
+            f'| {baseline["name"]}: {baseline["mean_rating"]:.2f} for every rating | {_number(baseline["rmse"])} | '
+            f'{_number(baseline["mae"])} | {_number(baseline["accuracy"])} |  |  |'
         )
     return '\n'.join(lines)
