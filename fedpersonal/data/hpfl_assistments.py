@@ -31,7 +31,10 @@ silo lacks 64 of the 110 concepts (19 for ``'random'``).
 Within a silo, local user indices follow increasing student id and local item indices increasing exercise id;
 records keep file order. ``record.csv`` has no timestamps: the file order of a student's responses is their time
 order, and each student's responses are split into train / validation / test in that order
-(`fedpersonal.data.user_modeling.per_user_split`). Attributes are the knowledge concepts: concept id ``c`` is
+(`fedpersonal.data.user_modeling.per_user_split`), or in a seeded random order with ``split_order='shuffle'``; a
+warning gives the count of test responses whose exercise no training response has (the sign of a file stored in
+exercise order). `build_silos` (the grouping and the silos) also builds the silos of a CSV responses table
+(`fedpersonal.data.csv_tasks`), where ``grouping='column'`` takes the silos from the table's ``silo`` column. Attributes are the knowledge concepts: concept id ``c`` is
 attribute ``c - 1``, ``K`` = the largest concept id in ``item.csv`` (110 for a0910), named from
 ``dict_knowledge_code.json`` when present (``{"name": id, ...}``), else ``concept_<id>``. Labels are the 0/1 scores.
 """

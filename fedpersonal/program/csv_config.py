@@ -52,7 +52,8 @@ class CsvDataConfig:
         None,
         "--dataset=csv: the order of each user's rows for the train/validation/test split: 'timestamp' (the "
         "timestamp column; ties in file order), 'file' (file order) or 'shuffle' (random, seeded by --seed); "
-        "'none': 'timestamp' when the file has that column, else 'file'.",
+        "'none': 'timestamp' when the file has that column, else 'file'. ASSISTments' record.csv (no timestamps) "
+        "takes 'file' (its default) or 'shuffle'.",
     )
     binarize_threshold: float | None = parts.option(
         None,

@@ -1,12 +1,15 @@
 """CSV interaction tables: parsing, errors naming file/line/field, split orders, the unseen-items warning, and the
 conversions to each task's data (`fedpersonal.data.csv_tasks`)."""
 
+import doctest
 import logging as std_logging
 import os
 
+import hypothesis
 import numpy as np
 import pytest
 from absl import logging
+from hypothesis import strategies as st
 
 from fedpersonal import errors
 from fedpersonal.data import csv_interactions
@@ -134,6 +137,44 @@ def test_a_missing_file_is_named(tmp_path):
     with pytest.raises(csv_interactions.CsvFormatError) as raised:
         csv_interactions.load_interactions(path)
     assert raised.value.path == path and path in str(raised.value)
+
+
+_FIELD = st.one_of(
+    st.sampled_from(['1', '0', '0.5', '-3', '1e309', 'nan', '', ' ', 'a;b', ';', '"', '""', 'x', '2024-01-01', '\x00']),
+    st.text(alphabet=st.characters(codec='utf-8', exclude_categories=['Cs']), max_size=6),
+)
+_LINE = st.lists(_FIELD, min_size=0, max_size=7).map(','.join)
+_HEADER = st.sampled_from(
+    [
+        'user,item,rating',
+        'user,item,rating,timestamp',
+        'user,question,correct,skills',
+        'user,question,correct,skills,timestamp,silo',
+        'user,question',
+        '',
+    ]
+)
+
+
+@hypothesis.settings(
+    max_examples=300, deadline=None, suppress_health_check=[hypothesis.HealthCheck.function_scoped_fixture]
+)
+@hypothesis.given(
+    header=_HEADER,
+    lines=st.lists(_LINE, max_size=6),
+    newline=st.sampled_from(['\n', '\r\n']),
+    threshold=st.sampled_from([None, 0.5]),
+    order=st.sampled_from(csv_interactions.SPLIT_ORDERS),
+)
+def test_random_lines_load_or_raise_an_input_error(tmp_path, header, lines, newline, threshold, order):
+    path = _write(tmp_path, newline.join([header, *lines]) + newline, 'random.csv')
+    try:
+        data = csv_interactions.load_interactions(path, binarize_threshold=threshold)
+        csv_interactions.order_key(data, order, seed=0)
+    except errors.InputError:
+        return
+    assert data.num_rows == len(data.user) == len(data.item) == len(data.value) >= 1
+    assert data.user.max() < data.num_users and data.item.max() < data.num_items
 
 
 # ---------------------------------------------------------------------------------------------------- split orders
@@ -312,3 +353,9 @@ def test_files_in_the_docs_load(tmp_path):
         csv_interactions.load_interactions(_write(tmp_path, b + '\n', f'b{i}.csv')).kind for i, b in enumerate(blocks)
     }
     assert kinds == {'ratings', 'responses'}
+
+
+@pytest.mark.parametrize('module', [csv_interactions, csv_config, user_modeling])
+def test_docstring_examples_run(module):
+    result = doctest.testmod(module, optionflags=doctest.ELLIPSIS | doctest.NORMALIZE_WHITESPACE, verbose=False)
+    assert result.attempted and result.failed == 0
