@@ -88,6 +88,12 @@ def resolve_csv_dataset(
     """
     if config.data_path and config.dataset == AUTO:
         object.__setattr__(config, 'dataset', CSV)
+    data_dir = getattr(config, 'data_dir', None)
+    if config.dataset in (AUTO, CSV) and data_dir and not config.data_path and data_dir.lower().endswith('.csv'):
+        raise errors.ConfigError(
+            f'--data_dir={data_dir} is a CSV file: pass it as --dataset=csv --data_path={data_dir} (an interaction '
+            'table; format: docs/DATA.md).'
+        )
     if config.dataset in untimed_split_order and config.split_order == 'timestamp':
         raise errors.ConfigError(
             f'--split_order=timestamp: --dataset={config.dataset} has no timestamps; pass --split_order=file (each '

@@ -290,6 +290,34 @@ def test_clustering_that_collapses_names_the_real_fix(tmp_path):
     assert len(data.silos) == 4
 
 
+def _assist_dir(tmp_path, num_students=12):
+    """ASSISTments files (record.csv, item.csv) where every student answers exercises 1..10 in exercise order."""
+    rng = np.random.default_rng(0)
+    records = ['user_id,item_id,score'] + [
+        f'{u},{q},{int(rng.random() < 0.5)}' for u in range(num_students) for q in range(1, 11)
+    ]
+    (tmp_path / 'record.csv').write_text('\n'.join(records) + '\n')
+    (tmp_path / 'item.csv').write_text(
+        'item_id,knowledge_code\n' + ''.join(f'{q},[{q % 3 + 1}]\n' for q in range(1, 11))
+    )
+    return str(tmp_path)
+
+
+def test_assist_data_in_exercise_order(tmp_path, absl_warnings):
+    # The issue's case: ASSIST-format data whose students answer the same exercises, stored in exercise order.
+    data_dir = _assist_dir(tmp_path)
+    with pytest.raises(errors.DataError) as raised:
+        hpfl_assistments.load_assist_silos(data_dir, num_clients=3)
+    assert '--assist_grouping=random' in str(raised.value) and 'fewer' not in str(raised.value)
+    hpfl_assistments.load_assist_silos(data_dir, num_clients=3, grouping='random')
+    assert [r for r in absl_warnings.records if r.levelno == std_logging.WARNING and 'never occur' in r.message]
+    absl_warnings.clear()
+    shuffled = hpfl_assistments.load_assist_silos(data_dir, num_clients=3, grouping='random', split_order='shuffle')
+    assert not [r for r in absl_warnings.records if 'never occur' in r.message]
+    test_items = np.concatenate([s.global_item_ids[s.item[s.split == 2]] for s in shuffled.silos])
+    assert np.unique(test_items).size > 2  # Not the same last exercises for everybody.
+
+
 def test_responses_and_ratings_become_furl_tasks(tmp_path):
     furl = csv_tasks.load_csv_furl(_write(tmp_path, _responses(silos=0), 'r.csv'))
     assert furl.name == 'csv:r' and furl.description.startswith('csv:r ')
@@ -328,6 +356,7 @@ def test_csv_flags_are_checked_by_the_configs(tmp_path):
         (dict(dataset='csv', data_path=path, split_order='time'), '--split_order'),
         (dict(dataset='csv', data_path=path, assist_grouping='schools'), '--assist_grouping'),
         (dict(dataset='assist', data_dir=str(tmp_path), split_order='timestamp'), '--split_order'),
+        (dict(data_dir=path), '--data_path'),  # A CSV file given as --data_dir.
     ]:
         with pytest.raises(errors.ConfigError, match=flag):
             config_cls(**kwargs)
