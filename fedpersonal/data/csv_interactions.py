@@ -2,7 +2,9 @@
 
 Two kinds of table, told apart by the header (docs/DATA.md has the full format, an example and the flags):
 
-* **ratings** ``user,item,rating[,timestamp]``: one rating per (user, item) pair; ``rating`` is any finite number;
+* **ratings** ``user,item,rating[,timestamp][,attributes][,silo]``: one rating per (user, item) pair; ``rating`` is
+  any finite number; the optional ``attributes`` (e.g. genres ``Action;Comedy``, the same on every line of the item)
+  and ``silo`` are what HPFL's rating task needs (item attributes, the user's region);
 * **responses** ``user,question,correct,skills[,timestamp][,silo]``: one answer per line (a student may answer a
   question several times); ``correct`` is 0 or 1 (a fractional score is refused unless a binarization threshold
   maps ``score >= t`` to 1, `--binarize_threshold`); ``skills`` are the question's skill (knowledge concept) ids
@@ -61,6 +63,7 @@ __all__ = [
     'RATINGS',
     'RESPONSES',
     'COLUMNS',
+    'ATTRIBUTE_COLUMN',
     'SPLIT_ORDERS',
     'CsvFormatError',
     'Interactions',
@@ -74,7 +77,7 @@ RATINGS = 'ratings'
 RESPONSES = 'responses'
 KINDS = (RATINGS, RESPONSES)
 COLUMNS = {
-    RATINGS: (('user', 'item', 'rating'), ('timestamp',)),
+    RATINGS: (('user', 'item', 'rating'), ('timestamp', 'attributes', 'silo')),
     RESPONSES: (('user', 'question', 'correct', 'skills'), ('timestamp', 'silo')),
 }
 """Per kind: (required columns, optional columns)."""
@@ -82,6 +85,9 @@ SPLIT_ORDERS = ('timestamp', 'file', 'shuffle')
 SKILL_SEPARATOR = ';'
 _ITEM_COLUMN = {RATINGS: 'item', RESPONSES: 'question'}
 _KIND_COLUMN = {RATINGS: 'rating', RESPONSES: 'correct'}  # The column that tells the kind.
+ATTRIBUTE_COLUMN = {RATINGS: 'attributes', RESPONSES: 'skills'}
+"""Per kind: the column of the item's attribute ids (``;``-separated): ratings' optional ``attributes`` (e.g. genres),
+responses' ``skills``."""
 _INTEGER_ID = re.compile(r'\d{1,18}')
 
 
@@ -126,8 +132,9 @@ class Interactions:
         item_ids: int64 ``[num_items]``, like `user_ids`.
         item_names: The item (question) ids as written, in dense order.
         timestamp: float64 ``[N]`` seconds, or None without a timestamp column.
-        item_skills: Responses: per dense question, its sorted dense skill indices; ratings: None.
-        skill_names: Responses: the skill ids in dense order; ratings: ``()``.
+        item_skills: Per dense item (question), its sorted dense skill (attribute) indices; None without a skills
+            (attributes) column.
+        skill_names: The skill (attribute) ids in dense order (``()`` without that column).
         silo: int64 ``[N]`` dense silo index, or None without a silo column.
         silo_names: The silo names in dense order (``()`` without a silo column).
         num_binarized: Fractional scores mapped to 0/1 by the binarization threshold.
@@ -169,9 +176,9 @@ class Interactions:
         return _ITEM_COLUMN[self.kind]
 
     def skill_matrix(self) -> np.ndarray:
-        """float32 ``[num_items, num_skills]`` multi-hot skills of each question (responses only)."""
+        """float32 ``[num_items, num_skills]`` multi-hot skills (attributes) of each item."""
         if self.item_skills is None:
-            raise errors.DataError(f'{self.path}: a {self.kind} file has no skills column')
+            raise errors.DataError(f'{self.path}: the file has no {ATTRIBUTE_COLUMN[self.kind]} column')
         out = np.zeros((self.num_items, len(self.skill_names)), dtype=np.float32)
         for i, skills in enumerate(self.item_skills):
             out[i, list(skills)] = 1.0
@@ -324,6 +331,7 @@ def load_interactions(path: str, *, kind: str | None = None, binarize_threshold:
         detected, names = _header(path, row, kind)
         column = {name: i for i, name in enumerate(names)}
         item_column = _ITEM_COLUMN[detected]
+        attribute_column = ATTRIBUTE_COLUMN[detected]
         users: list[str] = []
         items: list[str] = []
         values: list[float] = []
@@ -377,29 +385,32 @@ def load_interactions(path: str, *, kind: str | None = None, binarize_threshold:
                         )
                     value = 1.0 if value >= binarize_threshold else 0.0
                     binarized += 1
-                skills = tuple(sorted({s.strip() for s in fields['skills'].split(SKILL_SEPARATOR)} - {''}))
+            if attribute_column in fields:
+                text = fields[attribute_column]
+                skills = tuple(sorted({a.strip() for a in text.split(SKILL_SEPARATOR)} - {''}))
                 if not skills:
-                    raise _fail(path, lineno, f'{fields["skills"]!r} names no skill id', 'skills')
+                    raise _fail(path, lineno, f'{text!r} names no id', attribute_column)
                 known, first = question_skills.setdefault(item, (skills, lineno))
                 if known != skills:
                     raise _fail(
                         path,
                         lineno,
-                        f'question {item!r} has skills {";".join(skills)!r} here and {";".join(known)!r} on line '
-                        f'{first}; a question has the same skills on every line',
-                        'skills',
+                        f'{item_column} {item!r} has {attribute_column} {";".join(skills)!r} here and '
+                        f'{";".join(known)!r} on line {first}; they must be the same on every line of that '
+                        f'{item_column}',
+                        attribute_column,
                     )
-                if 'silo' in fields:
-                    silo, first = user_silo.setdefault(user, (fields['silo'], lineno))
-                    if silo != fields['silo']:
-                        raise _fail(
-                            path,
-                            lineno,
-                            f'user {user!r} is in silo {fields["silo"]!r} here and in {silo!r} on line {first}; '
-                            'a user belongs to one silo',
-                            'silo',
-                        )
-                    silos.append(fields['silo'])
+            if 'silo' in fields:
+                silo, first = user_silo.setdefault(user, (fields['silo'], lineno))
+                if silo != fields['silo']:
+                    raise _fail(
+                        path,
+                        lineno,
+                        f'user {user!r} is in silo {fields["silo"]!r} here and in {silo!r} on line {first}; '
+                        'a user belongs to one silo',
+                        'silo',
+                    )
+                silos.append(fields['silo'])
             if 'timestamp' in fields:
                 stamps.append(_timestamp(path, lineno, fields['timestamp']))
             users.append(user)
@@ -428,11 +439,12 @@ def load_interactions(path: str, *, kind: str | None = None, binarize_threshold:
         timestamp=np.asarray(stamps, dtype=np.float64) if 'timestamp' in column else None,
         num_binarized=binarized,
     )
-    if detected == RATINGS:
-        return data
-    _, _, skill_names = _dense([s for skills, _ in question_skills.values() for s in skills])
-    skill_rank = {n: i for i, n in enumerate(skill_names)}
-    item_skills = tuple(tuple(sorted(skill_rank[s] for s in question_skills[n][0])) for n in item_names)
+    item_skills: tuple[tuple[int, ...], ...] | None = None
+    skill_names: tuple[str, ...] = ()
+    if attribute_column in column:
+        _, _, skill_names = _dense([s for skills, _ in question_skills.values() for s in skills])
+        skill_rank = {n: i for i, n in enumerate(skill_names)}
+        item_skills = tuple(tuple(sorted(skill_rank[s] for s in question_skills[n][0])) for n in item_names)
     silo_index: np.ndarray | None = None
     silo_names: tuple[str, ...] = ()
     if 'silo' in column:

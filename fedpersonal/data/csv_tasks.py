@@ -6,8 +6,9 @@ unchanged on a user's data (`--dataset=csv --data_path=FILE`, docs/DATA.md):
 * `load_csv_ratings`: a ratings table as the ratings frame of `fedpersonal.data.movielens.load_ratings` (MovieLens
   matrix factorization); its ``timestamp`` column is the row's position in the split order, so the task's per-user
   time split (`movielens.split_by_time`) and per-user cap follow `--split_order`;
-* `load_csv_silos`: a responses table as HPFL's cross-silo `user_modeling.UserModelingData` (binary task;
-  attributes = skills), silos from the file's ``silo`` column or formed like ASSISTments'
+* `load_csv_silos`: a responses table as HPFL's cross-silo `user_modeling.UserModelingData` (binary task, like
+  ASSISTments; attributes = skills), or a ratings table with an ``attributes`` column (rating task, like MovieLens;
+  attributes = e.g. genres); silos from the file's ``silo`` column or formed like ASSISTments'
   (`hpfl_assistments.build_silos`: clustering or random);
 * `load_csv_furl`: a responses table as the FURL task of ASSISTments (`assistments.load_assistments`: label =
   correct, features = multi-hot skills, item_id = question), or a ratings table as a "likes" task like MovieLens
@@ -108,10 +109,11 @@ def load_csv_silos(
     binarize_threshold: float | None = None,
     split: tuple[float, float, float] = (0.8, 0.1, 0.1),
 ) -> user_modeling.UserModelingData:
-    """A responses table as HPFL's cross-silo data (binary task; attributes are the skills).
+    """A responses table as HPFL's cross-silo binary task (attributes: the skills), or a ratings table with an
+    ``attributes`` column as its rating task (rating range: the least and greatest rating of the file).
 
     Args:
-        path: The CSV responses table.
+        path: The CSV responses or ratings table.
         grouping: ``'column'`` (the file's ``silo`` column) or a clustering / random grouping of
             `hpfl_assistments.GROUPINGS` (``--assist_grouping``).
         num_clients: Silos to form by clustering or at random (``--assist_num_clients``; not used by ``'column'``).
@@ -128,12 +130,16 @@ def load_csv_silos(
         errors.ConfigError: ``'column'`` without a silo column, or a silo column with another grouping.
         errors.DataError: Clustering cannot form the silos (the message names the fix).
     """
-    data = csv_interactions.load_interactions(
-        path, kind=csv_interactions.RESPONSES, binarize_threshold=binarize_threshold
-    )
+    data = csv_interactions.load_interactions(path, binarize_threshold=binarize_threshold)
+    ratings = data.kind == csv_interactions.RATINGS
+    if data.item_skills is None:
+        raise errors.DataError(
+            f'{data.path}: HPFL needs the attributes of every item (its model is per attribute): add an attributes '
+            'column to the ratings table (ids separated by ";", e.g. genres Action;Comedy; docs/DATA.md).'
+        )
     if grouping == 'column' and data.silo is None:
         raise errors.ConfigError(
-            f'--assist_grouping=column: {data.path} has no silo column; add one (user,question,correct,skills,silo) '
+            f"--assist_grouping=column: {data.path} has no silo column; add one (the user's school or region) "
             "or form silos with --assist_grouping 'exercises', 'concepts' or 'random'."
         )
     if grouping != 'column' and data.silo is not None:
@@ -146,7 +152,12 @@ def load_csv_silos(
     data = data.subset(_sorted_rows(data, order, seed))
     user_ids, user_index = np.unique(data.user, return_inverse=True)  # Dense over the users kept.
     split_of_record = user_modeling.per_user_split(user_index, split)
-    csv_interactions.warn_unseen_in_training(data.item, split_of_record, source=data.path, what='questions')
+    csv_interactions.warn_unseen_in_training(data.item, split_of_record, source=data.path, what=f'{data.item_column}s')
+    rating_range = (0.0, 1.0)
+    if ratings:
+        rating_range = (float(data.value.min()), float(data.value.max()))
+        if not rating_range[0] < rating_range[1]:
+            raise errors.DataError(f'{data.path}: every rating is {rating_range[0]:g}: there is nothing to learn')
     silo_of_user = None
     if data.silo is not None:
         silo_of_user = np.zeros(user_ids.size, dtype=np.int64)
@@ -168,16 +179,16 @@ def load_csv_silos(
     )
     how = 'the silo column' if grouping == 'column' else f'{grouping!r} grouping (seed {seed})'
     source = (
-        f'{data.path}: {len(silos)} silos by {how}, users with >= {MIN_ROWS_PER_USER} responses, per-user '
+        f'{data.path}: {len(silos)} silos by {how}, users with >= {MIN_ROWS_PER_USER} {data.kind}, per-user '
         f'{order}-order split {tuple(split)}'
     )
     return user_modeling.validate(
         user_modeling.UserModelingData(
             name=data.name,
-            task='binary',
+            task='rating' if ratings else 'binary',
             num_attributes=len(data.skill_names),
-            attribute_names=[f'skill_{s}' for s in data.skill_names],
-            rating_range=(0.0, 1.0),
+            attribute_names=list(data.skill_names) if ratings else [f'skill_{s}' for s in data.skill_names],
+            rating_range=rating_range,
             silos=silos,
             source=source,
         )
@@ -195,7 +206,8 @@ def load_csv_furl(
     """A responses or ratings table as a binary FURL task (users are clients; no text).
 
     Responses: label = correct, features = multi-hot skills, ``item_id`` = question (as ASSISTments). Ratings:
-    label = 1 if rating >= `like_threshold`, no features, ``item_id`` = item (as MovieLens likes with item ids).
+    label = 1 if rating >= `like_threshold`, features = the multi-hot ``attributes`` (none without that column),
+    ``item_id`` = item (as MovieLens likes with item ids).
 
     Args:
         path: The CSV table.
@@ -234,8 +246,12 @@ def load_csv_furl(
     if ratings:
         assert like_threshold is not None
         label = (data.value >= like_threshold).astype(np.int64)
-        features = np.zeros((data.num_items, 0), dtype=np.float32)
-        what = f'label = rating >= {like_threshold:g}, no features'
+        if data.item_skills is None:
+            features = np.zeros((data.num_items, 0), dtype=np.float32)
+            what = f'label = rating >= {like_threshold:g}, no features'
+        else:
+            features = data.skill_matrix()
+            what = f'label = rating >= {like_threshold:g}, features = multi-hot over {len(data.skill_names)} attributes'
     else:
         label = data.value.astype(np.int64)
         features = data.skill_matrix()

@@ -44,9 +44,9 @@ class CsvDataConfig:
 
     data_path: str | None = parts.option(
         None,
-        '--dataset=csv: the CSV interaction table, ratings (user,item,rating[,timestamp]) or responses '
-        '(user,question,correct,skills[,timestamp][,silo]); format: docs/DATA.md. Given without --dataset, it '
-        'selects --dataset=csv.',
+        '--dataset=csv: the CSV interaction table, ratings (user,item,rating[,timestamp][,attributes][,silo]) or '
+        'responses (user,question,correct,skills[,timestamp][,silo]); format: docs/DATA.md. Given without '
+        '--dataset, it selects --dataset=csv.',
     )
     split_order: str | None = parts.option(
         None,

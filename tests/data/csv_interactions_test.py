@@ -271,6 +271,21 @@ def test_responses_become_hpfl_silos_from_the_silo_column(tmp_path):
     user_modeling.validate(data)
 
 
+def test_ratings_with_attributes_become_the_hpfl_rating_task(tmp_path):
+    rows = ['user,item,rating,attributes,silo']
+    for u in range(9):
+        rows += [f'{u},m{i},{(u * i) % 5 + 1},g{i % 3};g{(i + 1) % 3},r{u % 3}' for i in range(6)]
+    data = csv_tasks.load_csv_silos(
+        _write(tmp_path, '\n'.join(rows) + '\n', 'films.csv'), grouping='column', num_clients=3
+    )
+    assert (data.name, data.task, data.rating_range) == ('csv:films', 'rating', (1.0, 5.0))
+    assert data.attribute_names == ['g0', 'g1', 'g2'] and [s.client_id for s in data.silos] == ['r0', 'r1', 'r2']
+    assert 0.0 < user_modeling.majority_class_accuracy(data) < 1.0
+    without = _write(tmp_path, 'user,item,rating\n' + ''.join(f'{u},{i},3\n' for u in range(3) for i in range(4)))
+    with pytest.raises(errors.DataError, match='attributes'):
+        csv_tasks.load_csv_silos(without, grouping='random', num_clients=1)
+
+
 def test_silo_column_and_grouping_must_agree(tmp_path):
     with pytest.raises(errors.ConfigError, match='--assist_grouping=column'):
         csv_tasks.load_csv_silos(_write(tmp_path, _responses()), grouping='exercises', num_clients=3)
