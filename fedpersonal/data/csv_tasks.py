@@ -15,7 +15,7 @@ unchanged on a user's data (`--dataset=csv --data_path=FILE`, docs/DATA.md):
   likes (label = rating >= `like_threshold`, item_id = item).
 
 Users with fewer than 3 rows cannot be split into train, validation and test; HPFL and FURL leave them out (logged
-with the count). After the split, `csv_interactions.warn_unseen_in_training` warns about test items that never
+with the count). After the split, `interaction_splits.warn_unseen_in_training` warns about test items that never
 occur in training. Datasets are named ``csv:<file stem>``.
 """
 
@@ -30,6 +30,7 @@ from fedpersonal import errors
 from fedpersonal.data import csv_interactions
 from fedpersonal.data import furl_tasks
 from fedpersonal.data import hpfl_assistments
+from fedpersonal.data import interaction_splits
 from fedpersonal.data import user_modeling
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -63,7 +64,7 @@ def _drop_small_users(data: csv_interactions.Interactions, minimum: int) -> csv_
 
 def _sorted_rows(data: csv_interactions.Interactions, split_order: str | None, seed: int) -> np.ndarray:
     """Row indices sorted by (user, position in the split order)."""
-    return np.lexsort((csv_interactions.order_key(data, split_order, seed=seed), data.user))
+    return np.lexsort((interaction_splits.order_key(data, split_order, seed=seed), data.user))
 
 
 def load_csv_ratings(path: str, *, split_order: str | None = None, seed: int = 0) -> tuple[pd.DataFrame, str]:
@@ -71,7 +72,7 @@ def load_csv_ratings(path: str, *, split_order: str | None = None, seed: int = 0
 
     Args:
         path: The CSV ratings table.
-        split_order: `csv_interactions.SPLIT_ORDERS` or None (timestamp if the file has one, else file order).
+        split_order: `interaction_splits.SPLIT_ORDERS` or None (timestamp if the file has one, else file order).
         seed: Seed of ``'shuffle'``.
 
     Returns:
@@ -82,8 +83,8 @@ def load_csv_ratings(path: str, *, split_order: str | None = None, seed: int = 0
     import pandas as pd  # pylint: disable=g-import-not-at-top
 
     data = csv_interactions.load_interactions(path, kind=csv_interactions.RATINGS)
-    order = csv_interactions.resolve_split_order(data, split_order)
-    key = csv_interactions.order_key(data, order, seed=seed)
+    order = interaction_splits.resolve_split_order(data, split_order)
+    key = interaction_splits.order_key(data, order, seed=seed)
     frame = pd.DataFrame(
         {
             'user_id': data.user_ids[data.user],
@@ -117,7 +118,7 @@ def load_csv_silos(
         grouping: ``'column'`` (the file's ``silo`` column) or a clustering / random grouping of
             `hpfl_assistments.GROUPINGS` (``--assist_grouping``).
         num_clients: Silos to form by clustering or at random (``--assist_num_clients``; not used by ``'column'``).
-        split_order: `csv_interactions.SPLIT_ORDERS` or None.
+        split_order: `interaction_splits.SPLIT_ORDERS` or None.
         seed: Seed of ``'shuffle'``, the clustering and the random grouping.
         binarize_threshold: Maps fractional scores to 0/1 (`csv_interactions.load_interactions`).
         split: Per-user (train, validation, test) fractions, in the split order.
@@ -147,12 +148,14 @@ def load_csv_silos(
             f'{data.path} has a silo column: pass --assist_grouping=column to use it, or drop the column to form '
             f'silos by --assist_grouping={grouping}.'
         )
-    order = csv_interactions.resolve_split_order(data, split_order)
+    order = interaction_splits.resolve_split_order(data, split_order)
     data = _drop_small_users(data, MIN_ROWS_PER_USER)
     data = data.subset(_sorted_rows(data, order, seed))
     user_ids, user_index = np.unique(data.user, return_inverse=True)  # Dense over the users kept.
     split_of_record = user_modeling.per_user_split(user_index, split)
-    csv_interactions.warn_unseen_in_training(data.item, split_of_record, source=data.path, what=f'{data.item_column}s')
+    interaction_splits.warn_unseen_in_training(
+        data.item, split_of_record, source=data.path, what=f'{data.item_column}s'
+    )
     rating_range = (0.0, 1.0)
     if ratings:
         rating_range = (float(data.value.min()), float(data.value.max()))
@@ -211,7 +214,7 @@ def load_csv_furl(
 
     Args:
         path: The CSV table.
-        split_order: `csv_interactions.SPLIT_ORDERS` or None.
+        split_order: `interaction_splits.SPLIT_ORDERS` or None.
         seed: Seed of ``'shuffle'``.
         binarize_threshold: Responses: maps fractional scores to 0/1.
         like_threshold: Ratings: the least rating that counts as liked (required for ratings).
@@ -232,12 +235,12 @@ def load_csv_furl(
         )
     if not ratings and like_threshold is not None:
         raise errors.ConfigError(f'--like_threshold applies to ratings tables; {data.path} is a responses table.')
-    order = csv_interactions.resolve_split_order(data, split_order)
+    order = interaction_splits.resolve_split_order(data, split_order)
     data = _drop_small_users(data, MIN_ROWS_PER_USER)
     rows = _sorted_rows(data, order, seed)
     data = data.subset(rows)
     user_ids, user_index = np.unique(data.user, return_inverse=True)
-    csv_interactions.warn_unseen_in_training(
+    interaction_splits.warn_unseen_in_training(
         data.item,
         user_modeling.per_user_split(user_index),  # The split `build_furl_data` makes of rows in this order.
         source=data.path,

@@ -48,7 +48,7 @@ import numpy as np
 
 from fedpersonal import errors
 from fedpersonal.data import assistments
-from fedpersonal.data import csv_interactions
+from fedpersonal.data import interaction_splits
 from fedpersonal.data import user_modeling
 from fedpersonal.data.assistments import AssistmentsFormatError
 
@@ -308,7 +308,7 @@ def load_assist_silos(
         permutation = np.random.default_rng(seed).permutation(user_index.size)
         user_index, position, scores = user_index[permutation], position[permutation], scores[permutation]
     split_of_record = user_modeling.per_user_split(user_index, split)
-    csv_interactions.warn_unseen_in_training(
+    interaction_splits.warn_unseen_in_training(
         position, split_of_record, source=os.path.join(data_dir, 'record.csv'), what='exercises'
     )
     silos = build_silos(

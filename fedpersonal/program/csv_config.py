@@ -33,7 +33,7 @@ from fedpersonal.program import config_parts as parts
 CSV = 'csv'
 """The `--dataset` of a CSV interaction table."""
 AUTO = 'auto'  # dataset_inference.AUTO (not imported: that module imports absl logging only, but keep this leaf).
-# fedpersonal.data.csv_interactions.SPLIT_ORDERS (that module imports numpy; tests/data/csv_interactions_test.py
+# fedpersonal.data.interaction_splits.SPLIT_ORDERS (that module imports numpy; tests/data/csv_interactions_test.py
 # checks the two agree).
 SPLIT_ORDERS = ('timestamp', 'file', 'shuffle')
 

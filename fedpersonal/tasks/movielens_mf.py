@@ -130,8 +130,8 @@ def load_data(config: MovieLensMFConfig) -> PreparedData:
 
 
 def _warn_unseen_items(source, frame, train_users, test_users, time_train, time_test) -> None:
-    """`csv_interactions.warn_unseen_in_training` for the time split and the user split."""
-    from fedpersonal.data import csv_interactions  # pylint: disable=g-import-not-at-top
+    """`interaction_splits.warn_unseen_in_training` for the time split and the user split."""
+    from fedpersonal.data import interaction_splits  # pylint: disable=g-import-not-at-top
 
     for name, train, test in (
         ('per-user time split', time_train, time_test),
@@ -139,7 +139,7 @@ def _warn_unseen_items(source, frame, train_users, test_users, time_train, time_
     ):
         items = np.concatenate([train['item_id'].to_numpy(), test['item_id'].to_numpy()])
         split = np.concatenate([np.zeros(len(train), np.int64), np.full(len(test), 2, np.int64)])
-        csv_interactions.warn_unseen_in_training(items, split, source=f'{source} ({name})')
+        interaction_splits.warn_unseen_in_training(items, split, source=f'{source} ({name})')
 
 
 class MovieLensMFTask:

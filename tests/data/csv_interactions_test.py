@@ -15,6 +15,7 @@ from fedpersonal import errors
 from fedpersonal.data import csv_interactions
 from fedpersonal.data import csv_tasks
 from fedpersonal.data import hpfl_assistments
+from fedpersonal.data import interaction_splits
 from fedpersonal.data import movielens
 from fedpersonal.data import user_modeling
 from fedpersonal.program import csv_config
@@ -164,13 +165,13 @@ _HEADER = st.sampled_from(
     lines=st.lists(_LINE, max_size=6),
     newline=st.sampled_from(['\n', '\r\n']),
     threshold=st.sampled_from([None, 0.5]),
-    order=st.sampled_from(csv_interactions.SPLIT_ORDERS),
+    order=st.sampled_from(interaction_splits.SPLIT_ORDERS),
 )
 def test_random_lines_load_or_raise_an_input_error(tmp_path, header, lines, newline, threshold, order):
     path = _write(tmp_path, newline.join([header, *lines]) + newline, 'random.csv')
     try:
         data = csv_interactions.load_interactions(path, binarize_threshold=threshold)
-        csv_interactions.order_key(data, order, seed=0)
+        interaction_splits.order_key(data, order, seed=0)
     except errors.InputError:
         return
     assert data.num_rows == len(data.user) == len(data.item) == len(data.value) >= 1
@@ -187,12 +188,12 @@ def _table(tmp_path, timestamps=True):
 
 def test_split_order_timestamp_file_and_seeded_shuffle(tmp_path):
     data = _table(tmp_path)
-    by_time = csv_interactions.order_key(data, 'timestamp', seed=0)
+    by_time = interaction_splits.order_key(data, 'timestamp', seed=0)
     assert [data.item_names[data.item[i]] for i in np.argsort(by_time)] == ['q0', 'q1', 'q2', 'q3', 'q4', 'q5']
-    by_file = csv_interactions.order_key(data, 'file', seed=0)
+    by_file = interaction_splits.order_key(data, 'file', seed=0)
     assert by_file.tolist() == list(range(6))
-    assert csv_interactions.order_key(data, None, seed=0).tolist() == by_time.tolist()  # Default: the timestamps.
-    shuffles = [csv_interactions.order_key(data, 'shuffle', seed=s).tolist() for s in (1, 1, 2)]
+    assert interaction_splits.order_key(data, None, seed=0).tolist() == by_time.tolist()  # Default: the timestamps.
+    shuffles = [interaction_splits.order_key(data, 'shuffle', seed=s).tolist() for s in (1, 1, 2)]
     assert shuffles[0] == shuffles[1] != shuffles[2]  # Same seed, same order.
     assert sorted(shuffles[0]) == list(range(6))
 
@@ -200,14 +201,14 @@ def test_split_order_timestamp_file_and_seeded_shuffle(tmp_path):
 def test_timestamp_order_without_a_timestamp_column_names_the_flag(tmp_path):
     data = _table(tmp_path, timestamps=False)
     with pytest.raises(errors.ConfigError, match='--split_order'):
-        csv_interactions.order_key(data, 'timestamp', seed=0)
-    assert csv_interactions.order_key(data, None, seed=0).tolist() == list(range(6))  # Default: file order.
+        interaction_splits.order_key(data, 'timestamp', seed=0)
+    assert interaction_splits.order_key(data, None, seed=0).tolist() == list(range(6))  # Default: file order.
 
 
 def test_timestamp_ties_keep_file_order(tmp_path):
     path = _write(tmp_path, 'user,item,rating,timestamp\nu,a,1,5\nu,b,1,5\nu,c,1,1\n')
     data = csv_interactions.load_interactions(path)
-    assert csv_interactions.order_key(data, 'timestamp', seed=0).tolist() == [1, 2, 0]
+    assert interaction_splits.order_key(data, 'timestamp', seed=0).tolist() == [1, 2, 0]
 
 
 def _item_ordered_responses(num_users=20):
@@ -242,8 +243,8 @@ def test_item_ordered_file_warns_that_test_items_never_occur_in_training(tmp_pat
 def test_warn_unseen_in_training_counts_rows():
     item = np.array([0, 1, 2, 0, 3, 3, 2])
     split = np.array([0, 0, 2, 2, 2, 1, 1])
-    assert csv_interactions.warn_unseen_in_training(item, split, source='x') == 2  # Items 2 and 3 (not item 0).
-    assert csv_interactions.warn_unseen_in_training(np.array([0, 0]), np.array([0, 2]), source='x') == 0
+    assert interaction_splits.warn_unseen_in_training(item, split, source='x') == 2  # Items 2 and 3 (not item 0).
+    assert interaction_splits.warn_unseen_in_training(np.array([0, 0]), np.array([0, 2]), source='x') == 0
 
 
 # ---------------------------------------------------------------------------------------------------- conversions
@@ -355,7 +356,7 @@ def test_users_with_fewer_than_three_rows_are_left_out(tmp_path):
 
 # ---------------------------------------------------------------------------------------------------- config
 def test_choice_lists_agree_with_the_data_modules():
-    assert csv_config.SPLIT_ORDERS == csv_interactions.SPLIT_ORDERS
+    assert csv_config.SPLIT_ORDERS == interaction_splits.SPLIT_ORDERS
     assert hpfl_user_modeling_config.GROUPINGS == hpfl_assistments.GROUPINGS
 
 
@@ -399,7 +400,7 @@ def test_files_in_the_docs_load(tmp_path):
     assert kinds == {'ratings', 'responses'}
 
 
-@pytest.mark.parametrize('module', [csv_interactions, csv_config, user_modeling])
+@pytest.mark.parametrize('module', [csv_interactions, interaction_splits, csv_config, user_modeling])
 def test_docstring_examples_run(module):
     result = doctest.testmod(module, optionflags=doctest.ELLIPSIS | doctest.NORMALIZE_WHITESPACE, verbose=False)
     assert result.attempted and result.failed == 0
