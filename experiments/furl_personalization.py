@@ -2,7 +2,8 @@
 
 Datasets: --dataset=synthetic_subreddit (generated default, no data needed), movielens_likes
 (--data_dir with MovieLens 100K u.data + u.item; label: rating >= 4, document: the movie title, features: genres)
-or assistments (--data_dir with record.csv/item.csv of ASSISTments 2009-2010 a0910; students are clients).
+or assistments (--data_dir with record.csv/item.csv of ASSISTments 2009-2010 a0910; students are clients), or csv
+(--data_path with your own responses or ratings table; docs/DATA.md).
 --data_dir without --dataset: the dataset whose files are there (never generated data).
 Writes metrics (CSV, TensorBoard), checkpoints + the client state store (resumable), results.json, learning
 curves and the user-embedding projection to --output_dir.

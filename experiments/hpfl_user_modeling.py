@@ -2,7 +2,9 @@
 
 Datasets: --dataset=synthetic (generated default, no data needed), assist (--data_dir with record.csv/item.csv of
 ASSISTments 2009-2010 a0910; students grouped into school-like silos by the exercises they were given) or movielens
-(--data_dir with MovieLens 100K u.data/u.item/u.user; silos = first digit of the zip code); --data_dir without
+(--data_dir with MovieLens 100K u.data/u.item/u.user; silos = first digit of the zip code) or csv (--data_path with
+your own responses table, user,question,correct,skills[,timestamp][,silo], or ratings table with an attributes
+column; docs/DATA.md); --data_dir without
 --dataset: the dataset whose files are there (never generated data). Writes per-method metrics
 (CSV, TensorBoard), results.json, learning curves, the attribute-distribution figure and the private-components
 projection to --output_dir.

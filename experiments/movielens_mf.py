@@ -1,8 +1,9 @@
 r"""MovieLens matrix factorization with Federated Reconstruction (the FedRecon paper's Table 1).
 
 Runs any of the five Table 1 configurations on MovieLens 100K/1M read from
---data_dir (GroupLens layout), or on generated MovieLens-like data when no
---data_dir is given. Writes per-round metrics (CSV, TensorBoard), checkpoints
+--data_dir (GroupLens layout), on your own ratings table (--dataset=csv
+--data_path=FILE, user,item,rating[,timestamp]; docs/DATA.md), or on generated
+MovieLens-like data when neither is given. Writes per-round metrics (CSV, TensorBoard), checkpoints
 (resumable), config.json, results.json and learning-curve PNGs to --output_dir.
 
   python experiments/movielens_mf.py --flagfile=configs/movielens_demo.flags --output_dir=/tmp/demo

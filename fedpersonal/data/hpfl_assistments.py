@@ -31,7 +31,10 @@ silo lacks 64 of the 110 concepts (19 for ``'random'``).
 Within a silo, local user indices follow increasing student id and local item indices increasing exercise id;
 records keep file order. ``record.csv`` has no timestamps: the file order of a student's responses is their time
 order, and each student's responses are split into train / validation / test in that order
-(`fedpersonal.data.user_modeling.per_user_split`). Attributes are the knowledge concepts: concept id ``c`` is
+(`fedpersonal.data.user_modeling.per_user_split`), or in a seeded random order with ``split_order='shuffle'``; a
+warning gives the count of test responses whose exercise no training response has (the sign of a file stored in
+exercise order). `build_silos` (the grouping and the silos) also builds the silos of a CSV responses table
+(`fedpersonal.data.csv_tasks`), where ``grouping='column'`` takes the silos from the table's ``silo`` column. Attributes are the knowledge concepts: concept id ``c`` is
 attribute ``c - 1``, ``K`` = the largest concept id in ``item.csv`` (110 for a0910), named from
 ``dict_knowledge_code.json`` when present (``{"name": id, ...}``), else ``concept_<id>``. Labels are the 0/1 scores.
 """
@@ -45,12 +48,13 @@ import numpy as np
 
 from fedpersonal import errors
 from fedpersonal.data import assistments
+from fedpersonal.data import interaction_splits
 from fedpersonal.data import user_modeling
 from fedpersonal.data.assistments import AssistmentsFormatError
 
 __all__ = ['GROUPINGS', 'load_assist_silos']
 
-GROUPINGS = ('exercises', 'concepts', 'random')
+GROUPINGS = ('exercises', 'concepts', 'random', 'column')
 _NAMES_FILE = 'dict_knowledge_code.json'
 _SVD_DIMENSIONS = 64
 
@@ -116,6 +120,111 @@ def _group_students(
     return KMeans(num_clients, n_init=10, random_state=seed).fit_predict(vectors).astype(np.int64)
 
 
+def _collapse_error(grouping: str, distinct: int, num_clients: int) -> errors.DataError:
+    return errors.DataError(
+        f'the {grouping!r} grouping cannot form --assist_num_clients={num_clients} silos: only {distinct} students '
+        f'differ in the {grouping} they answered (students who answer the same {grouping} cannot be told apart by '
+        'clustering). Use --assist_grouping=random (students dealt to silos by a seeded permutation), or give each '
+        "student's silo in a silo column of a --dataset=csv responses table with --assist_grouping=column "
+        '(docs/DATA.md).'
+    )
+
+
+def build_silos(
+    *,
+    user_ids: np.ndarray,
+    user_index: np.ndarray,
+    item_ids: np.ndarray,
+    item_index: np.ndarray,
+    label: np.ndarray,
+    split: np.ndarray,
+    item_attributes: np.ndarray,
+    grouping: str,
+    num_clients: int,
+    seed: int,
+    client_prefix: str,
+    silo_of_user: np.ndarray | None = None,
+    silo_names: tuple[str, ...] = (),
+) -> list[user_modeling.ClientSilo]:
+    """Groups users into silos (see the module docstring) and builds one `ClientSilo` per silo.
+
+    Args:
+        user_ids: int64 ``[U]`` original id of each dense user.
+        user_index: int64 ``[N]`` dense user of each record (every user in ``range(U)`` has records).
+        item_ids: int64 ``[I]`` original id of each dense item.
+        item_index: int64 ``[N]`` dense item of each record.
+        label: float32 ``[N]`` labels.
+        split: int8 ``[N]`` train / validation / test of each record (`user_modeling.per_user_split`).
+        item_attributes: float32 ``[I, K]`` multi-hot attributes of each dense item.
+        grouping: One of `GROUPINGS`; ``'column'`` takes `silo_of_user`.
+        num_clients: Silos to form (ignored by ``'column'``).
+        seed: Seed of the SVD and k-means, or of the ``'random'`` permutation.
+        client_prefix: Client ids of formed silos: ``f'{client_prefix}{c:02d}'``.
+        silo_of_user: ``'column'``: int64 ``[U]`` dense silo of each user.
+        silo_names: ``'column'``: the client id of each dense silo.
+
+    Returns:
+        The silos; records keep their order.
+
+    Raises:
+        errors.DataError: Clustering cannot form `num_clients` groups (the message names the fix).
+    """
+    if grouping not in GROUPINGS:
+        raise errors.ConfigError(f'--assist_grouping must be one of {GROUPINGS}, got {grouping!r}')
+    num_users = int(user_ids.size)
+    if grouping == 'column':
+        if silo_of_user is None:
+            raise errors.ConfigError('--assist_grouping=column needs a silo column in the data')
+        used = np.unique(silo_of_user)
+        cluster = np.searchsorted(used, silo_of_user)
+        names = [str(silo_names[s]) for s in used]
+    else:
+        if num_users < num_clients:
+            raise errors.DataError(f'{num_users} students are fewer than --assist_num_clients={num_clients}')
+        used_items, local_item = np.unique(item_index, return_inverse=True)
+        vectors = None
+        if grouping != 'random':
+            vectors = _student_vectors(
+                grouping, user_index, local_item, num_users, used_items.size, item_attributes[used_items], seed
+            )
+            distinct = np.unique(np.round(np.asarray(vectors, dtype=np.float64), 9), axis=0).shape[0]
+            if distinct < num_clients:
+                raise _collapse_error(grouping, distinct, num_clients)
+        cluster = _group_students(grouping, vectors, num_users, num_clients, seed)
+        # Name clusters in increasing order of their smallest student id (users are in increasing id order).
+        first_member = np.full(num_clients, num_users)
+        np.minimum.at(first_member, cluster, np.arange(num_users))
+        rename = np.empty(num_clients, dtype=np.int64)
+        rename[np.argsort(first_member, kind='stable')] = np.arange(num_clients)
+        cluster = rename[cluster]
+        if np.bincount(cluster, minlength=num_clients).min() == 0:
+            raise _collapse_error(grouping, int(np.unique(cluster).size), num_clients)
+        width = len(str(num_clients - 1))
+        names = [f'{client_prefix}{c:0{width}d}' for c in range(num_clients)]
+
+    record_silo = cluster[user_index]
+    silos = []
+    for c, client_id in enumerate(names):
+        rows = np.flatnonzero(record_silo == c)
+        silo_users, local_user = np.unique(user_index[rows], return_inverse=True)
+        silo_items, local_item = np.unique(item_index[rows], return_inverse=True)
+        silos.append(
+            user_modeling.ClientSilo(
+                client_id=client_id,
+                num_users=int(silo_users.size),
+                num_items=int(silo_items.size),
+                user=local_user.astype(np.int64),
+                item=local_item.astype(np.int64),
+                label=label[rows].astype(np.float32),
+                split=split[rows],
+                item_attributes=item_attributes[silo_items],
+                global_user_ids=user_ids[silo_users].astype(np.int64),
+                global_item_ids=item_ids[silo_items].astype(np.int64),
+            )
+        )
+    return silos
+
+
 def load_assist_silos(
     data_dir: str,
     *,
@@ -124,6 +233,7 @@ def load_assist_silos(
     seed: int = 0,
     split: tuple[float, float, float] = (0.8, 0.1, 0.1),
     grouping: str = 'exercises',
+    split_order: str = 'file',
 ) -> user_modeling.UserModelingData:
     """Loads ASSISTments a0910 as school-like silos (see the module docstring for how students are grouped).
 
@@ -132,8 +242,11 @@ def load_assist_silos(
         num_clients: Number of silos (<= number of students kept).
         min_records_per_user: Students with fewer responses are dropped (>= 3; every a0910 student has >= 16).
         seed: Seed of the SVD and k-means (or of the permutation of ``grouping='random'``).
-        split: Per-student (train, validation, test) fractions of the responses, in file order.
-        grouping: ``'exercises'``, ``'concepts'`` or ``'random'``.
+        split: Per-student (train, validation, test) fractions of the responses, in `split_order`.
+        grouping: ``'exercises'``, ``'concepts'`` or ``'random'`` (``'column'`` needs a silo column, which a0910
+            lacks: `fedpersonal.data.csv_tasks.load_csv_silos` reads one).
+        split_order: The order of each student's responses for the split: ``'file'`` (file order, taken as time
+            order) or ``'shuffle'`` (a permutation seeded by `seed`).
 
     Returns:
         A valid `fedpersonal.data.user_modeling.UserModelingData` named ``'assist_a0910'``, binary task.
@@ -145,6 +258,15 @@ def load_assist_silos(
     """
     if grouping not in GROUPINGS:
         raise errors.ConfigError(f'grouping must be one of {GROUPINGS}, got {grouping!r}')
+    if grouping == 'column':
+        raise errors.ConfigError(
+            '--assist_grouping=column takes the silo column of a --dataset=csv responses table; record.csv of '
+            "--dataset=assist has none: use --assist_grouping 'exercises', 'concepts' or 'random'."
+        )
+    if split_order not in ('file', 'shuffle'):
+        raise errors.ConfigError(
+            f"split_order must be 'file' or 'shuffle' (record.csv has no timestamps), got {split_order!r}"
+        )
     if min_records_per_user < 3:
         raise errors.ConfigError(
             f'min_records_per_user must be >= 3 (every student needs train, validation and test '
@@ -182,48 +304,29 @@ def load_assist_silos(
         raise errors.DataError(
             f'{user_ids.size} students have >= {min_records_per_user} responses, fewer than num_clients={num_clients}'
         )
-    used_items, item_index = np.unique(position, return_inverse=True)
-
-    vectors = None
-    if grouping != 'random':
-        vectors = _student_vectors(
-            grouping, user_index, item_index, user_ids.size, used_items.size, multi_hot[used_items], seed
-        )
-    cluster = _group_students(grouping, vectors, user_ids.size, num_clients, seed)
-    # Name clusters in increasing order of their smallest student id (users are in increasing id order).
-    first_member = np.full(num_clients, user_ids.size)
-    np.minimum.at(first_member, cluster, np.arange(user_ids.size))
-    rename = np.empty(num_clients, dtype=np.int64)
-    rename[np.argsort(first_member, kind='stable')] = np.arange(num_clients)
-    cluster = rename[cluster]
-    if np.bincount(cluster, minlength=num_clients).min() == 0:  # pragma: no cover (k-means keeps clusters)
-        raise errors.DataError(f'the clustering left a silo empty; use fewer than num_clients={num_clients} clients')
-
+    if split_order == 'shuffle':  # A seeded random order of every student's responses.
+        permutation = np.random.default_rng(seed).permutation(user_index.size)
+        user_index, position, scores = user_index[permutation], position[permutation], scores[permutation]
     split_of_record = user_modeling.per_user_split(user_index, split)
-    record_silo = cluster[user_index]
-    width = len(str(num_clients - 1))
-    silos = []
-    for c in range(num_clients):
-        rows = np.flatnonzero(record_silo == c)
-        silo_users, local_user = np.unique(user_index[rows], return_inverse=True)
-        silo_items, local_item = np.unique(position[rows], return_inverse=True)
-        silos.append(
-            user_modeling.ClientSilo(
-                client_id=f'assist_group_{c:0{width}d}',
-                num_users=int(silo_users.size),
-                num_items=int(silo_items.size),
-                user=local_user.astype(np.int64),
-                item=local_item.astype(np.int64),
-                label=scores[rows].astype(np.float32),
-                split=split_of_record[rows],
-                item_attributes=multi_hot[silo_items],
-                global_user_ids=user_ids[silo_users].astype(np.int64),
-                global_item_ids=sorted_ids[silo_items].astype(np.int64),
-            )
-        )
+    interaction_splits.warn_unseen_in_training(
+        position, split_of_record, source=os.path.join(data_dir, 'record.csv'), what='exercises'
+    )
+    silos = build_silos(
+        user_ids=user_ids,
+        user_index=user_index,
+        item_ids=sorted_ids,
+        item_index=position,
+        label=scores.astype(np.float32),
+        split=split_of_record,
+        item_attributes=multi_hot,
+        grouping=grouping,
+        num_clients=num_clients,
+        seed=seed,
+        client_prefix='assist_group_',
+    )
     source = (
         f'{data_dir} (ASSISTments a0910): {num_clients} silos by {grouping!r} grouping (seed {seed}), '
-        f'students with >= {min_records_per_user} responses, per-student file-order split {tuple(split)}'
+        f'students with >= {min_records_per_user} responses, per-student {split_order}-order split {tuple(split)}'
     )
     return user_modeling.validate(
         user_modeling.UserModelingData(

@@ -38,6 +38,7 @@ __all__ = [
     'UserModelingDataError',
     'validate',
     'per_user_split',
+    'majority_class_accuracy',
     'statistics',
     'attribute_distribution',
     'plot_attribute_distribution',
@@ -319,6 +320,27 @@ def per_user_split(user: np.ndarray, split: tuple[float, float, float] = (0.8, 0
 # ----------------------------------------------------------------------------------------------------------------
 # Statistics.
 # ----------------------------------------------------------------------------------------------------------------
+
+
+def majority_class_accuracy(data: UserModelingData) -> float:
+    """The accuracy of always predicting the most frequent training label, pooled over the silos.
+
+    Binary task: the share of the majority class (0 or 1) among the training records; rating task: the share of
+    the most frequent rounded rating (HPFL's accuracy counts a rating prediction right when it rounds to the
+    label). The baseline a model must beat; HPFL's ``--accuracy_threshold=none`` takes it as p.
+
+    Example:
+
+    >>> from fedpersonal.data import synthetic_user_modeling
+    >>> data = synthetic_user_modeling.generate_user_modeling(num_clients=2, users_per_client=5, seed=0)
+    >>> 0.5 <= majority_class_accuracy(data) <= 1.0
+    True
+    """
+    labels = np.concatenate([s.label[s.split == SPLIT_TRAIN] for s in data.silos]).astype(np.float64)
+    if data.task != 'binary':
+        labels = np.round(labels)
+    _, counts = np.unique(labels, return_counts=True)
+    return float(counts.max() / counts.sum())
 
 
 def _distribution(prefix: str, values: np.ndarray) -> dict[str, Any]:

@@ -67,14 +67,26 @@ def load_data(config: FurlConfig) -> furl_tasks.FurlData:
         return synthetic_subreddit.generate_subreddit_like(
             num_users=config.synthetic_num_users, max_chars=config.max_chars, seed=config.seed
         )
-    assert config.data_dir is not None  # FurlConfig requires it for every dataset but synthetic_subreddit.
+    if config.dataset == 'csv':
+        from fedpersonal.data import csv_tasks  # pylint: disable=g-import-not-at-top
+
+        assert config.data_path is not None  # FurlConfig requires it for this dataset.
+        return csv_tasks.load_csv_furl(
+            config.data_path,
+            split_order=config.split_order,
+            seed=config.seed,
+            binarize_threshold=config.binarize_threshold,
+            like_threshold=config.like_threshold,
+        )
+    assert config.data_dir is not None  # FurlConfig requires it for every dataset but synthetic_subreddit and csv.
     if config.dataset == 'movielens_likes':
         from fedpersonal.data import movielens_likes  # pylint: disable=g-import-not-at-top
 
         return movielens_likes.load_movielens_likes(config.data_dir, max_chars=config.max_chars, seed=config.seed)
     from fedpersonal.data import assistments  # pylint: disable=g-import-not-at-top
 
-    return assistments.load_assistments(config.data_dir, seed=config.seed)
+    split_order = {None: 'time', 'file': 'time', 'shuffle': 'random'}[config.split_order]
+    return assistments.load_assistments(config.data_dir, seed=config.seed, split_order=split_order)
 
 
 class FurlTask:

@@ -16,10 +16,11 @@ import dataclasses
 
 from fedpersonal import errors
 from fedpersonal.program import config_parts as parts
+from fedpersonal.program import csv_config
 from fedpersonal.program import dataset_inference
 
 CONFIGURATIONS = ('global_server', 'personalized_server', 'global_fl', 'personalized_fl')
-DATASETS = ('synthetic_subreddit', 'movielens_likes', 'assistments')
+DATASETS = ('synthetic_subreddit', 'movielens_likes', 'assistments', csv_config.CSV)
 # The files of every dataset read from --data_dir (for --dataset inferred from them).
 DATA_LAYOUTS = {'movielens_likes': dataset_inference.MOVIELENS_LIKES, 'assistments': dataset_inference.ASSISTMENTS}
 
@@ -33,6 +34,7 @@ class FurlConfig(
     parts.ServerOptimizerConfig,
     parts.SimulationConfig,
     parts.EarlyStoppingConfig,
+    csv_config.CsvDataConfig,
 ):
     """Everything a FURL experiment needs (shared options from `fedpersonal.program.config_parts`)."""
 
@@ -59,9 +61,15 @@ class FurlConfig(
     private_norm_regularization: float = parts.option(0.0, 'lambda of the norm penalty on private parameters.')
     state_store: str = parts.option('sqlite', "Client state store: 'sqlite' (durable, resumable) or 'memory'.")
     knn: int = parts.option(10, 'Neighbours compared in the embedding analysis.')
+    like_threshold: float | None = parts.option(
+        None,
+        '--dataset=csv with a ratings table: a rating >= this is a like (label 1), e.g. 4 on a 1..5 scale (required '
+        'for ratings; responses tables use their correct column).',
+    )
 
     def __post_init__(self):
         parts.run_post_inits(self)
+        csv_config.resolve_csv_dataset(self, csv_only=('like_threshold',), untimed_split_order=('assistments',))
         dataset_inference.resolve_dataset(self, generated='synthetic_subreddit', layouts=DATA_LAYOUTS)
         unknown = [c for c in self.configurations if c not in CONFIGURATIONS]
         if unknown or not self.configurations:
@@ -70,7 +78,7 @@ class FurlConfig(
             )
         if self.dataset not in DATASETS:
             raise errors.ConfigError(f'dataset must be one of {DATASETS}, got {self.dataset!r}.')
-        if self.dataset != 'synthetic_subreddit' and not self.data_dir:
+        if self.dataset not in ('synthetic_subreddit', csv_config.CSV) and not self.data_dir:
             raise errors.ConfigError(
                 f'dataset {self.dataset!r} needs --data_dir (the generated default is synthetic_subreddit).'
             )

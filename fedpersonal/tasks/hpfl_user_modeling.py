@@ -154,7 +154,23 @@ def _load_all(config: HpflConfig) -> user_modeling.UserModelingData:
 
         assert config.data_dir is not None  # HpflConfig requires it for this dataset.
         return hpfl_assistments.load_assist_silos(
-            config.data_dir, num_clients=config.assist_num_clients, seed=config.seed, grouping=config.assist_grouping
+            config.data_dir,
+            num_clients=config.assist_num_clients,
+            seed=config.seed,
+            grouping=config.assist_grouping,
+            split_order=config.split_order or 'file',
+        )
+    if config.dataset == 'csv':
+        from fedpersonal.data import csv_tasks  # pylint: disable=g-import-not-at-top
+
+        assert config.data_path is not None  # HpflConfig requires it for this dataset.
+        return csv_tasks.load_csv_silos(
+            config.data_path,
+            grouping=config.assist_grouping,
+            num_clients=config.assist_num_clients,
+            split_order=config.split_order,
+            seed=config.seed,
+            binarize_threshold=config.binarize_threshold,
         )
     from fedpersonal.data import hpfl_movielens  # pylint: disable=g-import-not-at-top
 
@@ -165,6 +181,7 @@ def _load_all(config: HpflConfig) -> user_modeling.UserModelingData:
 # ------------------------------------------------------------------------------------------------ federated
 def _build_process(method: str, config: HpflConfig, gum_config: gum.GumConfig, num_silos: int) -> hpfl.HpflProcess:
     """The method's configuration of the one HPFL-family builder (`hpfl.round_spec` names them)."""
+    assert config.accuracy_threshold is not None  # `run` derives it from the data when it is None.
     return hpfl.build_method(
         method,
         gum_config,
@@ -305,6 +322,24 @@ def _run_federated(
 
 
 # ------------------------------------------------------------------------------------------------ run
+def _with_accuracy_threshold(config: HpflConfig, data: user_modeling.UserModelingData) -> HpflConfig:
+    """`config` with HPFL's p derived from the training data when ``accuracy_threshold`` is None (logged)."""
+    if config.accuracy_threshold is not None:
+        return config
+    threshold = user_modeling.majority_class_accuracy(data)
+    if threshold >= 1.0:
+        raise errors.DataError(
+            f'{data.name}: every training label is the same, so --accuracy_threshold=none (the majority-class '
+            'accuracy) would be 1 and no attribute could be aggregated; pass --accuracy_threshold explicitly.'
+        )
+    logging.info(
+        "--accuracy_threshold=none: HPFL's p = %.4f, the majority-class accuracy of %s's training labels.",
+        threshold,
+        data.name,
+    )
+    return dataclasses.replace(config, accuracy_threshold=threshold)
+
+
 def _applicable(method: str, task: str) -> bool:
     return not ((method == 'ncd' and task != 'binary') or (method == 'ncf' and task != 'rating'))
 
@@ -389,6 +424,7 @@ def run(config: HpflConfig) -> dict[str, Any]:
       'skipped'}``; one row per method run, in `METHODS` order, each with ``name``, ``method`` and the metrics.
     """
     data = user_modeling.validate(load_data(config))
+    config = _with_accuracy_threshold(config, data)
     tf.random.set_seed(config.seed)
     os.makedirs(config.output_dir, exist_ok=True)
     _guard_output_dir(config)

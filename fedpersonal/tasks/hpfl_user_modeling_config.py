@@ -16,9 +16,10 @@ import dataclasses
 
 from fedpersonal import errors
 from fedpersonal.program import config_parts as parts
+from fedpersonal.program import csv_config
 from fedpersonal.program import dataset_inference
 
-DATASETS = ('synthetic', 'assist', 'movielens')
+DATASETS = ('synthetic', 'assist', 'movielens', csv_config.CSV)
 # The files of every dataset read from --data_dir (for --dataset inferred from them).
 DATA_LAYOUTS = {'assist': dataset_inference.ASSISTMENTS, 'movielens': dataset_inference.MOVIELENS_USERS}
 CENTRALIZED = ('ncd', 'ncf', 'gum')
@@ -32,6 +33,8 @@ METHODS = CENTRALIZED + BASELINES + HPFL_METHODS
 ROW_UPDATES = ('lazy', 'dense')  # hpfl.ROW_UPDATES
 CENTER_WEIGHTINGS = ('distance', 'inverse_distance')  # hpfl.CENTER_WEIGHTINGS
 TASKS = ('binary', 'rating')  # gum.TASKS
+# fedpersonal.data.hpfl_assistments.GROUPINGS (tests/data/csv_interactions_test.py checks they agree).
+GROUPINGS = ('exercises', 'concepts', 'random', 'column')
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -45,6 +48,7 @@ class HpflConfig(
     parts.ClientOptimizerConfig,
     parts.SimulationConfig,
     parts.EarlyStoppingConfig,
+    csv_config.CsvDataConfig,
 ):
     """Everything an HPFL experiment needs (shared options from `fedpersonal.program.config_parts`; cross-silo:
     every client takes part in every round, so there is no --clients_per_round)."""
@@ -53,7 +57,7 @@ class HpflConfig(
     data_dir: str | None = parts.option(
         None,
         'assist: dir with record.csv/item.csv; movielens: dir with u.data/u.item/u.user (without --dataset, '
-        "the one of the two whose files are there); 'none': generated data.",
+        "the one of the two whose files are there); 'none': generated data (or --data_path for csv).",
     )
     methods: tuple[str, ...] = parts.option(
         METHODS, f'Rows to run, subset of {METHODS} (ncd runs on binary, ncf on rating data).'
@@ -70,7 +74,12 @@ class HpflConfig(
         'lazy Adam).',
     )
     hidden_dim: int = parts.option(16, 'GUM width h of skill_W/know_W.')
-    accuracy_threshold: float = parts.option(0.5, "HPFL's p: a client's attribute k is aggregated only if Acc_ki > p.")
+    accuracy_threshold: float | None = parts.option(
+        0.5,
+        "HPFL's p: a client's attribute k is aggregated only if Acc_ki > p. Data-dependent: p must lie below the "
+        "clients' typical accuracy (configs/: 0.6 for ASSIST a0910, 0.3 for MovieLens ratings); 'none': derived "
+        'from the training data, the majority-class accuracy of the pooled training labels (logged).',
+    )
     center_weighting: str = parts.option(
         'distance',
         "Weighting of the global centres for HPFL-R ('distance' as published or 'inverse_distance'); the HPFL rows "
@@ -90,8 +99,15 @@ class HpflConfig(
     eval_batch_size: int = parts.option(1024, 'Batch size of evaluation.')
     ndcg_k: int = parts.option(10, 'k of NDCG@k.')
     ndcg_gain: str = parts.option('linear', f'One of {NDCG_GAINS}.')
-    assist_num_clients: int = parts.option(40, 'ASSIST: number of silos.')
-    assist_grouping: str = parts.option('exercises', 'ASSIST: how students are grouped into silos.')
+    assist_num_clients: int = parts.option(
+        40, "assist / csv: number of silos formed by --assist_grouping (not 'column')."
+    )
+    assist_grouping: str = parts.option(
+        'exercises',
+        f'assist / csv: how students are grouped into silos, one of {GROUPINGS}: clustered by the exercises they '
+        "answered ('exercises') or by their concept mix ('concepts'), dealt at random ('random', seeded), or the "
+        "silo column of a --dataset=csv responses table ('column').",
+    )
     max_items_per_silo: int | None = parts.option(
         None,
         'Silos with more items than this are left out (the GUM tables of every client are padded to the largest '
@@ -103,10 +119,17 @@ class HpflConfig(
 
     def __post_init__(self):
         parts.run_post_inits(self)
+        csv_config.resolve_csv_dataset(self, untimed_split_order=('assist',))
         dataset_inference.resolve_dataset(self, generated='synthetic', layouts=DATA_LAYOUTS)
         if self.dataset not in DATASETS:
             raise errors.ConfigError(f'dataset must be one of {DATASETS}, got {self.dataset!r}.')
-        if self.dataset != 'synthetic' and not self.data_dir:
+        if self.assist_grouping not in GROUPINGS:
+            raise errors.ConfigError(f'--assist_grouping must be one of {GROUPINGS}, got {self.assist_grouping!r}.')
+        if self.assist_grouping == 'column' and self.dataset != csv_config.CSV:
+            raise errors.ConfigError(
+                '--assist_grouping=column takes the silo column of a --dataset=csv responses table (docs/DATA.md).'
+            )
+        if self.dataset not in ('synthetic', csv_config.CSV) and not self.data_dir:
             raise errors.ConfigError(f'dataset {self.dataset!r} needs --data_dir (the generated default is synthetic).')
         unknown = [m for m in self.methods if m not in METHODS]
         if unknown or not self.methods:
@@ -134,7 +157,7 @@ class HpflConfig(
             raise errors.ConfigError(
                 f'centralized_learning_rate must be positive, got {self.centralized_learning_rate}.'
             )
-        if not 0.0 <= self.accuracy_threshold < 1.0:
+        if self.accuracy_threshold is not None and not 0.0 <= self.accuracy_threshold < 1.0:
             raise errors.ConfigError(f'accuracy_threshold must be in [0, 1), got {self.accuracy_threshold}.')
         if self.center_weighting not in CENTER_WEIGHTINGS:
             raise errors.ConfigError(

@@ -76,7 +76,15 @@ class PreparedData:
 
 def load_data(config: MovieLensMFConfig) -> PreparedData:
     """Loads MovieLens from `config.data_dir` (or generates the default) and splits it."""
-    if config.data_dir:
+    if config.dataset == 'csv':
+        from fedpersonal.data import csv_tasks  # pylint: disable=g-import-not-at-top
+
+        assert config.data_path is not None  # MovieLensMFConfig requires it for this dataset.
+        # The timestamp column is each row's position in --split_order: the time split and the cap follow it.
+        ratings, description = csv_tasks.load_csv_ratings(
+            config.data_path, split_order=config.split_order, seed=config.seed
+        )
+    elif config.data_dir:
         ratings = data_lib.load_ratings(config.data_dir, variant=config.variant)
         description = f'MovieLens ({config.variant}) from {config.data_dir}'
     else:
@@ -101,6 +109,8 @@ def load_data(config: MovieLensMFConfig) -> PreparedData:
         data, train_fraction=config.train_fraction, val_fraction=config.val_fraction
     )
     frame = data.ratings
+    if config.dataset == 'csv':
+        _warn_unseen_items(config.data_path, frame, train_users, test_users, time_train, time_test)
     return PreparedData(
         data=data,
         description=description,
@@ -117,6 +127,19 @@ def load_data(config: MovieLensMFConfig) -> PreparedData:
         },
         time_split_ratings={'train': time_train, 'val': time_val, 'test': time_test},
     )
+
+
+def _warn_unseen_items(source, frame, train_users, test_users, time_train, time_test) -> None:
+    """`interaction_splits.warn_unseen_in_training` for the time split and the user split."""
+    from fedpersonal.data import interaction_splits  # pylint: disable=g-import-not-at-top
+
+    for name, train, test in (
+        ('per-user time split', time_train, time_test),
+        ('user split', frame[frame.user_id.isin(train_users)], frame[frame.user_id.isin(test_users)]),
+    ):
+        items = np.concatenate([train['item_id'].to_numpy(), test['item_id'].to_numpy()])
+        split = np.concatenate([np.zeros(len(train), np.int64), np.full(len(test), 2, np.int64)])
+        interaction_splits.warn_unseen_in_training(items, split, source=f'{source} ({name})')
 
 
 class MovieLensMFTask:

@@ -17,10 +17,12 @@ from typing import TYPE_CHECKING
 
 from fedpersonal import errors
 from fedpersonal.program import config_parts as parts
+from fedpersonal.program import csv_config
 
 if TYPE_CHECKING:
     from fedpersonal import algorithms
 
+DATASETS = ('generated', 'movielens', csv_config.CSV)
 CONFIGURATIONS = ('centralized_standard', 'centralized_recon', 'fedavg_standard', 'fedavg_recon', 'fedrecon')
 
 
@@ -33,6 +35,7 @@ class MovieLensMFConfig(
     parts.ServerOptimizerConfig,
     parts.ReconstructionOptimizerConfig,
     parts.SimulationConfig,
+    csv_config.CsvDataConfig,
 ):
     """Everything a MovieLens MF experiment needs (defaults: the paper code's settings).
 
@@ -40,6 +43,11 @@ class MovieLensMFConfig(
     the defaults below that differ from the parts' are the paper's.
     """
 
+    dataset: str = parts.option(
+        csv_config.AUTO,
+        f"One of {DATASETS}, or 'auto' (default): 'movielens' (GroupLens 100K/1M files) with --data_dir, 'csv' "
+        "(a ratings table, user,item,rating[,timestamp]) with --data_path, else 'generated' (MovieLens-like data).",
+    )
     configurations: tuple[str, ...] = parts.option(('fedrecon',), f'Table 1 rows to run, a subset of {CONFIGURATIONS}.')
     variant: str = parts.option('auto', "MovieLens variant of --data_dir: '100k', '1m' or 'auto'.")
     synthetic_num_users: int = parts.option(943, 'Generated data: users.')
@@ -76,6 +84,18 @@ class MovieLensMFConfig(
 
     def __post_init__(self):
         parts.run_post_inits(self)
+        csv_config.resolve_csv_dataset(self)
+        if self.dataset == csv_config.AUTO:
+            object.__setattr__(self, 'dataset', 'movielens' if self.data_dir else 'generated')
+        if self.dataset not in DATASETS:
+            raise errors.ConfigError(f'--dataset must be one of {DATASETS} or auto, got {self.dataset!r}.')
+        if self.dataset == 'movielens' and not self.data_dir:
+            raise errors.ConfigError('--dataset=movielens needs --data_dir (the GroupLens ml-100k or ml-1m directory).')
+        if self.dataset == 'generated' and self.data_dir:
+            raise errors.ConfigError(
+                f'--dataset=generated contradicts --data_dir={self.data_dir}: drop --data_dir to train on generated '
+                'data, or pass --dataset=movielens.'
+            )
         unknown = [c for c in self.configurations if c not in CONFIGURATIONS]
         if unknown or not self.configurations:
             raise errors.ConfigError(
