@@ -18,6 +18,7 @@ MODULES = (
     'fedpersonal.program.experiment_main',
     'fedpersonal.program.dataset_inference',
     'fedpersonal.program.non_finite',
+    'fedpersonal.program.participation',
     'fedpersonal.progress',
     'fedpersonal.tasks.feddva_config',
     'fedpersonal.tasks.furl_personalization_config',

@@ -28,6 +28,7 @@ if TYPE_CHECKING:  # The static view of the lazily imported names (mypy, IDEs).
     from fedpersonal.program.outputs import replace_marked_section
     from fedpersonal.program.outputs import save_figure
     from fedpersonal.program.outputs import write_json
+    from fedpersonal.program.participation import sample_clients
     from fedpersonal.program.seeds import mean_over_seeds
     from fedpersonal.program.seeds import run_seeds
     from fedpersonal.program.seeds import seed_output_dir
@@ -39,7 +40,6 @@ if TYPE_CHECKING:  # The static view of the lazily imported names (mypy, IDEs).
     from fedpersonal.program.training_loop import flatten_private_state
     from fedpersonal.program.training_loop import guard_config
     from fedpersonal.program.training_loop import run_learning_process
-    from fedpersonal.program.training_loop import sample_clients
     from fedpersonal.program.training_loop import unflatten_private_state
 
 # Exported name -> the submodule that defines it.
@@ -64,7 +64,7 @@ _EXPORTS = {
     'flatten_private_state': 'training_loop',
     'guard_config': 'training_loop',
     'run_learning_process': 'training_loop',
-    'sample_clients': 'training_loop',
+    'sample_clients': 'participation',
     'unflatten_private_state': 'training_loop',
 }
 _SUBMODULES = (
@@ -73,6 +73,7 @@ _SUBMODULES = (
     'experiment_main',
     'non_finite',
     'outputs',
+    'participation',
     'seeds',
     'selection',
     'training_loop',

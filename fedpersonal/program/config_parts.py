@@ -108,9 +108,24 @@ class SamplingConfig:
     """Client sampling (cross-device)."""
 
     clients_per_round: int = option(10, 'Clients sampled per round (uniformly without replacement, seeded).')
+    client_dropout_rate: float = option(
+        0.0,
+        'Simulated failures: the probability that a sampled client drops out or times out in a round (seeded); '
+        'it contributes nothing and its private state stays as it was.',
+    )
+    overselection: float = option(
+        1.0,
+        'Sample ceil(overselection * clients_per_round) clients and use the first clients_per_round that report '
+        '(1: no over-selection).',
+    )
 
     def __post_init__(self):
         _require(self.clients_per_round >= 1, f'clients_per_round must be >= 1, got {self.clients_per_round}.')
+        _require(
+            0.0 <= self.client_dropout_rate < 1.0,
+            f'client_dropout_rate must be in [0, 1), got {self.client_dropout_rate}.',
+        )
+        _require(self.overselection >= 1.0, f'overselection must be >= 1, got {self.overselection}.')
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)

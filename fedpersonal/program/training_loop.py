@@ -37,6 +37,7 @@ for ``total_rounds`` rounds and owns, once for every binary:
 from __future__ import annotations
 
 import json
+import math
 import os
 import shutil
 import time
@@ -57,6 +58,9 @@ from fedpersonal.program import outputs as outputs_lib
 from fedpersonal.program.non_finite import NON_FINITE_MODES
 from fedpersonal.program.non_finite import NonFiniteLossError
 from fedpersonal.program.non_finite import non_finite_losses
+from fedpersonal.program.participation import participation as _participation
+from fedpersonal.program.participation import sample_clients
+from fedpersonal.program.participation import surviving_clients
 from fedpersonal.program.selection import EarlyStopping
 from fedpersonal.program.selection import ModelSelection
 from fedpersonal.simulation import packing
@@ -76,13 +80,6 @@ class ClientStatesLostError(errors.InputError):
 
 class ConfigMismatchError(errors.ConfigError):
     """A run would resume from checkpoints written under another configuration."""
-
-
-def sample_clients(client_ids: list[str], clients_per_round: int, round_num: int, seed: int) -> list[str]:
-    """Deterministic uniform sample without replacement for `round_num`."""
-    rng = np.random.default_rng([seed, round_num])
-    size = min(clients_per_round, len(client_ids))
-    return [client_ids[i] for i in rng.choice(len(client_ids), size=size, replace=False)]
 
 
 # ------------------------------------------------------------------------------------------- private states
@@ -196,31 +193,6 @@ class _Checkpoints:
 
 
 # ------------------------------------------------------------------------------------------------- the loop
-def _participation(client_data: Any, clients_per_round: int | None):
-    """``(client ids, every_client, inputs by id)`` of the two participation modes."""
-    if isinstance(client_data, tff.simulation.datasets.ClientData):
-        if clients_per_round is None or clients_per_round < 1:
-            raise ValueError('Sampled participation (client_data is a ClientData) needs clients_per_round >= 1.')
-        return list(client_data.client_ids), False, None
-    if clients_per_round is not None:
-        raise ValueError(
-            'clients_per_round applies to a ClientData; with a sequence or mapping of client inputs every '
-            'client participates in every round.'
-        )
-    if isinstance(client_data, Mapping):
-        inputs = dict(client_data)
-    elif isinstance(client_data, Sequence):
-        inputs = {str(i): value for i, value in enumerate(client_data)}
-    else:
-        raise TypeError(
-            f'client_data must be a tff.simulation.datasets.ClientData, a sequence or a mapping, got '
-            f'{type(client_data).__name__}.'
-        )
-    if not inputs:
-        raise ValueError('client_data has no clients.')
-    return list(inputs), True, inputs
-
-
 def _train_metrics(metrics: Any, train_metrics_fn: Callable[[Any], Any] | None) -> Any:
     if train_metrics_fn is not None:
         return train_metrics_fn(metrics)
@@ -251,6 +223,8 @@ def run_learning_process(
     config: Mapping[str, Any] | None = None,
     log_keys: Sequence[str] | None = None,
     non_finite_clients: str = 'stop',
+    dropout_rate: float = 0.0,
+    overselection: float = 1.0,
 ) -> tuple[Any, list[dict[str, float]]]:
     """Runs `total_rounds` rounds, resuming from the latest checkpoint if any (see the module docstring).
 
@@ -293,6 +267,12 @@ def run_learning_process(
         participant alone; nothing of that round is checkpointed, so a resume with other settings can continue),
         ``'zero'`` goes on with those clients' updates zeroed (as the client work does for any non-finite update)
         and counts them in ``train/non_finite_clients``.
+      dropout_rate: Simulated failures (sampled participation): each sampled client drops out (or times out) with
+        this probability, seeded by ``(seed, round)``; a dropped client contributes nothing and its private state
+        stays as it was. Reported per round as ``participation/sampled``, ``participation/dropped`` and
+        ``participation/clients``; a round where every client dropped leaves the state unchanged.
+      overselection: Sample ``ceil(overselection * clients_per_round)`` clients and use the first
+        `clients_per_round` that report (the FedRecon paper's deployment practice against dropouts).
 
     Raises:
       ClientStatesLostError: On resume from a checkpoint of round R when `client_state_store` has committed only up
@@ -305,9 +285,15 @@ def run_learning_process(
       `(final_state, history)`: the state and the metric rows released by this invocation (``metrics.csv`` has
       every round, also those of a resumed earlier invocation).
     """
+    if not 0.0 <= dropout_rate < 1.0:
+        raise ValueError(f'dropout_rate must be in [0, 1), got {dropout_rate}.')
+    if overselection < 1.0:
+        raise ValueError(f'overselection must be >= 1, got {overselection}.')
     if non_finite_clients not in NON_FINITE_MODES:
         raise ValueError(f'non_finite_clients must be one of {NON_FINITE_MODES}, got {non_finite_clients!r}.')
     client_ids, every_client, inputs = _participation(client_data, clients_per_round)
+    if every_client and (dropout_rate or overselection != 1.0):
+        raise ValueError('dropout_rate and overselection apply to sampled participation (a ClientData).')
     if client_evaluation_fn is not None and not (every_client and client_state_store is not None):
         raise ValueError('client_evaluation_fn needs every-client participation and a client state store.')
     if selection is not None and (
@@ -396,7 +382,22 @@ def run_learning_process(
     last_round = start_round if stopping is not None and stopping.stopped else total_rounds
     for round_num in range(start_round + 1, last_round + 1):
         round_start = time.time()
-        participants = client_ids if every_client else sample_clients(client_ids, per_round, round_num, seed)
+        participation: dict[str, float] = {}
+        if every_client:
+            participants = client_ids
+        else:
+            sampled = sample_clients(client_ids, math.ceil(per_round * overselection), round_num, seed)
+            participants, dropped = surviving_clients(sampled, per_round, round_num, seed, dropout_rate)
+            if dropout_rate or overselection != 1.0:
+                participation = {'sampled': len(sampled), 'dropped': dropped, 'clients': len(participants)}
+        if not participants:  # Every sampled client dropped out: nothing to aggregate, the state stays.
+            logging.warning(
+                '[%s] round %d: every sampled client dropped out; the round changes nothing', name, round_num
+            )
+            history.append(outputs.release_metrics(round_num, {'participation': participation}))
+            if round_num % rounds_per_checkpoint == 0 or round_num == total_rounds:
+                checkpoints.save(saved(state), round_num, client_state_store)
+            continue
         private = (
             None
             if client_state_store is None
@@ -435,6 +436,8 @@ def run_learning_process(
             client_state_store.put(participants, [flatten_private_state(p) for p in new_private], round_num)
         state = result.state
         metrics: dict[str, Any] = {'train': train}
+        if participation:
+            metrics['participation'] = participation
         measured = communication.communication_from_metrics(result.metrics)
         if measured:
             metrics['communication'] = measured

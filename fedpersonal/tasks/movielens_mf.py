@@ -340,6 +340,8 @@ def train_process(task, process, name, outputs, client_data, dataset_fn, eval_fn
         client_data=client_data,
         dataset_fn=dataset_fn,
         clients_per_round=cfg.clients_per_round,
+        dropout_rate=cfg.client_dropout_rate,
+        overselection=cfg.overselection,
         total_rounds=cfg.total_rounds,
         outputs=outputs,
         seed=cfg.seed,

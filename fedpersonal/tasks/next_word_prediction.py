@@ -344,6 +344,8 @@ def _train(task: NextWordPredictionTask, process, name: str, outputs, num_oov_bu
         client_data=task.client_data(num_oov_buckets, 'train'),
         dataset_fn=task.dataset_fn,
         clients_per_round=cfg.clients_per_round,
+        dropout_rate=cfg.client_dropout_rate,
+        overselection=cfg.overselection,
         total_rounds=cfg.total_rounds,
         outputs=outputs,
         seed=cfg.seed,
