@@ -105,12 +105,14 @@ def build_metrics(
 ) -> list[tf.keras.metrics.Metric]:
     """The user's metrics plus `loss` and `num_examples`; records each metric's TFF finalizer in `finalizers`.
 
+    A `tff.learning.metrics.NumExamplesCounter` among the user's metrics is that `num_examples` (not a duplicate).
+
     Call while tracing a client computation (inside `tf.init_scope`).
     """
-    metrics = (metrics_fn() if metrics_fn else []) + [
-        tf.keras.metrics.MeanMetricWrapper(loss_fn(), name='loss'),
-        tff.learning.metrics.NumExamplesCounter(),
-    ]
+    metrics = (metrics_fn() if metrics_fn else []) + [tf.keras.metrics.MeanMetricWrapper(loss_fn(), name='loss')]
+    # TFF code often lists TFF's own counter in `metrics_fn`: it is the `num_examples` added here, so it is kept once.
+    if not any(isinstance(m, tff.learning.metrics.NumExamplesCounter) and m.name == 'num_examples' for m in metrics):
+        metrics.append(tff.learning.metrics.NumExamplesCounter())
     names = [metric.name for metric in metrics]
     if len(set(names)) != len(names):
         raise ValueError(f'Metric names must be unique (loss and num_examples are added): {names}.')
