@@ -35,6 +35,8 @@ from tensorflow_federated.python.learning import tensor_utils
 from tensorflow_federated.python.learning.metrics import keras_finalizer
 from tensorflow_federated.python.learning.optimizers import keras_optimizer
 
+from fedpersonal.models import partially_local_model
+
 ModelWeights: TypeAlias = tff.learning.models.ModelWeights
 ReconstructionModel: TypeAlias = tff.learning.models.ReconstructionModel
 LossFn: TypeAlias = Callable[[], tf.keras.losses.Loss]
@@ -322,7 +324,7 @@ def functional_steps(
 # ---------------------------------------------------------------------------------- reconstruction models
 def regularization_loss(model: ReconstructionModel) -> tf.Tensor:
     """Sum of the wrapped Keras model's regularization losses (0 if none)."""
-    keras_model = getattr(model, 'keras_model', None)
+    keras_model = partially_local_model.keras_model_of(model)
     losses = list(keras_model.losses) if keras_model is not None else []
     return tf.add_n(losses) if losses else tf.constant(0.0)
 
@@ -336,7 +338,7 @@ def model_batch_loss(
 
     `metrics`, if given, are updated with every batch's labels and (pre-step) predictions.
     """
-    regularized = bool(getattr(getattr(model, 'keras_model', None), 'losses', None))
+    regularized = bool(getattr(partially_local_model.keras_model_of(model), 'losses', None))
 
     def batch_loss(batch: Any) -> BatchLoss:
         output = model.forward_pass(batch, training=True)
