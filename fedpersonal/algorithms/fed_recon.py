@@ -233,7 +233,7 @@ def build_fed_recon(
     server_optimizer_fn: OptimizerArg | None = None,
     client_optimizer_fn: OptimizerArg | None = None,
     reconstruction_optimizer_fn: OptimizerArg | None = None,
-    dataset_split_fn: dataset_split_lib.DatasetSplitFn | None = None,
+    dataset_split_fn: SplitArg | None = None,
     model_aggregator_factory: AggregationFactory | None = None,
 ) -> process_lib.PersonalizedProcess:
     """Builds the Federated Reconstruction learning process.
@@ -317,7 +317,7 @@ def build_fed_recon(
         reconstruction_optimizer_fn,
         _DEFAULT_CLIENT,
     )
-    dataset_split = tff_names.resolve(
+    split: SplitArg = tff_names.resolve(
         name,
         'dataset_split',
         dataset_split,
@@ -350,7 +350,7 @@ def build_fed_recon(
     weights_type = initial_weights.type_signature.result
     metric_finalizers: collections.OrderedDict = collections.OrderedDict()
     simulation_options.check_simulation(simulation)
-    split_fn = resolve_split_fn(dataset_split)
+    split_fn = resolve_split_fn(split)
     if simulation == 'engine':
         group_lib.check_aggregator(model_aggregator)
         simulation_options.check_engine_parts(
@@ -365,15 +365,13 @@ def build_fed_recon(
             lockstep.check_optimizer(optimizer, role)
         model = functional.FunctionalModel(model_fn)
         trained = list(model.initial_weights.global_trainable) + list(model.initial_weights.local_trainable)
-        fast_split = isinstance(dataset_split, dataset_split_lib.ReconstructionSplit)
+        fast_split = isinstance(split, dataset_split_lib.ReconstructionSplit)
         packer = packing.ClientPacker(
             None if fast_split else split_fn,
             ('support', 'query'),
             probe_spec,
             group_size or simulation_options.default_group_size(trained),
-            batch_phase_fn=functools.partial(dataset_split_lib.split_batches, split=dataset_split)
-            if fast_split
-            else None,
+            batch_phase_fn=functools.partial(dataset_split_lib.split_batches, split=split) if fast_split else None,
         )
         client_update, group_work = _build_group_client_update(
             model,

@@ -42,7 +42,7 @@ def build_fed_recon_eval(
     model_distributor: tff.learning.templates.DistributionProcess | None = None,
     metrics_aggregation_process: tff.templates.AggregationProcess | None = None,
     reconstruction_optimizer_fn: fed_recon.OptimizerArg | None = None,
-    dataset_split_fn: dataset_split_lib.DatasetSplitFn | None = None,
+    dataset_split_fn: fed_recon.SplitArg | None = None,
 ) -> tff.learning.templates.LearningProcess:
     """Builds ReconEval as a `tff.learning.templates.LearningProcess` with TFF 0.87's signature and shape.
 

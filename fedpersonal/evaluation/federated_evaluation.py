@@ -252,7 +252,7 @@ def build_recon_eval(
     simulation: str = 'engine',
     group_size: int | None = None,
     reconstruction_optimizer_fn: fed_recon.OptimizerArg | None = None,
-    dataset_split_fn: dataset_split_lib.DatasetSplitFn | None = None,
+    dataset_split_fn: fed_recon.SplitArg | None = None,
     model_distributor: Any = None,
     metrics_aggregation_process: Any = None,
 ) -> Evaluation:

@@ -111,8 +111,10 @@ class GroupEvaluation:
         else:
             phase_names = ('query',)
             batch_phase_fn = lambda batches: (batches,)
-        with tf.Graph().as_default():
-            element_spec = model_fn().input_spec
+        element_spec = model.input_spec  # From the functional model's model_fn call (None: a plain Keras model).
+        if element_spec is None:
+            with tf.Graph().as_default():
+                element_spec = model_fn().input_spec
         self._packer = packing.ClientPacker(
             phase_fn,
             phase_names,
