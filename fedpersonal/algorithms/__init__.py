@@ -10,6 +10,9 @@ Every builder returns a `fedpersonal.core.PersonalizedProcess` (`initialize`, `n
 * `build_feddva`: FedDVA (shared dual encoders, private decoders and heads);
 * `build_hpfl`, `build_hpfl_baseline`: HPFL and its federated baselines on the GUM;
 * `compose_personalized_process`: the composer for a new method (see docs/ARCHITECTURE.md).
+
+`fedpersonal.algorithms.tff_compat` has TFF 0.87's `build_fed_recon` / `build_fed_recon_eval` with TFF's signatures
+and return types, for code ported from `tff.learning` (docs/MIGRATING.md).
 """
 
 from fedpersonal.algorithms.dataset_split import ReconstructionSplit

@@ -56,10 +56,14 @@ class ReconstructionSplit:
         (rounded; at least one example in each set when the client has two).
       strategy: `'hash'` (order-invariant, default) or `'order'`.
       allow_overlap: Use all examples for both phases (no split).
-      recon_epochs: Passes over the support set during reconstruction.
+      recon_epochs: Passes over the support set during reconstruction (0: no reconstruction, as with TFF's
+        `build_dataset_split_fn`).
       recon_steps_max: Cap on reconstruction steps (batches), after epochs.
-      post_recon_epochs: Passes over the query set during the global update.
-      post_recon_steps_max: Cap on update steps (batches), after epochs.
+      post_recon_epochs: Passes over the query set during the global update, and in
+        `fedpersonal.evaluation.build_fed_recon_eval` over the evaluated query set (0: no update, resp. nothing
+        evaluated, as in TFF, whose `build_dataset_split_fn` accepts 0 too). `build_recon_eval` evaluates the
+        query set in one full pass whatever this is.
+      post_recon_steps_max: Cap on update steps (batches), after epochs (likewise in `build_fed_recon_eval`).
     """
 
     support_fraction: float = 0.5
@@ -76,8 +80,8 @@ class ReconstructionSplit:
         if self.strategy not in _STRATEGIES:
             raise errors.ConfigError(f'strategy must be one of {_STRATEGIES}, got {self.strategy!r}.')
         for name in ('recon_epochs', 'post_recon_epochs'):
-            if getattr(self, name) < 1:
-                raise errors.ConfigError(f'{name} must be >= 1, got {getattr(self, name)}.')
+            if getattr(self, name) < 0:
+                raise errors.ConfigError(f'{name} must be >= 0, got {getattr(self, name)}.')
         for name in ('recon_steps_max', 'post_recon_steps_max'):
             value = getattr(self, name)
             if value is not None and value < 0:

@@ -33,6 +33,7 @@ import tensorflow as tf
 import tensorflow_federated as tff
 
 from fedpersonal.algorithms import dataset_split as dataset_split_lib
+from fedpersonal.algorithms import tff_names
 from fedpersonal.core import client_work
 from fedpersonal.core import compose
 from fedpersonal.core import process as process_lib
@@ -53,6 +54,10 @@ AggregationFactory: TypeAlias = (
     tff.aggregators.WeightedAggregationFactory | tff.aggregators.UnweightedAggregationFactory
 )
 SplitArg: TypeAlias = dataset_split_lib.ReconstructionSplit | dataset_split_lib.DatasetSplitFn
+# A TFF optimizer, or (as TFF accepts) a no-arg function returning a Keras optimizer.
+OptimizerArg: TypeAlias = tff.learning.optimizers.Optimizer | Callable[[], tf.keras.optimizers.Optimizer]
+_DEFAULT_SERVER = tff.learning.optimizers.build_sgdm(learning_rate=1.0)
+_DEFAULT_CLIENT = tff.learning.optimizers.build_sgdm(learning_rate=0.1)
 
 
 def resolve_split_fn(dataset_split: SplitArg) -> dataset_split_lib.DatasetSplitFn:
@@ -212,19 +217,24 @@ def build_fed_recon(
     *,
     loss_fn: LossFn,
     metrics_fn: MetricsFn | None = None,
-    server_optimizer: tff.learning.optimizers.Optimizer = tff.learning.optimizers.build_sgdm(learning_rate=1.0),
-    client_optimizer: tff.learning.optimizers.Optimizer = tff.learning.optimizers.build_sgdm(learning_rate=0.1),
-    reconstruction_optimizer: tff.learning.optimizers.Optimizer = tff.learning.optimizers.build_sgdm(learning_rate=0.1),
-    dataset_split: SplitArg = dataset_split_lib.ReconstructionSplit(),
+    server_optimizer: OptimizerArg | None = None,
+    client_optimizer: OptimizerArg | None = None,
+    reconstruction_optimizer: OptimizerArg | None = None,
+    dataset_split: SplitArg | None = None,
     jointly_train_locals: bool = False,
     learn_local_init: bool = False,
-    client_weighting: Any = tff.learning.ClientWeighting.NUM_EXAMPLES,
+    client_weighting: Any = None,
     model_aggregator: AggregationFactory | None = None,
     model_distributor: tff.learning.templates.DistributionProcess | None = None,
-    metrics_aggregator: Callable[..., tff.Computation] = tff.learning.metrics.sum_then_finalize,
+    metrics_aggregator: Callable[..., tff.Computation] | None = None,
     simulation: str = 'engine',
     group_size: int | None = None,
     measure_communication: bool = False,
+    server_optimizer_fn: OptimizerArg | None = None,
+    client_optimizer_fn: OptimizerArg | None = None,
+    reconstruction_optimizer_fn: OptimizerArg | None = None,
+    dataset_split_fn: SplitArg | None = None,
+    model_aggregator_factory: AggregationFactory | None = None,
 ) -> process_lib.PersonalizedProcess:
     """Builds the Federated Reconstruction learning process.
 
@@ -235,11 +245,13 @@ def build_fed_recon(
         in both phases (plus the Keras model's regularization losses).
       metrics_fn: No-arg function returning Keras metrics computed on query
         batches during the update (a `loss` and `num_examples` are added).
-      server_optimizer: Applied to the aggregated update (SGD, Adam, Yogi, ...).
-      client_optimizer: For the k_u update steps on the query set.
-      reconstruction_optimizer: For the k_r reconstruction steps on the support set.
+      server_optimizer: Applied to the aggregated update (SGD, Adam, Yogi, ...); default SGD, learning rate 1.
+        Any optimizer may also be a no-arg function returning a Keras optimizer, as in TFF (per-client path only).
+      client_optimizer: For the k_u update steps on the query set; default SGD, learning rate 0.1.
+      reconstruction_optimizer: For the k_r reconstruction steps on the support set; default SGD, 0.1.
       dataset_split: A `ReconstructionSplit` (support/query split, epochs, step
-        caps) or any `tff.learning.models.ReconstructionDatasetSplitFn`.
+        caps; default `ReconstructionSplit()`) or any `tff.learning.models.ReconstructionDatasetSplitFn`
+        (e.g. TFF's `ReconstructionModel.build_dataset_split_fn(...)`, used as it is).
       jointly_train_locals: Also train local variables during the update phase.
       learn_local_init: Learn a global default for the local trainable
         variables (the paper's footnote 2): clients start reconstruction from
@@ -247,11 +259,11 @@ def build_fed_recon(
         reconstructed locals. Off by default, since that displacement (in
         aggregate) then reaches the server.
       client_weighting: `tff.learning.ClientWeighting.NUM_EXAMPLES` (query
-        examples, default), `UNIFORM`, or a callable of the unfinalized metrics.
+        examples, default; also for None, as in TFF), `UNIFORM`, or a callable of the unfinalized metrics.
       model_aggregator: Any `tff.aggregators` factory (weighted or unweighted),
         e.g. DP or zeroing; default weighted `MeanFactory`.
       model_distributor: Default `tff.learning.templates.build_broadcast_process`.
-      metrics_aggregator: As in TFF (default `sum_then_finalize`).
+      metrics_aggregator: As in TFF (default, and None: `sum_then_finalize`).
       simulation: ``'engine'`` (default): a round's clients run in groups, each group as one compiled
         program (`fedpersonal.simulation`); `process.pack(datasets)` makes `next`'s input. ``'per_client'``:
         one TFF client computation per client, `next` takes the datasets. Same results to float precision.
@@ -260,6 +272,11 @@ def build_fed_recon(
       measure_communication: Engine only: `run_round`'s metrics also report each logical client's download
         and upload as `fedpersonal.metrics.communication`'s measured broadcast and aggregator do on the
         per-client path (same keys; `simulation.driver`).
+      server_optimizer_fn, client_optimizer_fn, reconstruction_optimizer_fn, dataset_split_fn,
+        model_aggregator_factory: TFF 0.87's names of `server_optimizer`, `client_optimizer`,
+        `reconstruction_optimizer`, `dataset_split` and `model_aggregator` (`fedpersonal.algorithms.tff_names`);
+        giving both names of one argument is a `TypeError`. `fedpersonal.algorithms.tff_compat.build_fed_recon`
+        returns TFF's `LearningProcess` itself (docs/MIGRATING.md).
 
     Returns:
       A stateless `fedpersonal.core.PersonalizedProcess` (`next(state, client_datasets)` ->
@@ -283,7 +300,38 @@ def build_fed_recon(
       fedpersonal.models.ModelSpecError: the model has no global trainable
         variables, or `learn_local_init` is set and it has no local ones.
       ValueError: an unweighted aggregator with non-uniform client weighting.
+      TypeError: an argument given under both its names.
     """
+    name = 'build_fed_recon'
+    server_optimizer = tff_names.resolve(
+        name, 'server_optimizer', server_optimizer, 'server_optimizer_fn', server_optimizer_fn, _DEFAULT_SERVER
+    )
+    client_optimizer = tff_names.resolve(
+        name, 'client_optimizer', client_optimizer, 'client_optimizer_fn', client_optimizer_fn, _DEFAULT_CLIENT
+    )
+    reconstruction_optimizer = tff_names.resolve(
+        name,
+        'reconstruction_optimizer',
+        reconstruction_optimizer,
+        'reconstruction_optimizer_fn',
+        reconstruction_optimizer_fn,
+        _DEFAULT_CLIENT,
+    )
+    split: SplitArg = tff_names.resolve(
+        name,
+        'dataset_split',
+        dataset_split,
+        'dataset_split_fn',
+        dataset_split_fn,
+        dataset_split_lib.ReconstructionSplit(),
+    )
+    model_aggregator = tff_names.resolve(
+        name, 'model_aggregator', model_aggregator, 'model_aggregator_factory', model_aggregator_factory
+    )
+    if client_weighting is None:
+        client_weighting = tff.learning.ClientWeighting.NUM_EXAMPLES
+    if metrics_aggregator is None:
+        metrics_aggregator = tff.learning.metrics.sum_then_finalize
     with tf.Graph().as_default():
         probe = model_fn()
         # The class, not the ReconstructionModel alias: mypy cannot isinstance() an alias of an untyped module's class.
@@ -302,7 +350,7 @@ def build_fed_recon(
     weights_type = initial_weights.type_signature.result
     metric_finalizers: collections.OrderedDict = collections.OrderedDict()
     simulation_options.check_simulation(simulation)
-    split_fn = resolve_split_fn(dataset_split)
+    split_fn = resolve_split_fn(split)
     if simulation == 'engine':
         group_lib.check_aggregator(model_aggregator)
         simulation_options.check_engine_parts(
@@ -310,21 +358,20 @@ def build_fed_recon(
         )
         group_lib.client_weights(client_weighting, tf.zeros([1]))  # Refuses a callable weighting early.
         for role, optimizer in (
+            ('server_optimizer', server_optimizer),
             ('client_optimizer', client_optimizer),
             ('reconstruction_optimizer', reconstruction_optimizer),
         ):
             lockstep.check_optimizer(optimizer, role)
         model = functional.FunctionalModel(model_fn)
         trained = list(model.initial_weights.global_trainable) + list(model.initial_weights.local_trainable)
-        fast_split = isinstance(dataset_split, dataset_split_lib.ReconstructionSplit)
+        fast_split = isinstance(split, dataset_split_lib.ReconstructionSplit)
         packer = packing.ClientPacker(
             None if fast_split else split_fn,
             ('support', 'query'),
             probe_spec,
             group_size or simulation_options.default_group_size(trained),
-            batch_phase_fn=functools.partial(dataset_split_lib.split_batches, split=dataset_split)
-            if fast_split
-            else None,
+            batch_phase_fn=functools.partial(dataset_split_lib.split_batches, split=split) if fast_split else None,
         )
         client_update, group_work = _build_group_client_update(
             model,

@@ -35,6 +35,8 @@ from tensorflow_federated.python.learning import tensor_utils
 from tensorflow_federated.python.learning.metrics import keras_finalizer
 from tensorflow_federated.python.learning.optimizers import keras_optimizer
 
+from fedpersonal.models import partially_local_model
+
 ModelWeights: TypeAlias = tff.learning.models.ModelWeights
 ReconstructionModel: TypeAlias = tff.learning.models.ReconstructionModel
 LossFn: TypeAlias = Callable[[], tf.keras.losses.Loss]
@@ -105,12 +107,14 @@ def build_metrics(
 ) -> list[tf.keras.metrics.Metric]:
     """The user's metrics plus `loss` and `num_examples`; records each metric's TFF finalizer in `finalizers`.
 
+    A `tff.learning.metrics.NumExamplesCounter` among the user's metrics is that `num_examples` (not a duplicate).
+
     Call while tracing a client computation (inside `tf.init_scope`).
     """
-    metrics = (metrics_fn() if metrics_fn else []) + [
-        tf.keras.metrics.MeanMetricWrapper(loss_fn(), name='loss'),
-        tff.learning.metrics.NumExamplesCounter(),
-    ]
+    metrics = (metrics_fn() if metrics_fn else []) + [tf.keras.metrics.MeanMetricWrapper(loss_fn(), name='loss')]
+    # TFF code often lists TFF's own counter in `metrics_fn`: it is the `num_examples` added here, so it is kept once.
+    if not any(isinstance(m, tff.learning.metrics.NumExamplesCounter) and m.name == 'num_examples' for m in metrics):
+        metrics.append(tff.learning.metrics.NumExamplesCounter())
     names = [metric.name for metric in metrics]
     if len(set(names)) != len(names):
         raise ValueError(f'Metric names must be unique (loss and num_examples are added): {names}.')
@@ -320,7 +324,7 @@ def functional_steps(
 # ---------------------------------------------------------------------------------- reconstruction models
 def regularization_loss(model: ReconstructionModel) -> tf.Tensor:
     """Sum of the wrapped Keras model's regularization losses (0 if none)."""
-    keras_model = getattr(model, 'keras_model', None)
+    keras_model = partially_local_model.keras_model_of(model)
     losses = list(keras_model.losses) if keras_model is not None else []
     return tf.add_n(losses) if losses else tf.constant(0.0)
 
@@ -334,7 +338,7 @@ def model_batch_loss(
 
     `metrics`, if given, are updated with every batch's labels and (pre-step) predictions.
     """
-    regularized = bool(getattr(getattr(model, 'keras_model', None), 'losses', None))
+    regularized = bool(getattr(partially_local_model.keras_model_of(model), 'losses', None))
 
     def batch_loss(batch: Any) -> BatchLoss:
         output = model.forward_pass(batch, training=True)

@@ -32,6 +32,7 @@ import tensorflow_federated as tff
 
 from fedpersonal.algorithms import dataset_split as dataset_split_lib
 from fedpersonal.algorithms import fed_recon
+from fedpersonal.algorithms import tff_names
 from fedpersonal.core import client_work
 from fedpersonal.simulation import options as simulation_options
 
@@ -41,56 +42,46 @@ ReconstructionModel: TypeAlias = tff.learning.models.ReconstructionModel
 Evaluation: TypeAlias = Any
 
 
-def _build_evaluation(
+def eval_split_fn(
+    dataset_split: dataset_split_lib.ReconstructionSplit | dataset_split_lib.DatasetSplitFn, *, query_once: bool
+) -> dataset_split_lib.DatasetSplitFn:
+    """The split function of an evaluation: a `ReconstructionSplit`'s (its query set in one full pass when
+    `query_once`, as `build_recon_eval` evaluates it; else with its post-reconstruction epochs and step cap, as
+    TFF's evaluation iterates the second dataset), or a TFF-style split function used as it is.
+
+    Raises:
+      TypeError: `dataset_split` is neither.
+    """
+    if isinstance(dataset_split, dataset_split_lib.ReconstructionSplit):
+        if query_once:
+            return dataset_split_lib.build_support_only_fn(dataset_split)
+        return dataset_split_lib.build_dataset_split_fn(dataset_split)
+    if callable(dataset_split):
+        return dataset_split
+    raise TypeError(
+        'dataset_split must be a ReconstructionSplit or a split function dataset -> (reconstruction dataset, '
+        f'evaluation dataset), got {dataset_split!r}.'
+    )
+
+
+def build_client_eval_fn(
     model_fn: fed_recon.ModelFn,
     *,
     loss_fn: fed_recon.LossFn,
     metrics_fn: fed_recon.MetricsFn | None,
-    dataset_split: dataset_split_lib.ReconstructionSplit | None,
-    reconstruction_optimizer: tff.learning.optimizers.Optimizer | None,
-    finetune_optimizer: tff.learning.optimizers.Optimizer | None,
+    split_fn: dataset_split_lib.DatasetSplitFn | None,
+    reconstruction_optimizer: Any,
+    finetune_optimizer: Any,
     learn_local_init: bool,
-    per_client_sample_size: int,
-    metrics_aggregator: Callable[..., tff.Computation],
-    with_private_states: bool = False,
-    simulation: str = 'engine',
-    group_size: int | None = None,
-) -> Evaluation:
-    simulation_options.check_simulation(simulation)
-    if simulation == 'engine':
-        from fedpersonal.simulation import evaluation as engine_evaluation  # pylint: disable=g-import-not-at-top
+    metric_finalizers: collections.OrderedDict,
+) -> Callable[[Any, Any, Any], tuple[Any, Any]]:
+    """One client's evaluation as a `tf.function` ``(server weights, dataset, private state or None) ->
+    (unfinalized metrics, finalized metrics)``; builds its model (one `model_fn` call) when traced.
 
-        simulation_options.check_engine_parts(metrics_aggregator=metrics_aggregator)
-        return engine_evaluation.GroupEvaluation(
-            model_fn,
-            loss_fn=loss_fn,
-            metrics_fn=metrics_fn,
-            dataset_split=dataset_split,
-            reconstruction_optimizer=reconstruction_optimizer,
-            finetune_optimizer=finetune_optimizer,
-            learn_local_init=learn_local_init,
-            with_private_states=with_private_states,
-            per_client_sample_size=per_client_sample_size,
-            group_size=group_size,
-        )
-    with tf.Graph().as_default():
-        element_type = tff.types.tensorflow_to_type(model_fn().input_spec)
-
-    @tff.tensorflow.computation
-    def initial_private_state():
-        model = model_fn()
-        return client_work.local_weights(model)
-
-    private_type = initial_private_state.type_signature.result
-
-    @tff.tensorflow.computation
-    def initial_weights():
-        return fed_recon.global_weights_with_local_default(model_fn(), learn_local_init)
-
-    weights_type = initial_weights.type_signature.result
-    dataset_type = tff.SequenceType(element_type)
-    split_fn = dataset_split_lib.build_support_only_fn(dataset_split) if dataset_split else None
-    metric_finalizers: collections.OrderedDict = collections.OrderedDict()
+    With `split_fn`, the local variables are reconstructed on its first dataset (and the globals fine-tuned there
+    with `finetune_optimizer`, if given) and the metrics computed on its second; without, on the whole dataset.
+    `metric_finalizers` is filled while tracing.
+    """
 
     @tf.function
     def client_eval_fn(server_weights, dataset, private_state):
@@ -129,6 +120,79 @@ def _build_evaluation(
         )
         return unfinalized, finalized
 
+    return client_eval_fn
+
+
+def initial_weights_and_element_type(
+    model_fn: fed_recon.ModelFn, learn_local_init: bool
+) -> tuple[tff.Computation, tff.Type]:
+    """The server's initial weights as a TF computation and the model's batch type, from one `model_fn` call.
+
+    Raises:
+      TypeError: `model_fn` does not return a `tff.learning.models.ReconstructionModel`.
+    """
+    element_types = []
+
+    @tff.tensorflow.computation
+    def initial_weights():
+        model = model_fn()
+        # The class, not the alias: mypy cannot isinstance() an alias of an untyped module's class.
+        if not isinstance(model, tff.learning.models.ReconstructionModel):
+            raise TypeError(f'model_fn must return a tff.learning.models.ReconstructionModel, got {type(model)}.')
+        element_types.append(tff.types.tensorflow_to_type(model.input_spec))
+        return fed_recon.global_weights_with_local_default(model, learn_local_init)
+
+    return initial_weights, element_types[0]
+
+
+def _build_evaluation(
+    model_fn: fed_recon.ModelFn,
+    *,
+    loss_fn: fed_recon.LossFn,
+    metrics_fn: fed_recon.MetricsFn | None,
+    dataset_split: dataset_split_lib.ReconstructionSplit | dataset_split_lib.DatasetSplitFn | None,
+    reconstruction_optimizer: tff.learning.optimizers.Optimizer | None,
+    finetune_optimizer: tff.learning.optimizers.Optimizer | None,
+    learn_local_init: bool,
+    per_client_sample_size: int,
+    metrics_aggregator: Callable[..., tff.Computation],
+    with_private_states: bool = False,
+    simulation: str = 'engine',
+    group_size: int | None = None,
+) -> Evaluation:
+    simulation_options.check_simulation(simulation)
+    split_fn = eval_split_fn(dataset_split, query_once=True) if dataset_split is not None else None
+    if simulation == 'engine':
+        from fedpersonal.simulation import evaluation as engine_evaluation  # pylint: disable=g-import-not-at-top
+
+        simulation_options.check_engine_parts(metrics_aggregator=metrics_aggregator)
+        return engine_evaluation.GroupEvaluation(
+            model_fn,
+            loss_fn=loss_fn,
+            metrics_fn=metrics_fn,
+            dataset_split=dataset_split,
+            reconstruction_optimizer=reconstruction_optimizer,
+            finetune_optimizer=finetune_optimizer,
+            learn_local_init=learn_local_init,
+            with_private_states=with_private_states,
+            per_client_sample_size=per_client_sample_size,
+            group_size=group_size,
+        )
+    initial_weights, element_type = initial_weights_and_element_type(model_fn, learn_local_init)
+    weights_type = initial_weights.type_signature.result
+    dataset_type = tff.SequenceType(element_type)
+    metric_finalizers: collections.OrderedDict = collections.OrderedDict()
+    client_eval_fn = build_client_eval_fn(
+        model_fn,
+        loss_fn=loss_fn,
+        metrics_fn=metrics_fn,
+        split_fn=split_fn,
+        reconstruction_optimizer=reconstruction_optimizer,
+        finetune_optimizer=finetune_optimizer,
+        learn_local_init=learn_local_init,
+        metric_finalizers=metric_finalizers,
+    )
+
     def aggregate_results(unfinalized, per_client):
         aggregate = metrics_aggregator(metric_finalizers, unfinalized.type_signature.member)(unfinalized)
         sampler = tff.aggregators.UnweightedReservoirSamplingFactory(per_client_sample_size).create(
@@ -140,6 +204,12 @@ def _build_evaluation(
     server_weights_type = tff.FederatedType(weights_type, tff.SERVER)
     client_datasets_type = tff.FederatedType(dataset_type, tff.CLIENTS)
     if with_private_states:
+
+        @tff.tensorflow.computation
+        def initial_private_state():
+            return client_work.local_weights(model_fn())
+
+        private_type = initial_private_state.type_signature.result
 
         @tff.tensorflow.computation(weights_type, dataset_type, private_type)
         def client_eval_private(server_weights, dataset, private_state):
@@ -173,24 +243,35 @@ def build_recon_eval(
     *,
     loss_fn: fed_recon.LossFn,
     metrics_fn: fed_recon.MetricsFn | None = None,
-    reconstruction_optimizer: tff.learning.optimizers.Optimizer = tff.learning.optimizers.build_sgdm(0.1),
-    dataset_split: dataset_split_lib.ReconstructionSplit = dataset_split_lib.ReconstructionSplit(),
-    finetune_optimizer: tff.learning.optimizers.Optimizer | None = None,
+    reconstruction_optimizer: fed_recon.OptimizerArg | None = None,
+    dataset_split: fed_recon.SplitArg | None = None,
+    finetune_optimizer: fed_recon.OptimizerArg | None = None,
     learn_local_init: bool = False,
     per_client_sample_size: int = 100_000,
     metrics_aggregator: Callable[..., tff.Computation] = tff.learning.metrics.sum_then_finalize,
     simulation: str = 'engine',
     group_size: int | None = None,
+    reconstruction_optimizer_fn: fed_recon.OptimizerArg | None = None,
+    dataset_split_fn: fed_recon.SplitArg | None = None,
+    model_distributor: Any = None,
+    metrics_aggregation_process: Any = None,
 ) -> Evaluation:
-    """Builds ReconEval (optionally FedRecon+Finetune).
+    """Builds ReconEval (optionally FedRecon+Finetune) as a function of the weights and the clients' datasets.
+
+    `build_fed_recon_eval` builds the same evaluation as TFF's `LearningProcess` (`initialize`,
+    `set_model_weights`, `next`).
 
     Args:
       model_fn: No-arg function returning a new `ReconstructionModel`.
       loss_fn: Loss used for reconstruction (and fine-tuning) and reported as `loss`.
       metrics_fn: Metrics computed on each client's query set.
-      reconstruction_optimizer: Optimizer for the k_r reconstruction steps.
-      dataset_split: Support/query split; its reconstruction epochs and step cap
-        apply, the query set is evaluated in one full pass.
+      reconstruction_optimizer: Optimizer for the k_r reconstruction steps (default SGD, learning rate 0.1; a
+        no-arg function returning a Keras optimizer with ``simulation='per_client'``).
+      dataset_split: Support/query split (default `ReconstructionSplit()`); a `ReconstructionSplit`'s
+        reconstruction epochs and step cap apply and the query set is evaluated in one full pass (the same
+        split can then be the training's, whose update epochs and cap do not shrink the evaluation;
+        `build_fed_recon_eval` applies them as TFF does). A TFF-style split function ``dataset ->
+        (reconstruction dataset, evaluation dataset)`` is used as it is.
       finetune_optimizer: If set, the global variables are also trained on the
         support set after reconstruction, before evaluating (FedRecon+Finetune).
       learn_local_init: The weights carry learned local defaults (as produced by
@@ -201,11 +282,37 @@ def build_recon_eval(
         call it with ``client_ids=`` to pack each client's data once); ``'per_client'``: one TFF client
         computation per client. Same results to float precision (tests/simulation/evaluation_engine_test.py).
       group_size: Engine only: the most clients per compiled group (default: within the engine's memory budget).
+      reconstruction_optimizer_fn, dataset_split_fn: TFF 0.87's names of `reconstruction_optimizer` and
+        `dataset_split` (giving both names of one argument is a `TypeError`).
+      model_distributor, metrics_aggregation_process: TFF's `build_fed_recon_eval` arguments, refused here with a
+        `TypeError` (a function has no process state); `build_fed_recon_eval` takes them.
 
     Returns:
       ``evaluate(weights, client_datasets) -> <eval, per_client>``: the engine's `GroupEvaluation`, or a
       `tff.Computation` `(weights@SERVER, datasets@CLIENTS) -> <eval, per_client>@SERVER` (per_client).
     """
+    name = 'build_recon_eval'
+    for tff_arg, value in (
+        ('model_distributor', model_distributor),
+        ('metrics_aggregation_process', metrics_aggregation_process),
+    ):
+        tff_names.refuse(name, tff_arg, value, 'it returns a function, not a process; build_fed_recon_eval takes it.')
+    reconstruction_optimizer = tff_names.resolve(
+        name,
+        'reconstruction_optimizer',
+        reconstruction_optimizer,
+        'reconstruction_optimizer_fn',
+        reconstruction_optimizer_fn,
+        tff.learning.optimizers.build_sgdm(0.1),
+    )
+    dataset_split = tff_names.resolve(
+        name,
+        'dataset_split',
+        dataset_split,
+        'dataset_split_fn',
+        dataset_split_fn,
+        dataset_split_lib.ReconstructionSplit(),
+    )
     return _build_evaluation(
         model_fn,
         loss_fn=loss_fn,

@@ -65,6 +65,15 @@ def weights_as_tensors():
         _WEIGHTS_AS_TENSORS.reset(token)
 
 
+def keras_model_of(model: Any) -> Any:
+    """The Keras model a `ReconstructionModel` wraps, or None: `from_keras_model`'s ``keras_model``, or the one of
+    TFF's `ReconstructionModel.from_keras_model_and_layers` (which predicts ``keras_model(batch['x'])`` too)."""
+    keras_model = getattr(model, 'keras_model', None)
+    if keras_model is None and type(model).__name__ == '_KerasReconstructionModel':
+        keras_model = getattr(model, '_keras_model', None)
+    return keras_model
+
+
 class ModelSpecError(ValueError):
     """A model, its global/local declaration or its input spec is inconsistent."""
 

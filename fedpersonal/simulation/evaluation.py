@@ -57,7 +57,8 @@ class GroupEvaluation:
       model_fn: No-arg function returning the `ReconstructionModel` (as for the per-client computations).
       loss_fn: The loss (reconstruction, fine-tuning, and the reported `loss` metric).
       metrics_fn: The Keras metrics (`loss` and `num_examples` are added).
-      dataset_split: ReconEval's split, or None (StandardEval, private-state evaluation).
+      dataset_split: ReconEval's split (a `ReconstructionSplit`, or a TFF-style split function whose two datasets
+        are the support set and the evaluated query set), or None (StandardEval, private-state evaluation).
       reconstruction_optimizer: ReconEval's reconstruction optimizer.
       finetune_optimizer: Optional: the globals also train on the support set (FedRecon+Finetune).
       learn_local_init: The weights carry learned local defaults after the globals.
@@ -72,7 +73,7 @@ class GroupEvaluation:
         *,
         loss_fn: Callable[[], tf.keras.losses.Loss],
         metrics_fn: Callable[[], list[tf.keras.metrics.Metric]] | None,
-        dataset_split: dataset_split_lib.ReconstructionSplit | None,
+        dataset_split: dataset_split_lib.ReconstructionSplit | dataset_split_lib.DatasetSplitFn | None,
         reconstruction_optimizer: tff.learning.optimizers.Optimizer | None,
         finetune_optimizer: tff.learning.optimizers.Optimizer | None,
         learn_local_init: bool,
@@ -99,18 +100,24 @@ class GroupEvaluation:
             per_client += list(initial.local_trainable) + list(initial.local_non_trainable)
         if finetune_optimizer is not None:
             per_client += list(initial.global_trainable)
-        if dataset_split is not None:
+        phase_fn: packing.PhaseFn | None = None
+        batch_phase_fn: packing.BatchPhaseFn | None
+        if isinstance(dataset_split, dataset_split_lib.ReconstructionSplit):
             # The query set is one plain pass (`build_support_only_fn`); the support set keeps epochs and cap.
             query_once = dataclasses.replace(dataset_split, post_recon_epochs=1, post_recon_steps_max=None)
             phase_names: tuple[str, ...] = ('support', 'query')
-            batch_phase_fn: packing.BatchPhaseFn = functools.partial(dataset_split_lib.split_batches, split=query_once)
+            batch_phase_fn = functools.partial(dataset_split_lib.split_batches, split=query_once)
+        elif dataset_split is not None:  # A TFF-style split function, its two datasets iterated as they are.
+            phase_names, phase_fn, batch_phase_fn = ('support', 'query'), dataset_split, None
         else:
             phase_names = ('query',)
             batch_phase_fn = lambda batches: (batches,)
-        with tf.Graph().as_default():
-            element_spec = model_fn().input_spec
+        element_spec = model.input_spec  # From the functional model's model_fn call (None: a plain Keras model).
+        if element_spec is None:
+            with tf.Graph().as_default():
+                element_spec = model_fn().input_spec
         self._packer = packing.ClientPacker(
-            None,
+            phase_fn,
             phase_names,
             element_spec,
             group_size or options.default_group_size(per_client),

@@ -80,7 +80,7 @@ def keras_parts(model: Any) -> list[tf.keras.layers.Layer]:
     """The Keras layers (models) of a model object: itself, its ``keras_model``, or its Keras-layer attributes."""
     if isinstance(model, tf.keras.layers.Layer):
         return [model]
-    keras_model = getattr(model, 'keras_model', None)
+    keras_model = partially_local_model.keras_model_of(model)
     if isinstance(keras_model, tf.keras.layers.Layer):
         return [keras_model]
     return [v for v in vars(model).values() if isinstance(v, tf.keras.layers.Layer)]
@@ -246,7 +246,7 @@ class FunctionalModel:
     def _apply(self, weights: Parts, x: Any, training: bool, example_mask: Any) -> tuple[Any, tf.Tensor, dict]:
         rebuilt = self.rebuild(weights, example_mask=example_mask)
         model = rebuilt.model
-        keras_model = model if isinstance(model, tf.keras.Model) else getattr(model, 'keras_model', None)
+        keras_model = model if isinstance(model, tf.keras.Model) else partially_local_model.keras_model_of(model)
         if not isinstance(keras_model, tf.keras.Model):
             raise TypeError(f'{type(model).__name__} is not a Keras model: call rebuild() and its own methods.')
         rnns = [layer for layer in keras_model.submodules if isinstance(layer, tf.keras.layers.RNN)]
@@ -277,7 +277,7 @@ def _weight_groups(model: Any, groups: GroupsFn | None) -> tuple[Sequence[Any], 
         return result
     if isinstance(model, tf.keras.Model):  # A plain Keras model: every weight is global.
         return (model.trainable_weights, model.non_trainable_weights, [], [])
-    if not isinstance(getattr(model, 'keras_model', None), tf.keras.Model):
+    if not isinstance(partially_local_model.keras_model_of(model), tf.keras.Model):
         raise partially_local_model.ModelSpecError(
             'The fast simulation engine needs a Keras model, or a model built with '
             'fedpersonal.models.from_keras_model (a Keras model as a pure function of its weights), or the '

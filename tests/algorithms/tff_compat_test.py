@@ -1,0 +1,317 @@
+"""TFF 0.87 compatibility: TFF code runs against fedpersonal with its import changed (docs/MIGRATING.md)."""
+
+import collections
+import inspect
+import linecache
+import os
+import re
+
+import numpy as np
+import pytest
+import tensorflow as tf
+import tensorflow_federated as tff
+
+from fedpersonal import algorithms
+from fedpersonal import errors
+from fedpersonal import evaluation
+from fedpersonal.algorithms import tff_compat
+
+_MIGRATING = os.path.join(os.path.dirname(__file__), '..', '..', 'docs', 'MIGRATING.md')
+SGD = tff.learning.optimizers.build_sgdm
+
+
+def _blocks() -> dict[str, str]:
+    with open(_MIGRATING) as f:
+        found = re.findall(r'```python\n# migrating: (\w+)\n(.*?)```', f.read(), flags=re.S)
+    return dict(found)
+
+
+def _run(*names: str, namespace: dict | None = None) -> dict:
+    namespace = {'__name__': 'migrating'} if namespace is None else namespace
+    blocks = _blocks()
+    for name in names:
+        filename = f'<MIGRATING.md {name}>'
+        # Registered source: AutoGraph reads the functions' source (else it warns that it cannot convert them).
+        linecache.cache[filename] = (len(blocks[name]), None, blocks[name].splitlines(True), filename)
+        exec(compile(blocks[name], filename, 'exec'), namespace)  # pylint: disable=exec-used
+    return namespace
+
+
+def _assert_close(actual, expected, rtol=1e-5, atol=1e-6):
+    assert list(actual) == list(expected), (list(actual), list(expected))
+    for name in expected:
+        np.testing.assert_allclose(
+            np.asarray(actual[name]), np.asarray(expected[name]), rtol=rtol, atol=atol, err_msg=name
+        )
+
+
+def _initial_weights(model_fn):
+    variables = tff.learning.models.ReconstructionModel.get_global_variables(model_fn())
+    return tf.nest.map_structure(lambda v: v.numpy(), variables)
+
+
+@pytest.fixture(scope='module')
+def runs():
+    """The MIGRATING.md experiment run by TFF and by fedpersonal (tff_compat, then the native API)."""
+    reference = _run('common', 'tff')
+    ours = _run('common', 'fedpersonal')
+    native = _run('native', namespace=dict(ours))
+    return reference, ours, native
+
+
+def test_the_two_blocks_differ_only_in_their_import():
+    blocks = _blocks()
+    assert set(blocks) == {'common', 'tff', 'fedpersonal', 'native'}
+    tff_lines, our_lines = blocks['tff'].splitlines(), blocks['fedpersonal'].splitlines()
+    assert tff_lines[0] == 'algorithms = tff.learning.algorithms'
+    assert our_lines[0] == 'from fedpersonal.algorithms import tff_compat as algorithms'
+    assert tff_lines[1:] == our_lines[1:]
+
+
+def test_tff_code_gives_tff_numbers(runs):
+    reference, ours, _ = runs
+    assert isinstance(ours['process'], tff.learning.templates.LearningProcess)
+    assert isinstance(ours['eval_process'], tff.learning.templates.LearningProcess)
+    # A NumExamplesCounter in metrics_fn is accepted (the num_examples fedpersonal reports), and TFF's metric
+    # layout is kept: client_work/train, client_work/eval/{current,total}_rounds_metrics.
+    assert list(ours['train_metrics']) == ['num_examples', 'mean_absolute_error', 'loss']
+    _assert_close(ours['train_metrics'], reference['train_metrics'])
+    _assert_close(ours['eval_metrics'], reference['eval_metrics'])
+    _assert_close(
+        ours['eval_output'].metrics['client_work']['eval']['total_rounds_metrics'],
+        reference['eval_output'].metrics['client_work']['eval']['total_rounds_metrics'],
+    )
+    assert set(ours['eval_output'].metrics) == set(reference['eval_output'].metrics)
+    for ours_w, tff_w in zip(
+        tf.nest.flatten(ours['process'].get_model_weights(ours['state'])),
+        tf.nest.flatten(reference['process'].get_model_weights(reference['state'])),
+    ):
+        np.testing.assert_allclose(ours_w, tff_w, rtol=1e-5, atol=1e-6)
+    # post_recon_epochs=2 capped at 3 batches: 3 batches of 2 per client are evaluated, as TFF evaluates them.
+    assert ours['eval_metrics']['num_examples'] == 3 * 3 * 2
+
+
+def test_the_native_api_gives_the_same_numbers(runs):
+    reference, _, native = runs
+    assert native['process'].simulation == 'engine'  # TFF's own Keras ReconstructionModel on the fast engine.
+    train = native['output'].metrics['client_work']['train']
+    _assert_close(train, reference['train_metrics'])
+    _assert_close(native['result']['eval'], reference['eval_metrics'])
+
+
+def test_default_split_is_the_only_difference():
+    """`dataset_split_fn=None`: fedpersonal's hash split, i.e. TFF given fedpersonal's split function."""
+    ns = _run('common')
+    model_fn, datasets = ns['model_fn'], ns['client_datasets']
+    weights = _initial_weights(model_fn)
+
+    def evaluate(builder, **kwargs):
+        process = builder(model_fn, loss_fn=tf.keras.losses.MeanSquaredError, **kwargs)
+        state = process.set_model_weights(process.initialize(), weights)
+        return process.next(state, datasets).metrics['client_work']['eval']['current_round_metrics']
+
+    ours = evaluate(tff_compat.build_fed_recon_eval)
+    reference = evaluate(
+        tff.learning.algorithms.build_fed_recon_eval,
+        metrics_fn=lambda: [tff.learning.metrics.NumExamplesCounter()],
+        dataset_split_fn=algorithms.build_dataset_split_fn(algorithms.ReconstructionSplit()),
+    )
+    _assert_close(ours, collections.OrderedDict((k, reference[k]) for k in ('loss', 'num_examples')))
+    tff_default = evaluate(
+        tff.learning.algorithms.build_fed_recon_eval, metrics_fn=lambda: [tff.learning.metrics.NumExamplesCounter()]
+    )
+    assert not np.isclose(ours['loss'], tff_default['loss'])  # TFF's even/odd batches: other examples.
+
+
+def test_post_reconstruction_epochs_and_steps_are_applied_and_zero_is_tffs():
+    ns = _run('common')
+    model_fn, datasets = ns['model_fn'], ns['client_datasets']  # 3 clients, 8 examples in batches of 2.
+    weights = _initial_weights(model_fn)
+
+    def evaluate(builder, split):
+        process = builder(model_fn, loss_fn=tf.keras.losses.MeanSquaredError, dataset_split_fn=split)
+        state = process.set_model_weights(process.initialize(), weights)
+        metrics = process.next(state, datasets).metrics['client_work']['eval']['current_round_metrics']
+        return collections.OrderedDict(
+            (k, metrics[k]) for k in ('loss',) + (('num_examples',) if 'num_examples' in metrics else ())
+        )
+
+    def counted(split):
+        return evaluate(evaluation.build_fed_recon_eval, split)['num_examples']
+
+    split = algorithms.ReconstructionSplit(strategy='order')  # 4 query examples a client.
+    assert counted(split) == 12
+    assert counted(algorithms.ReconstructionSplit(strategy='order', post_recon_epochs=2)) == 24
+    assert counted(algorithms.ReconstructionSplit(strategy='order', post_recon_epochs=2, post_recon_steps_max=3)) == 18
+    zero = tff.learning.models.ReconstructionModel.build_dataset_split_fn(post_recon_epochs=0, split_dataset=True)
+    ours = evaluate(evaluation.build_fed_recon_eval, zero)
+    assert ours['num_examples'] == 0
+    np.testing.assert_allclose(ours['loss'], evaluate(tff.learning.algorithms.build_fed_recon_eval, zero)['loss'])
+    assert counted(algorithms.ReconstructionSplit(post_recon_epochs=0)) == 0
+
+
+def test_post_recon_epochs_zero_trains_nothing_as_in_tff():
+    ns = _run('common')
+    process = algorithms.build_fed_recon(
+        ns['model_fn'],
+        loss_fn=tf.keras.losses.MeanSquaredError,
+        dataset_split=algorithms.ReconstructionSplit(post_recon_epochs=0),
+    )
+    state = process.initialize()
+    output = process.run_round(state, ns['client_datasets'])
+    assert output.metrics['client_work']['train']['num_examples'] == 0
+    for before, after in zip(
+        tf.nest.flatten(process.get_model_weights(state)), tf.nest.flatten(process.get_model_weights(output.state))
+    ):
+        np.testing.assert_array_equal(before, after)
+
+
+def test_building_the_evaluation_calls_model_fn_no_more_than_tff():
+    ns = _run('common')
+    counts = collections.Counter()
+
+    def counting(key):
+        def model_fn():
+            counts[key] += 1
+            return ns['model_fn']()
+
+        return model_fn
+
+    mse = tf.keras.losses.MeanSquaredError
+    tff.learning.algorithms.build_fed_recon_eval(counting('tff'), loss_fn=mse)
+    evaluation.build_fed_recon_eval(counting('process'), loss_fn=mse)
+    evaluation.build_recon_eval(counting('function'), loss_fn=mse, simulation='per_client')
+    evaluation.build_recon_eval(counting('engine'), loss_fn=mse)
+    assert counts['tff'] >= 1
+    for ours in ('process', 'function', 'engine'):
+        assert counts[ours] <= counts['tff'], counts
+
+
+def test_tff_split_functions_and_counters_in_build_recon_eval_engine_and_per_client():
+    ns = _run('common')
+    model_fn, datasets = ns['model_fn'], ns['client_datasets']
+    weights = _initial_weights(model_fn)
+    split_fn = tff.learning.models.ReconstructionModel.build_dataset_split_fn(recon_epochs=2, split_dataset=True)
+
+    def metrics_fn():
+        return [tff.learning.metrics.NumBatchesCounter(), tff.learning.metrics.NumExamplesCounter()]
+
+    kwargs = dict(loss_fn=tf.keras.losses.MeanSquaredError, metrics_fn=metrics_fn, dataset_split_fn=split_fn)
+    reference = tff.learning.algorithms.build_fed_recon_eval(model_fn, **kwargs)
+    state = reference.set_model_weights(reference.initialize(), weights)
+    expected = reference.next(state, datasets).metrics['client_work']['eval']['current_round_metrics']
+    assert expected['num_batches'] == 6 and expected['num_examples'] == 12
+    for simulation in ('per_client', 'engine'):
+        result = evaluation.build_recon_eval(model_fn, simulation=simulation, **kwargs)(weights, datasets)
+        _assert_close(result['eval'], expected)
+
+
+def test_counters_in_training_metrics_on_the_engine():
+    ns = _run('common')
+
+    def metrics_fn():
+        return [tff.learning.metrics.NumExamplesCounter(), tff.learning.metrics.NumBatchesCounter()]
+
+    split = algorithms.ReconstructionSplit(strategy='order')
+    outputs = {}
+    for simulation in ('engine', 'per_client'):
+        process = algorithms.build_fed_recon(
+            ns['model_fn'],
+            loss_fn=tf.keras.losses.MeanSquaredError,
+            metrics_fn=metrics_fn,
+            dataset_split_fn=split,
+            simulation=simulation,
+        )
+        outputs[simulation] = process.run_round(process.initialize(), ns['client_datasets']).metrics
+    train = outputs['engine']['client_work']['train']
+    assert (train['num_examples'], train['num_batches']) == (12, 6)
+    _assert_close(train, outputs['per_client']['client_work']['train'])
+
+
+def test_keras_optimizer_functions_and_model_distributor_as_tff_accepts_them():
+    ns = _run('common')
+    model_fn, datasets = ns['model_fn'], ns['client_datasets']
+    weights = _initial_weights(model_fn)
+    weights_type = tff.types.tensorflow_to_type(
+        tf.nest.map_structure(lambda a: tf.TensorSpec(a.shape, a.dtype), weights)
+    )
+
+    def evaluate(builder):
+        process = builder(
+            model_fn,
+            loss_fn=tf.keras.losses.MeanSquaredError,
+            reconstruction_optimizer_fn=lambda: tf.keras.optimizers.SGD(learning_rate=0.1),
+            model_distributor=tff.learning.templates.build_broadcast_process(weights_type),
+            dataset_split_fn=tff.learning.models.ReconstructionModel.build_dataset_split_fn(split_dataset=True),
+        )
+        state = process.set_model_weights(process.initialize(), weights)
+        return process.next(state, datasets).metrics['client_work']['eval']['current_round_metrics']['loss']
+
+    np.testing.assert_allclose(
+        evaluate(tff_compat.build_fed_recon_eval), evaluate(tff.learning.algorithms.build_fed_recon_eval), rtol=1e-5
+    )
+    # Training: both accepted on the per-client path; the engine refuses them, naming the argument.
+    process = tff_compat.build_fed_recon(
+        model_fn,
+        loss_fn=tf.keras.losses.MeanSquaredError,
+        client_optimizer_fn=lambda: tf.keras.optimizers.SGD(learning_rate=0.1),
+        model_distributor=tff.learning.templates.build_broadcast_process(weights_type),
+    )
+    assert np.isfinite(process.next(process.initialize(), datasets).metrics['client_work']['train']['loss'])
+    with pytest.raises(errors.ConfigError, match='client_optimizer'):
+        algorithms.build_fed_recon(
+            model_fn, loss_fn=tf.keras.losses.MeanSquaredError, client_optimizer_fn=lambda: tf.keras.optimizers.SGD()
+        )
+    with pytest.raises(errors.ConfigError, match='model_distributor'):
+        algorithms.build_fed_recon(
+            model_fn,
+            loss_fn=tf.keras.losses.MeanSquaredError,
+            model_distributor=tff.learning.templates.build_broadcast_process(weights_type),
+        )
+
+
+ALIASES = [
+    ('server_optimizer', 'server_optimizer_fn', SGD(1.0)),
+    ('client_optimizer', 'client_optimizer_fn', SGD(0.1)),
+    ('reconstruction_optimizer', 'reconstruction_optimizer_fn', SGD(0.1)),
+    ('dataset_split', 'dataset_split_fn', algorithms.ReconstructionSplit()),
+    ('model_aggregator', 'model_aggregator_factory', tff.aggregators.MeanFactory()),
+]
+
+
+def _never_called():
+    raise AssertionError('model_fn called although the arguments are refused first')
+
+
+@pytest.mark.parametrize('name,alias,value', ALIASES)
+def test_an_argument_under_both_names_is_refused_naming_both(name, alias, value):
+    with pytest.raises(TypeError, match=f"'{name}'.*'{alias}'"):
+        algorithms.build_fed_recon(
+            _never_called, loss_fn=tf.keras.losses.MeanSquaredError, **{name: value, alias: value}
+        )
+    if name in ('reconstruction_optimizer', 'dataset_split'):
+        for builder in (evaluation.build_recon_eval, evaluation.build_fed_recon_eval):
+            with pytest.raises(TypeError, match=f"'{name}'.*'{alias}'"):
+                builder(_never_called, loss_fn=tf.keras.losses.MeanSquaredError, **{name: value, alias: value})
+
+
+def test_every_tff_argument_is_taken_and_others_are_refused_by_name():
+    pairs = [
+        (tff.learning.algorithms.build_fed_recon, tff_compat.build_fed_recon),
+        (tff.learning.algorithms.build_fed_recon, algorithms.build_fed_recon),
+        (tff.learning.algorithms.build_fed_recon_eval, tff_compat.build_fed_recon_eval),
+    ]
+    for theirs, ours in pairs:
+        missing = set(inspect.signature(theirs).parameters) - set(inspect.signature(ours).parameters)
+        assert not missing, (ours.__module__, missing)
+    mse = tf.keras.losses.MeanSquaredError
+    for tff_arg in ('model_distributor', 'metrics_aggregation_process'):
+        with pytest.raises(TypeError, match=tff_arg):
+            evaluation.build_recon_eval(_never_called, loss_fn=mse, **{tff_arg: object()})
+    for builder in (tff_compat.build_fed_recon, tff_compat.build_fed_recon_eval, algorithms.build_fed_recon):
+        with pytest.raises(TypeError, match='personalization_fn'):
+            builder(_never_called, loss_fn=mse, personalization_fn=None)
+    with pytest.raises(TypeError, match='simulation'):  # tff_compat returns TFF's per-client LearningProcess.
+        tff_compat.build_fed_recon(_never_called, loss_fn=mse, simulation='engine')
+    with pytest.raises(TypeError, match='metrics_aggregation_process'):
+        evaluation.build_fed_recon_eval(_never_called, loss_fn=mse, metrics_aggregation_process=object())
