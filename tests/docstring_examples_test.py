@@ -17,6 +17,7 @@ MODULES = (
     'fedpersonal.program',
     'fedpersonal.program.experiment_main',
     'fedpersonal.program.dataset_inference',
+    'fedpersonal.privacy.dp',
     'fedpersonal.tasks.feddva_config',
     'fedpersonal.tasks.furl_personalization_config',
     'fedpersonal.tasks.hpfl_user_modeling_config',

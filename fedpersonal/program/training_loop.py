@@ -234,6 +234,7 @@ def run_learning_process(
     evaluation_name: str = 'eval',
     config: Mapping[str, Any] | None = None,
     log_keys: Sequence[str] | None = None,
+    round_metrics_fn: Callable[[int, Any], Mapping[str, Any]] | None = None,
 ) -> tuple[Any, list[dict[str, float]]]:
     """Runs `total_rounds` rounds, resuming from the latest checkpoint if any (see the module docstring).
 
@@ -271,6 +272,8 @@ def run_learning_process(
       evaluation_name: The key the evaluation metrics are released under.
       config: Optional JSON-able configuration of the run (the config guard).
       log_keys: Flat metric keys shown in the progress lines.
+      round_metrics_fn: Optional ``(round_num, the round's metrics from next) -> metrics`` released with the
+        round's (e.g. `fedpersonal.privacy.dp.DifferentialPrivacy.round_metrics`: ``privacy/epsilon``).
 
     Raises:
       ClientStatesLostError: On resume from a checkpoint of round R when `client_state_store` has committed only up
@@ -383,6 +386,8 @@ def run_learning_process(
         if measured:
             metrics['communication'] = measured
         metrics['round_seconds'] = time.time() - round_start
+        if round_metrics_fn is not None:
+            metrics.update(round_metrics_fn(round_num, result.metrics))
         if round_num % rounds_per_evaluation == 0 or round_num == total_rounds:
             evaluation: dict[str, Any] = {}
             if evaluation_fn is not None:
