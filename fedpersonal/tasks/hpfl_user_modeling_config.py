@@ -45,6 +45,7 @@ class HpflConfig(
     parts.ClientOptimizerConfig,
     parts.SimulationConfig,
     parts.EarlyStoppingConfig,
+    parts.DifferentialPrivacyConfig,
 ):
     """Everything an HPFL experiment needs (shared options from `fedpersonal.program.config_parts`; cross-silo:
     every client takes part in every round, so there is no --clients_per_round)."""
@@ -103,6 +104,12 @@ class HpflConfig(
 
     def __post_init__(self):
         parts.run_post_inits(self)
+        parts.refuse_dp(
+            self,
+            "HPFL aggregates the silos' models weighted by their validation accuracy, a data-dependent weighting "
+            'that the DP aggregator (clipped, uniformly weighted, noised mean) would replace, so it is not wired to '
+            'one; DP is available for FedRecon/FedAvg (experiments/movielens_mf.py) and FURL.',
+        )
         dataset_inference.resolve_dataset(self, generated='synthetic', layouts=DATA_LAYOUTS)
         if self.dataset not in DATASETS:
             raise errors.ConfigError(f'dataset must be one of {DATASETS}, got {self.dataset!r}.')

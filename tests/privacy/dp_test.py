@@ -220,3 +220,20 @@ def test_tasks_refuse_dp_for_rows_it_does_not_cover():
     with pytest.raises(errors.ConfigError, match='dp_noise_multiplier'):
         furl_config.FurlConfig(dp_noise_multiplier=0.5)  # The default rows include the server rows.
     furl_config.FurlConfig(configurations=('personalized_fl',), dp_noise_multiplier=0.5)
+
+
+@pytest.mark.parametrize(
+    'module, name, why',
+    [
+        ('hpfl_user_modeling_config', 'HpflConfig', 'accuracy'),
+        ('feddva_config', 'FeddvaConfig', 'model_aggregator'),
+        ('next_word_prediction_config', 'NextWordPredictionConfig', 'not wired'),
+    ],
+)
+def test_tasks_without_dp_refuse_the_flag_saying_why(module, name, why):
+    import importlib
+
+    config_cls = getattr(importlib.import_module(f'fedpersonal.tasks.{module}'), name)
+    with pytest.raises(errors.ConfigError, match=f'--dp_noise_multiplier=0.5 is not supported here: .*{why}'):
+        config_cls(dp_noise_multiplier=0.5, dp_clip='1.0')
+    assert not config_cls().dp_enabled
