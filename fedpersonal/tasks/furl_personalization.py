@@ -209,14 +209,15 @@ def _selection(
 ) -> dict[str, Any]:
     """What the run's early stopping saw: its best validation round and value, and the rounds run (with `dp`, the
     privacy report of every round run)."""
-    selection = {
+    rounds = max([int(r['round']) for r in outputs.read_metrics()] or [0])
+    selection: dict[str, Any] = {
         'best_round': stopping.best_round,
         f'best_validation_{stopping.metric}': stopping.best_value,
-        'rounds': max([int(r['round']) for r in outputs.read_metrics()] or [0]),
+        'rounds': rounds,
         'early_stopped': stopping.stopped,
     }
     if dp is not None:
-        selection['privacy'] = dp.report(selection['rounds'])
+        selection['privacy'] = dp.report(rounds)
     return selection
 
 

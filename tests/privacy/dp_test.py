@@ -237,3 +237,23 @@ def test_tasks_without_dp_refuse_the_flag_saying_why(module, name, why):
     with pytest.raises(errors.ConfigError, match=f'--dp_noise_multiplier=0.5 is not supported here: .*{why}'):
         config_cls(dp_noise_multiplier=0.5, dp_clip='1.0')
     assert not config_cls().dp_enabled
+
+
+# ------------------------------------------------------------------------------------ secure summation (optional)
+def test_secure_sum_aggregates_fed_recon_under_dp():
+    """`tff.aggregators.SecureSumFactory` (bounds [-1, 1]) as the record sum of FedRecon's DP aggregator (a clipped
+    record's coordinates are within the clip, so the bounds do not change the sensitivity). TFF's default runtime
+    has no secure intrinsics; its test context implements them in the clear."""
+    import tensorflow_privacy as tfp
+
+    data = _clients([3, 12])
+    secure = tff.aggregators.SecureSumFactory(upper_bound_threshold=1.0, lower_bound_threshold=-1.0)
+    dp_secure = tff.aggregators.DifferentiallyPrivateFactory(
+        tfp.NormalizedQuery(tfp.GaussianSumQuery(l2_norm_clip=1.0, stddev=0.0), denominator=2.0),
+        record_aggregation_factory=secure,
+    )
+    plain = _fed_recon_round(tff.aggregators.UnweightedMeanFactory(), data)
+    with tff.framework.get_context_stack().install(tff.backends.test.create_sync_test_cpp_execution_context()):
+        private = _fed_recon_round(dp_secure, data)
+    assert not np.allclose(plain, recon.ITEM_INIT, atol=1e-3)
+    np.testing.assert_allclose(private, plain, atol=1e-6)  # The updates' norms are below the clip 1.0.
