@@ -25,9 +25,10 @@ Assumptions:
   user changes its clipped update by up to 2C, so the noise stddev z * C is z / 2 times the sensitivity: the
   accountant's Gaussian noise multiplier is z / 2 (the same for adaptive clipping, whose clipped-count bit also
   moves by twice its add/remove sensitivity; TFF's z there is the effective multiplier of both queries);
-* the round's sample is secret (the seed of `sample_clients` must not be known to an adversary) and the noise is
-  drawn by TensorFlow's random ops (tensorflow_privacy's `GaussianSumQuery`: unseeded, so DP runs are not
-  bit-reproducible);
+* the round's sample and the noise are secret. In these simulations both derive from the run's ``--seed``
+  (`sample_clients`; with a fixed clip the noise too, `SeededGaussianSumQuery`, so such runs are reproducible and
+  resume exactly); adaptive clipping draws its noise with tensorflow_privacy's unseeded TF random ops, as TFF does
+  (not bit-reproducible);
 * epsilon covers every round run (all intermediate global models, checkpoints included), at ``target_delta``
   (default ``1 / N**1.1``, below 1 / N); the epsilon of R rounds is reported after each round (``privacy/epsilon``).
 
@@ -40,6 +41,7 @@ without noise and released as they are; centralized rows see the raw data.
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import functools
 import math
@@ -47,7 +49,9 @@ from typing import Any
 
 import dp_accounting
 import numpy as np
+import tensorflow as tf
 import tensorflow_federated as tff
+import tensorflow_privacy as tfp
 from absl import logging
 
 from fedpersonal import errors
@@ -61,6 +65,39 @@ NOT_COVERED = (
 )
 
 
+class SeededGaussianSumQuery(tfp.GaussianSumQuery):
+    """tensorflow_privacy's `GaussianSumQuery` with stateless noise: the global state carries a seed
+    ``[noise_seed, round]`` (advanced every round, checkpointed with the process state), so a run's noise is a
+    function of `noise_seed` and the round, and a resumed run draws the noise of an uninterrupted one.
+
+    For simulations: a deployment must draw its noise from a secret source (the seed is in the run's config).
+    """
+
+    _SeededGlobalState = collections.namedtuple('_SeededGlobalState', ['l2_norm_clip', 'stddev', 'seed'])
+
+    def __init__(self, l2_norm_clip: float, stddev: float, noise_seed: int):
+        super().__init__(l2_norm_clip, stddev)
+        self._noise_seed = int(noise_seed)
+
+    def initial_global_state(self):
+        return self._SeededGlobalState(
+            tf.cast(self._l2_norm_clip, tf.float32),
+            tf.cast(self._stddev, tf.float32),
+            tf.constant([self._noise_seed, 0], tf.int64),
+        )
+
+    def get_noised_result(self, sample_state, global_state):
+        flat = tf.nest.flatten(sample_state)
+        seeds = tf.random.experimental.stateless_split(global_state.seed, num=max(len(flat), 1))
+        noised = [
+            v + tf.cast(tf.random.stateless_normal(tf.shape(v), seed=seeds[i], stddev=global_state.stddev), v.dtype)
+            for i, v in enumerate(flat)
+        ]
+        new_state = global_state._replace(seed=global_state.seed + tf.constant([0, 1], tf.int64))
+        event = dp_accounting.GaussianDpEvent(global_state.stddev / global_state.l2_norm_clip)
+        return tf.nest.pack_sequence_as(sample_state, noised), new_state, event
+
+
 def build_dp_aggregator(
     *,
     noise_multiplier: float,
@@ -70,6 +107,7 @@ def build_dp_aggregator(
     target_quantile: float = 0.5,
     clip_learning_rate: float = 0.2,
     clipped_count_stddev: float | None = None,
+    noise_seed: int | None = None,
 ) -> tff.aggregators.UnweightedAggregationFactory:
     """TFF's DP mean: clip each client update, sum, add Gaussian noise, divide by `clients_per_round`.
 
@@ -82,6 +120,8 @@ def build_dp_aggregator(
       target_quantile: Adaptive: the fraction of updates the clip aims to leave unclipped.
       clip_learning_rate: Adaptive: the learning rate of the geometric clip update.
       clipped_count_stddev: Adaptive: the noise stddev of the clipped count (None: 0.05 * clients_per_round).
+      noise_seed: Fixed clip only: draw the noise with `SeededGaussianSumQuery` (reproducible runs); None: TF's
+        unseeded random ops, as TFF does (adaptive clipping always).
 
     Returns:
       An unweighted `tff.aggregators` factory; use it with ``client_weighting=UNIFORM``.
@@ -91,8 +131,15 @@ def build_dp_aggregator(
     """
     try:
         if clip is not None:
-            return tff.aggregators.DifferentiallyPrivateFactory.gaussian_fixed(
+            fixed = tff.aggregators.DifferentiallyPrivateFactory.gaussian_fixed(  # Also validates the arguments.
                 noise_multiplier=float(noise_multiplier), clients_per_round=float(clients_per_round), clip=float(clip)
+            )
+            if noise_seed is None:
+                return fixed
+            # gaussian_fixed's query with seeded noise.
+            query = SeededGaussianSumQuery(float(clip), float(clip) * float(noise_multiplier), noise_seed)
+            return tff.aggregators.DifferentiallyPrivateFactory(
+                tfp.NormalizedQuery(query, denominator=float(clients_per_round))
             )
         return tff.aggregators.DifferentiallyPrivateFactory.gaussian_adaptive(
             noise_multiplier=float(noise_multiplier),
@@ -173,6 +220,7 @@ class DifferentialPrivacy:
     target_quantile: float = 0.5
     clip_learning_rate: float = 0.2
     clipped_count_stddev: float | None = None
+    noise_seed: int | None = None
 
     @classmethod
     def from_config(
@@ -198,6 +246,7 @@ class DifferentialPrivacy:
             target_quantile=config.dp_target_quantile,
             clip_learning_rate=config.dp_clip_learning_rate,
             clipped_count_stddev=config.dp_clipped_count_stddev,
+            noise_seed=getattr(config, 'seed', 0) if config.dp_fixed_clip is not None else None,
         )
 
     def aggregator(self) -> tff.aggregators.UnweightedAggregationFactory:
@@ -210,6 +259,7 @@ class DifferentialPrivacy:
             target_quantile=self.target_quantile,
             clip_learning_rate=self.clip_learning_rate,
             clipped_count_stddev=self.clipped_count_stddev,
+            noise_seed=self.noise_seed,
         )
 
     @property
@@ -310,6 +360,11 @@ class DifferentialPrivacy:
             'sampling': self.sampling,
             'accountant': ACCOUNTANT,
             'accountant_noise_multiplier': self.noise_multiplier / 2.0,
+            'noise': (
+                f'stateless, seeded by the run seed {self.noise_seed} and the round (simulation only)'
+                if self.noise_seed is not None
+                else "TensorFlow's unseeded random ops (not reproducible)"
+            ),
             'protects': 'global parameters (every released global model)',
             'not_covered': list(NOT_COVERED),
         }

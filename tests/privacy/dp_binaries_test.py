@@ -60,6 +60,7 @@ def test_fedrecon_with_dp_reports_epsilon_per_round_and_at_the_end(tmp_path, cap
     assert privacy['epsilon'] == pytest.approx(expected)
     assert (privacy['delta'], privacy['rounds'], privacy['clip'], privacy['noise_multiplier']) == (1e-4, 3, 0.5, 1.0)
     assert privacy['neighbouring'] == 'replace-one user' and privacy['client_weighting'] == 'uniform'
+    assert 'seeded by the run seed 0' in privacy['noise']  # A fixed clip: reproducible noise.
     rows = _metrics(os.path.join(out, 'fedrecon', 'metrics.csv'))
     epsilons = [float(r['privacy/epsilon']) for r in rows]
     assert epsilons == sorted(epsilons) and len(set(epsilons)) == 3
@@ -93,6 +94,7 @@ def test_furl_with_adaptive_dp_on_its_federated_rows(tmp_path, capsys):
     for row in results['rows']:
         privacy = row['privacy']
         assert privacy['clip'] == 'adaptive' and privacy['rounds'] == 3 and privacy['epsilon'] > 0
+        assert 'unseeded' in privacy['noise']
         assert privacy['delta'] == pytest.approx(dp.default_target_delta(privacy['num_clients']))
         rows = _metrics(os.path.join(out, row['configuration'], 'metrics.csv'))
         clips = [float(r['privacy/clip']) for r in rows]

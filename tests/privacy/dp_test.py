@@ -92,26 +92,44 @@ def test_a_small_clip_bounds_the_update_norm(clip):
 
 
 # ------------------------------------------------------------------------------------------------ (c) the noise
-def test_noise_has_stddev_z_clip_over_clients_and_is_not_seeded():
-    """No client training (learning rate 0): the global change is the noise alone, stddev z * C / m. TFF's DP
-    noise (tensorflow_privacy's GaussianSumQuery) is drawn by unseeded TF random ops: two runs differ even with
-    TensorFlow's global seed set, so DP runs are not bit-reproducible (noise 0 runs are)."""
+def test_noise_has_stddev_z_clip_over_clients_and_is_seeded():
+    """No client training (learning rate 0): the global change is the noise alone, stddev z * C / m. With a fixed
+    clip and a noise seed the noise is a function of the seed (and the round); TFF's own queries (and adaptive
+    clipping) draw it with unseeded TF random ops: two runs differ even with TensorFlow's global seed set."""
     data = _clients([12, 12])
     z, clip, m = 2.0, 0.5, 2
     frozen = dict(client_optimizer=SGD(learning_rate=0.0))
-    runs = []
-    for _ in range(2):
+
+    def noise(**kwargs):
         tf.random.set_seed(0)
-        aggregator = dp.build_dp_aggregator(noise_multiplier=z, clients_per_round=m, clip=clip)
-        runs.append(_fed_recon_round(aggregator, data, **frozen) - recon.ITEM_INIT)
-    for noise in runs:
-        assert 0.7 < np.std(noise) / (z * clip / m) < 1.3  # 84 draws.
-    assert not np.allclose(runs[0], runs[1])
-    quiet = [
-        _fed_recon_round(dp.build_dp_aggregator(noise_multiplier=0.0, clients_per_round=m, clip=clip), data)
-        for _ in range(2)
-    ]
-    np.testing.assert_array_equal(quiet[0], quiet[1])
+        aggregator = dp.build_dp_aggregator(noise_multiplier=z, clients_per_round=m, clip=clip, **kwargs)
+        return _fed_recon_round(aggregator, data, **frozen) - recon.ITEM_INIT
+
+    seeded = [noise(noise_seed=1), noise(noise_seed=1), noise(noise_seed=2)]
+    unseeded = [noise(), noise()]
+    for drawn in seeded + unseeded:
+        assert 0.7 < np.std(drawn) / (z * clip / m) < 1.3  # 84 draws.
+    np.testing.assert_array_equal(seeded[0], seeded[1])
+    assert not np.allclose(seeded[0], seeded[2])
+    assert not np.allclose(unseeded[0], unseeded[1])
+
+
+def test_seeded_noise_differs_between_rounds():
+    data = _clients([12, 12])
+    aggregator = dp.build_dp_aggregator(noise_multiplier=2.0, clients_per_round=2, clip=0.5, noise_seed=3)
+    process = recon.build(
+        model_aggregator=aggregator,
+        client_weighting=UNIFORM,
+        simulation='per_client',
+        client_optimizer=SGD(learning_rate=0.0),
+    )
+    state = process.initialize()
+    weights = [process.get_model_weights(state).trainable[0]]
+    for _ in range(2):
+        state = process.run_round(state, data).state
+        weights.append(process.get_model_weights(state).trainable[0])
+    first, second = weights[1] - weights[0], weights[2] - weights[1]
+    assert not np.allclose(first, second) and abs(np.corrcoef(first.ravel(), second.ravel())[0, 1]) < 0.4
 
 
 # ------------------------------------------------------------------------------------------------ (d) the epsilon
