@@ -20,6 +20,7 @@ MODULES = (
     'fedpersonal.program.non_finite',
     'fedpersonal.program.participation',
     'fedpersonal.progress',
+    'fedpersonal.privacy.dp',
     'fedpersonal.tasks.feddva_config',
     'fedpersonal.tasks.furl_personalization_config',
     'fedpersonal.tasks.hpfl_user_modeling_config',

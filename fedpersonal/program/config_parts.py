@@ -10,8 +10,8 @@ the same in every binary (`config_flags` turns the fields into flags, the help t
 
 Parts: `OutputConfig` (where results go), `DataConfig` (where data comes from), `RoundsConfig` (rounds, seed,
 checkpoints), `SamplingConfig` (clients per round), `EvaluationConfig`, `EvalClientsConfig`, `BatchConfig`, `ClientEpochsConfig`,
-`ClientOptimizerConfig`, `ServerOptimizerConfig`, `ReconstructionOptimizerConfig`; `CrossDeviceRunConfig` bundles
-the first six. Every part validates its own
+`ClientOptimizerConfig`, `ServerOptimizerConfig`, `ReconstructionOptimizerConfig`, `DifferentialPrivacyConfig`
+(user-level DP of the global parameters, `fedpersonal.privacy.dp`); `CrossDeviceRunConfig` bundles the first six. Every part validates its own
 fields; a task's `__post_init__` calls `run_post_inits(self)` first.
 """
 
@@ -242,6 +242,101 @@ class ReconstructionOptimizerConfig:
     def build_reconstruction_optimizer(self) -> Any:
         """The `tff.learning.optimizers.Optimizer` of the reconstruction steps."""
         return build_optimizer(self.reconstruction_optimizer, self.reconstruction_learning_rate)
+
+
+DP_ADAPTIVE_CLIP = 'adaptive'
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class DifferentialPrivacyConfig:
+    """User-level differential privacy of the global parameters (`fedpersonal.privacy.dp`: DP-FedAvg with TFF's
+    DP aggregators and an RDP epsilon; local/private parameters never reach the aggregator).
+
+    Off by default (``dp_noise_multiplier=None``). Validation needs no TensorFlow; a config with
+    `clients_per_round` also checks the adaptive clip's count noise against it (TFF's constraint).
+    """
+
+    dp_noise_multiplier: float | None = option(
+        None,
+        "User-level DP of the global parameters: the Gaussian noise's stddev over the clip norm ('none': no DP; "
+        '0: clipping and uniform client weighting without noise, epsilon infinite). Under DP the global update '
+        'is the unweighted mean of clipped client updates plus noise, run on the per-client TFF path.',
+    )
+    dp_clip: str = option(
+        DP_ADAPTIVE_CLIP,
+        "DP: the L2 clip norm of each client's update (a positive number), or 'adaptive' (clip adapted to the "
+        '--dp_target_quantile of the update norms, privately).',
+    )
+    dp_initial_clip: float = option(0.1, "DP with --dp_clip=adaptive: the initial clip norm (TFF's default).")
+    dp_target_quantile: float = option(
+        0.5, 'DP with --dp_clip=adaptive: the fraction of client updates the clip aims to leave unclipped.'
+    )
+    dp_clip_learning_rate: float = option(
+        0.2, 'DP with --dp_clip=adaptive: the learning rate of the (geometric) clip update.'
+    )
+    dp_clipped_count_stddev: float | None = option(
+        None,
+        "DP with --dp_clip=adaptive: the noise stddev of the clipped-client count ('none': TFF's 0.05 * "
+        'clients_per_round); must exceed dp_noise_multiplier / 2.',
+    )
+    dp_target_delta: float | None = option(
+        None, "DP: the delta epsilon is reported at ('none': 1 / num_clients**1.1, below 1 / num_clients)."
+    )
+
+    def __post_init__(self):
+        noise = self.dp_noise_multiplier
+        _require(
+            noise is None or noise >= 0,
+            f"dp_noise_multiplier must be >= 0 ('none': no DP), got {noise}.",
+        )
+        if self.dp_clip != DP_ADAPTIVE_CLIP:
+            try:
+                clip = float(self.dp_clip)
+            except ValueError:
+                clip = float('nan')
+            _require(
+                clip > 0 and clip != float('inf'),
+                f'dp_clip must be a positive number or {DP_ADAPTIVE_CLIP!r}, got {self.dp_clip!r}.',
+            )
+        _require(self.dp_initial_clip > 0, f'dp_initial_clip must be > 0, got {self.dp_initial_clip}.')
+        _require(
+            0 <= self.dp_target_quantile <= 1,
+            f'dp_target_quantile must be in [0, 1], got {self.dp_target_quantile}.',
+        )
+        _require(
+            self.dp_clip_learning_rate >= 0, f'dp_clip_learning_rate must be >= 0, got {self.dp_clip_learning_rate}.'
+        )
+        stddev = self.dp_clipped_count_stddev
+        _require(stddev is None or stddev >= 0, f'dp_clipped_count_stddev must be >= 0, got {stddev}.')
+        delta = self.dp_target_delta
+        _require(delta is None or 0 < delta < 1, f'dp_target_delta must be in (0, 1), got {delta}.')
+        clients = getattr(self, 'clients_per_round', None)
+        if noise and self.dp_clip == DP_ADAPTIVE_CLIP and clients:
+            stddev = stddev if stddev is not None else 0.05 * clients
+            _require(
+                noise < 2 * stddev,
+                f'dp_noise_multiplier {noise} needs a clipped-count noise stddev above {noise / 2} with '
+                f'--dp_clip=adaptive (got {stddev}: dp_clipped_count_stddev, default 0.05 * clients_per_round = '
+                f'{0.05 * clients}): raise --dp_clipped_count_stddev or --clients_per_round, or use a fixed --dp_clip.',
+            )
+
+    @property
+    def dp_enabled(self) -> bool:
+        """Whether the global parameters are aggregated with a DP aggregator (`dp_noise_multiplier` not None)."""
+        return self.dp_noise_multiplier is not None
+
+    @property
+    def dp_fixed_clip(self) -> float | None:
+        """The fixed clip norm, or None for adaptive clipping."""
+        return None if self.dp_clip == DP_ADAPTIVE_CLIP else float(self.dp_clip)
+
+
+def refuse_dp(config: Any, reason: str) -> None:
+    """Raises `ConfigError` naming --dp_noise_multiplier when `config` asks for DP that its task cannot apply."""
+    _require(
+        getattr(config, 'dp_noise_multiplier', None) is None,
+        f'--dp_noise_multiplier={config.dp_noise_multiplier} is not supported here: {reason}',
+    )
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)

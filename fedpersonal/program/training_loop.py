@@ -225,6 +225,7 @@ def run_learning_process(
     non_finite_clients: str = 'stop',
     dropout_rate: float = 0.0,
     overselection: float = 1.0,
+    round_metrics_fn: Callable[[int, Any], Mapping[str, Any]] | None = None,
 ) -> tuple[Any, list[dict[str, float]]]:
     """Runs `total_rounds` rounds, resuming from the latest checkpoint if any (see the module docstring).
 
@@ -273,6 +274,8 @@ def run_learning_process(
         ``participation/clients``; a round where every client dropped leaves the state unchanged.
       overselection: Sample ``ceil(overselection * clients_per_round)`` clients and use the first
         `clients_per_round` that report (the FedRecon paper's deployment practice against dropouts).
+      round_metrics_fn: Optional ``(round_num, the round's metrics from next) -> metrics`` released with the
+        round's (e.g. `fedpersonal.privacy.dp.DifferentialPrivacy.round_metrics`: ``privacy/epsilon``).
 
     Raises:
       ClientStatesLostError: On resume from a checkpoint of round R when `client_state_store` has committed only up
@@ -442,6 +445,8 @@ def run_learning_process(
         if measured:
             metrics['communication'] = measured
         metrics['round_seconds'] = time.time() - round_start
+        if round_metrics_fn is not None:
+            metrics.update(round_metrics_fn(round_num, result.metrics))
         train_seconds.append(metrics['round_seconds'])
         evaluated = round_num % rounds_per_evaluation == 0 or round_num == total_rounds
         if evaluated:

@@ -52,6 +52,7 @@ class FeddvaConfig(
     parts.CrossDeviceRunConfig,
     parts.ClientEpochsConfig,
     parts.SimulationConfig,
+    parts.DifferentialPrivacyConfig,
 ):
     """Everything a FedDVA experiment needs (shared options from `fedpersonal.program.config_parts`; defaults: a
     small run on the generated data)."""
@@ -103,6 +104,11 @@ class FeddvaConfig(
 
     def __post_init__(self):
         parts.run_post_inits(self)
+        parts.refuse_dp(
+            self,
+            "FedDVA's builder aggregates its global update with a fixed example-weighted mean (no model_aggregator "
+            'to put a DP aggregator in); DP is available for FedRecon/FedAvg (experiments/movielens_mf.py) and FURL.',
+        )
         dataset_inference.resolve_dataset(self, generated='generated', layouts=DATA_LAYOUTS)
         if self.dataset not in DATASETS:
             raise errors.ConfigError(f'dataset must be one of {DATASETS}, got {self.dataset!r}.')

@@ -46,6 +46,7 @@ from fedpersonal.algorithms import centralized
 from fedpersonal.algorithms import furl
 from fedpersonal.data import furl_tasks
 from fedpersonal.models import furl_models
+from fedpersonal.privacy import dp as dp_lib
 from fedpersonal.program import training_loop
 from fedpersonal.tasks.furl_personalization_config import CONFIGURATIONS as CONFIGURATIONS
 from fedpersonal.tasks.furl_personalization_config import DATASETS as DATASETS
@@ -215,20 +216,42 @@ def _stopping(task: FurlTask) -> program.EarlyStopping:
     )
 
 
-def _selection(stopping: program.EarlyStopping, outputs: program.ExperimentOutputs) -> dict[str, Any]:
-    """What the run's early stopping saw: its best validation round and value, and the rounds run."""
-    return {
+def _selection(
+    stopping: program.EarlyStopping, outputs: program.ExperimentOutputs, dp: dp_lib.DifferentialPrivacy | None = None
+) -> dict[str, Any]:
+    """What the run's early stopping saw: its best validation round and value, and the rounds run (with `dp`, the
+    privacy report of every round run)."""
+    rounds = max([int(r['round']) for r in outputs.read_metrics()] or [0])
+    selection: dict[str, Any] = {
         'best_round': stopping.best_round,
         f'best_validation_{stopping.metric}': stopping.best_value,
-        'rounds': max([int(r['round']) for r in outputs.read_metrics()] or [0]),
+        'rounds': rounds,
         'early_stopped': stopping.stopped,
     }
+    if dp is not None:
+        selection['privacy'] = dp.report(rounds)
+    return selection
+
+
+def _differential_privacy(task: FurlTask, name: str) -> tuple[dp_lib.DifferentialPrivacy | None, dict[str, Any]]:
+    """A federated row's DP (None without --dp_noise_multiplier) and the builder arguments it sets: the DP
+    aggregator of the federated parameters, uniform client weights and the per-client path."""
+    cfg = task.config
+    dp = dp_lib.DifferentialPrivacy.from_config(cfg, num_clients=len(task.data.train.client_ids))
+    if dp is None:
+        return None, dict(simulation=cfg.simulation)
+    return dp, dict(
+        model_aggregator=dp.aggregator(),
+        client_weighting=dp.client_weighting,
+        simulation=dp.simulation(cfg.simulation, name),
+    )
 
 
 def run_global_fl(task: FurlTask, outputs: program.ExperimentOutputs) -> dict[str, Any]:
     """FedAvg of the model without user embedding (`algorithms.build_fed_avg`, equal to TFF's
     `build_weighted_fed_avg`), tested with its best validation round's model."""
     cfg = task.config
+    dp, dp_kwargs = _differential_privacy(task, 'global_fl')
     process = algorithms.build_fed_avg(
         task.model_fn('none'),
         loss_fn=task.loss_fn,
@@ -236,8 +259,8 @@ def run_global_fl(task: FurlTask, outputs: program.ExperimentOutputs) -> dict[st
         client_optimizer=cfg.build_client_optimizer(),
         server_optimizer=cfg.build_server_optimizer(),
         epochs=cfg.client_epochs,
-        simulation=cfg.simulation,
         group_size=cfg.group_size,
+        **dp_kwargs,
     )
     stopping = _stopping(task)
     state, history = program.run_learning_process(
@@ -256,12 +279,13 @@ def run_global_fl(task: FurlTask, outputs: program.ExperimentOutputs) -> dict[st
         non_finite_clients=cfg.non_finite_clients,
         name='global_fl',
         stopping=stopping,
+        round_metrics_fn=dp.round_metrics if dp is not None else None,
     )
     best = stopping.best_state if stopping.best_state is not None else state
     row: dict[str, Any] = task.evaluate_global('none', process.get_model_weights(best))
     del history  # Only this process' rounds; metrics.csv has every round, also those of a resumed run.
     row['seconds_per_round'] = outputs.median_round_seconds()
-    row.update(_selection(stopping, outputs))
+    row.update(_selection(stopping, outputs, dp))
     return row
 
 
@@ -280,6 +304,7 @@ def _open_store(task: FurlTask, process: core.PersonalizedProcess, outputs: prog
 def run_personalized_fl(task: FurlTask, outputs: program.ExperimentOutputs) -> tuple[dict[str, Any], np.ndarray]:
     cfg, data = task.config, task.data
     model_fn = task.model_fn('private')
+    dp, dp_kwargs = _differential_privacy(task, 'personalized_fl')  # The federated parameters only.
     process = furl.build_furl(
         model_fn,
         loss_fn=task.loss_fn,
@@ -288,8 +313,8 @@ def run_personalized_fl(task: FurlTask, outputs: program.ExperimentOutputs) -> t
         server_optimizer=cfg.build_server_optimizer(),
         client_epochs=cfg.client_epochs,
         private_norm_regularization=cfg.private_norm_regularization,
-        simulation=cfg.simulation,
         group_size=cfg.group_size,
+        **dp_kwargs,
     )
     evaluate = evaluation.build_private_state_eval(
         model_fn,
@@ -328,6 +353,7 @@ def run_personalized_fl(task: FurlTask, outputs: program.ExperimentOutputs) -> t
             name='personalized_fl',
             client_state_store=store,
             stopping=stopping,
+            round_metrics_fn=dp.round_metrics if dp is not None else None,
         )
         weights = process.get_model_weights(state)
         row = eval_fn(weights, 'test')
@@ -336,7 +362,7 @@ def run_personalized_fl(task: FurlTask, outputs: program.ExperimentOutputs) -> t
         del history  # Only this process' rounds; metrics.csv has every round, also those of a resumed run.
         row['seconds_per_round'] = outputs.median_round_seconds()
         row['clients_with_trained_state'] = int(sum(store.contains(c) for c in ids))
-        row.update(_selection(stopping, outputs))
+        row.update(_selection(stopping, outputs, dp))
         embeddings = np.stack([s[0].reshape(-1) for s in store.get(ids)])
     return row, embeddings
 
@@ -447,7 +473,8 @@ def run(config: FurlConfig) -> dict[str, Any]:
 
 def format_table(rows: list[dict[str, Any]], binary: bool) -> str:
     """Markdown table in the paper's Table 3 shape (AUC for binary tasks, accuracy otherwise); a row averaged over
-    seeds shows ``mean +- std`` and the federated rows their early-stopping rounds."""
+    seeds shows ``mean +- std`` and the federated rows their early-stopping rounds; then the differential privacy of
+    the rows that have it."""
     metrics = ['auc', 'accuracy'] if binary else ['accuracy']
     head = ' | '.join(m.upper() if m == 'auc' else m for m in metrics)
     lines = [
@@ -469,4 +496,5 @@ def format_table(rows: list[dict[str, Any]], binary: bool) -> str:
             f'| {r["name"]} | {values} | {value(r, "loss")} | {value(r, f"default_state_{metrics[0]}")} | {rounds} | '
             f'{len(r.get("seeds", [0]))} | {"" if spr is None else f"{spr:.3f}"} |'
         )
+    lines += [f'{r["name"]}: {dp_lib.format_report(r["privacy"])}' for r in rows if r.get('privacy')]
     return '\n'.join(lines)

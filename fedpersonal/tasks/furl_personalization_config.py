@@ -35,6 +35,7 @@ class FurlConfig(
     parts.SimulationConfig,
     parts.EarlyStoppingConfig,
     csv_config.CsvDataConfig,
+    parts.DifferentialPrivacyConfig,
 ):
     """Everything a FURL experiment needs (shared options from `fedpersonal.program.config_parts`)."""
 
@@ -81,6 +82,13 @@ class FurlConfig(
         if self.dataset not in ('synthetic_subreddit', csv_config.CSV) and not self.data_dir:
             raise errors.ConfigError(
                 f'dataset {self.dataset!r} needs --data_dir (the generated default is synthetic_subreddit).'
+            )
+        server_rows = [c for c in self.configurations if c.endswith('_server')]
+        if self.dp_enabled and server_rows:
+            raise errors.ConfigError(
+                f'--dp_noise_multiplier applies to the federated rows; {server_rows} train on pooled data at the '
+                'server, which differential privacy of the aggregated updates does not cover: pass '
+                '--configurations=global_fl,personalized_fl.'
             )
         if self.state_store not in ('sqlite', 'memory'):
             raise errors.ConfigError(f"state_store must be 'sqlite' or 'memory', got {self.state_store!r}.")

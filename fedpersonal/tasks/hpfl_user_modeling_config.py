@@ -49,6 +49,7 @@ class HpflConfig(
     parts.SimulationConfig,
     parts.EarlyStoppingConfig,
     csv_config.CsvDataConfig,
+    parts.DifferentialPrivacyConfig,
 ):
     """Everything an HPFL experiment needs (shared options from `fedpersonal.program.config_parts`; cross-silo:
     every client takes part in every round, so there is no --clients_per_round)."""
@@ -120,6 +121,12 @@ class HpflConfig(
     def __post_init__(self):
         parts.run_post_inits(self)
         csv_config.resolve_csv_dataset(self, untimed_split_order=('assist',))
+        parts.refuse_dp(
+            self,
+            "HPFL aggregates the silos' models weighted by their validation accuracy, a data-dependent weighting "
+            'that the DP aggregator (clipped, uniformly weighted, noised mean) would replace, so it is not wired to '
+            'one; DP is available for FedRecon/FedAvg (experiments/movielens_mf.py) and FURL.',
+        )
         dataset_inference.resolve_dataset(self, generated='synthetic', layouts=DATA_LAYOUTS)
         if self.dataset not in DATASETS:
             raise errors.ConfigError(f'dataset must be one of {DATASETS}, got {self.dataset!r}.')

@@ -45,6 +45,7 @@ from fedpersonal import program
 from fedpersonal.algorithms import centralized
 from fedpersonal.algorithms import optimizers
 from fedpersonal.models import matrix_factorization as mf
+from fedpersonal.privacy import dp as dp_lib
 from fedpersonal.tasks.movielens_mf_config import CONFIGURATIONS as CONFIGURATIONS
 from fedpersonal.tasks.movielens_mf_config import MovieLensMFConfig as MovieLensMFConfig
 
@@ -264,14 +265,23 @@ class MovieLensMFTask:
         }
 
     # ----- training -------------------------------------------------------
-    def build_fed_recon(self) -> tff.learning.templates.LearningProcess:
+    def differential_privacy(self, client_data) -> dp_lib.DifferentialPrivacy | None:
+        """The DP of a federated row trained on `client_data` (None without --dp_noise_multiplier)."""
+        return dp_lib.DifferentialPrivacy.from_config(self.config, num_clients=len(client_data.client_ids))
+
+    def build_fed_recon(self, dp: dp_lib.DifferentialPrivacy | None = None) -> tff.learning.templates.LearningProcess:
+        """FedRecon; with `dp`, its global update is aggregated by the DP aggregator (uniform weights, per-client
+        path)."""
         cfg = self.config
-        kwargs = dict(loss_fn=self.loss_fn, metrics_fn=self.metrics_fn)
+        kwargs: dict[str, Any] = dict(loss_fn=self.loss_fn, metrics_fn=self.metrics_fn)
         weighting = (
             tff.learning.ClientWeighting.NUM_EXAMPLES
             if cfg.client_weighting == 'num_examples'
             else tff.learning.ClientWeighting.UNIFORM
         )
+        simulation = cfg.simulation
+        if dp is not None:
+            weighting, simulation = dp.client_weighting, dp.simulation(cfg.simulation, 'fedrecon')
         server = cfg.build_server_optimizer()
         client = cfg.build_client_optimizer()
         recon = cfg.build_reconstruction_optimizer()
@@ -289,6 +299,7 @@ class MovieLensMFTask:
                     split_dataset=not cfg.allow_overlap,
                 ),
                 client_weighting=weighting,
+                model_aggregator_factory=dp.aggregator() if dp is not None else None,
                 **kwargs,
             )
         return algorithms.build_fed_recon(
@@ -300,14 +311,16 @@ class MovieLensMFTask:
             jointly_train_locals=cfg.jointly_train_locals,
             learn_local_init=cfg.learn_local_init,
             client_weighting=weighting,
-            simulation=cfg.simulation,
+            model_aggregator=dp.aggregator() if dp is not None else None,
+            simulation=simulation,
             group_size=cfg.group_size,
             **kwargs,
         )
 
-    def build_fed_avg(self) -> Any:
+    def build_fed_avg(self, dp: dp_lib.DifferentialPrivacy | None = None) -> Any:
         """FedAvg of the table model: `algorithms.build_fed_avg` (tested equal to TFF's
-        `build_weighted_fed_avg`), on the engine unless ``simulation='per_client'``."""
+        `build_weighted_fed_avg`), on the engine unless ``simulation='per_client'`` (or `dp`: then the DP
+        aggregator, uniform weights, per-client path)."""
         cfg = self.config
         return algorithms.build_fed_avg(
             self.table_model_fn,
@@ -315,7 +328,9 @@ class MovieLensMFTask:
             metrics_fn=self.metrics_fn,
             client_optimizer=cfg.build_client_optimizer(),
             server_optimizer=cfg.build_server_optimizer(),
-            simulation=cfg.simulation,
+            client_weighting=dp.client_weighting if dp is not None else tff.learning.ClientWeighting.NUM_EXAMPLES,
+            model_aggregator=dp.aggregator() if dp is not None else None,
+            simulation=dp.simulation(cfg.simulation, 'fedavg') if dp is not None else cfg.simulation,
             group_size=cfg.group_size,
         )
 
@@ -327,10 +342,11 @@ def _validate_personal(input_spec):
     return validate
 
 
-def train_process(task, process, name, outputs, client_data, dataset_fn, eval_fn, validate_fn=None):
+def train_process(task, process, name, outputs, client_data, dataset_fn, eval_fn, validate_fn=None, dp=None):
     """Runs the configured rounds (resuming from `outputs`' checkpoints), early-stopped on validation RMSE with
     `early_stopping_patience`; returns the state of the best validation round, the selection record
-    (``best_round``, ``best_validation_rmse``, ``rounds``) and the median seconds per round."""
+    (``best_round``, ``best_validation_rmse``, ``rounds``, and with `dp` its ``privacy`` report) and the median
+    seconds per round. With `dp`, every round also releases ``privacy/epsilon`` (and the clip norm)."""
     cfg = task.config
     stopping = program.EarlyStopping(
         'rmse', patience=cfg.early_stopping_patience, min_delta=cfg.early_stopping_min_delta
@@ -352,6 +368,7 @@ def train_process(task, process, name, outputs, client_data, dataset_fn, eval_fn
         name=name,
         validate_fn=validate_fn,
         stopping=stopping,
+        round_metrics_fn=dp.round_metrics if dp is not None else None,
     )
     del history  # Only this process' rounds; metrics.csv has every round, also those of a resumed run.
     selection = {
@@ -360,6 +377,8 @@ def train_process(task, process, name, outputs, client_data, dataset_fn, eval_fn
         'rounds': max([int(r['round']) for r in outputs.read_metrics()] or [0]),
         'early_stopped': stopping.stopped,
     }
+    if dp is not None:  # Every round run counts, also those after the best one.
+        selection['privacy'] = dp.report(selection['rounds'])
     best = stopping.best_state if stopping.best_state is not None else state
     return best, selection, outputs.median_round_seconds()
 
@@ -371,7 +390,8 @@ def run_configuration(task: MovieLensMFTask, name: str) -> dict[str, Any]:
     started = time.time()
     row: dict[str, Any] = {'name': ROW_NAMES[name], 'configuration': name}
     if name == 'fedrecon':
-        process = task.build_fed_recon()
+        dp = task.differential_privacy(prepared.user_train)
+        process = task.build_fed_recon(dp)
         eval_fn = lambda w: task.periodic_metrics('recon', w, prepared.user_val, task.personal_dataset_fn)
         state, selection, row['seconds_per_round'] = train_process(
             task,
@@ -382,13 +402,15 @@ def run_configuration(task: MovieLensMFTask, name: str) -> dict[str, Any]:
             task.personal_dataset_fn,
             eval_fn,
             validate_fn=_validate_personal(mf.personal_input_spec()),
+            dp=dp,
         )
         row.update(selection)
         final = task.evaluate('recon', process.get_model_weights(state), prepared.user_test, task.personal_dataset_fn)
     elif name.startswith('fedavg'):
         standard = name == 'fedavg_standard'
         train = prepared.time_train if standard else prepared.user_train
-        process = task.build_fed_avg()
+        dp = task.differential_privacy(train)
+        process = task.build_fed_avg(dp)
 
         def eval_fn(weights):
             if standard:
@@ -401,7 +423,7 @@ def run_configuration(task: MovieLensMFTask, name: str) -> dict[str, Any]:
             )
 
         state, selection, row['seconds_per_round'] = train_process(
-            task, process, name, outputs, train, task.table_dataset_fn, eval_fn
+            task, process, name, outputs, train, task.table_dataset_fn, eval_fn, dp=dp
         )
         row.update(selection)
         weights = process.get_model_weights(state)
@@ -529,7 +551,8 @@ def _number(value: Any) -> str:
 
 
 def format_table(rows: list[dict[str, Any]], baseline: dict[str, Any] | None = None) -> str:
-    """A Markdown table of the rows (RMSE, MAE, accuracy, per-client RMSE median, s/round), then the baseline."""
+    """A Markdown table of the rows (RMSE, MAE, accuracy, per-client RMSE median, s/round), then the baseline and
+    the differential privacy of the rows that have it."""
     lines = [
         '| configuration | RMSE | MAE | accuracy | per-client RMSE p50 [p10, p90] | s/round |',
         '|---|---|---|---|---|---|',
@@ -547,4 +570,5 @@ def format_table(rows: list[dict[str, Any]], baseline: dict[str, Any] | None = N
             f'| {baseline["name"]}: {baseline["mean_rating"]:.2f} for every rating | {_number(baseline["rmse"])} | '
             f'{_number(baseline["mae"])} | {_number(baseline["accuracy"])} |  |  |'
         )
+    lines += [f'{r["name"]}: {dp_lib.format_report(r["privacy"])}' for r in rows if r.get('privacy')]
     return '\n'.join(lines)

@@ -36,6 +36,7 @@ class MovieLensMFConfig(
     parts.ReconstructionOptimizerConfig,
     parts.SimulationConfig,
     csv_config.CsvDataConfig,
+    parts.DifferentialPrivacyConfig,
 ):
     """Everything a MovieLens MF experiment needs (defaults: the paper code's settings).
 
@@ -108,6 +109,12 @@ class MovieLensMFConfig(
         if self.client_weighting not in ('num_examples', 'uniform'):
             raise errors.ConfigError(
                 f"client_weighting must be 'num_examples' or 'uniform', got {self.client_weighting!r}."
+            )
+        centralized = [c for c in self.configurations if c.startswith('centralized')]
+        if self.dp_enabled and centralized:
+            raise errors.ConfigError(
+                f'--dp_noise_multiplier applies to federated rows; {centralized} train on pooled data at the server, '
+                'which differential privacy of the aggregated updates does not cover: run them without DP.'
             )
         if self.num_latent_factors < 1:
             raise errors.ConfigError(f'num_latent_factors must be >= 1, got {self.num_latent_factors}.')

@@ -37,6 +37,7 @@ class NextWordPredictionConfig(
     parts.ReconstructionOptimizerConfig,
     parts.SimulationConfig,
     parts.EarlyStoppingConfig,
+    parts.DifferentialPrivacyConfig,
 ):
     """Everything a next-word-prediction experiment needs (shared options from `fedpersonal.program.config_parts`).
 
@@ -70,6 +71,12 @@ class NextWordPredictionConfig(
 
     def __post_init__(self):
         parts.run_post_inits(self)
+        parts.refuse_dp(
+            self,
+            'the next-word-prediction rows are not wired to the DP aggregator (their per-client path measures '
+            'communication with an aggregator of its own); DP is available for FedRecon/FedAvg '
+            '(experiments/movielens_mf.py) and FURL.',
+        )
         dataset_inference.resolve_dataset(self, generated='synthetic_text', layouts=DATA_LAYOUTS)
         unknown = [c for c in self.configurations if c not in CONFIGURATIONS]
         if unknown or not self.configurations:

@@ -1,0 +1,384 @@
+"""User-level differential privacy of the global parameters: TFF's DP aggregators and an RDP epsilon.
+
+**Mechanism** (DP-FedAvg, McMahan et al. 2018, https://arxiv.org/abs/1710.06963): each round, every sampled
+client's update of the *global* parameters is clipped to L2 norm C (fixed, or adapted privately to a quantile of
+the update norms, Andrew et al. 2021, https://arxiv.org/abs/1905.03871), the clipped updates are summed, Gaussian
+noise of stddev z * C is added and the sum is divided by the (fixed) number of clients per round; the server
+optimizer applies the result. This is TFF's `tff.aggregators.DifferentiallyPrivateFactory` (`gaussian_fixed` /
+`gaussian_adaptive`, the latter what `tff.learning.dp_aggregator` builds), an *unweighted* aggregator: under DP
+every client has weight 1 (`tff.learning.ClientWeighting.UNIFORM`), since a weight by example count would let one
+user move the mean by more than C / clients_per_round. `build_dp_aggregator` builds it; an algorithm's builder takes
+it as its ``model_aggregator`` (`fedpersonal.core.compose` applies it to `ClientResult.update`, the global update
+only). The fast simulation engine pre-averages groups of clients and refuses it (`simulation.group`): DP runs use
+the per-client TFF path (`DifferentialPrivacy.simulation`).
+
+**Accounting** (`epsilon`): `dp_accounting`'s RDP accountant (`dp_accounting.rdp.RdpAccountant`) composing, over the
+rounds run, one event per round of the sampling the training loop really does (`program.sample_clients`): a
+uniformly random subset of fixed size m = clients_per_round of the N training clients, drawn without replacement
+and independently each round, i.e. ``SampledWithoutReplacementDpEvent(N, m, GaussianDpEvent(z / 2))``; when every
+client takes part in every round (m >= N, cross-silo) the round is the un-sampled ``GaussianDpEvent(z / 2)``.
+Assumptions:
+
+* the unit of privacy is a **user** (one client, all its data): user-level DP;
+* the neighbouring relation is **replace-one user** (N is public), the relation dp_accounting requires for sampling
+  without replacement (Wang, Balle, Kasiviswanathan 2019, https://arxiv.org/abs/1808.00087, Theorem 27). Replacing a
+  user changes its clipped update by up to 2C, so the noise stddev z * C is z / 2 times the sensitivity: the
+  accountant's Gaussian noise multiplier is z / 2 (the same for adaptive clipping, whose clipped-count bit also
+  moves by twice its add/remove sensitivity; TFF's z there is the effective multiplier of both queries);
+* the round's sample and the noise are secret. In these simulations both derive from the run's ``--seed``
+  (`sample_clients`; with a fixed clip the noise too, `SeededGaussianSumQuery`, so such runs are reproducible and
+  resume exactly); adaptive clipping draws its noise with tensorflow_privacy's unseeded TF random ops, as TFF does
+  (not bit-reproducible);
+* epsilon covers every round run (all intermediate global models, checkpoints included), at ``target_delta``
+  (default ``1 / N**1.1``, below 1 / N); the epsilon of R rounds is reported after each round (``privacy/epsilon``).
+
+**Not covered** by epsilon: local/private parameters (FedRecon's reconstructed locals, FURL's private embeddings)
+never leave the client and never enter the aggregator (only with FedRecon's opt-in ``learn_local_init`` does their
+displacement, which then *is* clipped and noised with the global update); the training metrics (loss, example
+counts) and every evaluation (validation/test metrics, model selection and early stopping on them) are aggregated
+without noise and released as they are; centralized rows see the raw data.
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+import functools
+import math
+from typing import Any
+
+import dp_accounting
+import numpy as np
+import tensorflow as tf
+import tensorflow_federated as tff
+import tensorflow_privacy as tfp
+from absl import logging
+
+from fedpersonal import errors
+
+NEIGHBOURING = 'replace-one user'
+ACCOUNTANT = 'RDP (dp_accounting.rdp.RdpAccountant)'
+NOT_COVERED = (
+    'local/private parameters never leave the client (not aggregated)',
+    'training and evaluation metrics are aggregated and released without noise',
+    'model selection and early stopping on validation metrics',
+)
+
+
+class SeededGaussianSumQuery(tfp.GaussianSumQuery):
+    """tensorflow_privacy's `GaussianSumQuery` with stateless noise: the global state carries a seed
+    ``[noise_seed, round]`` (advanced every round, checkpointed with the process state), so a run's noise is a
+    function of `noise_seed` and the round, and a resumed run draws the noise of an uninterrupted one.
+
+    For simulations: a deployment must draw its noise from a secret source (the seed is in the run's config).
+    """
+
+    _SeededGlobalState = collections.namedtuple('_SeededGlobalState', ['l2_norm_clip', 'stddev', 'seed'])
+
+    def __init__(self, l2_norm_clip: float, stddev: float, noise_seed: int):
+        super().__init__(l2_norm_clip, stddev)
+        self._noise_seed = int(noise_seed)
+
+    def initial_global_state(self):
+        return self._SeededGlobalState(
+            tf.cast(self._l2_norm_clip, tf.float32),
+            tf.cast(self._stddev, tf.float32),
+            tf.constant([self._noise_seed, 0], tf.int64),
+        )
+
+    def get_noised_result(self, sample_state, global_state):
+        flat = tf.nest.flatten(sample_state)
+        seeds = tf.random.experimental.stateless_split(global_state.seed, num=max(len(flat), 1))
+        noised = [
+            v + tf.cast(tf.random.stateless_normal(tf.shape(v), seed=seeds[i], stddev=global_state.stddev), v.dtype)
+            for i, v in enumerate(flat)
+        ]
+        new_state = global_state._replace(seed=global_state.seed + tf.constant([0, 1], tf.int64))
+        event = dp_accounting.GaussianDpEvent(global_state.stddev / global_state.l2_norm_clip)
+        return tf.nest.pack_sequence_as(sample_state, noised), new_state, event
+
+
+def build_dp_aggregator(
+    *,
+    noise_multiplier: float,
+    clients_per_round: int,
+    clip: float | None = None,
+    initial_clip: float = 0.1,
+    target_quantile: float = 0.5,
+    clip_learning_rate: float = 0.2,
+    clipped_count_stddev: float | None = None,
+    noise_seed: int | None = None,
+) -> tff.aggregators.UnweightedAggregationFactory:
+    """TFF's DP mean: clip each client update, sum, add Gaussian noise, divide by `clients_per_round`.
+
+    Args:
+      noise_multiplier: z: the noise stddev over the clip norm (0: clipping only).
+      clients_per_round: The denominator of the mean (the clients sampled per round).
+      clip: A fixed L2 clip norm (`DifferentiallyPrivateFactory.gaussian_fixed`); None: adaptive clipping
+        (`gaussian_adaptive` with the following options, TFF's defaults).
+      initial_clip: Adaptive: the initial clip norm.
+      target_quantile: Adaptive: the fraction of updates the clip aims to leave unclipped.
+      clip_learning_rate: Adaptive: the learning rate of the geometric clip update.
+      clipped_count_stddev: Adaptive: the noise stddev of the clipped count (None: 0.05 * clients_per_round).
+      noise_seed: Fixed clip only: draw the noise with `SeededGaussianSumQuery` (reproducible runs); None: TF's
+        unseeded random ops, as TFF does (adaptive clipping always).
+
+    Returns:
+      An unweighted `tff.aggregators` factory; use it with ``client_weighting=UNIFORM``.
+
+    Raises:
+      ConfigError: parameters TFF rejects (e.g. an adaptive clip whose count noise is too small for z).
+    """
+    try:
+        if clip is not None:
+            fixed = tff.aggregators.DifferentiallyPrivateFactory.gaussian_fixed(  # Also validates the arguments.
+                noise_multiplier=float(noise_multiplier), clients_per_round=float(clients_per_round), clip=float(clip)
+            )
+            if noise_seed is None:
+                return fixed
+            # gaussian_fixed's query with seeded noise.
+            query = SeededGaussianSumQuery(float(clip), float(clip) * float(noise_multiplier), noise_seed)
+            return tff.aggregators.DifferentiallyPrivateFactory(
+                tfp.NormalizedQuery(query, denominator=float(clients_per_round))
+            )
+        return tff.aggregators.DifferentiallyPrivateFactory.gaussian_adaptive(
+            noise_multiplier=float(noise_multiplier),
+            clients_per_round=float(clients_per_round),
+            initial_l2_norm_clip=float(initial_clip),
+            target_unclipped_quantile=float(target_quantile),
+            learning_rate=float(clip_learning_rate),
+            clipped_count_stddev=None if clipped_count_stddev is None else float(clipped_count_stddev),
+        )
+    except ValueError as e:
+        raise errors.ConfigError(f'Differential privacy (--dp_* flags): {e}') from e
+
+
+def default_target_delta(num_clients: int) -> float:
+    """``1 / num_clients**1.1``: below 1 / N, as (epsilon, delta)-DP with delta >= 1 / N allows leaking a user."""
+    return 1.0 / float(num_clients) ** 1.1
+
+
+def round_event(*, noise_multiplier: float, num_clients: int, clients_per_round: int) -> dp_accounting.DpEvent:
+    """The `dp_accounting` event of one round (see the module docstring: replace-one, sensitivity 2C)."""
+    if num_clients < 1 or clients_per_round < 1:
+        raise ValueError(f'num_clients and clients_per_round must be >= 1, got {num_clients}, {clients_per_round}.')
+    gaussian = dp_accounting.GaussianDpEvent(noise_multiplier / 2.0)
+    if clients_per_round >= num_clients:
+        return gaussian  # Every client every round.
+    return dp_accounting.SampledWithoutReplacementDpEvent(num_clients, clients_per_round, gaussian)
+
+
+def epsilon(
+    *, noise_multiplier: float, num_clients: int, clients_per_round: int, rounds: int, target_delta: float
+) -> float:
+    """The epsilon of `rounds` DP rounds at `target_delta` (RDP accountant, replace-one user; module docstring).
+
+    Returns 0.0 for no rounds and inf for noise_multiplier 0.
+
+    Example:
+
+    >>> round(epsilon(noise_multiplier=1.0, num_clients=1000, clients_per_round=10, rounds=100, target_delta=1e-5), 2)
+    11.21
+    """
+    if rounds < 0:
+        raise ValueError(f'rounds must be >= 0, got {rounds}.')
+    if rounds == 0:
+        return 0.0
+    if noise_multiplier <= 0:
+        return math.inf
+    accountant = dp_accounting.rdp.RdpAccountant(neighboring_relation=dp_accounting.NeighboringRelation.REPLACE_ONE)
+    event = round_event(noise_multiplier=noise_multiplier, num_clients=num_clients, clients_per_round=clients_per_round)
+    accountant.compose(dp_accounting.SelfComposedDpEvent(event, rounds))
+    return float(accountant.get_epsilon(target_delta))
+
+
+def _find(metrics: Any, key: str) -> Any:
+    """The first value under `key` in nested mappings (depth first), or None."""
+    if isinstance(metrics, dict) or hasattr(metrics, 'items'):
+        for k, v in metrics.items():
+            if k == key and not hasattr(v, 'items'):
+                return v
+            found = _find(v, key)
+            if found is not None:
+                return found
+    return None
+
+
+@dataclasses.dataclass(frozen=True)
+class DifferentialPrivacy:
+    """The DP of one federated run: its aggregator, its per-round privacy metrics and its final report.
+
+    Build it with `from_config`; `None` there means no DP.
+    """
+
+    noise_multiplier: float
+    clients_per_round: int
+    num_clients: int
+    target_delta: float
+    clip: float | None = None
+    initial_clip: float = 0.1
+    target_quantile: float = 0.5
+    clip_learning_rate: float = 0.2
+    clipped_count_stddev: float | None = None
+    noise_seed: int | None = None
+
+    @classmethod
+    def from_config(
+        cls, config: Any, *, num_clients: int, clients_per_round: int | None = None
+    ) -> DifferentialPrivacy | None:
+        """The DP of a config with `config_parts.DifferentialPrivacyConfig` (None when it is off).
+
+        Args:
+          config: The task config.
+          num_clients: N, the clients sampled from (the training clients).
+          clients_per_round: Default ``config.clients_per_round``, capped at N (as `sample_clients` does).
+        """
+        if config.dp_noise_multiplier is None:
+            return None
+        per_round = min(clients_per_round or config.clients_per_round, num_clients)
+        return cls(
+            noise_multiplier=float(config.dp_noise_multiplier),
+            clients_per_round=per_round,
+            num_clients=num_clients,
+            target_delta=config.dp_target_delta or default_target_delta(num_clients),
+            clip=config.dp_fixed_clip,
+            initial_clip=config.dp_initial_clip,
+            target_quantile=config.dp_target_quantile,
+            clip_learning_rate=config.dp_clip_learning_rate,
+            clipped_count_stddev=config.dp_clipped_count_stddev,
+            noise_seed=getattr(config, 'seed', 0) if config.dp_fixed_clip is not None else None,
+        )
+
+    def aggregator(self) -> tff.aggregators.UnweightedAggregationFactory:
+        """The DP aggregator (`build_dp_aggregator`)."""
+        return build_dp_aggregator(
+            noise_multiplier=self.noise_multiplier,
+            clients_per_round=self.clients_per_round,
+            clip=self.clip,
+            initial_clip=self.initial_clip,
+            target_quantile=self.target_quantile,
+            clip_learning_rate=self.clip_learning_rate,
+            clipped_count_stddev=self.clipped_count_stddev,
+            noise_seed=self.noise_seed,
+        )
+
+    @property
+    def client_weighting(self) -> Any:
+        """UNIFORM: the DP aggregator is unweighted."""
+        return tff.learning.ClientWeighting.UNIFORM
+
+    def simulation(self, requested: str, name: str = '') -> str:
+        """'per_client': the engine pre-averages groups of clients, so it cannot clip each client's update."""
+        if requested != 'per_client':
+            logging.info(
+                '[%s] differential privacy clips every client update: running the per-client TFF path instead of '
+                '--simulation=%s.',
+                name,
+                requested,
+            )
+        return 'per_client'
+
+    @property
+    def sampling(self) -> str:
+        if self.clients_per_round >= self.num_clients:
+            return f'every client every round ({self.num_clients} clients, no amplification by sampling)'
+        return (
+            f'fixed-size uniform without replacement: {self.clients_per_round} of {self.num_clients} clients per round'
+        )
+
+    @functools.cached_property
+    def _round_rdp(self) -> tuple[np.ndarray, np.ndarray] | None:
+        """(orders, the RDP of one round at each) of dp_accounting's accountant, or None if it hides them."""
+        accountant = dp_accounting.rdp.RdpAccountant(neighboring_relation=dp_accounting.NeighboringRelation.REPLACE_ONE)
+        accountant.compose(self.event)
+        rdp, orders = getattr(accountant, '_rdp', None), getattr(accountant, '_orders', None)
+        return None if rdp is None or orders is None else (np.asarray(orders), np.asarray(rdp))
+
+    @property
+    def event(self) -> dp_accounting.DpEvent:
+        """The dp_accounting event of one round (`round_event`)."""
+        return round_event(
+            noise_multiplier=self.noise_multiplier,
+            num_clients=self.num_clients,
+            clients_per_round=self.clients_per_round,
+        )
+
+    def epsilon(self, rounds: int) -> float:
+        """The epsilon after `rounds` rounds at `target_delta`: `epsilon`, computed once per run.
+
+        RDP composes additively, so R rounds have R times the one-round RDP; the one-round RDP (the costly part,
+        about a second) is computed once and converted with dp_accounting's `compute_epsilon`, as its accountant's
+        `get_epsilon` does (tests/privacy/dp_test.py checks it equals `epsilon`).
+        """
+        if rounds == 0 or self.noise_multiplier <= 0 or self._round_rdp is None:
+            return epsilon(
+                noise_multiplier=self.noise_multiplier,
+                num_clients=self.num_clients,
+                clients_per_round=self.clients_per_round,
+                rounds=rounds,
+                target_delta=self.target_delta,
+            )
+        orders, rdp = self._round_rdp
+        return float(dp_accounting.rdp.compute_epsilon(orders, rounds * rdp, self.target_delta)[0])
+
+    def round_metrics(self, round_num: int, process_metrics: Any = None) -> dict[str, Any]:
+        """``{'privacy': {'epsilon': ..., 'clip': ...}}`` released with round `round_num` (the training loop's
+        ``round_metrics_fn``); ``clip`` is the adaptive clip norm the aggregator reports (or the fixed one)."""
+        privacy: dict[str, Any] = {'epsilon': self.epsilon(round_num)}
+        clip = self.clip if self.clip is not None else _find(process_metrics or {}, 'clip')
+        if clip is not None:
+            privacy['clip'] = float(clip)
+        return {'privacy': privacy}
+
+    def report(self, rounds: int) -> dict[str, Any]:
+        """What a results file records: epsilon, delta, noise, clip, sampling and the accountant's assumptions."""
+        return {
+            'epsilon': self.epsilon(rounds),
+            'delta': self.target_delta,
+            'rounds': rounds,
+            'noise_multiplier': self.noise_multiplier,
+            'clip': self.clip if self.clip is not None else 'adaptive',
+            **(
+                {}
+                if self.clip is not None
+                else {
+                    'initial_clip': self.initial_clip,
+                    'target_quantile': self.target_quantile,
+                    'clip_learning_rate': self.clip_learning_rate,
+                    'clipped_count_stddev': (
+                        self.clipped_count_stddev
+                        if self.clipped_count_stddev is not None
+                        else (0.05 * self.clients_per_round if self.noise_multiplier > 0 else 0.0)
+                    ),
+                }
+            ),
+            'clients_per_round': self.clients_per_round,
+            'num_clients': self.num_clients,
+            'client_weighting': 'uniform',
+            'unit': 'user (client)',
+            'neighbouring': NEIGHBOURING,
+            'sampling': self.sampling,
+            'accountant': ACCOUNTANT,
+            'accountant_noise_multiplier': self.noise_multiplier / 2.0,
+            'noise': (
+                f'stateless, seeded by the run seed {self.noise_seed} and the round (simulation only)'
+                if self.noise_seed is not None
+                else "TensorFlow's unseeded random ops (not reproducible)"
+            ),
+            'protects': 'global parameters (every released global model)',
+            'not_covered': list(NOT_COVERED),
+        }
+
+
+def format_report(privacy: dict[str, Any] | None) -> str:
+    """One line of a run's privacy for a printed report ('' without DP)."""
+    if not privacy:
+        return ''
+    eps = privacy.get('epsilon')
+    eps_text = 'inf' if eps is None or eps == math.inf else f'{eps:.3g}'
+    clip = privacy['clip']
+    return (
+        f'DP: ({eps_text}, {privacy["delta"]:.3g})-DP after {privacy["rounds"]} rounds, user-level, '
+        f'{privacy["neighbouring"]}; noise multiplier {privacy["noise_multiplier"]}, clip {clip}; '
+        f'{privacy["sampling"]}; {privacy["accountant"]}. Not covered: {"; ".join(privacy["not_covered"])}.'
+    )

@@ -1,0 +1,277 @@
+"""User-level DP of the global parameters: the aggregator sees only them, clips, adds noise; the epsilon."""
+
+import dataclasses
+import math
+
+import dp_accounting
+import numpy as np
+import pytest
+import tensorflow as tf
+import tensorflow_federated as tff
+
+from fedpersonal import errors
+from fedpersonal.algorithms import furl
+from fedpersonal.privacy import dp
+from fedpersonal.program import config_parts
+from tests.algorithms import fed_recon_test as recon
+from tests.algorithms import furl_test
+
+UNIFORM = tff.learning.ClientWeighting.UNIFORM
+SGD = tff.learning.optimizers.build_sgdm
+
+
+class Recording(tff.aggregators.UnweightedAggregationFactory):
+    """Delegates to `inner`, recording the value type every aggregation process is created for."""
+
+    def __init__(self, inner):
+        self.inner, self.value_types = inner, []
+
+    def create(self, value_type):
+        self.value_types.append(value_type)
+        return self.inner.create(value_type)
+
+
+def _shapes(value_type):
+    return [tuple(t.shape) for t in tff.types.structure_from_tensor_type_tree(lambda t: t, value_type)]
+
+
+def _clients(sizes, seed=1):
+    users, items = recon.true_factors(len(sizes), seed=seed)
+    return [recon.client_dataset(users[i], items, items=np.arange(n)) for i, n in enumerate(sizes)]
+
+
+def _fed_recon_round(aggregator, data, weighting=UNIFORM, **kwargs):
+    process = recon.build(model_aggregator=aggregator, client_weighting=weighting, simulation='per_client', **kwargs)
+    return process.get_model_weights(process.run_round(process.initialize(), data).state).trainable[0]
+
+
+# ------------------------------------------------------------------ (a) only global parameters reach the aggregator
+def test_fed_recon_aggregates_only_the_global_parameters():
+    recording = Recording(dp.build_dp_aggregator(noise_multiplier=1.0, clients_per_round=2, clip=1.0))
+    recon.build(model_aggregator=recording, client_weighting=UNIFORM, simulation='per_client')
+    (value_type,) = recording.value_types
+    assert _shapes(value_type) == [(recon.NUM_ITEMS, recon.DIM)]  # The item matrix; not the (1, DIM) user embedding.
+
+
+def test_furl_aggregates_only_the_federated_parameters():
+    recording = Recording(dp.build_dp_aggregator(noise_multiplier=1.0, clients_per_round=2, clip=1.0))
+    process = furl.build_furl(
+        furl_test.furl_model_fn,
+        loss_fn=tf.keras.losses.MeanSquaredError,
+        model_aggregator=recording,
+        client_weighting=UNIFORM,
+        simulation='per_client',
+    )
+    (value_type,) = recording.value_types
+    private_shapes = [tuple(t.shape) for t in process.private_state_type.trainable]
+    assert _shapes(value_type) == [(furl_test.NUM_ITEMS, furl_test.DIM)]
+    assert private_shapes and not set(private_shapes) & set(_shapes(value_type))
+
+
+# ------------------------------------------------------------------------------- (b) clipping and uniform weights
+def test_no_noise_and_a_large_clip_is_the_unweighted_mean():
+    data = _clients([3, 12])  # Unequal sizes: the example-weighted mean differs.
+    private = _fed_recon_round(dp.build_dp_aggregator(noise_multiplier=0.0, clients_per_round=2, clip=1e6), data)
+    unweighted = _fed_recon_round(tff.aggregators.UnweightedMeanFactory(), data)
+    weighted = _fed_recon_round(None, data, weighting=tff.learning.ClientWeighting.NUM_EXAMPLES)
+    np.testing.assert_allclose(private, unweighted, rtol=1e-5, atol=1e-7)
+    assert not np.allclose(private, weighted, atol=1e-4)
+    assert not np.allclose(private, recon.ITEM_INIT, atol=1e-3)
+
+
+@pytest.mark.parametrize('clip', [0.005, None])  # Fixed, and adaptive (its first round clips at the initial 0.005).
+def test_a_small_clip_bounds_the_update_norm(clip):
+    data = _clients([12])
+    aggregator = dp.build_dp_aggregator(noise_multiplier=0.0, clients_per_round=1, clip=clip, initial_clip=0.005)
+    unclipped = _fed_recon_round(None, data) - recon.ITEM_INIT
+    clipped = _fed_recon_round(aggregator, data) - recon.ITEM_INIT
+    assert np.linalg.norm(unclipped) > 0.02
+    np.testing.assert_allclose(np.linalg.norm(clipped), 0.005, rtol=1e-4)
+    direction = unclipped / np.linalg.norm(unclipped)
+    np.testing.assert_allclose(clipped / 0.005, direction, atol=1e-4)  # Scaled down, same direction.
+
+
+# ------------------------------------------------------------------------------------------------ (c) the noise
+def test_noise_has_stddev_z_clip_over_clients_and_is_seeded():
+    """No client training (learning rate 0): the global change is the noise alone, stddev z * C / m. With a fixed
+    clip and a noise seed the noise is a function of the seed (and the round); TFF's own queries (and adaptive
+    clipping) draw it with unseeded TF random ops: two runs differ even with TensorFlow's global seed set."""
+    data = _clients([12, 12])
+    z, clip, m = 2.0, 0.5, 2
+    frozen = dict(client_optimizer=SGD(learning_rate=0.0))
+
+    def noise(**kwargs):
+        tf.random.set_seed(0)
+        aggregator = dp.build_dp_aggregator(noise_multiplier=z, clients_per_round=m, clip=clip, **kwargs)
+        return _fed_recon_round(aggregator, data, **frozen) - recon.ITEM_INIT
+
+    seeded = [noise(noise_seed=1), noise(noise_seed=1), noise(noise_seed=2)]
+    unseeded = [noise(), noise()]
+    for drawn in seeded + unseeded:
+        assert 0.7 < np.std(drawn) / (z * clip / m) < 1.3  # 84 draws.
+    np.testing.assert_array_equal(seeded[0], seeded[1])
+    assert not np.allclose(seeded[0], seeded[2])
+    assert not np.allclose(unseeded[0], unseeded[1])
+
+
+def test_seeded_noise_differs_between_rounds():
+    data = _clients([12, 12])
+    aggregator = dp.build_dp_aggregator(noise_multiplier=2.0, clients_per_round=2, clip=0.5, noise_seed=3)
+    process = recon.build(
+        model_aggregator=aggregator,
+        client_weighting=UNIFORM,
+        simulation='per_client',
+        client_optimizer=SGD(learning_rate=0.0),
+    )
+    state = process.initialize()
+    weights = [process.get_model_weights(state).trainable[0]]
+    for _ in range(2):
+        state = process.run_round(state, data).state
+        weights.append(process.get_model_weights(state).trainable[0])
+    first, second = weights[1] - weights[0], weights[2] - weights[1]
+    assert not np.allclose(first, second) and abs(np.corrcoef(first.ravel(), second.ravel())[0, 1]) < 0.4
+
+
+# ------------------------------------------------------------------------------------------------ (d) the epsilon
+def _direct(z, n, m, rounds, delta):
+    accountant = dp_accounting.rdp.RdpAccountant(neighboring_relation=dp_accounting.NeighboringRelation.REPLACE_ONE)
+    event = dp_accounting.GaussianDpEvent(z / 2)  # Replace-one: sensitivity 2C.
+    if m < n:
+        event = dp_accounting.SampledWithoutReplacementDpEvent(n, m, event)
+    for _ in range(rounds):
+        accountant.compose(event)
+    return accountant.get_epsilon(delta)
+
+
+@pytest.mark.parametrize('z, n, m, rounds', [(1.0, 1000, 10, 3), (0.8, 754, 100, 2), (3.0, 10, 10, 30)])
+def test_epsilon_equals_dp_accounting_round_by_round(z, n, m, rounds):
+    ours = dp.epsilon(noise_multiplier=z, num_clients=n, clients_per_round=m, rounds=rounds, target_delta=1e-5)
+    assert ours == pytest.approx(_direct(z, n, m, rounds, 1e-5), rel=1e-9)
+
+
+def test_a_runs_epsilon_per_round_equals_the_epsilon_function():
+    privacy = dp.DifferentialPrivacy(noise_multiplier=1.1, clients_per_round=20, num_clients=700, target_delta=1e-6)
+    for rounds in (0, 1, 7, 300):
+        expected = dp.epsilon(
+            noise_multiplier=1.1, num_clients=700, clients_per_round=20, rounds=rounds, target_delta=1e-6
+        )
+        assert privacy.epsilon(rounds) == pytest.approx(expected, rel=1e-12)
+
+
+def test_epsilon_of_every_client_every_round_is_the_gaussian_mechanism():
+    """RDP of the Gaussian mechanism with multiplier s: R * a / (2 s^2); epsilon = min over a of that plus the
+    conversion term of dp_accounting's `compute_epsilon` (checked here against the closed form's lower bound)."""
+    z, rounds, delta = 4.0, 10, 1e-5
+    eps = dp.epsilon(noise_multiplier=z, num_clients=5, clients_per_round=5, rounds=rounds, target_delta=delta)
+    orders = np.linspace(1.01, 200, 20000)
+    classic = np.min(rounds * orders / (2 * (z / 2) ** 2) + np.log(1 / delta) / (orders - 1))
+    assert 0.5 * classic < eps <= classic + 1e-6  # dp_accounting's conversion is tighter than the classic one.
+
+
+def test_epsilon_grows_with_rounds_and_shrinks_with_noise():
+    def eps(z, rounds, m=10):
+        return dp.epsilon(noise_multiplier=z, num_clients=500, clients_per_round=m, rounds=rounds, target_delta=1e-6)
+
+    assert eps(1.0, 0) == 0.0 and eps(0.0, 3) == math.inf
+    by_rounds = [eps(1.0, r) for r in (1, 10, 100)]
+    by_noise = [eps(z, 10) for z in (0.5, 1.0, 2.0)]
+    assert by_rounds == sorted(by_rounds) and len(set(by_rounds)) == 3
+    assert by_noise == sorted(by_noise, reverse=True) and len(set(by_noise)) == 3
+    assert eps(1.0, 10, m=10) < eps(1.0, 10, m=100)  # More sampled clients: less amplification.
+
+
+def test_report_and_round_metrics():
+    privacy = dp.DifferentialPrivacy(noise_multiplier=1.0, clients_per_round=10, num_clients=100, target_delta=1e-4)
+    metrics = privacy.round_metrics(3, {'aggregator': {'dp_query_metrics': {'clip': np.float32(0.2)}}})
+    assert metrics['privacy']['epsilon'] == pytest.approx(privacy.epsilon(3))
+    assert metrics['privacy']['clip'] == pytest.approx(0.2)
+    report = privacy.report(3)
+    assert report['epsilon'] == pytest.approx(privacy.epsilon(3)) and report['delta'] == 1e-4
+    assert report['neighbouring'] == 'replace-one user' and report['clip'] == 'adaptive'
+    assert '10 of 100' in report['sampling']
+    assert dp.default_target_delta(100) < 1 / 100
+
+
+# ----------------------------------------------------------------------------------------- (e) config validation
+@pytest.mark.parametrize(
+    'kwargs, flag',
+    [
+        (dict(dp_noise_multiplier=-1.0), 'dp_noise_multiplier'),
+        (dict(dp_clip='-0.5'), 'dp_clip'),
+        (dict(dp_clip='big'), 'dp_clip'),
+        (dict(dp_initial_clip=0.0), 'dp_initial_clip'),
+        (dict(dp_target_quantile=1.5), 'dp_target_quantile'),
+        (dict(dp_clip_learning_rate=-0.1), 'dp_clip_learning_rate'),
+        (dict(dp_clipped_count_stddev=-1.0), 'dp_clipped_count_stddev'),
+        (dict(dp_target_delta=0.0), 'dp_target_delta'),
+        (dict(dp_target_delta=1.0), 'dp_target_delta'),
+    ],
+)
+def test_config_errors_name_the_flag(kwargs, flag):
+    with pytest.raises(errors.ConfigError, match=flag):
+        config_parts.DifferentialPrivacyConfig(**kwargs)
+
+
+def test_adaptive_clip_needs_count_noise_for_the_noise_multiplier():
+    @dataclasses.dataclass(frozen=True, kw_only=True)
+    class Config(config_parts.DifferentialPrivacyConfig, config_parts.SamplingConfig):
+        def __post_init__(self):
+            config_parts.run_post_inits(self)
+
+    Config(dp_noise_multiplier=0.9, clients_per_round=10)  # 0.9 < 2 * 0.05 * 10.
+    with pytest.raises(errors.ConfigError, match='dp_clipped_count_stddev'):
+        Config(dp_noise_multiplier=1.5, clients_per_round=10)
+    Config(dp_noise_multiplier=1.5, clients_per_round=10, dp_clipped_count_stddev=1.0)
+    Config(dp_noise_multiplier=1.5, clients_per_round=10, dp_clip='0.5')  # Fixed clipping has no count.
+    config = Config(dp_noise_multiplier=1.0, dp_clip='0.5')
+    assert config.dp_enabled and config.dp_fixed_clip == 0.5
+    assert not Config().dp_enabled and Config().dp_fixed_clip is None
+
+
+def test_tasks_refuse_dp_for_rows_it_does_not_cover():
+    from fedpersonal.tasks import furl_personalization_config as furl_config
+    from fedpersonal.tasks import movielens_mf_config
+
+    with pytest.raises(errors.ConfigError, match='dp_noise_multiplier'):
+        movielens_mf_config.MovieLensMFConfig(configurations=('fedrecon', 'centralized_recon'), dp_noise_multiplier=1.0)
+    movielens_mf_config.MovieLensMFConfig(configurations=('fedrecon', 'fedavg_recon'), dp_noise_multiplier=1.0)
+    with pytest.raises(errors.ConfigError, match='dp_noise_multiplier'):
+        furl_config.FurlConfig(dp_noise_multiplier=0.5)  # The default rows include the server rows.
+    furl_config.FurlConfig(configurations=('personalized_fl',), dp_noise_multiplier=0.5)
+
+
+@pytest.mark.parametrize(
+    'module, name, why',
+    [
+        ('hpfl_user_modeling_config', 'HpflConfig', 'accuracy'),
+        ('feddva_config', 'FeddvaConfig', 'model_aggregator'),
+        ('next_word_prediction_config', 'NextWordPredictionConfig', 'not wired'),
+    ],
+)
+def test_tasks_without_dp_refuse_the_flag_saying_why(module, name, why):
+    import importlib
+
+    config_cls = getattr(importlib.import_module(f'fedpersonal.tasks.{module}'), name)
+    with pytest.raises(errors.ConfigError, match=f'--dp_noise_multiplier=0.5 is not supported here: .*{why}'):
+        config_cls(dp_noise_multiplier=0.5, dp_clip='1.0')
+    assert not config_cls().dp_enabled
+
+
+# ------------------------------------------------------------------------------------ secure summation (optional)
+def test_secure_sum_aggregates_fed_recon_under_dp():
+    """`tff.aggregators.SecureSumFactory` (bounds [-1, 1]) as the record sum of FedRecon's DP aggregator (a clipped
+    record's coordinates are within the clip, so the bounds do not change the sensitivity). TFF's default runtime
+    has no secure intrinsics; its test context implements them in the clear."""
+    import tensorflow_privacy as tfp
+
+    data = _clients([3, 12])
+    secure = tff.aggregators.SecureSumFactory(upper_bound_threshold=1.0, lower_bound_threshold=-1.0)
+    dp_secure = tff.aggregators.DifferentiallyPrivateFactory(
+        tfp.NormalizedQuery(tfp.GaussianSumQuery(l2_norm_clip=1.0, stddev=0.0), denominator=2.0),
+        record_aggregation_factory=secure,
+    )
+    plain = _fed_recon_round(tff.aggregators.UnweightedMeanFactory(), data)
+    with tff.framework.get_context_stack().install(tff.backends.test.create_sync_test_cpp_execution_context()):
+        private = _fed_recon_round(dp_secure, data)
+    assert not np.allclose(plain, recon.ITEM_INIT, atol=1e-3)
+    np.testing.assert_allclose(private, plain, atol=1e-6)  # The updates' norms are below the clip 1.0.
