@@ -232,9 +232,18 @@ class DifferentialPrivacy:
           config: The task config.
           num_clients: N, the clients sampled from (the training clients).
           clients_per_round: Default ``config.clients_per_round``, capped at N (as `sample_clients` does).
+
+        Raises:
+          fedpersonal.errors.ConfigError: DP together with simulated dropouts or over-selection (the accountant
+            assumes a fixed-size sample of clients_per_round clients, every one of which reports).
         """
         if config.dp_noise_multiplier is None:
             return None
+        if getattr(config, 'client_dropout_rate', 0.0) or getattr(config, 'overselection', 1.0) != 1.0:
+            raise errors.ConfigError(
+                '--dp_noise_multiplier cannot be combined with --client_dropout_rate or --overselection: the '
+                'epsilon accountant assumes a fixed-size sample of --clients_per_round clients that all report.'
+            )
         per_round = min(clients_per_round or config.clients_per_round, num_clients)
         return cls(
             noise_multiplier=float(config.dp_noise_multiplier),

@@ -275,3 +275,14 @@ def test_secure_sum_aggregates_fed_recon_under_dp():
         private = _fed_recon_round(dp_secure, data)
     assert not np.allclose(plain, recon.ITEM_INIT, atol=1e-3)
     np.testing.assert_allclose(private, plain, atol=1e-6)  # The updates' norms are below the clip 1.0.
+
+
+@pytest.mark.parametrize('participation', [{'client_dropout_rate': 0.1}, {'overselection': 1.5}])
+def test_dp_refuses_simulated_dropouts_and_overselection(participation):
+    @dataclasses.dataclass(frozen=True, kw_only=True)
+    class Config(config_parts.CrossDeviceRunConfig, config_parts.DifferentialPrivacyConfig):
+        pass
+
+    config = Config(dp_noise_multiplier=1.0, dp_clip='0.5', **participation)
+    with pytest.raises(errors.ConfigError, match='dp_noise_multiplier'):
+        dp.DifferentialPrivacy.from_config(config, num_clients=100)
