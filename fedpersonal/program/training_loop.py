@@ -47,13 +47,14 @@ from absl import logging
 from fedpersonal import errors
 from fedpersonal.metrics import communication
 from fedpersonal.program import outputs as outputs_lib
+from fedpersonal.program.run_record import RUN_CONFIG_FILE
+from fedpersonal.program.run_record import ConfigMismatchError
 from fedpersonal.program.selection import EarlyStopping
 from fedpersonal.program.selection import ModelSelection
 from fedpersonal.simulation import packing
 
 EvaluationFn = Callable[[Any], dict[str, Any]]
 ClientEvaluationFn = Callable[[Any, list[Any]], dict[str, Any]]
-RUN_CONFIG_FILE = 'run_config.json'
 _PREFIX = 'program_state_'  # The version prefix of tff.program.FileProgramStateManager (ExperimentOutputs' default).
 _READY = 'ready_'
 _KEEP_CHECKPOINTS = 2
@@ -62,10 +63,6 @@ _DEFAULT_LOG_KEYS = ('train/loss', 'eval/rmse', 'eval/accuracy', 'eval/per_clien
 
 class ClientStatesLostError(errors.InputError):
     """A stateful run cannot resume: its client state store lacks the states of the checkpointed rounds."""
-
-
-class ConfigMismatchError(errors.ConfigError):
-    """A run would resume from checkpoints written under another configuration."""
 
 
 def sample_clients(client_ids: list[str], clients_per_round: int, round_num: int, seed: int) -> list[str]:

@@ -5,7 +5,7 @@ Kept apart from the task so that defining and parsing the binary's flags imports
 
 Example:
 
->>> config = HpflConfig(methods=('gum', 'hpfl'), ncd_hidden_units=('8', '4'))
+>>> config = HpflConfig(configurations=('gum', 'hpfl'), ncd_hidden_units=('8', '4'))
 >>> config.ncd_hidden_units, config.total_rounds
 ((8, 4), 20)
 """
@@ -18,9 +18,11 @@ from fedpersonal import errors
 from fedpersonal.program import config_parts as parts
 from fedpersonal.program import dataset_inference
 
-DATASETS = ('synthetic', 'assist', 'movielens')
+DATASETS = ('synthetic', 'assistments', 'movielens')
 # The files of every dataset read from --data_dir (for --dataset inferred from them).
-DATA_LAYOUTS = {'assist': dataset_inference.ASSISTMENTS, 'movielens': dataset_inference.MOVIELENS_USERS}
+DATA_LAYOUTS = {'assistments': dataset_inference.ASSISTMENTS, 'movielens': dataset_inference.MOVIELENS_USERS}
+# Deprecated --dataset values (kept for one release): the name FURL uses for the same data.
+DATASET_ALIASES = {'assist': 'assistments'}
 CENTRALIZED = ('ncd', 'ncf', 'gum')
 NDCG_GAINS = ('linear', 'exponential')
 # The names of `fedpersonal.algorithms.hpfl` and `fedpersonal.models.gum` (TensorFlow modules) the config accepts,
@@ -49,14 +51,20 @@ class HpflConfig(
     """Everything an HPFL experiment needs (shared options from `fedpersonal.program.config_parts`; cross-silo:
     every client takes part in every round, so there is no --clients_per_round)."""
 
-    dataset: str = parts.option(dataset_inference.AUTO, dataset_inference.dataset_help(DATASETS, 'synthetic'))
+    dataset: str = parts.option(
+        dataset_inference.AUTO, dataset_inference.dataset_help(DATASETS, 'synthetic'), value_aliases=DATASET_ALIASES
+    )
     data_dir: str | None = parts.option(
         None,
-        'assist: dir with record.csv/item.csv; movielens: dir with u.data/u.item/u.user (without --dataset, '
+        'assistments: dir with record.csv/item.csv; movielens: dir with u.data/u.item/u.user (without --dataset, '
         "the one of the two whose files are there); 'none': generated data.",
     )
-    methods: tuple[str, ...] = parts.option(
-        METHODS, f'Rows to run, subset of {METHODS} (ncd runs on binary, ncf on rating data).'
+    configurations: tuple[str, ...] = parts.option(
+        METHODS,
+        f'Rows (methods) to run, a subset of {METHODS} (ncd runs on binary, ncf on rating data); may change when '
+        'a run resumes (finished rows are read back, the others run).',
+        aliases=('methods',),
+        may_change_on_resume=True,
     )
     total_rounds: int = 20
     rounds_per_checkpoint: int = 1
@@ -108,9 +116,9 @@ class HpflConfig(
             raise errors.ConfigError(f'dataset must be one of {DATASETS}, got {self.dataset!r}.')
         if self.dataset != 'synthetic' and not self.data_dir:
             raise errors.ConfigError(f'dataset {self.dataset!r} needs --data_dir (the generated default is synthetic).')
-        unknown = [m for m in self.methods if m not in METHODS]
-        if unknown or not self.methods:
-            raise errors.ConfigError(f'methods must be a non-empty subset of {METHODS}; unknown: {unknown}.')
+        unknown = [m for m in self.configurations if m not in METHODS]
+        if unknown or not self.configurations:
+            raise errors.ConfigError(f'configurations must be a non-empty subset of {METHODS}; unknown: {unknown}.')
         for name in (
             'hidden_dim',
             'max_local_clusters',

@@ -34,7 +34,7 @@ Hpfl = hpfl_user_modeling_config.HpflConfig
 Nwp = next_word_prediction_config.NextWordPredictionConfig
 
 # config class -> its generated default (what it trains on without --data_dir).
-GENERATED = {Feddva: 'generated', Furl: 'synthetic_subreddit', Hpfl: 'synthetic', Nwp: 'synthetic_text'}
+GENERATED = {Feddva: 'synthetic', Furl: 'synthetic_subreddit', Hpfl: 'synthetic', Nwp: 'synthetic_text'}
 
 IDX = ('train-images-idx3-ubyte.gz', 'train-labels-idx1-ubyte.gz', 't10k-images.idx3-ubyte', 't10k-labels.idx1-ubyte')
 CIFAR = tuple(f'data_batch_{i}' for i in range(1, 6)) + ('test_batch',)
@@ -55,7 +55,7 @@ def _dir(tmp_path, *names):
         (Feddva, CIFAR, 'cifar10'),
         (Furl, ('u.data', 'u.item', 'u.genre'), 'movielens_likes'),
         (Furl, ('record.csv', 'item.csv', 'dict_knowledge_code.json'), 'assistments'),
-        (Hpfl, ('record.csv', 'item.csv'), 'assist'),
+        (Hpfl, ('record.csv', 'item.csv'), 'assistments'),
         (Hpfl, ('u.data', 'u.item', 'u.user'), 'movielens'),
         (Nwp, ('shakespeare.txt.zip',), 'shakespeare'),
         (Nwp, ('shakespeare.txt',), 'shakespeare'),
@@ -115,7 +115,7 @@ def _layouts(config_cls):
     [
         (Feddva, IDX, ('mnist', 'fashion_mnist')),  # The same IDX file names.
         (Furl, ('u.data', 'u.item', 'record.csv', 'item.csv'), ('movielens_likes', 'assistments')),
-        (Hpfl, ('u.data', 'u.item', 'u.user', 'record.csv', 'item.csv'), ('assist', 'movielens')),
+        (Hpfl, ('u.data', 'u.item', 'u.user', 'record.csv', 'item.csv'), ('assistments', 'movielens')),
     ],
     ids=lambda v: getattr(v, '__name__', ''),
 )
@@ -155,7 +155,7 @@ def test_an_explicit_dataset_is_kept(tmp_path):
 @pytest.mark.skipif(not SHARED.is_dir(), reason='no ../shared/data')
 def test_the_shared_real_datasets_are_recognised():
     assert Furl(data_dir=str(SHARED / 'assist-a0910')).dataset == 'assistments'
-    assert Hpfl(data_dir=str(SHARED / 'assist-a0910')).dataset == 'assist'
+    assert Hpfl(data_dir=str(SHARED / 'assist-a0910')).dataset == 'assistments'
     assert Nwp(data_dir=str(SHARED / 'shakespeare')).dataset == 'shakespeare'
     with pytest.raises(errors.ConfigError, match='mnist, fashion_mnist'):
         Feddva(data_dir=str(SHARED / 'mnist'))

@@ -30,7 +30,7 @@ BINARIES = {
 
 OUTPUT_DIR_HELP = (
     '--output_dir: Directory for metrics (CSV, TensorBoard), checkpoints, results and plots; rerunning with the '
-    'same directory resumes the run.'
+    'same directory resumes the run (under the same configuration; see --fresh_start).'
 )
 
 CONFIG_MODULES = (
