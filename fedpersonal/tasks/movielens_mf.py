@@ -46,6 +46,7 @@ from fedpersonal.algorithms import centralized
 from fedpersonal.algorithms import optimizers
 from fedpersonal.models import matrix_factorization as mf
 from fedpersonal.tasks.movielens_mf_config import CONFIGURATIONS as CONFIGURATIONS
+from fedpersonal.tasks.movielens_mf_config import DATASETS as DATASETS
 from fedpersonal.tasks.movielens_mf_config import MovieLensMFConfig as MovieLensMFConfig
 
 ROW_NAMES = {
@@ -76,7 +77,8 @@ class PreparedData:
 
 def load_data(config: MovieLensMFConfig) -> PreparedData:
     """Loads MovieLens from `config.data_dir` (or generates the default) and splits it."""
-    if config.data_dir:
+    if config.dataset == 'movielens':
+        assert config.data_dir is not None  # MovieLensMFConfig requires it for this dataset.
         ratings = data_lib.load_ratings(config.data_dir, variant=config.variant)
         description = f'MovieLens ({config.variant}) from {config.data_dir}'
     else:

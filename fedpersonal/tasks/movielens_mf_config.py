@@ -17,11 +17,15 @@ from typing import TYPE_CHECKING
 
 from fedpersonal import errors
 from fedpersonal.program import config_parts as parts
+from fedpersonal.program import dataset_inference
 
 if TYPE_CHECKING:
     from fedpersonal import algorithms
 
 CONFIGURATIONS = ('centralized_standard', 'centralized_recon', 'fedavg_standard', 'fedavg_recon', 'fedrecon')
+DATASETS = ('synthetic', 'movielens')
+# The files of every dataset read from --data_dir (for --dataset inferred from them).
+DATA_LAYOUTS = {'movielens': dataset_inference.MOVIELENS_RATINGS}
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -40,6 +44,7 @@ class MovieLensMFConfig(
     the defaults below that differ from the parts' are the paper's.
     """
 
+    dataset: str = parts.option(dataset_inference.AUTO, dataset_inference.dataset_help(DATASETS, 'synthetic'))
     configurations: tuple[str, ...] = parts.option(('fedrecon',), f'Table 1 rows to run, a subset of {CONFIGURATIONS}.')
     variant: str = parts.option('auto', "MovieLens variant of --data_dir: '100k', '1m' or 'auto'.")
     synthetic_num_users: int = parts.option(943, 'Generated data: users.')
@@ -76,6 +81,13 @@ class MovieLensMFConfig(
 
     def __post_init__(self):
         parts.run_post_inits(self)
+        dataset_inference.resolve_dataset(self, generated='synthetic', layouts=DATA_LAYOUTS)
+        if self.dataset not in DATASETS:
+            raise errors.ConfigError(f'dataset must be one of {DATASETS}, got {self.dataset!r}.')
+        if self.dataset == 'movielens' and not self.data_dir:
+            raise errors.ConfigError(
+                "dataset 'movielens' needs --data_dir (a directory with MovieLens 100K's u.data or 1M's ratings.dat)."
+            )
         unknown = [c for c in self.configurations if c not in CONFIGURATIONS]
         if unknown or not self.configurations:
             raise errors.ConfigError(

@@ -2,6 +2,7 @@
 
 import dataclasses
 import logging
+import pathlib
 
 import pytest
 from absl import flags
@@ -39,7 +40,7 @@ def _absl_warnings_reach_caplog(caplog):
 @pytest.mark.parametrize('config_cls', CONFIGS, ids=lambda c: c.__name__)
 def test_shared_names_mean_the_same_in_every_binary(config_cls):
     names = {f.name for f in dataclasses.fields(config_cls)}
-    assert {'data_dir', 'total_rounds', 'configurations', 'output_dir'} <= names
+    assert {'dataset', 'data_dir', 'total_rounds', 'configurations', 'output_dir'} <= names
     assert ('clients_per_round' in names) == (config_cls is not Hpfl)  # Cross-silo: every client every round.
     for name in ('total_rounds', 'clients_per_round', 'output_dir'):  # HPFL's data_dir help lists its files.
         if name in names:
@@ -127,3 +128,19 @@ def test_records_under_old_names_compare_under_new_ones():
         'dataset': 'assistments',
         'hidden_dim': 4,
     }
+
+
+_REPO = pathlib.Path(__file__).resolve().parents[2]
+_FLAGFILE_CONFIGS = {'feddva': Feddva, 'furl': Furl, 'hpfl': Hpfl, 'movielens': MovieLens, 'nwp': Nwp}
+
+
+@pytest.mark.parametrize('flagfile', sorted(p.name for p in (_REPO / 'configs').glob('*.flags')))
+def test_every_flagfile_builds_its_config_with_the_current_names_only(flagfile, caplog):
+    config_cls = _FLAGFILE_CONFIGS[flagfile.split('_')[0]]
+    text = (_REPO / 'configs' / flagfile).read_text()
+    argv = [f'--flagfile={_REPO / "configs" / flagfile}']
+    if '--dataset=synthetic' not in text and '--dataset=' in text:
+        argv.append('--data_dir=/data')  # Real data: the flagfile asks for --data_dir.
+    config = _config(config_cls, argv)
+    assert not caplog.records, [r.getMessage() for r in caplog.records]  # No deprecated name or value.
+    assert config.dataset.startswith('synthetic') == ('--data_dir=/data' not in argv)
