@@ -95,12 +95,12 @@ def load_data(config: MovieLensMFConfig) -> PreparedData:
             f'generated MovieLens-like data ({config.synthetic_num_users} users, '
             f'{config.synthetic_num_items} items, seed {config.synthetic_seed})'
         )
-    data = data_lib.preprocess_ratings(ratings, max_examples_per_user=config.max_examples_per_user, seed=config.seed)
+    data = data_lib.preprocess_ratings(ratings, max_examples_per_user=config.max_examples_per_client, seed=config.seed)
     train_users, val_users, test_users = data_lib.split_by_user(
-        data, train_fraction=config.train_fraction, val_fraction=config.val_fraction, seed=config.split_seed
+        data, train_fraction=config.train_fraction, val_fraction=config.validation_fraction, seed=config.split_seed
     )
     time_train, time_val, time_test = data_lib.split_by_time(
-        data, train_fraction=config.train_fraction, val_fraction=config.val_fraction
+        data, train_fraction=config.train_fraction, val_fraction=config.validation_fraction
     )
     frame = data.ratings
     return PreparedData(

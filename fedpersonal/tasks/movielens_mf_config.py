@@ -51,9 +51,13 @@ class MovieLensMFConfig(
     synthetic_num_items: int = parts.option(1682, 'Generated data: items.')
     synthetic_mean_ratings_per_user: int = parts.option(106, 'Generated data: mean ratings per user.')
     synthetic_seed: int = parts.option(0, 'Generated data: seed.')
-    max_examples_per_user: int | None = parts.option(300, "Ratings kept per user ('none': all).")
+    max_examples_per_client: int | None = parts.option(
+        300, "Ratings kept per user (client), the earliest ('none': all).", aliases=('max_examples_per_user',)
+    )
     train_fraction: float = parts.option(0.8, "Fraction of users (or of each user's ratings by time) for training.")
-    val_fraction: float = parts.option(0.1, 'Fraction for validation (the rest is test).')
+    validation_fraction: float = parts.option(
+        0.1, 'Fraction for validation (the rest is test).', aliases=('val_fraction',)
+    )
     split_seed: int = parts.option(0, 'Seed of the user split.')
     num_latent_factors: int = parts.option(50, 'Embedding dimension.')
     add_biases: bool = parts.option(False, 'Add user and item biases.')

@@ -47,7 +47,8 @@ def test_shared_names_mean_the_same_in_every_binary(config_cls):
             assert config_parts.help_text(config_cls, name) == config_parts.help_text(
                 config_parts.CrossDeviceRunConfig, name
             ), name
-    assert not names & {'methods', 'rounds', 'generated_train', 'generated_test'}  # Only as deprecated aliases.
+    deprecated = {'methods', 'generated_train', 'generated_test', 'val_fraction', 'max_examples_per_user'}
+    assert not names & (deprecated | {'max_elements_per_client'})  # Only as deprecated aliases.
 
 
 # (config, its argv under the deprecated names, the same under the new names, the new flags the warnings name)
@@ -67,6 +68,13 @@ RENAMED = [
         ['--synthetic_train', '--synthetic_test'],
     ),
     (Feddva, ['--dataset=generated', '--z_dim=3'], ['--dataset=synthetic', '--z_dim=3'], ['--dataset=synthetic']),
+    (
+        MovieLens,
+        ['--max_examples_per_user=none', '--val_fraction=0.2'],
+        ['--max_examples_per_client=none', '--validation_fraction=0.2'],
+        ['--max_examples_per_client', '--validation_fraction'],
+    ),
+    (Nwp, ['--max_elements_per_client=16'], ['--max_examples_per_client=16'], ['--max_examples_per_client']),
 ]
 
 
