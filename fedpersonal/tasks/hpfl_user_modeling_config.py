@@ -66,7 +66,8 @@ class HpflConfig(
         aliases=('methods',),
         may_change_on_resume=True,
     )
-    total_rounds: int = 20
+    # HPFL's --rounds before it joined the shared vocabulary: a deprecated name for one release.
+    total_rounds: int = parts.option(20, parts.help_text(parts.RoundsConfig, 'total_rounds') or '', aliases=('rounds',))
     rounds_per_checkpoint: int = 1
     rounds_per_eval: int = 1
     batch_size: int = 64

@@ -54,6 +54,7 @@ def test_shared_names_mean_the_same_in_every_binary(config_cls):
 # (config, its argv under the deprecated names, the same under the new names, the new flags the warnings name)
 RENAMED = [
     (Hpfl, ['--methods=gum,hpfl'], ['--configurations=gum,hpfl'], ['--configurations']),
+    (Hpfl, ['--rounds=5'], ['--total_rounds=5'], ['--total_rounds']),
     (
         Hpfl,
         ['--dataset=assist', '--data_dir=/data/a0910'],
