@@ -46,7 +46,7 @@ flags.DEFINE_bool(
 FLAGS = flags.FLAGS
 
 _DATASET_NAMES = {
-    'generated': 'generated digits',
+    'synthetic': 'generated digits',
     'mnist': 'MNIST',
     'fashion_mnist': 'Fashion-MNIST',
     'cifar10': 'CIFAR-10',
@@ -57,7 +57,7 @@ def rerender(config: feddva.FeddvaConfig) -> dict:
     """The results of a finished run in `config.output_dir`, with the curves re-read from its metrics."""
     with open(os.path.join(config.output_dir, 'results.json')) as f:
         results = json.load(f)
-    curves = feddva.load_curves(config.output_dir, config.settings, config.methods)
+    curves = feddva.load_curves(config.output_dir, config.settings, config.configurations)
     results['figures']['accuracy_vs_rounds'] = feddva.plot_accuracy_curves(
         curves,
         os.path.join(config.output_dir, 'accuracy_vs_rounds.png'),

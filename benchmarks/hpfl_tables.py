@@ -118,8 +118,12 @@ def main(argv):
         _write_results(first, results, command, seeds)
 
 
+# The results files keep the names they had before --dataset=assist became --dataset=assistments.
+_RESULT_NAMES = {'assistments': 'assist'}
+
+
 def _write_results(config, results, command, seeds):
-    name = f'hpfl_{config.dataset}'
+    name = f'hpfl_{_RESULT_NAMES.get(config.dataset, config.dataset)}'
     images = {}
     os.makedirs(FLAGS.results_dir, exist_ok=True)
     for source in ('attribute_distribution', 'learning_curves', 'private_components'):

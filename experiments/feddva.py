@@ -1,7 +1,7 @@
 r"""FedDVA (federated dual VAE): personalized classification vs FedAvg, FedAvg + fine-tuning and Ditto in the
 heterogeneous-inputs and heterogeneous-outputs settings, plus the disentanglement evidence.
 
-Datasets: --dataset=generated (the default without --data_dir, no data needed), mnist (--data_dir with the IDX files, e.g.
+Datasets: --dataset=synthetic (the default without --data_dir, no data needed), mnist (--data_dir with the IDX files, e.g.
 ../shared/data/mnist), fashion_mnist (--data_dir, default /usr/share/datasets/fashion-mnist from the Debian package
 dataset-fashion-mnist) or cifar10 (--data_dir with the python batches). --data_dir without --dataset: the dataset
 whose files are there (cifar10; MNIST and Fashion-MNIST have the same files, so name them). Writes metrics, checkpoints, results.json,

@@ -1,6 +1,6 @@
 """HPFL user modeling (Wu et al., WWW 2021): centralized NCD/NCF/GUM, federated baselines, HPFL and its ablations.
 
-Datasets: --dataset=synthetic (generated default, no data needed), assist (--data_dir with record.csv/item.csv of
+Datasets: --dataset=synthetic (generated default, no data needed), assistments (--data_dir with record.csv/item.csv of
 ASSISTments 2009-2010 a0910; students grouped into school-like silos by the exercises they were given) or movielens
 (--data_dir with MovieLens 100K u.data/u.item/u.user; silos = first digit of the zip code) or csv (--data_path with
 your own responses table, user,question,correct,skills[,timestamp][,silo], or ratings table with an attributes

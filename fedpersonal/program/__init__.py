@@ -29,6 +29,7 @@ if TYPE_CHECKING:  # The static view of the lazily imported names (mypy, IDEs).
     from fedpersonal.program.outputs import save_figure
     from fedpersonal.program.outputs import write_json
     from fedpersonal.program.participation import sample_clients
+    from fedpersonal.program.run_record import check_output_dir
     from fedpersonal.program.seeds import mean_over_seeds
     from fedpersonal.program.seeds import run_seeds
     from fedpersonal.program.seeds import seed_output_dir
@@ -53,6 +54,7 @@ _EXPORTS = {
     'replace_marked_section': 'outputs',
     'save_figure': 'outputs',
     'write_json': 'outputs',
+    'check_output_dir': 'run_record',
     'mean_over_seeds': 'seeds',
     'run_seeds': 'seeds',
     'seed_output_dir': 'seeds',
@@ -74,6 +76,7 @@ _SUBMODULES = (
     'non_finite',
     'outputs',
     'participation',
+    'run_record',
     'seeds',
     'selection',
     'training_loop',

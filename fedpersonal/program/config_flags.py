@@ -7,6 +7,10 @@ flags/flagfile -> config -> builders.
 The flags of a config are the key flags of `help_module(config_cls)`, so a binary's help lists exactly them
 (`flags.FLAGS.module_help(help_module(config_cls))`, as `experiment_main` prints for `--help`). Importing this
 module imports neither TensorFlow nor TFF (tests/program/help_test.py).
+
+A field's deprecated names (`config_parts.option(..., aliases=...)`) are flags too (not listed by the short help):
+an old name, on the command line or in a flagfile, gives the same config as the new one, with one warning naming
+the new flag; giving both is an `IllegalFlagValueError` naming both.
 """
 
 from __future__ import annotations
@@ -19,6 +23,7 @@ from typing import Any
 from typing import Optional
 
 from absl import flags
+from absl import logging
 
 from fedpersonal.program import config_parts
 
@@ -79,37 +84,40 @@ def define_flags(
         if field.name in exclude:
             continue
         if field.name not in flag_values:
-            _define_flag(config_cls, field, overrides, flag_values)
+            _define_flag(config_cls, field, field.name, overrides, flag_values)
         flag_values.register_key_flag_for_module(module, flag_values[field.name])
+        for alias in config_parts.aliases(config_cls, field.name):
+            if alias not in flag_values:
+                _define_flag(config_cls, field, alias, {alias: None}, flag_values)
 
 
 def _define_flag(
-    config_cls: type, field: dataclasses.Field, overrides: dict[str, Any], flag_values: flags.FlagValues
+    config_cls: type, field: dataclasses.Field, name: str, overrides: dict[str, Any], flag_values: flags.FlagValues
 ) -> None:
-    """Defines the flag of one field (see `define_flags`)."""
-    default = overrides.get(field.name, field.default if field.default is not dataclasses.MISSING else None)
+    """Defines the flag `name` of one field: its own name or a deprecated alias (no default; see `define_flags`)."""
+    default = overrides.get(name, field.default if field.default is not dataclasses.MISSING else None)
     base, optional = _base_type(field.type)
     help_text = config_parts.help_text(config_cls, field.name) or f'{config_cls.__name__}.{field.name}'
+    if name != field.name:
+        help_text = f'Deprecated name of --{field.name} (removed in the next release): {help_text}'
 
     if typing.get_origin(base) is tuple:
-        flags.DEFINE_list(
-            field.name, list(default) if default is not None else None, help_text, flag_values=flag_values
-        )
+        flags.DEFINE_list(name, list(default) if default is not None else None, help_text, flag_values=flag_values)
     elif base is bool:
-        flags.DEFINE_bool(field.name, default, help_text, flag_values=flag_values)
+        flags.DEFINE_bool(name, default, help_text, flag_values=flag_values)
     elif optional:
         flags.DEFINE_string(
-            field.name,
-            _NONE if default is None else str(default),
+            name,
+            None if name != field.name else _NONE if default is None else str(default),
             f'{help_text} ({_NONE!r} for None)',
             flag_values=flag_values,
         )
     elif base is int:
-        flags.DEFINE_integer(field.name, default, help_text, flag_values=flag_values)
+        flags.DEFINE_integer(name, default, help_text, flag_values=flag_values)
     elif base is float:
-        flags.DEFINE_float(field.name, default, help_text, flag_values=flag_values)
+        flags.DEFINE_float(name, default, help_text, flag_values=flag_values)
     else:
-        flags.DEFINE_string(field.name, default, help_text, flag_values=flag_values)
+        flags.DEFINE_string(name, default, help_text, flag_values=flag_values)
 
 
 def _coerce(name: str, raw: Any, base: type, optional: bool) -> Any:
@@ -142,29 +150,54 @@ def config_from_flags(
     Flags that were not given on the command line or in a flagfile take the
     config's default (or `overrides`, the same dict given to `define_flags`).
 
+    A field's deprecated flag names count as its own (with a warning).
+
     Raises:
       flags.IllegalFlagValueError: an Optional flag that is neither 'none' nor
-        a value of the field's type (the message names the flag).
+        a value of the field's type (the message names the flag); a field given
+        under two of its names.
     """
     values = dict(fixed)
     overrides = overrides or {}
     for field in dataclasses.fields(config_cls):
         if field.name in values or field.name not in flag_values:
             continue
-        if not flag_values[field.name].present:
+        name = _given_name(config_cls, field.name, flag_values)
+        if name is None:
             if field.name in overrides:
                 values[field.name] = overrides[field.name]
             continue  # The dataclass default applies.
-        raw = flag_values[field.name].value
+        raw = flag_values[name].value
         base, optional = _base_type(field.type)
         if typing.get_origin(base) is tuple:
             raw = tuple(raw.split(',') if isinstance(raw, str) else (raw or ()))
             element = (typing.get_args(base) or (str,))[0]
             if element in (int, float):
-                raw = tuple(_coerce(field.name, item, element, False) for item in raw)
+                raw = tuple(_coerce(name, item, element, False) for item in raw)
         elif optional and (raw is None or str(raw).lower() == _NONE):
             raw = None
         else:
-            raw = _coerce(field.name, raw, base, optional)
+            raw = _coerce(name, raw, base, optional)
         values[field.name] = raw
     return config_cls(**values)
+
+
+def _given_name(config_cls: type, name: str, flag_values: flags.FlagValues) -> str | None:
+    """Which of the flag `name` and its deprecated aliases was given (None: neither); a deprecated one is logged.
+
+    Raises:
+      flags.IllegalFlagValueError: More than one was given.
+    """
+    given = [n for n in (name, *config_parts.aliases(config_cls, name)) if n in flag_values and flag_values[n].present]
+    if len(given) > 1:
+        listed = ' and '.join(f'--{n}' for n in given)
+        raise flags.IllegalFlagValueError(
+            f'{listed} are the same option (--{name}; the others are its deprecated names): give only --{name}.'
+        )
+    if not given:
+        return None
+    if given[0] != name:
+        logging.warning(
+            '--%s is deprecated and will be removed in the next release: use --%s (same meaning).', given[0], name
+        )
+    return given[0]

@@ -13,12 +13,31 @@ checkpoints), `SamplingConfig` (clients per round), `EvaluationConfig`, `EvalCli
 `ClientOptimizerConfig`, `ServerOptimizerConfig`, `ReconstructionOptimizerConfig`, `DifferentialPrivacyConfig`
 (user-level DP of the global parameters, `fedpersonal.privacy.dp`); `CrossDeviceRunConfig` bundles the first six. Every part validates its own
 fields; a task's `__post_init__` calls `run_post_inits(self)` first.
+
+**Deprecated names.** A field renamed for one vocabulary across binaries keeps its old flag name for one release:
+``option(..., aliases=('methods',))`` (the old flag still works, with a deprecation warning naming the new one; both
+at once is an error, `config_flags`), and a renamed value ``option(..., value_aliases={'assist': 'assistments'})``
+(mapped to the new value with a warning by `run_post_inits`, also when the config is built in Python).
+
+**Resuming.** Rerunning a binary with the same ``--output_dir`` resumes its run only under the same configuration
+(`fedpersonal.program.run_record`, checked by `experiment_main` before the task runs): every field must equal the
+recorded one except those declared ``option(..., may_change_on_resume=True)``, which cannot change the results:
+``output_dir`` (the directory may be moved) and ``rounds_per_checkpoint`` (a resumed run ends with the numbers of an
+uninterrupted one whatever the checkpoint period). ``total_rounds`` may NOT change: the shorter run evaluated (and
+may have selected its model or stopped early at) its last round, which a longer uninterrupted run would not have,
+and its finished rows are read back, so an extended run would report numbers that no single run gives; use another
+``--output_dir`` or ``--fresh_start`` instead. A task may declare more such fields (HPFL's ``configurations``: its
+rows are independent and each is read back from its own directory).
 """
 
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Mapping
+from collections.abc import Sequence
 from typing import Any
+
+from absl import logging
 
 from fedpersonal import errors
 
@@ -34,20 +53,109 @@ def build_optimizer(name: str, learning_rate: float) -> Any:
     return optimizers.build_optimizer(name, learning_rate)
 
 
-def option(default: Any, help_text: str) -> Any:
-    """A config field with a default and the help text its flag shows."""
+def option(
+    default: Any,
+    help_text: str,
+    *,
+    aliases: Sequence[str] = (),
+    value_aliases: Mapping[str, str] | None = None,
+    may_change_on_resume: bool = False,
+) -> Any:
+    """A config field with a default and the help text its flag shows.
+
+    Args:
+      default: The default (immutable).
+      help_text: The flag's help.
+      aliases: Deprecated flag names of the field, kept for one release (`config_flags`).
+      value_aliases: Deprecated values of the field (or of its tuple's items), ``{old: new}``.
+      may_change_on_resume: The field may differ from the recorded one when a run resumes (it cannot change the
+        results; see the module docstring).
+    """
     if isinstance(default, (list, dict, set)):
         raise TypeError('Use an immutable default (a tuple) for config fields.')
-    return dataclasses.field(default=default, metadata={'help': help_text})
+    metadata: dict[str, Any] = {'help': help_text}
+    if aliases:
+        metadata['aliases'] = tuple(aliases)
+    if value_aliases:
+        metadata['value_aliases'] = dict(value_aliases)
+    if may_change_on_resume:
+        metadata['may_change_on_resume'] = True
+    return dataclasses.field(default=default, metadata=metadata)
+
+
+def field_metadata(config_cls: type, name: str, key: str, default: Any = None) -> Any:
+    """Metadata `key` of field `name`: its own, or that of the first class in the MRO that sets it.
+
+    A task that only changes a part's default (``total_rounds: int = 60``) redefines the field without metadata;
+    its help, aliases and resume rule stay the part's.
+    """
+    for cls in config_cls.__mro__:
+        fields = getattr(cls, '__dataclass_fields__', {})
+        if name in fields and key in fields[name].metadata:
+            return fields[name].metadata[key]
+    return default
 
 
 def help_text(config_cls: type, name: str) -> str | None:
     """The help of field `name`: its own, or that of the first class in the MRO that documents it."""
-    for cls in config_cls.__mro__:
-        fields = getattr(cls, '__dataclass_fields__', {})
-        if name in fields and fields[name].metadata.get('help'):
-            return fields[name].metadata['help']
-    return None
+    return field_metadata(config_cls, name, 'help') or None
+
+
+def aliases(config_cls: type, name: str) -> tuple[str, ...]:
+    """The deprecated flag names of field `name` (`option(..., aliases=...)`)."""
+    return tuple(field_metadata(config_cls, name, 'aliases', ()))
+
+
+def may_change_on_resume(config_cls: type, name: str) -> bool:
+    """Whether field `name` may differ from the recorded configuration when a run resumes."""
+    return bool(field_metadata(config_cls, name, 'may_change_on_resume', False))
+
+
+def canonical_value(config_cls: type, name: str, value: Any) -> Any:
+    """`value` of field `name` with every deprecated value (or tuple item) replaced by its new one."""
+    mapping = field_metadata(config_cls, name, 'value_aliases', {})
+    if not mapping:
+        return value
+    if isinstance(value, (tuple, list)):
+        return type(value)(mapping.get(v, v) if isinstance(v, str) else v for v in value)
+    return mapping.get(value, value) if isinstance(value, str) else value
+
+
+def canonical_record(config_cls: type, record: Mapping[str, Any]) -> dict[str, Any]:
+    """A recorded configuration (JSON field values) with deprecated field names and values replaced by new ones.
+
+    A record written before a rename (e.g. HPFL's ``methods``, now ``configurations``; ``dataset='assist'``, now
+    ``'assistments'``) compares with the current configuration under the new names.
+    """
+    fields = {field.name for field in dataclasses.fields(config_cls)}
+    renamed = {old: name for name in fields for old in aliases(config_cls, name)}
+    out: dict[str, Any] = {}
+    for key, value in record.items():
+        name = renamed.get(key, key)
+        if name != key and name in record:
+            continue  # Both spellings recorded: the new one's value wins.
+        out[name] = canonical_value(config_cls, name, value) if name in fields else value
+    return out
+
+
+def _joined(value: Any) -> str:
+    return ','.join(map(str, value)) if isinstance(value, (tuple, list)) else str(value)
+
+
+def _canonicalize_values(config: Any) -> None:
+    """Replaces deprecated values of `config`'s fields by their new ones, with one warning naming both."""
+    for field in dataclasses.fields(config):
+        value = getattr(config, field.name)
+        new = canonical_value(type(config), field.name, value)
+        if new != value:
+            logging.warning(
+                '--%s=%s is deprecated and will be removed in the next release: use --%s=%s.',
+                field.name,
+                _joined(value),
+                field.name,
+                _joined(new),
+            )
+            object.__setattr__(config, field.name, new)
 
 
 def _require(condition: bool, message: str) -> None:
@@ -62,7 +170,8 @@ class OutputConfig:
     output_dir: str = option(
         'output',
         'Directory for metrics (CSV, TensorBoard), checkpoints, results and plots; rerunning with the '
-        'same directory resumes the run.',
+        'same directory resumes the run (under the same configuration; see --fresh_start).',
+        may_change_on_resume=True,
     )
 
 
@@ -83,12 +192,16 @@ class RoundsConfig:
 
     total_rounds: int = option(100, 'Federated training rounds.')
     seed: int = option(0, 'Seed of every random choice of the run (initializers, sampling, shuffles).')
-    rounds_per_checkpoint: int = option(10, 'Rounds between checkpoints (the last round is always saved).')
+    rounds_per_checkpoint: int = option(
+        10, 'Rounds between checkpoints (the last round is always saved).', may_change_on_resume=True
+    )
     non_finite_clients: str = option(
         'stop',
         "A round whose training loss is NaN or infinite: 'stop' (the run ends with an error naming the round and the "
         "clients, before that round is checkpointed) or 'zero' (those clients' updates are zeroed and their number "
-        'is reported as train/non_finite_clients).',
+        'is reported as train/non_finite_clients). May change on resume (a run stopped on a NaN loss can go on '
+        'with zero).',
+        may_change_on_resume=True,
     )
 
     def __post_init__(self):
@@ -366,7 +479,9 @@ class CrossDeviceRunConfig(OutputConfig, DataConfig, RoundsConfig, SamplingConfi
 
 
 def run_post_inits(config: Any) -> None:
-    """Runs every part's `__post_init__` validation (dataclass inheritance runs only the most derived one)."""
+    """Maps deprecated values to their new ones (with a warning), then runs every part's `__post_init__` validation
+    (dataclass inheritance runs only the most derived one)."""
+    _canonicalize_values(config)
     for cls in reversed(type(config).__mro__[1:]):
         post_init = cls.__dict__.get('__post_init__')
         if post_init is not None:

@@ -81,6 +81,7 @@ CIFAR10 = DataLayout(
     'data_batch_1..5 and test_batch (CIFAR-10 python)',
     tuple((f'data_batch_{i}',) for i in range(1, 6)) + (('test_batch',),),
 )
+MOVIELENS_RATINGS = DataLayout('u.data (MovieLens 100K) or ratings.dat (MovieLens 1M)', (('u.data', 'ratings.dat'),))
 MOVIELENS_LIKES = DataLayout('u.data and u.item (MovieLens 100K)', (('u.data',), ('u.item',)))
 MOVIELENS_USERS = DataLayout('u.data, u.item and u.user (MovieLens 100K)', (('u.data',), ('u.item',), ('u.user',)))
 ASSISTMENTS = DataLayout('record.csv and item.csv (ASSISTments a0910)', (('record.csv',), ('item.csv',)))

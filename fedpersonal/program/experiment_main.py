@@ -16,13 +16,32 @@ module owns the rest, once:
         experiment_main.run(main)
 
 `define_main` defines one flag per config field (`config_flags`), and the
-returned `main` builds the config from the parsed flags, runs the task inside
+returned `main` builds the config from the parsed flags, checks the output
+directory (`run_record.check_output_dir`), runs the task inside
 `fedpersonal.runtime.LocalRuntime()` (so no TFF worker outlives the run), and
 prints the report and the output directory. Only the user's mistakes become an
-`absl.app.UsageError` (exit status 2, one line naming the flag, file, line or
-client): `fedpersonal.errors.InputError` (invalid configuration, unreadable or
-malformed data, an output directory that cannot be resumed) and bad flag values.
-Every other exception is a bug and keeps its traceback.
+`absl.app.UsageError` with exit status 2 (the Unix convention for usage errors;
+the message, naming the flag, file, line or client, is the last line printed):
+`fedpersonal.errors.InputError` (invalid configuration, unreadable or malformed
+data, an output directory that cannot be resumed), bad flag values and unknown
+flags (these when the flags are parsed, by `run`). Every other exception is a
+bug and keeps its traceback.
+
+**Resuming.** Rerunning a binary with the same ``--output_dir`` resumes its run
+if the configuration is the one recorded there (``run_config.json``); another
+configuration is refused with every differing flag named (``--flag: recorded ->
+given``). Only fields that cannot change the results may differ (``output_dir``,
+``rounds_per_checkpoint``, and what a task declares; not ``total_rounds``: the
+rule is in `fedpersonal.program.config_parts`). ``--fresh_start`` moves the
+previous run's outputs (only the files this package writes) to
+``<output_dir>/previous_runs/<UTC time>/`` and starts over; a new directory, or
+one whose run was killed before its first checkpoint, starts normally.
+
+**Logging.** Progress is logged at INFO. TensorFlow's C++ log lines (on a CPU
+machine: CUDA, cuDNN and TensorRT not found, CPU instruction notices) are off
+(``TF_CPP_MIN_LOG_LEVEL=3`` is set before TensorFlow is imported) unless the
+environment sets ``TF_CPP_MIN_LOG_LEVEL`` or ``--verbosity`` (``-v``) is 1 or
+more, which also logs absl's debug lines (`quiet_tensorflow`).
 
 Start-up stays fast: a binary imports only its task's config module (no TensorFlow, no TFF) at the top level
 and names `run` (and whatever else needs TensorFlow) by a ``'module:attribute'`` string, imported by `main`
@@ -33,6 +52,7 @@ status 0; ``--helpfull`` is absl's (every flag of every module).
 
 from __future__ import annotations
 
+import os
 import pkgutil
 import sys
 from collections.abc import Callable
@@ -47,6 +67,7 @@ from absl import logging
 
 from fedpersonal import errors
 from fedpersonal.program import config_flags
+from fedpersonal.program import run_record
 
 ConfigT = TypeVar('ConfigT')
 
@@ -55,6 +76,62 @@ Target = Callable[..., Any] | str
 
 # The arguments `run` answers with the binary's help (absl's spellings: one or two dashes, '-?' for '-h').
 HELP_ARGS = frozenset({'-h', '-?', '-help', '--help', '-helpshort', '--helpshort'})
+
+USAGE_ERROR_STATUS = 2  # The exit status of a usage error (bad or unknown flag, invalid configuration or data).
+
+FRESH_START_HELP = (
+    "Start over in --output_dir even if it holds a run with another configuration: that run's outputs (only the "
+    'files fedpersonal writes) are moved to <output_dir>/previous_runs/<UTC time>/ (delete it when no longer '
+    'needed). Without it, a rerun resumes the run in --output_dir and refuses a changed configuration.'
+)
+TF_LOG_LEVEL_VARIABLE = 'TF_CPP_MIN_LOG_LEVEL'
+QUIET_TF_LOG_LEVEL = '3'  # TensorFlow's C++ logs below FATAL off: the CUDA/cuDNN lines are ERROR level.
+
+
+def argv_verbosity(argv: Sequence[str]) -> int:
+    """absl's ``--verbosity`` (``-v``) as given on the command line `argv` (0 when absent or not a number).
+
+    Example:
+
+    >>> argv_verbosity(['prog', '-v=1']), argv_verbosity(['prog', '--verbosity', '2']), argv_verbosity(['prog'])
+    (1, 2, 0)
+    """
+    value = None
+    for i, arg in enumerate(argv[1:], start=1):
+        if arg == '--':
+            break
+        name, eq, given = arg.lstrip('-').partition('=')
+        if arg.startswith('-') and name in ('v', 'verbosity'):
+            value = given if eq else (argv[i + 1] if i + 1 < len(argv) else None)
+    try:
+        return int(value) if value is not None else 0
+    except ValueError:
+        return 0
+
+
+def quiet_tensorflow(verbosity: int, environ: dict[str, str] | None = None) -> bool:
+    """Turns TensorFlow's C++ log lines off before TensorFlow is imported, unless asked for.
+
+    Args:
+      verbosity: absl's ``--verbosity``: 1 or more keeps TensorFlow's own log level.
+      environ: The environment (default: `os.environ`, which TFF's worker processes inherit).
+
+    Returns:
+      Whether ``TF_CPP_MIN_LOG_LEVEL`` was set (never when the environment already sets it).
+
+    Example:
+
+    >>> env = {}
+    >>> quiet_tensorflow(0, env), env
+    (True, {'TF_CPP_MIN_LOG_LEVEL': '3'})
+    >>> quiet_tensorflow(0, {'TF_CPP_MIN_LOG_LEVEL': '0'}), quiet_tensorflow(1, {})
+    (False, False)
+    """
+    target: Any = os.environ if environ is None else environ
+    if TF_LOG_LEVEL_VARIABLE in target or verbosity >= 1:
+        return False
+    target[TF_LOG_LEVEL_VARIABLE] = QUIET_TF_LOG_LEVEL
+    return True
 
 
 def _check_target(target: Target, name: str) -> None:
@@ -107,21 +184,31 @@ class ExperimentMain(Generic[ConfigT]):
         self._report = report
         self._overrides = {'output_dir': default_output_dir}
         config_flags.define_flags(config_cls, overrides=self._overrides)
+        if 'fresh_start' not in flags.FLAGS:
+            flags.DEFINE_bool('fresh_start', False, FRESH_START_HELP)
+        module = config_flags.help_module(config_cls)
+        for name in ('fresh_start', 'verbosity'):  # Listed by --help with the config's flags.
+            flags.FLAGS.register_key_flag_for_module(module, flags.FLAGS[name])
 
     def __call__(self, argv: Sequence[str]) -> None:
-        """Builds the config from the parsed flags, runs the task and prints its report.
+        """Builds the config from the parsed flags, checks the output directory, runs the task, prints its report.
 
         Args:
           argv: The arguments absl left after parsing the flags (only the program name is allowed).
 
         Raises:
-          app.UsageError: Unexpected arguments, an invalid flag value or any other `errors.InputError`.
+          app.UsageError: Unexpected arguments, an invalid flag value, a resume under another configuration
+            (`run_record.ConfigMismatchError`) or any other `errors.InputError`; exit status 2.
         """
         if len(argv) > 1:
-            raise app.UsageError(f'Unexpected arguments: {list(argv[1:])}')
-        logging.set_verbosity(logging.INFO)
+            raise app.UsageError(f'Unexpected arguments: {list(argv[1:])}', exitcode=USAGE_ERROR_STATUS)
+        verbosity = flags.FLAGS['verbosity']
+        if not verbosity.present:
+            logging.set_verbosity(logging.INFO)
+        quiet_tensorflow(verbosity.value if verbosity.present else 0)
         try:
             config = config_flags.config_from_flags(self.config_cls, overrides=self._overrides)
+            run_record.check_output_dir(config, fresh_start=flags.FLAGS.fresh_start)
             # TensorFlow and TFF are imported here, once the flags are parsed and the config is valid.
             from fedpersonal import runtime  # pylint: disable=g-import-not-at-top
 
@@ -129,7 +216,7 @@ class ExperimentMain(Generic[ConfigT]):
             with runtime.LocalRuntime():
                 results = run(config)
         except (errors.InputError, flags.IllegalFlagValueError) as error:
-            raise app.UsageError(str(error)) from None
+            raise app.UsageError(str(error), exitcode=USAGE_ERROR_STATUS) from None
         print()
         print(load(self._report)(results, config))
         print(f'\nOutputs: {config.output_dir}')
@@ -148,7 +235,10 @@ class ExperimentMain(Generic[ConfigT]):
         flag_help = flags.FLAGS.module_help(config_flags.help_module(self.config_cls))
         return (
             f'{doc.rstrip()}\n\nflags:\n{flag_help}\n\n'
-            "Try --helpfull to get a list of all flags (including --flagfile and absl's logging flags).\n"
+            "TensorFlow's C++ log lines (CUDA, cuDNN and TensorRT warnings on a CPU machine) are off unless "
+            '--verbosity is 1 or more or the environment sets TF_CPP_MIN_LOG_LEVEL.\n'
+            "Try --helpfull to get a list of all flags (including --flagfile, absl's logging flags and the deprecated "
+            'names of renamed flags).\n'
         )
 
 
@@ -194,11 +284,24 @@ def wants_help(argv: Sequence[str]) -> bool:
     return False
 
 
+def parse_flags(argv: Sequence[str]) -> list[str]:
+    """absl's flag parsing for `app.run`, except that a bad or unknown flag exits with status 2 (absl's: 1).
+
+    The error is the one line absl prints (``FATAL Flags parsing error: ...`` naming the flag), no traceback.
+    """
+    try:
+        return flags.FLAGS(list(argv))
+    except flags.Error as error:
+        sys.stderr.write(f'FATAL Flags parsing error: {error}\nPass --helpshort or --helpfull to see help on flags.\n')
+        sys.exit(USAGE_ERROR_STATUS)
+
+
 def run(main: ExperimentMain[Any], argv: Sequence[str] | None = None) -> None:
-    """`absl.app.run(main)`, except that the short help lists the config's flags and exits with status 0.
+    """`absl.app.run(main)`, except that the short help lists the config's flags and exits with status 0, and
+    usage errors exit with status 2.
 
     absl's own ``--help`` lists only the flags the `__main__` module defined (none: `config_flags` defines
-    them) and exits with status 1.
+    them) and exits with status 1; its flag parsing errors exit with status 1 too (`parse_flags`).
 
     Args:
       main: The binary's `define_main(...)`.
@@ -213,6 +316,8 @@ def run(main: ExperimentMain[Any], argv: Sequence[str] | None = None) -> None:
     # the engine's first round failed in every binary run from the command line ("tensor 'total:0' ... is out of
     # scope": its Keras metrics were built as graph-mode (v1) objects). tests/experiments/command_line_test.py runs a
     # binary as a subprocess to keep this covered. TensorFlow alone takes ~3 s; TFF is still imported after parsing.
+    # Its log level is decided first, from --verbosity on the command line (not from a --flagfile).
+    quiet_tensorflow(argv_verbosity(argv))
     import tensorflow  # noqa: F401  # pylint: disable=g-import-not-at-top,unused-import
 
-    app.run(main, argv=argv)
+    app.run(main, argv=argv, flags_parser=parse_flags)

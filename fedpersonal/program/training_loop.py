@@ -61,13 +61,14 @@ from fedpersonal.program.non_finite import non_finite_losses
 from fedpersonal.program.participation import participation as _participation
 from fedpersonal.program.participation import sample_clients
 from fedpersonal.program.participation import surviving_clients
+from fedpersonal.program.run_record import RUN_CONFIG_FILE
+from fedpersonal.program.run_record import ConfigMismatchError
 from fedpersonal.program.selection import EarlyStopping
 from fedpersonal.program.selection import ModelSelection
 from fedpersonal.simulation import packing
 
 EvaluationFn = Callable[[Any], dict[str, Any]]
 ClientEvaluationFn = Callable[[Any, list[Any]], dict[str, Any]]
-RUN_CONFIG_FILE = 'run_config.json'
 _PREFIX = 'program_state_'  # The version prefix of tff.program.FileProgramStateManager (ExperimentOutputs' default).
 _READY = 'ready_'
 _KEEP_CHECKPOINTS = 2
@@ -78,8 +79,6 @@ class ClientStatesLostError(errors.InputError):
     """A stateful run cannot resume: its client state store lacks the states of the checkpointed rounds."""
 
 
-class ConfigMismatchError(errors.ConfigError):
-    """A run would resume from checkpoints written under another configuration."""
 
 
 # ------------------------------------------------------------------------------------------- private states

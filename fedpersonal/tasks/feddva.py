@@ -340,22 +340,22 @@ def run(config: FeddvaConfig) -> dict[str, Any]:
     tf.random.set_seed(config.seed)
     program.write_json(os.path.join(config.output_dir, 'config.json'), dataclasses.asdict(config))
     source = federated_images.load_source(
-        config.dataset,
+        config.source_dataset,
         config.data_dir,
-        generated_train=config.generated_train,
-        generated_test=config.generated_test,
+        generated_train=config.synthetic_train,
+        generated_test=config.synthetic_test,
         seed=config.seed,
     )
     rows, analyses, statistics = [], {}, {}
     # The disentanglement evidence comes from the label-free FedDVA when it runs.
-    analyzed = 'feddva' if 'feddva' in config.methods else 'feddva_tuned'
+    analyzed = 'feddva' if 'feddva' in config.configurations else 'feddva_tuned'
     for setting in config.settings:
         data = load_setting(config, source, setting)
         statistics[setting] = data.statistics()
         logging.info('FedDVA data: %s; %s', data.description, statistics[setting])
         task = FeddvaTask(config, data)
         by_method: dict[str, dict[str, Any]] = {}
-        for method in config.methods:
+        for method in config.configurations:
             if method in by_method:
                 continue
             outputs = program.ExperimentOutputs(config.output_dir, f'{setting}/{method}')
@@ -365,12 +365,12 @@ def run(config: FeddvaConfig) -> dict[str, Any]:
                 if setting == config.disentanglement_setting and method == analyzed:
                     analyses[setting] = analyze_disentanglement(task, context, os.path.join(config.output_dir, setting))
             elif method in ('fedavg', 'fedavg_ft'):
-                by_method.update(run_fedavg(task, outputs, finetune='fedavg_ft' in config.methods))
+                by_method.update(run_fedavg(task, outputs, finetune='fedavg_ft' in config.configurations))
             else:
                 by_method['ditto'] = run_ditto(task, outputs)
             logging.info('[%s/%s] done in %.0fs', setting, method, time.time() - started)
         for method in METHODS:
-            if method in by_method and method in config.methods:
+            if method in by_method and method in config.configurations:
                 result = dict(by_method[method])
                 rows.append(
                     {
@@ -389,7 +389,7 @@ def run(config: FeddvaConfig) -> dict[str, Any]:
                 **analysis['probes'],
             }
         )
-    curves = load_curves(config.output_dir, config.settings, config.methods)
+    curves = load_curves(config.output_dir, config.settings, config.configurations)
     curves_path = plot_accuracy_curves(
         curves,
         os.path.join(config.output_dir, 'accuracy_vs_rounds.png'),

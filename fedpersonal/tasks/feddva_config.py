@@ -23,7 +23,9 @@ from fedpersonal.program import dataset_inference
 if TYPE_CHECKING:
     from fedpersonal.models import feddva_models
 
-DATASETS = ('generated', 'mnist', 'fashion_mnist', 'cifar10')
+DATASETS = ('synthetic', 'mnist', 'fashion_mnist', 'cifar10')
+# Deprecated --dataset values (kept for one release): the generated data is 'synthetic' in every binary.
+DATASET_ALIASES = {'generated': 'synthetic'}
 SETTINGS = ('heterogeneous_inputs', 'heterogeneous_outputs')
 METHODS = ('feddva', 'feddva_tuned', 'fedavg', 'fedavg_ft', 'ditto')
 ARCHITECTURE_NAMES = ('paper', 'scaled')  # The keys of `architectures()`.
@@ -57,17 +59,21 @@ class FeddvaConfig(
     """Everything a FedDVA experiment needs (shared options from `fedpersonal.program.config_parts`; defaults: a
     small run on the generated data)."""
 
-    dataset: str = parts.option(dataset_inference.AUTO, dataset_inference.dataset_help(DATASETS, 'generated'))
+    dataset: str = parts.option(
+        dataset_inference.AUTO, dataset_inference.dataset_help(DATASETS, 'synthetic'), value_aliases=DATASET_ALIASES
+    )
     settings: tuple[str, ...] = parts.option(SETTINGS, f'Personalization settings, a subset of {SETTINGS}.')
-    methods: tuple[str, ...] = parts.option(METHODS, f'Methods, a subset of {METHODS}.')
+    configurations: tuple[str, ...] = parts.option(
+        METHODS, f'Rows (methods) to run, a subset of {METHODS}.', aliases=('methods',)
+    )
     num_clients: int = parts.option(20, 'Clients.')
     train_per_client: int = parts.option(300, 'Training images per client.')
     test_per_client: int = parts.option(100, 'Test images per client.')
     alpha_inputs: float = parts.option(100.0, 'Dirichlet concentration of the label split (input heterogeneity).')
     alpha_outputs: float = parts.option(0.5, 'Dirichlet concentration of the label split (output heterogeneity).')
     marks_in_outputs: bool = parts.option(False, 'Add client marks in the output-heterogeneity setting too.')
-    generated_train: int = parts.option(12000, 'Generated data: training images.')
-    generated_test: int = parts.option(2000, 'Generated data: test images.')
+    synthetic_train: int = parts.option(12000, 'Generated data: training images.', aliases=('generated_train',))
+    synthetic_test: int = parts.option(2000, 'Generated data: test images.', aliases=('generated_test',))
     architecture: str = parts.option('scaled', f'One of {ARCHITECTURE_NAMES}.')
     z_dim: int = parts.option(8, 'Dimension of the shared latent z.')
     c_dim: int = parts.option(8, 'Dimension of the client latent c.')
@@ -109,14 +115,14 @@ class FeddvaConfig(
             "FedDVA's builder aggregates its global update with a fixed example-weighted mean (no model_aggregator "
             'to put a DP aggregator in); DP is available for FedRecon/FedAvg (experiments/movielens_mf.py) and FURL.',
         )
-        dataset_inference.resolve_dataset(self, generated='generated', layouts=DATA_LAYOUTS)
+        dataset_inference.resolve_dataset(self, generated='synthetic', layouts=DATA_LAYOUTS)
         if self.dataset not in DATASETS:
             raise errors.ConfigError(f'dataset must be one of {DATASETS}, got {self.dataset!r}.')
         if self.dataset in ('mnist', 'cifar10') and not self.data_dir:
             raise errors.ConfigError(
-                f'dataset {self.dataset!r} needs --data_dir (the generated default is "generated").'
+                f'dataset {self.dataset!r} needs --data_dir (the generated default is "synthetic").'
             )
-        for field, allowed in (('settings', SETTINGS), ('methods', METHODS)):
+        for field, allowed in (('settings', SETTINGS), ('configurations', METHODS)):
             values = getattr(self, field)
             unknown = [v for v in values if v not in allowed]
             if unknown or not values:
@@ -132,6 +138,11 @@ class FeddvaConfig(
                 raise errors.ConfigError(f'{name} must be >= 1, got {getattr(self, name)}.')
         if self.decoder_c_source not in DECODER_C_SOURCES:
             raise errors.ConfigError(f"decoder_c_source must be 'prior' or 'posterior', got {self.decoder_c_source!r}.")
+
+    @property
+    def source_dataset(self) -> str:
+        """`dataset` as `fedpersonal.data.federated_images.load_source` names it (the synthetic data 'generated')."""
+        return 'generated' if self.dataset == 'synthetic' else self.dataset
 
     def dva_architecture(self, image_shape: tuple[int, int, int], num_classes: int) -> feddva_models.DvaArchitecture:
         """The `--architecture` sizes with this config's latent dimensions and head, for the given data.

@@ -56,10 +56,10 @@ def round_workload(
 ) -> Workload:
     """The FedDVA row (``feddva``, or ``feddva_tuned`` with `head_tunes_encoders`) of `setting` as a workload."""
     source = federated_images.load_source(
-        config.dataset,
+        config.source_dataset,
         config.data_dir,
-        generated_train=config.generated_train,
-        generated_test=config.generated_test,
+        generated_train=config.synthetic_train,
+        generated_test=config.synthetic_test,
         seed=config.seed,
     )
     task = feddva_task.FeddvaTask(config, feddva_task.load_setting(config, source, setting))

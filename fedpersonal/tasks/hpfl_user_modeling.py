@@ -30,7 +30,7 @@ each user's test items by predicted score.
 centralized rows give ``seconds_per_epoch``).
 
 **Resuming**: rerunning with the same ``output_dir`` and configuration (``run_config.json``; a different one is
-refused) reads the rows that finished back from ``<method>/results.json`` instead of training them again, resumes
+refused, `fedpersonal.program.run_record`; ``configurations``, the rows, may change) reads the rows that finished back from ``<method>/results.json`` instead of training them again, resumes
 an interrupted federated method from its latest checkpoint (server state, client states and the model selection)
 and ends with the numbers of an uninterrupted run; a finished run returns its ``results.json`` without evaluating
 anything again. Every random choice derives from ``seed`` (data generation and silo split, GUM/NCD/NCF
@@ -71,6 +71,7 @@ from fedpersonal.algorithms import hpfl
 from fedpersonal.data import user_modeling
 from fedpersonal.metrics import user_modeling_metrics as um_metrics
 from fedpersonal.models import gum
+from fedpersonal.program import run_record
 from fedpersonal.tasks import hpfl_centralized
 from fedpersonal.tasks.hpfl_analysis import ROW_NAMES
 from fedpersonal.tasks.hpfl_analysis import evaluate_predictions
@@ -105,8 +106,6 @@ __all__ = [
     'format_private_table',
 ]
 
-# Fields that do not change a row's numbers: a rerun may change them and still read finished rows back.
-_UNGUARDED = ('output_dir', 'methods', 'rounds_per_checkpoint')
 _STATE_STORE = 'client_states.sqlite'
 _THETA = 'theta.npy'
 
@@ -149,7 +148,7 @@ def _load_all(config: HpflConfig) -> user_modeling.UserModelingData:
             task=config.synthetic_task,
             seed=config.seed,
         )
-    if config.dataset == 'assist':
+    if config.dataset == 'assistments':
         from fedpersonal.data import hpfl_assistments  # pylint: disable=g-import-not-at-top
 
         assert config.data_dir is not None  # HpflConfig requires it for this dataset.
@@ -345,21 +344,9 @@ def _applicable(method: str, task: str) -> bool:
 
 
 def _guarded_config(config: HpflConfig) -> dict[str, Any]:
-    """The configuration a finished row or a checkpoint belongs to (`_UNGUARDED` fields left out)."""
-    return {k: v for k, v in dataclasses.asdict(config).items() if k not in _UNGUARDED}
-
-
-def _guard_output_dir(config: HpflConfig) -> None:
-    """Refuses an ``output_dir`` holding the outputs of another configuration (`program.ConfigMismatchError`).
-
-    The record is ``run_config.json``; a directory written before it existed is checked against its ``config.json``.
-    """
-    record = os.path.join(config.output_dir, program.RUN_CONFIG_FILE)
-    legacy = os.path.join(config.output_dir, 'config.json')
-    if not os.path.exists(record) and os.path.exists(legacy):
-        with open(legacy) as f:
-            program.write_json(record, {k: v for k, v in json.load(f).items() if k not in _UNGUARDED})
-    program.guard_config(record, _guarded_config(config))
+    """The configuration a finished row or a checkpoint belongs to: the fields a resume must not change (not
+    ``output_dir``, ``rounds_per_checkpoint`` and ``configurations``; `run_record.recorded_config`)."""
+    return run_record.recorded_config(config)
 
 
 def _finished_run(config: HpflConfig, methods: Sequence[str], skipped: Sequence[str]) -> dict[str, Any] | None:
@@ -427,8 +414,8 @@ def run(config: HpflConfig) -> dict[str, Any]:
     config = _with_accuracy_threshold(config, data)
     tf.random.set_seed(config.seed)
     os.makedirs(config.output_dir, exist_ok=True)
-    _guard_output_dir(config)
-    requested = [m for m in METHODS if m in config.methods]
+    run_record.check_output_dir(config)  # As the binary does; the same configuration passes again.
+    requested = [m for m in METHODS if m in config.configurations]
     skipped = [m for m in requested if not _applicable(m, data.task)]
     methods = [m for m in requested if m not in skipped]
     for method in skipped:

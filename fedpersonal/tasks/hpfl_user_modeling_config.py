@@ -5,7 +5,7 @@ Kept apart from the task so that defining and parsing the binary's flags imports
 
 Example:
 
->>> config = HpflConfig(methods=('gum', 'hpfl'), ncd_hidden_units=('8', '4'))
+>>> config = HpflConfig(configurations=('gum', 'hpfl'), ncd_hidden_units=('8', '4'))
 >>> config.ncd_hidden_units, config.total_rounds
 ((8, 4), 20)
 """
@@ -19,9 +19,11 @@ from fedpersonal.program import config_parts as parts
 from fedpersonal.program import csv_config
 from fedpersonal.program import dataset_inference
 
-DATASETS = ('synthetic', 'assist', 'movielens', csv_config.CSV)
+DATASETS = ('synthetic', 'assistments', 'movielens', csv_config.CSV)
 # The files of every dataset read from --data_dir (for --dataset inferred from them).
-DATA_LAYOUTS = {'assist': dataset_inference.ASSISTMENTS, 'movielens': dataset_inference.MOVIELENS_USERS}
+DATA_LAYOUTS = {'assistments': dataset_inference.ASSISTMENTS, 'movielens': dataset_inference.MOVIELENS_USERS}
+# Deprecated --dataset values (kept for one release): the name FURL uses for the same data.
+DATASET_ALIASES = {'assist': 'assistments'}
 CENTRALIZED = ('ncd', 'ncf', 'gum')
 NDCG_GAINS = ('linear', 'exponential')
 # The names of `fedpersonal.algorithms.hpfl` and `fedpersonal.models.gum` (TensorFlow modules) the config accepts,
@@ -54,16 +56,23 @@ class HpflConfig(
     """Everything an HPFL experiment needs (shared options from `fedpersonal.program.config_parts`; cross-silo:
     every client takes part in every round, so there is no --clients_per_round)."""
 
-    dataset: str = parts.option(dataset_inference.AUTO, dataset_inference.dataset_help(DATASETS, 'synthetic'))
+    dataset: str = parts.option(
+        dataset_inference.AUTO, dataset_inference.dataset_help(DATASETS, 'synthetic'), value_aliases=DATASET_ALIASES
+    )
     data_dir: str | None = parts.option(
         None,
-        'assist: dir with record.csv/item.csv; movielens: dir with u.data/u.item/u.user (without --dataset, '
+        'assistments: dir with record.csv/item.csv; movielens: dir with u.data/u.item/u.user (without --dataset, '
         "the one of the two whose files are there); 'none': generated data (or --data_path for csv).",
     )
-    methods: tuple[str, ...] = parts.option(
-        METHODS, f'Rows to run, subset of {METHODS} (ncd runs on binary, ncf on rating data).'
+    configurations: tuple[str, ...] = parts.option(
+        METHODS,
+        f'Rows (methods) to run, a subset of {METHODS} (ncd runs on binary, ncf on rating data); may change when '
+        'a run resumes (finished rows are read back, the others run).',
+        aliases=('methods',),
+        may_change_on_resume=True,
     )
-    total_rounds: int = 20
+    # HPFL's --rounds before it joined the shared vocabulary: a deprecated name for one release.
+    total_rounds: int = parts.option(20, parts.help_text(parts.RoundsConfig, 'total_rounds') or '', aliases=('rounds',))
     rounds_per_checkpoint: int = 1
     rounds_per_eval: int = 1
     batch_size: int = 64
@@ -120,7 +129,7 @@ class HpflConfig(
 
     def __post_init__(self):
         parts.run_post_inits(self)
-        csv_config.resolve_csv_dataset(self, untimed_split_order=('assist',))
+        csv_config.resolve_csv_dataset(self, untimed_split_order=('assistments',))
         parts.refuse_dp(
             self,
             "HPFL aggregates the silos' models weighted by their validation accuracy, a data-dependent weighting "
@@ -138,9 +147,9 @@ class HpflConfig(
             )
         if self.dataset not in ('synthetic', csv_config.CSV) and not self.data_dir:
             raise errors.ConfigError(f'dataset {self.dataset!r} needs --data_dir (the generated default is synthetic).')
-        unknown = [m for m in self.methods if m not in METHODS]
-        if unknown or not self.methods:
-            raise errors.ConfigError(f'methods must be a non-empty subset of {METHODS}; unknown: {unknown}.')
+        unknown = [m for m in self.configurations if m not in METHODS]
+        if unknown or not self.configurations:
+            raise errors.ConfigError(f'configurations must be a non-empty subset of {METHODS}; unknown: {unknown}.')
         for name in (
             'hidden_dim',
             'max_local_clusters',

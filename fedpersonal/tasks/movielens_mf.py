@@ -47,6 +47,7 @@ from fedpersonal.algorithms import optimizers
 from fedpersonal.models import matrix_factorization as mf
 from fedpersonal.privacy import dp as dp_lib
 from fedpersonal.tasks.movielens_mf_config import CONFIGURATIONS as CONFIGURATIONS
+from fedpersonal.tasks.movielens_mf_config import DATASETS as DATASETS
 from fedpersonal.tasks.movielens_mf_config import MovieLensMFConfig as MovieLensMFConfig
 
 ROW_NAMES = {
@@ -85,7 +86,8 @@ def load_data(config: MovieLensMFConfig) -> PreparedData:
         ratings, description = csv_tasks.load_csv_ratings(
             config.data_path, split_order=config.split_order, seed=config.seed
         )
-    elif config.data_dir:
+    elif config.dataset == 'movielens':
+        assert config.data_dir is not None  # MovieLensMFConfig requires it for this dataset.
         ratings = data_lib.load_ratings(config.data_dir, variant=config.variant)
         description = f'MovieLens ({config.variant}) from {config.data_dir}'
     else:
@@ -102,12 +104,12 @@ def load_data(config: MovieLensMFConfig) -> PreparedData:
             f'generated MovieLens-like data ({config.synthetic_num_users} users, '
             f'{config.synthetic_num_items} items, seed {config.synthetic_seed})'
         )
-    data = data_lib.preprocess_ratings(ratings, max_examples_per_user=config.max_examples_per_user, seed=config.seed)
+    data = data_lib.preprocess_ratings(ratings, max_examples_per_user=config.max_examples_per_client, seed=config.seed)
     train_users, val_users, test_users = data_lib.split_by_user(
-        data, train_fraction=config.train_fraction, val_fraction=config.val_fraction, seed=config.split_seed
+        data, train_fraction=config.train_fraction, val_fraction=config.validation_fraction, seed=config.split_seed
     )
     time_train, time_val, time_test = data_lib.split_by_time(
-        data, train_fraction=config.train_fraction, val_fraction=config.val_fraction
+        data, train_fraction=config.train_fraction, val_fraction=config.validation_fraction
     )
     frame = data.ratings
     if config.dataset == 'csv':

@@ -18,12 +18,15 @@ from typing import TYPE_CHECKING
 from fedpersonal import errors
 from fedpersonal.program import config_parts as parts
 from fedpersonal.program import csv_config
+from fedpersonal.program import dataset_inference
 
 if TYPE_CHECKING:
     from fedpersonal import algorithms
 
-DATASETS = ('generated', 'movielens', csv_config.CSV)
 CONFIGURATIONS = ('centralized_standard', 'centralized_recon', 'fedavg_standard', 'fedavg_recon', 'fedrecon')
+DATASETS = ('synthetic', 'movielens', csv_config.CSV)
+# The files of every dataset read from --data_dir (for --dataset inferred from them).
+DATA_LAYOUTS = {'movielens': dataset_inference.MOVIELENS_RATINGS}
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -45,9 +48,9 @@ class MovieLensMFConfig(
     """
 
     dataset: str = parts.option(
-        csv_config.AUTO,
-        f"One of {DATASETS}, or 'auto' (default): 'movielens' (GroupLens 100K/1M files) with --data_dir, 'csv' "
-        "(a ratings table, user,item,rating[,timestamp]) with --data_path, else 'generated' (MovieLens-like data).",
+        dataset_inference.AUTO,
+        dataset_inference.dataset_help(DATASETS, 'synthetic')
+        + " 'csv': a ratings table (user,item,rating[,timestamp]) given by --data_path (docs/DATA.md).",
     )
     configurations: tuple[str, ...] = parts.option(('fedrecon',), f'Table 1 rows to run, a subset of {CONFIGURATIONS}.')
     variant: str = parts.option('auto', "MovieLens variant of --data_dir: '100k', '1m' or 'auto'.")
@@ -55,9 +58,13 @@ class MovieLensMFConfig(
     synthetic_num_items: int = parts.option(1682, 'Generated data: items.')
     synthetic_mean_ratings_per_user: int = parts.option(106, 'Generated data: mean ratings per user.')
     synthetic_seed: int = parts.option(0, 'Generated data: seed.')
-    max_examples_per_user: int | None = parts.option(300, "Ratings kept per user ('none': all).")
+    max_examples_per_client: int | None = parts.option(
+        300, "Ratings kept per user (client), the earliest ('none': all).", aliases=('max_examples_per_user',)
+    )
     train_fraction: float = parts.option(0.8, "Fraction of users (or of each user's ratings by time) for training.")
-    val_fraction: float = parts.option(0.1, 'Fraction for validation (the rest is test).')
+    validation_fraction: float = parts.option(
+        0.1, 'Fraction for validation (the rest is test).', aliases=('val_fraction',)
+    )
     split_seed: int = parts.option(0, 'Seed of the user split.')
     num_latent_factors: int = parts.option(50, 'Embedding dimension.')
     add_biases: bool = parts.option(False, 'Add user and item biases.')
@@ -86,16 +93,13 @@ class MovieLensMFConfig(
     def __post_init__(self):
         parts.run_post_inits(self)
         csv_config.resolve_csv_dataset(self)
-        if self.dataset == csv_config.AUTO:
-            object.__setattr__(self, 'dataset', 'movielens' if self.data_dir else 'generated')
+        if self.dataset != csv_config.CSV:
+            dataset_inference.resolve_dataset(self, generated='synthetic', layouts=DATA_LAYOUTS)
         if self.dataset not in DATASETS:
-            raise errors.ConfigError(f'--dataset must be one of {DATASETS} or auto, got {self.dataset!r}.')
+            raise errors.ConfigError(f'dataset must be one of {DATASETS}, got {self.dataset!r}.')
         if self.dataset == 'movielens' and not self.data_dir:
-            raise errors.ConfigError('--dataset=movielens needs --data_dir (the GroupLens ml-100k or ml-1m directory).')
-        if self.dataset == 'generated' and self.data_dir:
             raise errors.ConfigError(
-                f'--dataset=generated contradicts --data_dir={self.data_dir}: drop --data_dir to train on generated '
-                'data, or pass --dataset=movielens.'
+                "dataset 'movielens' needs --data_dir (a directory with MovieLens 100K's u.data or 1M's ratings.dat)."
             )
         unknown = [c for c in self.configurations if c not in CONFIGURATIONS]
         if unknown or not self.configurations:

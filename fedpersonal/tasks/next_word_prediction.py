@@ -84,7 +84,7 @@ def row_name(configuration: str, num_oov_buckets: int) -> str:
 
 
 def load_corpus(config: NextWordPredictionConfig) -> text_corpus.TextCorpus:
-    """The configured corpus, at most `max_elements_per_client` examples per client."""
+    """The configured corpus, at most `max_examples_per_client` examples per client."""
     if config.dataset == 'shakespeare':
         path = config.data_dir or '../shared/data/shakespeare'
         corpus = shakespeare.load_shakespeare(
@@ -97,7 +97,7 @@ def load_corpus(config: NextWordPredictionConfig) -> text_corpus.TextCorpus:
         corpus = synthetic_text.generate_text_corpus(
             num_clients=config.synthetic_num_clients, test_fraction=config.test_fraction, seed=config.seed
         )
-    return text_corpus.limit_examples(corpus, config.max_elements_per_client)
+    return text_corpus.limit_examples(corpus, config.max_examples_per_client)
 
 
 @dataclasses.dataclass

@@ -51,7 +51,7 @@ class NextWordPredictionConfig(
     vocab_sizes: tuple[int, ...] = parts.option((1000, 5000, 10000), 'Vocabulary sizes (one table per size).')
     num_oov_buckets: int = parts.option(500, 'Local OOV embedding rows of FedRecon (B).')
     max_sequence_length: int = parts.option(20, 'Tokens per sequence.')
-    max_elements_per_client: int = parts.option(128, 'Sequences kept per client.')
+    max_examples_per_client: int = parts.option(128, 'Sequences kept per client.', aliases=('max_elements_per_client',))
     min_examples_per_client: int = parts.option(20, 'Clients with fewer sequences are dropped.')
     synthetic_num_clients: int = parts.option(300, 'Generated corpus: clients.')
     test_fraction: float = parts.option(0.2, 'Fraction of clients held out for test.')
@@ -94,7 +94,7 @@ class NextWordPredictionConfig(
         for name in (
             'num_oov_buckets',
             'max_sequence_length',
-            'max_elements_per_client',
+            'max_examples_per_client',
             'embedding_dim',
             'lstm_units',
         ):

@@ -43,7 +43,7 @@ def _run(argv):
 
 def test_every_method_on_generated_data(tmp_path, capsys):
     out = str(tmp_path / 'hpfl')
-    _run(TINY + [f'--methods={",".join(METHODS)}', f'--output_dir={out}'])
+    _run(TINY + [f'--configurations={",".join(METHODS)}', f'--output_dir={out}'])
     printed = capsys.readouterr().out
     with open(os.path.join(out, 'results.json')) as f:
         results = json.load(f)
@@ -102,12 +102,12 @@ def test_doa_pairs_stay_within_a_silo():
 
 def test_real_dataset_needs_a_data_dir(tmp_path):
     with pytest.raises(app.UsageError, match='needs --data_dir'):
-        _run(['--dataset=assist', f'--output_dir={tmp_path}'])
+        _run(['--dataset=assistments', f'--output_dir={tmp_path}'])
 
 
 def test_unknown_method_is_a_usage_error(tmp_path):
     with pytest.raises(app.UsageError, match='unknown'):
-        _run(['--methods=hpfl,fedbn', f'--output_dir={tmp_path}'])
+        _run(['--configurations=hpfl,fedbn', f'--output_dir={tmp_path}'])
 
 
 def test_unknown_row_updates_is_a_usage_error(tmp_path):
@@ -180,7 +180,7 @@ def test_binary_killed_mid_run_resumes_to_the_results_of_an_uninterrupted_run(tm
     flags = [f for f in TINY if not f.startswith('--total_rounds=')] + [
         '--total_rounds=6',
         '--rounds_per_eval=2',
-        '--methods=ncd,gum,distributed,fedavg,hpfl',
+        '--configurations=ncd,gum,distributed,fedavg,hpfl',
     ]
     straight, killed = str(tmp_path / 'straight'), str(tmp_path / 'killed')
     log = str(tmp_path / 'killed.log')
@@ -238,7 +238,7 @@ def test_early_stopping_ends_a_run_whose_validation_rmse_stops_improving(tmp_pat
             '--client_learning_rate=1e-9',
             '--early_stopping_patience=2',
             '--early_stopping_min_delta=0.001',
-            '--methods=distributed',
+            '--configurations=distributed',
             f'--output_dir={out}',
         ]
     )

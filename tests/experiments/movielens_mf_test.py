@@ -3,6 +3,7 @@
 import csv
 import json
 import os
+import shutil
 
 import pytest
 from absl import app
@@ -81,13 +82,31 @@ def test_all_five_configurations_two_rounds(tmp_path, capsys):
         assert json.load(f)['total_rounds'] == 2
 
 
-def test_resumes_from_checkpoint(tmp_path):
+def test_resumes_from_checkpoint_only_under_the_same_flags(tmp_path, caplog):
     out = str(tmp_path / 'resume')
-    _run(TINY + ['--total_rounds=2', f'--output_dir={out}'])
+    flags_ = TINY + ['--total_rounds=2', '--rounds_per_checkpoint=1', f'--output_dir={out}']
+    _run(flags_)
     metrics_csv = os.path.join(out, 'fedrecon', 'metrics.csv')
     assert _rounds(metrics_csv) == [1, 2]
-    _run(TINY + ['--total_rounds=3', f'--output_dir={out}'])
-    assert _rounds(metrics_csv) == [1, 2, 3]  # Rounds 1-2 were restored, not re-run.
+    with open(os.path.join(out, 'results.json')) as f:
+        straight = json.load(f)['rows'][0]
+    # As if killed after round 1's checkpoint: the rerun resumes there and ends with the same numbers.
+    checkpoints = os.path.join(out, 'fedrecon', 'checkpoints')
+    shutil.rmtree(os.path.join(checkpoints, 'program_state_2'))
+    caplog.set_level('INFO', logger='absl')
+    _run(flags_)
+    assert '[fedrecon] resumed from checkpoint at round 1' in caplog.text
+    assert _rounds(metrics_csv) == [1, 2]
+    with open(os.path.join(out, 'results.json')) as f:
+        resumed = json.load(f)['rows'][0]
+    assert resumed['rmse'] == pytest.approx(straight['rmse'], abs=1e-6)
+    # Another configuration (even only more rounds: the 2-round run evaluated its last round, which a 3-round run
+    # would not) is refused, naming the flag; --fresh_start starts over.
+    with pytest.raises(app.UsageError, match=r'--total_rounds: 2 -> 3'):
+        _run(TINY + ['--total_rounds=3', f'--output_dir={out}'])
+    _run(TINY + ['--total_rounds=3', '--fresh_start', f'--output_dir={out}'])
+    assert _rounds(metrics_csv) == [1, 2, 3]
+    assert os.listdir(os.path.join(out, 'previous_runs'))
 
 
 def test_bad_data_dir_gives_a_clear_error(tmp_path):

@@ -38,7 +38,7 @@ def test_binary_rows_and_measured_communication(tmp_path, capsys):
             '--rounds_per_eval=2',
             '--eval_clients=2',
             '--test_clients=3',
-            '--max_elements_per_client=16',
+            '--max_examples_per_client=16',
             '--configurations=fedrecon,oov_finetuning',
             '--simulation=per_client',  # The engine's communication: test_engine_and_per_client_runs_measure_...
             f'--output_dir={out}',

@@ -26,15 +26,23 @@ from fedpersonal.program import dataset_inference
 from fedpersonal.tasks import feddva_config
 from fedpersonal.tasks import furl_personalization_config
 from fedpersonal.tasks import hpfl_user_modeling_config
+from fedpersonal.tasks import movielens_mf_config
 from fedpersonal.tasks import next_word_prediction_config
 
 Feddva = feddva_config.FeddvaConfig
 Furl = furl_personalization_config.FurlConfig
 Hpfl = hpfl_user_modeling_config.HpflConfig
+MovieLens = movielens_mf_config.MovieLensMFConfig
 Nwp = next_word_prediction_config.NextWordPredictionConfig
 
 # config class -> its generated default (what it trains on without --data_dir).
-GENERATED = {Feddva: 'generated', Furl: 'synthetic_subreddit', Hpfl: 'synthetic', Nwp: 'synthetic_text'}
+GENERATED = {
+    Feddva: 'synthetic',
+    Furl: 'synthetic_subreddit',
+    Hpfl: 'synthetic',
+    MovieLens: 'synthetic',
+    Nwp: 'synthetic_text',
+}
 
 IDX = ('train-images-idx3-ubyte.gz', 'train-labels-idx1-ubyte.gz', 't10k-images.idx3-ubyte', 't10k-labels.idx1-ubyte')
 CIFAR = tuple(f'data_batch_{i}' for i in range(1, 6)) + ('test_batch',)
@@ -55,11 +63,13 @@ def _dir(tmp_path, *names):
         (Feddva, CIFAR, 'cifar10'),
         (Furl, ('u.data', 'u.item', 'u.genre'), 'movielens_likes'),
         (Furl, ('record.csv', 'item.csv', 'dict_knowledge_code.json'), 'assistments'),
-        (Hpfl, ('record.csv', 'item.csv'), 'assist'),
+        (Hpfl, ('record.csv', 'item.csv'), 'assistments'),
         (Hpfl, ('u.data', 'u.item', 'u.user'), 'movielens'),
         (Nwp, ('shakespeare.txt.zip',), 'shakespeare'),
         (Nwp, ('shakespeare.txt',), 'shakespeare'),
         (Nwp, ('stackoverflow.sqlite',), 'stackoverflow'),
+        (MovieLens, ('u.data', 'u.item'), 'movielens'),
+        (MovieLens, ('ratings.dat', 'movies.dat'), 'movielens'),
     ],
     ids=lambda v: getattr(v, '__name__', str(v)),
 )
@@ -83,7 +93,7 @@ def test_a_data_file_is_recognised_by_its_name_or_content(tmp_path):
 
 
 @pytest.mark.parametrize('config_cls', list(GENERATED), ids=lambda c: c.__name__)
-@pytest.mark.parametrize('contents', [(), ('notes.txt', 'u.data')], ids=['empty', 'unknown'])
+@pytest.mark.parametrize('contents', [(), ('notes.txt', 'u.genre')], ids=['empty', 'unknown'])
 def test_a_directory_of_no_dataset_is_an_error_naming_the_dataset_flag(tmp_path, config_cls, contents):
     data_dir = _dir(tmp_path, *contents)
     with pytest.raises(errors.ConfigError) as raised:
@@ -105,6 +115,7 @@ def _layouts(config_cls):
         Feddva: feddva_config,
         Furl: furl_personalization_config,
         Hpfl: hpfl_user_modeling_config,
+        MovieLens: movielens_mf_config,
         Nwp: next_word_prediction_config,
     }[config_cls]
     return module.DATA_LAYOUTS
@@ -115,7 +126,7 @@ def _layouts(config_cls):
     [
         (Feddva, IDX, ('mnist', 'fashion_mnist')),  # The same IDX file names.
         (Furl, ('u.data', 'u.item', 'record.csv', 'item.csv'), ('movielens_likes', 'assistments')),
-        (Hpfl, ('u.data', 'u.item', 'u.user', 'record.csv', 'item.csv'), ('assist', 'movielens')),
+        (Hpfl, ('u.data', 'u.item', 'u.user', 'record.csv', 'item.csv'), ('assistments', 'movielens')),
     ],
     ids=lambda v: getattr(v, '__name__', ''),
 )
@@ -155,7 +166,7 @@ def test_an_explicit_dataset_is_kept(tmp_path):
 @pytest.mark.skipif(not SHARED.is_dir(), reason='no ../shared/data')
 def test_the_shared_real_datasets_are_recognised():
     assert Furl(data_dir=str(SHARED / 'assist-a0910')).dataset == 'assistments'
-    assert Hpfl(data_dir=str(SHARED / 'assist-a0910')).dataset == 'assist'
+    assert Hpfl(data_dir=str(SHARED / 'assist-a0910')).dataset == 'assistments'
     assert Nwp(data_dir=str(SHARED / 'shakespeare')).dataset == 'shakespeare'
     with pytest.raises(errors.ConfigError, match='mnist, fashion_mnist'):
         Feddva(data_dir=str(SHARED / 'mnist'))
@@ -167,6 +178,7 @@ def test_the_layouts_are_the_files_the_loaders_read(tmp_path):
     assert i.ASSISTMENTS.files == ((assistments._RECORD_FILE,), (assistments._ITEM_FILE,))
     assert i.MOVIELENS_LIKES.files == ((movielens._FILE_100K,), (movielens_likes._ITEM_FILE,))
     assert i.MOVIELENS_USERS.files == i.MOVIELENS_LIKES.files + ((hpfl_movielens._USER_FILE,),)
+    assert i.MOVIELENS_RATINGS.files == ((movielens._FILE_100K, movielens._FILE_1M),)
     assert i.SHAKESPEARE.files == (shakespeare._FILE_NAMES,)
     assert i.STACKOVERFLOW.files == ((stackoverflow.SQLITE_FILE,),)
     assert i.FASHION_MNIST.files == i.MNIST.files

@@ -1,6 +1,7 @@
 """The binaries' shared main: user input errors become one-line usage errors, bugs keep their traceback."""
 
 import dataclasses
+import os
 
 import pytest
 from absl import app
@@ -116,3 +117,89 @@ def test_run_prints_the_help_and_exits_0(capsys):
         experiment_main.run(_MAIN, ['binary', '--help'])
     assert info.value.code == 0
     assert '--em_test_failure' in capsys.readouterr().out
+
+
+# ------------------------------------------------------------------------------- usage errors, resume, logging
+def test_usage_errors_exit_with_status_2(tmp_path):
+    with pytest.raises(app.UsageError) as info:
+        _main(tmp_path, '--em_test_failure=other')
+    assert info.value.exitcode == 2
+    with pytest.raises(app.UsageError) as info:
+        _MAIN(['binary', 'stray_argument'])
+    assert info.value.exitcode == 2
+
+
+@pytest.mark.parametrize('argv', [['binary', '--total_rounds=many'], ['binary', '--no_such_flag=1']])
+def test_bad_or_unknown_flags_exit_with_status_2_naming_the_flag(argv, capsys):
+    flags.FLAGS.unparse_flags()
+    with pytest.raises(SystemExit) as info:
+        experiment_main.parse_flags(argv)
+    flags.FLAGS.unparse_flags()
+    assert info.value.code == 2
+    err = capsys.readouterr().err
+    assert argv[1].split('=')[0].lstrip('-') in err and 'Traceback' not in err
+
+
+@dataclasses.dataclass(frozen=True)
+class _RunConfig:
+    output_dir: str
+    em_test_rate: float = 0.5
+
+
+_RUNS = []
+
+
+def _record_run(config):
+    """A task that checkpoints its first row, as the training loop does."""
+    _RUNS.append(config)
+    os.makedirs(os.path.join(config.output_dir, 'row', 'checkpoints', 'program_state_1'), exist_ok=True)
+    return {'value': config.em_test_rate}
+
+
+_RESUMABLE = experiment_main.define_main(_RunConfig, _record_run, _report, default_output_dir='/nonexistent')
+
+
+def _resumable(tmp_path, *argv):
+    flags.FLAGS.unparse_flags()
+    flags.FLAGS(['binary', f'--output_dir={tmp_path}', *argv])
+    try:
+        _RESUMABLE(['binary'])
+    finally:
+        flags.FLAGS.unparse_flags()
+
+
+def test_a_changed_flag_on_resume_is_a_usage_error_naming_it_and_fresh_start_starts_over(tmp_path, monkeypatch):
+    monkeypatch.setenv('TF_CPP_MIN_LOG_LEVEL', '3')
+    _RUNS.clear()
+    _resumable(tmp_path)
+    _resumable(tmp_path)  # The same flags: resumes.
+    with pytest.raises(app.UsageError, match=r'--em_test_rate: 0.5 -> 0.25') as info:
+        _resumable(tmp_path, '--em_test_rate=0.25')
+    assert info.value.exitcode == 2
+    assert len(_RUNS) == 2  # Refused before the task ran.
+    _resumable(tmp_path, '--em_test_rate=0.25', '--fresh_start')
+    assert [c.em_test_rate for c in _RUNS] == [0.5, 0.5, 0.25]
+    assert os.listdir(tmp_path / 'previous_runs')
+    _resumable(tmp_path, '--em_test_rate=0.25')  # Resumes the new run.
+    with pytest.raises(app.UsageError, match=r'--em_test_rate: 0.25 -> 0.5'):
+        _resumable(tmp_path)
+
+
+def test_tensorflow_logs_are_off_unless_asked_for(tmp_path, monkeypatch):
+    monkeypatch.delenv('TF_CPP_MIN_LOG_LEVEL', raising=False)
+    _resumable(tmp_path / 'a')
+    assert os.environ['TF_CPP_MIN_LOG_LEVEL'] == '3'
+    monkeypatch.delenv('TF_CPP_MIN_LOG_LEVEL')
+    _resumable(tmp_path / 'b', '--verbosity=1')
+    assert 'TF_CPP_MIN_LOG_LEVEL' not in os.environ
+    monkeypatch.setenv('TF_CPP_MIN_LOG_LEVEL', '1')
+    _resumable(tmp_path / 'c')
+    assert os.environ['TF_CPP_MIN_LOG_LEVEL'] == '1'  # The user's setting stays.
+
+
+def test_quiet_tensorflow():
+    environ = {}
+    assert experiment_main.quiet_tensorflow(0, environ) and environ == {'TF_CPP_MIN_LOG_LEVEL': '3'}
+    assert not experiment_main.quiet_tensorflow(0, environ)  # Already set.
+    environ = {}
+    assert not experiment_main.quiet_tensorflow(1, environ) and environ == {}

@@ -30,7 +30,7 @@ BINARIES = {
 
 OUTPUT_DIR_HELP = (
     '--output_dir: Directory for metrics (CSV, TensorBoard), checkpoints, results and plots; rerunning with the '
-    'same directory resumes the run.'
+    'same directory resumes the run (under the same configuration; see --fresh_start).'
 )
 
 CONFIG_MODULES = (
@@ -45,6 +45,7 @@ CONFIG_MODULES = (
 def _binary(name, *args):
     """(exit status, stdout + stderr with whitespace runs collapsed) of `python experiments/<name>.py args`."""
     env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL='2')
+    env['PYTHONPATH'] = os.pathsep.join([_REPO, env.get('PYTHONPATH', '')]).rstrip(os.pathsep)  # This checkout.
     done = subprocess.run(
         [sys.executable, os.path.join('experiments', f'{name}.py'), *args],
         cwd=_REPO,
@@ -77,7 +78,7 @@ def test_short_help_spellings(arg):
 
 def test_a_configuration_error_is_a_usage_error():
     status, out = _binary('movielens_mf', '--configurations=bogus', '--output_dir=/nonexistent/none')
-    assert status != 0
+    assert status == 2
     assert "configurations must be a non-empty subset of ('centralized_standard'," in out
     assert out.endswith("unknown: ['bogus'].")  # The last line: the error, without a traceback.
 

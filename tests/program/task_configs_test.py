@@ -31,7 +31,7 @@ REEXPORTS = [
         hpfl_user_modeling_config,
         ('HpflConfig', 'DATASETS', 'CENTRALIZED', 'HPFL_METHODS', 'METHODS', 'NDCG_GAINS'),
     ),
-    (movielens_mf, movielens_mf_config, ('MovieLensMFConfig', 'CONFIGURATIONS')),
+    (movielens_mf, movielens_mf_config, ('MovieLensMFConfig', 'DATASETS', 'CONFIGURATIONS')),
     (next_word_prediction, next_word_prediction_config, ('NextWordPredictionConfig', 'DATASETS', 'CONFIGURATIONS')),
 ]
 
