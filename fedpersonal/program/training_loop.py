@@ -79,8 +79,6 @@ class ClientStatesLostError(errors.InputError):
     """A stateful run cannot resume: its client state store lacks the states of the checkpointed rounds."""
 
 
-
-
 # ------------------------------------------------------------------------------------------- private states
 def flatten_private_state(state: Any) -> list[np.ndarray]:
     """A private state of any nested structure as the flat array list a client state store keeps (`tf.nest`
