@@ -35,6 +35,8 @@ from tensorflow_federated.python.learning import tensor_utils
 from tensorflow_federated.python.learning.metrics import keras_finalizer
 from tensorflow_federated.python.learning.optimizers import keras_optimizer
 
+from fedpersonal.models import partially_local_model
+
 ModelWeights: TypeAlias = tff.learning.models.ModelWeights
 ReconstructionModel: TypeAlias = tff.learning.models.ReconstructionModel
 LossFn: TypeAlias = Callable[[], tf.keras.losses.Loss]
@@ -107,8 +109,9 @@ def build_metrics(
 
     Call while tracing a client computation (inside `tf.init_scope`).
     """
-    metrics = (metrics_fn() if metrics_fn else []) + [
-        tf.keras.metrics.MeanMetricWrapper(loss_fn(), name='loss'),
+    loss, user_metrics = partially_local_model.check_loss_and_metrics_fns(loss_fn, metrics_fn)
+    metrics = user_metrics + [
+        tf.keras.metrics.MeanMetricWrapper(loss, name='loss'),
         tff.learning.metrics.NumExamplesCounter(),
     ]
     names = [metric.name for metric in metrics]
