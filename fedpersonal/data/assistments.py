@@ -113,10 +113,14 @@ def load_assistments_items(data_dir: str) -> tuple[np.ndarray, list[list[int]]]:
     ids, concepts = [], []
     seen: dict[int, int] = {}
     for lineno, line in enumerate(lines[1:], start=2):
-        row = next(csv.reader([line]), [])
 
         def fail(reason: str):
             raise AssistmentsFormatError(f'{path} line {lineno}: {reason}', path=path, line=lineno)
+
+        try:
+            row = next(csv.reader([line]), [])
+        except csv.Error as e:  # E.g. a lone carriage return inside the line.
+            fail(f'not a CSV row ({e}): {line!r}')
 
         if len(row) != 2:
             fail(f'expected 2 fields (item_id, knowledge_code), got {len(row)}: {line!r}')

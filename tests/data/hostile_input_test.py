@@ -75,10 +75,19 @@ _FIELD = st.one_of(
 )
 
 
-def _lines(valid_line, sep, max_fields=6, max_lines=8):
-    """Lines that are mostly valid (so loading succeeds often), some made of random fields."""
-    random_line = st.lists(_FIELD, max_size=max_fields).map(sep.join)
-    return st.lists(st.one_of(valid_line, valid_line, random_line), max_size=max_lines)
+@st.composite
+def _lines(draw, valid_line, sep, max_fields=6, max_lines=8, base=None):
+    """A valid file's lines (`base`, or random `valid_line`s) with 0 to 2 lines replaced or inserted by random
+    fields joined by `sep`: about half the files are valid, the rest differ from a valid one in a line or two."""
+    lines = list(draw(base)) if base is not None else draw(st.lists(valid_line, max_size=max_lines))
+    for _ in range(draw(st.sampled_from([0, 0, 1, 2]))):
+        bad = sep.join(draw(st.lists(_FIELD, max_size=max_fields)))
+        position = draw(st.integers(0, len(lines)))
+        if lines and position < len(lines) and draw(st.booleans()):
+            lines[position] = bad
+        else:
+            lines.insert(position, bad)
+    return lines
 
 
 _NEWLINE = st.sampled_from(['\n', '\r\n'])
@@ -100,22 +109,34 @@ def _kept(lines):
     return lines
 
 
-def _loads_or_names_file(fn, path):
+def _loads_or_names_file(fn, path, what=''):
     """Runs `fn`; returns its result, or None after checking an InputError names `path` (or its directory)."""
     try:
-        return fn()
+        result = fn()
+        hypothesis.event(f'{what or path.rsplit(os.sep, 1)[-1]}: loaded')
+        return result
     except errors.InputError as e:
+        hypothesis.event(f'{what or path.rsplit(os.sep, 1)[-1]}: {type(e).__name__}')
         assert os.path.dirname(path) in str(e) or 'min_' in str(e) or 'students' in str(e) or 'no user' in str(e), e
         return None
 
 
 # ------------------------------------------------------------------------------------------------------ MovieLens
-_UDATA_LINE = st.tuples(st.integers(1, 6), st.integers(1, 6), st.integers(1, 5), st.integers(0, 2**40)).map(
+def _every_id(line, n):
+    """Lines of `line` (whose first field is an id) for ids 1..n, in order."""
+    return st.tuples(*[line for _ in range(n)]).map(
+        lambda lines: [
+            f'{i}{text[text.index(text.lstrip("0123456789")[:1] or "|") :]}' for i, text in enumerate(lines, 1)
+        ]
+    )
+
+
+_UDATA_LINE = st.tuples(st.integers(1, 3), st.integers(1, 6), st.integers(1, 5), st.integers(0, 2**40)).map(
     lambda t: '\t'.join(map(str, t))
 )
 _UITEM_LINE = st.tuples(
     st.integers(1, 6),
-    st.sampled_from(['Toy Story (1995)', 'Ça (1990)', '', 'x|y', '名前']),
+    st.sampled_from(['Toy Story (1995)', 'Ça (1990)', '名前']),  # Hostile titles come from the mutations.
     st.lists(st.sampled_from(['0', '1']), min_size=19, max_size=19),
 ).map(lambda t: f'{t[0]}|{t[1]}|01-Jan-1995||http://x|' + '|'.join(t[2]))
 _UUSER_LINE = st.tuples(
@@ -123,44 +144,51 @@ _UUSER_LINE = st.tuples(
     st.integers(0, 120),
     st.sampled_from(['M', 'F', '']),
     st.sampled_from(['writer', 'é']),
-    st.sampled_from(['02139', 'T8H1N', '', '9', '\u06630000', ' 5']),
+    st.sampled_from(['02139', '90210', 'T8H1N', '9']),
 ).map(lambda t: '|'.join(map(str, t)))
 
 
 @SETTINGS
 @hypothesis.given(
-    u_data=_lines(_UDATA_LINE, '\t'),
-    u_item=_lines(_UITEM_LINE, '|', max_fields=26),
-    u_user=_lines(_UUSER_LINE, '|'),
+    u_data=_lines(_UDATA_LINE, '\t', max_lines=14),
+    u_item=_lines(_UITEM_LINE, '|', max_fields=26, base=_every_id(_UITEM_LINE, 6)),
+    u_user=_lines(_UUSER_LINE, '|', base=_every_id(_UUSER_LINE, 3)),
     newline=_NEWLINE,
     end=_END,
     encoding=st.sampled_from(['utf-8', 'latin-1']),
     non_numeric_zip=st.sampled_from(hpfl_movielens.NON_NUMERIC_ZIP),
+    one_m=st.booleans(),
 )
 def test_movielens_files_load_or_raise_an_input_error(
-    tmp_path, u_data, u_item, u_user, newline, end, encoding, non_numeric_zip
+    tmp_path, u_data, u_item, u_user, newline, end, encoding, non_numeric_zip, one_m
 ):
     with tempfile.TemporaryDirectory(dir=tmp_path) as d:
+        if one_m:  # MovieLens 1M layout: ratings.dat with '::' separators (the other files are 100K only).
+            path = _write(d, 'ratings.dat', newline.join(line.replace('\t', '::') for line in u_data) + end, encoding)
+            ratings = _loads_or_names_file(lambda: movielens.load_ratings(d), path, 'load_ratings_1m')
+            if ratings is not None:
+                assert len(ratings) == len(_kept(u_data)) >= 1 and ratings['rating'].between(1, 5).all()
+            return
         data_path = _write(d, 'u.data', newline.join(u_data) + end, encoding)
         _write(d, 'u.item', newline.join(u_item) + end, encoding)
         _write(d, 'u.user', newline.join(u_user) + end, encoding)
-        ratings = _loads_or_names_file(lambda: movielens.load_ratings(d), data_path)
+        ratings = _loads_or_names_file(lambda: movielens.load_ratings(d), data_path, 'load_ratings')
         if ratings is not None:
             assert len(ratings) == len(_kept(u_data)) >= 1
             assert ratings['rating'].between(1, 5).all() and (ratings[['user_id', 'item_id']] >= 0).all().all()
             data = movielens.preprocess_ratings(ratings)
             assert data.num_users == ratings['user_id'].nunique()
-        items = _loads_or_names_file(lambda: movielens_likes.load_movie_items(d), data_path)
+        items = _loads_or_names_file(lambda: movielens_likes.load_movie_items(d), data_path, 'load_movie_items')
         if items is not None:
             assert len(items) == len(_kept(u_item)) and items['item_id'].is_unique
-        users = _loads_or_names_file(lambda: hpfl_movielens.load_movie_users(d), data_path)
+        users = _loads_or_names_file(lambda: hpfl_movielens.load_movie_users(d), data_path, 'load_movie_users')
         if users is not None:
             assert len(users) == len(_kept(u_user)) and users['user_id'].is_unique
-        likes = _loads_or_names_file(lambda: movielens_likes.load_movielens_likes(d, min_ratings=3), data_path)
+        likes = _loads_or_names_file(lambda: movielens_likes.load_movielens_likes(d, min_ratings=3), data_path, 'likes')
         if likes is not None:
             assert ratings is not None and items is not None
         silos = _loads_or_names_file(
-            lambda: hpfl_movielens.load_movielens_silos(d, non_numeric_zip=non_numeric_zip), data_path
+            lambda: hpfl_movielens.load_movielens_silos(d, non_numeric_zip=non_numeric_zip), data_path, 'silos'
         )
         if silos is not None:
             assert ratings is not None and items is not None and users is not None
@@ -168,7 +196,7 @@ def test_movielens_files_load_or_raise_an_input_error(
 
 
 # ---------------------------------------------------------------------------------------------------- ASSISTments
-_RECORD_LINE = st.tuples(st.integers(0, 6), st.integers(0, 6), st.integers(0, 1)).map(lambda t: ','.join(map(str, t)))
+_RECORD_LINE = st.tuples(st.integers(0, 2), st.integers(1, 6), st.integers(0, 1)).map(lambda t: ','.join(map(str, t)))
 _ITEM_LINE = st.tuples(st.integers(0, 6), st.lists(st.integers(1, 12), min_size=1, max_size=3)).map(
     lambda t: f'{t[0]},"{json.dumps(t[1])}"' if len(t[1]) > 1 else f'{t[0]},{json.dumps(t[1])}'
 )
@@ -183,14 +211,16 @@ _CONCEPT_NAMES = st.one_of(
 
 @SETTINGS
 @hypothesis.given(
-    records=_lines(_RECORD_LINE, ',', max_lines=12),
-    items=_lines(_ITEM_LINE, ',', max_fields=3),
-    record_header=st.sampled_from([assistments._RECORD_HEADER, '\ufeff' + assistments._RECORD_HEADER, 'a,b,c', '']),
-    item_header=st.sampled_from([assistments._ITEM_HEADER, 'item_id,knowledge_code ', 'x']),
+    records=_lines(_RECORD_LINE, ',', max_lines=14),
+    items=_lines(_ITEM_LINE, ',', max_fields=3, base=_every_id(_ITEM_LINE, 6)),
+    record_header=st.sampled_from(
+        [assistments._RECORD_HEADER] * 4 + ['\ufeff' + assistments._RECORD_HEADER, 'a,b,c', '']
+    ),
+    item_header=st.sampled_from([assistments._ITEM_HEADER] * 4 + ['item_id,knowledge_code ', 'x']),
     names=_CONCEPT_NAMES,
     newline=_NEWLINE,
     end=_END,
-    raw_bytes=st.sampled_from([b'', b'\xff\xfe', b'\x80', b'\x00']),
+    raw_bytes=st.sampled_from([b''] * 6 + [b'\xff\xfe', b'\x80', b'\x00']),
     grouping=st.sampled_from(['random', 'exercises']),
 )
 def test_assistments_files_load_or_raise_an_input_error(
@@ -202,10 +232,10 @@ def test_assistments_files_load_or_raise_an_input_error(
         _write(d, 'item.csv', newline.join([item_header, *items]) + end)
         if names is not None:
             _write(d, 'dict_knowledge_code.json', names)
-        loaded = _loads_or_names_file(lambda: assistments.load_assistments_records(d), record_path)
+        loaded = _loads_or_names_file(lambda: assistments.load_assistments_records(d), record_path, 'records')
         if loaded is not None:
             assert len(loaded[0]) == len(_kept(records)) and set(np.unique(loaded[2])) <= {0, 1}
-        furl = _loads_or_names_file(lambda: assistments.load_assistments(d, min_responses=3), record_path)
+        furl = _loads_or_names_file(lambda: assistments.load_assistments(d, min_responses=3), record_path, 'furl')
         if furl is not None:
             assert loaded is not None
         silos = _loads_or_names_file(
@@ -213,6 +243,7 @@ def test_assistments_files_load_or_raise_an_input_error(
                 d, num_clients=1, min_records_per_user=3, grouping=grouping, split_order='file'
             ),
             record_path,
+            'silos',
         )
         if silos is not None:
             assert loaded is not None and len(silos.attribute_names) == silos.num_attributes
@@ -244,9 +275,18 @@ _PLAY_LINE = st.tuples(
 ).map(lambda t: f'{t[0]}@{t[1]}\t{t[2]}\t{t[3]}')
 
 
+_SPEECH = st.tuples(st.sampled_from(['HAMLET', 'HORATIO', 'OF EPHESUS', '']), st.sampled_from(_TEXTS[:2] + _TEXTS[7:]))
+_PLAY = st.lists(_SPEECH, min_size=1, max_size=10).map(
+    lambda speeches: (
+        ['hamlet@0\t\tDRAMATIS PERSONAE', 'hamlet@20\tACT I\t']
+        + [f'hamlet@{100 + 10 * i}\t{speaker}\t{text}' for i, (speaker, text) in enumerate(speeches)]
+    )
+)
+
+
 @SETTINGS
 @hypothesis.given(
-    lines=_lines(_PLAY_LINE, '\t', max_lines=12),
+    lines=_lines(_PLAY_LINE, '\t', base=_PLAY),
     newline=_NEWLINE,
     tail=st.sampled_from([b'', b'\n', b'\xff', b'\xc3']),
     container=st.sampled_from(['txt', 'zip', 'bad_zip', 'dir']),
@@ -330,16 +370,21 @@ _ROW = st.tuples(
             st.integers(-(2**63), 2**63 - 1),
             st.sampled_from([None, None, None, 'tokens', 'creation_date']),
         ).map(lambda t: _example_blob(*t)),
-        st.just(_example_blob(_DATES[0], 'how do i ?', 1, None)),
-        st.just(_example_blob(_DATES[0], 'how do i ?', 1, None)),
         st.sampled_from([b'', b'\x00\x01garbage', 'text', 3, None, b'\n\x03\n\x01x']),
     ),
 )
 
 
+_VALID_ROWS = [
+    ('train', 'u1', _example_blob(_DATES[0], 'how do i ?', 1, None)),
+    ('test', 'u9', _example_blob(_DATES[0], 'why ?', 1, None)),
+]
+
+
 @SETTINGS
-@hypothesis.given(rows=st.lists(_ROW, max_size=8), max_clients=st.sampled_from([None, 1]))
+@hypothesis.given(rows=st.lists(_ROW, max_size=4), max_clients=st.sampled_from([None, 1]))
 def test_stackoverflow_sqlite_loads_or_raises_an_input_error(tmp_path, rows, max_clients):
+    rows = _VALID_ROWS + rows
     with tempfile.TemporaryDirectory(dir=tmp_path) as d:
         path = os.path.join(d, stackoverflow.SQLITE_FILE)
         connection = sqlite3.connect(path)
@@ -413,13 +458,12 @@ _IDX_CODES = {0x08: '>u1', 0x09: '>i1', 0x0B: '>i2', 0x0C: '>i4', 0x0D: '>f4', 0
 
 
 @st.composite
-def _idx_file(draw, kind):
-    n = draw(st.integers(0, 3))
-    code = draw(st.sampled_from([0x08, 0x08, 0x08, 0x09, 0x0C, 0x0D, 0x0E]))
+def _idx_file(draw, kind, n):
+    code = draw(st.sampled_from([0x08] * 8 + [0x09, 0x0C, 0x0D, 0x0E]))
     shape = (n, draw(st.integers(1, 3)), draw(st.integers(1, 3))) if kind == 'images' else (n,)
     values = draw(
         st.lists(
-            st.one_of(st.integers(-300, 300), st.sampled_from([0, 1, 9, 10, 255])),
+            st.integers(0, 9) if kind == 'labels' and draw(st.integers(0, 5)) else st.integers(-300, 300),
             min_size=int(np.prod(shape)),
             max_size=int(np.prod(shape)),
         )
@@ -428,7 +472,7 @@ def _idx_file(draw, kind):
     if code in (0x0D, 0x0E) and draw(st.booleans()):
         array = (array / 300.0).astype(_IDX_CODES[code])
     dims = None
-    mutation = draw(st.sampled_from(['none'] * 6 + ['dims', 'huge_dims', 'truncate', 'magic', 'gzip', 'bad_gzip']))
+    mutation = draw(st.sampled_from(['none'] * 24 + ['dims', 'huge_dims', 'truncate', 'magic', 'gzip', 'bad_gzip']))
     if mutation == 'dims':
         dims = tuple(draw(st.integers(0, 5)) for _ in range(draw(st.integers(0, 4))))
     elif mutation == 'huge_dims':
@@ -446,14 +490,17 @@ def _idx_file(draw, kind):
     return raw
 
 
+@st.composite
+def _idx_split(draw):
+    """(images file, labels file) of one split, usually with the same number of examples."""
+    n = draw(st.sampled_from([1, 2, 3, 0]))
+    return draw(_idx_file('images', n)), draw(_idx_file('labels', draw(st.sampled_from([n, n, n, n + 1]))))
+
+
 @SETTINGS
-@hypothesis.given(
-    train_images=_idx_file('images'),
-    train_labels=_idx_file('labels'),
-    test_images=_idx_file('images'),
-    test_labels=_idx_file('labels'),
-)
-def test_idx_files_load_or_raise_an_input_error(tmp_path, train_images, train_labels, test_images, test_labels):
+@hypothesis.given(train=_idx_split(), test=_idx_split())
+def test_idx_files_load_or_raise_an_input_error(tmp_path, train, test):
+    (train_images, train_labels), (test_images, test_labels) = train, test
     with tempfile.TemporaryDirectory(dir=tmp_path) as d:
         for name, raw in (
             ('train-images-idx3-ubyte', train_images),
@@ -489,6 +536,7 @@ _PICKLED = st.one_of(
     st.sampled_from([[1, 2], {b'data': 1}, 'x', None]),
 ).map(lambda obj: pickle.dumps(obj))
 _CIFAR_BYTES = st.one_of(
+    st.just(pickle.dumps({b'data': np.full((1, 3072), 7, np.uint8), b'labels': [3]})),
     _PICKLED,
     _PICKLED.map(lambda raw: raw[: len(raw) // 2]),
     st.binary(max_size=40),
