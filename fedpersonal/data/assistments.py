@@ -19,7 +19,9 @@ Files (as in the ICD cognitive-diagnosis release, data/a0910):
 
 * ``record.csv``: header ``user_id,item_id,score``, then one ``<int>,<int>,<0|1>`` row per response;
 * ``item.csv``: header ``item_id,knowledge_code``, then ``<int>,<JSON list of positive ints>`` (quoted when the list
-  has commas, e.g. ``4,"[33, 34, 75]"``).
+  has commas, e.g. ``4,"[33, 34, 75]"``); concept ids are at most `MAX_CONCEPT_ID` (one feature column each).
+
+Ids are ASCII digits (at most 18, so they fit in int64); the files are UTF-8 (a BOM is accepted).
 
 Malformed files raise `AssistmentsFormatError` naming the file and the 1-based line (the header is line 1).
 """
