@@ -111,7 +111,8 @@ def build_metrics(
 
     Call while tracing a client computation (inside `tf.init_scope`).
     """
-    metrics = (metrics_fn() if metrics_fn else []) + [tf.keras.metrics.MeanMetricWrapper(loss_fn(), name='loss')]
+    loss, user_metrics = partially_local_model.check_loss_and_metrics_fns(loss_fn, metrics_fn)
+    metrics = user_metrics + [tf.keras.metrics.MeanMetricWrapper(loss, name='loss')]
     # TFF code often lists TFF's own counter in `metrics_fn`: it is the `num_examples` added here, so it is kept once.
     if not any(isinstance(m, tff.learning.metrics.NumExamplesCounter) and m.name == 'num_examples' for m in metrics):
         metrics.append(tff.learning.metrics.NumExamplesCounter())

@@ -19,7 +19,9 @@ Files (as in the ICD cognitive-diagnosis release, data/a0910):
 
 * ``record.csv``: header ``user_id,item_id,score``, then one ``<int>,<int>,<0|1>`` row per response;
 * ``item.csv``: header ``item_id,knowledge_code``, then ``<int>,<JSON list of positive ints>`` (quoted when the list
-  has commas, e.g. ``4,"[33, 34, 75]"``).
+  has commas, e.g. ``4,"[33, 34, 75]"``); concept ids are at most `MAX_CONCEPT_ID` (one feature column each).
+
+Ids are ASCII digits (at most 18, so they fit in int64); the files are UTF-8 (a BOM is accepted).
 
 Malformed files raise `AssistmentsFormatError` naming the file and the 1-based line (the header is line 1).
 """
@@ -43,7 +45,10 @@ _RECORD_FILE = 'record.csv'
 _ITEM_FILE = 'item.csv'
 _RECORD_HEADER = 'user_id,item_id,score'
 _ITEM_HEADER = 'item_id,knowledge_code'
-_RECORD_ROW = re.compile(r'(\d{1,18}),(\d{1,18}),([01])')
+_RECORD_ROW = re.compile(r'([0-9]{1,18}),([0-9]{1,18}),([01])')  # ASCII digits: int64 ids, no unicode digits.
+# The multi-hot features have one column per concept id up to the largest one (a0910: 110), so an id beyond this
+# (a typo or a hashed id) would silently allocate gigabytes.
+MAX_CONCEPT_ID = 100_000
 
 
 class AssistmentsFormatError(errors.DataError):
@@ -64,7 +69,14 @@ def _read_lines(path: str, header: str) -> list[str]:
     if not os.path.isfile(path):
         raise AssistmentsFormatError(f'{path}: file not found (expected a CSV with header {header!r})', path=path)
     with open(path, 'rb') as f:
-        text = f.read().decode('utf-8-sig')
+        data = f.read()
+    try:
+        text = data.decode('utf-8-sig')
+    except UnicodeDecodeError as e:
+        line = data.count(b'\n', 0, e.start) + 1
+        raise AssistmentsFormatError(
+            f'{path} line {line}: not valid UTF-8 ({e.reason})', path=path, line=line
+        ) from None
     lines = text.replace('\r\n', '\n').rstrip('\n').split('\n')
     if lines[0].strip() != header:
         raise AssistmentsFormatError(
@@ -103,14 +115,18 @@ def load_assistments_items(data_dir: str) -> tuple[np.ndarray, list[list[int]]]:
     ids, concepts = [], []
     seen: dict[int, int] = {}
     for lineno, line in enumerate(lines[1:], start=2):
-        row = next(csv.reader([line]), [])
 
         def fail(reason: str):
             raise AssistmentsFormatError(f'{path} line {lineno}: {reason}', path=path, line=lineno)
 
+        try:
+            row = next(csv.reader([line]), [])
+        except csv.Error as e:  # E.g. a lone carriage return inside the line.
+            fail(f'not a CSV row ({e}): {line!r}')
+
         if len(row) != 2:
             fail(f'expected 2 fields (item_id, knowledge_code), got {len(row)}: {line!r}')
-        if not re.fullmatch(r'\d{1,18}', row[0]):
+        if not re.fullmatch(r'[0-9]{1,18}', row[0]):
             fail(f'item_id {row[0]!r} is not a non-negative integer')
         item = int(row[0])
         if item in seen:
@@ -118,7 +134,7 @@ def load_assistments_items(data_dir: str) -> tuple[np.ndarray, list[list[int]]]:
         seen[item] = lineno
         try:
             codes = json.loads(row[1])
-        except ValueError:
+        except (ValueError, RecursionError):
             codes = None
         if (
             not isinstance(codes, list)
@@ -126,6 +142,8 @@ def load_assistments_items(data_dir: str) -> tuple[np.ndarray, list[list[int]]]:
             or not all(isinstance(c, int) and not isinstance(c, bool) and c >= 1 for c in codes)
         ):
             fail(f'knowledge_code {row[1]!r} is not a non-empty JSON list of positive integer concept ids')
+        if max(codes) > MAX_CONCEPT_ID:
+            fail(f'knowledge_code: concept id {max(codes)} of item {item} is larger than {MAX_CONCEPT_ID:,}')
         ids.append(item)
         concepts.append(codes)
     return np.asarray(ids, dtype=np.int64), concepts

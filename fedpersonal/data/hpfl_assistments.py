@@ -67,8 +67,8 @@ def _concept_names(data_dir: str, num_concepts: int) -> list[str]:
     try:
         with open(path, encoding='utf-8-sig') as f:
             mapping = json.load(f)
-    except ValueError as e:
-        raise AssistmentsFormatError(f'{path}: not valid JSON ({e})', path=path) from None
+    except (ValueError, RecursionError) as e:  # UnicodeDecodeError is a ValueError; RecursionError: deep nesting.
+        raise AssistmentsFormatError(f'{path}: not valid JSON ({type(e).__name__}: {e})', path=path) from None
     if not isinstance(mapping, dict):
         raise AssistmentsFormatError(f'{path}: expected a JSON object {{"concept name": concept id}}', path=path)
     for name, code in mapping.items():

@@ -17,9 +17,11 @@ from __future__ import annotations
 
 import dataclasses
 import gzip
+import math
 import os
 import pickle
 import struct
+import zlib
 
 import numpy as np
 
@@ -95,7 +97,7 @@ def read_idx(path: str) -> np.ndarray:
     try:
         with _open(path) as f:
             raw = f.read()
-    except (OSError, EOFError, gzip.BadGzipFile) as e:
+    except (OSError, EOFError, gzip.BadGzipFile, zlib.error) as e:  # zlib.error: a corrupt compressed stream.
         raise ImageFormatError(f'{path}: cannot read ({e})') from e
     if len(raw) < 4:
         raise ImageFormatError(f'{path}: too short for an IDX header ({len(raw)} bytes)')
@@ -107,7 +109,7 @@ def read_idx(path: str) -> np.ndarray:
         raise ImageFormatError(f'{path}: IDX header declares {ndim} dimensions but the file has {len(raw)} bytes')
     shape = struct.unpack('>' + 'I' * ndim, raw[4:header])
     dtype = _IDX_DTYPES[code]
-    expected = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
+    expected = math.prod(shape) * dtype.itemsize  # Python ints: a huge header shape cannot overflow.
     if len(raw) - header != expected:
         raise ImageFormatError(
             f'{path}: header shape {tuple(shape)} needs {expected} data bytes, found {len(raw) - header}'
@@ -152,8 +154,17 @@ def load_idx_dataset(directory: str, name: str = 'mnist') -> ImageDataset:
             raise ImageFormatError(
                 f'{labels_path}: {labels.shape[0]} labels for {images.shape[0]} images in {images_path}'
             )
-        if labels.size and (labels.min() < 0 or labels.max() > 9):
+        if images.shape[0] == 0:
+            raise ImageFormatError(f'{images_path}: no images (header shape {images.shape})')
+        if labels.dtype.kind not in 'iu':
+            raise ImageFormatError(f'{labels_path}: labels must be integers, got IDX type {labels.dtype.name}')
+        if labels.min() < 0 or labels.max() > 9:
             raise ImageFormatError(f'{labels_path}: labels must be in 0..9, found {labels.min()}..{labels.max()}')
+        if images.dtype != np.uint8 and not (np.isfinite(images).all() and images.min() >= 0 and images.max() <= 1):
+            raise ImageFormatError(
+                f'{images_path}: {images.dtype.name} pixels must be finite and in [0, 1] (or use uint8 0..255), found '
+                f'{images.min()}..{images.max()}'
+            )
         scale = 255.0 if images.dtype == np.uint8 else 1.0
         arrays[split] = ((images.astype(np.float32) / scale)[..., None], labels.astype(np.int32))
     return ImageDataset(name, arrays['train'][0], arrays['train'][1], arrays['t10k'][0], arrays['t10k'][1])
@@ -165,20 +176,26 @@ def _read_cifar_batch(path: str) -> tuple[np.ndarray, np.ndarray]:
     try:
         with open(path, 'rb') as f:
             batch = pickle.load(f, encoding='bytes')
-    except (pickle.UnpicklingError, EOFError, ValueError, TypeError, AttributeError, ImportError) as e:
+    except Exception as e:  # pylint: disable=broad-except  (any byte string: unpickling raises KeyError, IndexError...)
         raise ImageFormatError(f'{path}: not a CIFAR-10 python pickle ({e})') from e
     if not isinstance(batch, dict):
         raise ImageFormatError(f'{path}: expected a pickled dict, got {type(batch).__name__}')
     missing = [k for k in (b'data', b'labels') if k not in batch]
     if missing:
         raise ImageFormatError(f'{path}: missing key(s) {", ".join(repr(k) for k in missing)}')
-    data = np.asarray(batch[b'data'])
-    labels = np.asarray(batch[b'labels'])
+    try:
+        data, labels = np.asarray(batch[b'data']), np.asarray(batch[b'labels'])
+    except (ValueError, TypeError) as e:  # Ragged nested lists.
+        raise ImageFormatError(f"{path}: b'data' and b'labels' must be arrays ({e})") from None
     if data.ndim != 2 or data.shape[1] != 3072 or data.dtype != np.uint8:
         raise ImageFormatError(f"{path}: b'data' must be uint8 [n, 3072], got {data.dtype} {data.shape}")
     if labels.shape != (data.shape[0],):
         raise ImageFormatError(f'{path}: {labels.size} labels for {data.shape[0]} images')
-    if labels.size and (labels.min() < 0 or labels.max() > 9):
+    if labels.dtype.kind not in 'iu':
+        raise ImageFormatError(f"{path}: b'labels' must be integers, got {labels.dtype} values")
+    if data.shape[0] == 0:
+        raise ImageFormatError(f'{path}: no images')
+    if labels.min() < 0 or labels.max() > 9:
         raise ImageFormatError(f'{path}: labels must be in 0..9, found {labels.min()}..{labels.max()}')
     images = data.reshape(-1, 3, 32, 32).transpose(0, 2, 3, 1).astype(np.float32) / 255.0
     return images, labels.astype(np.int32)

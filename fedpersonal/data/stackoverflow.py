@@ -77,7 +77,9 @@ _TABLES = collections.OrderedDict(
     ]
 )
 _KIND_FIELD = {'bytes': 'bytes_list', 'int64': 'int64_list'}
-_DATE_RE = re.compile(r'(\d{4}-\d{2}-\d{2})[ T](\d{2}:\d{2}:\d{2}(?:\.\d+)?)(?: ?(?:UTC|Z|\+00:?00))?')
+_DATE_RE = re.compile(
+    r'([0-9]{4}-[0-9]{2}-[0-9]{2})[ T]([0-9]{2}:[0-9]{2}:[0-9]{2}(?:\.[0-9]+)?)(?: ?(?:UTC|Z|\+00:?00))?'
+)
 
 
 class StackOverflowFormatError(errors.DataError):
@@ -109,7 +111,10 @@ def parse_creation_date(value: str) -> datetime.datetime:
     if '.' in time:  # fromisoformat wants 3 or 6 fraction digits on older Pythons: normalize to 6.
         whole, fraction = time.split('.')
         time = f'{whole}.{(fraction + "000000")[:6]}'
-    return datetime.datetime.fromisoformat(f'{date} {time}')
+    try:
+        return datetime.datetime.fromisoformat(f'{date} {time}')
+    except ValueError as e:  # E.g. month 13 or 25:00:00.
+        raise errors.DataError(f'creation_date {value!r} is not a valid date ({e})') from None
 
 
 def _connect(path: str) -> sqlite3.Connection:
@@ -225,6 +230,12 @@ def _read_split(
     rows: dict[str, list[tuple[datetime.datetime, int, str]]] = {}
     try:
         for index, (client_id, blob) in enumerate(connection.execute(query, (split,))):
+            if client_id is None or client_id == '' or isinstance(client_id, bytes):
+                raise StackOverflowFormatError(
+                    f'{path}: split {split!r}, row {index + 1} of table examples: client_id is {client_id!r}, '
+                    'expected a non-empty text id',
+                    path=path,
+                )
             client_id = str(client_id)
             date, tokens = _parse_example(tf.train.Example, path, split, client_id, blob)
             if tokens:

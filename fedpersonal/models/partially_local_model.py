@@ -200,6 +200,110 @@ def _check_input_spec(keras_model: tf.keras.Model, input_spec: Any) -> None:
             )
 
 
+def _declared(items: Any, argument: str, keras_model: tf.keras.Model) -> list[Any]:
+    """The layers (``*_layers``) or variables (``*_variables``) of a declaration; names are looked up in the model.
+
+    Raises:
+      TypeError: `items` is not a list (e.g. one layer or variable alone), or holds something else.
+      ModelSpecError: a name that no layer / variable of the model has (the message lists the names it has).
+    """
+    if items is None:
+        return []
+    want_layers = argument.endswith('_layers')
+    kind, cls = ('layer', tf.keras.layers.Layer) if want_layers else ('variable', tf.Variable)
+    if isinstance(items, (str, bytes, Mapping, tf.keras.layers.Layer, tf.Variable, tf.Tensor)) or not isinstance(
+        items, Iterable
+    ):
+        raise TypeError(f'{argument} must be a list of {kind}s (or {kind} names), got {type(items).__name__}.')
+    out = []
+    for item in items:
+        if isinstance(item, str):
+            if want_layers:
+                candidates = [layer for layer in keras_model.submodules if getattr(layer, 'name', None) == item]
+                known = sorted({layer.name for layer in keras_model.layers})
+            else:
+                candidates = [v for v in keras_model.variables if item in (v.name, v.name.split(':')[0])]
+                known = [v.name for v in keras_model.variables]
+            if len(candidates) != 1:
+                problem = 'no' if not candidates else f'{len(candidates)}'
+                raise ModelSpecError(
+                    f'{argument}: {problem} {kind} named {item!r} in Keras model "{keras_model.name}" '
+                    f'(its {kind}s: {known}).'
+                )
+            item = candidates[0]
+        elif not isinstance(item, cls):
+            raise TypeError(
+                f'{argument} must hold {kind}s (tf.keras.layers.Layer / tf.Variable) or their names, '
+                f'got {type(item).__name__} {item!r:.80}.'
+            )
+        out.append(item)
+    return out
+
+
+class FnArgumentError(TypeError):
+    """A `loss_fn` / `metrics_fn` argument of the wrong kind (e.g. a loss instance, a metrics list).
+
+    Raised while a client computation is traced; `ag_pass_through` keeps AutoGraph from burying the message under
+    an "in user code:" trace.
+    """
+
+    ag_pass_through = True
+
+
+def check_loss_and_metrics_fns(loss_fn: Any, metrics_fn: Any) -> tuple[tf.keras.losses.Loss, list[Any]]:
+    """Calls `loss_fn` and `metrics_fn` and checks what they return; returns (loss, metrics list).
+
+    Call where the loss and metrics are created (inside `tf.init_scope` while tracing).
+
+    Raises:
+      FnArgumentError: (a TypeError) naming the argument: `loss_fn` is a loss instance, a string or not callable, or does not return a
+        `tf.keras.losses.Loss`; `metrics_fn` is a list or a metric instead of a no-arg function, or does not return
+        a list of `tf.keras.metrics.Metric`.
+    """
+    if isinstance(loss_fn, tf.keras.losses.Loss):
+        raise FnArgumentError(
+            f'loss_fn must be a no-arg function returning a new tf.keras.losses.Loss, got the instance {loss_fn!r}; '
+            f'pass its class (e.g. loss_fn=tf.keras.losses.MeanSquaredError) or a lambda returning it.'
+        )
+    if not callable(loss_fn):
+        raise FnArgumentError(
+            f'loss_fn must be a no-arg function returning a tf.keras.losses.Loss (e.g. '
+            f'tf.keras.losses.MeanSquaredError), got {type(loss_fn).__name__} {loss_fn!r:.80}.'
+        )
+    try:
+        loss = loss_fn()
+    except TypeError as e:
+        raise FnArgumentError(f'loss_fn must be callable with no arguments; calling loss_fn() failed: {e}') from None
+    if not isinstance(loss, tf.keras.losses.Loss):
+        raise FnArgumentError(f'loss_fn() must return a tf.keras.losses.Loss, got {type(loss).__name__} {loss!r:.80}.')
+    if metrics_fn is None:
+        return loss, []
+    if isinstance(metrics_fn, (tf.keras.metrics.Metric, Sequence)):
+        raise FnArgumentError(
+            f'metrics_fn must be a no-arg function returning a list of Keras metrics, got a {type(metrics_fn).__name__}'
+            f'; pass metrics_fn=lambda: [...] so each client builds fresh metrics.'
+        )
+    if not callable(metrics_fn):
+        raise FnArgumentError(f'metrics_fn must be None or a no-arg function, got {type(metrics_fn).__name__}.')
+    try:
+        metrics = metrics_fn()
+    except TypeError as e:
+        raise FnArgumentError(
+            f'metrics_fn must be callable with no arguments; calling metrics_fn() failed: {e}'
+        ) from None
+    if isinstance(metrics, tf.keras.metrics.Metric) or not isinstance(metrics, Sequence) or isinstance(metrics, str):
+        raise FnArgumentError(
+            f'metrics_fn() must return a list of tf.keras.metrics.Metric, got {type(metrics).__name__}.'
+        )
+    for index, metric in enumerate(metrics):
+        if not isinstance(metric, tf.keras.metrics.Metric):
+            raise FnArgumentError(
+                f'metrics_fn() must return a list of tf.keras.metrics.Metric; item {index} is '
+                f'{type(metric).__name__} {metric!r:.80}.'
+            )
+    return loss, list(metrics)
+
+
 def from_keras_model(
     keras_model: tf.keras.Model,
     *,
@@ -220,18 +324,19 @@ def from_keras_model(
       keras_model: A built, uncompiled `tf.keras.Model`.
       input_spec: `{"x": <spec of model input>, "y": <spec of label>}` (or an
         `(x, y)` pair) of `tf.TensorSpec` with a leading batch dimension.
-      global_layers: Layers whose variables are global (aggregated on the server).
-      local_layers: Layers whose variables are local (never leave the client).
-      global_variables: Additional global variables.
-      local_variables: Additional local variables.
+      global_layers: Layers (or layer names) whose variables are global (aggregated on the server).
+      local_layers: Layers (or layer names) whose variables are local (never leave the client).
+      global_variables: Additional global variables (or variable names, with or without ``:0``).
+      local_variables: Additional local variables (or names).
 
     Returns:
       A `PartiallyLocalModel` (a `tff.learning.models.ReconstructionModel`).
 
     Raises:
-      TypeError: `keras_model` is not a `tf.keras.Model`.
+      TypeError: `keras_model` is not a `tf.keras.Model`; a declaration is not a
+        list of layers / variables (or names).
       ModelSpecError: the model is compiled or unbuilt; a declared layer is not
-        part of the model; a variable is declared both global and local, or
+        part of the model, or a declared name is not in it; a variable is declared both global and local, or
         neither; the input spec does not fit the model.
     """
     if not isinstance(keras_model, tf.keras.Model):
@@ -262,13 +367,13 @@ def from_keras_model(
 
     def collect(layers, variables, role):
         out = []
-        for layer in layers or ():
+        for layer in _declared(layers, f'{role.lower()}_layers', keras_model):
             if id(layer) not in model_layers:
                 raise ModelSpecError(
                     f'{role} layer "{getattr(layer, "name", layer)}" is not part of Keras model "{keras_model.name}".'
                 )
             out.extend(layer.variables)
-        out.extend(variables or ())
+        out.extend(_declared(variables, f'{role.lower()}_variables', keras_model))
         return _unique(out)
 
     global_vars = collect(global_layers, global_variables, 'Global')
