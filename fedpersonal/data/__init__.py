@@ -5,6 +5,8 @@ Importing this package does not import TensorFlow; `to_client_data` does so on f
 
 from fedpersonal.data.assistments import AssistmentsFormatError
 from fedpersonal.data.assistments import load_assistments
+from fedpersonal.data.csv_interactions import CsvFormatError
+from fedpersonal.data.csv_tasks import load_csv_ratings
 from fedpersonal.data.furl_tasks import FurlData
 from fedpersonal.data.hpfl_assistments import load_assist_silos
 from fedpersonal.data.hpfl_movielens import load_movielens_silos
@@ -35,9 +37,11 @@ __all__ = [
     # MovieLens rating prediction (FedRecon Table 1).
     'RATING_COLUMNS',
     'MovieLensData',
+    'CsvFormatError',
     'MovieLensFormatError',
     'dataset_statistics',
     'generate_movielens_like',
+    'load_csv_ratings',
     'load_ratings',
     'preprocess_ratings',
     'split_by_time',
