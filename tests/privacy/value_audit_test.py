@@ -176,3 +176,18 @@ def test_files_the_training_loop_writes(tmp_path, leak):
         for base, found in sightings.items():
             assert any(s.where.endswith(f'metrics.csv:{2}') and s.what == 'sum over clients' for s in found), base
         assert without_time[0] != without_time[1]
+
+
+def test_file_sightings_in_a_checkpoint_and_a_csv(tmp_path):
+    """A canary saved by TFF's program state manager (binary) or written to a CSV (text) is found; other files not."""
+    a, b = value_audit.canary_pattern([2], client=0), value_audit.canary_pattern([2], client=1)
+    manager = tff.program.FileProgramStateManager(str(tmp_path / 'checkpoints'))
+    program.outputs.run_coroutine(manager.save([np.float32(1.5), a + b], version=1))
+    (tmp_path / 'metrics.csv').write_text(f'round,loss\n1,0.25\n2,{float(np.mean(b))!r}\n')
+    (tmp_path / 'clean.csv').write_text('round,loss\n1,7919.0\n')
+    found = value_audit.file_sightings(str(tmp_path), [a, b])
+    files = {s.where.split('@')[0].split(':')[0].replace(str(tmp_path), '') for s in found}
+    assert '/metrics.csv' in files and any(f.startswith('/checkpoints/') for f in files)
+    assert '/clean.csv' not in files
+    assert any(s.what == 'sum over clients' and '/checkpoints/' in s.where for s in found)
+    assert any(s.what == 'client 1 canary mean' and s.where.endswith('metrics.csv:3') for s in found)
