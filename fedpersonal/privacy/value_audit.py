@@ -224,10 +224,13 @@ class ValueAuditReport:
       changed: SERVER-placed outputs (paths) that differ between the round on the original and on the perturbed
         private states.
       sightings: Canary values (or sums, means) found in the SERVER-placed outputs of either round.
+      outputs: The flattened SERVER-placed outputs (`server_outputs`) of the round on the original private states
+        (e.g. to compare with a run whose non-canary private values differ).
     """
 
     changed: list[str]
     sightings: list[Sighting]
+    outputs: dict[str, np.ndarray] = dataclasses.field(default_factory=dict, repr=False, compare=False)
 
     @property
     def clean(self) -> bool:
@@ -261,4 +264,4 @@ def audit_round_values(
     second = server_outputs(run_round(perturbed_private_states))
     sightings = canary_sightings(first, canaries(private_states), rtol=rtol)
     sightings += canary_sightings(second, canaries(perturbed_private_states), rtol=rtol)
-    return ValueAuditReport(changed=changed_outputs(first, second), sightings=sightings)
+    return ValueAuditReport(changed=changed_outputs(first, second), sightings=sightings, outputs=first)

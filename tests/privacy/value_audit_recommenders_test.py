@@ -119,7 +119,7 @@ def test_furl_round(simulation):
     touched = private_states()
     touched[1].trainable[0][0] += 0.5
     changed = value_audit.changed_outputs(
-        value_audit.server_outputs(process.run_round(state, DATA, private_states())),
+        report.outputs,
         value_audit.server_outputs(process.run_round(state, DATA, touched)),
     )
     assert any(path.startswith('state/') for path in changed) and any(path.startswith('metrics/') for path in changed)
@@ -180,7 +180,7 @@ def test_fed_recon_round(simulation):
     touched = table()
     touched[0] += 0.5
     changed = value_audit.changed_outputs(
-        value_audit.server_outputs(processes[value_audit.CANARY_BASE].run_round(state, DATA)),
+        report.outputs,
         value_audit.server_outputs(build_fed_recon(touched, simulation).run_round(state, DATA)),
     )
     assert any(path.startswith('state/') for path in changed)
