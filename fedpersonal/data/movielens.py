@@ -120,6 +120,19 @@ def _resolve_ratings_file(data_dir: str, variant: str) -> tuple[str, str]:
     return os.path.join(data_dir, _LAYOUTS[found[0]]['file']), found[0]
 
 
+def _diagnose_rating(value: str) -> str:
+    """Explains why a rating field is not a plain non-negative decimal (e.g. ``-1``, ``1e1``, ``five``)."""
+    try:
+        number = float(value)
+    except ValueError:
+        number = math.nan
+    if not math.isfinite(number) or value != value.strip():
+        return f'rating {value!r} is not a number'
+    if not _MIN_RATING <= number <= _MAX_RATING:
+        return f'rating {value} is outside the valid range {_MIN_RATING:g}..{_MAX_RATING:g}'
+    return f'rating {value!r} is not a plain decimal number (at most 6 digits before and after the point)'
+
+
 def _diagnose_line(line: str, layout: dict[str, Any]) -> str:
     """Explains why `line` does not match `layout` (called only for lines that failed the fast check)."""
     if not line.strip():
@@ -133,7 +146,7 @@ def _diagnose_line(line: str, layout: dict[str, Any]) -> str:
     for name, value in zip(_FIELD_NAMES, fields):
         if name == 'rating':
             if not re.fullmatch(_NUM, value):
-                return f'rating {value!r} is not a number'
+                return _diagnose_rating(value)
         elif not re.fullmatch(_INT, value):
             if re.fullmatch(r'\d+', value):
                 return f'{name} {value!r} is too large for a 64-bit integer'
