@@ -47,6 +47,7 @@ from absl import logging
 
 from fedpersonal import errors
 from fedpersonal.program import config_flags
+from fedpersonal.program import output_dir
 
 ConfigT = TypeVar('ConfigT')
 
@@ -126,7 +127,7 @@ class ExperimentMain(Generic[ConfigT]):
             from fedpersonal import runtime  # pylint: disable=g-import-not-at-top
 
             run = load(self._run)
-            with runtime.LocalRuntime():
+            with output_dir.lock(config.output_dir), runtime.LocalRuntime():  # One run per --output_dir.
                 results = run(config)
         except (errors.InputError, flags.IllegalFlagValueError) as error:
             raise app.UsageError(str(error)) from None
