@@ -53,10 +53,10 @@ def writing(directory: str) -> Iterator[None]:
     """
     try:
         yield
-    except OutputDirectoryNotWritableError:
-        raise
-    except (OSError, *_tensorflow_file_errors()) as error:
-        if isinstance(error, (FileNotFoundError, IsADirectoryError, NotADirectoryError)):
+    except Exception as error:
+        if not isinstance(error, (OSError, *_tensorflow_file_errors())) or isinstance(
+            error, (FileNotFoundError, IsADirectoryError, NotADirectoryError, OutputDirectoryNotWritableError)
+        ):
             raise  # A missing file is a bug or a concurrent deletion, not a full or read-only directory.
         cause = getattr(error, 'message', None) or str(error)
         raise OutputDirectoryNotWritableError(
