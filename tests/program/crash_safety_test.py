@@ -139,7 +139,7 @@ def killed_chain(algorithm: str, out: str, faults: list[str]) -> list[str]:
         logs.append(failed.stderr)
         if fault.endswith(':enospc'):
             run = os.path.join(out, RUN_NAME[algorithm])
-            assert failed.returncode == 2 and 'Traceback' not in failed.stderr, failed.stderr[-3000:]
+            assert failed.returncode == 1 and 'Traceback' not in failed.stderr, failed.stderr[-3000:]  # UsageError.
             assert f'Cannot write to the output directory {run}: ' in failed.stderr
             assert 'No space left on device' in failed.stderr
             published = [e for e in os.listdir(os.path.join(run, 'checkpoints')) if e.startswith('program_state_')]
@@ -219,6 +219,7 @@ def test_a_second_run_on_the_same_directory_is_refused_and_a_killed_one_releases
     while not os.path.exists(os.path.join(directory, output_dir.LOCK_FILE)) and time.time() < deadline:
         time.sleep(0.01)
     time.sleep(0.2)
+    assert killer.pid is not None
     os.kill(killer.pid, signal.SIGKILL)
     killer.join(30)
     with output_dir.lock(directory), output_dir.lock(directory):  # Re-entrant in one process.
@@ -239,7 +240,7 @@ def test_a_binary_on_a_directory_in_use_is_refused(tmp_path):
     finally:
         release.set()
         holder.join(30)
-    assert refused.returncode == 2 and 'Traceback' not in refused.stderr, refused.stderr[-3000:]
+    assert refused.returncode == 1 and 'Traceback' not in refused.stderr, refused.stderr[-3000:]  # UsageError.
     assert out in refused.stderr and f'process {holder.pid}' in refused.stderr
     assert not os.path.exists(out)  # Nothing written (the holder removed its lock file and the empty directory).
 
