@@ -45,6 +45,7 @@ from collections.abc import Iterator
 from collections.abc import Sequence
 from typing import Any
 
+from fedpersonal import faults
 from fedpersonal.client_state import store as store_lib
 
 _FORMAT = 1
@@ -290,6 +291,7 @@ class SqliteClientStateStore(store_lib.ClientStateStore):
             )
             conn.execute('DELETE FROM pending WHERE round <= ?', (round_num,))
             conn.execute("UPDATE meta SET value = ? WHERE key = 'committed_round'", (round_num,))
+            faults.point('client_state_commit')  # Killed here: the transaction is rolled back by SQLite.
 
         self._write(body, durable=True)
         self._committed_round = round_num

@@ -20,6 +20,8 @@ from typing import Any
 
 if TYPE_CHECKING:  # The static view of the lazily imported names (mypy, IDEs).
     from fedpersonal.program.non_finite import NonFiniteLossError
+    from fedpersonal.program.output_dir import OutputDirectoryInUseError
+    from fedpersonal.program.output_dir import OutputDirectoryNotWritableError
     from fedpersonal.program.outputs import ExperimentOutputs
     from fedpersonal.program.outputs import colormap
     from fedpersonal.program.outputs import flatten_metrics
@@ -46,6 +48,8 @@ if TYPE_CHECKING:  # The static view of the lazily imported names (mypy, IDEs).
 # Exported name -> the submodule that defines it.
 _EXPORTS = {
     'NonFiniteLossError': 'non_finite',
+    'OutputDirectoryInUseError': 'output_dir',
+    'OutputDirectoryNotWritableError': 'output_dir',
     'ExperimentOutputs': 'outputs',
     'flatten_metrics': 'outputs',
     'new_figure': 'outputs',
@@ -70,15 +74,18 @@ _EXPORTS = {
     'unflatten_private_state': 'training_loop',
 }
 _SUBMODULES = (
+    'checkpoints',
     'config_flags',
     'config_parts',
     'experiment_main',
     'non_finite',
+    'output_dir',
     'outputs',
     'participation',
     'run_record',
     'seeds',
     'selection',
+    'stop_signals',
     'training_loop',
 )
 

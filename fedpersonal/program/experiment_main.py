@@ -67,6 +67,7 @@ from absl import logging
 
 from fedpersonal import errors
 from fedpersonal.program import config_flags
+from fedpersonal.program import output_dir
 from fedpersonal.program import run_record
 
 ConfigT = TypeVar('ConfigT')
@@ -213,7 +214,7 @@ class ExperimentMain(Generic[ConfigT]):
             from fedpersonal import runtime  # pylint: disable=g-import-not-at-top
 
             run = load(self._run)
-            with runtime.LocalRuntime():
+            with output_dir.lock(config.output_dir), runtime.LocalRuntime():  # One run per --output_dir.
                 results = run(config)
         except (errors.InputError, flags.IllegalFlagValueError) as error:
             raise app.UsageError(str(error), exitcode=USAGE_ERROR_STATUS) from None

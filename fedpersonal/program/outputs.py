@@ -24,6 +24,9 @@ from typing import cast
 import numpy as np
 import tensorflow_federated as tff
 
+from fedpersonal import faults
+from fedpersonal.program import output_dir
+
 
 def flatten_metrics(metrics: Mapping[str, Any], prefix: str = '') -> dict[str, float]:
     """Flattens nested metric mappings into `{'a/b/c': float}` (scalars only)."""
@@ -106,12 +109,15 @@ def write_json(path: str, value: Any) -> None:
         earlier = jsonable.get(NON_FINITE_KEY)
         earlier = earlier if isinstance(earlier, list) else []
         jsonable[NON_FINITE_KEY] = earlier + [p for p in replaced if p not in earlier]
-    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-    tmp = f'{path}.tmp'
-    with open(tmp, 'w') as f:
-        json.dump(jsonable, f, indent=2, sort_keys=False, allow_nan=False)
-        f.write('\n')
-    os.replace(tmp, path)
+    directory = os.path.dirname(os.path.abspath(path))
+    with output_dir.writing(directory):
+        os.makedirs(directory, exist_ok=True)
+        tmp = f'{path}.tmp'
+        with open(tmp, 'w') as f:
+            json.dump(jsonable, f, indent=2, sort_keys=False, allow_nan=False)
+            f.write('\n')
+        faults.point('results' if os.path.basename(path) == 'results.json' else 'json')
+        os.replace(tmp, path)
 
 
 def replace_marked_section(path: str, marker: str, section: str) -> None:
@@ -135,6 +141,24 @@ def replace_marked_section(path: str, marker: str, section: str) -> None:
         f.write(text)
 
 
+def _repair_metrics_csv(path: str) -> None:
+    """Undoes what a process killed while writing `path` (a `tff.program.CSVFileReleaseManager` file) left: its
+    temporary files (``metrics.csv_tempNNNN``: a killed rewrite, the file itself is intact) and a last row without
+    its line end (a killed append), which is cut off; a resumed run writes that round again."""
+    directory, name = os.path.split(path)
+    for entry in os.listdir(directory):
+        if entry.startswith(f'{name}_temp'):
+            os.remove(os.path.join(directory, entry))
+    if not os.path.exists(path):
+        return
+    with open(path, 'rb+') as f:
+        data = f.read()
+        if data and not data.endswith(b'\n'):
+            f.truncate(data.rfind(b'\n') + 1)
+    if os.path.getsize(path) == 0:  # Killed while writing the header: started again.
+        os.remove(path)
+
+
 class ExperimentOutputs:
     """Writers for one run's metrics, checkpoints, JSON files and plots.
 
@@ -145,10 +169,12 @@ class ExperimentOutputs:
 
     def __init__(self, root_dir: str, run_name: str):
         self.directory = os.path.join(root_dir, run_name)
-        os.makedirs(self.directory, exist_ok=True)
         self.metrics_csv = os.path.join(self.directory, 'metrics.csv')
-        self._csv = tff.program.CSVFileReleaseManager(self.metrics_csv, key_fieldname='round')
-        self._tensorboard = tff.program.TensorBoardReleaseManager(os.path.join(self.directory, 'tensorboard'))
+        with output_dir.writing(self.directory):
+            os.makedirs(self.directory, exist_ok=True)
+            _repair_metrics_csv(self.metrics_csv)
+            self._csv = tff.program.CSVFileReleaseManager(self.metrics_csv, key_fieldname='round')
+            self._tensorboard = tff.program.TensorBoardReleaseManager(os.path.join(self.directory, 'tensorboard'))
         self.state_manager = tff.program.FileProgramStateManager(
             os.path.join(self.directory, 'checkpoints'), keep_total=2, keep_first=False
         )
@@ -159,12 +185,11 @@ class ExperimentOutputs:
     def release_metrics(self, round_num: int, metrics: Mapping[str, Any]) -> dict[str, float]:
         """Appends one row (replacing rows at or after `round_num` from an interrupted run)."""
         flat = flatten_metrics(metrics)
-        run_coroutine(self._release(flat, round_num))
+        with output_dir.writing(self.directory):
+            run_coroutine(self._csv.release(flat, key=round_num))
+            faults.point('metrics')
+            run_coroutine(self._tensorboard.release(flat, key=round_num))
         return flat
-
-    async def _release(self, flat: dict[str, float], round_num: int) -> None:
-        await self._csv.release(flat, key=round_num)
-        await self._tensorboard.release(flat, key=round_num)
 
     def write_json(self, name: str, value: Any) -> str:
         path = self.path(name)

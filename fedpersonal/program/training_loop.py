@@ -12,7 +12,7 @@ for ``total_rounds`` rounds and owns, once for every binary:
   `fedpersonal.client_state` store keeps per client (`flatten_private_state`) and packed back against the
   process's `initial_private_state()` (`unflatten_private_state`);
 * **checkpoints**: the server state (`tff.program.FileProgramStateManager`) every ``rounds_per_checkpoint``
-  rounds and after the last, written atomically together with a commit of the client state store (`_Checkpoints`:
+  rounds and after the last, written atomically together with a commit of the client state store (`Checkpoints`:
   staged, committed, then published), so a run killed at any moment restarts from a server state and client states
   of the same round; on restart with the same output directory the run resumes from the latest checkpoint (the
   store is rolled back to it; `ClientStatesLostError` if it lost the checkpointed rounds) and ends with the numbers
@@ -30,16 +30,21 @@ for ``total_rounds`` rounds and owns, once for every binary:
   `NonFiniteLossError` naming the round and the clients before anything of that round is checkpointed, ``'zero'``
   keeps going (the client work already zeroes a non-finite update and keeps the client's previous private state,
   as TFF's zeroing aggregators do) and counts them in ``train/non_finite_clients``;
+* **one run per output directory**: the loop holds the lock of ``outputs.directory`` (`output_dir.lock`); another
+  process running on it is refused with `OutputDirectoryInUseError`; a read-only or full directory stops the run
+  with `OutputDirectoryNotWritableError` naming it, its published checkpoints intact;
+* **SIGINT and SIGTERM** stop the run cleanly: the round in flight is finished and checkpointed, then
+  `KeyboardInterrupt` (SIGINT) or `SystemExit(143)` (SIGTERM) is raised (`stop_signals`);
 * **progress**: one log line per round with its time, the ETA (training and evaluation time per round measured
   separately) and the headline metrics.
 """
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 import os
-import shutil
 import time
 from collections.abc import Callable
 from collections.abc import Mapping
@@ -52,9 +57,13 @@ import tensorflow_federated as tff
 from absl import logging
 
 from fedpersonal import errors
+from fedpersonal import faults
 from fedpersonal import progress
 from fedpersonal.metrics import communication
+from fedpersonal.program import output_dir
 from fedpersonal.program import outputs as outputs_lib
+from fedpersonal.program import stop_signals
+from fedpersonal.program.checkpoints import Checkpoints
 from fedpersonal.program.non_finite import NON_FINITE_MODES
 from fedpersonal.program.non_finite import NonFiniteLossError
 from fedpersonal.program.non_finite import non_finite_losses
@@ -69,9 +78,6 @@ from fedpersonal.simulation import packing
 
 EvaluationFn = Callable[[Any], dict[str, Any]]
 ClientEvaluationFn = Callable[[Any, list[Any]], dict[str, Any]]
-_PREFIX = 'program_state_'  # The version prefix of tff.program.FileProgramStateManager (ExperimentOutputs' default).
-_READY = 'ready_'
-_KEEP_CHECKPOINTS = 2
 _DEFAULT_LOG_KEYS = ('train/loss', 'eval/rmse', 'eval/accuracy', 'eval/per_client/rmse/p50')
 
 
@@ -142,53 +148,6 @@ def guard_config(path: str, config: Mapping[str, Any], *, resuming: bool = True)
     outputs_lib.write_json(path, current)
 
 
-# ------------------------------------------------------------------------------------------------ checkpoints
-class _Checkpoints:
-    """Server checkpoints written together with the client state store's commit, atomically.
-
-    A checkpoint of round R is staged in ``checkpoints/.staging`` (``program_state_R``, renamed ``ready_R`` once
-    complete), then the store commits round R, then ``ready_R`` is renamed into ``checkpoints/program_state_R``
-    (what `tff.program.FileProgramStateManager.load_latest` reads). A run killed at any point restarts from a
-    consistent pair: `recover` deletes a partial or uncommitted staged checkpoint and publishes a complete one
-    whose round the store committed.
-    """
-
-    def __init__(self, outputs: outputs_lib.ExperimentOutputs):
-        self.root = outputs.path('checkpoints')
-        self.staging = os.path.join(self.root, '.staging')
-        self.manager = outputs.state_manager
-
-    def recover(self, store: Any) -> None:
-        if not os.path.isdir(self.staging):
-            return
-        for entry in sorted(os.listdir(self.staging)):
-            path = os.path.join(self.staging, entry)
-            if entry.startswith(_READY):
-                version = int(entry[len(_READY) :])
-                target = os.path.join(self.root, f'{_PREFIX}{version}')
-                committed = store.committed_round() if store is not None else version
-                if committed >= version and not os.path.exists(target):
-                    os.replace(path, target)
-                    logging.info(
-                        'Completed the checkpoint of round %d interrupted after its client states were committed.',
-                        version,
-                    )
-                    continue
-            shutil.rmtree(path, ignore_errors=True)
-
-    def save(self, checkpoint: Any, round_num: int, store: Any) -> None:
-        staged = os.path.join(self.staging, f'{_PREFIX}{round_num}')
-        ready = os.path.join(self.staging, f'{_READY}{round_num}')
-        outputs_lib.run_coroutine(tff.program.FileProgramStateManager(self.staging).save(checkpoint, round_num))
-        os.replace(staged, ready)
-        if store is not None:
-            store.commit(round_num)
-        os.replace(ready, os.path.join(self.root, f'{_PREFIX}{round_num}'))
-        versions = outputs_lib.run_coroutine(self.manager.get_versions()) or []
-        for version in versions[:-_KEEP_CHECKPOINTS]:
-            shutil.rmtree(os.path.join(self.root, f'{_PREFIX}{version}'), ignore_errors=True)
-
-
 # ------------------------------------------------------------------------------------------------- the loop
 def _train_metrics(metrics: Any, train_metrics_fn: Callable[[Any], Any] | None) -> Any:
     if train_metrics_fn is not None:
@@ -196,6 +155,19 @@ def _train_metrics(metrics: Any, train_metrics_fn: Callable[[Any], Any] | None) 
     return metrics.get('client_work', {}).get('train', {})
 
 
+def _holding_the_output_lock(run: Callable[..., Any]) -> Callable[..., Any]:
+    """`run` with the lock of its ``outputs`` directory held (`output_dir.lock`: one run per directory) and SIGINT
+    and SIGTERM deferred to the end of the round (`stop_signals`)."""
+
+    @functools.wraps(run)
+    def locked(process: Any, **options: Any) -> Any:
+        with output_dir.lock(options['outputs'].directory), stop_signals.deferred():
+            return run(process, **options)
+
+    return locked
+
+
+@_holding_the_output_lock
 def run_learning_process(
     process: Any,
     *,
@@ -280,6 +252,8 @@ def run_learning_process(
         state with initial client states.
       ConfigMismatchError: On resume under a `config` other than the recorded one.
       NonFiniteLossError: A round's training loss is not finite and `non_finite_clients` is ``'stop'``.
+      OutputDirectoryInUseError: Another process is running on ``outputs.directory``.
+      OutputDirectoryNotWritableError: A metric row, JSON file or checkpoint cannot be written there.
 
     Returns:
       `(final_state, history)`: the state and the metric rows released by this invocation (``metrics.csv`` has
@@ -315,7 +289,7 @@ def run_learning_process(
         return record
 
     checkpoint = saved(state)
-    checkpoints = _Checkpoints(outputs)
+    checkpoints = Checkpoints(outputs)
     checkpoints.recover(client_state_store)
     start_round = 0
     loaded, version = outputs_lib.run_coroutine(outputs.state_manager.load_latest(checkpoint))
@@ -434,6 +408,7 @@ def run_learning_process(
         if client_state_store is not None:
             new_private = list(result.private_states)
             client_state_store.put(participants, [flatten_private_state(p) for p in new_private], round_num)
+        faults.point('round')
         state = result.state
         metrics: dict[str, Any] = {'train': train}
         if participation:
@@ -465,9 +440,11 @@ def run_learning_process(
             if stopping is not None:
                 stopping.update(stopping.value_of(evaluation), round_num, state)
             evaluation_seconds.append(time.time() - evaluation_start)
+            faults.point('evaluation')
         history.append(outputs.release_metrics(round_num, metrics))
         stop = stopping is not None and stopping.stopped
-        if round_num % rounds_per_checkpoint == 0 or round_num == total_rounds or stop:
+        signalled = stop_signals.pending()
+        if round_num % rounds_per_checkpoint == 0 or round_num == total_rounds or stop or signalled:
             checkpoints.save(saved(state), round_num, client_state_store)
         eta = progress.eta_text(train_seconds, evaluation_seconds, round_num, total_rounds, rounds_per_evaluation)
         keys = log_keys if log_keys is not None else _DEFAULT_LOG_KEYS
@@ -482,6 +459,8 @@ def run_learning_process(
             eta,
             '  '.join(f'{k}={v:.4f}' for k, v in shown.items()),
         )
+        if signalled:
+            stop_signals.stop(name, round_num)
         if stop:
             assert stopping is not None
             logging.info(

@@ -64,6 +64,9 @@ class _TrackedPopen(subprocess.Popen):
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         kwargs.setdefault('preexec_fn', _kill_when_parent_dies)
+        # Its own process group: a Ctrl-C in the terminal reaches the experiment (which finishes and checkpoints its
+        # round, `fedpersonal.program.stop_signals`), not the worker computing that round.
+        kwargs.setdefault('process_group', 0)
         for stream in ('stdout', 'stderr'):
             # TFF passes sys.stdout/sys.stderr, which may be replaced by objects with no
             # file descriptor (pytest capture, notebooks): then inherit the real fds.
