@@ -209,13 +209,26 @@ class ExperimentMain(Generic[ConfigT]):
         quiet_tensorflow(verbosity.value if verbosity.present else 0)
         try:
             config = config_flags.config_from_flags(self.config_cls, overrides=self._overrides)
-            run_record.check_output_dir(config, fresh_start=flags.FLAGS.fresh_start)
-            # TensorFlow and TFF are imported here, once the flags are parsed and the config is valid.
-            from fedpersonal import runtime  # pylint: disable=g-import-not-at-top
+            record = os.path.join(config.output_dir, run_record.RUN_CONFIG_FILE)
+            recorded_before = os.path.exists(record)
+            with output_dir.lock(config.output_dir):  # One run per --output_dir (taken before anything is moved).
+                try:
+                    run_record.check_output_dir(config, fresh_start=flags.FLAGS.fresh_start)
+                    # TensorFlow and TFF are imported here, once the flags are parsed and the config is valid.
+                    from fedpersonal import runtime  # pylint: disable=g-import-not-at-top
 
-            run = load(self._run)
-            with output_dir.lock(config.output_dir), runtime.LocalRuntime():  # One run per --output_dir.
-                results = run(config)
+                    run = load(self._run)
+                    with runtime.LocalRuntime():
+                        results = run(config)
+                except errors.InputError:
+                    # A failed start leaves nothing behind: not even the record of a configuration that never ran.
+                    if (
+                        not recorded_before
+                        and not run_record.has_progress(config.output_dir)
+                        and os.path.exists(record)
+                    ):
+                        os.remove(record)
+                    raise
         except (errors.InputError, flags.IllegalFlagValueError) as error:
             raise app.UsageError(str(error), exitcode=USAGE_ERROR_STATUS) from None
         print()
