@@ -129,7 +129,11 @@ def test_usage_errors_exit_with_status_2(tmp_path):
     assert info.value.exitcode == 2
 
 
-@pytest.mark.parametrize('argv', [['binary', '--total_rounds=many'], ['binary', '--no_such_flag=1']])
+if 'em_test_count' not in flags.FLAGS:  # An integer flag of this test's own (other tests redefine config flags).
+    flags.DEFINE_integer('em_test_count', 1, 'A count (experiment_main_test).')
+
+
+@pytest.mark.parametrize('argv', [['binary', '--em_test_count=many'], ['binary', '--no_such_flag=1']])
 def test_bad_or_unknown_flags_exit_with_status_2_naming_the_flag(argv, capsys):
     flags.FLAGS.unparse_flags()
     with pytest.raises(SystemExit) as info:
