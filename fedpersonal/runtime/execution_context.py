@@ -14,7 +14,11 @@ This module owns that lifetime:
   executor_factory`) with a proxy whose `Popen` records every worker it starts
   and asks the kernel to kill the worker when the process that started it dies
   (`PR_SET_PDEATHSIG`, Linux), so even a `SIGKILL`ed experiment leaves no
-  orphan. Code that runs TFF computations outside `LocalRuntime` (TFF's default
+  orphan. The signal is armed by a tiny exec launcher (`_LAUNCHER`), not by a
+  `preexec_fn`: a `preexec_fn` makes Python fork (not vfork) a process full of
+  TF and gRPC threads and run Python in the child, which aborted the child
+  before its exec once in CI; TFF then waited forever for a worker that never
+  came up. Code that runs TFF computations outside `LocalRuntime` (TFF's default
   context) may call it once before the first computation.
 * `shutdown()` stops every tracked worker (SIGINT, then SIGKILL after a grace
   period). It runs at interpreter exit and is idempotent.
@@ -26,7 +30,6 @@ from __future__ import annotations
 
 import atexit
 import contextlib
-import ctypes
 import gc
 import os
 import signal
@@ -43,10 +46,25 @@ _workers: list[subprocess.Popen] = []
 _installed = False
 
 
-def _kill_when_parent_dies() -> None:  # Runs in the child between fork and exec.
-    if sys.platform.startswith('linux'):
-        with contextlib.suppress(OSError, AttributeError):
-            ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
+# Run as `python -I -S -c _LAUNCHER <parent pid> <worker argv...>`: arms PR_SET_PDEATHSIG (kept across exec), exits
+# if the parent is already gone, then becomes the worker (same pid). About 20 ms, once per worker.
+_LAUNCHER = (
+    'import ctypes, os, sys\n'
+    'try:\n'
+    f'    ctypes.CDLL(None, use_errno=True).prctl({_PR_SET_PDEATHSIG}, {int(signal.SIGKILL)})\n'
+    'except (OSError, AttributeError):\n'
+    '    pass\n'
+    'if os.getppid() != int(sys.argv[1]):\n'
+    '    os._exit(1)\n'
+    'os.execvp(sys.argv[2], sys.argv[2:])\n'
+)
+
+
+def _launched_with_parent_death_signal(args: Any) -> Any:
+    """The argv that starts `args` (a list, program first) under `_LAUNCHER`; other forms unchanged."""
+    if not sys.platform.startswith('linux') or not isinstance(args, (list, tuple)) or not args:
+        return args
+    return [sys.executable, '-I', '-S', '-c', _LAUNCHER, str(os.getpid()), *(os.fspath(a) for a in args)]
 
 
 def _has_fileno(stream: Any) -> bool:
@@ -62,8 +80,9 @@ def _has_fileno(stream: Any) -> bool:
 class _TrackedPopen(subprocess.Popen):
     """`subprocess.Popen` that registers the process and binds it to its parent."""
 
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        kwargs.setdefault('preexec_fn', _kill_when_parent_dies)
+    def __init__(self, args: Any, **kwargs: Any) -> None:
+        # No `preexec_fn` (see the module docstring): Python can then vfork and exec at once.
+        args = _launched_with_parent_death_signal(args)
         # Its own process group: a Ctrl-C in the terminal reaches the experiment (which finishes and checkpoints its
         # round, `fedpersonal.program.stop_signals`), not the worker computing that round.
         kwargs.setdefault('process_group', 0)
@@ -72,7 +91,7 @@ class _TrackedPopen(subprocess.Popen):
             # file descriptor (pytest capture, notebooks): then inherit the real fds.
             if not _has_fileno(kwargs.get(stream)):
                 kwargs[stream] = None
-        super().__init__(*args, **kwargs)
+        super().__init__(args, **kwargs)
         with _lock:
             _workers.append(self)
 

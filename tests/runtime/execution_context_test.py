@@ -142,3 +142,34 @@ print('ok')
     )
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert proc.stdout.strip().endswith('ok')
+
+
+def test_tracked_popen_execs_the_program_itself_in_the_same_pid_and_bound_to_this_process():
+    from fedpersonal.runtime import execution_context
+
+    proc = execution_context._TrackedPopen(['sleep', '30'])
+    try:
+        deadline = time.time() + 10
+        while time.time() < deadline:
+            with open(f'/proc/{proc.pid}/cmdline', 'rb') as f:
+                if f.read().split(b'\0')[0] == b'sleep':
+                    break
+            time.sleep(0.01)
+        with open(f'/proc/{proc.pid}/cmdline', 'rb') as f:
+            assert f.read().split(b'\0')[:2] == [b'sleep', b'30']
+        assert proc.pid in runtime.running_workers()
+    finally:
+        proc.kill()
+        proc.wait()
+        execution_context.shutdown()
+
+
+def test_the_launcher_does_not_start_a_worker_whose_parent_is_already_gone():
+    from fedpersonal.runtime import execution_context
+
+    not_the_parent = str(os.getpid() + 1_000_000)
+    argv = execution_context._launched_with_parent_death_signal(['sleep', '30'])
+    argv[argv.index(str(os.getpid()))] = not_the_parent
+    started = time.time()
+    assert subprocess.run(argv, timeout=30).returncode == 1
+    assert time.time() - started < 10
