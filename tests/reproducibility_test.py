@@ -168,15 +168,18 @@ def _nwp_client(seed):
     return tf.data.Dataset.from_tensor_slices(collections.OrderedDict(x=ids[:, :-1], y=ids[:, 1:])).batch(4)
 
 
-def _nwp_round(seed):
-    """One FedRecon round on two clients (the OOV table is reconstructed from model_fn's initial value)."""
-    process = algorithms.build_fed_recon(
+def _nwp_process(seed):
+    return algorithms.build_fed_recon(
         _nwp_model_fn(seed),
         loss_fn=nwp.loss_fn,
         metrics_fn=nwp.metrics_fn(LAYOUT),
         client_optimizer=tff.learning.optimizers.build_sgdm(learning_rate=0.5),
         reconstruction_optimizer=tff.learning.optimizers.build_sgdm(learning_rate=0.5),
     )
+
+
+def _nwp_round(process):
+    """One FedRecon round on two clients (the OOV table is reconstructed from model_fn's initial value)."""
     state = process.initialize()
     initial = [np.asarray(w) for w in process.get_model_weights(state).trainable]
     output = process.run_round(state, [_nwp_client(1), _nwp_client(2)])
@@ -198,9 +201,12 @@ def test_next_word_prediction_model_and_fedrecon_round_are_seeded():
     random = [i for i, name in enumerate(names) if 'bias' not in name]  # Biases start at zero (or one).
     assert len(random) == 6 and all(not np.array_equal(models[0][i], other[i]) for i in random)
 
+    # One process run twice from `initialize()`: the round is deterministic. (That every build with one seed starts
+    # from the same weights, in a fresh graph as in TFF: the models above.)
     with runtime.LocalRuntime():
-        initial, trained, metrics = _nwp_round(0)
-        initial_again, trained_again, metrics_again = _nwp_round(0)
+        process = _nwp_process(0)
+        initial, trained, metrics = _nwp_round(process)
+        initial_again, trained_again, metrics_again = _nwp_round(process)
     assert _equal(initial, initial_again) and _equal(trained, trained_again) and metrics == metrics_again
     assert not _equal(trained, initial)
 
