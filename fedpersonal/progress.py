@@ -2,12 +2,17 @@
 
 `logged(iterable, total, description)` is `tqdm` writing its status line through absl logging (so it lands in the
 same log as the round lines, in a terminal, a log file or a notebook), only for phases that last longer than a
-few seconds and at most every `interval` seconds. `eta_text` is the training loop's estimate: training and
+few seconds and at most every `interval` seconds. `waiting(description, expected_seconds)` does the same for one
+long call that cannot report its own progress (a TFF computation over every client): elapsed time, and the time
+left as estimated from the expected duration (e.g. the previous call's). `eta_text` is the training loop's estimate: training and
 evaluation time per round measured separately, so that the ETA is not off by the evaluations still to come.
 """
 
 from __future__ import annotations
 
+import contextlib
+import threading
+import time
 from collections.abc import Iterable
 from collections.abc import Iterator
 from collections.abc import Sequence
@@ -60,6 +65,46 @@ def logged(
         ncols=100,
         leave=False,
     )
+
+
+@contextlib.contextmanager
+def waiting(
+    description: str, expected_seconds: float | None = None, *, delay: float = 5.0, interval: float = 10.0
+) -> Iterator[None]:
+    """Logs ``description: 40s elapsed, ~20s left`` every `interval` seconds while the body runs (after `delay`).
+
+    For one long call with no progress of its own. The time left is ``expected_seconds`` minus the elapsed time
+    (``'~?'`` without an estimate, ``'over the expected ...'`` once exceeded). Nothing is logged if the body ends
+    within `delay`.
+
+    Example:
+
+    >>> with waiting('evaluation: 3 clients', expected_seconds=1.0, delay=60.0):
+    ...     pass
+    """
+    done = threading.Event()
+    started = time.monotonic()
+
+    def report() -> None:
+        wait = delay
+        while not done.wait(wait):
+            elapsed = time.monotonic() - started
+            if expected_seconds is None:
+                left = 'time left unknown (first call)'
+            elif elapsed <= expected_seconds:
+                left = f'~{expected_seconds - elapsed:.0f}s left'
+            else:
+                left = f'over the expected {expected_seconds:.0f}s'
+            logging.info('%s: %.0fs elapsed, %s', description, elapsed, left)
+            wait = interval
+
+    reporter = threading.Thread(target=report, name='fedpersonal-progress', daemon=True)
+    reporter.start()
+    try:
+        yield
+    finally:
+        done.set()
+        reporter.join()
 
 
 def eta_text(

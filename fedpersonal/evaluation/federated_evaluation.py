@@ -22,6 +22,7 @@ never leave the client computation.
 from __future__ import annotations
 
 import collections
+import time
 from collections.abc import Callable
 from collections.abc import Sequence
 from typing import Any
@@ -30,6 +31,7 @@ from typing import TypeAlias
 import tensorflow as tf
 import tensorflow_federated as tff
 
+from fedpersonal import progress
 from fedpersonal.algorithms import dataset_split as dataset_split_lib
 from fedpersonal.algorithms import fed_recon
 from fedpersonal.algorithms import tff_names
@@ -426,4 +428,18 @@ def evaluate_clients(
     if isinstance(evaluate, engine_evaluation.GroupEvaluation):
         datasets = packing.LazyDatasets(client_ids, make_dataset)
         return evaluate(weights, datasets, *extra, client_ids=[f'{cache_key}/{c}' for c in client_ids])
-    return evaluate(weights, [make_dataset(c) for c in client_ids], *extra)
+    client_datasets = [make_dataset(c) for c in client_ids]
+    # One TFF call over every client, which reports no progress of its own: its elapsed time and the time left,
+    # estimated from the previous call of this evaluation (per client), are logged while it lasts.
+    key = (id(evaluate), cache_key)
+    per_client = _seconds_per_client.get(key)
+    expected = None if per_client is None else per_client * len(client_ids)
+    started = time.monotonic()
+    with progress.waiting(f'evaluation: {len(client_ids)} clients in one TFF call', expected):
+        result = evaluate(weights, client_datasets, *extra)
+    _seconds_per_client[key] = (time.monotonic() - started) / max(len(client_ids), 1)
+    return result
+
+
+# The measured seconds per client of each per-client evaluation (for `evaluate_clients`' estimate of the next).
+_seconds_per_client: dict[tuple[int, str], float] = {}
