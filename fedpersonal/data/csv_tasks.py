@@ -16,7 +16,7 @@ unchanged on a user's data (`--dataset=csv --data_path=FILE`, docs/DATA.md):
 
 Users with fewer than 3 rows cannot be split into train, validation and test; HPFL and FURL leave them out (logged
 with the count). After the split, `interaction_splits.warn_unseen_in_training` warns about test items that never
-occur in training. Datasets are named ``csv:<file stem>``.
+occur in training (for FURL, `furl_tasks.build_furl_data` does). Datasets are named ``csv:<file stem>``.
 """
 
 from __future__ import annotations
@@ -240,12 +240,6 @@ def load_csv_furl(
     rows = _sorted_rows(data, order, seed)
     data = data.subset(rows)
     user_ids, user_index = np.unique(data.user, return_inverse=True)
-    interaction_splits.warn_unseen_in_training(
-        data.item,
-        user_modeling.per_user_split(user_index),  # The split `build_furl_data` makes of rows in this order.
-        source=data.path,
-        what=f'{data.item_column}s',
-    )
     if ratings:
         assert like_threshold is not None
         label = (data.value >= like_threshold).astype(np.int64)
@@ -280,4 +274,6 @@ def load_csv_furl(
         num_items=data.num_items,
         split_order='time',
         seed=seed,
+        source=data.path,  # `build_furl_data` warns about test items never seen in training.
+        item_name=f'{data.item_column}s',
     )

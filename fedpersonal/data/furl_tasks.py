@@ -39,6 +39,7 @@ from typing import Any
 import numpy as np
 
 from fedpersonal import errors
+from fedpersonal.data import interaction_splits
 
 if TYPE_CHECKING:  # pragma: no cover
     import tensorflow_federated as tff
@@ -328,6 +329,8 @@ def build_furl_data(
     num_items: int = 0,
     split_order: str = 'time',
     seed: int = 0,
+    source: str | None = None,
+    item_name: str = 'items',
 ) -> FurlData:
     """Splits per-example arrays per user and builds a `FurlData` (used by the three dataset modules).
 
@@ -348,6 +351,8 @@ def build_furl_data(
         split_order: ``'time'``: order each user's examples by `order_key`; ``'random'``: a permutation seeded by
             `seed` (the same for every call with that seed).
         seed: Seed of the ``'random'`` order.
+        source: Names the data in the warning about test items never seen in training (default `name`).
+        item_name: What the documents are, for that warning (e.g. ``'movies'``).
     """
     if split_order not in SPLIT_ORDERS:
         raise errors.ConfigError(f'split_order must be one of {SPLIT_ORDERS}, got {split_order!r}')
@@ -381,6 +386,17 @@ def build_furl_data(
         position < np.repeat(n_train, counts), 0, np.where(position < np.repeat(n_train + n_eval, counts), 1, 2)
     )
 
+    interaction_splits.warn_unseen_in_training(
+        doc_index,
+        part,
+        source=source or name,
+        what=item_name,
+        consequence=(
+            'a model knows them only by their text and features'
+            if item_id is None
+            else 'their item embeddings stay untrained'
+        ),
+    )
     splits = {}
     for k, split in enumerate(SPLITS):
         mask = part == k

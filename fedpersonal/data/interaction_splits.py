@@ -87,7 +87,14 @@ def order_key(data: csv_interactions.Interactions, split_order: str | None, *, s
     return key
 
 
-def warn_unseen_in_training(item: np.ndarray, split: np.ndarray, *, source: str, what: str = 'items') -> int:
+def warn_unseen_in_training(
+    item: np.ndarray,
+    split: np.ndarray,
+    *,
+    source: str,
+    what: str = 'items',
+    consequence: str = 'a model cannot learn them',
+) -> int:
     """Logs a warning (with the count) when test rows name items no training row has; returns that count.
 
     Args:
@@ -95,6 +102,7 @@ def warn_unseen_in_training(item: np.ndarray, split: np.ndarray, *, source: str,
         split: int ``[N]``: 0 train, 1 validation, 2 test.
         source: Names the data in the message (e.g. the file).
         what: What the items are, for the message.
+        consequence: What that means for the model, for the message.
 
     Returns:
         The number of test rows whose item never occurs in training.
@@ -105,9 +113,9 @@ def warn_unseen_in_training(item: np.ndarray, split: np.ndarray, *, source: str,
     count = int(unseen.sum())
     if count:
         logging.warning(
-            '%s: %d of %d test rows (%.1f%%) name %s that never occur in training (%d distinct %s); a model cannot '
-            "learn them. If that is most test rows, each user's rows are probably not in time order (e.g. stored "
-            'in item order): pass --split_order=shuffle, or add a timestamp column.',
+            '%s: %d of %d test rows (%.1f%%) name %s that never occur in training (%d distinct %s); %s. If that is '
+            "most test rows, each user's rows are probably not in time order (e.g. stored in item order): pass "
+            '--split_order=shuffle, or add a timestamp column.',
             source,
             count,
             int(test.sum()),
@@ -115,5 +123,6 @@ def warn_unseen_in_training(item: np.ndarray, split: np.ndarray, *, source: str,
             what,
             int(np.unique(item[unseen]).size),
             what,
+            consequence,
         )
     return count

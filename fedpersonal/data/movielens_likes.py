@@ -212,4 +212,6 @@ def load_movielens_likes(
         num_items=len(items) if include_item_id else 0,
         split_order=split_order,
         seed=seed,
+        source=os.path.join(os.fspath(data_dir), 'u.data'),
+        item_name='movies',
     )

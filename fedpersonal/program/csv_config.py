@@ -53,7 +53,7 @@ class CsvDataConfig:
         "--dataset=csv: the order of each user's rows for the train/validation/test split: 'timestamp' (the "
         "timestamp column; ties in file order), 'file' (file order) or 'shuffle' (random, seeded by --seed); "
         "'none': 'timestamp' when the file has that column, else 'file'. ASSISTments' record.csv (no timestamps) "
-        "takes 'file' (its default) or 'shuffle'.",
+        "takes 'file' (its default) or 'shuffle'; FURL's MovieLens likes 'timestamp' (its default) or 'shuffle'.",
     )
     binarize_threshold: float | None = parts.option(
         None,
@@ -69,7 +69,11 @@ class CsvDataConfig:
 
 
 def resolve_csv_dataset(
-    config: Any, *, csv_only: tuple[str, ...] = (), untimed_split_order: tuple[str, ...] = ()
+    config: Any,
+    *,
+    csv_only: tuple[str, ...] = (),
+    untimed_split_order: tuple[str, ...] = (),
+    timed_split_order: tuple[str, ...] = (),
 ) -> None:
     """Checks the CSV options of `config` (a frozen dataclass with `dataset`, `data_dir` and `CsvDataConfig`).
 
@@ -81,6 +85,8 @@ def resolve_csv_dataset(
         non-None value with another dataset is an error.
       untimed_split_order: Other datasets whose files have no timestamps that take `--split_order` 'file' or
         'shuffle' (e.g. ASSISTments' record.csv).
+      timed_split_order: Other datasets with timestamps that take `--split_order` 'timestamp' (their default) or
+        'shuffle' (e.g. MovieLens likes); 'file' is refused (their files are not in time order).
 
     Raises:
       errors.ConfigError: `--dataset=csv` without `--data_path`, with a `--data_path` that is not a file, or with
@@ -99,9 +105,14 @@ def resolve_csv_dataset(
             f'--split_order=timestamp: --dataset={config.dataset} has no timestamps; pass --split_order=file (each '
             "user's rows are in time order in the file) or --split_order=shuffle (a seeded random order)."
         )
+    if config.dataset in timed_split_order and config.split_order == 'file':
+        raise errors.ConfigError(
+            f"--split_order=file: --dataset={config.dataset}'s file is not in time order; pass "
+            '--split_order=timestamp (the default) or --split_order=shuffle (a seeded random order).'
+        )
     if config.dataset != CSV:
         names = ['data_path', 'binarize_threshold', *csv_only]
-        if config.dataset not in untimed_split_order:
+        if config.dataset not in untimed_split_order + timed_split_order:
             names.append('split_order')
         given = [name for name in names if getattr(config, name) is not None]
         if given:

@@ -83,7 +83,12 @@ def load_data(config: FurlConfig) -> furl_tasks.FurlData:
     if config.dataset == 'movielens_likes':
         from fedpersonal.data import movielens_likes  # pylint: disable=g-import-not-at-top
 
-        return movielens_likes.load_movielens_likes(config.data_dir, max_chars=config.max_chars, seed=config.seed)
+        return movielens_likes.load_movielens_likes(
+            config.data_dir,
+            max_chars=config.max_chars,
+            seed=config.seed,
+            split_order='random' if config.split_order == 'shuffle' else 'time',  # 'file' is refused (config).
+        )
     from fedpersonal.data import assistments  # pylint: disable=g-import-not-at-top
 
     split_order = {None: 'time', 'file': 'time', 'shuffle': 'random'}[config.split_order]

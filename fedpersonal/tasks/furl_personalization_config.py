@@ -70,7 +70,12 @@ class FurlConfig(
 
     def __post_init__(self):
         parts.run_post_inits(self)
-        csv_config.resolve_csv_dataset(self, csv_only=('like_threshold',), untimed_split_order=('assistments',))
+        csv_config.resolve_csv_dataset(
+            self,
+            csv_only=('like_threshold',),
+            untimed_split_order=('assistments',),
+            timed_split_order=('movielens_likes',),
+        )
         dataset_inference.resolve_dataset(self, generated='synthetic_subreddit', layouts=DATA_LAYOUTS)
         unknown = [c for c in self.configurations if c not in CONFIGURATIONS]
         if unknown or not self.configurations:

@@ -1,5 +1,6 @@
 """Tests for fedpersonal.data.movielens_likes (MovieLens 100K as a binary FURL task)."""
 
+import logging as std_logging
 import os
 import pathlib
 import subprocess
@@ -7,6 +8,7 @@ import tempfile
 
 import numpy as np
 import pytest
+from absl import logging
 
 from fedpersonal.data import movielens_likes
 from fedpersonal.data.movielens import MovieLensFormatError
@@ -69,6 +71,33 @@ def test_load_small_files(tmp_path):
     assert all(r['user_id'] == 0 for r in train)
     np.testing.assert_allclose(data.user_positive_rate, [1 / 3, 1.0])
     assert 'movie title' in data.description
+
+
+# Both users rate movie 5 last: their one test rating names a movie no training rating has.
+_LAST_MOVIE_UNSEEN = [(10, 1, 5, 1), (10, 3, 4, 2), (10, 1, 3, 3), (10, 3, 2, 4), (10, 5, 4, 5)]
+_LAST_MOVIE_UNSEEN += [(20, 1, 4, 1), (20, 3, 4, 2), (20, 5, 1, 3)]
+
+
+def test_test_movies_never_rated_in_training_are_warned_about_and_shuffle_reorders(tmp_path, caplog):
+    logging.set_verbosity(logging.INFO)
+    caplog.set_level(std_logging.INFO, logger='absl')
+    directory = _write(tmp_path, _LAST_MOVIE_UNSEEN)
+    data = movielens_likes.load_movielens_likes(directory, min_ratings=3)
+    (warning,) = [r.message for r in caplog.records if r.levelno == std_logging.WARNING and 'never occur' in r.message]
+    assert warning.startswith(os.path.join(directory, 'u.data') + ': 2 of 2 test rows (100.0%) name movies')
+    assert 'a model knows them only by their text and features' in warning  # Titles and genres, not ids.
+    assert [r['label'] for r in _rows(data.test, '0')] == [1]  # Movie 5 at t=5, rated 4.
+
+    # A seeded shuffle of each user's ratings: another split, the same for the same seed.
+    caplog.clear()
+    test_labels = lambda d: [[int(r['label']) for r in _rows(d.test, c)] for c in ('0', '1')]
+    shuffled = [
+        movielens_likes.load_movielens_likes(directory, min_ratings=3, split_order='random', seed=s) for s in range(6)
+    ]
+    assert test_labels(shuffled[0]) == test_labels(
+        movielens_likes.load_movielens_likes(directory, min_ratings=3, split_order='random', seed=0)
+    )
+    assert any(test_labels(d) != test_labels(data) for d in shuffled)
 
 
 def test_include_item_id_uses_dense_movie_index(tmp_path):

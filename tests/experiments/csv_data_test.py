@@ -128,3 +128,21 @@ def test_a_malformed_table_is_a_usage_error_naming_file_line_and_field(tmp_path)
     data_path.write_text('user,question,correct,skills\na,q,1,1\na,r,0.5,1\n')
     with pytest.raises(app.UsageError, match=r"bad\.csv line 3 field 'correct'.*--binarize_threshold"):
         _run(hpfl_binary, [f'--data_path={data_path}', '--assist_grouping=random', f'--output_dir={tmp_path / "o"}'])
+
+
+def test_furl_movielens_likes_takes_a_timestamp_or_shuffled_split_order(tmp_path):
+    from fedpersonal import errors  # pylint: disable=g-import-not-at-top
+    from fedpersonal.tasks import furl_personalization  # pylint: disable=g-import-not-at-top
+
+    for name in ('u.data', 'u.item'):
+        (tmp_path / name).write_text('')
+    make = lambda order: furl_personalization.FurlConfig(
+        dataset='movielens_likes', data_dir=str(tmp_path), split_order=order, output_dir=str(tmp_path / 'o')
+    )
+    assert make('shuffle').split_order == 'shuffle' and make(None).split_order is None
+    with pytest.raises(errors.ConfigError, match="--split_order=file: --dataset=movielens_likes's file is not in time"):
+        make('file')
+    with pytest.raises(errors.ConfigError, match='--split_order applies to --dataset=csv only'):
+        furl_personalization.FurlConfig(
+            dataset='synthetic_subreddit', split_order='shuffle', output_dir=str(tmp_path / 'o')
+        )
