@@ -204,7 +204,10 @@ def check_output_dir(config: Any, *, fresh_start: bool = False) -> None:
                     f'its outputs to {os.path.join(output_dir, PREVIOUS_RUNS_DIR)}/ and start over.'
                 )
             _canonicalize_nested_records(output_dir, type(config))
-        elif recorded is not None:
-            logging.info('%s: the previous run stopped before its first checkpoint; starting over.', output_dir)
+        elif recorded is not None and differences(recorded, current):
+            logging.info(
+                '%s: the previous run (another configuration) stopped before its first checkpoint; starting over.',
+                output_dir,
+            )
     os.makedirs(output_dir, exist_ok=True)
     _write_json(os.path.join(output_dir, RUN_CONFIG_FILE), current)

@@ -57,6 +57,7 @@ from fedpersonal.algorithms import feddva
 from fedpersonal.algorithms import optimizers
 from fedpersonal.data import federated_images
 from fedpersonal.models import feddva_models
+from fedpersonal.program import run_record
 from fedpersonal.program import training_loop
 from fedpersonal.tasks.feddva_analysis import _EVAL_BATCH
 from fedpersonal.tasks.feddva_analysis import METHOD_NAMES
@@ -337,6 +338,7 @@ def run_ditto(task: FeddvaTask, outputs: program.ExperimentOutputs) -> dict[str,
 
 def run(config: FeddvaConfig) -> dict[str, Any]:
     """Runs every configured setting and method; writes results.json and the figures to `config.output_dir`."""
+    run_record.check_output_dir(config)  # Also when called directly; a binary has checked (same config).
     tf.random.set_seed(config.seed)
     program.write_json(os.path.join(config.output_dir, 'config.json'), dataclasses.asdict(config))
     source = federated_images.load_source(

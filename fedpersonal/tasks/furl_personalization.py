@@ -47,6 +47,7 @@ from fedpersonal.algorithms import furl
 from fedpersonal.data import furl_tasks
 from fedpersonal.models import furl_models
 from fedpersonal.privacy import dp as dp_lib
+from fedpersonal.program import run_record
 from fedpersonal.program import training_loop
 from fedpersonal.tasks.furl_personalization_config import CONFIGURATIONS as CONFIGURATIONS
 from fedpersonal.tasks.furl_personalization_config import DATASETS as DATASETS
@@ -419,6 +420,7 @@ def embedding_analysis(
 
 def run(config: FurlConfig) -> dict[str, Any]:
     """Runs the configured FURL configurations; writes results.json, curves and the embedding plot."""
+    run_record.check_output_dir(config)  # Also when called directly; a binary has checked (same config).
     tf.random.set_seed(config.seed)
     data = load_data(config)
     task = FurlTask(config, data)

@@ -46,6 +46,7 @@ from fedpersonal.algorithms import centralized
 from fedpersonal.algorithms import optimizers
 from fedpersonal.models import matrix_factorization as mf
 from fedpersonal.privacy import dp as dp_lib
+from fedpersonal.program import run_record
 from fedpersonal.tasks.movielens_mf_config import CONFIGURATIONS as CONFIGURATIONS
 from fedpersonal.tasks.movielens_mf_config import DATASETS as DATASETS
 from fedpersonal.tasks.movielens_mf_config import MovieLensMFConfig as MovieLensMFConfig
@@ -502,6 +503,7 @@ def run_configuration(task: MovieLensMFTask, name: str) -> dict[str, Any]:
 
 def run(config: MovieLensMFConfig) -> dict[str, Any]:
     """Runs every configuration in `config.configurations`; writes `results.json` and plots."""
+    run_record.check_output_dir(config)  # Also when called directly; a binary has checked (same config).
     tf.random.set_seed(config.seed)
     prepared = load_data(config)
     stats = data_lib.dataset_statistics(prepared.data)

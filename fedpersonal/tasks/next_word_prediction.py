@@ -59,6 +59,7 @@ from fedpersonal.data import text_corpus
 from fedpersonal.data import text_pipeline
 from fedpersonal.metrics import communication
 from fedpersonal.models import next_word_prediction as nwp
+from fedpersonal.program import run_record
 from fedpersonal.tasks.next_word_prediction_config import CONFIGURATIONS as CONFIGURATIONS
 from fedpersonal.tasks.next_word_prediction_config import DATASETS as DATASETS
 from fedpersonal.tasks.next_word_prediction_config import NextWordPredictionConfig as NextWordPredictionConfig
@@ -445,6 +446,7 @@ class _Runner:
 
 def run(config: NextWordPredictionConfig, corpus: text_corpus.TextCorpus | None = None) -> dict[str, Any]:
     """Runs every configuration for every vocabulary size; writes `results.json` and learning curves."""
+    run_record.check_output_dir(config)  # Also when called directly; a binary has checked (same config).
     tf.random.set_seed(config.seed)
     corpus = corpus if corpus is not None else load_corpus(config)
     statistics = text_corpus.corpus_statistics(corpus, vocab_sizes=config.vocab_sizes)

@@ -46,6 +46,20 @@ def test_every_binary_refuses_a_changed_configuration_and_resumes_an_unchanged_o
     run_record.check_output_dir(moved)
 
 
+@pytest.mark.parametrize('name', sorted(CONFIGS))
+def test_a_tasks_run_called_directly_refuses_a_changed_configuration_before_writing_anything(tmp_path, name):
+    """Notebooks and benchmarks call `run(config)` without a binary: the same check, before anything is written."""
+    import importlib  # pylint: disable=g-import-not-at-top
+
+    task = importlib.import_module(f'fedpersonal.tasks.{name}')
+    config = dataclasses.replace(CONFIGS[name], output_dir=str(tmp_path))
+    run_record.check_output_dir(config)
+    _checkpointed(str(tmp_path))
+    with pytest.raises(run_record.ConfigMismatchError, match='--total_rounds: 2 -> 3'):
+        task.run(dataclasses.replace(config, total_rounds=3))
+    assert sorted(os.listdir(tmp_path)) == sorted([run_record.RUN_CONFIG_FILE, 'row'])  # Nothing else written.
+
+
 def test_a_run_killed_before_its_first_checkpoint_starts_over_under_any_configuration(tmp_path):
     config = dataclasses.replace(CONFIGS['movielens_mf'], output_dir=str(tmp_path))
     run_record.check_output_dir(config)
