@@ -30,7 +30,7 @@ def check_aggregator(model_aggregator: Any) -> None:
         f'The fast simulation engine pre-aggregates each group of logical clients as a weighted mean, so it '
         f"cannot apply {type(model_aggregator).__name__} to each client's own update (DP clipping and noise, "
         f"norm zeroing and secure sums need per-client values). Use simulation='per_client' with this "
-        f'aggregator, or group_size=1.'
+        f'aggregator.'
     )
 
 
