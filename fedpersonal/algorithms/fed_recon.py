@@ -29,6 +29,7 @@ from collections.abc import Callable
 from typing import Any
 from typing import TypeAlias
 
+import numpy as np
 import tensorflow as tf
 import tensorflow_federated as tff
 
@@ -153,8 +154,12 @@ def _build_group_client_update(
     metric_finalizers: collections.OrderedDict,
     weights_type: tff.Type,
     group_type: tff.Type,
+    dp_clip: float | None = None,
 ) -> tuple[tff.Computation, Callable[..., Any]]:
     """The FedRecon client work of a group of logical clients in lockstep (the engine's `_build_client_update`).
+
+    With `dp_clip`, the group reports the sum of its clients' updates each clipped to it
+    (`group.clipped_sum_update`), for a fixed-clip DP aggregator.
 
     Returns the TFF computation and the same client work as a `tf.function` of its own (run by
     `simulation.driver`, with metric variables of its own).
@@ -199,6 +204,8 @@ def _build_group_client_update(
                 )
                 clients = tf.shape(query['steps'])[0]
                 trained = [lockstep.per_client(weights[g][i], initial[g][i], clients) for g, i in returned_slots]
+                if dp_clip is not None:
+                    return group_lib.clipped_sum_update(received, trained, weight, dp_clip)
                 accumulated = steps.weighted_deltas if returned_slots == update_slots else None
                 return group_lib.weighted_update(received, trained, weight, accumulated, steps.finite)
 
@@ -352,7 +359,7 @@ def build_fed_recon(
     simulation_options.check_simulation(simulation)
     split_fn = resolve_split_fn(split)
     if simulation == 'engine':
-        group_lib.check_aggregator(model_aggregator)
+        group_lib.check_aggregator(model_aggregator, fixed_clip_dp=True)
         simulation_options.check_engine_parts(
             model_distributor=model_distributor, metrics_aggregator=metrics_aggregator
         )
@@ -366,11 +373,13 @@ def build_fed_recon(
         model = functional.FunctionalModel(model_fn)
         trained = list(model.initial_weights.global_trainable) + list(model.initial_weights.local_trainable)
         fast_split = isinstance(split, dataset_split_lib.ReconstructionSplit)
+        group_size = group_size or simulation_options.default_group_size(trained)
+        dp_clip = group_lib.per_client_clip(model_aggregator)
         packer = packing.ClientPacker(
             None if fast_split else split_fn,
             ('support', 'query'),
             probe_spec,
-            group_size or simulation_options.default_group_size(trained),
+            group_size,
             batch_phase_fn=functools.partial(dataset_split_lib.split_batches, split=split) if fast_split else None,
         )
         client_update, group_work = _build_group_client_update(
@@ -385,13 +394,17 @@ def build_fed_recon(
             metric_finalizers=metric_finalizers,
             weights_type=weights_type,
             group_type=packer.group_type(),
+            dp_clip=dp_clip,
         )
+        if dp_clip is not None:  # A slot is a group: its record is the sum of up to group_size clipped updates.
+            model_aggregator = model_aggregator.for_client_slots(group_size)
+        aggregator = compose.weighted_aggregator(model_aggregator, client_weighting)
         return compose.compose_personalized_process(
             initial_global_weights=initial_weights,
             client_update=client_update,
             aggregate_metrics=compose.keras_metrics(metric_finalizers, metrics_aggregator),
             server_optimizer=server_optimizer,
-            model_aggregator=compose.weighted_aggregator(model_aggregator, client_weighting),
+            model_aggregator=aggregator,
             model_distributor=model_distributor,
             packer=packer,
             round_runner=driver.GroupRoundRunner(
@@ -401,6 +414,9 @@ def build_fed_recon(
                     lambda: client_work.build_metrics(metrics_fn, loss_fn, collections.OrderedDict())
                 ),
                 measure_communication=measure_communication,
+                aggregation=(
+                    None if dp_clip is None else aggregator.create(weights_type.trainable, tff.TensorType(np.float32))
+                ),
             ),
         )
     client_update = _build_client_update(

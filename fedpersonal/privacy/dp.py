@@ -9,8 +9,10 @@ optimizer applies the result. This is TFF's `tff.aggregators.DifferentiallyPriva
 every client has weight 1 (`tff.learning.ClientWeighting.UNIFORM`), since a weight by example count would let one
 user move the mean by more than C / clients_per_round. `build_dp_aggregator` builds it; an algorithm's builder takes
 it as its ``model_aggregator`` (`fedpersonal.core.compose` applies it to `ClientResult.update`, the global update
-only). The fast simulation engine pre-averages groups of clients and refuses it (`simulation.group`): DP runs use
-the per-client TFF path (`DifferentialPrivacy.simulation`).
+only). With a fixed clip it is a `FixedClipDpFactory`, which FedRecon and FedAvg on the fast simulation engine apply
+to each logical client (a group reports the sum of its clients' clipped updates; `simulation.group`), tested equal
+to the per-client path; adaptive clipping, and DP in the other algorithms, run on the per-client TFF path
+(`DifferentialPrivacy.simulation`).
 
 **Accounting** (`epsilon`): `dp_accounting`'s RDP accountant (`dp_accounting.rdp.RdpAccountant`) composing, over the
 rounds run, one event per round of the sampling the training loop really does (`program.sample_clients`): a
@@ -98,6 +100,56 @@ class SeededGaussianSumQuery(tfp.GaussianSumQuery):
         return tf.nest.pack_sequence_as(sample_state, noised), new_state, event
 
 
+class FixedClipDpFactory(tff.aggregators.DifferentiallyPrivateFactory):
+    """`DifferentiallyPrivateFactory.gaussian_fixed` (seeded or not) that also states its clip, noise and
+    denominator, so that the fast simulation engine can apply it to each logical client (`for_client_slots`).
+
+    As a TFF factory it is exactly ``gaussian_fixed(noise_multiplier, clients_per_round, clip)`` (with
+    `SeededGaussianSumQuery` when `noise_seed` is given): each client update clipped to L2 norm `clip`, summed,
+    Gaussian noise of stddev ``noise_multiplier * clip``, divided by `clients_per_round`.
+
+    Args:
+      clip: C, the L2 clip of one client's update.
+      noise_multiplier: z (stddev z * C).
+      clients_per_round: The denominator.
+      noise_seed: Draw the noise with `SeededGaussianSumQuery` (reproducible); None: TF's unseeded random ops.
+      clients_per_slot: How many logical clients one TFF client slot carries (the engine's group size): the slot's
+        record, the sum of its clients' updates each clipped to C, is clipped to ``clients_per_slot * C`` (a
+        bound it always meets: no second clipping), while the noise stays ``z * C``.
+    """
+
+    def __init__(
+        self,
+        *,
+        clip: float,
+        noise_multiplier: float,
+        clients_per_round: int | float,
+        noise_seed: int | None = None,
+        clients_per_slot: int = 1,
+    ):
+        tff.aggregators.DifferentiallyPrivateFactory.gaussian_fixed(  # Validates the arguments as TFF does.
+            noise_multiplier=float(noise_multiplier), clients_per_round=float(clients_per_round), clip=float(clip)
+        )
+        self.clip, self.noise_multiplier = float(clip), float(noise_multiplier)
+        self.clients_per_round, self.noise_seed = float(clients_per_round), noise_seed
+        slot_clip, stddev = float(clip) * int(clients_per_slot), float(clip) * float(noise_multiplier)
+        if noise_seed is None:
+            query = tfp.GaussianSumQuery(l2_norm_clip=slot_clip, stddev=stddev)
+        else:
+            query = SeededGaussianSumQuery(slot_clip, stddev, noise_seed)
+        super().__init__(tfp.NormalizedQuery(query, denominator=self.clients_per_round))
+
+    def for_client_slots(self, clients_per_slot: int) -> FixedClipDpFactory:
+        """The same mechanism for slots carrying up to `clients_per_slot` logical clients, each clipped to C."""
+        return FixedClipDpFactory(
+            clip=self.clip,
+            noise_multiplier=self.noise_multiplier,
+            clients_per_round=self.clients_per_round,
+            noise_seed=self.noise_seed,
+            clients_per_slot=clients_per_slot,
+        )
+
+
 def build_dp_aggregator(
     *,
     noise_multiplier: float,
@@ -114,8 +166,9 @@ def build_dp_aggregator(
     Args:
       noise_multiplier: z: the noise stddev over the clip norm (0: clipping only).
       clients_per_round: The denominator of the mean (the clients sampled per round).
-      clip: A fixed L2 clip norm (`DifferentiallyPrivateFactory.gaussian_fixed`); None: adaptive clipping
-        (`gaussian_adaptive` with the following options, TFF's defaults).
+      clip: A fixed L2 clip norm (`DifferentiallyPrivateFactory.gaussian_fixed`, as a `FixedClipDpFactory`, which
+        the fast simulation engine applies per logical client); None: adaptive clipping (`gaussian_adaptive` with
+        the following options, TFF's defaults; per-client path only).
       initial_clip: Adaptive: the initial clip norm.
       target_quantile: Adaptive: the fraction of updates the clip aims to leave unclipped.
       clip_learning_rate: Adaptive: the learning rate of the geometric clip update.
@@ -131,15 +184,8 @@ def build_dp_aggregator(
     """
     try:
         if clip is not None:
-            fixed = tff.aggregators.DifferentiallyPrivateFactory.gaussian_fixed(  # Also validates the arguments.
-                noise_multiplier=float(noise_multiplier), clients_per_round=float(clients_per_round), clip=float(clip)
-            )
-            if noise_seed is None:
-                return fixed
-            # gaussian_fixed's query with seeded noise.
-            query = SeededGaussianSumQuery(float(clip), float(clip) * float(noise_multiplier), noise_seed)
-            return tff.aggregators.DifferentiallyPrivateFactory(
-                tfp.NormalizedQuery(query, denominator=float(clients_per_round))
+            return FixedClipDpFactory(
+                clip=clip, noise_multiplier=noise_multiplier, clients_per_round=clients_per_round, noise_seed=noise_seed
             )
         return tff.aggregators.DifferentiallyPrivateFactory.gaussian_adaptive(
             noise_multiplier=float(noise_multiplier),
@@ -276,15 +322,19 @@ class DifferentialPrivacy:
         """UNIFORM: the DP aggregator is unweighted."""
         return tff.learning.ClientWeighting.UNIFORM
 
-    def simulation(self, requested: str, name: str = '') -> str:
-        """'per_client': the engine pre-averages groups of clients, so it cannot clip each client's update."""
-        if requested != 'per_client':
-            logging.info(
-                '[%s] differential privacy clips every client update: running the per-client TFF path instead of '
-                '--simulation=%s.',
-                name,
-                requested,
-            )
+    def simulation(self, requested: str, name: str = '', *, engine_clips_per_client: bool = False) -> str:
+        """The simulation to run: `requested`, unless it is the engine and the engine cannot clip each logical
+        client's update here (adaptive clipping, or an algorithm without `engine_clips_per_client`): 'per_client'.
+        """
+        if requested == 'per_client' or (engine_clips_per_client and self.clip is not None):
+            return requested
+        logging.info(
+            '[%s] differential privacy clips every client update%s: running the per-client TFF path instead of '
+            '--simulation=%s.',
+            name,
+            ' adaptively' if self.clip is None and engine_clips_per_client else '',
+            requested,
+        )
         return 'per_client'
 
     @property

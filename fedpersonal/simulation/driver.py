@@ -8,7 +8,9 @@ runs the round as TFF's computation would, step for step, with TFF's own pieces:
 1. the broadcast is the identity (the engine accepts only TFF's default broadcast);
 2. each group's client work is the *same* `tf.function` that `process.next` maps over CLIENTS, run here;
 3. the groups' `ClientResult`s are combined as TFF's `MeanFactory` combines client slots
-   (``sum(weight * update) / sum(weight)``, `tf.math.divide` as in TFF);
+   (``sum(weight * update) / sum(weight)``, `tf.math.divide` as in TFF), or, for any other aggregator the
+   engine supports (a fixed-clip DP aggregator: `simulation.group`), by that aggregator's own TFF
+   `AggregationProcess` (``aggregation``), called on the groups' results as `process.next` calls it;
 4. the server step is TFF's apply-optimizer finalizer logic: the TFF optimizer's `next`, and
    `reject_non_finite_update` keeping the previous weights and optimizer state on a non-finite update;
 5. the clients' unfinalized metrics are summed and finalized with the recorded Keras finalizers
@@ -104,6 +106,8 @@ class GroupRoundRunner:
         `KerasMetricsFinalizer`).
       measure_communication: Also report each logical client's download and upload as the per-client path's
         measured broadcast and aggregator do (`metrics['distributor']`, `metrics['aggregator']`; see above).
+      aggregation: The process's weighted `tff.templates.AggregationProcess` of the groups' updates when it is not
+        a plain weighted mean (its state is the process state's ``aggregator``); None: `MeanFactory`'s mean.
     """
 
     def __init__(
@@ -112,8 +116,12 @@ class GroupRoundRunner:
         server_optimizer: tff.learning.optimizers.Optimizer,
         finalize_metrics: Callable[[Any], Any],
         measure_communication: bool = False,
+        aggregation: tff.templates.AggregationProcess | None = None,
     ):
         self._group_work = group_work
+        self._aggregation = aggregation
+        if aggregation is not None and measure_communication:
+            raise ValueError('measure_communication is only supported with the mean aggregator.')
         self._finalize_metrics = finalize_metrics
         self._measure_communication = measure_communication
         self.compile_seconds: float | None = None
@@ -128,6 +136,12 @@ class GroupRoundRunner:
             return apply_update(server_optimizer, optimizer_state, trainable, mean)
 
         self._server_step = server_step
+        self._apply_update = tf.function(
+            lambda optimizer_state, trainable, update: apply_update(
+                server_optimizer, optimizer_state, trainable, update
+            ),
+            jit_compile=True,
+        )
 
     def __call__(
         self,
@@ -158,26 +172,38 @@ class GroupRoundRunner:
                 new_private.extend(_unstack(private, group_clients(group)))
             results.append(result)
             metric_sums = metrics if metric_sums is None else tf.nest.map_structure(tf.add, metric_sums, metrics)
-        optimizer_state, trainable, measurements = self._server_step(
-            state.finalizer,
-            list(model_weights.trainable),
-            [list(r.update) for r in results],
-            [tf.cast(r.update_weight, tf.float32) for r in results],
-        )
+        aggregator_state, aggregator_metrics = state.aggregator, collections.OrderedDict(mean_value=(), mean_weight=())
+        if self._aggregation is None:
+            optimizer_state, trainable, measurements = self._server_step(
+                state.finalizer,
+                list(model_weights.trainable),
+                [list(r.update) for r in results],
+                [tf.cast(r.update_weight, tf.float32) for r in results],
+            )
+        else:
+            aggregated = self._aggregation.next(
+                state.aggregator,
+                [list(_numpy(r.update)) for r in results],
+                [np.float32(_numpy(r.update_weight)) for r in results],
+            )
+            aggregator_state, aggregator_metrics = aggregated.state, aggregated.measurements
+            optimizer_state, trainable, measurements = self._apply_update(
+                state.finalizer, list(model_weights.trainable), [tf.convert_to_tensor(u) for u in aggregated.result]
+            )
         new_state = tff.learning.templates.LearningAlgorithmState(
             global_model_weights=tff.learning.models.ModelWeights(
                 trainable=_numpy(trainable), non_trainable=_numpy(list(model_weights.non_trainable))
             ),
             distributor=state.distributor,
             client_work=state.client_work,
-            aggregator=state.aggregator,
+            aggregator=aggregator_state,
             finalizer=_numpy(optimizer_state),
         )
         train = self._finalize_metrics(metric_sums)
         metrics = collections.OrderedDict(
             distributor=(),
             client_work=collections.OrderedDict(train=train),
-            aggregator=collections.OrderedDict(mean_value=(), mean_weight=()),
+            aggregator=aggregator_metrics,
             finalizer=_numpy(measurements),
         )
         if self._measure_communication:

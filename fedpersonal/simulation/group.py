@@ -3,8 +3,12 @@
 A group's `ClientResult` is the weighted mean of its clients' updates with the sum of their weights as its
 weight, so TFF's weighted `MeanFactory` over the groups equals TFF's weighted mean over the logical clients.
 Everything an aggregator would do per client that is not a plain weighted mean must therefore happen here,
-per logical client: zeroing a non-finite update (and its weight) is; aggregators that need each client's own
-value (DP clipping and noise, zeroing by norm, secure-sum bounds) are refused (`check_aggregator`).
+per logical client: zeroing a non-finite update (and its weight) is; so is DP-FedAvg's fixed clipping
+(`fedpersonal.privacy.dp.FixedClipDpFactory`): a group then reports the *sum* of its clients' updates, each clipped
+to C (`clipped_sum_update`), and the process aggregates the groups with the same factory for slots of a group's
+size (`FixedClipDpFactory.for_client_slots`: the same noise z * C and denominator), which is DP-FedAvg over the
+logical clients. Other aggregators that need each client's own value (adaptive clipping, zeroing by norm,
+secure-sum bounds) are refused (`check_aggregator`).
 """
 
 from __future__ import annotations
@@ -16,11 +20,18 @@ import tensorflow as tf
 import tensorflow_federated as tff
 
 from fedpersonal import errors
+from fedpersonal.privacy import dp
 
 
-def check_aggregator(model_aggregator: Any) -> None:
-    """Raises `ConfigError` unless `model_aggregator` is a plain weighted mean (the only one a group can pre-sum)."""
-    if model_aggregator is None:
+def per_client_clip(model_aggregator: Any) -> float | None:
+    """C when `model_aggregator` is a `FixedClipDpFactory` (the engine clips each logical client), else None."""
+    return model_aggregator.clip if isinstance(model_aggregator, dp.FixedClipDpFactory) else None
+
+
+def check_aggregator(model_aggregator: Any, *, fixed_clip_dp: bool = False) -> None:
+    """Raises `ConfigError` unless `model_aggregator` is a plain weighted mean (the only one a group can pre-sum) or,
+    for an algorithm whose group work clips each logical client (`fixed_clip_dp`), a `FixedClipDpFactory`."""
+    if model_aggregator is None or (fixed_clip_dp and per_client_clip(model_aggregator) is not None):
         return
     if type(model_aggregator) is tff.aggregators.MeanFactory:  # pylint: disable=unidiomatic-typecheck
         inner = getattr(model_aggregator, '_value_sum_factory', None)
@@ -28,10 +39,40 @@ def check_aggregator(model_aggregator: Any) -> None:
             return
     raise errors.ConfigError(
         f'The fast simulation engine pre-aggregates each group of logical clients as a weighted mean, so it '
-        f"cannot apply {type(model_aggregator).__name__} to each client's own update (DP clipping and noise, "
-        f"norm zeroing and secure sums need per-client values). Use simulation='per_client' with this "
-        f'aggregator.'
+        f"cannot apply {type(model_aggregator).__name__} to each client's own update (adaptive DP clipping, "
+        f'norm zeroing and secure sums need per-client values; FedRecon and FedAvg take a fixed DP clip). Use '
+        f"simulation='per_client' with this aggregator."
     )
+
+
+def clipped_sum_update(
+    received: Sequence[tf.Tensor], trained: Sequence[tf.Tensor], weights: tf.Tensor, clip: float
+) -> tff.learning.templates.ClientResult:
+    """The group's `ClientResult` under a fixed DP clip: the sum of its clients' updates ``received - trained``,
+    each clipped to global L2 norm `clip` (as `tf.clip_by_global_norm` clips one client's update on the per-client
+    path), with the number of clients summed as its weight (unused: the DP aggregator is unweighted).
+
+    A client without weight (no examples, or a padding slot) or with a non-finite update adds nothing, as the
+    per-client path zeroes a non-finite update before aggregation.
+    """
+    deltas = [r[tf.newaxis] - t for r, t in zip(received, trained)]
+    squares = tf.zeros_like(weights)
+    finite = tf.ones_like(weights, tf.bool)
+    for delta in deltas:
+        axes = list(range(1, delta.shape.rank))
+        squares += tf.reduce_sum(tf.square(delta), axis=axes) if axes else tf.square(delta)
+        finite = tf.logical_and(
+            finite, tf.reduce_all(tf.math.is_finite(delta), axis=axes) if axes else tf.math.is_finite(delta)
+        )
+    norm = tf.sqrt(squares)
+    keep = tf.logical_and(finite, weights > 0)
+    # tf.clip_by_global_norm's scale: clip * min(1 / norm, 1 / clip).
+    scale = tf.where(keep, clip * tf.minimum(1.0 / norm, 1.0 / clip), 0.0)
+    update = []
+    for delta in deltas:
+        shaped = tf.reshape(scale, [-1] + [1] * (delta.shape.rank - 1))
+        update.append(tf.reduce_sum(tf.where(shaped > 0, delta * shaped, 0.0), axis=0))
+    return tff.learning.templates.ClientResult(update=update, update_weight=tf.reduce_sum(tf.cast(keep, tf.float32)))
 
 
 def client_weights(client_weighting: Any, num_examples: tf.Tensor) -> tf.Tensor:

@@ -273,8 +273,8 @@ class MovieLensMFTask:
         return dp_lib.DifferentialPrivacy.from_config(self.config, num_clients=len(client_data.client_ids))
 
     def build_fed_recon(self, dp: dp_lib.DifferentialPrivacy | None = None) -> tff.learning.templates.LearningProcess:
-        """FedRecon; with `dp`, its global update is aggregated by the DP aggregator (uniform weights, per-client
-        path)."""
+        """FedRecon; with `dp`, its global update is aggregated by the DP aggregator (uniform weights; on the engine
+        with a fixed clip, else on the per-client path)."""
         cfg = self.config
         kwargs: dict[str, Any] = dict(loss_fn=self.loss_fn, metrics_fn=self.metrics_fn)
         weighting = (
@@ -284,7 +284,10 @@ class MovieLensMFTask:
         )
         simulation = cfg.simulation
         if dp is not None:
-            weighting, simulation = dp.client_weighting, dp.simulation(cfg.simulation, 'fedrecon')
+            weighting = dp.client_weighting
+            simulation = dp.simulation(
+                cfg.simulation, 'fedrecon', engine_clips_per_client=cfg.fedrecon_implementation != 'tff'
+            )
         server = cfg.build_server_optimizer()
         client = cfg.build_client_optimizer()
         recon = cfg.build_reconstruction_optimizer()
@@ -322,8 +325,8 @@ class MovieLensMFTask:
 
     def build_fed_avg(self, dp: dp_lib.DifferentialPrivacy | None = None) -> Any:
         """FedAvg of the table model: `algorithms.build_fed_avg` (tested equal to TFF's
-        `build_weighted_fed_avg`), on the engine unless ``simulation='per_client'`` (or `dp`: then the DP
-        aggregator, uniform weights, per-client path)."""
+        `build_weighted_fed_avg`), on the engine unless ``simulation='per_client'`` (with `dp`: the DP aggregator,
+        uniform weights; adaptive clipping on the per-client path)."""
         cfg = self.config
         return algorithms.build_fed_avg(
             self.table_model_fn,
@@ -333,7 +336,11 @@ class MovieLensMFTask:
             server_optimizer=cfg.build_server_optimizer(),
             client_weighting=dp.client_weighting if dp is not None else tff.learning.ClientWeighting.NUM_EXAMPLES,
             model_aggregator=dp.aggregator() if dp is not None else None,
-            simulation=dp.simulation(cfg.simulation, 'fedavg') if dp is not None else cfg.simulation,
+            simulation=(
+                dp.simulation(cfg.simulation, 'fedavg', engine_clips_per_client=True)
+                if dp is not None
+                else cfg.simulation
+            ),
             group_size=cfg.group_size,
         )
 

@@ -215,3 +215,33 @@ def test_xla_compiles_embedding_models_but_not_recurrent_or_convolutional_ones()
     assert [m.xla for m in models] == [True, True, False, False, False]
     # A step vectorizes over clients except with per-client convolution filters (pfor cannot batch them).
     assert [m.vectorizes for m in models] == [True, True, True, False, False]
+
+
+def test_fixed_clip_dp_is_applied_to_each_logical_client_like_the_per_client_path():
+    """DP-FedAvg with a fixed clip on the engine: every logical client's update is clipped to C inside its group,
+    the groups' sums are noised once (z * C, seeded) and divided by clients_per_round, as on the per-client path;
+    TFF's `process.next` of the engine gives the same."""
+    from fedpersonal.privacy import dp  # pylint: disable=g-import-not-at-top
+
+    datasets = client_datasets(SIZES, seed=3)
+    uniform = dict(client_weighting=tff.learning.ClientWeighting.UNIFORM)
+
+    def aggregator(clip=0.05, z=0.5):
+        return dp.build_dp_aggregator(noise_multiplier=z, clients_per_round=len(SIZES), clip=clip, noise_seed=3)
+
+    config = CONFIGS['sgd_hash_split']
+    reference = run(build(config, 'per_client', model_aggregator=aggregator(), **uniform), 2, datasets)
+    engine_process = build(config, 'engine', group_size=4, model_aggregator=aggregator(), **uniform)
+    engine = run(engine_process, 2, datasets)
+    assert_same(*engine, *reference)
+    assert engine[1]['aggregator'] == reference[1]['aggregator']
+    assert_same(*run(engine_process, 2, datasets, through_tff=True), *engine)
+
+    # The clip binds (a clip no update reaches gives other weights), per logical client (a clip of each group's
+    # sum at C would too), and the noise is there.
+    unclipped = run(
+        build(config, 'engine', group_size=4, model_aggregator=aggregator(clip=1e6, z=0.0), **uniform), 2, datasets
+    )
+    noiseless = run(build(config, 'engine', group_size=4, model_aggregator=aggregator(z=0.0), **uniform), 2, datasets)
+    for other in (unclipped, noiseless):
+        assert not np.allclose(other[0].trainable[0], engine[0].trainable[0], atol=1e-4)

@@ -90,3 +90,13 @@ def test_non_finite_client_keeps_its_previous_private_state_and_is_dropped():
     np.testing.assert_array_equal(engine[2][1].trainable[0], initial.trainable[0])
     for a, b in zip(tf.nest.flatten(engine[0]), tf.nest.flatten(reference[0])):
         np.testing.assert_allclose(a, b, atol=1e-5)
+
+
+def test_furl_engine_refuses_a_dp_aggregator_it_does_not_apply_per_client():
+    from fedpersonal import errors  # pylint: disable=g-import-not-at-top
+    from fedpersonal.privacy import dp  # pylint: disable=g-import-not-at-top
+
+    aggregator = dp.build_dp_aggregator(noise_multiplier=1.0, clients_per_round=2, clip=0.1, noise_seed=0)
+    uniform = tff.learning.ClientWeighting.UNIFORM
+    with pytest.raises(errors.ConfigError, match="cannot apply FixedClipDpFactory.*simulation='per_client'"):
+        build('sgd_norm_penalty', 'engine', model_aggregator=aggregator, client_weighting=uniform)
