@@ -35,6 +35,7 @@ from collections.abc import Callable
 from typing import Any
 from typing import TypeAlias
 
+import numpy as np
 import tensorflow as tf
 import tensorflow_federated as tff
 
@@ -202,7 +203,8 @@ def _build_engine_process(
     initial_private_state,
 ) -> process_lib.PersonalizedProcess:
     """FURL on the fast simulation engine: the same client work for a group of clients in lockstep."""
-    group_lib.check_aggregator(model_aggregator)
+    group_lib.check_aggregator(model_aggregator, fixed_clip_dp=True)
+    dp_clip = group_lib.per_client_clip(model_aggregator)  # A fixed DP clip: applied to each logical client.
     group_lib.client_weights(client_weighting, tf.zeros([1]))  # Refuses a callable weighting early.
     lockstep.check_optimizer(client_optimizer, 'client_optimizer')
     simulation_options.check_engine_parts(metrics_aggregator=metrics_aggregator)
@@ -211,13 +213,11 @@ def _build_engine_process(
     num_global, num_local = len(initial.global_trainable), len(initial.local_trainable)
     global_slots = [(functional.GLOBAL_TRAINABLE, i) for i in range(num_global)]
     local_slots = [(functional.LOCAL_TRAINABLE, i) for i in range(num_local)]
+    group_size = group_size or simulation_options.default_group_size(
+        list(initial.global_trainable) + list(initial.local_trainable)
+    )
     packer = packing.ClientPacker(
-        None,
-        ('train',),
-        probe_spec,
-        group_size
-        or simulation_options.default_group_size(list(initial.global_trainable) + list(initial.local_trainable)),
-        batch_phase_fn=lambda batches: (batches * client_epochs,),
+        None, ('train',), probe_spec, group_size, batch_phase_fn=lambda batches: (batches * client_epochs,)
     )
     weights_type = initial_global_weights.type_signature.result
     private_type = initial_private_state.type_signature.result
@@ -257,7 +257,11 @@ def _build_engine_process(
                     delta_weights=weight,
                 )
                 trained_globals = list(weights.global_trainable)
-                result, finite = group_lib.update_after_steps(received, trained_globals, weight, steps)
+                if dp_clip is None:
+                    result, finite = group_lib.update_after_steps(received, trained_globals, weight, steps)
+                else:
+                    result = group_lib.clipped_sum_update(received, trained_globals, weight, dp_clip)
+                    finite = group_lib.client_finite(received, trained_globals)
                 keep = lambda new, old: tf.where(
                     tf.reshape(finite, [-1] + [1] * (new.shape.rank - 1)), new, tf.cast(old, new.dtype)
                 )
@@ -283,16 +287,20 @@ def _build_engine_process(
     client_update = tff.tensorflow.computation(weights_type, packer.group_type(), group_private_type)(
         build_group_work(metric_finalizers)
     )
+    if dp_clip is not None:  # A slot is a group: its record is the sum of up to group_size clipped updates.
+        model_aggregator = model_aggregator.for_client_slots(group_size)
+    aggregator = compose.weighted_aggregator(model_aggregator, client_weighting)
     runner = driver.GroupRoundRunner(
         build_group_work(collections.OrderedDict()),
         server_optimizer,
         driver.KerasMetricsFinalizer(lambda: client_work.build_metrics(metrics_fn, loss_fn, collections.OrderedDict())),
+        aggregation=None if dp_clip is None else aggregator.create(weights_type.trainable, tff.TensorType(np.float32)),
     )
     return compose.compose_personalized_process(
         initial_global_weights=initial_global_weights,
         initial_private_state=initial_private_state,
         client_update=client_update,
-        model_aggregator=compose.weighted_aggregator(model_aggregator, client_weighting),
+        model_aggregator=aggregator,
         server_optimizer=server_optimizer,
         aggregate_metrics=compose.keras_metrics(metric_finalizers, metrics_aggregator),
         packer=packer,

@@ -9,7 +9,7 @@ optimizer applies the result. This is TFF's `tff.aggregators.DifferentiallyPriva
 every client has weight 1 (`tff.learning.ClientWeighting.UNIFORM`), since a weight by example count would let one
 user move the mean by more than C / clients_per_round. `build_dp_aggregator` builds it; an algorithm's builder takes
 it as its ``model_aggregator`` (`fedpersonal.core.compose` applies it to `ClientResult.update`, the global update
-only). With a fixed clip it is a `FixedClipDpFactory`, which FedRecon and FedAvg on the fast simulation engine apply
+only). With a fixed clip it is a `FixedClipDpFactory`, which FedRecon, FedAvg and FURL on the fast simulation engine apply
 to each logical client (a group reports the sum of its clients' clipped updates; `simulation.group`), tested equal
 to the per-client path; adaptive clipping, and DP in the other algorithms, run on the per-client TFF path
 (`DifferentialPrivacy.simulation`).

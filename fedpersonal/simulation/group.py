@@ -40,7 +40,7 @@ def check_aggregator(model_aggregator: Any, *, fixed_clip_dp: bool = False) -> N
     raise errors.ConfigError(
         f'The fast simulation engine pre-aggregates each group of logical clients as a weighted mean, so it '
         f"cannot apply {type(model_aggregator).__name__} to each client's own update (adaptive DP clipping, "
-        f'norm zeroing and secure sums need per-client values; FedRecon and FedAvg take a fixed DP clip). Use '
+        f'norm zeroing and secure sums need per-client values; FedRecon, FedAvg and FURL take a fixed DP clip). Use '
         f"simulation='per_client' with this aggregator."
     )
 

@@ -241,7 +241,7 @@ def _selection(
 
 def _differential_privacy(task: FurlTask, name: str) -> tuple[dp_lib.DifferentialPrivacy | None, dict[str, Any]]:
     """A federated row's DP (None without --dp_noise_multiplier) and the builder arguments it sets: the DP
-    aggregator of the federated parameters, uniform client weights and the per-client path."""
+    aggregator of the federated parameters, uniform client weights, and the per-client path for adaptive clipping."""
     cfg = task.config
     dp = dp_lib.DifferentialPrivacy.from_config(cfg, num_clients=len(task.data.train.client_ids))
     if dp is None:
@@ -249,7 +249,7 @@ def _differential_privacy(task: FurlTask, name: str) -> tuple[dp_lib.Differentia
     return dp, dict(
         model_aggregator=dp.aggregator(),
         client_weighting=dp.client_weighting,
-        simulation=dp.simulation(cfg.simulation, name),
+        simulation=dp.simulation(cfg.simulation, name, engine_clips_per_client=True),
     )
 
 

@@ -92,11 +92,28 @@ def test_non_finite_client_keeps_its_previous_private_state_and_is_dropped():
         np.testing.assert_allclose(a, b, atol=1e-5)
 
 
-def test_furl_engine_refuses_a_dp_aggregator_it_does_not_apply_per_client():
-    from fedpersonal import errors  # pylint: disable=g-import-not-at-top
+def test_fixed_clip_dp_clips_each_logical_client_like_the_per_client_path():
+    """FURL's global update under DP-FedAvg with a fixed clip: engine (groups of 2) = per-client path; the private
+    embeddings never pass through the aggregator and train as without DP."""
     from fedpersonal.privacy import dp  # pylint: disable=g-import-not-at-top
 
-    aggregator = dp.build_dp_aggregator(noise_multiplier=1.0, clients_per_round=2, clip=0.1, noise_seed=0)
-    uniform = tff.learning.ClientWeighting.UNIFORM
-    with pytest.raises(errors.ConfigError, match="cannot apply FixedClipDpFactory.*simulation='per_client'"):
-        build('sgd_norm_penalty', 'engine', model_aggregator=aggregator, client_weighting=uniform)
+    def aggregator(clip=0.02):
+        return dp.build_dp_aggregator(noise_multiplier=0.7, clients_per_round=3, clip=clip, noise_seed=1)
+
+    uniform = dict(client_weighting=tff.learning.ClientWeighting.UNIFORM)
+    data = datasets((9, 2, 0, 14, 5))
+    cohorts = ([0, 1, 2], [3, 1, 4], [0, 2, 4])
+    reference = run(build('sgd_norm_penalty', 'per_client', model_aggregator=aggregator(), **uniform), cohorts, data)
+    engine = run(
+        build('sgd_norm_penalty', 'engine', group_size=2, model_aggregator=aggregator(), **uniform), cohorts, data
+    )
+    values = lambda result: tf.nest.flatten((result[0], [result[2][c] for c in sorted(result[2])]))
+    for a, b in zip(values(engine), values(reference)):
+        np.testing.assert_allclose(a, b, atol=1e-5)
+    assert engine[1]['aggregator'] == reference[1]['aggregator']
+    loose = run(
+        build('sgd_norm_penalty', 'engine', group_size=2, model_aggregator=aggregator(clip=1e6), **uniform),
+        cohorts,
+        data,
+    )
+    assert not np.allclose(loose[0].trainable[0], engine[0].trainable[0], atol=1e-4)  # The clip binds.
