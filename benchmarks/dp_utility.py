@@ -8,7 +8,8 @@
 The first argument picks the task (its binary's flags follow). For every target epsilon the noise multiplier z is the
 one whose epsilon after ``--total_rounds`` rounds at the run's delta equals the target (`fedpersonal.privacy.dp`:
 RDP accountant, replace-one user, fixed-size sampling of ``--clients_per_round`` of the N training clients without
-replacement); then the task's federated row trains with that z (the per-client TFF path, as DP needs) and is
+replacement); then the task's federated row trains with that z (with a fixed ``--dp_clip`` on the fast engine, which
+clips each logical client; adaptive clipping on the per-client TFF path) and is
 tested once with the model of its best validation round; one more run has no DP (same rounds, same rows).
 The epsilon reported is that of the rounds actually run (early stopping can end a run sooner); validation-based
 model selection itself is not covered by the accountant (stated in each row's ``privacy``).
