@@ -1,7 +1,7 @@
 """Utility against epsilon: FedRecon on MovieLens and FURL's personalized row under user-level DP.
 
   python benchmarks/dp_utility.py movielens --flagfile=configs/movielens_100k_table1.flags --data_dir=DIR \
-      --total_rounds=200 --target_epsilons=1,3,8 --output_dir=output/dp_movielens
+      --total_rounds=300 --dp_clips=1,3 --target_epsilons=1,3,8 --output_dir=output/dp_movielens
   python benchmarks/dp_utility.py furl --flagfile=configs/furl_assistments.flags --data_dir=DIR \
       --total_rounds=500 --dp_clip=0.5 --target_epsilons=1,3,8 --output_dir=output/dp_furl
 
@@ -28,6 +28,8 @@ TASKS = {
     'movielens': ('fedpersonal.tasks.movielens_mf', 'MovieLensMFConfig', 'fedrecon', ('rmse', 'accuracy')),
     'furl': ('fedpersonal.tasks.furl_personalization', 'FurlConfig', 'personalized_fl', ('auc', 'accuracy')),
 }
+# A row's validation score (`best_validation_<metric>`, the model selection's) picks the clip: lower or higher is better.
+SELECTION = {'movielens': min, 'furl': max}
 if len(sys.argv) < 2 or sys.argv[1] not in TASKS:
     sys.exit(f"usage: {sys.argv[0]} {{{'|'.join(TASKS)}}} [the binary's flags] (see the module docstring)")
 TASK = sys.argv.pop(1)
@@ -49,6 +51,12 @@ task_lib = importlib.import_module(_MODULE_NAME)
 config_cls = getattr(task_lib, _CONFIG_NAME)
 config_flags.define_flags(config_cls, overrides={'output_dir': f'output/dp_{TASK}'})
 flags.DEFINE_list('target_epsilons', ['1', '3', '8'], 'Epsilons to reach after --total_rounds rounds.')
+flags.DEFINE_list(
+    'dp_clips',
+    [],
+    'Fixed clips to try at every epsilon (overrides --dp_clip): each epsilon reports the clip with the best validation '
+    'score, tested once; the others are listed with their validation scores.',
+)
 flags.DEFINE_string('results_json', f'docs/results/dp_utility_{TASK}.json', 'Machine-readable results.')
 flags.DEFINE_string('results_md', 'docs/RESULTS.md', f'Markdown results (section dp_utility_{TASK}).')
 FLAGS = flags.FLAGS
@@ -96,45 +104,73 @@ def main(argv):
         )
         for t in FLAGS.target_epsilons
     ]
-    rows = []
+    clips = [float(c) for c in FLAGS.dp_clips] or [config.dp_fixed_clip]
+    rows, tried = [], []
     for target, z in runs:
         name = 'no_dp' if z is None else f'epsilon_{target:g}'
-        run_config = dataclasses.replace(
-            config, dp_noise_multiplier=z, output_dir=os.path.join(config.output_dir, name)
-        )
-        logging.info('[dp_utility] %s: noise multiplier %s', name, z)
-        started = time.time()
-        with runtime.LocalRuntime():
-            results = task_lib.run(run_config)
-        row = next(r for r in results['rows'] if r['configuration'] == ROW)
-        privacy = row.get('privacy') or {}
-        rows.append(
-            {
-                'task': TASK,
-                'name': name,
-                'target_epsilon': target,
-                'epsilon': privacy.get('epsilon'),
-                'delta': privacy.get('delta', delta),
-                'noise_multiplier': z,
-                'rounds': privacy.get('rounds', row.get('rounds')),
-                **{m: row.get(m) for m in METRICS},
-                'wall_seconds': time.time() - started,
-            }
-        )
-        logging.info('[dp_utility] %s', rows[-1])
+        candidates = []
+        for clip in [None] if z is None else clips:
+            run_name = name if len(clips) == 1 or clip is None else f'{name}_clip_{clip:g}'
+            run_config = dataclasses.replace(
+                config, dp_noise_multiplier=z, output_dir=os.path.join(config.output_dir, run_name)
+            )
+            if clip is not None:
+                run_config = dataclasses.replace(run_config, dp_clip=str(clip))
+            logging.info('[dp_utility] %s: noise multiplier %s, clip %s', run_name, z, clip)
+            started = time.time()
+            with runtime.LocalRuntime():
+                results = task_lib.run(run_config)
+            row = next(r for r in results['rows'] if r['configuration'] == ROW)
+            privacy = row.get('privacy') or {}
+            validation = next(v for k, v in row.items() if k.startswith('best_validation_'))
+            candidates.append(
+                {
+                    'task': TASK,
+                    'name': name,
+                    'target_epsilon': target,
+                    'epsilon': privacy.get('epsilon'),
+                    'delta': privacy.get('delta', delta),
+                    'noise_multiplier': z,
+                    'clip': privacy.get('clip'),
+                    'validation': validation,
+                    'rounds': privacy.get('rounds', row.get('rounds')),
+                    **{m: row.get(m) for m in METRICS},
+                    'wall_seconds': time.time() - started,
+                }
+            )
+            logging.info('[dp_utility] %s', candidates[-1])
+        best = SELECTION[TASK](candidates, key=lambda r: r['validation'])
+        rows.append(best)
+        tried += [{k: r[k] for k in ('name', 'clip', 'validation')} for r in candidates if len(candidates) > 1]
     command = 'python benchmarks/dp_utility.py ' + TASK + ' ' + ' '.join(shlex.quote(a) for a in sys.argv[1:])
     program.write_json(
         FLAGS.results_json,
-        {'command': command, 'num_clients': n, 'clients_per_round': per_round, 'delta': delta, 'rows': rows},
+        {
+            'command': command,
+            'num_clients': n,
+            'clients_per_round': per_round,
+            'delta': delta,
+            'rows': rows,
+            'clips_tried': tried,
+        },
     )
-    header = '| run | target epsilon | epsilon | noise multiplier | rounds | ' + ' | '.join(METRICS) + ' |'
-    lines = [header, '|' + '---|' * (5 + len(METRICS))]
+    header = '| run | target epsilon | epsilon | noise multiplier | clip | rounds | validation | '
+    lines = [header + ' | '.join(METRICS) + ' |', '|' + '---|' * (7 + len(METRICS))]
     for r in rows:
         eps = 'inf (no DP)' if r['epsilon'] is None else f'{r["epsilon"]:.2f}'
         z = '-' if r['noise_multiplier'] is None else f'{r["noise_multiplier"]:.3f}'
         target = '-' if r['target_epsilon'] is None else f'{r["target_epsilon"]:g}'
+        clip = '-' if r['clip'] is None else f'{r["clip"]:g}'
         metrics = ' | '.join('n/a' if r[m] is None else f'{r[m]:.4f}' for m in METRICS)
-        lines.append(f'| {r["name"]} | {target} | {eps} | {z} | {r["rounds"]} | {metrics} |')
+        lines.append(
+            f'| {r["name"]} | {target} | {eps} | {z} | {clip} | {r["rounds"]} | {r["validation"]:.4f} | {metrics} |'
+        )
+    if tried:
+        lines.append(
+            '\nClips tried (validation score of each; the table reports the best, tested once): '
+            + '; '.join(f'{t["name"]} clip {t["clip"]:g}: {t["validation"]:.4f}' for t in tried)
+            + '.'
+        )
     section = (
         f'## Differential privacy: utility against epsilon ({TASK}, row {ROW})\n\n'
         f'Command: `{command}`\n\nN = {n} training clients, {per_round} sampled per round without replacement, '
