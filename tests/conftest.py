@@ -18,3 +18,26 @@ def _no_orphaned_tff_workers():
     runtime.shutdown()
     leftover = runtime.worker_pids_of_this_process()
     assert not leftover, f'TFF worker_binary processes left running after the test session: {leftover}'
+
+
+# The slowest tests (binaries killed and restarted, notebooks, end-to-end runs; `--durations`) start first, so that
+# pytest-xdist's workers do not end the session waiting on one of them while the other has nothing left to do.
+_SLOW_FIRST = (
+    'tests/program/crash_safety_test.py::test_killed_anywhere',
+    'tests/experiments/hpfl_user_modeling_test.py::test_binary_killed',
+    'tests/notebooks_test.py',
+    'tests/reproducibility_test.py',
+    'tests/program/crash_safety_test.py::test_sigterm',
+    'tests/experiments/feddva_test.py',
+    'tests/simulation/feddva_engine_test.py',
+    'tests/algorithms/feddva_test.py',
+)
+
+
+def pytest_collection_modifyitems(config, items):
+    del config
+
+    def rank(item):
+        return next((i for i, prefix in enumerate(_SLOW_FIRST) if item.nodeid.startswith(prefix)), len(_SLOW_FIRST))
+
+    items.sort(key=rank)  # Stable: the order within each rank is kept.
