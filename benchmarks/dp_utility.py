@@ -111,11 +111,10 @@ def main(argv):
         candidates = []
         for clip in [None] if z is None else clips:
             run_name = name if len(clips) == 1 or clip is None else f'{name}_clip_{clip:g}'
-            run_config = dataclasses.replace(
-                config, dp_noise_multiplier=z, output_dir=os.path.join(config.output_dir, run_name)
-            )
+            changes = dict(dp_noise_multiplier=z, output_dir=os.path.join(config.output_dir, run_name))
             if clip is not None:
-                run_config = dataclasses.replace(run_config, dp_clip=str(clip))
+                changes['dp_clip'] = str(clip)
+            run_config = dataclasses.replace(config, **changes)  # One replace: validated with both.
             logging.info('[dp_utility] %s: noise multiplier %s, clip %s', run_name, z, clip)
             started = time.time()
             with runtime.LocalRuntime():
