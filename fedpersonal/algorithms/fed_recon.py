@@ -396,9 +396,10 @@ def build_fed_recon(
             group_type=packer.group_type(),
             dp_clip=dp_clip,
         )
-        if dp_clip is not None:  # A slot is a group: its record is the sum of up to group_size clipped updates.
-            model_aggregator = model_aggregator.for_client_slots(group_size)
-        aggregator = compose.weighted_aggregator(model_aggregator, client_weighting)
+        # A slot is a group: under a fixed DP clip its record is the sum of up to group_size clipped updates.
+        aggregator = compose.weighted_aggregator(
+            group_lib.slot_aggregator(model_aggregator, group_size), client_weighting
+        )
         return compose.compose_personalized_process(
             initial_global_weights=initial_weights,
             client_update=client_update,

@@ -287,9 +287,8 @@ def _build_engine_process(
     client_update = tff.tensorflow.computation(weights_type, packer.group_type(), group_private_type)(
         build_group_work(metric_finalizers)
     )
-    if dp_clip is not None:  # A slot is a group: its record is the sum of up to group_size clipped updates.
-        model_aggregator = model_aggregator.for_client_slots(group_size)
-    aggregator = compose.weighted_aggregator(model_aggregator, client_weighting)
+    # A slot is a group: under a fixed DP clip its record is the sum of up to group_size clipped updates.
+    aggregator = compose.weighted_aggregator(group_lib.slot_aggregator(model_aggregator, group_size), client_weighting)
     runner = driver.GroupRoundRunner(
         build_group_work(collections.OrderedDict()),
         server_optimizer,

@@ -28,6 +28,14 @@ def per_client_clip(model_aggregator: Any) -> float | None:
     return model_aggregator.clip if isinstance(model_aggregator, dp.FixedClipDpFactory) else None
 
 
+def slot_aggregator(model_aggregator: Any, group_size: int) -> Any:
+    """The aggregator of the process's client slots (groups of up to `group_size` logical clients): a
+    `FixedClipDpFactory` for such slots (`for_client_slots`), any other aggregator as it is."""
+    if isinstance(model_aggregator, dp.FixedClipDpFactory):
+        return model_aggregator.for_client_slots(group_size)
+    return model_aggregator
+
+
 def check_aggregator(model_aggregator: Any, *, fixed_clip_dp: bool = False) -> None:
     """Raises `ConfigError` unless `model_aggregator` is a plain weighted mean (the only one a group can pre-sum) or,
     for an algorithm whose group work clips each logical client (`fixed_clip_dp`), a `FixedClipDpFactory`."""
