@@ -1,9 +1,10 @@
 """Utility against epsilon: FedRecon on MovieLens and FURL's personalized row under user-level DP.
 
   python benchmarks/dp_utility.py movielens --flagfile=configs/movielens_100k_table1.flags --data_dir=DIR \
-      --total_rounds=300 --dp_clips=1,3 --target_epsilons=1,3,8 --output_dir=output/dp_movielens
+      --total_rounds=300 --select_over=dp_clip=1,3 --select_over=server_learning_rate=1,0.3 \
+      --target_epsilons=1,3,8 --output_dir=output/dp_movielens
   python benchmarks/dp_utility.py furl --flagfile=configs/furl_assistments.flags --data_dir=DIR \
-      --total_rounds=500 --dp_clip=0.5 --target_epsilons=1,3,8 --output_dir=output/dp_furl
+      --total_rounds=2000 --select_over=dp_clip=0.1,0.5 --target_epsilons=1,3,8 --output_dir=output/dp_furl
 
 The first argument picks the task (its binary's flags follow). For every target epsilon the noise multiplier z is the
 one whose epsilon after ``--total_rounds`` rounds at the run's delta equals the target (`fedpersonal.privacy.dp`:
@@ -28,7 +29,7 @@ TASKS = {
     'movielens': ('fedpersonal.tasks.movielens_mf', 'MovieLensMFConfig', 'fedrecon', ('rmse', 'accuracy')),
     'furl': ('fedpersonal.tasks.furl_personalization', 'FurlConfig', 'personalized_fl', ('auc', 'accuracy')),
 }
-# A row's validation score (`best_validation_<metric>`, the model selection's) picks the clip: lower or higher is better.
+# A row's validation score (`best_validation_<metric>`, the model selection's) picks among --select_over's runs.
 SELECTION = {'movielens': min, 'furl': max}
 if len(sys.argv) < 2 or sys.argv[1] not in TASKS:
     sys.exit(f"usage: {sys.argv[0]} {{{'|'.join(TASKS)}}} [the binary's flags] (see the module docstring)")
@@ -51,11 +52,12 @@ task_lib = importlib.import_module(_MODULE_NAME)
 config_cls = getattr(task_lib, _CONFIG_NAME)
 config_flags.define_flags(config_cls, overrides={'output_dir': f'output/dp_{TASK}'})
 flags.DEFINE_list('target_epsilons', ['1', '3', '8'], 'Epsilons to reach after --total_rounds rounds.')
-flags.DEFINE_list(
-    'dp_clips',
+flags.DEFINE_multi_string(
+    'select_over',
     [],
-    'Fixed clips to try at every epsilon (overrides --dp_clip): each epsilon reports the clip with the best validation '
-    'score, tested once; the others are listed with their validation scores.',
+    'FIELD=V1,V2,...: values of a config field (e.g. dp_clip, server_learning_rate) tried at every epsilon, every '
+    'combination of the given fields; each epsilon reports the combination best on validation, tested once, and '
+    'lists the others with their validation scores. The run without DP takes the flags as given.',
 )
 flags.DEFINE_string('results_json', f'docs/results/dp_utility_{TASK}.json', 'Machine-readable results.')
 flags.DEFINE_string('results_md', 'docs/RESULTS.md', f'Markdown results (section dp_utility_{TASK}).')
@@ -78,6 +80,22 @@ def noise_for_epsilon(target: float, *, num_clients: int, clients_per_round: int
         if high / low < 1.01:
             break
     return high
+
+
+def select_over_grid(config, specs: list[str]) -> list[dict]:
+    """Every combination of the ``FIELD=V1,V2`` specs, as `dataclasses.replace` keyword arguments (a value is parsed
+    as the field's current type; the flags' string for a field that is None or a string)."""
+    import itertools  # pylint: disable=g-import-not-at-top
+
+    axes = []
+    for spec in specs:
+        field, _, values = spec.partition('=')
+        if not values or not hasattr(config, field):
+            raise app.UsageError(f'--select_over={spec}: expected FIELD=V1,V2,... with FIELD a config field.')
+        kind = type(getattr(config, field))
+        parse = kind if kind in (int, float) else str
+        axes.append([(field, parse(v)) for v in values.split(',')])
+    return [dict(combination) for combination in itertools.product(*axes)] or [{}]
 
 
 def num_training_clients(config) -> int:
@@ -104,18 +122,18 @@ def main(argv):
         )
         for t in FLAGS.target_epsilons
     ]
-    clips = [float(c) for c in FLAGS.dp_clips] or [config.dp_fixed_clip]
+    grid = select_over_grid(config, FLAGS.select_over)
     rows, tried = [], []
     for target, z in runs:
         name = 'no_dp' if z is None else f'epsilon_{target:g}'
         candidates = []
-        for clip in [None] if z is None else clips:
-            run_name = name if len(clips) == 1 or clip is None else f'{name}_clip_{clip:g}'
-            changes = dict(dp_noise_multiplier=z, output_dir=os.path.join(config.output_dir, run_name))
-            if clip is not None:
-                changes['dp_clip'] = str(clip)
-            run_config = dataclasses.replace(config, **changes)  # One replace: validated with both.
-            logging.info('[dp_utility] %s: noise multiplier %s, clip %s', run_name, z, clip)
+        for choice in [{}] if z is None else grid:
+            run_name = '_'.join([name] + [f'{k}_{v}' for k, v in choice.items()])
+            # One replace: validated with the noise and the choice together.
+            run_config = dataclasses.replace(
+                config, dp_noise_multiplier=z, output_dir=os.path.join(config.output_dir, run_name), **choice
+            )
+            logging.info('[dp_utility] %s: noise multiplier %s', run_name, z)
             started = time.time()
             with runtime.LocalRuntime():
                 results = task_lib.run(run_config)
@@ -131,6 +149,7 @@ def main(argv):
                     'delta': privacy.get('delta', delta),
                     'noise_multiplier': z,
                     'clip': privacy.get('clip'),
+                    'choice': {k: getattr(run_config, k) for k in choice},
                     'validation': validation,
                     'rounds': privacy.get('rounds', row.get('rounds')),
                     **{m: row.get(m) for m in METRICS},
@@ -140,7 +159,7 @@ def main(argv):
             logging.info('[dp_utility] %s', candidates[-1])
         best = SELECTION[TASK](candidates, key=lambda r: r['validation'])
         rows.append(best)
-        tried += [{k: r[k] for k in ('name', 'clip', 'validation')} for r in candidates if len(candidates) > 1]
+        tried += [{k: r[k] for k in ('name', 'choice', 'validation')} for r in candidates if len(candidates) > 1]
     command = 'python benchmarks/dp_utility.py ' + TASK + ' ' + ' '.join(shlex.quote(a) for a in sys.argv[1:])
     program.write_json(
         FLAGS.results_json,
@@ -150,24 +169,31 @@ def main(argv):
             'clients_per_round': per_round,
             'delta': delta,
             'rows': rows,
-            'clips_tried': tried,
+            'tried': tried,
         },
     )
-    header = '| run | target epsilon | epsilon | noise multiplier | clip | rounds | validation | '
-    lines = [header + ' | '.join(METRICS) + ' |', '|' + '---|' * (7 + len(METRICS))]
+    chosen = [k for k in (grid[0] if grid else {}) if k != 'dp_clip']
+    header = '| run | target epsilon | epsilon | noise multiplier | clip | ' + ''.join(f'{k} | ' for k in chosen)
+    header += 'rounds | validation | '
+    lines = [header + ' | '.join(METRICS) + ' |', '|' + '---|' * (7 + len(chosen) + len(METRICS))]
     for r in rows:
         eps = 'inf (no DP)' if r['epsilon'] is None else f'{r["epsilon"]:.2f}'
         z = '-' if r['noise_multiplier'] is None else f'{r["noise_multiplier"]:.3f}'
         target = '-' if r['target_epsilon'] is None else f'{r["target_epsilon"]:g}'
         clip = '-' if r['clip'] is None else f'{r["clip"]:g}'
         metrics = ' | '.join('n/a' if r[m] is None else f'{r[m]:.4f}' for m in METRICS)
+        picked = ''.join(f'{r["choice"].get(k, getattr(config, k))} | ' for k in chosen)
         lines.append(
-            f'| {r["name"]} | {target} | {eps} | {z} | {clip} | {r["rounds"]} | {r["validation"]:.4f} | {metrics} |'
+            f'| {r["name"]} | {target} | {eps} | {z} | {clip} | {picked}{r["rounds"]} | {r["validation"]:.4f} | '
+            f'{metrics} |'
         )
     if tried:
         lines.append(
-            '\nClips tried (validation score of each; the table reports the best, tested once): '
-            + '; '.join(f'{t["name"]} clip {t["clip"]:g}: {t["validation"]:.4f}' for t in tried)
+            '\nTried at every epsilon (validation score of each; the table reports the best, tested once): '
+            + '; '.join(
+                f'{t["name"]} ' + ', '.join(f'{k}={v}' for k, v in t['choice'].items()) + f': {t["validation"]:.4f}'
+                for t in tried
+            )
             + '.'
         )
     section = (
