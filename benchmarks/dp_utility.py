@@ -46,6 +46,7 @@ from fedpersonal import program  # noqa: E402
 from fedpersonal import runtime  # noqa: E402
 from fedpersonal.privacy import dp  # noqa: E402
 from fedpersonal.program import config_flags  # noqa: E402
+from fedpersonal.program import non_finite  # noqa: E402
 
 _MODULE_NAME, _CONFIG_NAME, ROW, METRICS = TASKS[TASK]
 task_lib = importlib.import_module(_MODULE_NAME)
@@ -135,9 +136,15 @@ def main(argv):
             )
             logging.info('[dp_utility] %s: noise multiplier %s', run_name, z)
             started = time.time()
-            with runtime.LocalRuntime():
-                results = task_lib.run(run_config)
-            row = next(r for r in results['rows'] if r['configuration'] == ROW)
+            try:
+                with runtime.LocalRuntime():
+                    results = task_lib.run(run_config)
+            except non_finite.NonFiniteLossError as error:  # Diverged: recorded as such; the sweep goes on.
+                logging.warning('[dp_utility] %s diverged: %s', run_name, error)
+                worst = float('inf') if SELECTION[TASK] is min else float('-inf')
+                row = {'rounds': None, f'best_validation_{METRICS[0]}': worst, 'diverged': str(error).split(':')[0]}
+            else:
+                row = next(r for r in results['rows'] if r['configuration'] == ROW)
             privacy = row.get('privacy') or {}
             validation = next(v for k, v in row.items() if k.startswith('best_validation_'))
             candidates.append(
@@ -151,6 +158,7 @@ def main(argv):
                     'clip': privacy.get('clip'),
                     'choice': {k: getattr(run_config, k) for k in choice},
                     'validation': validation,
+                    'diverged': 'diverged' in row,
                     'rounds': privacy.get('rounds', row.get('rounds')),
                     **{m: row.get(m) for m in METRICS},
                     'wall_seconds': time.time() - started,
@@ -159,7 +167,9 @@ def main(argv):
             logging.info('[dp_utility] %s', candidates[-1])
         best = SELECTION[TASK](candidates, key=lambda r: r['validation'])
         rows.append(best)
-        tried += [{k: r[k] for k in ('name', 'choice', 'validation')} for r in candidates if len(candidates) > 1]
+        tried += [
+            {k: r[k] for k in ('name', 'choice', 'validation', 'diverged')} for r in candidates if len(candidates) > 1
+        ]
     command = 'python benchmarks/dp_utility.py ' + TASK + ' ' + ' '.join(shlex.quote(a) for a in sys.argv[1:])
     program.write_json(
         FLAGS.results_json,
@@ -177,11 +187,14 @@ def main(argv):
     header += 'rounds | validation | '
     lines = [header + ' | '.join(METRICS) + ' |', '|' + '---|' * (7 + len(chosen) + len(METRICS))]
     for r in rows:
-        eps = 'inf (no DP)' if r['epsilon'] is None else f'{r["epsilon"]:.2f}'
+        if r['noise_multiplier'] is None:
+            eps = 'inf (no DP)'
+        else:
+            eps = f'{r["epsilon"]:.2f}' if r['epsilon'] is not None else f'({r["target_epsilon"]:g}, diverged)'
         z = '-' if r['noise_multiplier'] is None else f'{r["noise_multiplier"]:.3f}'
         target = '-' if r['target_epsilon'] is None else f'{r["target_epsilon"]:g}'
         clip = '-' if r['clip'] is None else f'{r["clip"]:g}'
-        metrics = ' | '.join('n/a' if r[m] is None else f'{r[m]:.4f}' for m in METRICS)
+        metrics = ' | '.join('n/a (diverged)' if r[m] is None else f'{r[m]:.4f}' for m in METRICS)
         picked = ''.join(f'{r["choice"].get(k, getattr(config, k))} | ' for k in chosen)
         lines.append(
             f'| {r["name"]} | {target} | {eps} | {z} | {clip} | {picked}{r["rounds"]} | {r["validation"]:.4f} | '
@@ -191,7 +204,9 @@ def main(argv):
         lines.append(
             '\nTried at every epsilon (validation score of each; the table reports the best, tested once): '
             + '; '.join(
-                f'{t["name"]} ' + ', '.join(f'{k}={v}' for k, v in t['choice'].items()) + f': {t["validation"]:.4f}'
+                f'{t["name"]} '
+                + ', '.join(f'{k}={v}' for k, v in t['choice'].items())
+                + (': diverged (non-finite loss)' if t['diverged'] else f': {t["validation"]:.4f}')
                 for t in tried
             )
             + '.'
