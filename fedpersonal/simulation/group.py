@@ -65,15 +65,11 @@ def clipped_sum_update(
     """
     deltas = [r[tf.newaxis] - t for r, t in zip(received, trained)]
     squares = tf.zeros_like(weights)
-    finite = tf.ones_like(weights, tf.bool)
     for delta in deltas:
         axes = list(range(1, delta.shape.rank))
         squares += tf.reduce_sum(tf.square(delta), axis=axes) if axes else tf.square(delta)
-        finite = tf.logical_and(
-            finite, tf.reduce_all(tf.math.is_finite(delta), axis=axes) if axes else tf.math.is_finite(delta)
-        )
     norm = tf.sqrt(squares)
-    keep = tf.logical_and(finite, weights > 0)
+    keep = tf.logical_and(client_finite(received, trained), weights > 0)
     # tf.clip_by_global_norm's scale: clip * min(1 / norm, 1 / clip).
     scale = tf.where(keep, clip * tf.minimum(1.0 / norm, 1.0 / clip), 0.0)
     update = []
