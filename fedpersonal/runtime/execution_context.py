@@ -233,11 +233,22 @@ class LocalRuntime:
       default_num_clients: Cardinality used when it cannot be inferred.
       max_concurrent_computation_calls: Limit on concurrent calls of one
         computation in the C++ runtime (non-positive: no limit).
+      secure_sum_in_the_clear: Run TFF's secure summation intrinsics (e.g. of
+        `tff.aggregators.SecureSumFactory`) as plain sums. TFF's local runtime
+        has no secure aggregation; this simulates its result (TFF's test
+        context), it does not protect anything.
     """
 
-    def __init__(self, default_num_clients: int = 0, max_concurrent_computation_calls: int = -1):
+    def __init__(
+        self,
+        default_num_clients: int = 0,
+        max_concurrent_computation_calls: int = -1,
+        *,
+        secure_sum_in_the_clear: bool = False,
+    ):
         self._default_num_clients = default_num_clients
         self._max_concurrent = max_concurrent_computation_calls
+        self._secure_sum_in_the_clear = secure_sum_in_the_clear
         self._previous: Any | None = None
 
     def __enter__(self) -> LocalRuntime:
@@ -246,10 +257,10 @@ class LocalRuntime:
 
         install_worker_tracking()
         self._previous = context_stack_impl.context_stack.current
-        tff.backends.native.set_sync_local_cpp_execution_context(
-            default_num_clients=self._default_num_clients,
-            max_concurrent_computation_calls=self._max_concurrent,
-        )
+        backend = tff.backends.test.set_sync_test_cpp_execution_context
+        if not self._secure_sum_in_the_clear:
+            backend = tff.backends.native.set_sync_local_cpp_execution_context
+        backend(default_num_clients=self._default_num_clients, max_concurrent_computation_calls=self._max_concurrent)
         return self
 
     def __exit__(self, *exc_info: Any) -> None:

@@ -258,15 +258,14 @@ def test_tasks_without_dp_refuse_the_flag_saying_why(module, name, why):
 
 
 # ------------------------------------------------------------------------------------ secure summation (optional)
-@pytest.mark.skip(
-    reason='Crashed its CI worker ("node down", 2026-11-25) after other TFF contexts ran in that process, and hung in a '
-    'fresh interpreter outside pytest; it passes alone under pytest. Disabled until understood (see the session note).'
-)
 def test_secure_sum_aggregates_fed_recon_under_dp():
     """`tff.aggregators.SecureSumFactory` (bounds [-1, 1]) as the record sum of FedRecon's DP aggregator (a clipped
-    record's coordinates are within the clip, so the bounds do not change the sensitivity). TFF's default runtime
-    has no secure intrinsics; its test context implements them in the clear."""
+    record's coordinates are within the clip, so the bounds do not change the sensitivity). TFF's local runtime has
+    no secure intrinsics: ``LocalRuntime(secure_sum_in_the_clear=True)`` runs them as plain sums (TFF's test
+    context), with its worker stopped on exit like any other (TFF's own test context left its worker running)."""
     import tensorflow_privacy as tfp
+
+    from fedpersonal import runtime  # pylint: disable=g-import-not-at-top
 
     data = _clients([3, 12])
     secure = tff.aggregators.SecureSumFactory(upper_bound_threshold=1.0, lower_bound_threshold=-1.0)
@@ -274,9 +273,11 @@ def test_secure_sum_aggregates_fed_recon_under_dp():
         tfp.NormalizedQuery(tfp.GaussianSumQuery(l2_norm_clip=1.0, stddev=0.0), denominator=2.0),
         record_aggregation_factory=secure,
     )
-    plain = _fed_recon_round(tff.aggregators.UnweightedMeanFactory(), data)
-    with tff.framework.get_context_stack().install(tff.backends.test.create_sync_test_cpp_execution_context()):
+    with runtime.LocalRuntime():
+        plain = _fed_recon_round(tff.aggregators.UnweightedMeanFactory(), data)
+    with runtime.LocalRuntime(secure_sum_in_the_clear=True):
         private = _fed_recon_round(dp_secure, data)
+    assert not runtime.worker_pids_of_this_process()
     assert not np.allclose(plain, recon.ITEM_INIT, atol=1e-3)
     np.testing.assert_allclose(private, plain, atol=1e-6)  # The updates' norms are below the clip 1.0.
 
