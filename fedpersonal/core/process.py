@@ -25,6 +25,8 @@ from typing import NamedTuple
 
 import tensorflow_federated as tff
 
+from fedpersonal import errors
+
 
 class ProcessOutput(NamedTuple):
     """The result of one round of every `PersonalizedProcess`.
@@ -88,6 +90,7 @@ class PersonalizedProcess(tff.templates.IterativeProcess):
         self.parts = dict(parts or {})
         self.packer = packer
         self._round_runner = round_runner
+        self._secure: bool | None = None
 
     @property
     def simulation(self) -> str:
@@ -129,9 +132,27 @@ class PersonalizedProcess(tff.templates.IterativeProcess):
         if self._round_runner is not None:
             private = list(private_states or []) if self.stateful else None
             return self._round_runner(state, data, private, num_clients=len(client_data))
-        if self.stateful:
-            return self.next(state, data, list(private_states or []))
-        return self.next(state, data)
+        try:
+            if self.stateful:
+                return self.next(state, data, list(private_states or []))
+            return self.next(state, data)
+        except Exception as error:  # pylint: disable=broad-except
+            if 'Cannot embed a federated value' in str(error) and self.uses_secure_aggregation:
+                raise errors.ConfigError(
+                    'This process aggregates with secure summation (e.g. tff.aggregators.SecureSumFactory), which '
+                    "TFF's local runtime cannot run. To simulate it (as plain sums), run inside "
+                    'fedpersonal.runtime.LocalRuntime(secure_sum_in_the_clear=True).'
+                ) from None
+            raise
+
+    @property
+    def uses_secure_aggregation(self) -> bool:
+        """Whether `next` contains a secure aggregation intrinsic (e.g. from `tff.aggregators.SecureSumFactory`)."""
+        from tensorflow_federated.python.core.impl.compiler import tree_analysis  # pylint: disable=g-import-not-at-top
+
+        if self._secure is None:
+            self._secure = bool(tree_analysis.find_secure_aggregation_in_tree(self.next.to_building_block()))
+        return self._secure
 
     @property
     def stateful(self) -> bool:

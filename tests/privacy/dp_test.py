@@ -275,6 +275,8 @@ def test_secure_sum_aggregates_fed_recon_under_dp():
     )
     with runtime.LocalRuntime():
         plain = _fed_recon_round(tff.aggregators.UnweightedMeanFactory(), data)
+        with pytest.raises(errors.ConfigError, match=r'secure summation.*LocalRuntime\(secure_sum_in_the_clear=True\)'):
+            _fed_recon_round(dp_secure, data)  # The plain runtime cannot: a clear error, not TFF's gRPC one.
     with runtime.LocalRuntime(secure_sum_in_the_clear=True):
         private = _fed_recon_round(dp_secure, data)
     assert not runtime.worker_pids_of_this_process()
