@@ -15,3 +15,20 @@ class ConfigError(InputError):
 
 class DataError(InputError):
     """Input data that cannot be used; the message names the file, line and field (or the client id)."""
+
+
+class WorkerError(RuntimeError):
+    """A remote TFF worker (`fedpersonal.runtime.DistributedRuntime`) failed or went away during a computation.
+
+    Not the user's input: the environment. The message names the worker's address; a run with checkpoints resumes
+    from its last one when rerun once the worker is back.
+
+    Attributes:
+      address: The worker's ``host:port``.
+      detail: What the connection reported (e.g. ``UNAVAILABLE: Socket closed``).
+    """
+
+    def __init__(self, address: str, message: str, detail: str = ''):
+        super().__init__(message)
+        self.address = address
+        self.detail = detail

@@ -128,11 +128,17 @@ class PersonalizedProcess(tff.templates.IterativeProcess):
           private_states: A stateful process's private states of those clients.
           client_ids: The clients' ids (the engine then materializes each client's data once).
         """
+        from fedpersonal.runtime import distributed  # pylint: disable=g-import-not-at-top
+
         data = self.pack(client_data, client_ids=client_ids)
-        if self._round_runner is not None:
+        if self._round_runner is not None and not distributed.active():
             private = list(private_states or []) if self.stateful else None
             return self._round_runner(state, data, private, num_clients=len(client_data))
+        if not getattr(self.packer, 'packs_next_input', True):  # Packed for the round runner only.
+            data = list(client_data)
         try:
+            if self._private_states_per_group:  # The engine's `next` takes private states stacked per group.
+                return self._next_of_groups(state, data, list(private_states or []))
             if self.stateful:
                 return self.next(state, data, list(private_states or []))
             return self.next(state, data)
@@ -144,6 +150,24 @@ class PersonalizedProcess(tff.templates.IterativeProcess):
                     'fedpersonal.runtime.LocalRuntime(secure_sum_in_the_clear=True).'
                 ) from None
             raise
+
+    def _next_of_groups(self, state: Any, groups: Sequence[Any], private_states: Sequence[Any]) -> ProcessOutput:
+        """`next` of a stateful engine process: the clients' private states stacked per group, and back."""
+        from fedpersonal.simulation import driver  # pylint: disable=g-import-not-at-top
+
+        output = self.next(state, groups, driver.stack_per_group(groups, private_states))
+        unstacked = [
+            s
+            for group, stacked in zip(groups, output.private_states)
+            for s in driver.unstack(stacked, driver.group_clients(group))
+        ]
+        return ProcessOutput(output.state, output.metrics, unstacked[: len(private_states)])
+
+    @property
+    def _private_states_per_group(self) -> bool:
+        if not self.stateful or self.packer is None:
+            return False
+        return not self.next.type_signature.parameter[2].member.is_equivalent_to(self.private_state_type)
 
     @property
     def uses_secure_aggregation(self) -> bool:

@@ -170,7 +170,7 @@ class GroupRoundRunner:
                 result, metrics = self._group_work(model_weights, group)
             else:
                 result, metrics, private = self._group_work(model_weights, group, stacked[g])
-                new_private.extend(_unstack(private, group_clients(group)))
+                new_private.extend(unstack(private, group_clients(group)))
             results.append(result)
             metric_sums = metrics if metric_sums is None else tf.nest.map_structure(tf.add, metric_sums, metrics)
         aggregator_state, aggregator_metrics = state.aggregator, collections.OrderedDict(mean_value=(), mean_weight=())
@@ -233,7 +233,8 @@ def stack_per_group(groups: Sequence[Any], private_states: Sequence[Any]) -> lis
     return stacked
 
 
-def _unstack(stacked: Any, size: int) -> list[Any]:
+def unstack(stacked: Any, size: int) -> list[Any]:
+    """A group's stacked private states -> one per client slot (numpy)."""
     arrays = _numpy(stacked)
     return [tf.nest.map_structure(lambda a: a[k], arrays) for k in range(size)]
 

@@ -84,6 +84,9 @@ class SiloPacker:
       epochs: Local epochs (the train batches of every epoch, in the order the per-silo path iterates them).
     """
 
+    # Its silos are for the round runner only: the process's TFF `next` takes the silos' datasets as they are.
+    packs_next_input = False
+
     def __init__(self, *, epochs: int):
         self._epochs = epochs
         self._cache: dict[Any, dict[str, Any]] = {}
