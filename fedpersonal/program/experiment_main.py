@@ -18,8 +18,12 @@ module owns the rest, once:
 `define_main` defines one flag per config field (`config_flags`), and the
 returned `main` builds the config from the parsed flags, checks the output
 directory (`run_record.check_output_dir`), runs the task inside
-`fedpersonal.runtime.LocalRuntime()` (so no TFF worker outlives the run), and
-prints the report and the output directory. Only the user's mistakes become an
+`fedpersonal.runtime.LocalRuntime()` (so no TFF worker outlives the run), or
+with ``--workers=host:port,...`` inside `fedpersonal.runtime.DistributedRuntime`
+on those running workers, and prints the report and the output directory. A
+worker that fails mid-run stops the binary with a one-line error naming it
+(exit status 3, `fedpersonal.errors.WorkerError`); rerunning resumes from the
+last checkpoint. Only the user's mistakes become an
 `absl.app.UsageError` with exit status 2 (the Unix convention for usage errors;
 the message, naming the flag, file, line or client, is the last line printed):
 `fedpersonal.errors.InputError` (invalid configuration, unreadable or malformed
@@ -85,6 +89,12 @@ FRESH_START_HELP = (
     'files fedpersonal writes) are moved to <output_dir>/previous_runs/<UTC time>/ (delete it when no longer '
     'needed). Without it, a rerun resumes the run in --output_dir and refuses a changed configuration.'
 )
+WORKERS_HELP = (
+    "Run TFF's computations on these running TFF workers (host:port,host:port; scripts/start_workers.sh starts "
+    "them): each round's clients (the engine's groups) are split over the workers. Empty: TFF's local runtime. "
+    'Results equal a local run to float tolerance; a run may resume on another set of workers.'
+)
+WORKER_ERROR_STATUS = 3  # A remote worker failed or went away (fedpersonal.errors.WorkerError).
 TF_LOG_LEVEL_VARIABLE = 'TF_CPP_MIN_LOG_LEVEL'
 QUIET_TF_LOG_LEVEL = '3'  # TensorFlow's C++ logs below FATAL off: the CUDA/cuDNN lines are ERROR level.
 
@@ -187,8 +197,10 @@ class ExperimentMain(Generic[ConfigT]):
         config_flags.define_flags(config_cls, overrides=self._overrides)
         if 'fresh_start' not in flags.FLAGS:
             flags.DEFINE_bool('fresh_start', False, FRESH_START_HELP)
+        if 'workers' not in flags.FLAGS:
+            flags.DEFINE_string('workers', '', WORKERS_HELP)
         module = config_flags.help_module(config_cls)
-        for name in ('fresh_start', 'verbosity'):  # Listed by --help with the config's flags.
+        for name in ('fresh_start', 'workers', 'verbosity'):  # Listed by --help with the config's flags.
             flags.FLAGS.register_key_flag_for_module(module, flags.FLAGS[name])
 
     def __call__(self, argv: Sequence[str]) -> None:
@@ -218,7 +230,7 @@ class ExperimentMain(Generic[ConfigT]):
                     from fedpersonal import runtime  # pylint: disable=g-import-not-at-top
 
                     run = load(self._run)
-                    with runtime.LocalRuntime():
+                    with runtime.for_workers(flags.FLAGS.workers):
                         results = run(config)
                 except errors.InputError:
                     # A failed start leaves nothing behind: not even the record of a configuration that never ran.
@@ -231,6 +243,10 @@ class ExperimentMain(Generic[ConfigT]):
                     raise
         except (errors.InputError, flags.IllegalFlagValueError) as error:
             raise app.UsageError(str(error), exitcode=USAGE_ERROR_STATUS) from None
+        except errors.WorkerError as error:  # The environment, not a bug: the message, no traceback.
+            logging.error('%s', error)
+            print(f'error: {error}', file=sys.stderr)
+            raise SystemExit(WORKER_ERROR_STATUS) from None
         print()
         print(load(self._report)(results, config))
         print(f'\nOutputs: {config.output_dir}')
