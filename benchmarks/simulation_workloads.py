@@ -75,8 +75,11 @@ class Workload:
     skip_reason: Callable[[], str | None] = lambda: None  # Checked by the parent (no TensorFlow there).
 
 
-def _mf_setup(client_ids, dataset_fn, model_fn, split, lrs, batch, max_examples, num_items, dim, cpr) -> Setup:
-    """A FedRecon MF `Setup` (all four rows); lrs = (client, reconstruction, server) SGD learning rates.
+def _mf_setup(
+    client_ids, dataset_fn, model_fn, split, lrs, batch, max_examples, num_items, dim, cpr, group_size=None
+) -> Setup:
+    """A FedRecon MF `Setup` (all four rows); lrs = (client, reconstruction, server) SGD learning rates; the engine
+    row with `group_size` clients per group (None: the builder's default).
 
     No metrics beyond the loss and example count in any row (`metrics_fn=None`): the same work everywhere."""
     import tensorflow as tf
@@ -90,6 +93,8 @@ def _mf_setup(client_ids, dataset_fn, model_fn, split, lrs, batch, max_examples,
     def build_fedpersonal(simulation: str) -> tuple[Any, dict]:
         kwargs = dict(zip(('client_optimizer', 'reconstruction_optimizer', 'server_optimizer'), sgd))
         kwargs.update(loss_fn=mse, metrics_fn=None, dataset_split=split)
+        if group_size is not None and simulation == 'engine':
+            kwargs.update(group_size=group_size)
         try:
             return algorithms.build_fed_recon(model_fn, simulation=simulation, **kwargs), {'simulation_arg': True}
         except TypeError as e:  # A builder that predates `simulation=` is the per-client path.
@@ -107,7 +112,7 @@ def _mf_setup(client_ids, dataset_fn, model_fn, split, lrs, batch, max_examples,
     return Setup(client_ids, dataset_fn, cpr, build_fedpersonal, build_tff, lambda: limit, flops)
 
 
-def mf_setup() -> Setup:
+def mf_setup(group_size: int | None = None) -> Setup:
     """Generated MovieLens-shaped MF, drawn as in ../shared/reference/limit_fedrecon_mf.py."""
     import tensorflow as tf
 
@@ -132,7 +137,8 @@ def mf_setup() -> Setup:
 
     split = algorithms.ReconstructionSplit(support_fraction=0.5, strategy='order', recon_epochs=5)
     model_fn = mf.personal_model_fn(num_items=num_items, num_latent_factors=dim)
-    return _mf_setup(list(data), dataset_fn, model_fn, split, (0.1, 0.1, 1.0), batch, per_user, num_items, dim, 100)
+    args = (split, (0.1, 0.1, 1.0), batch, per_user, num_items, dim, 100)
+    return _mf_setup(list(data), dataset_fn, model_fn, *args, group_size=group_size)
 
 
 def _ml100k_missing() -> str | None:
