@@ -277,7 +277,13 @@ def lockstep_steps(
                 total += penalty(values, full_centre)
             total *= tf.cast(n > 0, total.dtype)
         gradients = tape.gradient(total, values, unconnected_gradients=tf.UnconnectedGradients.ZERO)
-        sparse[:] = [isinstance(g, tf.IndexedSlices) and learning_rate is not None for g in gradients]
+        # Sparse rows leave as (values, indices) only when their count is static: a count that depends on the data
+        # (an embedding looked up on a batch whose padding the model trims, e.g. FURL's `TrimPadding`) differs
+        # between clients, which a loop over clients cannot stack; such a gradient is applied dense.
+        sparse[:] = [
+            isinstance(g, tf.IndexedSlices) and learning_rate is not None and g.values.shape[0] is not None
+            for g in gradients
+        ]
         flat = []
         for g, is_sparse in zip(gradients, sparse):
             flat.append((g.values, tf.cast(g.indices, tf.int32)) if is_sparse else tf.convert_to_tensor(g))

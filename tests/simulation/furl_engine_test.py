@@ -117,3 +117,50 @@ def test_fixed_clip_dp_clips_each_logical_client_like_the_per_client_path():
         data,
     )
     assert not np.allclose(loose[0].trainable[0], engine[0].trainable[0], atol=1e-4)  # The clip binds.
+
+
+def _text_datasets():
+    """Two users whose texts differ in length: the model trims each batch's padding (`TrimPadding`), so their char
+    sequences (and the char embedding's sparse gradient rows) have different lengths within one group."""
+    from fedpersonal.models import furl_models
+
+    rng = np.random.default_rng(3)
+    out = []
+    for n, length in ((6, 3), (5, 7)):
+        chars = np.zeros([n, 8], np.int32)
+        chars[:, :length] = rng.integers(2, 10, [n, length])
+        x = collections.OrderedDict(
+            user_id=np.arange(n, dtype=np.int64), chars=chars, features=rng.random([n, 2]).astype(np.float32)
+        )
+        out.append(tf.data.Dataset.from_tensor_slices(collections.OrderedDict(x=x, y=rng.integers(0, 2, n))).batch(4))
+    model_fn = furl_models.furl_model_fn(
+        char_vocab_size=10,
+        max_chars=8,
+        num_features=2,
+        num_classes=2,
+        personalization='none',
+        lstm_units=3,
+        char_embedding_dim=2,
+        mlp_units=(4,),
+    )
+    return model_fn, out
+
+
+def test_fed_avg_engine_on_texts_of_unequal_length_equals_per_client_path():
+    from fedpersonal import algorithms
+
+    model_fn, data = _text_datasets()
+    results = {}
+    for simulation in ('per_client', 'engine'):
+        process = algorithms.build_fed_avg(
+            model_fn,
+            loss_fn=lambda: tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+            client_optimizer=tff.learning.optimizers.build_sgdm(0.5),
+            simulation=simulation,
+        )
+        state = process.initialize()
+        for _ in range(2):
+            state = process.run_round(state, data, client_ids=['0', '1']).state
+        results[simulation] = process.get_model_weights(state).trainable
+    for a, b in zip(results['engine'], results['per_client']):
+        np.testing.assert_allclose(a, b, atol=1e-5)
