@@ -13,6 +13,7 @@ import numpy as np
 import portpicker
 import pytest
 import tensorflow as tf
+import tensorflow_federated as tff
 from absl import flags
 from tensorflow_federated.python.core.impl.executors import remote_executor_grpc_stub
 
@@ -232,3 +233,34 @@ def test_worker_killed_mid_round_stops_with_its_address_then_the_run_resumes(tmp
                 assert resumed[name][key] == pytest.approx(value, rel=1e-5, abs=1e-6), (name, key)
     with open(os.path.join(out, 'fedrecon', 'metrics.csv')) as f:
         assert [line.split(',')[0] for line in f.read().splitlines()[1:]] == ['1', '2', '3', '4']  # Once each.
+
+
+def test_what_leaves_a_worker_carries_no_private_only_value():
+    """The part of FURL's round a worker runs up to the aggregation (its partial aggregate is all that goes back to
+    the driver before the merge) passes the privacy audit, as the whole round does; the merge sees no private state."""
+    from tensorflow_federated.python.core.backends.native import mergeable_comp_compiler
+
+    from fedpersonal.privacy import audit
+
+    for simulation in ('engine', 'per_client'):
+        process = furl.build_furl(
+            furl_test.furl_model_fn, loss_fn=tf.keras.losses.MeanSquaredError, simulation=simulation
+        )
+        form = mergeable_comp_compiler.compile_to_mergeable_comp_form(process.next)
+        assert audit.audit_private_dataflow(form.up_to_merge, private_parameter_index=2) == [], simulation
+        private_shapes = audit.tensor_shapes(process.private_state_type)
+        assert not private_shapes & audit.tensor_shapes(form.merge.type_signature.parameter) - {()}, simulation
+    # The control: a round that also sums the clients' private embeddings leaks, and its worker part shows it.
+    state_type, data_type, private_type = process.next.type_signature.parameter
+
+    @tff.tensorflow.computation(private_type.member)
+    def norm(private):
+        return tf.reduce_sum(tf.square(private.trainable[0]))
+
+    @tff.federated_computation(state_type, data_type, private_type)
+    def leaky(state, data, private):
+        out = process.next(state, data, private)
+        return out.state, tff.federated_sum(tff.federated_map(norm, private)), out.private_states
+
+    leaky_form = mergeable_comp_compiler.compile_to_mergeable_comp_form(leaky)
+    assert audit.audit_private_dataflow(leaky_form.up_to_merge, private_parameter_index=2)
