@@ -23,12 +23,17 @@ _fp_uv() {
   echo "$boot/bin/uv"
 }
 
-_fp_stamp="$(cat "$FP_ROOT"/requirements/*.txt "$FP_ROOT/setup.py" | sha256sum | cut -c1-16)"
+# The stamp covers the requirement files and the install recipe (bump _fp_recipe when the install line changes).
+_fp_recipe=2  # 2: bytecode compiled at install.
+_fp_stamp="$( (cat "$FP_ROOT"/requirements/*.txt "$FP_ROOT/setup.py"; echo "recipe $_fp_recipe") | sha256sum | cut -c1-16)"
 if [ ! -f "$FP_VENV/.fp-stamp" ] || [ "$(cat "$FP_VENV/.fp-stamp")" != "$_fp_stamp" ]; then
   UV="$(_fp_uv)"
   echo "[env] creating $FP_VENV (uv, TFF 0.87.0 with jax/jaxlib override)" >&2
   [ -x "$FP_VENV/bin/python" ] || "$UV" venv --quiet --python "$FP_PYTHON" "$FP_VENV" >&2
-  "$UV" pip install --quiet --python "$FP_VENV/bin/python" \
+  # --compile-bytecode: every Python process (each test worker, each binary a test starts) reads TF's and TFF's
+  # modules from .pyc instead of compiling ~5,000 sources (import tensorflow_federated: 11.3 s -> 4.0 s measured);
+  # under PYTHONDONTWRITEBYTECODE (set on these machines) nothing would ever write the cache otherwise.
+  "$UV" pip install --quiet --compile-bytecode --python "$FP_VENV/bin/python" \
       --override "$FP_ROOT/requirements/overrides.txt" \
       --constraint "$FP_ROOT/requirements/constraints.txt" \
       -r "$FP_ROOT/requirements/base.txt" -r "$FP_ROOT/requirements/test.txt" \
@@ -41,4 +46,4 @@ export TF_CPP_MIN_LOG_LEVEL="${TF_CPP_MIN_LOG_LEVEL:-2}"
 case "$_fp_flags" in *e*) set -e ;; *) set +e ;; esac
 case "$_fp_flags" in *u*) set -u ;; *) set +u ;; esac
 if [ "$_fp_pipefail" = 1 ]; then set -o pipefail; else set +o pipefail; fi
-unset _fp_flags _fp_pipefail _fp_stamp
+unset _fp_flags _fp_pipefail _fp_stamp _fp_recipe
