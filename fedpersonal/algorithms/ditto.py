@@ -161,8 +161,8 @@ def build_ditto(
     @tf.function
     def client_update(server_weights, dataset, personal_state):
         with tf.init_scope():
-            model = model_fn()
-            personal = model_fn()
+            model = client_work.construct(model_fn)
+            personal = client_work.construct(model_fn)
         client_work.assign_weights(client_work.keras_weights(model), server_weights)
         client_work.assign_weights(client_work.keras_weights(personal), personal_state)
         global_values = [tf.identity(w) for w in server_weights.trainable]

@@ -108,9 +108,9 @@ def _build_client_update(
     @tf.function
     def client_update(server_weights, dataset):
         with tf.init_scope():
-            model = model_fn()
+            model = client_work.construct(model_fn)
             metrics = client_work.build_metrics(metrics_fn, loss_fn, metric_finalizers)
-            loss = loss_fn()
+            loss = client_work.construct(loss_fn)
             recon_opt = client_work.prepare_optimizer(reconstruction_optimizer, model.local_trainable_variables)
             update_variables = list(model.global_trainable_variables)
             if jointly_train_locals:

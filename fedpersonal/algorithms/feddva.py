@@ -231,7 +231,7 @@ def build_feddva(
     @tf.function
     def client_update(server_weights, dataset, private_state):
         with tf.init_scope():
-            model = model_fn()
+            model = client_work.construct(model_fn)
         set_weights(model, server_weights, private_state)
         metrics = client_round(
             model,

@@ -148,9 +148,9 @@ def build_furl(
     @tf.function
     def client_update(server_weights, dataset, private_state):
         with tf.init_scope():
-            model = model_fn()
+            model = client_work.construct(model_fn)
             metrics = client_work.build_metrics(metrics_fn, loss_fn, metric_finalizers)
-            loss = loss_fn()
+            loss = client_work.construct(loss_fn)
             trainable = list(model.global_trainable_variables) + list(model.local_trainable_variables)
             optimizer = client_work.prepare_optimizer(client_optimizer, trainable)
         client_work.assign_weights(client_work.global_weights(model), server_weights)

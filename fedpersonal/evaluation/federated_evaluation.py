@@ -88,9 +88,9 @@ def build_client_eval_fn(
     @tf.function
     def client_eval_fn(server_weights, dataset, private_state):
         with tf.init_scope():
-            model = model_fn()
+            model = client_work.construct(model_fn)
             metrics = client_work.build_metrics(metrics_fn, loss_fn, metric_finalizers)
-            loss = loss_fn()
+            loss = client_work.construct(loss_fn)
             recon_opt = finetune_opt = None
             if split_fn is not None:
                 recon_opt = client_work.prepare_optimizer(reconstruction_optimizer, model.local_trainable_variables)
