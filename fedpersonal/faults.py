@@ -2,8 +2,10 @@
 
 Inert unless the environment variable ``FEDPERSONAL_FAULT`` is set (one dictionary lookup per point). Its value is
 ``<point>:<n>`` or ``<point>:<n>:<action>``: at the `n`-th time this process reaches `point` (counted from 1),
-``kill`` (the default) sends it ``SIGKILL`` (no handler, no cleanup: as a power cut or the OOM killer would) and
-``enospc`` raises ``OSError(ENOSPC)`` (a full disk). The points (`POINTS`), in the order a round reaches them:
+``kill`` (the default) sends it ``SIGKILL`` (no handler, no cleanup: as a power cut or the OOM killer would),
+``enospc`` raises ``OSError(ENOSPC)`` (a full disk), ``sigterm`` sends it ``SIGTERM`` (as a scheduler stopping a job)
+and ``sigint`` sends ``SIGINT`` to its process group (as Ctrl-C in a terminal); after either signal the process
+goes on, and its handlers decide (`fedpersonal.program.stop_signals`). The points (`POINTS`), in the order a round reaches them:
 
 * ``round``: a round's clients have run and their new private states are written to the store (pending), nothing
   of the round is released or checkpointed yet (`fedpersonal.program.training_loop`);
@@ -38,6 +40,7 @@ POINTS = (
     'json',
     'results',
 )
+ACTIONS = ('', 'kill', 'enospc', 'sigterm', 'sigint')
 _hits: dict[str, int] = {}
 
 
@@ -53,8 +56,8 @@ def point(name: str) -> None:
         return
     target, _, rest = spec.partition(':')
     count, _, action = rest.partition(':')
-    if target not in POINTS or not count.isdigit() or action not in ('', 'kill', 'enospc'):
-        raise ValueError(f'{ENV}={spec!r}: expected <point>:<n>[:kill|enospc] with a point of {POINTS}.')
+    if target not in POINTS or not count.isdigit() or action not in ACTIONS:
+        raise ValueError(f'{ENV}={spec!r}: expected <point>:<n>[:{"|".join(ACTIONS[1:])}] with a point of {POINTS}.')
     if name != target:
         return
     _hits[name] = _hits.get(name, 0) + 1
@@ -62,4 +65,9 @@ def point(name: str) -> None:
         return
     if action == 'enospc':
         raise OSError(errno.ENOSPC, f'{os.strerror(errno.ENOSPC)} (injected by {ENV}={spec})')
-    os.kill(os.getpid(), signal.SIGKILL)
+    if action == 'sigterm':
+        os.kill(os.getpid(), signal.SIGTERM)
+    elif action == 'sigint':
+        os.killpg(os.getpgrp(), signal.SIGINT)
+    else:
+        os.kill(os.getpid(), signal.SIGKILL)

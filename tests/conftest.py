@@ -27,7 +27,6 @@ _SLOW_FIRST = (
     'tests/experiments/hpfl_user_modeling_test.py::test_binary_killed',
     'tests/notebooks_test.py',
     'tests/reproducibility_test.py',
-    'tests/program/crash_safety_test.py::test_sigterm',
     'tests/experiments/feddva_test.py',
     'tests/simulation/feddva_engine_test.py',
     'tests/algorithms/feddva_test.py',

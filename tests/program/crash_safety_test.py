@@ -7,7 +7,9 @@ run without a fault. Its ``results.json`` files and ``metrics.csv`` must equal t
 same committed states, nothing pending. The sweep over every point: ``benchmarks/fault_sweep.py``.
 
 Also: one run per output directory (a lock), a full or read-only output directory (a clear error, the previous
-checkpoint intact), leftover temporary files of a killed write, SIGTERM.
+checkpoint intact), leftover temporary files of a killed write. The chains also stop a run with SIGTERM and with
+Ctrl-C (SIGINT to its process group) mid-round, and check after every run that no process it started (TFF's
+worker) is left.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ import sqlite3
 import subprocess
 import sys
 import time
+import uuid
 from concurrent import futures
 
 import pytest
@@ -67,16 +70,20 @@ BINARIES = {
     ),
 }
 RUN_NAME = {'fedrecon': 'fedrecon', 'furl': 'personalized_fl'}
+RUN_TAG = 'FEDPERSONAL_TEST_RUN'
 
 
 def run_binary(algorithm: str, out: str, fault: str | None = None, *, extra: tuple[str, ...] = (), timeout=600):
-    """Runs the algorithm's binary on `out` (with ``FEDPERSONAL_FAULT=fault``); returns the finished process."""
+    """Runs the algorithm's binary on `out` (with ``FEDPERSONAL_FAULT=fault``) in a session of its own (a ``sigint``
+    fault signals the binary's process group); returns the finished process, after checking that no process it
+    started (TFF's worker) outlives it."""
     script, flags = BINARIES[algorithm]
-    env = {**os.environ, 'PYTHONPATH': ROOT}
+    tag = uuid.uuid4().hex
+    env = {**os.environ, 'PYTHONPATH': ROOT, RUN_TAG: tag}  # Inherited by every process the run starts.
     env.pop('FEDPERSONAL_FAULT', None)
     if fault:
         env['FEDPERSONAL_FAULT'] = fault
-    return subprocess.run(
+    finished = subprocess.run(
         [sys.executable, os.path.join(ROOT, 'experiments', script), *flags, *extra, f'--output_dir={out}'],
         cwd=ROOT,
         env=env,
@@ -84,7 +91,32 @@ def run_binary(algorithm: str, out: str, fault: str | None = None, *, extra: tup
         text=True,
         timeout=timeout,
         check=False,
+        start_new_session=True,
     )
+    deadline = time.time() + 10  # A worker dies with its parent (PR_SET_PDEATHSIG), a moment later.
+    while _tagged(tag) and time.time() < deadline:
+        time.sleep(0.1)
+    assert not _tagged(tag), f'{fault}: processes left running by the run: {_tagged(tag)}\n{finished.stderr[-3000:]}'
+    return finished
+
+
+def _tagged(tag: str) -> list[str]:
+    """The command lines of the live processes whose environment has ``RUN_TAG=tag``."""
+    found = []
+    for entry in os.listdir('/proc'):
+        if entry.isdigit():
+            try:
+                with open(f'/proc/{entry}/environ', 'rb') as f:
+                    if f'{RUN_TAG}={tag}'.encode() not in f.read().split(b'\0'):
+                        continue
+                with open(f'/proc/{entry}/stat') as f:
+                    if f.read().rsplit(')', 1)[1].split()[0] == 'Z':
+                        continue
+                with open(f'/proc/{entry}/cmdline', 'rb') as f:
+                    found.append(f.read().replace(b'\0', b' ').decode(errors='replace')[:200])
+            except OSError:
+                pass
+    return found
 
 
 def _without_timing(value, out):
@@ -131,19 +163,30 @@ def outcome(algorithm: str, out: str) -> dict:
 
 
 def killed_chain(algorithm: str, out: str, faults: list[str]) -> list[str]:
-    """Runs the binary once per fault, each dying there (SIGKILL; ``enospc``: the usage error of a full disk,
-    asserted), then once without; returns the logs."""
+    """Runs the binary once per fault, each dying there (SIGKILL; ``enospc``: the usage error of a full disk;
+    ``sigterm``/``sigint``: the round in flight checkpointed, then a clean stop; asserted), then once without;
+    returns the logs."""
     logs = []
     for fault in faults:
         failed = run_binary(algorithm, out, fault)
         logs.append(failed.stderr)
+        run = os.path.join(out, RUN_NAME[algorithm])
+        published = [e for e in os.listdir(os.path.join(run, 'checkpoints')) if e.startswith('program_state_')]
         if fault.endswith(':enospc'):
-            run = os.path.join(out, RUN_NAME[algorithm])
             assert failed.returncode == 2 and 'Traceback' not in failed.stderr, failed.stderr[-3000:]  # UsageError.
             assert f'Cannot write to the output directory {run}: ' in failed.stderr
             assert 'No space left on device' in failed.stderr
-            published = [e for e in os.listdir(os.path.join(run, 'checkpoints')) if e.startswith('program_state_')]
             assert published, 'the checkpoints written before the full disk are kept'
+        elif fault.endswith((':sigterm', ':sigint')):
+            name = 'SIGTERM' if fault.endswith(':sigterm') else 'SIGINT'
+            with open(os.path.join(run, 'metrics.csv')) as f:
+                last = int(list(csv.DictReader(f))[-1]['round'])
+            assert f'stopped by {name} after round {last}' in failed.stderr, failed.stderr[-3000:]
+            assert f'program_state_{last}' in published, published  # Checkpointed off its schedule.
+            if name == 'SIGTERM':  # SIGINT ends in Python's KeyboardInterrupt (a traceback, a non-zero status).
+                assert failed.returncode == 143 and 'Traceback' not in failed.stderr, failed.stderr[-3000:]
+            else:
+                assert failed.returncode != 0, failed.stderr[-3000:]
         else:
             assert failed.returncode == -signal.SIGKILL, f'{fault}: exit {failed.returncode}\n{failed.stderr[-3000:]}'
     final = run_binary(algorithm, out)
@@ -154,14 +197,16 @@ def killed_chain(algorithm: str, out: str, faults: list[str]) -> list[str]:
 # One chain per algorithm, 2 rounds per checkpoint; every kill point of `fedpersonal.faults` for both algorithms is
 # in benchmarks/fault_sweep.py (CI runs these chains only: each run is a subprocess of ~15 s of imports).
 CHAINS = {
-    # Round 3 dies mid-round; resumed from round 2, the disk is full when round 4 is checkpointed (a usage error
-    # naming the directory, round 2's checkpoint kept); the restart resumes from round 2's checkpoint. (Killed while
-    # writing results.json and every other point: the sweep.)
-    'fedrecon': ['round:3', 'checkpoint_write:1:enospc'],
-    # Between staging round 2's checkpoint and the store's commit (the store's pending rows are rolled back: resume
-    # from scratch), then while publishing round 2's checkpoint after the store committed it (the restart
-    # publishes it).
-    'furl': ['checkpoint_staged:1', 'checkpoint_committed:1'],
+    # SIGTERM during round 1 (it finishes, is checkpointed off schedule, exit 143); resumed from round 1, round 3
+    # dies mid-round; resumed from round 2, the disk is full when round 4 is checkpointed (a usage error naming the
+    # directory, round 2's checkpoint kept); the restart resumes from round 2's checkpoint. (Killed while writing
+    # results.json and every other point: the sweep.)
+    'fedrecon': ['round:1:sigterm', 'round:2', 'checkpoint_write:1:enospc'],
+    # Ctrl-C (SIGINT to the process group) during round 1: checkpointed with its client states; resumed from round
+    # 1, killed between staging round 2's checkpoint and the store's commit (the store's pending rows are rolled
+    # back: resume from round 1), then while publishing round 2's checkpoint after the store committed it (the
+    # restart publishes it).
+    'furl': ['round:1:sigint', 'checkpoint_staged:1', 'checkpoint_committed:1'],
 }
 
 
@@ -180,11 +225,6 @@ def test_killed_anywhere_and_restarted_ends_like_an_uninterrupted_run(tmp_path, 
 def _lock_once(directory):
     with output_dir.lock(directory):
         pass
-
-
-def _read(path):
-    with open(path) as f:
-        return f.read()
 
 
 def _take_lock(directory, ready, release, result):
@@ -307,73 +347,3 @@ def test_leftovers_of_killed_writes_are_cleaned_on_restart(tmp_path):
     assert [row['round'] for row in outputs.read_metrics()] == [1.0, 2.0, 3.0]
     checkpoints_lib.Checkpoints(outputs).recover(None)
     assert os.listdir(root) == ['.staging'] and not os.listdir(root / '.staging')
-
-
-# -------------------------------------------------------------------------------------------- SIGTERM, SIGINT
-def _children(pid: int) -> list[int]:
-    found = []
-    for entry in os.listdir('/proc'):
-        if entry.isdigit():
-            try:
-                with open(f'/proc/{entry}/stat') as f:
-                    if int(f.read().rsplit(')', 1)[1].split()[1]) == pid:
-                        found.append(int(entry))
-            except (OSError, IndexError, ValueError):
-                pass
-    return found
-
-
-def _alive(pid: int) -> bool:
-    try:
-        with open(f'/proc/{pid}/stat') as f:
-            return f.read().rsplit(')', 1)[1].split()[0] != 'Z'
-    except OSError:
-        return False
-
-
-def test_sigterm_stops_after_checkpointing_the_round_and_leaves_no_worker(tmp_path):
-    signal_stop(tmp_path, signal.SIGTERM)  # SIGINT to the process group: benchmarks/fault_sweep.py.
-
-
-def signal_stop(tmp_path, signum):
-    """SIGTERM to the process, or SIGINT to its process group (Ctrl-C in a terminal): the round in flight finishes
-    and is checkpointed, the run stops (status 143 for SIGTERM), no worker survives, a restart resumes there."""
-    out = str(tmp_path / 'out')
-    script, flags = BINARIES['fedrecon']
-    env = {**os.environ, 'PYTHONPATH': ROOT}
-    env.pop('FEDPERSONAL_FAULT', None)
-    flags = [f for f in flags if not f.startswith(('--total_rounds', '--rounds_per'))]
-    command = [sys.executable, os.path.join(ROOT, 'experiments', script), *flags, f'--output_dir={out}']
-    command += ['--total_rounds=200', '--rounds_per_checkpoint=100', '--rounds_per_eval=100']
-    log = open(tmp_path / 'log', 'w+')  # noqa: SIM115
-    run = subprocess.Popen(command, cwd=ROOT, env=env, stdout=log, stderr=log, start_new_session=True)
-    metrics = os.path.join(out, 'fedrecon', 'metrics.csv')
-    try:
-        deadline = time.time() + 300
-        while time.time() < deadline:
-            assert run.poll() is None, _read(tmp_path / 'log')[-3000:]
-            if os.path.exists(metrics) and _read(metrics).count('\n') >= 3:  # Two rounds done.
-                break
-            time.sleep(0.05)
-        workers = _children(run.pid)
-        if signum == signal.SIGINT:
-            os.killpg(run.pid, signal.SIGINT)
-        else:
-            run.send_signal(signal.SIGTERM)
-        status = run.wait(timeout=120)
-    finally:
-        if run.poll() is None:
-            run.kill()
-            run.wait()
-    text = _read(tmp_path / 'log')
-    assert status == (143 if signum == signal.SIGTERM else -signal.SIGINT) or (signum == signal.SIGINT and status), text
-    assert 'Traceback' not in text or signum == signal.SIGINT, text[-3000:]
-    with open(metrics) as f:
-        last = int(list(csv.DictReader(f))[-1]['round'])
-    assert f'stopped by {signal.Signals(signum).name} after round {last}' in text
-    assert f'program_state_{last}' in os.listdir(os.path.join(out, 'fedrecon', 'checkpoints'))
-    assert not [pid for pid in workers if _alive(pid)]
-    restarted = subprocess.run(
-        command, cwd=ROOT, env={**env, 'FEDPERSONAL_FAULT': 'round:1'}, capture_output=True, text=True, timeout=300
-    )
-    assert restarted.returncode == -signal.SIGKILL and f'resumed from checkpoint at round {last}' in restarted.stderr
