@@ -195,7 +195,7 @@ def killed_chain(algorithm: str, out: str, faults: list[str]) -> list[str]:
 
 
 # One chain per algorithm, 2 rounds per checkpoint; every kill point of `fedpersonal.faults` for both algorithms is
-# in benchmarks/fault_sweep.py (CI runs these chains only: each run is a subprocess of ~15 s of imports).
+# in benchmarks/fault_sweep.py (CI runs these chains only: each run is a subprocess importing TF and TFF).
 CHAINS = {
     # SIGTERM during round 1 (it finishes, is checkpointed off schedule, exit 143); resumed from round 1, round 3
     # dies mid-round; resumed from round 2, the disk is full when round 4 is checkpointed (a usage error naming the
