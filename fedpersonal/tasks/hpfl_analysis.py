@@ -209,6 +209,11 @@ def format_statistics_table(statistics: dict[str, Any], dataset: str) -> str:
     return '\n'.join(lines)
 
 
+def _count(value: float) -> str:
+    """A round or epoch number; a mean over seeds that is not whole keeps one decimal (7.3, not 7.333333)."""
+    return f'{value:.0f}' if float(value).is_integer() else f'{value:.1f}'
+
+
 def format_accuracy_table(rows: list[dict[str, Any]], task: str) -> str:
     """The paper's accuracy table: ACC/AUC/RMSE (binary) or ACC/MAE/RMSE (rating), plus seconds per round."""
     metrics = ['accuracy', 'auc', 'rmse'] if task == 'binary' else ['accuracy', 'mae', 'rmse']
@@ -218,8 +223,8 @@ def format_accuracy_table(rows: list[dict[str, Any]], task: str) -> str:
         selected = r.get('best_round', r.get('best_epoch'))
         spr = r.get('seconds_per_round')
         spr = f'{spr:.2f}' if spr is not None else f'({r.get("seconds_per_epoch", float("nan")):.2f} s/epoch)'
-        if selected is not None and r.get('rounds') is not None:
-            selected = f'{selected:.0f} (of {r["rounds"]:.0f})'
+        if selected is not None:
+            selected = _count(selected) + (f' (of {_count(r["rounds"])})' if r.get('rounds') is not None else '')
         cells = ' | '.join(_metric_cell(r, m) for m in metrics)
         lines.append(f'| {r["name"]} | {cells} | {spr} | {selected} |')
     return '\n'.join(lines)

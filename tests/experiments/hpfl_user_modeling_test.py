@@ -252,6 +252,10 @@ def test_tables_of_results_read_back_with_null_metrics():
     # A diverged run's results.json holds null for its non-finite numbers (program.write_json).
     rows = [{'name': 'HPFL', 'method': 'hpfl', 'accuracy': None, 'auc': 0.7, 'rmse': None, 'seconds_per_round': 1.0}]
     assert '| HPFL | - | 0.700 | - | 1.00 |' in hpfl_analysis.format_accuracy_table(rows, 'binary')
+    # Selected rounds and epochs are means over seeds: whole ones as integers, others with one decimal.
+    seeds = [{'name': 'A', 'best_round': 7.333333, 'rounds': 17.0}, {'name': 'B', 'best_epoch': 3.0}]
+    table = hpfl_analysis.format_accuracy_table(seeds, 'binary')
+    assert '| 7.3 (of 17) |' in table and '| 3 |' in table
     assert '| - |' in hpfl_analysis.format_ranking_table([{'name': 'HPFL', 'doa': None, 'ndcg': 0.5}])
     private = {'methods': {'hpfl': {'probe_accuracy': 0.5, 'chance': 0.25, 'silhouette': None}}}
     assert '| 0.500 | 0.250 | - |' in hpfl_analysis.format_private_table(private)
