@@ -3,9 +3,10 @@
 Inert unless the environment variable ``FEDPERSONAL_FAULT`` is set (one dictionary lookup per point). Its value is
 ``<point>:<n>`` or ``<point>:<n>:<action>``: at the `n`-th time this process reaches `point` (counted from 1),
 ``kill`` (the default) sends it ``SIGKILL`` (no handler, no cleanup: as a power cut or the OOM killer would),
-``enospc`` raises ``OSError(ENOSPC)`` (a full disk), ``sigterm`` sends it ``SIGTERM`` (as a scheduler stopping a job)
-and ``sigint`` sends ``SIGINT`` to its process group (as Ctrl-C in a terminal); after either signal the process
-goes on, and its handlers decide (`fedpersonal.program.stop_signals`). The points (`POINTS`), in the order a round reaches them:
+``enospc`` raises ``OSError(ENOSPC)`` (a full disk), ``sigterm`` sends it ``SIGTERM`` (as a scheduler stopping a
+job) and ``sigint`` sends ``SIGINT`` to its process group (as Ctrl-C in a terminal); after either signal the
+process goes on, and its handlers decide (`fedpersonal.program.stop_signals`). The points (`POINTS`), in the order
+a round reaches them:
 
 * ``round``: a round's clients have run and their new private states are written to the store (pending), nothing
   of the round is released or checkpointed yet (`fedpersonal.program.training_loop`);

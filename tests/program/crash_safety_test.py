@@ -171,7 +171,10 @@ def killed_chain(algorithm: str, out: str, faults: list[str]) -> list[str]:
         failed = run_binary(algorithm, out, fault)
         logs.append(failed.stderr)
         run = os.path.join(out, RUN_NAME[algorithm])
-        published = [e for e in os.listdir(os.path.join(run, 'checkpoints')) if e.startswith('program_state_')]
+        checkpoints = os.path.join(run, 'checkpoints')
+        published = (
+            [e for e in os.listdir(checkpoints) if e.startswith('program_state_')] if os.path.isdir(checkpoints) else []
+        )
         if fault.endswith(':enospc'):
             assert failed.returncode == 2 and 'Traceback' not in failed.stderr, failed.stderr[-3000:]  # UsageError.
             assert f'Cannot write to the output directory {run}: ' in failed.stderr
