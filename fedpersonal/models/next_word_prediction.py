@@ -165,8 +165,39 @@ def model_fn(
     return build
 
 
+@tf.custom_gradient
+def _token_cross_entropy(logits: tf.Tensor, labels: tf.Tensor):
+    probabilities = tf.nn.softmax(logits)
+    # log(sum_j exp(l_j - max l)) = -log(max_j p_j): the largest probability is >= 1 / classes, never underflows.
+    log_normalizer = tf.reduce_max(logits, axis=-1) - tf.math.log(tf.reduce_max(probabilities, axis=-1))
+    picked = tf.gather(logits, labels, batch_dims=logits.shape.rank - 1)
+
+    def gradient(upstream):
+        depth = tf.shape(logits)[-1]
+        return upstream[..., tf.newaxis] * (probabilities - tf.one_hot(labels, depth, dtype=logits.dtype)), None
+
+    return log_normalizer - picked, gradient
+
+
+def token_cross_entropy(labels: tf.Tensor, logits: tf.Tensor) -> tf.Tensor:
+    """Per-token softmax cross-entropy from logits: ``sparse_categorical_crossentropy(from_logits=True)``.
+
+    The same values and gradients (to float rounding) at a third of the cost on this CPU build: oneDNN's softmax
+    instead of TF's fused `SparseSoftmaxCrossEntropyWithLogits` kernel, which took 45% of the next-word round
+    (3,200 tokens x 1,503 classes, forward and gradient: 49 vs 16 ms on one core). Vectorizes over clients
+    (`tf.vectorized_map`).
+
+    >>> logits = tf.constant([[2.0, 0.5, -1.0], [0.0, 0.0, 0.0]])
+    >>> labels = tf.constant([0, 2])
+    >>> keras = tf.keras.losses.sparse_categorical_crossentropy(labels, logits, from_logits=True)
+    >>> bool(tf.reduce_max(tf.abs(token_cross_entropy(labels, logits) - keras)) < 1e-6)
+    True
+    """
+    return _token_cross_entropy(logits, tf.cast(labels, tf.int32))
+
+
 class MaskedSparseCrossEntropy(tf.keras.losses.Loss):
-    """Mean token cross-entropy over non-pad targets (from logits)."""
+    """Mean token cross-entropy over non-pad targets (from logits; `token_cross_entropy`)."""
 
     def __init__(self, pad_id: int = 0, name: str = 'masked_sparse_cross_entropy'):
         super().__init__(name=name)
@@ -174,7 +205,7 @@ class MaskedSparseCrossEntropy(tf.keras.losses.Loss):
 
     def __call__(self, y_true, y_pred, sample_weight=None):
         y_true = tf.cast(y_true, tf.int64)
-        per_token = tf.keras.losses.sparse_categorical_crossentropy(y_true, y_pred, from_logits=True)
+        per_token = token_cross_entropy(y_true, y_pred)
         mask = tf.cast(tf.not_equal(y_true, self.pad_id), per_token.dtype)
         return tf.math.divide_no_nan(tf.reduce_sum(per_token * mask), tf.reduce_sum(mask))
 

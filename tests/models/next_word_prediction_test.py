@@ -42,6 +42,37 @@ def test_masked_cross_entropy_ignores_pad_targets():
     assert nwp.loss_fn()(labels, logits).numpy() == pytest.approx(expected, rel=1e-6)
 
 
+@pytest.mark.parametrize('scale', [1.0, 30.0])
+def test_token_cross_entropy_equals_keras_values_and_gradients(scale):
+    rng = np.random.default_rng(1)
+    logits = tf.constant(scale * rng.normal(size=[4, 6, 50]), tf.float32)
+    labels = tf.constant(rng.integers(0, 50, size=[4, 6]), tf.int64)
+
+    def value_and_gradient(fn, x, y):
+        with tf.GradientTape() as tape:
+            tape.watch(x)
+            loss = fn(y, x)
+            total = tf.reduce_sum(loss * tf.range(1.0, 7.0))  # Unequal upstream gradients per token.
+        return loss, tape.gradient(total, x)
+
+    keras = lambda y, x: tf.keras.losses.sparse_categorical_crossentropy(y, x, from_logits=True)
+    ours, our_gradient = [t.numpy() for t in value_and_gradient(nwp.token_cross_entropy, logits, labels)]
+    expected, expected_gradient = [t.numpy() for t in value_and_gradient(keras, logits, labels)]
+    np.testing.assert_allclose(ours, expected, rtol=1e-5, atol=1e-5 * scale)
+    np.testing.assert_allclose(our_gradient, expected_gradient, atol=1e-6)
+    assert ours.min() >= 0.0  # Never negative, also where a label's logit is the largest by far.
+    # Per client under tf.vectorized_map (the engine's client step), as per client.
+    vectorized = tf.vectorized_map(
+        lambda args: value_and_gradient(nwp.token_cross_entropy, args[0], args[1]),
+        (logits[:, tf.newaxis], labels[:, tf.newaxis]),
+        fallback_to_while_loop=False,
+    )
+    for client in range(4):
+        one = value_and_gradient(nwp.token_cross_entropy, logits[client : client + 1], labels[client : client + 1])
+        np.testing.assert_allclose(vectorized[0][client], one[0], rtol=1e-6)
+        np.testing.assert_allclose(vectorized[1][client], one[1], atol=1e-7)
+
+
 def test_accuracies_skip_pad_then_oov_then_eos():
     labels = tf.constant([[1, 9, 8, 0]], tf.int64)  # word, OOV, EOS, pad
     predicted = tf.constant([[1, 9, 3, 5]], tf.int64)  # right, right, wrong, (pad)
