@@ -101,6 +101,31 @@ def test_engine_equals_the_per_silo_path(method):
     assert metrics[-1]['client_work']['num_train_examples'] > 0
 
 
+def test_table_cuts_use_at_most_a_third_more_rows_than_needed():
+    from fedpersonal.algorithms.hpfl import engine as hpfl_engine
+
+    cuts = {n: hpfl_engine._rows(n, 10_745) for n in (1, 16, 17, 24, 25, 33, 48, 49, 4_100, 6_145, 10_000)}
+    assert cuts == {
+        1: 16, 16: 16, 17: 24, 24: 24, 25: 32, 33: 48, 48: 48, 49: 64, 4_100: 6_144, 6_145: 8_192, 10_000: 10_745
+    }
+
+
+@pytest.mark.parametrize('method', ['hpfl', 'fedavg'])
+def test_cutting_each_silo_tables_to_its_own_rows_is_exact(monkeypatch, method):
+    """The tiny silos have fewer items than the smallest cut; cut them to exactly their items (7, 9 and 4 of 9)."""
+    from fedpersonal.algorithms.hpfl import engine as hpfl_engine
+
+    cut_to = []
+    monkeypatch.setattr(hpfl_engine, '_rows', lambda count, capacity: cut_to.append(int(count)) or int(count))
+    kwargs = dict(client_optimizer=tff.learning.optimizers.build_adam(0.02), max_clients=len(IDS), kmeans_iterations=3)
+    state, states, metrics = _rounds(hpfl.build_method(method, CONFIG, simulation='engine', **kwargs), 2)
+    assert sorted(set(cut_to)) == [4, 7, 9]
+    expected = _rounds(hpfl.build_method(method, CONFIG, simulation='per_client', **kwargs), 2)
+    _assert_close(state.global_model_weights, expected[0].global_model_weights, 'global weights')
+    _assert_close(states, expected[1], 'client states')
+    _assert_close(metrics, expected[2], 'metrics')
+
+
 def test_engine_refuses_what_it_would_not_apply_per_silo():
     with pytest.raises(errors.ConfigError, match="row_updates='lazy'"):
         hpfl.build_hpfl(CONFIG, row_updates='lazy')

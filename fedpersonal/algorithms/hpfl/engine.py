@@ -275,11 +275,15 @@ class HpflRoundRunner:
 
 
 def _rows(count: Any, capacity: int) -> int:
-    return min(capacity, max(_MIN_ROWS, _pow2(int(count))))
+    """The rows a silo's tables are cut to: the smallest 2^k or 3 * 2^(k-1) >= `count` (at most 1/3 unused)."""
+    count = max(_MIN_ROWS, int(count))
+    power = _pow2(count)
+    rows = power * 3 // 4 if power * 3 // 4 >= count else power
+    return min(capacity, rows)
 
 
 def _cut(data: ClientData, state: Any) -> tuple[ClientData, Any]:
-    """The silo's data and state with its item tables cut to its own rows (a power of 2 >= its items).
+    """The silo's data and state with its item tables cut to its own rows (`_rows`: 2^k or 3 * 2^(k-1) >= its items).
 
     Exact: rows past a silo's users/items are never indexed by its data, so their gradients are 0 and every
     optimizer leaves them unchanged (Adam's state restarts every round), and they are masked out of the
