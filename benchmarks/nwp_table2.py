@@ -32,6 +32,10 @@ config_flags.define_flags(nwp_task.NextWordPredictionConfig, overrides=_DEFAULTS
 flags.DEFINE_string('results_dir', 'docs/results', 'Where the JSON and PNG copies go.')
 flags.DEFINE_string('results_md', 'docs/RESULTS.md', 'Markdown results file (its nwp_<dataset> section is replaced).')
 flags.DEFINE_list('seeds', ['0'], 'Seeds of every row (initialization, client sampling, reconstruction).')
+flags.DEFINE_string(
+    'results_name', None, 'Name of the JSON file, the PNG copies and the RESULTS section (default: nwp_<dataset>).'
+)
+flags.DEFINE_string('notes', '', 'Extra Markdown put under the section header (e.g. what the run shows).')
 FLAGS = flags.FLAGS
 
 _TRAINING = {
@@ -80,7 +84,7 @@ def main(argv):
     for table in results['tables']:  # The tables' rows, averaged over the seeds.
         table['rows'] = [r for r in results['rows'] if r['vocab_size'] == table['vocab_size']]
     config = dataclasses.replace(config, seed=seeds[0], output_dir=program.seed_output_dir(config.output_dir, seeds[0]))
-    name = f'nwp_{config.dataset}'
+    name = FLAGS.results_name or f'nwp_{config.dataset}'
     os.makedirs(FLAGS.results_dir, exist_ok=True)
     rows = []
     for table in results['tables']:
@@ -110,8 +114,10 @@ def main(argv):
             shutil.copy(source, target)
             images.append(f'![vocab {table["vocab_size"]}]({os.path.relpath(os.path.abspath(target), md_dir)})')
     coverage = ', '.join(f'{t["vocab_size"]}: {100 * t["vocabulary_coverage"]:.1f}%' for t in results['tables'])
+    converged = ' to convergence' if config.early_stopping_patience else ''
+    vocabularies = ', '.join(str(t['vocab_size']) for t in results['tables'])
     lines = [
-        f'## FedRecon Table 2: next-word prediction, {results["dataset"]}',
+        f'## FedRecon Table 2{converged}: next-word prediction, {results["dataset"]}, vocabulary {vocabularies}',
         '',
         f'Command: `{command}`',
         '',
@@ -128,6 +134,8 @@ def main(argv):
         )
         + '.',
     ]
+    if FLAGS.notes:
+        lines += ['', FLAGS.notes]
     for metric, title in (
         ('accuracy_no_oov_no_eos', 'Accuracy without OOV and EOS targets (%)'),
         ('accuracy_no_oov', 'Accuracy without OOV targets (%)'),
