@@ -94,7 +94,7 @@ def _sweep(base_split, train, evaluate, metric_keys):
                 'kind': kind,
                 'steps': steps,
                 **{k: metrics[k] for k in metric_keys if k in metrics},
-                **{k: v for k, v in summary.items() if k == 'seconds_per_round'},
+                **{k: v for k, v in summary.items() if k in ('seconds_per_round', 'best_round', 'rounds')},
             }
         )
         logging.info('sweep %s: %s', name, rows[-1])
@@ -118,13 +118,18 @@ def _run_movielens(output_dir: str):
         )
 
     def train(split, name):
+        """Trains with `split`'s steps, early-stopped on validation RMSE (ReconEval with the same steps on the
+        validation users, every --rounds_per_eval rounds; with --early_stopping_patience); the best round's
+        weights."""
         task = task_for(split)
         process = task.build_fed_recon()
         outputs = program.ExperimentOutputs(output_dir, name)
-        state, seconds = movielens_mf.train_process(
-            task, process, name, outputs, prepared.user_train, task.personal_dataset_fn, eval_fn=None
+        validation = lambda w: task.periodic_metrics('recon', w, prepared.user_val, task.personal_dataset_fn)
+        state, selection, seconds = movielens_mf.train_process(
+            task, process, name, outputs, prepared.user_train, task.personal_dataset_fn, validation
         )
-        return process.get_model_weights(state), {'seconds_per_round': seconds}
+        summary = {'seconds_per_round': seconds, 'best_round': selection['best_round'], 'rounds': selection['rounds']}
+        return process.get_model_weights(state), summary
 
     def evaluate(weights, split):
         return task_for(split).evaluate('recon', weights, prepared.user_test, task_for(split).personal_dataset_fn)[
@@ -202,7 +207,10 @@ def main(argv):
             'rows': rows,
         },
     )
-    lines = ['| setting | ' + metric + ' | relative to base | s/round |', '|---|---|---|---|']
+    selected = any(r.get('best_round') is not None for r in rows)
+    extra = [k for k in ('rmse',) if all(k in r for r in rows)]
+    header = ['setting', metric, *extra, 'relative to base', *(['best round (of)'] if selected else []), 's/round']
+    lines = ['| ' + ' | '.join(header) + ' |', '|' + '---|' * len(header)]
     how = (
         'each k_r / k_u is used in training and in evaluation'
         if FLAGS.retrain_recon_steps
@@ -211,8 +219,15 @@ def main(argv):
     )
     for r in rows:
         spr = r.get('seconds_per_round')
-        lines.append(
-            f'| {r["name"]} | {r[metric]:.4f} | {r["relative_accuracy"]:.3f} | {"" if spr is None else f"{spr:.2f}"} |'
+        cells = [r['name'], f'{r[metric]:.4f}', *(f'{r[k]:.4f}' for k in extra), f'{r["relative_accuracy"]:.3f}']
+        if selected:
+            cells.append(f'{r["best_round"]} ({r["rounds"]})' if r.get('best_round') is not None else '')
+        lines.append('| ' + ' | '.join([*cells, '' if spr is None else f'{spr:.2f}']) + ' |')
+    budget = f'{rounds} rounds per trained setting'
+    if selected:
+        budget = (
+            f'up to {rounds} rounds per trained setting, early-stopped on validation RMSE (ReconEval with the '
+            "setting's steps on the validation users); tested once with the best validation round's weights"
         )
     md_dir = os.path.dirname(os.path.abspath(FLAGS.results_md))
     section = '\n'.join(
@@ -221,7 +236,7 @@ def main(argv):
             '',
             f'Command: `{command}`',
             '',
-            f'{rounds} rounds per trained setting; {how}; evaluation on held-out clients; relative = {metric} / base.',
+            f'{budget}; {how}; evaluation on held-out clients; relative = {metric} / base.',
             '',
             *lines,
             '',

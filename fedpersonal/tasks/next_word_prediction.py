@@ -509,15 +509,22 @@ def train_fed_recon(
     output_dir: str,
     num_oov_buckets: int | None = None,
 ) -> tuple[tff.learning.models.ModelWeights, dict[str, Any]]:
-    """Trains FedRecon with `split` (k_r / k_u settings); returns the final global weights and a training summary.
+    """Trains FedRecon with `split` (k_r / k_u settings); returns the global weights and a training summary.
 
     Used by the reconstruction/update-steps sweeps (the paper's Figure 3). Resumes from `output_dir/name`'s
-    checkpoints.
+    checkpoints. With ``early_stopping_patience``, early-stopped on validation accuracy (ReconEval with `split` on
+    ``eval_clients`` validation clients every ``rounds_per_eval`` rounds) and returning the best round's weights;
+    otherwise the last round's.
     """
-    buckets = num_oov_buckets or task.config.num_oov_buckets
+    cfg = task.config
+    buckets = num_oov_buckets or cfg.num_oov_buckets
     outputs = program.ExperimentOutputs(output_dir, name)
     process = task.build_fed_recon(buckets, split)
-    state, summary = _train(task, process, name, outputs, buckets, eval_fn=None)
+    eval_fn = None
+    if cfg.early_stopping_patience:
+        computation = task.evaluation(buckets, oov_local=True, split=split)
+        eval_fn = lambda w: task.evaluate(computation, w, buckets, 'validation', cfg.eval_clients)['metrics']
+    state, summary = _train(task, process, name, outputs, buckets, eval_fn=eval_fn)
     return process.get_model_weights(state), summary
 
 
