@@ -84,7 +84,16 @@ def _sweep(base_split, train, evaluate, metric_keys):
         if kind == 'recon_steps' and not FLAGS.retrain_recon_steps:
             weights, summary = base_weights, {}  # k_r varied at evaluation only (see --retrain_recon_steps).
         else:
-            weights, summary = train(split, name.replace('=', ''))
+            try:
+                weights, summary = train(split, name.replace('=', ''))
+            except program.NonFiniteLossError as error:  # Same hyperparameters for every setting: report it.
+                if kind == 'base':
+                    raise
+                logging.warning('sweep %s diverged: %s', name, error)
+                nan = float('nan')
+                rows.append({'name': name, 'kind': kind, 'steps': steps, 'diverged_round': error.round_num})
+                rows[-1].update(dict.fromkeys(metric_keys, nan))
+                continue
         if kind == 'base':
             base_weights = weights
         metrics = evaluate(weights, split)
@@ -166,7 +175,9 @@ def _plot(rows, metric: str, title: str, path: str) -> None:
         (axes[0], 'recon_steps', 'reconstruction steps $k_r$'),
         (axes[1], 'update_steps', 'client update steps $k_u$'),
     ):
-        points = sorted((r['steps'], r['relative_accuracy']) for r in rows if r['kind'] == kind)
+        points = sorted(
+            (r['steps'], r['relative_accuracy']) for r in rows if r['kind'] == kind and r[metric] == r[metric]
+        )
         if points:
             ax.plot([p[0] for p in points], [p[1] for p in points], 'o-')
         ax.axhline(1.0, color='grey', lw=0.8, ls='--')
@@ -219,6 +230,10 @@ def main(argv):
     )
     for r in rows:
         spr = r.get('seconds_per_round')
+        if r.get('diverged_round') is not None:
+            cells = [r['name'], f'diverged (non-finite loss in round {r["diverged_round"]})', *([''] * len(extra)), '']
+            lines.append('| ' + ' | '.join([*cells, *([''] if selected else []), '']) + ' |')
+            continue
         cells = [r['name'], f'{r[metric]:.4f}', *(f'{r[k]:.4f}' for k in extra), f'{r["relative_accuracy"]:.3f}']
         if selected:
             cells.append(f'{r["best_round"]} ({r["rounds"]})' if r.get('best_round') is not None else '')
