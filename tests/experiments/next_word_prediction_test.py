@@ -88,8 +88,8 @@ def test_fed_recon_learns_a_deterministic_language(tmp_path):
         server_learning_rate=0.03,
         validation_fraction=0.2,
         rounds_per_checkpoint=100,
-        rounds_per_eval=5,
-        early_stopping_patience=3,  # Selection on validation ReconEval, as the Figure 3 sweep trains each setting.
+        rounds_per_eval=12,
+        early_stopping_patience=1,  # Selection on validation ReconEval, as the Figure 3 sweep trains each setting.
     )
     task = nwp_task.NextWordPredictionTask(config, corpus, vocab_size=8)
     untrained = task.evaluate(
@@ -102,7 +102,7 @@ def test_fed_recon_learns_a_deterministic_language(tmp_path):
     row = nwp_task.run_fed_recon(task, config.split, 'fedrecon', str(tmp_path))
     assert untrained['accuracy_no_oov_no_eos'] < 0.3
     assert row['accuracy_no_oov_no_eos'] > 0.8
-    assert row['best_round'] % 5 == 0 and 0 < row['best_round'] <= row['rounds'] <= 25
+    assert row['best_round'] in (12, 24) and row['best_round'] <= row['rounds'] <= 25
     assert row['best_validation_accuracy_no_oov_no_eos'] > 0.8
 
 
