@@ -240,9 +240,15 @@ def main(argv):
         lines.append('| ' + ' | '.join([*cells, '' if spr is None else f'{spr:.2f}']) + ' |')
     budget = f'{rounds} rounds per trained setting'
     if selected:
+        selection = (
+            "validation RMSE (ReconEval with the setting's steps on the validation users)"
+            if FLAGS.task == 'movielens'
+            else "validation accuracy without OOV/EOS (ReconEval with the setting's steps on --eval_clients "
+            'validation clients)'
+        )
         budget = (
-            f'up to {rounds} rounds per trained setting, early-stopped on validation RMSE (ReconEval with the '
-            "setting's steps on the validation users); tested once with the best validation round's weights"
+            f'up to {rounds} rounds per trained setting, early-stopped on {selection}; tested once with the best '
+            "validation round's weights"
         )
     md_dir = os.path.dirname(os.path.abspath(FLAGS.results_md))
     section = '\n'.join(

@@ -183,8 +183,8 @@ def token_cross_entropy(labels: tf.Tensor, logits: tf.Tensor) -> tf.Tensor:
     """Per-token softmax cross-entropy from logits: ``sparse_categorical_crossentropy(from_logits=True)``.
 
     The same values and gradients (to float rounding) at a third of the cost on this CPU build: oneDNN's softmax
-    instead of TF's fused `SparseSoftmaxCrossEntropyWithLogits` kernel, which took 45% of the next-word round
-    (3,200 tokens x 1,503 classes, forward and gradient: 49 vs 16 ms on one core). Vectorizes over clients
+    instead of TF's fused `SparseSoftmaxCrossEntropyWithLogits` kernel, which took 45% of the engine's next-word
+    client steps (3,200 tokens x 1,503 classes, forward and gradient: 49 vs 16 ms on one core). Vectorizes over clients
     (`tf.vectorized_map`).
 
     >>> logits = tf.constant([[2.0, 0.5, -1.0], [0.0, 0.0, 0.0]])
