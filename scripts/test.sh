@@ -3,7 +3,7 @@
 # (scripts/lint.sh: ruff check, ruff format --check, mypy fedpersonal), checks the BUILD files, runs pytest.
 # pytest runs one worker process per core (pytest-xdist; FP_TEST_WORKERS overrides, 0 runs in this process):
 # on 2 cores the suite took 9.0 min instead of 16.6 min serially (measured 2026-11-23), as most of a test's time
-# is single-threaded Python and tracing; the suite has grown since: 15.8-17.7 min with two workers on 2026-11-26
+# is single-threaded Python and tracing; the suite has grown since: 15.6-17.7 min with two workers on 2026-11-26 (pytest 877-996 s)
 # (three runs, same machine; it is noisy). Each worker has its own TFF runtime and checks it leaves no worker behind.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
