@@ -176,7 +176,7 @@ def _plot(rows, metric: str, title: str, path: str) -> None:
         (axes[1], 'update_steps', 'client update steps $k_u$'),
     ):
         points = sorted(
-            (r['steps'], r['relative_accuracy']) for r in rows if r['kind'] == kind and r[metric] == r[metric]
+            (r['steps'], r['relative_accuracy']) for r in rows if r['kind'] == kind and r.get('diverged_round') is None
         )
         if points:
             ax.plot([p[0] for p in points], [p[1] for p in points], 'o-')
