@@ -36,6 +36,18 @@ flags.DEFINE_string(
     'results_md', 'docs/RESULTS.md', 'Markdown results file (its feddva_<dataset> section is replaced).'
 )
 flags.DEFINE_string('notes', '', 'Extra Markdown (e.g. the reading of the results) appended to the section.')
+flags.DEFINE_list(
+    'seeds',
+    ['0'],
+    'Seeds of every row (data allocation, initialization, noise, client sampling); each seed runs in '
+    '<output_dir>/seed<k> and a finished seed is read back; rows report the mean and <metric>_std over the seeds.',
+)
+flags.DEFINE_string(
+    'results_name',
+    '',
+    'Name of the JSON file and the RESULTS.md section (default feddva_<dataset>), e.g. to keep '
+    'a converged table beside the scaled one.',
+)
 flags.DEFINE_bool(
     'rerender',
     False,
@@ -57,15 +69,24 @@ def rerender(config: feddva.FeddvaConfig) -> dict:
     """The results of a finished run in `config.output_dir`, with the curves re-read from its metrics."""
     with open(os.path.join(config.output_dir, 'results.json')) as f:
         results = json.load(f)
-    curves = feddva.load_curves(config.output_dir, config.settings, config.configurations)
-    results['figures']['accuracy_vs_rounds'] = feddva.plot_accuracy_curves(
-        curves,
-        os.path.join(config.output_dir, 'accuracy_vs_rounds.png'),
-        title=f'{config.dataset}: test accuracy of every client',
-    )
+    curves, results['figures']['accuracy_vs_rounds'] = feddva.accuracy_curves(config)
     results['curves'] = {f'{s}/{m}': c for (s, m), c in curves.items()}
     program.write_json(os.path.join(config.output_dir, 'results.json'), results)
     return results
+
+
+def _selection_text(config: feddva.FeddvaConfig, seeds: list[int]) -> str:
+    """How the table's rows were selected and averaged (a sentence, or '.' for a single unselected run)."""
+    text = ''
+    if config.validation_per_client:
+        text += (
+            f'; every row at its best validation round ({config.validation_per_client} held-out training images '
+            f'per client, evaluated every {config.rounds_per_eval} rounds; training stopped after '
+            f'{config.early_stopping_patience} evaluations without improvement, 0: never), tested once there'
+        )
+    if len(seeds) > 1:
+        text += f'; mean +- standard deviation over seeds {seeds}'
+    return text + '.'
 
 
 def _has_checkpoints(output_dir: str) -> bool:
@@ -75,7 +96,9 @@ def _has_checkpoints(output_dir: str) -> bool:
 def main(argv):
     del argv
     logging.set_verbosity(logging.INFO)
-    args = [a for a in sys.argv[1:] if a.split('=')[0] not in ('--rerender', '--norerender', '--notes')]
+    args = [
+        a for a in sys.argv[1:] if a.split('=')[0] not in ('--rerender', '--norerender', '--notes', '--results_name')
+    ]
     command = 'python benchmarks/feddva_tables.py ' + ' '.join(shlex.quote(a) for a in args)
     config = config_flags.config_from_flags(feddva.FeddvaConfig, overrides=_DEFAULTS)
     started, load_before = time.time(), os.getloadavg()[0]
@@ -83,11 +106,27 @@ def main(argv):
     # Only an invocation that trains from scratch measures the whole run; one that resumes from checkpoints (or
     # re-renders) keeps the measurement of the run that trained, if there is one.
     resumed = FLAGS.rerender or _has_checkpoints(config.output_dir)
+    seeds = [int(seed) for seed in FLAGS.seeds]
+    seed_config = lambda seed: dataclasses.replace(
+        config, seed=seed, output_dir=program.seed_output_dir(config.output_dir, seed)
+    )
+    std_keys = ('accuracy', 'client_mean_accuracy', 'client_min_accuracy')
+    std_keys += tuple(f'local_logistic_{k}_accuracy' for k in ('zc', 'z', 'c'))
     if FLAGS.rerender:
-        results = rerender(config)
+        for seed in seeds:
+            rerender(seed_config(seed))
+        results = program.run_seeds(rerender, config, seeds, row_key='name', std_keys=std_keys)
     else:
         with runtime.LocalRuntime():
-            results = feddva.run(config)
+            results = program.run_seeds(
+                feddva.run,
+                config,
+                seeds,
+                row_key='name',
+                std_keys=std_keys,
+                per_seed_keys=('best_round', 'rounds', 'best_validation_accuracy'),
+            )
+    config = seed_config(seeds[0])  # Figures and statistics: the first seed's.
     if resumed:
         timing = None
         if os.path.exists(timing_path):
@@ -101,7 +140,7 @@ def main(argv):
             'cpu_count': os.cpu_count(),
         }
         program.write_json(timing_path, timing)
-    name = f'feddva_{config.dataset}'
+    name = FLAGS.results_name or f'feddva_{config.dataset}'
     os.makedirs(FLAGS.results_dir, exist_ok=True)
     images = {}
     for key, path in results['figures'].items():
@@ -118,6 +157,7 @@ def main(argv):
             'rounds': results['rounds'],
             'config': dataclasses.asdict(config),
             'rows': results['rows'],
+            'seeds': seeds,
             'curves': results['curves'],
             'timing': timing,
         },
@@ -139,7 +179,7 @@ def main(argv):
         f"'{config.architecture}' architecture, decoder-phase c from the {config.decoder_c_source}; "
         f'baselines: {config.client_epochs} local epoch(s), Ditto lambda={config.ditto_lambda:g}, '
         f'fine-tuning {config.finetune_epochs} epoch(s). Accuracy: over all test images of all clients, each '
-        "classified by that client's model.",
+        "classified by that client's model" + _selection_text(config, seeds),
         '',
         table,
     ]

@@ -129,6 +129,7 @@ class FederatedImageData:
       class_proportions: `[num_clients, num_classes]` fractions the labels were drawn with.
       marks: Whether client marks were drawn.
       num_classes: Number of classes.
+      validation: client id -> (images, labels) held out for model selection (empty if none were drawn).
     """
 
     description: str
@@ -138,6 +139,16 @@ class FederatedImageData:
     class_proportions: np.ndarray
     marks: bool
     num_classes: int = 10
+    validation: dict[str, tuple[np.ndarray, np.ndarray]] = dataclasses.field(default_factory=dict)
+
+    def split(self, name: str) -> dict[str, tuple[np.ndarray, np.ndarray]]:
+        """The per-client data of split `name`: 'train', 'validation' or 'test'."""
+        splits = {'train': self.train, 'validation': self.validation, 'test': self.test}
+        if name not in splits:
+            raise ValueError(f"split must be 'train', 'validation' or 'test', got {name!r}.")
+        if name == 'validation' and not self.validation:
+            raise errors.ConfigError('This data has no validation split (draw one with validation_per_client > 0).')
+        return splits[name]
 
     @property
     def image_shape(self) -> tuple[int, int, int]:
@@ -150,7 +161,7 @@ class FederatedImageData:
 
     def pooled(self, split: str) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """(images, labels, client index) of all clients concatenated."""
-        source = self.train if split == 'train' else self.test
+        source = self.split(split)
         images = np.concatenate([source[c][0] for c in self.client_ids])
         labels = np.concatenate([source[c][1] for c in self.client_ids])
         clients = np.concatenate([np.full(source[c][1].size, i) for i, c in enumerate(self.client_ids)])
@@ -165,6 +176,7 @@ class FederatedImageData:
         return {
             'num_clients': len(self.client_ids),
             'train_examples': int(sum(sizes)),
+            'validation_examples': int(sum(v[1].size for v in self.validation.values())),
             'test_examples': int(sum(self.test[c][1].size for c in self.client_ids)),
             'image_shape': list(self.image_shape),
             'marks': self.marks,
@@ -177,7 +189,7 @@ class FederatedImageData:
         import tensorflow as tf  # pylint: disable=g-import-not-at-top
         import tensorflow_federated as tff  # pylint: disable=g-import-not-at-top
 
-        source = self.train if split == 'train' else self.test
+        source = self.split(split)
 
         def make(client_id):
             images, labels = source[client_id]
@@ -196,6 +208,7 @@ def federate(
     marks: bool,
     seed: int,
     setting: str = '',
+    validation_per_client: int = 0,
 ) -> FederatedImageData:
     """Allocates a dataset to clients with Dirichlet class fractions and (optionally) client marks.
 
@@ -208,19 +221,23 @@ def federate(
       marks: Draw client marks (mark type = client index mod 4).
       seed: Randomness of the allocation and the marks.
       setting: Recorded in the description.
+      validation_per_client: Validation examples per client, drawn from the train split together with the
+        client's training examples (same class fractions and marks, disjoint from them and from every other
+        client's); 0 (the default) draws none and leaves the other splits as they were without it.
     """
-    if num_clients < 1 or train_per_client < 1 or test_per_client < 1:
+    if num_clients < 1 or train_per_client < 1 or test_per_client < 1 or validation_per_client < 0:
         raise errors.ConfigError(
-            'num_clients, train_per_client and test_per_client must be >= 1, got '
-            f'{num_clients}, {train_per_client}, {test_per_client}'
+            'num_clients, train_per_client and test_per_client must be >= 1 and validation_per_client >= 0, got '
+            f'{num_clients}, {train_per_client}, {test_per_client}, {validation_per_client}'
         )
     rng = np.random.default_rng(seed)
     proportions = dirichlet_class_proportions(num_clients, dataset.num_classes, alpha, rng)
-    train_idx = allocate(dataset.train_labels, proportions, train_per_client, rng)
+    train_idx = allocate(dataset.train_labels, proportions, train_per_client + validation_per_client, rng)
     test_idx = allocate(dataset.test_labels, proportions, test_per_client, rng)
     ids = [str(i) for i in range(num_clients)]
     train: dict[str, tuple[np.ndarray, np.ndarray]] = {}
     test: dict[str, tuple[np.ndarray, np.ndarray]] = {}
+    validation: dict[str, tuple[np.ndarray, np.ndarray]] = {}
     for i, cid in enumerate(ids):
         for out, images, labels, idx in (
             (train, dataset.train_images, dataset.train_labels, train_idx[i]),
@@ -230,11 +247,20 @@ def federate(
             if marks:
                 x = add_marks(x, mark_type(i), rng)
             out[cid] = (x.astype(np.float32), labels[idx].astype(np.int32))
+        if validation_per_client:  # The client's draw is in random order: its last examples are held out.
+            x, y = train[cid]
+            train[cid], validation[cid] = (
+                (x[:train_per_client], y[:train_per_client]),
+                (
+                    x[train_per_client:],
+                    y[train_per_client:],
+                ),
+            )
     description = (
         f'{dataset.name} ({setting or "custom"}: {num_clients} clients, Dirichlet alpha={alpha:g}, '
         f'marks {"on" if marks else "off"})'
     )
-    return FederatedImageData(description, ids, train, test, proportions, marks, dataset.num_classes)
+    return FederatedImageData(description, ids, train, test, proportions, marks, dataset.num_classes, validation)
 
 
 def _segments(num_classes: int, rng: np.random.Generator) -> list[np.ndarray]:

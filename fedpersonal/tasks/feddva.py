@@ -51,6 +51,7 @@ import tensorflow_federated as tff
 from absl import logging
 
 from fedpersonal import client_state
+from fedpersonal import errors
 from fedpersonal import program
 from fedpersonal.algorithms import ditto
 from fedpersonal.algorithms import feddva
@@ -89,6 +90,7 @@ def load_setting(config: FeddvaConfig, source, setting: str) -> federated_images
         marks=inputs or config.marks_in_outputs,
         seed=config.seed,
         setting=SETTING_NAMES[setting],
+        validation_per_client=config.validation_per_client,
     )
 
 
@@ -121,21 +123,79 @@ class FeddvaTask:
 
     def accuracy(self, logits_fn: Callable[[str, np.ndarray], np.ndarray], split: str = 'test') -> dict[str, float]:
         """Example-weighted and client-mean accuracy of `logits_fn(client_id, images)` on every client."""
-        source = self.data.test if split == 'test' else self.data.train
-        correct, total, per_client = 0, 0, []
+        return self._accuracies(logits_fn, (split,))[split]
+
+    @property
+    def selects_on_validation(self) -> bool:
+        """Whether the rows are selected on a validation split (`FeddvaConfig.validation_per_client`)."""
+        return bool(self.data.validation)
+
+    def evaluate(self, logits_fn: Callable[[str, np.ndarray], np.ndarray]) -> dict[str, float]:
+        """The periodic evaluation: with a validation split, its accuracies (`accuracy`'s keys) plus the test
+        split's as ``test_<key>`` (clients visited once, e.g. each fine-tuned once); else the test accuracies."""
+        if not self.selects_on_validation:
+            return self.accuracy(logits_fn)
+        result = self._accuracies(logits_fn, ('validation', 'test'))
+        return {**result['validation'], **{f'test_{k}': v for k, v in result['test'].items()}}
+
+    def _accuracies(self, logits_fn, splits) -> dict[str, dict[str, float]]:
+        sources = {split: self.data.split(split) for split in splits}
+        hits: dict[str, list[int]] = {split: [] for split in splits}  # Per client, in client order.
+        sizes: dict[str, list[int]] = {split: [] for split in splits}
         for cid in self.data.client_ids:
-            images, labels = source[cid]
-            logits = np.concatenate(
-                [logits_fn(cid, images[i : i + _EVAL_BATCH]) for i in range(0, len(images), _EVAL_BATCH)]
-            )
-            hits = int(np.sum(np.argmax(logits, axis=-1) == labels))
-            correct, total = correct + hits, total + labels.size
-            per_client.append(hits / max(labels.size, 1))
-        return {
-            'accuracy': correct / max(total, 1),
-            'client_mean_accuracy': float(np.mean(per_client)),
-            'client_min_accuracy': float(np.min(per_client)),
+            for split in splits:
+                images, labels = sources[split][cid]
+                logits = np.concatenate(
+                    [logits_fn(cid, images[i : i + _EVAL_BATCH]) for i in range(0, len(images), _EVAL_BATCH)]
+                )
+                hits[split].append(int(np.sum(np.argmax(logits, axis=-1) == labels)))
+                sizes[split].append(int(labels.size))
+        result = {}
+        for split in splits:
+            per_client = [h / max(n, 1) for h, n in zip(hits[split], sizes[split])]
+            result[split] = {
+                'accuracy': sum(hits[split]) / max(sum(sizes[split]), 1),
+                'client_mean_accuracy': float(np.mean(per_client)),
+                'client_min_accuracy': float(np.min(per_client)),
+            }
+        return result
+
+    def stopping(self) -> program.EarlyStopping | None:
+        """Early stopping on the validation accuracy (None without a validation split: nothing is selected)."""
+        if not self.selects_on_validation:
+            return None
+        cfg = self.config
+        return program.EarlyStopping(
+            'accuracy', mode='max', patience=cfg.early_stopping_patience, min_delta=cfg.early_stopping_min_delta
+        )
+
+    def selected_row(
+        self, outputs: program.ExperimentOutputs, stopping: program.EarlyStopping | None, prefix: str = ''
+    ) -> dict[str, Any]:
+        """The test accuracies of the evaluation round selected on validation, read from the run's metrics.
+
+        The round is `stopping`'s best (the first evaluation with the highest validation accuracy, up to its
+        `min_delta`), or, without `stopping`, the first evaluation with the highest ``eval/<prefix>accuracy``
+        (e.g. ``prefix='ft_'``: FedAvg + fine-tuning, evaluated in the FedAvg run). The test images play no part
+        in the choice: the row is the selected model's test accuracy (`evaluate` measured it in that round).
+        """
+        evaluations = [r for r in outputs.read_metrics() if f'eval/{prefix}accuracy' in r and 'round' in r]
+        if not evaluations:
+            raise errors.ConfigError(f'{outputs.directory}: no evaluation to select from (rounds_per_eval?).')
+        if stopping is not None and stopping.best_round:
+            best = next(r for r in evaluations if int(r['round']) == stopping.best_round)
+        else:
+            best = max(evaluations, key=lambda r: (r[f'eval/{prefix}accuracy'], -r['round']))
+        row: dict[str, Any] = {
+            key: best[f'eval/{prefix}test_{key}'] for key in ('accuracy', 'client_mean_accuracy', 'client_min_accuracy')
         }
+        row.update(
+            best_round=int(best['round']),
+            best_validation_accuracy=best[f'eval/{prefix}accuracy'],
+            rounds=int(max(r['round'] for r in outputs.read_metrics() if 'round' in r)),
+            early_stopped=bool(stopping is not None and stopping.stopped),
+        )
+        return row
 
 
 def _open_store(task: FeddvaTask, process, outputs: program.ExperimentOutputs):
@@ -169,6 +229,7 @@ def run_feddva(
     classify = tf.function(model.classify, input_signature=[tf.TensorSpec([None, *task.arch.image_shape])])
     to_weights = lambda arrays: training_loop.to_model_weights(arrays, process.private_state_type)
     store = _open_store(task, process, outputs)
+    stopping = task.stopping()
     with store:
 
         def logits_for(weights):
@@ -194,15 +255,16 @@ def run_feddva(
             total_rounds=cfg.total_rounds,
             outputs=outputs,
             seed=cfg.seed,
-            evaluation_fn=lambda w: task.accuracy(logits_for(w)),
+            evaluation_fn=lambda w: task.evaluate(logits_for(w)),
             rounds_per_evaluation=cfg.rounds_per_eval,
             rounds_per_checkpoint=cfg.rounds_per_checkpoint,
             non_finite_clients=cfg.non_finite_clients,
             name='feddva_tuned' if head_tunes_encoders else 'feddva',
             client_state_store=store,
+            stopping=stopping,
         )
         weights = process.get_model_weights(state)
-        row: dict[str, Any] = task.accuracy(logits_for(weights))
+        row: dict[str, Any] = task.selected_row(outputs, stopping) if stopping else task.accuracy(logits_for(weights))
         states = dict(zip(task.data.client_ids, [to_weights(s) for s in store.get(task.data.client_ids)]))
     row['seconds_per_round'] = outputs.median_round_seconds()
     encodings = encode_clients(task, model, weights, states)
@@ -239,7 +301,7 @@ def run_fedavg(task: FeddvaTask, outputs: program.ExperimentOutputs, finetune: b
 
     def evaluate(weights, with_ft: bool):
         weights.assign_weights_to(model)
-        result = task.accuracy(lambda cid, x: logits(x).numpy())
+        result = task.evaluate(lambda cid, x: logits(x).numpy())
         if with_ft:
             cache: dict[str, str] = {}  # The client whose fine-tuned weights the model holds.
 
@@ -250,12 +312,13 @@ def run_fedavg(task: FeddvaTask, outputs: program.ExperimentOutputs, finetune: b
                     cache['cid'] = cid
                 return logits(images).numpy()
 
-            result.update({f'ft_{k}': v for k, v in task.accuracy(ft_logits).items()})
+            result.update({f'ft_{k}': v for k, v in task.evaluate(ft_logits).items()})
         return result
 
     def eval_fn(weights):
         return evaluate(weights, finetune)
 
+    stopping = task.stopping()
     state, _ = program.run_learning_process(
         process,
         client_data=task.train,
@@ -271,14 +334,20 @@ def run_fedavg(task: FeddvaTask, outputs: program.ExperimentOutputs, finetune: b
         rounds_per_checkpoint=cfg.rounds_per_checkpoint,
         non_finite_clients=cfg.non_finite_clients,
         name='fedavg',
+        stopping=stopping,
     )
-    final = evaluate(process.get_model_weights(state), finetune)
     spr = outputs.median_round_seconds()
-    rows = {'fedavg': {k: v for k, v in final.items() if not k.startswith('ft_')}}
-    rows['fedavg']['seconds_per_round'] = spr
-    if finetune:
-        rows['fedavg_ft'] = {k[3:]: v for k, v in final.items() if k.startswith('ft_')}
-        rows['fedavg_ft']['seconds_per_round'] = spr
+    if stopping is not None:  # Each row at its own best validation round (fine-tuning's is its own).
+        rows = {'fedavg': task.selected_row(outputs, stopping)}
+        if finetune:
+            rows['fedavg_ft'] = task.selected_row(outputs, None, prefix='ft_')
+    else:
+        final = evaluate(process.get_model_weights(state), finetune)
+        rows = {'fedavg': {k: v for k, v in final.items() if not k.startswith('ft_')}}
+        if finetune:
+            rows['fedavg_ft'] = {k[3:]: v for k, v in final.items() if k.startswith('ft_')}
+    for row in rows.values():
+        row['seconds_per_round'] = spr
     return rows
 
 
@@ -312,8 +381,9 @@ def run_ditto(task: FeddvaTask, outputs: program.ExperimentOutputs) -> dict[str,
                     cache['cid'] = cid
                 return logits(images).numpy()
 
-            return task.accuracy(fn)
+            return task.evaluate(fn)
 
+        stopping = task.stopping()
         program.run_learning_process(
             process,
             client_data=task.train,
@@ -330,10 +400,25 @@ def run_ditto(task: FeddvaTask, outputs: program.ExperimentOutputs) -> dict[str,
             non_finite_clients=cfg.non_finite_clients,
             name='ditto',
             client_state_store=store,
+            stopping=stopping,
         )
-        row = personal_accuracy(None)
+        row = task.selected_row(outputs, stopping) if stopping else personal_accuracy(None)
     row['seconds_per_round'] = outputs.median_round_seconds()
     return row
+
+
+def accuracy_curves(config: FeddvaConfig) -> tuple[dict[tuple[str, str], list[tuple[int, float]]], str]:
+    """The runs' accuracy curves read from `config.output_dir` (validation accuracy when the rows select on
+    validation, else test accuracy) and their figure, ``accuracy_vs_rounds.png`` there."""
+    curves = load_curves(config.output_dir, config.settings, config.configurations)
+    split = 'validation' if config.validation_per_client else 'test'
+    path = plot_accuracy_curves(
+        curves,
+        os.path.join(config.output_dir, 'accuracy_vs_rounds.png'),
+        title=f'{config.dataset}: {split} accuracy of every client',
+        split=split,
+    )
+    return curves, path
 
 
 def run(config: FeddvaConfig) -> dict[str, Any]:
@@ -391,12 +476,7 @@ def run(config: FeddvaConfig) -> dict[str, Any]:
                 **analysis['probes'],
             }
         )
-    curves = load_curves(config.output_dir, config.settings, config.configurations)
-    curves_path = plot_accuracy_curves(
-        curves,
-        os.path.join(config.output_dir, 'accuracy_vs_rounds.png'),
-        title=f'{config.dataset}: test accuracy of every client',
-    )
+    curves, curves_path = accuracy_curves(config)
     results = {
         'dataset': config.dataset,
         'statistics': statistics,

@@ -35,8 +35,9 @@ if TYPE_CHECKING:
 
 
 def load_curves(output_dir: str, settings, methods) -> dict[tuple[str, str], list[tuple[int, float]]]:
-    """Test accuracy against rounds of each (setting, method), from the runs' `metrics.csv` files (FedAvg +
-    fine-tuning is evaluated in the FedAvg run, as `eval/ft_accuracy`)."""
+    """The evaluation's accuracy against rounds of each (setting, method), from the runs' `metrics.csv` files
+    (the validation accuracy when the runs select on validation, else the test accuracy; FedAvg + fine-tuning is
+    evaluated in the FedAvg run, as `eval/ft_accuracy`)."""
     import csv  # pylint: disable=g-import-not-at-top
 
     curves = {}
@@ -152,8 +153,10 @@ def analyze_disentanglement(task: FeddvaTask, context: dict[str, Any], output_di
     return {'probes': report, 'figures': {'manifold': grid_path, 'projections': projection_path}}
 
 
-def plot_accuracy_curves(curves: dict[tuple[str, str], list[tuple[int, float]]], path: str, title: str = '') -> str:
-    """One subplot per setting, one line per method: test accuracy against rounds."""
+def plot_accuracy_curves(
+    curves: dict[tuple[str, str], list[tuple[int, float]]], path: str, title: str = '', split: str = 'test'
+) -> str:
+    """One subplot per setting, one line per method: the evaluation's accuracy (on `split`) against rounds."""
     settings = [s for s in SETTINGS if any(k[0] == s for k in curves)]
     fig, axes = program.new_figure(1, max(1, len(settings)), figsize=(5.5 * max(1, len(settings)), 4), squeeze=False)
     for ax, setting in zip(axes[0], settings):
@@ -164,7 +167,7 @@ def plot_accuracy_curves(curves: dict[tuple[str, str], list[tuple[int, float]]],
                 ax.plot(xs, ys, marker='.', label=METHOD_NAMES[method])
         ax.set_title(SETTING_NAMES[setting])
         ax.set_xlabel('round')
-        ax.set_ylabel('test accuracy')
+        ax.set_ylabel(f'{split} accuracy')
         ax.grid(alpha=0.3)
         ax.legend(fontsize=8)
     return program.save_figure(fig, path, title=title)
@@ -175,20 +178,36 @@ def _number(value: Any) -> str:
     return 'n/a' if value is None else f'{value:.4f}'
 
 
+def _cell(row: dict[str, Any], key: str) -> str:
+    """A metric cell: its value, with ``+- <key>_std`` when the row is a mean over several seeds."""
+    seeds = row.get('seeds') or []
+    if len(seeds) > 1 and row.get(f'{key}_std') is not None:
+        return f'{_number(row.get(key))} +- {row[f"{key}_std"]:.4f}'
+    return _number(row.get(key))
+
+
+def _rounds(row: dict[str, Any]) -> str:
+    """'best round / rounds run', per seed when the row has several."""
+    runs = (row.get('per_seed') or []) if len(row.get('seeds') or []) > 1 else [row]
+    return ', '.join(f'{int(r["best_round"])}/{int(r["rounds"])}' for r in runs if r.get('best_round') is not None)
+
+
 def format_tables(rows: list[dict[str, Any]]) -> str:
     """Markdown: the classification table (method x setting) and the probe table."""
     classification = [r for r in rows if 'accuracy' in r]
+    selected = any('best_round' in r for r in classification)
     lines = [
-        '| method | setting | accuracy | client-mean accuracy | worst client | s/round |',
-        '|---|---|---|---|---|---|',
+        '| method | setting | accuracy | client-mean accuracy | worst client | s/round |'
+        + (' best round / rounds |' if selected else ''),
+        '|---|---|---|---|---|---|' + ('---|' if selected else ''),
     ]
     logistic = [r for r in classification if 'local_logistic_zc_accuracy' in r]
     for r in classification:
         spr = r.get('seconds_per_round')
+        cells = [_cell(r, key) for key in ('accuracy', 'client_mean_accuracy', 'client_min_accuracy')]
         lines.append(
-            f'| {METHOD_NAMES[r["method"]]} | {SETTING_NAMES[r["setting"]]} | {_number(r["accuracy"])} | '
-            f'{_number(r["client_mean_accuracy"])} | {_number(r["client_min_accuracy"])} | '
-            f'{"" if spr is None else f"{spr:.2f}"} |'
+            f'| {METHOD_NAMES[r["method"]]} | {SETTING_NAMES[r["setting"]]} | {" | ".join(cells)} | '
+            f'{"" if spr is None else f"{spr:.2f}"} |' + (f' {_rounds(r)} |' if selected else '')
         )
     if logistic:
         lines += [
@@ -200,11 +219,8 @@ def format_tables(rows: list[dict[str, Any]]) -> str:
             '|---|---|---|---|---|',
         ]
         for r in logistic:
-            lines.append(
-                f'| {METHOD_NAMES[r["method"]]} | {SETTING_NAMES[r["setting"]]} | '
-                f'{_number(r["local_logistic_zc_accuracy"])} | '
-                f'{_number(r["local_logistic_z_accuracy"])} | {_number(r["local_logistic_c_accuracy"])} |'
-            )
+            cells = [_cell(r, f'local_logistic_{k}_accuracy') for k in ('zc', 'z', 'c')]
+            lines.append(f'| {METHOD_NAMES[r["method"]]} | {SETTING_NAMES[r["setting"]]} | {" | ".join(cells)} |')
     probes = [r for r in rows if any(k.startswith('probe_') for k in r)]
     for r in probes:
         lines += [

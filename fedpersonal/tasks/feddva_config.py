@@ -52,6 +52,7 @@ def architectures() -> dict[str, feddva_models.DvaArchitecture]:
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class FeddvaConfig(
     parts.CrossDeviceRunConfig,
+    parts.EarlyStoppingConfig,
     parts.ClientEpochsConfig,
     parts.SimulationConfig,
     parts.DifferentialPrivacyConfig,
@@ -69,6 +70,13 @@ class FeddvaConfig(
     num_clients: int = parts.option(20, 'Clients.')
     train_per_client: int = parts.option(300, 'Training images per client.')
     test_per_client: int = parts.option(100, 'Test images per client.')
+    validation_per_client: int = parts.option(
+        0,
+        "Validation images per client, held out from the client's draw of training images (same class fractions "
+        'and marks). With a validation split every row is selected on it: the periodic evaluation measures '
+        'validation and test accuracy, early stopping (early_stopping_patience) watches validation, and a row '
+        'reports the test accuracy of its best validation round. 0: no selection, the last round is tested.',
+    )
     alpha_inputs: float = parts.option(100.0, 'Dirichlet concentration of the label split (input heterogeneity).')
     alpha_outputs: float = parts.option(0.5, 'Dirichlet concentration of the label split (output heterogeneity).')
     marks_in_outputs: bool = parts.option(False, 'Add client marks in the output-heterogeneity setting too.')
@@ -136,6 +144,13 @@ class FeddvaConfig(
         for name in ('num_clients', 'train_per_client', 'test_per_client', 'z_dim', 'c_dim'):
             if getattr(self, name) < 1:
                 raise errors.ConfigError(f'{name} must be >= 1, got {getattr(self, name)}.')
+        if self.validation_per_client < 0:
+            raise errors.ConfigError(f'validation_per_client must be >= 0, got {self.validation_per_client}.')
+        if self.early_stopping_patience and not self.validation_per_client:
+            raise errors.ConfigError(
+                'early_stopping_patience needs a validation split (validation_per_client > 0): early stopping on '
+                'the test images would select on test.'
+            )
         if self.decoder_c_source not in DECODER_C_SOURCES:
             raise errors.ConfigError(f"decoder_c_source must be 'prior' or 'posterior', got {self.decoder_c_source!r}.")
 

@@ -93,6 +93,32 @@ def test_federate_splits_marks_and_client_data():
     assert element['x'].shape == (28, 28, 1) and int(element['y']) == data.train['3'][1][0]
 
 
+def test_federate_validation_split_is_held_out_from_the_same_draw():
+    source = fi.generate_default(800, 300, seed=0)
+    args = dict(num_clients=4, train_per_client=40, test_per_client=20, alpha=0.5, marks=True, seed=3)
+    data = fi.federate(source, validation_per_client=10, **args)
+    assert all(data.train[c][1].size == 40 and data.validation[c][1].size == 10 for c in data.client_ids)
+    assert data.statistics()['validation_examples'] == 40
+    # Disjoint from every client's training images (source images are distinct; marks are per client type).
+    train = np.concatenate([data.train[c][0] for c in data.client_ids]).reshape(160, -1)
+    held_out = np.concatenate([data.validation[c][0] for c in data.client_ids]).reshape(40, -1)
+    assert not any(np.any(np.all(train == row, axis=1)) for row in held_out)
+    # Train and validation are one draw of 50 per client split 40/10: exactly the data of 50 training images.
+    drawn = fi.federate(source, **{**args, 'train_per_client': 50})
+    for c in data.client_ids:
+        for k in range(2):
+            np.testing.assert_array_equal(np.concatenate([data.train[c][k], data.validation[c][k]]), drawn.train[c][k])
+        np.testing.assert_array_equal(data.test[c][0], drawn.test[c][0])
+    assert data.pooled('validation')[0].shape[0] == 40
+    # Without validation the splits are as before and asking for one is a clear error.
+    plain = fi.federate(source, **args)
+    assert plain.validation == {} and plain.statistics()['validation_examples'] == 0
+    with pytest.raises(ValueError, match='no validation split'):
+        plain.client_data('validation')
+    with pytest.raises(ValueError, match='validation_per_client >= 0'):
+        fi.federate(source, validation_per_client=-1, **args)
+
+
 def test_load_source_errors(tmp_path):
     with pytest.raises(ValueError, match="dataset 'mnist' needs --data_dir"):
         fi.load_source('mnist', None)

@@ -1,5 +1,6 @@
 """The FedDVA binary end to end on the generated default (tiny sizes), and its configuration errors."""
 
+import csv
 import json
 import os
 
@@ -28,6 +29,8 @@ def test_generated_default_end_to_end(tmp_path, capsys):
         '--num_clients=4',
         '--train_per_client=24',
         '--test_per_client=12',
+        '--validation_per_client=8',  # Rows selected on validation, as the converged tables run.
+        '--early_stopping_patience=1',
         '--synthetic_train=200',
         '--synthetic_test=100',
         '--total_rounds=2',
@@ -59,8 +62,18 @@ def test_generated_default_end_to_end(tmp_path, capsys):
         results = json.load(f)
     rows = {r['method']: r for r in results['rows'] if 'accuracy' in r}
     assert set(rows) == {'feddva', 'feddva_tuned', 'fedavg', 'fedavg_ft', 'ditto'}
-    for row in rows.values():
+    for method, row in rows.items():
         assert 0 <= row['accuracy'] <= 1 and row['seconds_per_round'] > 0
+        # The row is the test accuracy measured at its best validation round (read back from the run's metrics).
+        run = 'fedavg' if method == 'fedavg_ft' else method
+        with open(os.path.join(out, 'heterogeneous_inputs', run, 'metrics.csv')) as f:
+            evaluations = [r for r in csv.DictReader(f) if r.get('eval/accuracy')]
+        prefix = 'ft_' if method == 'fedavg_ft' else ''
+        validation = [float(r[f'eval/{prefix}accuracy']) for r in evaluations]
+        best = evaluations[validation.index(max(validation))]
+        assert row['best_round'] == int(float(best['round'])) and row['best_validation_accuracy'] == max(validation)
+        assert row['accuracy'] == pytest.approx(float(best[f'eval/{prefix}test_accuracy'])), method
+        assert row['rounds'] == 2
     probes = next(r for r in results['rows'] if 'probe_client_from_c' in r)
     assert probes['method'] == 'feddva'  # The representations trained without labels.
     for key in ('probe_client_from_z', 'probe_label_from_z', 'probe_label_from_c', 'probe_mark_from_c'):
@@ -87,6 +100,7 @@ def test_generated_default_end_to_end(tmp_path, capsys):
         (['--decoder_c_source=both'], "decoder_c_source must be 'prior' or 'posterior'"),
         (['--simulation=lockstep'], "simulation must be 'engine' or 'per_client'"),
         (['--group_size=0'], 'group_size must be >= 1'),
+        (['--early_stopping_patience=3'], 'early_stopping_patience needs a validation split'),
     ],
 )
 def test_configuration_errors(tmp_path, argv, message):

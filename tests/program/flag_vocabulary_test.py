@@ -144,7 +144,8 @@ _FLAGFILE_CONFIGS = {'feddva': Feddva, 'furl': Furl, 'hpfl': Hpfl, 'movielens': 
 
 
 @pytest.mark.parametrize('flagfile', sorted(p.name for p in (_REPO / 'configs').glob('*.flags')))
-def test_every_flagfile_builds_its_config_with_the_current_names_only(flagfile, caplog):
+def test_every_flagfile_builds_its_config_with_the_current_names_only(flagfile, caplog, monkeypatch):
+    monkeypatch.chdir(_REPO)  # A flagfile may include another by its path from the repository root.
     config_cls = _FLAGFILE_CONFIGS[flagfile.split('_')[0]]
     text = (_REPO / 'configs' / flagfile).read_text()
     argv = [f'--flagfile={_REPO / "configs" / flagfile}']
