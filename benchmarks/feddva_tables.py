@@ -82,7 +82,8 @@ def _selection_text(config: feddva.FeddvaConfig, seeds: list[int]) -> str:
         text += (
             f'; every row at its best validation round ({config.validation_per_client} held-out training images '
             f'per client, evaluated every {config.rounds_per_eval} rounds; training stopped after '
-            f'{config.early_stopping_patience} evaluations without improvement, 0: never), tested once there'
+            f'{config.early_stopping_patience} evaluations without improvement, 0: never), tested once there; '
+            'the logistic heads, probes and figures analyse the model training stopped at'
         )
     if len(seeds) > 1:
         text += f'; mean +- standard deviation over seeds {seeds}'

@@ -16,5 +16,10 @@ if [ "${FP_TEST_WORKERS:-auto}" != 0 ]; then
   # a subset of the TF tests ran 174 s instead of 134 s).
   # (Inter-op threads stay at their default: a single one can deadlock graphs with blocking ops; it gained nothing.)
   export TF_NUM_INTRAOP_THREADS=1 OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1
+  # Work stealing: a worker that runs out of tests takes pending ones from the other, so the long end-to-end tests
+  # do not leave one core idle at the end (xdist's default hands out fixed chunks up front).
+  DIST=(--dist worksteal)
+else
+  DIST=()
 fi
-python -m pytest tests -q -p no:warnings --durations=15 -n "${FP_TEST_WORKERS:-auto}" "$@"
+python -m pytest tests -q -p no:warnings --durations=15 -n "${FP_TEST_WORKERS:-auto}" "${DIST[@]}" "$@"
