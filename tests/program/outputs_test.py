@@ -114,6 +114,12 @@ def test_tables_of_results_read_back_with_null_metrics_show_n_a():
     row = {'method': 'feddva', 'setting': 'heterogeneous_inputs', 'accuracy': None}
     row.update(client_mean_accuracy=0.5, client_min_accuracy=None)
     assert '| n/a | 0.5000 | n/a |' in feddva_analysis.format_tables([row])
+    # A mean over seeds shows each metric's spread and each seed's selected round.
+    row = {'method': 'fedavg', 'setting': 'heterogeneous_inputs', 'seeds': [0, 1], 'seconds_per_round': 1.0}
+    row.update(accuracy=0.9, accuracy_std=0.01, client_mean_accuracy=0.9, client_min_accuracy=0.8)
+    row.update(per_seed=[{'best_round': 240, 'rounds': 290}, {'best_round': 200, 'rounds': 250}], best_round=220)
+    table = feddva_analysis.format_tables([row])
+    assert '| FedAvg | heterogeneous inputs | 0.9000 +- 0.0100 | 0.9000 | 0.8000 | 1.00 | 240/290, 200/250 |' in table
 
 
 def test_plots_written_to_files_leave_the_sessions_matplotlib_backend_and_pyplot_alone(tmp_path):
