@@ -168,7 +168,8 @@ def main(argv):
     rel = lambda p: os.path.relpath(os.path.abspath(p), md_dir)
     stats = next(iter(results['statistics'].values()))
     lines = [
-        f'## FedDVA: {_DATASET_NAMES.get(config.dataset, config.dataset)}',
+        f'## FedDVA{" to convergence" if config.validation_per_client else ""}: '
+        f'{_DATASET_NAMES.get(config.dataset, config.dataset)}',
         '',
         f'Command: `{command}`',
         '',

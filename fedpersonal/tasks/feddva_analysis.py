@@ -158,19 +158,24 @@ def plot_accuracy_curves(
 ) -> str:
     """One subplot per setting, one line per method: the evaluation's accuracy (on `split`) against rounds."""
     settings = [s for s in SETTINGS if any(k[0] == s for k in curves)]
-    fig, axes = program.new_figure(1, max(1, len(settings)), figsize=(5.5 * max(1, len(settings)), 4), squeeze=False)
+    panels = max(1, len(settings))
+    fig, axes = program.new_figure(1, panels, figsize=(5.5 * panels + 2.8, 4), squeeze=False)
+    lines: dict[str, Any] = {}  # One legend entry per method, beside the panels so that it covers no curve.
     for ax, setting in zip(axes[0], settings):
         for method in METHODS:
             points = curves.get((setting, method))
             if points:
                 xs, ys = zip(*points)
-                ax.plot(xs, ys, marker='.', label=METHOD_NAMES[method])
+                (lines[METHOD_NAMES[method]],) = ax.plot(xs, ys, marker='.', label=METHOD_NAMES[method])
         ax.set_title(SETTING_NAMES[setting])
         ax.set_xlabel('round')
         ax.set_ylabel(f'{split} accuracy')
         ax.grid(alpha=0.3)
-        ax.legend(fontsize=8)
-    return program.save_figure(fig, path, title=title)
+    fig.legend(list(lines.values()), list(lines), fontsize=8, loc='center right', frameon=False)
+    if title:
+        fig.suptitle(title)
+    fig.tight_layout(rect=(0.0, 0.0, 1.0 - 2.8 / (5.5 * panels + 2.8), 0.92 if title else 1.0))
+    return program.save_figure(fig, path, tight_layout=False)
 
 
 def _number(value: Any) -> str:
