@@ -113,10 +113,13 @@ def main(argv):
     )
     std_keys = ('accuracy', 'client_mean_accuracy', 'client_min_accuracy')
     std_keys += tuple(f'local_logistic_{k}_accuracy' for k in ('zc', 'z', 'c'))
+    per_seed_keys = ('best_round', 'rounds', 'best_validation_accuracy')
     if FLAGS.rerender:
         for seed in seeds:
             rerender(seed_config(seed))
-        results = program.run_seeds(rerender, config, seeds, row_key='name', std_keys=std_keys)
+        results = program.run_seeds(
+            rerender, config, seeds, row_key='name', std_keys=std_keys, per_seed_keys=per_seed_keys
+        )
     else:
         with runtime.LocalRuntime():
             results = program.run_seeds(
@@ -125,7 +128,7 @@ def main(argv):
                 seeds,
                 row_key='name',
                 std_keys=std_keys,
-                per_seed_keys=('best_round', 'rounds', 'best_validation_accuracy'),
+                per_seed_keys=per_seed_keys,
             )
     config = seed_config(seeds[0])  # Figures and statistics: the first seed's.
     if resumed:
