@@ -3,7 +3,7 @@
 # (scripts/lint.sh: ruff check, ruff format --check, mypy fedpersonal), checks the BUILD files, runs pytest.
 # pytest runs one worker process per core (pytest-xdist; FP_TEST_WORKERS overrides, 0 runs in this process):
 # on 2 cores the suite took 9.0 min instead of 16.6 min serially (measured 2026-11-23), as most of a test's time
-# is single-threaded Python and tracing; the suite has grown since: 15.6-17.7 min with two workers on 2026-11-26 (pytest 877-996 s)
+# is single-threaded Python and tracing; the suite has grown since: 15.6-18.5 min with two workers on 2026-11-26 (pytest 877-1035 s)
 # (three runs, same machine; it is noisy). Each worker has its own TFF runtime and checks it leaves no worker behind.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
@@ -16,10 +16,5 @@ if [ "${FP_TEST_WORKERS:-auto}" != 0 ]; then
   # a subset of the TF tests ran 174 s instead of 134 s).
   # (Inter-op threads stay at their default: a single one can deadlock graphs with blocking ops; it gained nothing.)
   export TF_NUM_INTRAOP_THREADS=1 OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1
-  # Work stealing: a worker that runs out of tests takes pending ones from the other, so the long end-to-end tests
-  # do not leave one core idle at the end (xdist's default hands out fixed chunks up front).
-  DIST=(--dist worksteal)
-else
-  DIST=()
 fi
-python -m pytest tests -q -p no:warnings --durations=15 -n "${FP_TEST_WORKERS:-auto}" "${DIST[@]}" "$@"
+python -m pytest tests -q -p no:warnings --durations=15 -n "${FP_TEST_WORKERS:-auto}" "$@"
