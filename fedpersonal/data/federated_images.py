@@ -249,13 +249,8 @@ def federate(
             out[cid] = (x.astype(np.float32), labels[idx].astype(np.int32))
         if validation_per_client:  # The client's draw is in random order: its last examples are held out.
             x, y = train[cid]
-            train[cid], validation[cid] = (
-                (x[:train_per_client], y[:train_per_client]),
-                (
-                    x[train_per_client:],
-                    y[train_per_client:],
-                ),
-            )
+            validation[cid] = (x[train_per_client:], y[train_per_client:])
+            train[cid] = (x[:train_per_client], y[:train_per_client])
     description = (
         f'{dataset.name} ({setting or "custom"}: {num_clients} clients, Dirichlet alpha={alpha:g}, '
         f'marks {"on" if marks else "off"})'

@@ -29,6 +29,7 @@ if TYPE_CHECKING:  # The static view of the lazily imported names (mypy, IDEs).
     from fedpersonal.program.outputs import plot_curves
     from fedpersonal.program.outputs import replace_marked_section
     from fedpersonal.program.outputs import save_figure
+    from fedpersonal.program.outputs import save_figure_with_side_legend
     from fedpersonal.program.outputs import write_json
     from fedpersonal.program.participation import sample_clients
     from fedpersonal.program.run_record import check_output_dir
@@ -57,6 +58,7 @@ _EXPORTS = {
     'plot_curves': 'outputs',
     'replace_marked_section': 'outputs',
     'save_figure': 'outputs',
+    'save_figure_with_side_legend': 'outputs',
     'write_json': 'outputs',
     'check_output_dir': 'run_record',
     'mean_over_seeds': 'seeds',

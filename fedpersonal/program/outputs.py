@@ -293,8 +293,22 @@ def plot_curves(
             if label not in labels:
                 handles.append(handle)
                 labels.append(label)
-    fig.legend(handles, labels, fontsize=8, loc='center right', frameon=False)
-    fig.tight_layout(rect=(0.0, 0.0, 1.0 - 2.0 / (4.6 * len(keys) + 2.2), 0.9 if title else 1.0))
+    return save_figure_with_side_legend(fig, handles, labels, path, legend_inches=2.0, title=title)
+
+
+def save_figure_with_side_legend(
+    fig: Any,
+    handles: Sequence[Any],
+    labels: Sequence[str],
+    path: str,
+    *,
+    legend_inches: float,
+    title: str | None = None,
+) -> str:
+    """`save_figure` with one legend for all panels to their right, in `legend_inches` of the figure's width
+    kept free of axes, so that it covers no data."""
+    fig.legend(list(handles), list(labels), fontsize=8, loc='center right', frameon=False)
+    fig.tight_layout(rect=(0.0, 0.0, 1.0 - legend_inches / fig.get_size_inches()[0], 0.9 if title else 1.0))
     return save_figure(fig, path, title=title, tight_layout=False)
 
 

@@ -179,7 +179,8 @@ class FeddvaTask:
         (e.g. ``prefix='ft_'``: FedAvg + fine-tuning, evaluated in the FedAvg run). The test images play no part
         in the choice: the row is the selected model's test accuracy (`evaluate` measured it in that round).
         """
-        evaluations = [r for r in outputs.read_metrics() if f'eval/{prefix}accuracy' in r and 'round' in r]
+        metrics = [r for r in outputs.read_metrics() if 'round' in r]
+        evaluations = [r for r in metrics if f'eval/{prefix}accuracy' in r]
         if not evaluations:
             raise errors.ConfigError(f'{outputs.directory}: no evaluation to select from (rounds_per_eval?).')
         if stopping is not None and stopping.best_round:
@@ -192,7 +193,7 @@ class FeddvaTask:
         row.update(
             best_round=int(best['round']),
             best_validation_accuracy=best[f'eval/{prefix}accuracy'],
-            rounds=int(max(r['round'] for r in outputs.read_metrics() if 'round' in r)),
+            rounds=int(max(r['round'] for r in metrics)),
             early_stopped=bool(stopping is not None and stopping.stopped),
         )
         return row

@@ -171,11 +171,9 @@ def plot_accuracy_curves(
         ax.set_xlabel('round')
         ax.set_ylabel(f'{split} accuracy')
         ax.grid(alpha=0.3)
-    fig.legend(list(lines.values()), list(lines), fontsize=8, loc='center right', frameon=False)
-    if title:
-        fig.suptitle(title)
-    fig.tight_layout(rect=(0.0, 0.0, 1.0 - 2.8 / (5.5 * panels + 2.8), 0.92 if title else 1.0))
-    return program.save_figure(fig, path, tight_layout=False)
+    return program.save_figure_with_side_legend(
+        fig, list(lines.values()), list(lines), path, legend_inches=2.8, title=title
+    )
 
 
 def _number(value: Any) -> str:
