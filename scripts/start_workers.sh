@@ -32,7 +32,10 @@ for ((i = 0; i < N; i++)); do
   if (exec 3<>"/dev/tcp/127.0.0.1/$port") 2>/dev/null; then
     echo "start_workers.sh: port $port is already in use" >&2; exit 1
   fi
-  TF_CPP_MIN_LOG_LEVEL="${TF_CPP_MIN_LOG_LEVEL:-2}" "$BIN" --port="$port" &
+  # The allocator setting of fedpersonal.runtime.execution_context.WORKER_ENVIRONMENT (large buffers returned to
+  # the kernel when freed; a value set by the caller is kept).
+  MALLOC_MMAP_THRESHOLD_="${MALLOC_MMAP_THRESHOLD_:-1048576}" \
+    TF_CPP_MIN_LOG_LEVEL="${TF_CPP_MIN_LOG_LEVEL:-2}" "$BIN" --port="$port" &
   pids+=($!)
   addresses+=("$(hostname -f 2>/dev/null || hostname):$port")
 done

@@ -51,6 +51,7 @@ from typing import Any
 import grpc
 
 from fedpersonal import errors
+from fedpersonal.runtime import execution_context
 
 _GRPC_MAX_MESSAGE_BYTES = 2 * 1000 * 1000 * 1000  # As TFF's local runtime.
 _GRPC_OPTIONS = [
@@ -174,7 +175,8 @@ def _worker_context(stub: Any, compiler_fn: Any) -> Any:
 
     def stack_fn(cardinalities):
         cardinalities.setdefault(placements.CLIENTS, 0)  # As TFF's local factory (default_num_clients=0).
-        executor = remote_executor.RemoteExecutor(stub)
+        # Each worker value freed as soon as Python drops it, as on the local runtime (`execution_context`).
+        executor = remote_executor.RemoteExecutor(stub, dispose_batch_size=execution_context.DISPOSE_BATCH_SIZE)
         executor.set_cardinalities(cardinalities)
         return executor
 

@@ -24,11 +24,12 @@ This module owns that lifetime:
   (a round's serialized client data): TFF's `RemoteExecutor` releases a worker value only after 20 values have
   been dropped in Python (`dispose_batch_size=20`), and the worker's glibc keeps freed buffers below its (dynamic,
   up to 32 MB) mmap threshold in fragmented heap arenas. Values are released as soon as they are dropped
-  (`_DISPOSE_BATCH_SIZE`) and the worker starts with a fixed 1 MB mmap threshold (`_WORKER_ENVIRONMENT`, unless
+  (`DISPOSE_BATCH_SIZE`) and the worker starts with a fixed 1 MB mmap threshold (`WORKER_ENVIRONMENT`, unless
   the variable is set already), so large buffers go back to the kernel when freed. Measured with a 20 MB sequence
   passed 20 times: the worker grew from 250 MB to 1.0-1.2 GB as TFF ships, and stayed at ~105 MB with both
   changes (either alone: 560 MB, or a 100-650 MB sawtooth). HPFL on ASSISTments, 2 methods x 10 rounds in one
-  process: 4.2 GB before, 0.55 GB after (docs/RELIABILITY.md).
+  process: 4.2 GB before, 0.55 GB after (docs/RELIABILITY.md). The multi-worker runtime (`distributed`) and
+  `scripts/start_workers.sh` apply the same two settings to their workers.
 * `shutdown()` stops every tracked worker (SIGINT, then SIGKILL after a grace
   period). It runs at interpreter exit and is idempotent.
 * `LocalRuntime` is a context manager that installs a fresh C++ context with the
@@ -87,15 +88,15 @@ def _has_fileno(stream: Any) -> bool:
 
 
 # The worker's allocator: buffers of >= 1 MB are mapped on their own and unmapped when freed (see the docstring).
-_WORKER_ENVIRONMENT = {'MALLOC_MMAP_THRESHOLD_': str(1 << 20)}
+WORKER_ENVIRONMENT = {'MALLOC_MMAP_THRESHOLD_': str(1 << 20)}
 # TFF's `RemoteExecutor` batches its requests to free worker values by 20; 1 frees each value when Python drops it.
-_DISPOSE_BATCH_SIZE = 1
+DISPOSE_BATCH_SIZE = 1
 
 
 def _worker_environment(env: Any) -> dict[str, str]:
-    """`env` (None: this process's environment) with `_WORKER_ENVIRONMENT` added where not set."""
+    """`env` (None: this process's environment) with `WORKER_ENVIRONMENT` added where not set."""
     env = dict(os.environ if env is None else env)
-    for name, value in _WORKER_ENVIRONMENT.items():
+    for name, value in WORKER_ENVIRONMENT.items():
         env.setdefault(name, value)
     return env
 
@@ -140,8 +141,8 @@ class _PromptDisposeRemoteExecutorModule(types.ModuleType):
         self._module = module
 
     def RemoteExecutor(self, *args: Any, **kwargs: Any) -> Any:  # The name TFF calls.
-        """`RemoteExecutor` with `dispose_batch_size=_DISPOSE_BATCH_SIZE` unless given."""
-        kwargs.setdefault('dispose_batch_size', _DISPOSE_BATCH_SIZE)
+        """`RemoteExecutor` with `dispose_batch_size=DISPOSE_BATCH_SIZE` unless given."""
+        kwargs.setdefault('dispose_batch_size', DISPOSE_BATCH_SIZE)
         return self._module.RemoteExecutor(*args, **kwargs)
 
     def __getattr__(self, name: str) -> Any:

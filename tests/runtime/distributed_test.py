@@ -102,6 +102,16 @@ def _furl_rounds(simulation):
     return process.get_model_weights(state), private, output.metrics
 
 
+def test_started_workers_return_large_buffers_to_the_kernel(two_workers):
+    """start_workers.sh gives its workers the local runtime's allocator setting (execution_context)."""
+    from fedpersonal.runtime import execution_context  # pylint: disable=g-import-not-at-top
+
+    with open(f'/proc/{two_workers.worker_pid(0)}/environ', 'rb') as f:
+        environment = f.read().split(b'\0')
+    for name, value in execution_context.WORKER_ENVIRONMENT.items():
+        assert f'{name}={value}'.encode() in environment
+
+
 def test_fed_recon_on_two_workers_equals_the_local_runtime(two_workers):
     with runtime.LocalRuntime():
         local_weights, local_metrics = _fed_recon_rounds()
