@@ -40,6 +40,7 @@ from __future__ import annotations
 
 import atexit
 import contextlib
+import functools
 import gc
 import os
 import signal
@@ -121,31 +122,15 @@ class _TrackedPopen(subprocess.Popen):
             _workers.append(self)
 
 
-class _TrackingSubprocessModule(types.ModuleType):
-    """Stands in for `subprocess` inside TFF's executor factory module."""
+class _ModuleStandIn(types.ModuleType):
+    """Stands in for `module` inside TFF's executor factory module: `overrides` replace some of its names."""
 
-    Popen = _TrackedPopen
-
-    def __init__(self) -> None:
-        super().__init__('subprocess')
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(subprocess, name)
-
-
-class _PromptDisposeRemoteExecutorModule(types.ModuleType):
-    """Stands in for `remote_executor` inside TFF's executor factory module: values freed as soon as dropped."""
-
-    def __init__(self, module: types.ModuleType) -> None:
+    def __init__(self, module: types.ModuleType, **overrides: Any) -> None:
         super().__init__(module.__name__)
         self._module = module
+        self.__dict__.update(overrides)
 
-    def RemoteExecutor(self, *args: Any, **kwargs: Any) -> Any:  # The name TFF calls.
-        """`RemoteExecutor` with `dispose_batch_size=DISPOSE_BATCH_SIZE` unless given."""
-        kwargs.setdefault('dispose_batch_size', DISPOSE_BATCH_SIZE)
-        return self._module.RemoteExecutor(*args, **kwargs)
-
-    def __getattr__(self, name: str) -> Any:
+    def __getattr__(self, name: str) -> Any:  # Only called for names not overridden.
         return getattr(self._module, name)
 
 
@@ -162,8 +147,12 @@ def install_worker_tracking() -> None:
             return
         from tensorflow_federated.python.core.impl.executor_stacks import executor_factory  # pylint: disable=g-import-not-at-top
 
-        executor_factory.subprocess = _TrackingSubprocessModule()
-        executor_factory.remote_executor = _PromptDisposeRemoteExecutorModule(executor_factory.remote_executor)
+        executor_factory.subprocess = _ModuleStandIn(subprocess, Popen=_TrackedPopen)
+        remote_executor = executor_factory.remote_executor
+        executor_factory.remote_executor = _ModuleStandIn(
+            remote_executor,
+            RemoteExecutor=functools.partial(remote_executor.RemoteExecutor, dispose_batch_size=DISPOSE_BATCH_SIZE),
+        )
         _installed = True
     atexit.register(_shutdown_at_exit)
 
