@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import json
 import os
 import time
 from typing import Any
@@ -169,45 +170,28 @@ def _user_table(keras_model: tf.keras.Model) -> np.ndarray | None:
 
 
 def run_server(task: FurlTask, name: str, outputs: program.ExperimentOutputs) -> tuple[dict[str, Any], Any]:
-    """Centralized SGD on the pooled training examples, best epoch by eval loss."""
+    """Centralized SGD on the pooled training examples: up to `epochs` epochs, early-stopped after
+    `centralized_patience` epochs without a lower validation loss, ending with the best epoch's weights; resumes
+    from its epoch checkpoints."""
     cfg, data = task.config, task.data
     personalization = 'table' if name == 'personalized_server' else 'none'
     model = task.model_fn(personalization)()
-    pooled = lambda split, shuffle: (
-        (
-            tf.data.Dataset.from_tensor_slices(data.arrays(split)).shuffle(
-                data.num_examples(split), seed=cfg.seed, reshuffle_each_iteration=True
-            )
-            if shuffle
-            else tf.data.Dataset.from_tensor_slices(data.arrays(split))
-        )
-        .map(furl_models.to_model_input)
-        .batch(cfg.batch_size)
-    )
-
-    def on_epoch_end(epoch, logs):
-        outputs.release_metrics(
-            epoch,
-            {
-                'train': {k: v for k, v in logs.items() if not k.startswith('val_')},
-                'eval': {k[4:]: v for k, v in logs.items() if k.startswith('val_')},
-            },
-        )
-        logging.info('[%s] epoch %d  %s', name, epoch, '  '.join(f'{k}={v:.4f}' for k, v in logs.items()))
-
+    examples = lambda split: tf.data.Dataset.from_tensor_slices(data.arrays(split)).map(furl_models.to_model_input)
     centralized.train_centralized(
         model.keras_model,
-        train_dataset=pooled('train', True),
-        validation_dataset=pooled('eval', False),
+        train_dataset=centralized.epoch_shuffled(examples('train'), cfg.batch_size, seed=cfg.seed),
+        validation_dataset=examples('eval').batch(cfg.batch_size),
         optimizer=tf.keras.optimizers.get(
             {'class_name': cfg.centralized_optimizer, 'config': {'learning_rate': cfg.centralized_learning_rate}}
         ),
         loss=task.loss_fn(),
         metrics=task.metrics_fn(),
         max_epochs=cfg.epochs,
-        patience=max(2, cfg.epochs),
+        patience=cfg.centralized_patience,
         monitor='val_loss',
-        on_epoch_end=on_epoch_end,
+        on_epoch_end=lambda epoch, logs: outputs.release_metrics(epoch, centralized.split_logs(logs)),
+        checkpoint_dir=outputs.path('checkpoints'),
+        name=name,
     )
     row = task.evaluate_global(personalization, _keras_weights(model.keras_model))
     return row, _user_table(model.keras_model)
@@ -418,6 +402,20 @@ def embedding_analysis(
     return {'knn_overlap': overlap, 'knn_chance': chance, 'knn_k': k}
 
 
+_EMBEDDINGS = {'personalized_server': 'server', 'personalized_fl': 'fl'}  # Rows with user embeddings to compare.
+_EMBEDDINGS_FILE = 'user_embeddings.npy'
+
+
+def _finished_row(outputs: program.ExperimentOutputs) -> tuple[dict[str, Any], np.ndarray | None] | None:
+    """The row a run finished earlier in `outputs` and its user embeddings (None: the row has not finished)."""
+    if not os.path.exists(outputs.path('results.json')):
+        return None
+    with open(outputs.path('results.json')) as f:
+        row = json.load(f)
+    embeddings = outputs.path(_EMBEDDINGS_FILE)
+    return row, (np.load(embeddings) if os.path.exists(embeddings) else None)
+
+
 def run(config: FurlConfig) -> dict[str, Any]:
     """Runs the configured FURL configurations; writes results.json, curves and the embedding plot."""
     run_record.check_output_dir(config)  # Also when called directly; a binary has checked (same config).
@@ -429,18 +427,24 @@ def run(config: FurlConfig) -> dict[str, Any]:
     rows, embeddings = [], {}
     for name in config.configurations:
         outputs = program.ExperimentOutputs(config.output_dir, name)
-        started = time.time()
-        if name in ('global_server', 'personalized_server'):
-            metrics, table = run_server(task, name, outputs)
-            if table is not None:
-                embeddings['server'] = table
-        elif name == 'global_fl':
-            metrics = run_global_fl(task, outputs)
+        finished = _finished_row(outputs)
+        if finished is not None:  # A rerun after an interruption in a later row.
+            row, table = finished
         else:
-            metrics, embeddings['fl'] = run_personalized_fl(task, outputs)
-        row = {'name': ROW_NAMES[name], 'configuration': name, **metrics, 'wall_seconds': time.time() - started}
-        outputs.write_json('results.json', row)
-        outputs.plot_learning_curve(['train/loss', 'eval/loss', 'eval/accuracy', 'eval/auc'], title=ROW_NAMES[name])
+            started = time.time()
+            if name in ('global_server', 'personalized_server'):
+                metrics, table = run_server(task, name, outputs)
+            elif name == 'global_fl':
+                metrics, table = run_global_fl(task, outputs), None
+            else:
+                metrics, table = run_personalized_fl(task, outputs)
+            row = {'name': ROW_NAMES[name], 'configuration': name, **metrics, 'wall_seconds': time.time() - started}
+            if table is not None:
+                np.save(outputs.path(_EMBEDDINGS_FILE), table)
+            outputs.write_json('results.json', row)
+            outputs.plot_learning_curve(['train/loss', 'eval/loss', 'eval/accuracy', 'eval/auc'], title=ROW_NAMES[name])
+        if table is not None:
+            embeddings[_EMBEDDINGS[name]] = table
         rows.append(row)
     results = {
         'dataset': data.description,

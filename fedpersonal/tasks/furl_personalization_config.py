@@ -59,6 +59,11 @@ class FurlConfig(
     rounds_per_checkpoint: int = 50
     centralized_optimizer: str = parts.option('sgd', 'Optimizer of the server (centralized) rows.')
     centralized_learning_rate: float = parts.option(0.1, 'Learning rate of the server (centralized) rows.')
+    centralized_patience: int = parts.option(
+        3,
+        'Server rows: stop after this many epochs without a lower validation loss (0: train all --epochs); either '
+        'way the row ends with the weights of its best epoch.',
+    )
     private_norm_regularization: float = parts.option(0.0, 'lambda of the norm penalty on private parameters.')
     state_store: str = parts.option('sqlite', "Client state store: 'sqlite' (durable, resumable) or 'memory'.")
     knn: int = parts.option(10, 'Neighbours compared in the embedding analysis.')
@@ -100,3 +105,5 @@ class FurlConfig(
         for name in ('epochs', 'knn'):
             if getattr(self, name) < 1:
                 raise errors.ConfigError(f'{name} must be >= 1, got {getattr(self, name)}.')
+        if self.centralized_patience < 0:
+            raise errors.ConfigError(f'centralized_patience must be >= 0, got {self.centralized_patience}.')

@@ -459,27 +459,14 @@ def run_configuration(task: MovieLensMFTask, name: str) -> dict[str, Any]:
             holdout = ranks >= np.floor(sizes * 0.9)
             train_frame, val_frame = pooled[~holdout], pooled[holdout]
 
-        def pooled_dataset(frame, shuffle):
+        def examples(frame):
             elements = {c: frame[c].to_numpy() for c in ('user_id', 'item_id', 'rating')}
-            ds = tf.data.Dataset.from_tensor_slices(elements).map(mf.table_example)
-            if shuffle:
-                ds = ds.shuffle(len(frame), seed=cfg.seed, reshuffle_each_iteration=True)
-            return ds.batch(cfg.centralized_batch_size)
-
-        def on_epoch_end(epoch, logs):
-            outputs.release_metrics(
-                epoch,
-                {
-                    'train': {k: v for k, v in logs.items() if not k.startswith('val_')},
-                    'eval': {k[4:]: v for k, v in logs.items() if k.startswith('val_')},
-                },
-            )
-            logging.info('[%s] epoch %d  %s', name, epoch, '  '.join(f'{k}={v:.4f}' for k, v in logs.items()))
+            return tf.data.Dataset.from_tensor_slices(elements).map(mf.table_example)
 
         centralized.train_centralized(
             keras_model,
-            train_dataset=pooled_dataset(train_frame, shuffle=True),
-            validation_dataset=pooled_dataset(val_frame, shuffle=False),
+            train_dataset=centralized.epoch_shuffled(examples(train_frame), cfg.centralized_batch_size, seed=cfg.seed),
+            validation_dataset=examples(val_frame).batch(cfg.centralized_batch_size),
             optimizer=tf.keras.optimizers.get(
                 {'class_name': cfg.centralized_optimizer, 'config': {'learning_rate': cfg.centralized_learning_rate}}
             ),
@@ -488,7 +475,9 @@ def run_configuration(task: MovieLensMFTask, name: str) -> dict[str, Any]:
             max_epochs=cfg.centralized_max_epochs,
             patience=cfg.centralized_patience,
             monitor='val_rmse',
-            on_epoch_end=on_epoch_end,
+            on_epoch_end=lambda epoch, logs: outputs.release_metrics(epoch, centralized.split_logs(logs)),
+            checkpoint_dir=outputs.path('checkpoints'),
+            name=name,
         )
         trainable = [v.numpy() for v in keras_model.trainable_variables]
         if standard:

@@ -88,7 +88,9 @@ class MovieLensMFConfig(
     centralized_learning_rate: float = parts.option(0.001, 'Learning rate of the centralized rows.')
     centralized_batch_size: int = parts.option(64, 'Batch size of the centralized rows.')
     centralized_max_epochs: int = parts.option(100, 'Epoch cap of the centralized rows (early stopping).')
-    centralized_patience: int = parts.option(3, 'Early-stopping patience (epochs) of the centralized rows.')
+    centralized_patience: int = parts.option(
+        3, 'Centralized rows: stop after this many epochs without a lower validation RMSE (0: all epochs).'
+    )
 
     def __post_init__(self):
         parts.run_post_inits(self)

@@ -25,7 +25,7 @@ def _run(argv):
 
 def test_four_configurations_on_generated_data(tmp_path, capsys):
     out = str(tmp_path / 'furl')
-    _run(
+    argv = (
         [
             '--synthetic_num_users=12',
             '--epochs=1',
@@ -40,6 +40,7 @@ def test_four_configurations_on_generated_data(tmp_path, capsys):
             f'--output_dir={out}',
         ]
     )
+    _run(argv)
     printed = capsys.readouterr().out
     for name in ('Global Server', 'Personalized Server', 'Global FL', 'Personalized FL'):
         assert name in printed
@@ -56,6 +57,15 @@ def test_four_configurations_on_generated_data(tmp_path, capsys):
     assert 0 <= results['embeddings']['knn_overlap'] <= 1
     assert os.path.getsize(os.path.join(out, 'user_embeddings.png')) > 1000
     assert os.path.exists(os.path.join(out, 'personalized_fl', 'client_states.sqlite'))
+
+    # A rerun (e.g. after a kill in a later row) reads the finished rows and their user embeddings back.
+    written = {name: os.path.getmtime(os.path.join(out, name, 'results.json')) for name in rows}
+    os.remove(os.path.join(out, 'results.json'))
+    _run(argv)
+    with open(os.path.join(out, 'results.json')) as f:
+        again = json.load(f)
+    assert again['rows'] == results['rows'] and again['embeddings'] == results['embeddings']
+    assert written == {name: os.path.getmtime(os.path.join(out, name, 'results.json')) for name in rows}
 
 
 def test_knn_overlap_identical_and_unrelated():
