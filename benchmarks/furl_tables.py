@@ -87,8 +87,13 @@ def main(argv):
             if config.early_stopping_patience
             else '.'
         )
-        + ' Server rows: centralized training, the best epoch by validation loss. Embeddings and curves: the '
-        'first seed.',
+        + f' Server rows: centralized training, up to {config.epochs} epochs'
+        + (
+            f', early-stopped after {config.centralized_patience} epochs without a lower validation loss'
+            if config.centralized_patience
+            else ''
+        )
+        + ", tested with the best epoch's weights (by validation loss). Embeddings and curves: the first seed.",
         '',
         table,
     ]

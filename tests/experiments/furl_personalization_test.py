@@ -25,21 +25,19 @@ def _run(argv):
 
 def test_four_configurations_on_generated_data(tmp_path, capsys):
     out = str(tmp_path / 'furl')
-    argv = (
-        [
-            '--synthetic_num_users=12',
-            '--epochs=1',
-            '--clients_per_round=4',
-            '--max_chars=16',
-            '--lstm_units=8',
-            '--user_embedding_dim=4',
-            '--mlp_units=8',
-            '--rounds_per_eval=3',
-            '--knn=2',
-            '--simulation=per_client',  # The engine path: tests/simulation/furl_engine_test.py (compiles longer).
-            f'--output_dir={out}',
-        ]
-    )
+    argv = [
+        '--synthetic_num_users=12',
+        '--epochs=1',
+        '--clients_per_round=4',
+        '--max_chars=16',
+        '--lstm_units=8',
+        '--user_embedding_dim=4',
+        '--mlp_units=8',
+        '--rounds_per_eval=3',
+        '--knn=2',
+        '--simulation=per_client',  # The engine path: tests/simulation/furl_engine_test.py (compiles longer).
+        f'--output_dir={out}',
+    ]
     _run(argv)
     printed = capsys.readouterr().out
     for name in ('Global Server', 'Personalized Server', 'Global FL', 'Personalized FL'):
