@@ -14,6 +14,19 @@ from fedpersonal.tasks import furl_personalization
 FLAGS = flags.FLAGS
 
 
+# A small generated run: 12 users, 3 rounds of 4 (one epoch), a tiny model.
+SMALL = (
+    '--synthetic_num_users=12',
+    '--epochs=1',
+    '--clients_per_round=4',
+    '--max_chars=16',
+    '--lstm_units=8',
+    '--user_embedding_dim=4',
+    '--mlp_units=8',
+    '--rounds_per_eval=3',
+)
+
+
 def _run(argv):
     FLAGS.unparse_flags()
     FLAGS(['furl_personalization'] + argv)
@@ -26,14 +39,7 @@ def _run(argv):
 def test_four_configurations_on_generated_data(tmp_path, capsys):
     out = str(tmp_path / 'furl')
     argv = [
-        '--synthetic_num_users=12',
-        '--epochs=1',
-        '--clients_per_round=4',
-        '--max_chars=16',
-        '--lstm_units=8',
-        '--user_embedding_dim=4',
-        '--mlp_units=8',
-        '--rounds_per_eval=3',
+        *SMALL,
         '--knn=2',
         '--simulation=per_client',  # The engine path: tests/simulation/furl_engine_test.py (compiles longer).
         f'--output_dir={out}',

@@ -11,6 +11,7 @@ from absl import flags
 from experiments import furl_personalization as furl_binary
 from experiments import movielens_mf as movielens_binary
 from fedpersonal.privacy import dp
+from tests.experiments import furl_personalization_test as furl_test
 
 FLAGS = flags.FLAGS
 
@@ -74,14 +75,7 @@ def test_furl_with_adaptive_dp_on_its_federated_rows(tmp_path, capsys):
     _run(
         furl_binary,
         [
-            '--synthetic_num_users=12',
-            '--epochs=1',
-            '--clients_per_round=4',
-            '--max_chars=16',
-            '--lstm_units=8',
-            '--user_embedding_dim=4',
-            '--mlp_units=8',
-            '--rounds_per_eval=3',
+            *furl_test.SMALL,
             '--configurations=global_fl,personalized_fl',
             '--dp_noise_multiplier=0.3',
             '--dp_clipped_count_stddev=0.5',
