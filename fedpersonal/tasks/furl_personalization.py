@@ -18,9 +18,9 @@ Configuration flows one way: flags -> `FurlConfig` -> builders.
 
 Every random choice derives from `FurlConfig.seed`, so two runs with the same config give bit-identical metrics
 (on CPU): the generated data and the 'random' split order, every model's initial weights (`furl_models` with
-``seed``), the server rows' shuffling (`tf.data` shuffle with ``seed``), the clients sampled each round ((``seed``,
-round)), the clients' default private state (`client_state.seeded_uniform_default` with ``seed``) and the t-SNE
-projection. `run` also sets TensorFlow's global seed to ``seed``, so the op-level seeds combine with the same
+``seed``), the server rows' shuffling (each epoch's `tf.data` shuffle seeded from (``seed``, epoch)), the clients
+sampled each round ((``seed``, round)), the clients' default private state
+(`client_state.seeded_uniform_default` with ``seed``) and the t-SNE projection. `run` also sets TensorFlow's global seed to ``seed``, so the op-level seeds combine with the same
 graph-level seed whatever ran earlier in the process.
 """
 
