@@ -169,7 +169,9 @@ def _user_table(keras_model: tf.keras.Model) -> np.ndarray | None:
         return None
 
 
-def run_server(task: FurlTask, name: str, outputs: program.ExperimentOutputs) -> tuple[dict[str, Any], Any]:
+def run_server(
+    task: FurlTask, name: str, outputs: program.ExperimentOutputs
+) -> tuple[dict[str, Any], np.ndarray | None]:
     """Centralized SGD on the pooled training examples: up to `epochs` epochs, early-stopped after
     `centralized_patience` epochs without a lower validation loss, ending with the best epoch's weights; resumes
     from its epoch checkpoints."""

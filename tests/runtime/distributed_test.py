@@ -23,6 +23,7 @@ from fedpersonal import faults
 from fedpersonal import runtime
 from fedpersonal.algorithms import furl
 from fedpersonal.runtime import distributed
+from fedpersonal.runtime import execution_context
 from tests.algorithms import furl_test
 from tests.simulation import communication_engine_test as mf_setup
 
@@ -104,8 +105,6 @@ def _furl_rounds(simulation):
 
 def test_started_workers_return_large_buffers_to_the_kernel(two_workers):
     """start_workers.sh gives its workers the local runtime's allocator setting (execution_context)."""
-    from fedpersonal.runtime import execution_context  # pylint: disable=g-import-not-at-top
-
     with open(f'/proc/{two_workers.worker_pid(0)}/environ', 'rb') as f:
         environment = f.read().split(b'\0')
     for name, value in execution_context.WORKER_ENVIRONMENT.items():
