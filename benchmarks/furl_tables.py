@@ -46,7 +46,7 @@ def main(argv):
             seeds,
             row_key='configuration',
             std_keys=('auc', 'accuracy', 'loss', 'default_state_auc', 'default_state_accuracy'),
-            per_seed_keys=('best_round', 'rounds', 'wall_seconds'),
+            per_seed_keys=('best_round', 'rounds', 'best_epoch', 'epochs', 'wall_seconds'),
         )
     config = dataclasses.replace(config, seed=seeds[0], output_dir=program.seed_output_dir(config.output_dir, seeds[0]))
     name = f'furl_{config.dataset}'
@@ -89,11 +89,12 @@ def main(argv):
         )
         + f' Server rows: centralized training, up to {config.epochs} epochs'
         + (
-            f', early-stopped after {config.centralized_patience} epochs without a lower validation loss'
+            f', early-stopped after {config.centralized_patience} epochs without a better validation '
+            f'{"AUC" if binary else "accuracy"}'
             if config.centralized_patience
             else ''
         )
-        + ", tested with the best epoch's weights (by validation loss). Embeddings and curves: the first seed.",
+        + ", tested with the best epoch's weights (by the same metric). Embeddings and curves: the first seed.",
         '',
         table,
     ]

@@ -26,11 +26,12 @@ def train_centralized(
     max_epochs: int,
     patience: int = 3,
     monitor: str = 'val_loss',
+    mode: str = 'min',
     on_epoch_end: Callable[[int, dict[str, float]], object] | None = None,
     checkpoint_dir: str | None = None,
     name: str = 'centralized',
 ) -> dict[str, list[float]]:
-    """Trains `keras_model` on pooled data; ends with the weights of the best epoch (lowest `monitor`).
+    """Trains `keras_model` on pooled data; ends with the weights of the best epoch (by `monitor`).
 
     Unlike Keras' `EarlyStopping(restore_best_weights=True)`, which restores them only when it stops early, the
     best epoch's weights are restored however training ends.
@@ -44,30 +45,41 @@ def train_centralized(
       loss: The training loss.
       metrics: Keras metrics reported per epoch.
       max_epochs: Upper bound on epochs.
-      patience: Epochs without a lower `monitor` before stopping (0: train `max_epochs` epochs).
-      monitor: The validation quantity to minimize.
+      patience: Epochs without a better `monitor` before stopping (0: train `max_epochs` epochs).
+      monitor: The logged validation quantity that selects the best epoch, e.g. ``'val_loss'`` or ``'val_auc'``.
+      mode: ``'min'`` (the best epoch has the lowest `monitor`) or ``'max'`` (the highest); ties keep the earlier.
       on_epoch_end: Called with `(epoch, logs)` after each epoch (epochs from 1; not again for the epochs a resumed
         run restored).
       checkpoint_dir: If set, the model, the optimizer and the early-stopping state are written there after every
-        epoch, and a run started again with the same arguments continues after the last epoch written.
+        epoch, and a run started again with the same arguments continues after the last epoch written (a
+        checkpoint written under another `monitor` or `mode` is refused: its best epoch is another one).
       name: The run's name in the log line of each epoch.
 
     Returns:
       The history: each logged quantity per epoch, over all epochs run (restored ones included).
     """
+    if mode not in ('min', 'max'):
+        raise ValueError(f"train_centralized: mode must be 'min' or 'max', got {mode!r}.")
     to_pair = lambda d: d.map(lambda b: (b['x'], b['y'])) if isinstance(d.element_spec, dict) else d
     keras_model.compile(optimizer=optimizer, loss=loss, metrics=metrics)
     if hasattr(optimizer, 'build'):  # Its variables exist before a checkpoint is restored into them.
         optimizer.build(keras_model.trainable_variables)
     else:  # A legacy (v2) optimizer, e.g. from `tf.keras.optimizers.get`.
         optimizer._create_all_weights(keras_model.trainable_variables)  # pylint: disable=protected-access
-    state: dict = {'epoch': 0, 'best': None, 'best_epoch': 0, 'history': {}}
+    state: dict = {'epoch': 0, 'best': None, 'best_epoch': 0, 'history': {}, 'monitor': monitor, 'mode': mode}
     best_weights = keras_model.get_weights()
     checkpoint = tf.train.Checkpoint(model=keras_model, optimizer=optimizer)
     if checkpoint_dir is not None:
         restored = _restore(checkpoint_dir, checkpoint)
         if restored is not None:
             state, best_weights = restored
+            # Checkpoints written before the selection was recorded selected on the lowest validation loss.
+            recorded = (state.setdefault('monitor', 'val_loss'), state.setdefault('mode', 'min'))
+            if recorded != (monitor, mode):
+                raise ValueError(
+                    f'train_centralized: the checkpoints in {checkpoint_dir} select the best epoch by {recorded[0]} '
+                    f'({recorded[1]}), this run by {monitor} ({mode}); delete that directory to start over.'
+                )
             logging.info(
                 'Resumed centralized training after epoch %d (best epoch %d).', state['epoch'], state['best_epoch']
             )
@@ -82,7 +94,7 @@ def train_centralized(
         for key, value in logs.items():
             state['history'].setdefault(key, []).append(value)
         state['epoch'] = epoch
-        if state['best'] is None or logs[monitor] < state['best']:
+        if state['best'] is None or (logs[monitor] < state['best'] if mode == 'min' else logs[monitor] > state['best']):
             state['best'], state['best_epoch'] = logs[monitor], epoch
             best_weights = keras_model.get_weights()
         logging.info('[%s] epoch %d  %s', name, epoch, '  '.join(f'{k}={v:.4f}' for k, v in logs.items()))
@@ -92,6 +104,12 @@ def train_centralized(
             _save(checkpoint_dir, checkpoint, state, best_weights)
     keras_model.set_weights(best_weights)
     return state['history']
+
+
+def best_epoch(history: dict[str, list[float]], *, monitor: str = 'val_loss', mode: str = 'min') -> int:
+    """The epoch (from 1) `train_centralized` ended with, given its returned `history` and selection."""
+    values = np.asarray(history[monitor])
+    return int(np.argmin(values) if mode == 'min' else np.argmax(values)) + 1
 
 
 def epoch_shuffled(examples: tf.data.Dataset, batch_size: int, *, seed: int) -> Callable[[int], tf.data.Dataset]:

@@ -41,6 +41,7 @@ from absl import logging
 from fedpersonal import algorithms
 from fedpersonal import client_state
 from fedpersonal import core
+from fedpersonal import errors
 from fedpersonal import evaluation
 from fedpersonal import program
 from fedpersonal.algorithms import centralized
@@ -173,13 +174,14 @@ def run_server(
     task: FurlTask, name: str, outputs: program.ExperimentOutputs
 ) -> tuple[dict[str, Any], np.ndarray | None]:
     """Centralized SGD on the pooled training examples: up to `epochs` epochs, early-stopped after
-    `centralized_patience` epochs without a lower validation loss, ending with the best epoch's weights; resumes
-    from its epoch checkpoints."""
+    `centralized_patience` epochs without a better validation metric (the federated rows' one: AUC for binary
+    tasks, else accuracy), ending with the best epoch's weights; resumes from its epoch checkpoints."""
     cfg, data = task.config, task.data
     personalization = 'table' if name == 'personalized_server' else 'none'
     model = task.model_fn(personalization)()
     examples = lambda split: tf.data.Dataset.from_tensor_slices(data.arrays(split)).map(furl_models.to_model_input)
-    centralized.train_centralized(
+    monitor = f'val_{_validation_metric(task)}'
+    history = centralized.train_centralized(
         model.keras_model,
         train_dataset=centralized.epoch_shuffled(examples('train'), cfg.batch_size, seed=cfg.seed),
         validation_dataset=examples('eval').batch(cfg.batch_size),
@@ -190,21 +192,37 @@ def run_server(
         metrics=task.metrics_fn(),
         max_epochs=cfg.epochs,
         patience=cfg.centralized_patience,
-        monitor='val_loss',
+        monitor=monitor,
+        mode='max',
         on_epoch_end=lambda epoch, logs: outputs.release_metrics(epoch, centralized.split_logs(logs)),
         checkpoint_dir=outputs.path('checkpoints'),
         name=name,
     )
-    row = task.evaluate_global(personalization, _keras_weights(model.keras_model))
+    best = centralized.best_epoch(history, monitor=monitor, mode='max')
+    row: dict[str, Any] = {
+        **task.evaluate_global(personalization, _keras_weights(model.keras_model)),
+        'selected_by': monitor,
+        'best_epoch': best,
+        'epochs': len(history[monitor]),
+        'early_stopped': len(history[monitor]) < cfg.epochs,
+        f'best_validation_{monitor[4:]}': history[monitor][best - 1],
+    }
     return row, _user_table(model.keras_model)
+
+
+def _validation_metric(task: FurlTask) -> str:
+    """The validation metric every row selects on: AUC for binary tasks, else accuracy."""
+    return 'auc' if task.binary else 'accuracy'
 
 
 def _stopping(task: FurlTask) -> program.EarlyStopping:
     """Early stopping of a federated row on its validation metric (AUC for binary tasks, else accuracy)."""
     cfg = task.config
-    metric = 'auc' if task.binary else 'accuracy'
     return program.EarlyStopping(
-        metric, mode='max', patience=cfg.early_stopping_patience, min_delta=cfg.early_stopping_min_delta
+        _validation_metric(task),
+        mode='max',
+        patience=cfg.early_stopping_patience,
+        min_delta=cfg.early_stopping_min_delta,
     )
 
 
@@ -408,12 +426,25 @@ _EMBEDDINGS = {'personalized_server': 'server', 'personalized_fl': 'fl'}  # Rows
 _EMBEDDINGS_FILE = 'user_embeddings.npy'
 
 
-def _finished_row(outputs: program.ExperimentOutputs) -> tuple[dict[str, Any], np.ndarray | None] | None:
-    """The row a run finished earlier in `outputs` and its user embeddings (None: the row has not finished)."""
-    if not os.path.exists(outputs.path('results.json')):
+def _finished_row(
+    task: FurlTask, name: str, outputs: program.ExperimentOutputs
+) -> tuple[dict[str, Any], np.ndarray | None] | None:
+    """The row a run finished earlier in `outputs` and its user embeddings (None: the row has not finished).
+
+    Raises:
+      errors.ConfigError: A server row finished by an older version, which selected its epoch on validation loss.
+    """
+    path = outputs.path('results.json')
+    if not os.path.exists(path):
         return None
-    with open(outputs.path('results.json')) as f:
+    with open(path) as f:
         row = json.load(f)
+    monitor = f'val_{_validation_metric(task)}'
+    if name.endswith('_server') and row.get('selected_by') != monitor:
+        raise errors.ConfigError(
+            f'{path}: this {name} row was selected by another rule than {monitor} (an older version selected the '
+            f'epoch on validation loss); delete {os.path.dirname(path)} to train it again, or pass --fresh_start.'
+        )
     embeddings = outputs.path(_EMBEDDINGS_FILE)
     return row, (np.load(embeddings) if os.path.exists(embeddings) else None)
 
@@ -429,7 +460,7 @@ def run(config: FurlConfig) -> dict[str, Any]:
     rows, embeddings = [], {}
     for name in config.configurations:
         outputs = program.ExperimentOutputs(config.output_dir, name)
-        finished = _finished_row(outputs)
+        finished = _finished_row(task, name, outputs)
         if finished is not None:  # A rerun after an interruption in a later row.
             row, table = finished
         else:
@@ -469,9 +500,10 @@ def run(config: FurlConfig) -> dict[str, Any]:
         r['configuration']: program.ExperimentOutputs(config.output_dir, r['configuration']).read_metrics()
         for r in rows
     }
-    # The server rows train in epochs, not rounds: each is drawn at its selected epoch (lowest validation loss).
+    # The server rows train in epochs, not rounds: each is drawn at its selected epoch (best validation metric).
+    selected = f'eval/{_validation_metric(task)}'
     references = {
-        f'{ROW_NAMES[name]} (selected epoch)': min(epochs, key=lambda row: row.get('eval/loss', np.inf))
+        f'{ROW_NAMES[name]} (selected epoch)': max(epochs, key=lambda row: row.get(selected, -np.inf))
         for name, epochs in metrics.items()
         if name in ('global_server', 'personalized_server') and epochs
     }
@@ -491,7 +523,7 @@ def format_table(rows: list[dict[str, Any]], binary: bool) -> str:
     metrics = ['auc', 'accuracy'] if binary else ['accuracy']
     head = ' | '.join(m.upper() if m == 'auc' else m for m in metrics)
     lines = [
-        f'| configuration | {head} | loss | default-state {metrics[0]} | best round (of) | seeds | s/round |',
+        f'| configuration | {head} | loss | default-state {metrics[0]} | best round or epoch (of) | seeds | s/round |',
         '|---' * (len(metrics) + 6) + '|',
     ]
 
@@ -503,7 +535,10 @@ def format_table(rows: list[dict[str, Any]], binary: bool) -> str:
 
     for r in rows:
         values = ' | '.join(value(r, m) for m in metrics)
-        rounds = f'{r["best_round"]:.0f} ({r["rounds"]:.0f})' if r.get('best_round') is not None else ''
+        if r.get('best_round') is not None:
+            rounds = f'{r["best_round"]:.0f} ({r["rounds"]:.0f})'
+        else:
+            rounds = f'epoch {r["best_epoch"]:.0f} ({r["epochs"]:.0f})' if r.get('best_epoch') is not None else ''
         spr = r.get('seconds_per_round')
         lines.append(
             f'| {r["name"]} | {values} | {value(r, "loss")} | {value(r, f"default_state_{metrics[0]}")} | {rounds} | '

@@ -61,8 +61,9 @@ class FurlConfig(
     centralized_learning_rate: float = parts.option(0.1, 'Learning rate of the server (centralized) rows.')
     centralized_patience: int = parts.option(
         3,
-        'Server rows: stop after this many epochs without a lower validation loss (0: train all --epochs); either '
-        'way the row ends with the weights of its best epoch.',
+        'Server rows: stop after this many epochs without a better validation AUC (accuracy for multi-class '
+        'tasks; the federated rows select on it too) (0: train all --epochs); either way the row ends with the '
+        'weights of its best epoch.',
     )
     private_norm_regularization: float = parts.option(0.0, 'lambda of the norm penalty on private parameters.')
     state_store: str = parts.option('sqlite', "Client state store: 'sqlite' (durable, resumable) or 'memory'.")

@@ -1,5 +1,9 @@
 """The centralized baseline: the best epoch's weights however training ends, patience, and exact resumption."""
 
+import json
+import os
+import re
+
 import numpy as np
 import pytest
 import tensorflow as tf
@@ -25,7 +29,7 @@ def _scalar_model():
     return tf.keras.Model(inputs, tf.keras.layers.Dense(1, use_bias=False, kernel_initializer='zeros')(inputs))
 
 
-def _train_line(patience, epochs=12):
+def _train_line(patience, epochs=12, mode='min', checkpoint_dir=None):
     model, weights = _scalar_model(), []
     history = centralized.train_centralized(
         model,
@@ -36,7 +40,9 @@ def _train_line(patience, epochs=12):
         metrics=[],
         max_epochs=epochs,
         patience=patience,
+        mode=mode,
         on_epoch_end=lambda epoch, logs: weights.append(model.get_weights()[0].item()),
+        checkpoint_dir=checkpoint_dir,
     )
     return model.get_weights()[0].item(), weights, history['val_loss']
 
@@ -54,6 +60,33 @@ def test_stops_after_patience_epochs_without_a_lower_validation_loss():
     best = int(np.argmin(val_loss))
     assert len(val_loss) == best + 1 + 2
     assert final == per_epoch[best]
+
+
+def test_max_mode_ends_with_the_epoch_of_the_highest_monitor():
+    final, per_epoch, val_loss = _train_line(patience=0, epochs=6, mode='max')
+    best = int(np.argmax(val_loss))
+    assert val_loss[best] > min(val_loss) and final == per_epoch[best] and final != per_epoch[int(np.argmin(val_loss))]
+    assert centralized.best_epoch({'val_loss': val_loss}, mode='max') == best + 1
+    assert centralized.best_epoch({'val_loss': val_loss}) == int(np.argmin(val_loss)) + 1
+
+
+def test_checkpoints_of_another_selection_are_refused(tmp_path):
+    directory = str(tmp_path / 'checkpoints')
+    _train_line(patience=0, epochs=2, checkpoint_dir=directory)
+    with pytest.raises(
+        ValueError, match=re.escape(f'checkpoints in {directory} select the best epoch by val_loss (min)')
+    ):
+        _train_line(patience=0, epochs=3, mode='max', checkpoint_dir=directory)
+    # Checkpoints written before the selection was recorded selected on the lowest validation loss.
+    state_path = os.path.join(directory, 'epoch_2', 'state.json')
+    with open(state_path) as f:
+        state = json.load(f)
+    with open(state_path, 'w') as f:
+        json.dump({k: v for k, v in state.items() if k not in ('monitor', 'mode')}, f)
+    with pytest.raises(ValueError, match=re.escape('by val_loss (min), this run by val_loss (max)')):
+        _train_line(patience=0, epochs=3, mode='max', checkpoint_dir=directory)
+    _, per_epoch, val_loss = _train_line(patience=0, epochs=3, checkpoint_dir=directory)  # Resumes at epoch 3.
+    assert len(per_epoch) == 1 and len(val_loss) == 3
 
 
 def _examples():

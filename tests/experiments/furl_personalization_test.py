@@ -2,6 +2,7 @@
 
 import json
 import os
+import re
 
 import numpy as np
 import pytest
@@ -58,6 +59,9 @@ def test_four_configurations_on_generated_data(tmp_path, capsys):
     for name in ('global_fl', 'personalized_fl'):  # Early stopping's record (one evaluation, after round 3).
         assert (rows[name]['rounds'], rows[name]['best_round']) == (3, 3)
         assert 0 <= rows[name]['best_validation_accuracy'] <= 1  # A multi-class task: stopped on accuracy.
+    for name in ('global_server', 'personalized_server'):  # Selected on the federated rows' metric, in epochs.
+        assert (rows[name]['selected_by'], rows[name]['best_epoch'], rows[name]['epochs']) == ('val_accuracy', 1, 1)
+        assert 0 <= rows[name]['best_validation_accuracy'] <= 1
     assert 0 <= results['embeddings']['knn_overlap'] <= 1
     assert os.path.getsize(os.path.join(out, 'user_embeddings.png')) > 1000
     assert os.path.exists(os.path.join(out, 'personalized_fl', 'client_states.sqlite'))
@@ -70,6 +74,15 @@ def test_four_configurations_on_generated_data(tmp_path, capsys):
         again = json.load(f)
     assert again['rows'] == results['rows'] and again['embeddings'] == results['embeddings']
     assert written == {name: os.path.getmtime(os.path.join(out, name, 'results.json')) for name in rows}
+
+    # A server row finished by a version that selected on validation loss is not mixed into the table.
+    old_row = os.path.join(out, 'personalized_server', 'results.json')
+    with open(old_row, 'w') as f:
+        json.dump({k: v for k, v in rows['personalized_server'].items() if k != 'selected_by'}, f)
+    with pytest.raises(
+        app.UsageError, match=re.escape(f'{old_row}: this personalized_server row was selected by another rule')
+    ):
+        _run(argv)
 
 
 def test_knn_overlap_identical_and_unrelated():
