@@ -82,8 +82,8 @@ def main(argv):
         f'validation every {config.rounds_per_eval} rounds'
         + (
             f', early-stopped after {config.early_stopping_patience} evaluations without a better validation '
-            f"{'AUC' if binary else 'accuracy'}. Global FL is tested with its best validation round's model; "
-            "Personalized FL with the state it stopped at (its users' private states are not snapshotted)."
+            f"{'AUC' if binary else 'accuracy'}. Both are tested with their best validation round's model "
+            "(Personalized FL: the server state and every user's private state of that round)."
             if config.early_stopping_patience
             else '.'
         )

@@ -2,8 +2,9 @@
 
 * `ModelSelection` (every-client runs of a stateful process with a client state store): the private states of the
   evaluation round with the lowest validation metric are kept in the store.
-* `EarlyStopping` (any run with an evaluation): the server state of the best evaluation round is kept, and training
-  stops after ``patience`` evaluations without improvement.
+* `EarlyStopping` (any run with an evaluation): the server state of the best evaluation round is kept (with
+  ``keep_client_states``, also every client's private state of that round, in the store), and training stops after
+  ``patience`` evaluations without improvement.
 
 Both are checkpointed with the server state, so a resumed run selects and stops exactly as an uninterrupted one.
 """
@@ -19,6 +20,8 @@ from typing import Any
 import numpy as np
 
 from fedpersonal import errors
+
+_BEST_PREFIX = 'best/'  # Store ids of the selected private states: 'best/<client id>'.
 
 
 @dataclasses.dataclass
@@ -39,7 +42,7 @@ class ModelSelection:
     metric: str
     best_value: float = math.inf
     best_round: int = 0
-    prefix: str = 'best/'
+    prefix: str = _BEST_PREFIX
 
     def state_ids(self, client_ids: Sequence[str]) -> list[str]:
         """The store ids of the selected states of `client_ids`."""
@@ -68,6 +71,11 @@ class EarlyStopping:
     stops after `patience` stale evaluations in a row (0: never; the best state is still kept). Test a run with
     `best_state`, the model selected on validation.
 
+    A stateful run's personalized model is the server state *and* each client's private state. With
+    `keep_client_states`, the loop also copies every client's private state in its client state store under
+    `state_ids` when a round becomes the best (committed with the checkpoint and rolled back on resume, like the
+    store itself); test with `best_client_states`.
+
     >>> stopping = EarlyStopping('rmse', patience=2)
     >>> [stopping.update(v, r, f'state {r}') for r, v in [(10, 1.2), (20, 1.0), (30, 1.1), (40, float('nan'))]]
     [True, True, False, False]
@@ -79,6 +87,8 @@ class EarlyStopping:
       patience: Stale evaluations in a row before training stops (0: never stop early).
       mode: ``'min'`` (lower is better) or ``'max'``.
       min_delta: The least change that counts as an improvement.
+      keep_client_states: Whether the loop keeps every client's private state of the best round (runs with a
+        client state store).
       best_value: The best value so far (nan before any finite one).
       best_round: Its round (0: none yet).
       stale: Evaluations since the last improvement.
@@ -89,6 +99,7 @@ class EarlyStopping:
     patience: int = 0
     mode: str = 'min'
     min_delta: float = 0.0
+    keep_client_states: bool = False
     best_value: float = math.nan
     best_round: int = 0
     stale: int = 0
@@ -124,6 +135,16 @@ class EarlyStopping:
             return True
         self.stale += 1
         return False
+
+    def state_ids(self, client_ids: Sequence[str]) -> list[str]:
+        """The store ids under which `keep_client_states` keeps the best round's states of `client_ids`."""
+        return [f'{_BEST_PREFIX}{c}' for c in client_ids]
+
+    def best_client_states(self, store: Any, client_ids: Sequence[str]) -> list[list[np.ndarray]]:
+        """The flat private states `client_ids` had after `best_round` (their current ones before any best)."""
+        if not self.keep_client_states:
+            raise ValueError('best_client_states needs EarlyStopping(keep_client_states=True).')
+        return store.get(self.state_ids(client_ids) if self.best_round > 0 else list(client_ids))
 
     def value_of(self, evaluation: Mapping[str, Any]) -> float:
         """The metric's value in an evaluation's metrics; `ConfigError` naming the metric if absent."""

@@ -226,7 +226,9 @@ def run_learning_process(
       selection: Optional `ModelSelection` (every-client runs with a store and an evaluation), updated in place.
       stopping: Optional `EarlyStopping` on an evaluation metric (needs an evaluation), updated in place: the run
         ends after its `patience` stale evaluations (checkpointed, so a resumed run stops at the same round) and
-        keeps the best evaluation round's server state (`stopping.best_state`).
+        keeps the best evaluation round's server state (`stopping.best_state`) and, with its
+        ``keep_client_states``, every client's private state of that round in `client_state_store`
+        (`stopping.best_client_states`).
       train_metrics_fn: Maps the round's ``metrics`` to what is released under ``train`` (default: the client
         work's ``train`` metrics).
       evaluation_name: The key the evaluation metrics are released under.
@@ -276,6 +278,8 @@ def run_learning_process(
         raise ValueError('selection needs an evaluation, every-client participation and a client state store.')
     if stopping is not None and evaluation_fn is None and client_evaluation_fn is None:
         raise ValueError('stopping needs an evaluation (evaluation_fn or client_evaluation_fn).')
+    if stopping is not None and stopping.keep_client_states and (client_state_store is None or selection is not None):
+        raise ValueError('stopping.keep_client_states needs a client state store and no selection (both keep states).')
     state = initial_state if initial_state is not None else process.initialize()
 
     def saved(state: Any) -> Any:  # What a checkpoint holds: the state, plus the selection's and stopping's records.
@@ -438,7 +442,10 @@ def run_learning_process(
                     )
                     selection.best_value, selection.best_round = value, round_num
             if stopping is not None:
-                stopping.update(stopping.value_of(evaluation), round_num, state)
+                best = stopping.update(stopping.value_of(evaluation), round_num, state)
+                if best and stopping.keep_client_states:  # Every client's, also those not sampled this round.
+                    ids = list(client_ids)
+                    client_state_store.put(stopping.state_ids(ids), client_state_store.get(ids), round_num)
             evaluation_seconds.append(time.time() - evaluation_start)
             faults.point('evaluation')
         history.append(outputs.release_metrics(round_num, metrics))

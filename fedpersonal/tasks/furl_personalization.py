@@ -215,12 +215,13 @@ def _validation_metric(task: FurlTask) -> str:
     return 'auc' if task.binary else 'accuracy'
 
 
-def _stopping(task: FurlTask) -> program.EarlyStopping:
+def _stopping(task: FurlTask, keep_client_states: bool = False) -> program.EarlyStopping:
     """Early stopping of a federated row on its validation metric (AUC for binary tasks, else accuracy)."""
     cfg = task.config
     return program.EarlyStopping(
         _validation_metric(task),
         mode='max',
+        keep_client_states=keep_client_states,
         patience=cfg.early_stopping_patience,
         min_delta=cfg.early_stopping_min_delta,
     )
@@ -337,13 +338,13 @@ def run_personalized_fl(task: FurlTask, outputs: program.ExperimentOutputs) -> t
     to_weights = lambda arrays: training_loop.to_model_weights(arrays, process.private_state_type)
 
     store, default = _open_store(task, process, outputs)
-    # The store holds each user's latest private state, so unlike the stateless rows this row is tested with the
-    # state training stopped at (`early_stopping_patience` evaluations after its best validation round).
-    stopping = _stopping(task)
+    # Tested like the other rows with its best validation round: the server state and every user's private state
+    # of that round (the loop keeps them in the store).
+    stopping = _stopping(task, keep_client_states=True)
     with store:
 
-        def eval_fn(weights, split='eval', private=True):
-            states = store.get(ids) if private else [default(c) for c in ids]
+        def eval_fn(weights, split='eval', states=None):
+            states = store.get(ids) if states is None else states
             return task.evaluate(evaluate, weights, split, [to_weights(s) for s in states])
 
         state, history = program.run_learning_process(
@@ -365,15 +366,16 @@ def run_personalized_fl(task: FurlTask, outputs: program.ExperimentOutputs) -> t
             stopping=stopping,
             round_metrics_fn=dp.round_metrics if dp is not None else None,
         )
-        weights = process.get_model_weights(state)
-        row = eval_fn(weights, 'test')
-        default_metrics = eval_fn(weights, 'test', private=False)
+        weights = process.get_model_weights(stopping.best_state if stopping.best_state is not None else state)
+        best_states = stopping.best_client_states(store, ids)
+        row = eval_fn(weights, 'test', best_states)
+        default_metrics = eval_fn(weights, 'test', [default(c) for c in ids])
         row.update({f'default_state_{k}': v for k, v in default_metrics.items()})
         del history  # Only this process' rounds; metrics.csv has every round, also those of a resumed run.
         row['seconds_per_round'] = outputs.median_round_seconds()
         row['clients_with_trained_state'] = int(sum(store.contains(c) for c in ids))
         row.update(_selection(stopping, outputs, dp))
-        embeddings = np.stack([s[0].reshape(-1) for s in store.get(ids)])
+        embeddings = np.stack([s[0].reshape(-1) for s in best_states])
     return row, embeddings
 
 

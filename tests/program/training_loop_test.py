@@ -269,6 +269,57 @@ def test_early_stopping_keeps_the_best_state_and_stops_after_patience_also_acros
     assert again == [] and again_stopping.best_round == best
 
 
+IDS = sorted(INPUTS)
+SCORE_FREQUENCY = 7.0  # Here a client's state at the best round is not one a best round it took part in kept.
+
+
+def _run_sampled(tmp_path, run, rounds):
+    """2 of the 3 clients per round (seeded), early stopping on a score that is not monotone in the rounds (a
+    function of the server state), keeping every client's state of the best round."""
+    client_data = tff.simulation.datasets.TestClientData({c: [x] for c, x in INPUTS.items()})
+    stopping = program.EarlyStopping('score', keep_client_states=True)
+    unflatten = lambda states: [program.unflatten_private_state(s, _initial_private()) for s in states]
+    with _store(tmp_path / f'{run}.sqlite') as store:
+        program.run_learning_process(
+            build_process(),
+            client_data=client_data,
+            dataset_fn=lambda dataset: next(iter(dataset)).numpy(),
+            clients_per_round=2,
+            seed=1,
+            total_rounds=rounds,
+            outputs=program.ExperimentOutputs(str(tmp_path), run),
+            client_state_store=store,
+            evaluation_fn=lambda weights: {'score': float(np.cos(SCORE_FREQUENCY * weights))},
+            rounds_per_evaluation=1,
+            rounds_per_checkpoint=3,
+            stopping=stopping,
+            name=run,
+        )
+        return stopping, unflatten(store.get(IDS)), unflatten(stopping.best_client_states(store, IDS))
+
+
+def test_early_stopping_keeps_every_clients_private_state_of_the_best_round(tmp_path):
+    stopping, latest, best = _run_sampled(tmp_path, 'straight', 12)
+    assert 1 < stopping.best_round < 12
+    # The same seeded run stopped at the best round: its store holds every client's state of that round, also
+    # of those not sampled in it.
+    _, at_best_round, _ = _run_sampled(tmp_path, 'short', stopping.best_round)
+    _assert_same_states(best, at_best_round)
+    assert sorted(int(s.count) for s in best) != [stopping.best_round] * 3  # Some client sat out some rounds.
+    assert [int(s.count) for s in best] != [int(s.count) for s in latest]
+
+    # Killed after the checkpoint of the round after the best one, with a later round's kept states written but not
+    # committed: the resumed run rolls them back and keeps the same states.
+    _run_sampled(tmp_path, 'resumed', stopping.best_round + 1)
+    with _store(tmp_path / 'resumed.sqlite') as store:
+        garbage = program.flatten_private_state(_initial_private(99, (9, 9)))
+        store.put(stopping.state_ids(IDS), [garbage] * 3, round_num=stopping.best_round + 2)
+    resumed, resumed_latest, resumed_best = _run_sampled(tmp_path, 'resumed', 12)
+    assert (resumed.best_round, resumed.best_value) == (stopping.best_round, stopping.best_value)
+    _assert_same_states(resumed_best, best)
+    _assert_same_states(resumed_latest, latest)
+
+
 def test_early_stopping_checks_its_inputs(tmp_path):
     with pytest.raises(ValueError, match='stopping needs an evaluation'):
         program.run_learning_process(
@@ -277,6 +328,15 @@ def test_early_stopping_checks_its_inputs(tmp_path):
             total_rounds=1,
             outputs=program.ExperimentOutputs(str(tmp_path), 'x'),
             stopping=program.EarlyStopping('score', patience=1),
+        )
+    with pytest.raises(ValueError, match='keep_client_states needs a client state store'):
+        program.run_learning_process(
+            build_process(),
+            client_data=INPUTS,
+            total_rounds=1,
+            outputs=program.ExperimentOutputs(str(tmp_path), 'y'),
+            evaluation_fn=lambda w: {'score': 0.0},
+            stopping=program.EarlyStopping('score', keep_client_states=True),
         )
     with pytest.raises(errors.ConfigError, match='mode'):
         program.EarlyStopping('score', mode='lowest')
