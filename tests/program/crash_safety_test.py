@@ -149,7 +149,8 @@ def outcome(algorithm: str, out: str) -> dict:
             found['states'] = conn.execute('SELECT client_id, round, blob FROM states ORDER BY client_id').fetchall()
             found['pending'] = conn.execute('SELECT COUNT(*) FROM pending').fetchone()[0]
             found['committed'] = conn.execute("SELECT value FROM meta WHERE key = 'committed_round'").fetchone()
-        assert found['pending'] == 0 and len(found['states']) == 8
+        ids = sorted(row[0] for row in found['states'])  # 8 users' latest states and those of the best round.
+        assert found['pending'] == 0 and ids == sorted([str(u) for u in range(8)] + [f'best/{u}' for u in range(8)])
     leftovers = [
         os.path.join(d, f)
         for d, dirs, files in os.walk(out)
