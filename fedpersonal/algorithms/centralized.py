@@ -12,6 +12,8 @@ import numpy as np
 import tensorflow as tf
 from absl import logging
 
+from fedpersonal.program import stop_signals
+
 _EPOCH_PREFIX = 'epoch_'
 
 
@@ -52,7 +54,8 @@ def train_centralized(
         run restored).
       checkpoint_dir: If set, the model, the optimizer and the early-stopping state are written there after every
         epoch, and a run started again with the same arguments continues after the last epoch written (a
-        checkpoint written under another `monitor` or `mode` is refused: its best epoch is another one).
+        checkpoint written under another `monitor` or `mode` is refused: its best epoch is another one). A SIGINT
+        or SIGTERM stops training after the epoch in flight is written (`KeyboardInterrupt` / `SystemExit(143)`).
       name: The run's name in the log line of each epoch.
 
     Returns:
@@ -84,24 +87,30 @@ def train_centralized(
                 'Resumed centralized training after epoch %d (best epoch %d).', state['epoch'], state['best_epoch']
             )
     validation = to_pair(validation_dataset)
-    while state['epoch'] < max_epochs and not (0 < patience <= state['epoch'] - state['best_epoch']):
-        epoch = state['epoch'] + 1
-        data = train_dataset(epoch) if callable(train_dataset) else train_dataset
-        logs = keras_model.fit(to_pair(data), validation_data=validation, epochs=1, verbose=0).history
-        logs = {k: float(v[-1]) for k, v in logs.items()}
-        if monitor not in logs:
-            raise ValueError(f'train_centralized: monitor {monitor!r} is not logged; it logs {sorted(logs)}.')
-        for key, value in logs.items():
-            state['history'].setdefault(key, []).append(value)
-        state['epoch'] = epoch
-        if state['best'] is None or (logs[monitor] < state['best'] if mode == 'min' else logs[monitor] > state['best']):
-            state['best'], state['best_epoch'] = logs[monitor], epoch
-            best_weights = keras_model.get_weights()
-        logging.info('[%s] epoch %d  %s', name, epoch, '  '.join(f'{k}={v:.4f}' for k, v in logs.items()))
-        if on_epoch_end is not None:
-            on_epoch_end(epoch, logs)
-        if checkpoint_dir is not None:
-            _save(checkpoint_dir, checkpoint, state, best_weights)
+    # SIGINT / SIGTERM stop after the epoch in flight, once it is checkpointed (`fedpersonal.program.stop_signals`).
+    with stop_signals.deferred():
+        while state['epoch'] < max_epochs and not (0 < patience <= state['epoch'] - state['best_epoch']):
+            epoch = state['epoch'] + 1
+            data = train_dataset(epoch) if callable(train_dataset) else train_dataset
+            logs = keras_model.fit(to_pair(data), validation_data=validation, epochs=1, verbose=0).history
+            logs = {k: float(v[-1]) for k, v in logs.items()}
+            if monitor not in logs:
+                raise ValueError(f'train_centralized: monitor {monitor!r} is not logged; it logs {sorted(logs)}.')
+            for key, value in logs.items():
+                state['history'].setdefault(key, []).append(value)
+            state['epoch'] = epoch
+            if state['best'] is None or (
+                logs[monitor] < state['best'] if mode == 'min' else logs[monitor] > state['best']
+            ):
+                state['best'], state['best_epoch'] = logs[monitor], epoch
+                best_weights = keras_model.get_weights()
+            logging.info('[%s] epoch %d  %s', name, epoch, '  '.join(f'{k}={v:.4f}' for k, v in logs.items()))
+            if on_epoch_end is not None:
+                on_epoch_end(epoch, logs)
+            if checkpoint_dir is not None:
+                _save(checkpoint_dir, checkpoint, state, best_weights)
+            if stop_signals.pending():
+                stop_signals.stop(name, epoch, unit='epoch')
     keras_model.set_weights(best_weights)
     return state['history']
 

@@ -58,10 +58,10 @@ def pending() -> bool:
     return bool(_received)
 
 
-def stop(name: str, round_num: int) -> None:
+def stop(name: str, round_num: int, unit: str = 'round') -> None:
     """Raises what the first received signal would have: `KeyboardInterrupt` (SIGINT) or `SystemExit(143)`."""
     signum = _received[0]
-    logging.info('[%s] stopped by %s after round %d (checkpointed).', name, signal.Signals(signum).name, round_num)
+    logging.info('[%s] stopped by %s after %s %d (checkpointed).', name, signal.Signals(signum).name, unit, round_num)
     if signum == signal.SIGINT:
         raise KeyboardInterrupt
     raise SystemExit(128 + signum)

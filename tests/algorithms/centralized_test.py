@@ -3,6 +3,7 @@
 import json
 import os
 import re
+import signal
 
 import numpy as np
 import pytest
@@ -96,12 +97,14 @@ def _examples():
     return tf.data.Dataset.from_tensor_slices({'x': x, 'y': y})
 
 
-def _train_shuffled(checkpoint_dir, optimizer, max_epochs=6, fail_at=None):
+def _train_shuffled(checkpoint_dir, optimizer, max_epochs=6, fail_at=None, terminate_at=None):
     model, logged = _model(), []
 
     def on_epoch_end(epoch, logs):
         if epoch == fail_at:
             raise KeyboardInterrupt('killed')
+        if epoch == terminate_at:
+            os.kill(os.getpid(), signal.SIGTERM)
         logged.append(epoch)
 
     history = centralized.train_centralized(
@@ -135,6 +138,19 @@ def test_a_killed_run_resumes_to_the_same_weights_and_history(tmp_path, optimize
     resumed, resumed_history, logged = _train_shuffled(str(tmp_path / 'twice'), optimizer())
     assert logged == [4, 5, 6]
     assert resumed_history == history  # Bit-identical: optimizer state and each epoch's shuffle restored.
+    for a, b in zip(resumed, uninterrupted):
+        np.testing.assert_array_equal(a, b)
+
+
+def test_sigterm_stops_after_the_epoch_in_flight_is_written(tmp_path):
+    uninterrupted, history, _ = _train_shuffled(str(tmp_path / 'once'), tf.keras.optimizers.Adam(0.05))
+    handler = signal.getsignal(signal.SIGTERM)
+    with pytest.raises(SystemExit) as stopped:
+        _train_shuffled(str(tmp_path / 'twice'), tf.keras.optimizers.Adam(0.05), terminate_at=3)
+    assert stopped.value.code == 128 + signal.SIGTERM
+    assert signal.getsignal(signal.SIGTERM) is handler  # Restored.
+    resumed, resumed_history, logged = _train_shuffled(str(tmp_path / 'twice'), tf.keras.optimizers.Adam(0.05))
+    assert logged == [4, 5, 6] and resumed_history == history  # Epoch 3 was written before stopping.
     for a, b in zip(resumed, uninterrupted):
         np.testing.assert_array_equal(a, b)
 
