@@ -12,6 +12,7 @@ import numpy as np
 import tensorflow as tf
 from absl import logging
 
+from fedpersonal import errors
 from fedpersonal.program import stop_signals
 
 _EPOCH_PREFIX = 'epoch_'
@@ -78,8 +79,8 @@ def train_centralized(
             state, best_weights = restored
             # Checkpoints written before the selection was recorded selected on the lowest validation loss.
             recorded = (state.setdefault('monitor', 'val_loss'), state.setdefault('mode', 'min'))
-            if recorded != (monitor, mode):
-                raise ValueError(
+            if recorded != (monitor, mode):  # A ConfigError: the binaries print it without a traceback.
+                raise errors.ConfigError(
                     f'train_centralized: the checkpoints in {checkpoint_dir} select the best epoch by {recorded[0]} '
                     f'({recorded[1]}), this run by {monitor} ({mode}); delete that directory to start over.'
                 )
