@@ -10,6 +10,7 @@ from absl import app
 from absl import flags
 
 from experiments import furl_personalization as binary
+from fedpersonal.tasks import furl_embeddings
 from fedpersonal.tasks import furl_personalization
 
 FLAGS = flags.FLAGS
@@ -88,8 +89,8 @@ def test_four_configurations_on_generated_data(tmp_path, capsys):
 def test_knn_overlap_identical_and_unrelated():
     rng = np.random.default_rng(0)
     a = rng.normal(size=[50, 4])
-    assert furl_personalization.knn_overlap(a, a * 3.0, 5) == 1.0
-    assert furl_personalization.knn_overlap(a, rng.normal(size=[50, 4]), 5) < 0.4
+    assert furl_embeddings.knn_overlap(a, a * 3.0, 5) == 1.0
+    assert furl_embeddings.knn_overlap(a, rng.normal(size=[50, 4]), 5) < 0.4
 
 
 def test_real_dataset_needs_a_data_dir(tmp_path):
