@@ -60,6 +60,7 @@ def option(
     aliases: Sequence[str] = (),
     value_aliases: Mapping[str, str] | None = None,
     may_change_on_resume: bool = False,
+    is_path: bool = False,
 ) -> Any:
     """A config field with a default and the help text its flag shows.
 
@@ -70,6 +71,8 @@ def option(
       value_aliases: Deprecated values of the field (or of its tuple's items), ``{old: new}``.
       may_change_on_resume: The field may differ from the recorded one when a run resumes (it cannot change the
         results; see the module docstring).
+      is_path: The field names a file or directory: recorded as an absolute path and, on resume, the same file
+        under another spelling (relative, through ``..`` or a symlink) is the same value (`run_record`).
     """
     if isinstance(default, (list, dict, set)):
         raise TypeError('Use an immutable default (a tuple) for config fields.')
@@ -80,6 +83,8 @@ def option(
         metadata['value_aliases'] = dict(value_aliases)
     if may_change_on_resume:
         metadata['may_change_on_resume'] = True
+    if is_path:
+        metadata['is_path'] = True
     return dataclasses.field(default=default, metadata=metadata)
 
 
@@ -109,6 +114,11 @@ def aliases(config_cls: type, name: str) -> tuple[str, ...]:
 def may_change_on_resume(config_cls: type, name: str) -> bool:
     """Whether field `name` may differ from the recorded configuration when a run resumes."""
     return bool(field_metadata(config_cls, name, 'may_change_on_resume', False))
+
+
+def is_path(config_cls: type, name: str) -> bool:
+    """Whether field `name` names a file or directory (`option(..., is_path=True)`)."""
+    return bool(field_metadata(config_cls, name, 'is_path', False))
 
 
 def canonical_value(config_cls: type, name: str, value: Any) -> Any:
@@ -183,6 +193,7 @@ class DataConfig:
         None,
         "Directory (or file) of the real dataset (without --dataset: the dataset whose files are there); 'none': "
         'generated data.',
+        is_path=True,
     )
 
 

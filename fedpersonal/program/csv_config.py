@@ -47,6 +47,7 @@ class CsvDataConfig:
         '--dataset=csv: the CSV interaction table, ratings (user,item,rating[,timestamp][,attributes][,silo]) or '
         'responses (user,question,correct,skills[,timestamp][,silo]); format: docs/DATA.md. Given without '
         '--dataset, it selects --dataset=csv.',
+        is_path=True,
     )
     split_order: str | None = parts.option(
         None,

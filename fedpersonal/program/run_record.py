@@ -7,7 +7,9 @@ Every binary (`experiment_main`, before the task runs) calls `check_output_dir(c
 * a directory holding a run's progress (a checkpoint or a ``results.json``) under the same configuration: the run
   resumes (the training loop restarts from the latest checkpoint, finished rows are read back where the task does);
 * the same under another configuration: `ConfigMismatchError`, naming every differing flag as
-  ``--flag: recorded -> given``. Fields declared ``config_parts.option(..., may_change_on_resume=True)``
+  ``--flag: recorded -> given``. Paths (``--data_dir``, ``--data_path``: ``option(..., is_path=True)``) are
+  recorded absolute and compared as files: another spelling of the same directory resumes, the same relative
+  spelling from another working directory (another directory) does not. Fields declared ``config_parts.option(..., may_change_on_resume=True)``
   (``output_dir``, ``rounds_per_checkpoint``, ...) may differ: they cannot change the results (the rule and why
   ``total_rounds`` is not one of them: `fedpersonal.program.config_parts`);
 * ``fresh_start=True`` (the binaries' ``--fresh_start``): the previous run's outputs (only what this package writes:
@@ -26,6 +28,7 @@ from __future__ import annotations
 import dataclasses
 import datetime
 import json
+import operator
 import os
 from collections.abc import Mapping
 from typing import Any
@@ -49,10 +52,29 @@ class ConfigMismatchError(errors.ConfigError):
     """A run would resume from checkpoints written under another configuration."""
 
 
+def _absolute(value: Any) -> Any:
+    """A path field's value as an absolute path (``~`` expanded; symlinks kept as spelled)."""
+    return os.path.abspath(os.path.expanduser(value)) if isinstance(value, str) else value
+
+
+def _same_path(recorded: Any, current: Any) -> bool:
+    """Whether two values of a path field name the same file (a relative recorded path: from the current
+    directory, as records written before paths were recorded absolute)."""
+    if not (isinstance(recorded, str) and isinstance(current, str)):
+        return recorded == current
+    return os.path.realpath(os.path.expanduser(recorded)) == os.path.realpath(os.path.expanduser(current))
+
+
+def path_fields(config_cls: type) -> frozenset[str]:
+    """The fields of `config_cls` that name files or directories (`config_parts.option(..., is_path=True)`)."""
+    return frozenset(f.name for f in dataclasses.fields(config_cls) if config_parts.is_path(config_cls, f.name))
+
+
 def recorded_config(config: Any) -> dict[str, Any]:
-    """The JSON record of `config`: its fields, without those that may change on resume."""
+    """The JSON record of `config`: its fields, without those that may change on resume; paths absolute."""
+    paths = path_fields(type(config))
     values = {
-        f.name: getattr(config, f.name)
+        f.name: _absolute(getattr(config, f.name)) if f.name in paths else getattr(config, f.name)
         for f in dataclasses.fields(config)
         if not config_parts.may_change_on_resume(type(config), f.name)
     }
@@ -70,15 +92,18 @@ def _flag_value(value: Any) -> str:
     return str(value)
 
 
-def differences(recorded: Mapping[str, Any], current: Mapping[str, Any]) -> list[str]:
+def differences(
+    recorded: Mapping[str, Any], current: Mapping[str, Any], *, paths: frozenset[str] = frozenset()
+) -> list[str]:
     """``'--flag: recorded -> current'`` for every field both have with different values, sorted by flag.
 
-    A field only one side has (added or removed since the record was written) is not compared.
+    A field only one side has (added or removed since the record was written) is not compared; a field in `paths`
+    differs only if the two name different files (``data`` and ``./data`` are the same value).
     """
     return [
         f'--{name}: {_flag_value(recorded[name])} -> {_flag_value(current[name])}'
         for name in sorted(set(recorded) & set(current))
-        if recorded[name] != current[name]
+        if not (_same_path if name in paths else operator.eq)(recorded[name], current[name])
     ]
 
 
@@ -159,18 +184,26 @@ def _write_json(path: str, value: Mapping[str, Any]) -> None:
     os.replace(path + '.tmp', path)
 
 
-def _canonicalize_nested_records(output_dir: str, config_cls: type) -> None:
-    """Rewrites the rows' ``run_config.json`` records (the training loop's) written under deprecated names.
+def _canonicalize_nested_records(output_dir: str, config_cls: type, current: Mapping[str, Any]) -> None:
+    """Rewrites the rows' ``run_config.json`` records (the training loop's) written under deprecated names or
+    with another spelling of a path than `current` (the run's record, already checked to name the same files).
 
-    The loop compares its record verbatim on resume; after a rename (HPFL's ``dataset='assist'``) the record of a
-    row checkpointed before it would otherwise no longer match.
+    The loop compares its record verbatim on resume; after a rename (HPFL's ``dataset='assist'``) or with
+    ``--data_dir`` spelled differently, the record of a row checkpointed before would otherwise no longer match.
     """
+    paths = path_fields(config_cls)
     for root, _, files in _walk(output_dir):
         if root == output_dir or RUN_CONFIG_FILE not in files:
             continue
         path = os.path.join(root, RUN_CONFIG_FILE)
         record = _read_json(path)
-        if record is not None and (canonical := config_parts.canonical_record(config_cls, record)) != record:
+        if record is None:
+            continue
+        canonical = config_parts.canonical_record(config_cls, record)
+        for name in paths & set(canonical) & set(current):
+            if _same_path(canonical[name], current[name]):
+                canonical[name] = current[name]
+        if canonical != record:
             _write_json(path, canonical)
 
 
@@ -196,15 +229,15 @@ def check_output_dir(config: Any, *, fresh_start: bool = False) -> None:
     elif os.path.isdir(output_dir):
         recorded = read_record(output_dir, type(config))
         if recorded is not None and has_progress(output_dir):
-            changed = differences(recorded, current)
+            changed = differences(recorded, current, paths=path_fields(type(config)))
             if changed:
                 raise ConfigMismatchError(
                     f'--output_dir={output_dir} holds a run with another configuration ({"; ".join(changed)}): '
                     'rerun with its flags to resume it, pass another --output_dir, or pass --fresh_start to move '
                     f'its outputs to {os.path.join(output_dir, PREVIOUS_RUNS_DIR)}/ and start over.'
                 )
-            _canonicalize_nested_records(output_dir, type(config))
-        elif recorded is not None and differences(recorded, current):
+            _canonicalize_nested_records(output_dir, type(config), current)
+        elif recorded is not None and differences(recorded, current, paths=path_fields(type(config))):
             logging.info(
                 '%s: the previous run (another configuration) stopped before its first checkpoint; starting over.',
                 output_dir,

@@ -63,6 +63,7 @@ class HpflConfig(
         None,
         'assistments: dir with record.csv/item.csv; movielens: dir with u.data/u.item/u.user (without --dataset, '
         "the one of the two whose files are there); 'none': generated data (or --data_path for csv).",
+        is_path=True,
     )
     configurations: tuple[str, ...] = parts.option(
         METHODS,

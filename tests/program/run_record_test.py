@@ -3,6 +3,7 @@
 import dataclasses
 import json
 import os
+import re
 
 import pytest
 
@@ -140,3 +141,32 @@ def test_a_legacy_config_json_is_the_record(tmp_path):
         run_record.check_output_dir(dataclasses.replace(config, configurations=('ditto',)))
     assert not (tmp_path / 'run_config.json').exists()
     run_record.check_output_dir(config)  # Under the new names, the same configuration.
+
+
+def test_a_path_is_compared_as_the_file_it_names(tmp_path, monkeypatch):
+    """``--data_dir`` spelled another way (relative, through ``..``, a symlink) resumes; the same relative spelling
+    from another working directory names another directory and is refused; rows' loop records follow."""
+    data = tmp_path / 'work' / 'data'
+    data.mkdir(parents=True)
+    (tmp_path / 'elsewhere' / 'data').mkdir(parents=True)
+    os.symlink(data, tmp_path / 'link')
+    out = str(tmp_path / 'out')
+    monkeypatch.chdir(tmp_path / 'work')
+    config = hpfl_user_modeling_config.HpflConfig(dataset='movielens', data_dir='data', output_dir=out)
+    assert run_record.path_fields(type(config)) == {'data_dir', 'data_path'}
+    run_record.check_output_dir(config)
+    assert run_record.read_record(out, type(config))['data_dir'] == str(data)  # Recorded absolute.
+    _checkpointed(out, 'fedavg')
+    relative_record = dict(run_record.recorded_config(config), data_dir='data')  # As recorded before: relative.
+    (tmp_path / 'out' / 'fedavg' / 'run_config.json').write_text(json.dumps(relative_record))
+    for spelling in ('./data', f'{tmp_path}/work/../work/data', str(tmp_path / 'link'), str(data) + '/'):
+        run_record.check_output_dir(dataclasses.replace(config, data_dir=spelling))
+        row_record = json.loads((tmp_path / 'out' / 'fedavg' / 'run_config.json').read_text())
+        assert row_record == run_record.recorded_config(dataclasses.replace(config, data_dir=spelling))
+    monkeypatch.chdir(tmp_path / 'elsewhere')
+    expected = f'--data_dir: {data} -> {tmp_path}/elsewhere/data'  # The last record: absolute and normalized.
+    with pytest.raises(run_record.ConfigMismatchError, match=re.escape(expected)):
+        run_record.check_output_dir(config)
+    # Every binary's data flags are paths.
+    for config in CONFIGS.values():
+        assert 'data_dir' in run_record.path_fields(type(config))
