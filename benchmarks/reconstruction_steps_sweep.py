@@ -16,11 +16,19 @@ settings, run the same way). Metric: `accuracy` (rating accuracy) for
 MovieLens, `accuracy_no_oov_no_eos` for next-word prediction (the vocabulary
 size is --sweep_vocab_size, default the first of --vocab_sizes).
 
+With --seeds=0,1,2 the whole sweep runs once per seed (each seed's runs in
+``<output_dir>/seed<k>``, a finished seed read back from its ``results.json``,
+an interrupted one resumed from its checkpoints), and every setting is reported
+as mean +- standard deviation over the seeds (relative accuracy: each seed's
+accuracy over the same seed's base); a setting that diverged in some seeds is
+averaged over the others and the table says in how many it diverged.
+
 Writes `docs/results/fedrecon_steps_<dataset>.json`, a PNG next to it and the
 `fedrecon_steps_<dataset>` section of `docs/RESULTS.md`.
 """
 
 import dataclasses
+import math
 import os
 import shlex
 import sys
@@ -47,6 +55,11 @@ flags.DEFINE_bool(
     True,
     'Train FedRecon anew for every k_r (the paper); if false, the base model is trained once and only '
     'the evaluation uses k_r reconstruction steps (1 training instead of 5).',
+)
+flags.DEFINE_list(
+    'seeds',
+    ['0'],
+    "Seeds of the whole sweep (initialization, client sampling); each seed's runs in <output_dir>/seed<k>.",
 )
 flags.DEFINE_string('results_dir', 'docs/results', 'Where the JSON and PNG go.')
 flags.DEFINE_string('results_md', 'docs/RESULTS.md', 'Markdown results file.')
@@ -77,6 +90,9 @@ def _settings(base_split):
     return out
 
 
+_PER_SEED = ('best_round', 'rounds', 'seconds_per_round', 'diverged_round')
+
+
 def _sweep(base_split, train, evaluate, metric_keys):
     """Runs every setting; `train(split, name) -> (weights, summary)`, `evaluate(weights, split) -> metrics`."""
     rows, base_weights = [], None
@@ -91,8 +107,8 @@ def _sweep(base_split, train, evaluate, metric_keys):
                     raise
                 logging.warning('sweep %s diverged: %s', name, error)
                 nan = float('nan')
-                rows.append({'name': name, 'kind': kind, 'steps': steps, 'diverged_round': error.round_num})
-                rows[-1].update(dict.fromkeys(metric_keys, nan))
+                rows.append({'name': name, 'kind': kind, 'steps': steps, **dict.fromkeys(_PER_SEED)})
+                rows[-1].update(dict.fromkeys(metric_keys, nan), diverged_round=error.round_num)
                 continue
         if kind == 'base':
             base_weights = weights
@@ -103,15 +119,15 @@ def _sweep(base_split, train, evaluate, metric_keys):
                 'kind': kind,
                 'steps': steps,
                 **{k: metrics[k] for k in metric_keys if k in metrics},
-                **{k: v for k, v in summary.items() if k in ('seconds_per_round', 'best_round', 'rounds')},
+                **{k: summary.get(k) for k in _PER_SEED},
             }
         )
         logging.info('sweep %s: %s', name, rows[-1])
     return rows
 
 
-def _run_movielens(output_dir: str):
-    config = config_flags.config_from_flags(movielens_mf.MovieLensMFConfig, overrides=_DEFAULTS)
+def _run_movielens(config: movielens_mf.MovieLensMFConfig):
+    output_dir = config.output_dir
     prepared = movielens_mf.load_data(config)
 
     def task_for(split):
@@ -149,8 +165,8 @@ def _run_movielens(output_dir: str):
     return prepared.description, 'movielens', 'accuracy', rows, config.total_rounds
 
 
-def _run_nwp(output_dir: str):
-    config = config_flags.config_from_flags(nwp_task.NextWordPredictionConfig, overrides=_DEFAULTS)
+def _run_nwp(config: nwp_task.NextWordPredictionConfig):
+    output_dir = config.output_dir
     vocab_size = FLAGS.sweep_vocab_size or config.vocab_sizes[0]
     corpus = nwp_task.load_corpus(config)
     task = nwp_task.NextWordPredictionTask(config, corpus, vocab_size)
@@ -164,7 +180,7 @@ def _run_nwp(output_dir: str):
     return dataset, config.dataset, 'accuracy_no_oov_no_eos', rows, config.total_rounds
 
 
-def _plot(rows, metric: str, title: str, path: str) -> None:
+def _plot(rows, metric: str, title: str, path: str, label: str) -> None:
     import matplotlib  # pylint: disable=import-outside-toplevel
 
     matplotlib.use('Agg')
@@ -176,10 +192,14 @@ def _plot(rows, metric: str, title: str, path: str) -> None:
         (axes[1], 'update_steps', 'client update steps $k_u$'),
     ):
         points = sorted(
-            (r['steps'], r['relative_accuracy']) for r in rows if r['kind'] == kind and r.get('diverged_round') is None
+            (r['steps'], r['relative_accuracy'], r.get('relative_accuracy_std', 0.0))
+            for r in rows
+            if r['kind'] == kind and _finite(r['relative_accuracy'])
         )
         if points:
-            ax.plot([p[0] for p in points], [p[1] for p in points], 'o-')
+            xs, ys, errors = zip(*points)
+            ax.errorbar(xs, ys, yerr=errors, fmt='o-', capsize=3, label=label)
+            ax.legend(loc='best', fontsize=8)
         ax.axhline(1.0, color='grey', lw=0.8, ls='--')
         ax.set_xlabel(label)
         ax.grid(alpha=0.3)
@@ -190,23 +210,92 @@ def _plot(rows, metric: str, title: str, path: str) -> None:
     plt.close(fig)
 
 
+def _finite(value) -> bool:
+    return isinstance(value, (int, float)) and math.isfinite(value)
+
+
+def _sweep_one_seed(config):
+    """The whole sweep with ``config.seed``; writes and returns ``results.json`` in ``config.output_dir``."""
+    run = _run_movielens if FLAGS.task == 'movielens' else _run_nwp
+    dataset, key, metric, rows, rounds = run(config)
+    base = next(r for r in rows if r['kind'] == 'base')[metric]
+    for row in rows:
+        row['relative_accuracy'] = row[metric] / base if base else float('nan')
+    results = {'dataset': dataset, 'key': key, 'metric': metric, 'rounds': rounds, 'rows': rows}
+    program.write_json(os.path.join(config.output_dir, 'results.json'), results)
+    return results
+
+
+def _cell(row, key, seeds, digits=4):
+    """``mean +- std`` over the seeds (the mean alone for one seed)."""
+    if not _finite(row.get(key)):
+        return ''
+    return f'{row[key]:.{digits}f}' + (f' +- {row[key + "_std"]:.{digits}f}' if len(seeds) > 1 else '')
+
+
+def _table(rows, metric: str, seeds) -> tuple[list[str], bool]:
+    selected = any(_finite(r.get('best_round')) for r in rows)
+    extra = [k for k in ('rmse',) if all(k in r for r in rows)]
+    header = ['setting', metric, *extra, 'relative to base', *(['best round (of)'] if selected else []), 's/round']
+    if len(seeds) > 1:
+        header.append('diverged (seeds)')
+    lines = ['| ' + ' | '.join(header) + ' |', '|' + '---|' * len(header)]
+    for r in rows:
+        diverged = [s for s, run in zip(seeds, r['per_seed']) if run.get('diverged_round') is not None]
+        if len(diverged) == len(seeds):
+            rounds = ', '.join(str(run['diverged_round']) for run in r['per_seed'])
+            cells = [r['name'], f'diverged (non-finite loss in round {rounds})', *([''] * len(extra)), '']
+        else:
+            cells = [r['name'], _cell(r, metric, seeds), *(_cell(r, k, seeds) for k in extra)]
+            cells.append(_cell(r, 'relative_accuracy', seeds, 3))
+        if selected:
+            trained = [run for run in r['per_seed'] if _finite(run.get('best_round'))]
+            cells.append(
+                ' / '.join(f'{run["best_round"]} ({run["rounds"]})' for run in trained)
+                if trained and len(diverged) < len(seeds)
+                else ''
+            )
+        spr = r.get('seconds_per_round')
+        cells.append(f'{spr:.2f}' if _finite(spr) and len(diverged) < len(seeds) else '')
+        if len(seeds) > 1:
+            cells.append(
+                ', '.join(
+                    f'seed {s}: round {run["diverged_round"]}'
+                    for s, run in zip(seeds, r['per_seed'])
+                    if run.get('diverged_round') is not None
+                )
+            )
+        lines.append('| ' + ' | '.join(cells) + ' |')
+    return lines, selected
+
+
 def main(argv):
     del argv
     logging.set_verbosity(logging.INFO)
     command = 'python benchmarks/reconstruction_steps_sweep.py ' + ' '.join(shlex.quote(a) for a in sys.argv[1:])
-    output_dir = FLAGS.output_dir
+    config_cls = movielens_mf.MovieLensMFConfig if FLAGS.task == 'movielens' else nwp_task.NextWordPredictionConfig
+    config = config_flags.config_from_flags(config_cls, overrides=_DEFAULTS)
+    seeds = [int(s) for s in FLAGS.seeds]
+    metric_keys = (
+        ('accuracy', 'rmse')
+        if FLAGS.task == 'movielens'
+        else ('accuracy', 'accuracy_no_oov', 'accuracy_no_oov_no_eos', 'loss')
+    )
     with runtime.LocalRuntime():
-        if FLAGS.task == 'movielens':
-            dataset, key, metric, rows, rounds = _run_movielens(output_dir)
-        else:
-            dataset, key, metric, rows, rounds = _run_nwp(output_dir)
-    base = next(r for r in rows if r['kind'] == 'base')[metric]
-    for row in rows:
-        row['relative_accuracy'] = row[metric] / base if base else float('nan')
+        results = program.run_seeds(
+            _sweep_one_seed,
+            config,
+            seeds,
+            row_key='name',
+            std_keys=(*metric_keys, 'relative_accuracy'),
+            per_seed_keys=_PER_SEED,
+        )
+    dataset, key, metric, rows, rounds = (results[k] for k in ('dataset', 'key', 'metric', 'rows', 'rounds'))
     name = f'fedrecon_steps_{key}'
     os.makedirs(FLAGS.results_dir, exist_ok=True)
     png = os.path.join(FLAGS.results_dir, f'{name}.png')
-    _plot(rows, metric, f'FedRecon steps sweep: {dataset}', png)
+    label = f'mean +- std over seeds {seeds}' if len(seeds) > 1 else f'seed {seeds[0]}'
+    _plot(rows, metric, f'FedRecon steps sweep: {dataset}', png, label)
     program.write_json(
         os.path.join(FLAGS.results_dir, f'{name}.json'),
         {
@@ -215,29 +304,17 @@ def main(argv):
             'metric': metric,
             'rounds': rounds,
             'retrain_recon_steps': FLAGS.retrain_recon_steps,
+            'seeds': seeds,
             'rows': rows,
         },
     )
-    selected = any(r.get('best_round') is not None for r in rows)
-    extra = [k for k in ('rmse',) if all(k in r for r in rows)]
-    header = ['setting', metric, *extra, 'relative to base', *(['best round (of)'] if selected else []), 's/round']
-    lines = ['| ' + ' | '.join(header) + ' |', '|' + '---|' * len(header)]
+    lines, selected = _table(rows, metric, seeds)
     how = (
         'each k_r / k_u is used in training and in evaluation'
         if FLAGS.retrain_recon_steps
         else 'k_u is used in training and evaluation; k_r only in evaluation (the base model is trained once with the '
         'base reconstruction)'
     )
-    for r in rows:
-        spr = r.get('seconds_per_round')
-        if r.get('diverged_round') is not None:
-            cells = [r['name'], f'diverged (non-finite loss in round {r["diverged_round"]})', *([''] * len(extra)), '']
-            lines.append('| ' + ' | '.join([*cells, *([''] if selected else []), '']) + ' |')
-            continue
-        cells = [r['name'], f'{r[metric]:.4f}', *(f'{r[k]:.4f}' for k in extra), f'{r["relative_accuracy"]:.3f}']
-        if selected:
-            cells.append(f'{r["best_round"]} ({r["rounds"]})' if r.get('best_round') is not None else '')
-        lines.append('| ' + ' | '.join([*cells, '' if spr is None else f'{spr:.2f}']) + ' |')
     budget = f'{rounds} rounds per trained setting'
     if selected:
         selection = (
@@ -250,6 +327,11 @@ def main(argv):
             f'up to {rounds} rounds per trained setting, early-stopped on {selection}; tested once with the best '
             "validation round's weights"
         )
+    over = (
+        f'Mean +- standard deviation over seeds {seeds} (relative: each seed over its own base; best rounds per seed)'
+        if len(seeds) > 1
+        else f'Seed {seeds[0]}'
+    )
     md_dir = os.path.dirname(os.path.abspath(FLAGS.results_md))
     section = '\n'.join(
         [
@@ -257,7 +339,7 @@ def main(argv):
             '',
             f'Command: `{command}`',
             '',
-            f'{budget}; {how}; evaluation on held-out clients; relative = {metric} / base.',
+            f'{budget}; {how}; evaluation on held-out clients; relative = {metric} / base. {over}.',
             '',
             *lines,
             '',
