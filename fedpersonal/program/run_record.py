@@ -7,11 +7,12 @@ Every binary (`experiment_main`, before the task runs) calls `check_output_dir(c
 * a directory holding a run's progress (a checkpoint or a ``results.json``) under the same configuration: the run
   resumes (the training loop restarts from the latest checkpoint, finished rows are read back where the task does);
 * the same under another configuration: `ConfigMismatchError`, naming every differing flag as
-  ``--flag: recorded -> given``. Paths (``--data_dir``, ``--data_path``: ``option(..., is_path=True)``) are
-  recorded absolute and compared as files: another spelling of the same directory resumes, the same relative
-  spelling from another working directory (another directory) does not. Fields declared ``config_parts.option(..., may_change_on_resume=True)``
+  ``--flag: recorded -> given``. Fields declared ``config_parts.option(..., may_change_on_resume=True)``
   (``output_dir``, ``rounds_per_checkpoint``, ...) may differ: they cannot change the results (the rule and why
-  ``total_rounds`` is not one of them: `fedpersonal.program.config_parts`);
+  ``total_rounds`` is not one of them: `fedpersonal.program.config_parts`). Paths (``--data_dir``,
+  ``--data_path``: ``option(..., is_path=True)``) are recorded absolute and compared as the files they name:
+  another spelling of the same directory resumes, the same relative spelling from another working directory does
+  not;
 * ``fresh_start=True`` (the binaries' ``--fresh_start``): the previous run's outputs (only what this package writes:
   ``run_config.json``, ``config.json``, ``results.json``, top-level plots and the row directories holding metrics,
   checkpoints or results) are moved to ``previous_runs/<UTC time>/`` inside the directory, nothing is deleted, and
