@@ -187,7 +187,7 @@ def _plot(rows, metric: str, title: str, path: str, label: str) -> None:
     import matplotlib.pyplot as plt  # pylint: disable=import-outside-toplevel
 
     fig, axes = plt.subplots(1, 2, figsize=(9, 3.5), sharey=True)
-    for ax, kind, label in (
+    for ax, kind, xlabel in (
         (axes[0], 'recon_steps', 'reconstruction steps $k_r$'),
         (axes[1], 'update_steps', 'client update steps $k_u$'),
     ):
@@ -200,8 +200,11 @@ def _plot(rows, metric: str, title: str, path: str, label: str) -> None:
             xs, ys, errors = zip(*points)
             ax.errorbar(xs, ys, yerr=errors, fmt='o-', capsize=3, label=label)
             ax.legend(loc='best', fontsize=8)
+        diverged = [f'{r["steps"]:g}' for r in rows if r['kind'] == kind and not _finite(r['relative_accuracy'])]
+        if diverged:  # Not plotted: say so on the axes.
+            ax.text(0.02, 0.02, f'diverged: {", ".join(diverged)}', transform=ax.transAxes, fontsize=8, va='bottom')
         ax.axhline(1.0, color='grey', lw=0.8, ls='--')
-        ax.set_xlabel(label)
+        ax.set_xlabel(xlabel)
         ax.grid(alpha=0.3)
     axes[0].set_ylabel(f'{metric} / base')
     fig.suptitle(title)
