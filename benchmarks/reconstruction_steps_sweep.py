@@ -91,6 +91,11 @@ def _settings(base_split):
 
 
 _PER_SEED = ('best_round', 'rounds', 'seconds_per_round', 'diverged_round')
+# The metrics each task's sweep reports (and averages over seeds).
+_METRIC_KEYS = {
+    'movielens': ('accuracy', 'rmse'),
+    'nwp': ('accuracy', 'accuracy_no_oov', 'accuracy_no_oov_no_eos', 'loss'),
+}
 
 
 def _sweep(base_split, train, evaluate, metric_keys):
@@ -161,7 +166,7 @@ def _run_movielens(config: movielens_mf.MovieLensMFConfig):
             'metrics'
         ]
 
-    rows = _sweep(config.split, train, evaluate, ('accuracy', 'rmse'))
+    rows = _sweep(config.split, train, evaluate, _METRIC_KEYS['movielens'])
     return prepared.description, 'movielens', 'accuracy', rows, config.total_rounds
 
 
@@ -174,7 +179,7 @@ def _run_nwp(config: nwp_task.NextWordPredictionConfig):
         config.split,
         lambda split, name: nwp_task.train_fed_recon(task, split, name, output_dir),
         lambda weights, split: nwp_task.evaluate_fed_recon(task, weights, split),
-        ('accuracy', 'accuracy_no_oov', 'accuracy_no_oov_no_eos', 'loss'),
+        _METRIC_KEYS['nwp'],
     )
     dataset = f'{corpus.name}, vocabulary {vocab_size}, {config.num_oov_buckets} OOV buckets'
     return dataset, config.dataset, 'accuracy_no_oov_no_eos', rows, config.total_rounds
@@ -244,30 +249,23 @@ def _table(rows, metric: str, seeds) -> tuple[list[str], bool]:
         header.append('diverged (seeds)')
     lines = ['| ' + ' | '.join(header) + ' |', '|' + '---|' * len(header)]
     for r in rows:
-        diverged = [s for s, run in zip(seeds, r['per_seed']) if run.get('diverged_round') is not None]
-        if len(diverged) == len(seeds):
-            rounds = ', '.join(str(run['diverged_round']) for run in r['per_seed'])
-            cells = [r['name'], f'diverged (non-finite loss in round {rounds})', *([''] * len(extra)), '']
-        else:
+        diverged = [
+            (s, run['diverged_round']) for s, run in zip(seeds, r['per_seed']) if run.get('diverged_round') is not None
+        ]
+        trained = len(diverged) < len(seeds)  # In at least one seed.
+        if trained:
             cells = [r['name'], _cell(r, metric, seeds), *(_cell(r, k, seeds) for k in extra)]
             cells.append(_cell(r, 'relative_accuracy', seeds, 3))
+        else:
+            rounds = ', '.join(str(round_num) for _, round_num in diverged)
+            cells = [r['name'], f'diverged (non-finite loss in round {rounds})', *([''] * len(extra)), '']
         if selected:
-            trained = [run for run in r['per_seed'] if _finite(run.get('best_round'))]
-            cells.append(
-                ' / '.join(f'{run["best_round"]} ({run["rounds"]})' for run in trained)
-                if trained and len(diverged) < len(seeds)
-                else ''
-            )
+            runs = [run for run in r['per_seed'] if _finite(run.get('best_round'))] if trained else []
+            cells.append(' / '.join(f'{run["best_round"]} ({run["rounds"]})' for run in runs))
         spr = r.get('seconds_per_round')
-        cells.append(f'{spr:.2f}' if _finite(spr) and len(diverged) < len(seeds) else '')
+        cells.append(f'{spr:.2f}' if trained and _finite(spr) else '')
         if len(seeds) > 1:
-            cells.append(
-                ', '.join(
-                    f'seed {s}: round {run["diverged_round"]}'
-                    for s, run in zip(seeds, r['per_seed'])
-                    if run.get('diverged_round') is not None
-                )
-            )
+            cells.append(', '.join(f'seed {s}: round {round_num}' for s, round_num in diverged))
         lines.append('| ' + ' | '.join(cells) + ' |')
     return lines, selected
 
@@ -279,18 +277,13 @@ def main(argv):
     config_cls = movielens_mf.MovieLensMFConfig if FLAGS.task == 'movielens' else nwp_task.NextWordPredictionConfig
     config = config_flags.config_from_flags(config_cls, overrides=_DEFAULTS)
     seeds = [int(s) for s in FLAGS.seeds]
-    metric_keys = (
-        ('accuracy', 'rmse')
-        if FLAGS.task == 'movielens'
-        else ('accuracy', 'accuracy_no_oov', 'accuracy_no_oov_no_eos', 'loss')
-    )
     with runtime.LocalRuntime():
         results = program.run_seeds(
             _sweep_one_seed,
             config,
             seeds,
             row_key='name',
-            std_keys=(*metric_keys, 'relative_accuracy'),
+            std_keys=(*_METRIC_KEYS[FLAGS.task], 'relative_accuracy'),
             per_seed_keys=_PER_SEED,
         )
     dataset, key, metric, rows, rounds = (results[k] for k in ('dataset', 'key', 'metric', 'rows', 'rounds'))

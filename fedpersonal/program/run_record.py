@@ -223,6 +223,7 @@ def check_output_dir(config: Any, *, fresh_start: bool = False) -> None:
     """
     output_dir = config.output_dir
     current = recorded_config(config)
+    paths = path_fields(type(config))
     if fresh_start:
         moved = move_previous_outputs(output_dir)
         if moved:
@@ -230,7 +231,7 @@ def check_output_dir(config: Any, *, fresh_start: bool = False) -> None:
     elif os.path.isdir(output_dir):
         recorded = read_record(output_dir, type(config))
         if recorded is not None and has_progress(output_dir):
-            changed = differences(recorded, current, paths=path_fields(type(config)))
+            changed = differences(recorded, current, paths=paths)
             if changed:
                 raise ConfigMismatchError(
                     f'--output_dir={output_dir} holds a run with another configuration ({"; ".join(changed)}): '
@@ -238,7 +239,7 @@ def check_output_dir(config: Any, *, fresh_start: bool = False) -> None:
                     f'its outputs to {os.path.join(output_dir, PREVIOUS_RUNS_DIR)}/ and start over.'
                 )
             _canonicalize_nested_records(output_dir, type(config), current)
-        elif recorded is not None and differences(recorded, current, paths=path_fields(type(config))):
+        elif recorded is not None and differences(recorded, current, paths=paths):
             logging.info(
                 '%s: the previous run (another configuration) stopped before its first checkpoint; starting over.',
                 output_dir,
