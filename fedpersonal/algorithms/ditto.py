@@ -224,15 +224,12 @@ def _build_engine_process(
         0.5 * lam * tf.add_n([tf.reduce_sum(tf.square(v - c)) for v, c in zip(values, centre)])
     )
 
-    def build_group_work():
-        cache: dict[str, Any] = {}
+    def build_group_work(*, now: bool):
+        personal_accuracy = group_lib.built_once(tf.keras.metrics.SparseCategoricalAccuracy, now=now)
 
         @tf.function
         def group_work(server_weights, group, personal_states):
-            with tf.init_scope():
-                if not cache:
-                    cache['accuracy'] = tf.keras.metrics.SparseCategoricalAccuracy()
-            accuracy = cache['accuracy']
+            accuracy = personal_accuracy()
             accuracy.reset_state()
 
             @tf.function(jit_compile=model.xla)
@@ -282,9 +279,9 @@ def _build_engine_process(
         return group_work
 
     client_update = tff.tensorflow.computation(weights_type, packer.group_type(), group_private_type)(
-        build_group_work()
+        build_group_work(now=False)
     )
-    runner = driver.GroupRoundRunner(build_group_work(), server_optimizer, driver.finalize_ratios)
+    runner = driver.GroupRoundRunner(build_group_work(now=True), server_optimizer, driver.finalize_ratios)
     return compose.compose_personalized_process(
         initial_global_weights=initial_weights,
         initial_private_state=initial_weights,

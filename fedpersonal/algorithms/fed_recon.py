@@ -171,15 +171,14 @@ def _build_group_client_update(
     update_slots = global_slots + (local_slots if jointly_train_locals else [])
     returned_slots = global_slots + (local_slots if learn_local_init else [])
 
-    def build_group_work(finalizers: collections.OrderedDict):
-        cache: dict[str, Any] = {}  # One set of metric variables per function, kept across its traces.
+    def build_group_work(finalizers: collections.OrderedDict, *, now: bool):
+        metrics_and_loss = group_lib.built_once(
+            lambda: (client_work.build_metrics(metrics_fn, loss_fn, finalizers), loss_fn()), now=now
+        )
 
         @tf.function
         def group_work(server_weights, group):
-            with tf.init_scope():
-                if not cache:
-                    cache.update(metrics=client_work.build_metrics(metrics_fn, loss_fn, finalizers), loss=loss_fn())
-            metrics, loss = cache['metrics'], cache['loss']
+            metrics, loss = metrics_and_loss()
             for metric in metrics:  # Run in this process's runtime, the variables outlive a call.
                 metric.reset_state()
 
@@ -215,8 +214,8 @@ def _build_group_client_update(
 
         return group_work
 
-    computation = tff.tensorflow.computation(weights_type, group_type)(build_group_work(metric_finalizers))
-    return computation, build_group_work(collections.OrderedDict())
+    computation = tff.tensorflow.computation(weights_type, group_type)(build_group_work(metric_finalizers, now=False))
+    return computation, build_group_work(collections.OrderedDict(), now=True)
 
 
 def build_fed_recon(

@@ -228,15 +228,14 @@ def _build_engine_process(
             private_norm_regularization * tf.add_n([tf.reduce_sum(tf.square(v)) for v in values[num_global:]])
         )
 
-    def build_group_work(finalizers: collections.OrderedDict):
-        cache: dict[str, Any] = {}  # One set of metric variables per function, kept across its traces.
+    def build_group_work(finalizers: collections.OrderedDict, *, now: bool):
+        metrics_and_loss = group_lib.built_once(
+            lambda: (client_work.build_metrics(metrics_fn, loss_fn, finalizers), loss_fn()), now=now
+        )
 
         @tf.function
         def group_work(server_weights, group, private_states):
-            with tf.init_scope():
-                if not cache:
-                    cache.update(metrics=client_work.build_metrics(metrics_fn, loss_fn, finalizers), loss=loss_fn())
-            metrics, loss = cache['metrics'], cache['loss']
+            metrics, loss = metrics_and_loss()
             for metric in metrics:
                 metric.reset_state()
 
@@ -285,12 +284,12 @@ def _build_engine_process(
 
     metric_finalizers: collections.OrderedDict = collections.OrderedDict()
     client_update = tff.tensorflow.computation(weights_type, packer.group_type(), group_private_type)(
-        build_group_work(metric_finalizers)
+        build_group_work(metric_finalizers, now=False)
     )
     # A slot is a group: under a fixed DP clip its record is the sum of up to group_size clipped updates.
     aggregator = compose.weighted_aggregator(group_lib.slot_aggregator(model_aggregator, group_size), client_weighting)
     runner = driver.GroupRoundRunner(
-        build_group_work(collections.OrderedDict()),
+        build_group_work(collections.OrderedDict(), now=True),
         server_optimizer,
         driver.KerasMetricsFinalizer(lambda: client_work.build_metrics(metrics_fn, loss_fn, collections.OrderedDict())),
         aggregation=None if dp_clip is None else aggregator.create(weights_type.trainable, tff.TensorType(np.float32)),

@@ -113,7 +113,7 @@ class GroupRoundRunner:
 
     def __init__(
         self,
-        group_work: Callable[..., Any],
+        group_work: tf.types.experimental.GenericFunction,
         server_optimizer: tff.learning.optimizers.Optimizer,
         finalize_metrics: Callable[[Any], Any],
         measure_communication: bool = False,
@@ -143,6 +143,11 @@ class GroupRoundRunner:
             ),
             jit_compile=True,
         )
+
+    @property
+    def traces(self) -> int:
+        """How often the group work has been traced: once per experiment, as groups are padded to fixed shapes."""
+        return self._group_work.experimental_get_tracing_count()
 
     def __call__(
         self,

@@ -51,6 +51,8 @@ def run(simulation, data, **kwargs):
         out = process.run_round(state, [data[c] for c in cohort], [personal[c] for c in cohort])
         state = out.state
         personal.update(zip(cohort, out.private_states))
+    if simulation == 'engine':
+        assert process._round_runner.traces == 1  # Traced once for the experiment, not per round or group.
     return process.get_model_weights(state), out.metrics['client_work']['train'], personal
 
 
