@@ -92,9 +92,10 @@ def test_fed_recon_learns_a_deterministic_language(tmp_path):
         early_stopping_patience=1,  # Selection on validation ReconEval, as the Figure 3 sweep trains each setting.
     )
     task = nwp_task.NextWordPredictionTask(config, corpus, vocab_size=8)
+    process = task.build_fed_recon(3)
     untrained = task.evaluate(
         task.evaluation(3, oov_local=True),
-        task.build_fed_recon(3).get_model_weights(task.build_fed_recon(3).initialize()),
+        process.get_model_weights(process.initialize()),
         3,
         'test',
         None,

@@ -94,12 +94,13 @@ def assert_same(weights_a, metrics_a, weights_b, metrics_b):
 @pytest.mark.parametrize('name', sorted(CONFIGS))
 def test_engine_equals_per_client_path(name):
     datasets = client_datasets(SIZES)
-    reference = run(build(CONFIGS[name], 'per_client'), 3, datasets)
+    reference_process = build(CONFIGS[name], 'per_client')
+    reference = run(reference_process, 3, datasets)
     process = build(CONFIGS[name], 'engine', group_size=4)
     engine = run(process, 3, datasets)  # Two groups, the last padded.
     assert_same(*engine, *reference)
     assert process._round_runner.traces == 1  # Traced once for the experiment, not per round or group.
-    initial = build(CONFIGS[name], 'per_client').initialize().global_model_weights.trainable[0]
+    initial = reference_process.initialize().global_model_weights.trainable[0]
     assert not np.allclose(reference[0].trainable[0], initial)  # The rounds trained something.
 
 

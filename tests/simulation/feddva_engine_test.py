@@ -109,14 +109,15 @@ def test_engine_tunes_the_encoders_in_the_head_phase_as_the_per_client_path():
     """
     extra = dict(decoder_epochs=0, z_epochs=0, c_epochs=0, head_epochs=1, head_tunes_encoders=True)
     extra.update(client_weighting=tff.learning.ClientWeighting.UNIFORM)
-    reference = run(build('per_client', **extra), cohorts=COHORTS[:1], batch=16)
+    reference_process = build('per_client', **extra)
+    reference = run(reference_process, cohorts=COHORTS[:1], batch=16)
     engine = run(build('engine', group_size=3, **extra), cohorts=COHORTS[:1], batch=16)
     names = [v.name for v in fm.DualVae(TINY).global_trainable]
     for name, a, b, start in zip(
         names,
         engine[0].trainable,
         reference[0].trainable,
-        build('per_client').initialize().global_model_weights.trainable,
+        reference_process.initialize().global_model_weights.trainable,
     ):
         a, b, start = (np.asarray(v, np.float64) for v in (a, b, start))
         if name.endswith('_mu/bias:0'):
