@@ -172,9 +172,7 @@ def _build_group_client_update(
     returned_slots = global_slots + (local_slots if learn_local_init else [])
 
     def build_group_work(finalizers: collections.OrderedDict, *, now: bool):
-        metrics_and_loss = group_lib.built_once(
-            lambda: (client_work.build_metrics(metrics_fn, loss_fn, finalizers), loss_fn()), now=now
-        )
+        metrics_and_loss = group_lib.metrics_and_loss(metrics_fn, loss_fn, finalizers, now=now)
 
         @tf.function
         def group_work(server_weights, group):

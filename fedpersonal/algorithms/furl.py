@@ -229,9 +229,7 @@ def _build_engine_process(
         )
 
     def build_group_work(finalizers: collections.OrderedDict, *, now: bool):
-        metrics_and_loss = group_lib.built_once(
-            lambda: (client_work.build_metrics(metrics_fn, loss_fn, finalizers), loss_fn()), now=now
-        )
+        metrics_and_loss = group_lib.metrics_and_loss(metrics_fn, loss_fn, finalizers, now=now)
 
         @tf.function
         def group_work(server_weights, group, private_states):

@@ -22,6 +22,7 @@ import tensorflow as tf
 import tensorflow_federated as tff
 
 from fedpersonal import errors
+from fedpersonal.core import client_work
 from fedpersonal.privacy import dp
 
 T = TypeVar('T')
@@ -202,3 +203,15 @@ def built_once(build: Callable[[], T], *, now: bool) -> Callable[[], T]:
     if now:
         get()
     return get
+
+
+def metrics_and_loss(
+    metrics_fn: client_work.MetricsFn | None,
+    loss_fn: client_work.LossFn,
+    finalizers: Any,
+    *,
+    now: bool,
+) -> Callable[[], tuple[list[tf.keras.metrics.Metric], Any]]:
+    """``() -> (metrics, loss)`` of a group work function: `client_work.build_metrics` (recording each metric's
+    finalizer in `finalizers`) and ``loss_fn()``, built once (`built_once`)."""
+    return built_once(lambda: (client_work.build_metrics(metrics_fn, loss_fn, finalizers), loss_fn()), now=now)
