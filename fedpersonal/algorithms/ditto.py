@@ -278,7 +278,7 @@ def _build_engine_process(
 
         return group_work
 
-    client_update = tff.tensorflow.computation(weights_type, packer.group_type(), group_private_type)(
+    client_update = lambda: tff.tensorflow.computation(weights_type, packer.group_type(), group_private_type)(
         build_group_work(now=False)
     )
     runner = driver.GroupRoundRunner(build_group_work(now=True), server_optimizer, driver.finalize_ratios)
@@ -288,7 +288,7 @@ def _build_engine_process(
         client_update=client_update,
         model_aggregator=tff.aggregators.MeanFactory(),
         server_optimizer=server_optimizer,
-        aggregate_metrics=compose.ratio_metrics(client_update.type_signature.result[1]),
+        aggregate_metrics=compose.ratio_metrics(),
         packer=packer,
         round_runner=runner,
         group_private_state_type=group_private_type,

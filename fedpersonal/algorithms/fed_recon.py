@@ -155,14 +155,14 @@ def _build_group_client_update(
     weights_type: tff.Type,
     group_type: tff.Type,
     dp_clip: float | None = None,
-) -> tuple[tff.Computation, Callable[..., Any]]:
+) -> tuple[Callable[[], tff.Computation], Callable[..., Any]]:
     """The FedRecon client work of a group of logical clients in lockstep (the engine's `_build_client_update`).
 
     With `dp_clip`, the group reports the sum of its clients' updates each clipped to it
     (`group.clipped_sum_update`), for a fixed-clip DP aggregator.
 
-    Returns the TFF computation and the same client work as a `tf.function` of its own (run by
-    `simulation.driver`, with metric variables of its own).
+    Returns a no-arg function building the TFF computation (traced only if `process.next` is used) and the same
+    client work as a `tf.function` of its own (run by `simulation.driver`, with metric variables of its own).
     """
     initial = model.initial_weights
     num_global = len(initial.global_trainable)
@@ -212,8 +212,10 @@ def _build_group_client_update(
 
         return group_work
 
-    computation = tff.tensorflow.computation(weights_type, group_type)(build_group_work(metric_finalizers, now=False))
-    return computation, build_group_work(collections.OrderedDict(), now=True)
+    build_computation = lambda: tff.tensorflow.computation(weights_type, group_type)(
+        build_group_work(metric_finalizers, now=False)
+    )
+    return build_computation, build_group_work(collections.OrderedDict(), now=True)
 
 
 def build_fed_recon(

@@ -449,7 +449,9 @@ def _build_engine_process(
         private = ModelWeights(trainable=new_private[:num_trainable], non_trainable=new_private[num_trainable:])
         return update, sums, private
 
-    client_update = tff.tensorflow.computation(weights_type, packer.group_type(), group_private_type)(group_work)
+    client_update = lambda: tff.tensorflow.computation(weights_type, packer.group_type(), group_private_type)(
+        group_work
+    )
     runner = driver.GroupRoundRunner(group_work, server_optimizer, driver.finalize_ratios)
     return compose.compose_personalized_process(
         initial_global_weights=initial_global_weights,
@@ -457,7 +459,7 @@ def _build_engine_process(
         client_update=client_update,
         model_aggregator=tff.aggregators.MeanFactory(),
         server_optimizer=server_optimizer,
-        aggregate_metrics=compose.ratio_metrics(client_update.type_signature.result[1]),
+        aggregate_metrics=compose.ratio_metrics(),
         packer=packer,
         round_runner=runner,
         group_private_state_type=group_private_type,

@@ -281,7 +281,7 @@ def _build_engine_process(
         return group_work
 
     metric_finalizers: collections.OrderedDict = collections.OrderedDict()
-    client_update = tff.tensorflow.computation(weights_type, packer.group_type(), group_private_type)(
+    client_update = lambda: tff.tensorflow.computation(weights_type, packer.group_type(), group_private_type)(
         build_group_work(metric_finalizers, now=False)
     )
     # A slot is a group: under a fixed DP clip its record is the sum of up to group_size clipped updates.

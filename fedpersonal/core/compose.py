@@ -71,21 +71,22 @@ def keras_metrics(
     return aggregate
 
 
-def ratio_metrics(sums_type: tff.Type) -> Callable[[Any], Any]:
+def ratio_metrics(sums_type: tff.Type | None = None) -> Callable[[Any], Any]:
     """Server metrics from per-client ``[numerator, denominator]`` pairs (an `OrderedDict` of 2-vectors).
 
     Each metric is sum(numerators) / sum(denominators), except `num_examples`, which is the sum of its
-    numerators (see `client_work.ratio_sums`).
+    numerators (see `client_work.ratio_sums`). `sums_type` (one client's sums) defaults to the type of the
+    CLIENTS-placed value the returned function is called on.
     """
 
-    @tff.tensorflow.computation(sums_type)
     def finalize(sums):
         return collections.OrderedDict(
             (k, v[0] if k == 'num_examples' else v[0] / tf.maximum(v[1], 1.0)) for k, v in sums.items()
         )
 
     def aggregate(client_sums):
-        return tff.federated_map(finalize, tff.federated_sum(client_sums))
+        member_type = sums_type if sums_type is not None else client_sums.type_signature.member
+        return tff.federated_map(tff.tensorflow.computation(member_type)(finalize), tff.federated_sum(client_sums))
 
     return aggregate
 
@@ -118,7 +119,7 @@ def _client_work_process(
 def compose_personalized_process(
     *,
     initial_global_weights: tff.Computation,
-    client_update: tff.Computation,
+    client_update: tff.Computation | Callable[[], tff.Computation],
     aggregate_metrics: Callable[[Any], Any],
     server_optimizer: tff.learning.optimizers.Optimizer,
     model_aggregator: AggregationFactory | None = None,
@@ -135,6 +136,8 @@ def compose_personalized_process(
       initial_global_weights: No-arg TF computation returning the initial server `ModelWeights`.
       client_update: The client work as a TF computation: ``(weights, dataset) -> (ClientResult, metrics)``,
         or, with `initial_private_state`, ``(weights, dataset, private) -> (ClientResult, metrics, private)``.
+        With a `round_runner` it may be a no-arg function building that computation: it is then built (traced)
+        with `process.next`, on its first use, which `process.run_round` never needs.
       aggregate_metrics: Python function from CLIENTS-placed client metrics to SERVER-placed metrics, called
         while tracing (`keras_metrics` or `ratio_metrics`).
       server_optimizer: Applied to the aggregated update (TFF's apply-optimizer finalizer).
@@ -160,18 +163,19 @@ def compose_personalized_process(
     )
     distributor = model_distributor or tff.learning.templates.build_broadcast_process(weights_type)
     finalizer = tff.learning.templates.build_apply_optimizer_finalizer(server_optimizer, weights_type)
-    parts = dict(parts or {}, client_update=client_update)
-
-    dataset_type = client_update.type_signature.parameter[1]
+    parts = dict(parts or {})
     stateful = initial_private_state is not None
-    if not stateful and isinstance(dataset_type, tff.SequenceType):
-        client_work = _client_work_process(client_update, aggregate_metrics)
-        learning_process = tff.learning.templates.compose_learning_process(
-            initial_global_weights, distributor, client_work, aggregator, finalizer
-        )
-        return process_lib.from_learning_process(
-            learning_process, parts=parts, packer=packer, round_runner=round_runner
-        )
+    if isinstance(client_update, tff.Computation):
+        parts['client_update'] = client_update
+        dataset_type = client_update.type_signature.parameter[1]
+        if not stateful and isinstance(dataset_type, tff.SequenceType):
+            client_work = _client_work_process(client_update, aggregate_metrics)
+            learning_process = tff.learning.templates.compose_learning_process(
+                initial_global_weights, distributor, client_work, aggregator, finalizer
+            )
+            return process_lib.from_learning_process(
+                learning_process, parts=parts, packer=packer, round_runner=round_runner
+            )
     # Stateful client work, or client data that is not a sequence (the engine's packed groups, which TFF's
     # ClientWorkProcess does not accept): the same composition written out.
     private_type = initial_private_state.type_signature.result if initial_private_state is not None else None
@@ -189,55 +193,66 @@ def compose_personalized_process(
             )
         )
 
-    def round_fn(state, client_data, private_states):
-        distributed = distributor.next(state.distributor, state.global_model_weights)
+    def build_next(update: tff.Computation) -> tff.Computation:
+        """The round as a federated computation mapping `update` (the client work) over CLIENTS."""
+        dataset_type = update.type_signature.parameter[1]
+
+        def round_fn(state, client_data, private_states):
+            distributed = distributor.next(state.distributor, state.global_model_weights)
+            if stateful:
+                client_result, client_metrics, new_private = tff.federated_map(
+                    update, (distributed.result, client_data, private_states)
+                )
+            else:
+                client_result, client_metrics = tff.federated_map(update, (distributed.result, client_data))
+                new_private = ()
+            aggregated = aggregator.next(state.aggregator, client_result.update, client_result.update_weight)
+            finalized = finalizer.next(state.finalizer, state.global_model_weights, aggregated.result)
+            new_state = tff.federated_zip(
+                tff.learning.templates.LearningAlgorithmState(
+                    global_model_weights=finalized.result,
+                    distributor=distributed.state,
+                    client_work=state.client_work,
+                    aggregator=aggregated.state,
+                    finalizer=finalized.state,
+                )
+            )
+            metrics = tff.federated_zip(
+                collections.OrderedDict(
+                    distributor=distributed.measurements,
+                    client_work=tff.federated_zip(collections.OrderedDict(train=aggregate_metrics(client_metrics))),
+                    aggregator=aggregated.measurements,
+                    finalizer=finalized.measurements,
+                )
+            )
+            return process_lib.ProcessOutput(state=new_state, metrics=metrics, private_states=new_private)
+
         if stateful:
-            client_result, client_metrics, new_private = tff.federated_map(
-                client_update, (distributed.result, client_data, private_states)
+
+            @tff.federated_computation(
+                initialize.type_signature.result,
+                tff.FederatedType(dataset_type, tff.CLIENTS),
+                tff.FederatedType(slot_private_type, tff.CLIENTS),
             )
+            def next_fn(state, client_data, private_states):
+                return round_fn(state, client_data, private_states)
+
         else:
-            client_result, client_metrics = tff.federated_map(client_update, (distributed.result, client_data))
-            new_private = ()
-        aggregated = aggregator.next(state.aggregator, client_result.update, client_result.update_weight)
-        finalized = finalizer.next(state.finalizer, state.global_model_weights, aggregated.result)
-        new_state = tff.federated_zip(
-            tff.learning.templates.LearningAlgorithmState(
-                global_model_weights=finalized.result,
-                distributor=distributed.state,
-                client_work=state.client_work,
-                aggregator=aggregated.state,
-                finalizer=finalized.state,
-            )
-        )
-        metrics = tff.federated_zip(
-            collections.OrderedDict(
-                distributor=distributed.measurements,
-                client_work=tff.federated_zip(collections.OrderedDict(train=aggregate_metrics(client_metrics))),
-                aggregator=aggregated.measurements,
-                finalizer=finalized.measurements,
-            )
-        )
-        return process_lib.ProcessOutput(state=new_state, metrics=metrics, private_states=new_private)
 
-    if stateful:
+            @tff.federated_computation(initialize.type_signature.result, tff.FederatedType(dataset_type, tff.CLIENTS))
+            def next_fn(state, client_data):
+                return round_fn(state, client_data, None)
 
-        @tff.federated_computation(
-            initialize.type_signature.result,
-            tff.FederatedType(dataset_type, tff.CLIENTS),
-            tff.FederatedType(slot_private_type, tff.CLIENTS),
-        )
-        def next_fn(state, client_data, private_states):
-            return round_fn(state, client_data, private_states)
+        return next_fn
 
-    else:
+    def build_lazily() -> tff.Computation:
+        update = client_update()
+        process.parts['client_update'] = update
+        return build_next(update)
 
-        @tff.federated_computation(initialize.type_signature.result, tff.FederatedType(dataset_type, tff.CLIENTS))
-        def next_fn(state, client_data):
-            return round_fn(state, client_data, None)
-
-    return process_lib.PersonalizedProcess(
+    process = process_lib.PersonalizedProcess(
         initialize,
-        next_fn,
+        build_next(client_update) if isinstance(client_update, tff.Computation) else build_lazily,
         get_model_weights=lambda state: state.global_model_weights,
         global_weights_type=weights_type,
         private_state_type=private_type,
@@ -246,3 +261,4 @@ def compose_personalized_process(
         packer=packer,
         round_runner=round_runner,
     )
+    return process

@@ -58,7 +58,7 @@ class PersonalizedProcess(tff.templates.IterativeProcess):
     def __init__(
         self,
         initialize_fn: tff.Computation,
-        next_fn: tff.Computation,
+        next_fn: tff.Computation | Callable[[], tff.Computation],
         *,
         get_model_weights: Callable[[Any], Any],
         global_weights_type: tff.Type | None = None,
@@ -69,28 +69,57 @@ class PersonalizedProcess(tff.templates.IterativeProcess):
         packer: Any = None,
         round_runner: Callable[..., ProcessOutput] | None = None,
     ):
-        super().__init__(initialize_fn, next_fn)
-        result = next_fn.type_signature.result
-        if not (isinstance(result, tff.StructWithPythonType) and result.python_container is ProcessOutput):
-            raise TypeError(f'next_fn must return a ProcessOutput, got {result}.')
-        num_args = len(next_fn.type_signature.parameter)
-        expected = 3 if private_state_type is not None else 2
-        if num_args != expected:
-            raise TypeError(
-                f'next_fn of a {"stateful" if expected == 3 else "stateless"} process takes {expected} arguments '
-                f'(state, client data{", private states" if expected == 3 else ""}), got {num_args}.'
-            )
+        """Args: `initialize_fn` and `next_fn` as TFF's `IterativeProcess` takes them, the rest as the attributes.
+
+        With a `round_runner`, `next_fn` may also be a no-arg function building the `next` computation: it is
+        built (and checked) on first use of `next`, which `run_round` does not need; so an engine process traces
+        TFF's copy of its client work only when something uses `next` (the privacy audit, another runtime).
+        """
         if (private_state_type is None) != (initial_private_state_fn is None):
             raise TypeError('private_state_type and initial_private_state_fn go together.')
+        self.private_state_type = private_state_type
+        if isinstance(next_fn, tff.Computation):
+            self._build_next: Callable[[], tff.Computation] | None = None
+            self._set_next(initialize_fn, next_fn)
+        else:
+            if round_runner is None:
+                raise TypeError('next_fn must be a tff.Computation unless a round_runner runs the rounds (run_round).')
+            if initialize_fn.type_signature.parameter is not None:
+                raise TypeError(f'initialize_fn takes no argument, got {initialize_fn.type_signature.parameter}.')
+            self._initialize_fn = initialize_fn
+            self._state_type = initialize_fn.type_signature.result
+            self._next_fn = None
+            self._build_next = next_fn
         self._get_model_weights = get_model_weights
         self.global_weights_type = global_weights_type
-        self.private_state_type = private_state_type
         self._initial_private_state_fn = initial_private_state_fn
         self.learning_process = learning_process
         self.parts = dict(parts or {})
         self.packer = packer
         self._round_runner = round_runner
         self._secure: bool | None = None
+
+    def _set_next(self, initialize_fn: tff.Computation, next_fn: tff.Computation) -> None:
+        """Checks `next_fn` against the protocol (and TFF's `IterativeProcess` checks), then sets it."""
+        result = next_fn.type_signature.result
+        if not (isinstance(result, tff.StructWithPythonType) and result.python_container is ProcessOutput):
+            raise TypeError(f'next_fn must return a ProcessOutput, got {result}.')
+        num_args = len(next_fn.type_signature.parameter)
+        expected = 3 if self.private_state_type is not None else 2
+        if num_args != expected:
+            raise TypeError(
+                f'next_fn of a {"stateful" if expected == 3 else "stateless"} process takes {expected} arguments '
+                f'(state, client data{", private states" if expected == 3 else ""}), got {num_args}.'
+            )
+        super().__init__(initialize_fn, next_fn)
+
+    @property
+    def next(self) -> tff.Computation:
+        """The round as a TFF computation (placements, audits, other runtimes); built on first use if lazy."""
+        if self._next_fn is None:
+            assert self._build_next is not None
+            self._set_next(self._initialize_fn, self._build_next())
+        return self._next_fn
 
     @property
     def simulation(self) -> str:

@@ -108,7 +108,10 @@ def test_engine_round_in_tff_runtime_equals_compiled_round():
     """`process.next` (TFF's runtime) and `process.run_round` (the driver's XLA round) agree."""
     datasets = client_datasets(SIZES, seed=1)
     process = build(CONFIGS['sgd_hash_split'], 'engine', group_size=3)
-    assert_same(*run(process, 2, datasets, through_tff=True), *run(process, 2, datasets))
+    compiled = run(process, 2, datasets)
+    assert 'client_update' not in process.parts  # run_round did not trace TFF's copy of the client work ...
+    assert_same(*run(process, 2, datasets, through_tff=True), *compiled)
+    assert 'client_update' in process.parts  # ... `next` built it on first use.
 
 
 def test_non_finite_client_is_dropped_alone_like_the_per_client_path():
