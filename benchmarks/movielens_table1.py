@@ -19,7 +19,9 @@ sampling and ReconEval), and an interleaved speed test runs both on the same sam
 Every run has its own output directory under ``--output_dir`` (``grid/<row>/<lrs>``, ``seed<k>/<row>``); a rerun skips
 the runs that wrote their results and resumes the others from their checkpoints. Writes
 `docs/results/movielens_table1.json` (rows with `rmse`, `mae`, `accuracy`, their `_std`, `seeds`,
-`seconds_per_round`) and replaces the Table 1 section of `docs/RESULTS.md`.
+`seconds_per_round`) and replaces the Table 1 section of `docs/RESULTS.md`. A run of some rows with other settings
+(say, one row with a higher round cap) names its own ``--results_json``, whose file name also names its plot and its
+section of ``--results_md``, so it does not replace the main table.
 """
 
 import dataclasses
@@ -49,8 +51,13 @@ flags.DEFINE_list('seeds', ['0', '1', '2'], 'Seeds of every row (initialization,
 flags.DEFINE_list('grid_client_learning_rates', [], 'Tuning grid of the federated rows (empty: the flag value).')
 flags.DEFINE_list('grid_server_learning_rates', [], 'Tuning grid of the federated rows (empty: the flag value).')
 flags.DEFINE_list('grid_reconstruction_learning_rates', [], 'Tuning grid (empty: the flag value).')
-flags.DEFINE_string('results_json', 'docs/results/movielens_table1.json', 'Machine-readable results.')
-flags.DEFINE_string('results_md', 'docs/RESULTS.md', 'Markdown results file (its Table 1 section is replaced).')
+flags.DEFINE_string(
+    'results_json',
+    'docs/results/movielens_table1.json',
+    'Machine-readable results; its file name (without .json) also names the learning-curve plot beside it and the '
+    'section of --results_md that is replaced.',
+)
+flags.DEFINE_string('results_md', 'docs/RESULTS.md', 'Markdown results file (its section is replaced).')
 FLAGS = flags.FLAGS
 
 
@@ -226,7 +233,8 @@ def main(argv):
         for r in rows
         if r['configuration'] in FEDERATED
     }
-    curves = os.path.join(os.path.dirname(FLAGS.results_json), 'movielens_table1_learning_curves.png')
+    name = os.path.splitext(os.path.basename(FLAGS.results_json))[0]  # Names the plot and the RESULTS section.
+    curves = os.path.join(os.path.dirname(FLAGS.results_json), f'{name}_learning_curves.png')
     program.plot_curves(
         runs,
         ['train/loss', 'eval/rmse', 'eval/accuracy'],
@@ -261,13 +269,16 @@ def main(argv):
     )
     interleaved = [r for r in rows if 'seconds_per_round_interleaved' in r]
     speed_lines = ''.join(f'\n- {r["name"]}: {r["seconds_per_round_interleaved"]:.3f} s/round' for r in interleaved)
+    subset = set(config.configurations) != set(_RUN_ORDER)
     section = (
-        f'## FedRecon Table 1: MovieLens matrix factorization\n\n'
-        f'Command: `{command}` (its runs: {compute_s / 60:.0f} min of training and evaluation; a rerun skips '
+        '## FedRecon Table 1: MovieLens matrix factorization'
+        + (f' ({", ".join(r["name"] for r in rows)}, at most {config.total_rounds:,} rounds)' if subset else '')
+        + f'\n\nCommand: `{command}` (its runs: {compute_s / 60:.0f} min of training and evaluation; a rerun skips '
         f'finished runs)\n\n'
         f'Data: {prepared.description}. Machine: {payload["machine"]}. Mean +- standard deviation over seeds '
         f'{seeds}; each run early-stopped on validation RMSE (patience {config.early_stopping_patience} evaluations '
-        f"of every {config.rounds_per_eval} rounds) and tested once with its best validation round's model; "
+        f'of every {config.rounds_per_eval} rounds, at most {config.total_rounds:,} rounds) and tested once with its '
+        f"best validation round's model; "
         f"learning rates selected on the first seed's validation RMSE.\n\n{table}\n\n"
         + (f'Tuning (first seed; best validation RMSE, nan = diverged):{tuning}\n\n' if tuning else '')
         + (
@@ -277,7 +288,7 @@ def main(argv):
         )
         + f'Learning curves (first seed): `{curves}`. Machine-readable: `{FLAGS.results_json}`.'
     )
-    program.replace_marked_section(FLAGS.results_md, 'movielens_table1', section)
+    program.replace_marked_section(FLAGS.results_md, name, section)
     print(table)
 
 
