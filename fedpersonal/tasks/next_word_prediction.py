@@ -257,7 +257,10 @@ class NextWordPredictionTask:
 
     # ----- training -------------------------------------------------------
     def build_fed_recon(self, num_oov_buckets: int, split: algorithms.ReconstructionSplit | None = None):
+        """FedRecon training with `split` (default: the config's), overlapping if `train_support_overlap`."""
         cfg = self.config
+        split = split or cfg.split
+        split = dataclasses.replace(split, allow_overlap=split.allow_overlap or cfg.train_support_overlap)
         model_fn = self.model_fn(num_oov_buckets, oov_local=True)
         return algorithms.build_fed_recon(
             model_fn,
@@ -266,7 +269,7 @@ class NextWordPredictionTask:
             server_optimizer=cfg.build_server_optimizer(),
             client_optimizer=cfg.build_client_optimizer(),
             reconstruction_optimizer=cfg.build_reconstruction_optimizer(),
-            dataset_split=split or cfg.split,
+            dataset_split=split,
             simulation=cfg.simulation,
             group_size=cfg.group_size,
             **self._measured_communication(model_fn),

@@ -64,6 +64,11 @@ class NextWordPredictionConfig(
     server_learning_rate: float = 0.1
     reconstruction_learning_rate: float = 1.0
     finetune_learning_rate: float = parts.option(0.1, 'Learning rate of the fine-tuning rows.')
+    train_support_overlap: bool = parts.option(
+        False,
+        "FedRecon training reconstructs and updates on all of a client's examples (the paper's Appendix D option "
+        'for clients with little data); evaluation keeps disjoint support and query sets.',
+    )
     rounds_per_eval: int = 30
     eval_clients: int = 20
     test_clients: int | None = parts.option(None, "Test clients evaluated at the end ('none': all).")
@@ -103,7 +108,10 @@ class NextWordPredictionConfig(
 
     @property
     def split(self) -> algorithms.ReconstructionSplit:
-        """Support = the first half of a client's examples in time order (the paper's Stack Overflow setup)."""
+        """Support = the first half of a client's examples in time order (the paper's Stack Overflow setup).
+
+        Evaluation always uses this split; FedRecon training uses it with `allow_overlap=train_support_overlap`.
+        """
         from fedpersonal import algorithms  # pylint: disable=g-import-not-at-top  # TensorFlow.
 
         return algorithms.ReconstructionSplit(

@@ -107,9 +107,9 @@ def test_fed_recon_learns_a_deterministic_language(tmp_path):
     assert row['best_validation_accuracy_no_oov_no_eos'] > 0.8
 
 
-def _cyclic_task(tmp_path, simulation):
+def _cyclic_task(tmp_path, simulation, **overrides):
     """A tiny task on the cyclic corpus (vocabulary 8, 3 OOV buckets) and its first 3 training clients' datasets
-    (two groups on the engine, the last one padded)."""
+    (two groups on the engine, the last one padded); `overrides` are config fields."""
     corpus = text_corpus.TextCorpus(name='cyclic', train=_cyclic_corpus(6, 0), test=_cyclic_corpus(2, 1), source='test')
     config = nwp_task.NextWordPredictionConfig(
         output_dir=str(tmp_path),
@@ -121,6 +121,7 @@ def _cyclic_task(tmp_path, simulation):
         batch_size=8,
         simulation=simulation,
         group_size=2,
+        **overrides,
     )
     task = nwp_task.NextWordPredictionTask(config, corpus, vocab_size=8)
     data = task.client_data(3, 'train')
@@ -164,3 +165,20 @@ def test_fed_yogi_on_the_engine_equals_tff_build_weighted_fed_avg(tmp_path):
     assert len(weights['engine']) == len(weights['per_client'])
     for a, b in zip(weights['engine'], weights['per_client']):
         np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize('simulation', ['engine', 'per_client'])
+def test_train_support_overlap_updates_on_every_example_and_evaluation_stays_disjoint(tmp_path, simulation):
+    """`train_support_overlap`: FedRecon's update sees all of a client's examples (not the query half), while the
+    evaluation of the same task still reconstructs on the support half and scores the query half only."""
+    examples, evaluated = {}, {}
+    for overlap in (False, True):
+        task, ids, datasets = _cyclic_task(tmp_path / str(overlap), simulation, train_support_overlap=overlap)
+        total = sum(int(sum(len(b['x']) for b in d)) for d in datasets)
+        process = task.build_fed_recon(3)
+        metrics = process.run_round(process.initialize(), datasets, client_ids=ids).metrics
+        examples[overlap] = int(metrics['client_work']['train']['num_examples'])
+        weights = process.get_model_weights(process.initialize())
+        evaluated[overlap] = task.evaluate(task.evaluation(3, oov_local=True), weights, 3, 'test', None)['metrics']
+    assert examples == {False: total // 2, True: total}  # 24 sequences per client; its query half is 12.
+    assert evaluated[True]['num_examples'] == evaluated[False]['num_examples'] > 0
