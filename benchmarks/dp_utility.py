@@ -21,7 +21,6 @@ Writes ``--results_json`` (rows ``task``, ``target_epsilon``, ``epsilon``, ``noi
 
 import dataclasses
 import os
-import shlex
 import sys
 import time
 
@@ -170,7 +169,7 @@ def main(argv):
         tried += [
             {k: r[k] for k in ('name', 'choice', 'validation', 'diverged')} for r in candidates if len(candidates) > 1
         ]
-    command = 'python benchmarks/dp_utility.py ' + TASK + ' ' + ' '.join(shlex.quote(a) for a in sys.argv[1:])
+    command = program.command_line('benchmarks/dp_utility.py', [TASK] + sys.argv[1:])
     program.write_json(
         FLAGS.results_json,
         {

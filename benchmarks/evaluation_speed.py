@@ -22,7 +22,6 @@ from __future__ import annotations
 import dataclasses
 import os
 import platform
-import shlex
 import statistics
 import sys
 import time
@@ -127,7 +126,7 @@ def main(argv: list[str]) -> None:
     program.write_json(
         _OUTPUT.value,
         {
-            'command': 'python benchmarks/evaluation_speed.py ' + ' '.join(shlex.quote(a) for a in sys.argv[1:]),
+            'command': program.command_line('benchmarks/evaluation_speed.py', sys.argv[1:]),
             'machine': f'{platform.processor() or platform.machine()}, {os.cpu_count()} cores',
             'rows': rows,
         },

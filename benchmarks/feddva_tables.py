@@ -14,7 +14,6 @@ Runs `fedpersonal.tasks.feddva.run` and writes `docs/results/feddva_<dataset>.js
 import dataclasses
 import json
 import os
-import shlex
 import shutil
 import sys
 import time
@@ -97,10 +96,9 @@ def _has_checkpoints(output_dir: str) -> bool:
 def main(argv):
     del argv
     logging.set_verbosity(logging.INFO)
-    args = [
-        a for a in sys.argv[1:] if a.split('=')[0] not in ('--rerender', '--norerender', '--notes', '--results_name')
-    ]
-    command = 'python benchmarks/feddva_tables.py ' + ' '.join(shlex.quote(a) for a in args)
+    command = program.command_line(
+        'benchmarks/feddva_tables.py', sys.argv[1:], omit=('--rerender', '--norerender', '--notes', '--results_name')
+    )
     config = config_flags.config_from_flags(feddva.FeddvaConfig, overrides=_DEFAULTS)
     started, load_before = time.time(), os.getloadavg()[0]
     timing_path = os.path.join(config.output_dir, 'timing.json')

@@ -12,7 +12,6 @@ and the user-embedding projection next to it, and the `furl_<dataset>` section o
 
 import dataclasses
 import os
-import shlex
 import shutil
 import sys
 
@@ -36,7 +35,7 @@ FLAGS = flags.FLAGS
 def main(argv):
     del argv
     logging.set_verbosity(logging.INFO)
-    command = 'python benchmarks/furl_tables.py ' + ' '.join(shlex.quote(a) for a in sys.argv[1:])
+    command = program.command_line('benchmarks/furl_tables.py', sys.argv[1:])
     config = config_flags.config_from_flags(furl_personalization.FurlConfig, overrides=_DEFAULTS)
     seeds = [int(s) for s in FLAGS.seeds]
     with runtime.LocalRuntime():

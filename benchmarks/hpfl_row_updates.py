@@ -18,7 +18,6 @@ Writes `docs/results/hpfl_row_updates.json` and replaces the `hpfl_row_updates` 
 
 import argparse
 import os
-import shlex
 import statistics
 import sys
 import time
@@ -142,7 +141,7 @@ def main() -> None:
             round_rows = _assist_rounds(args.assist_dir, max(args.assist_rounds, 2))
     load_after = os.getloadavg()[0]
 
-    command = 'python benchmarks/hpfl_row_updates.py ' + ' '.join(shlex.quote(a) for a in sys.argv[1:])
+    command = program.command_line('benchmarks/hpfl_row_updates.py', sys.argv[1:])
     program.write_json(
         os.path.join(args.results_dir, 'hpfl_row_updates.json'),
         {'command': command.strip(), 'dataset': 'generated silo (ASSIST shape)', 'rows': rows + round_rows},

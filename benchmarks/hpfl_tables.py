@@ -14,7 +14,6 @@ Runs `fedpersonal.tasks.hpfl_user_modeling.run` and writes `docs/results/hpfl_<d
 
 import dataclasses
 import os
-import shlex
 import shutil
 import sys
 
@@ -99,7 +98,7 @@ def _private_summary(results):
 def main(argv):
     del argv
     logging.set_verbosity(logging.INFO)
-    command = 'python benchmarks/hpfl_tables.py ' + ' '.join(shlex.quote(a) for a in sys.argv[1:])
+    command = program.command_line('benchmarks/hpfl_tables.py', sys.argv[1:])
     config = config_flags.config_from_flags(task.HpflConfig, overrides=_DEFAULTS)
     seeds = [int(s) for s in FLAGS.seeds]
     with runtime.LocalRuntime():

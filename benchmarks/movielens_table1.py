@@ -28,7 +28,6 @@ import dataclasses
 import json
 import os
 import platform
-import shlex
 import sys
 import time
 
@@ -197,7 +196,7 @@ def format_table(rows: list[dict]) -> str:
 def main(argv):
     del argv
     logging.set_verbosity(logging.INFO)
-    command = 'python benchmarks/movielens_table1.py ' + ' '.join(shlex.quote(a) for a in sys.argv[1:])
+    command = program.command_line('benchmarks/movielens_table1.py', sys.argv[1:])
     config = config_flags.config_from_flags(movielens_mf.MovieLensMFConfig, overrides=_DEFAULTS)
     seeds = [int(s) for s in FLAGS.seeds]
     started = time.time()

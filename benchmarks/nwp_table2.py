@@ -14,7 +14,6 @@ Runs `fedpersonal.tasks.next_word_prediction.run` and writes
 
 import dataclasses
 import os
-import shlex
 import shutil
 import sys
 
@@ -68,7 +67,7 @@ def communication_table(tables) -> str:
 def main(argv):
     del argv
     logging.set_verbosity(logging.INFO)
-    command = 'python benchmarks/nwp_table2.py ' + ' '.join(shlex.quote(a) for a in sys.argv[1:])
+    command = program.command_line('benchmarks/nwp_table2.py', sys.argv[1:])
     config = config_flags.config_from_flags(nwp_task.NextWordPredictionConfig, overrides=_DEFAULTS)
     seeds = [int(s) for s in FLAGS.seeds]
     with runtime.LocalRuntime():

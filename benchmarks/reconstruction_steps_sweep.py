@@ -30,7 +30,6 @@ Writes `docs/results/fedrecon_steps_<dataset>.json`, a PNG next to it and the
 import dataclasses
 import math
 import os
-import shlex
 import sys
 
 from absl import app
@@ -273,7 +272,7 @@ def _table(rows, metric: str, seeds) -> tuple[list[str], bool]:
 def main(argv):
     del argv
     logging.set_verbosity(logging.INFO)
-    command = 'python benchmarks/reconstruction_steps_sweep.py ' + ' '.join(shlex.quote(a) for a in sys.argv[1:])
+    command = program.command_line('benchmarks/reconstruction_steps_sweep.py', sys.argv[1:])
     config_cls = movielens_mf.MovieLensMFConfig if FLAGS.task == 'movielens' else nwp_task.NextWordPredictionConfig
     config = config_flags.config_from_flags(config_cls, overrides=_DEFAULTS)
     seeds = [int(s) for s in FLAGS.seeds]

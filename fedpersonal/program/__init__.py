@@ -33,6 +33,7 @@ if TYPE_CHECKING:  # The static view of the lazily imported names (mypy, IDEs).
     from fedpersonal.program.outputs import write_json
     from fedpersonal.program.participation import sample_clients
     from fedpersonal.program.run_record import check_output_dir
+    from fedpersonal.program.run_record import command_line
     from fedpersonal.program.seeds import mean_over_seeds
     from fedpersonal.program.seeds import run_seeds
     from fedpersonal.program.seeds import seed_output_dir
@@ -61,6 +62,7 @@ _EXPORTS = {
     'save_figure_with_side_legend': 'outputs',
     'write_json': 'outputs',
     'check_output_dir': 'run_record',
+    'command_line': 'run_record',
     'mean_over_seeds': 'seeds',
     'run_seeds': 'seeds',
     'seed_output_dir': 'seeds',

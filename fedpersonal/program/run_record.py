@@ -18,6 +18,8 @@ Every binary (`experiment_main`, before the task runs) calls `check_output_dir(c
   checkpoints or results) are moved to ``previous_runs/<UTC time>/`` inside the directory, nothing is deleted, and
   the run starts over.
 
+`command_line(script, argv)` is the shell command that reruns a run, as the benchmarks' results files record it.
+
 The record is the config's fields without those that may change on resume (as HPFL's ``run_config.json`` has
 always been); a directory written before records existed is checked against its ``config.json``, and records
 written under deprecated flag names or values (``methods``, ``dataset='assist'``) compare under the new ones
@@ -31,7 +33,9 @@ import datetime
 import json
 import operator
 import os
+import shlex
 from collections.abc import Mapping
+from collections.abc import Sequence
 from typing import Any
 
 from absl import logging
@@ -246,3 +250,23 @@ def check_output_dir(config: Any, *, fresh_start: bool = False) -> None:
             )
     os.makedirs(output_dir, exist_ok=True)
     _write_json(os.path.join(output_dir, RUN_CONFIG_FILE), current)
+
+
+def command_line(script: str, argv: Sequence[str], *, omit: Sequence[str] = ('--notes',)) -> str:
+    """The shell command that reruns `script` with `argv`, leaving out flags that only add prose (`omit`).
+
+    >>> command_line('benchmarks/nwp_table2.py', ['--seeds=0,1', '--notes=Resumed once.', '--vocab_sizes', '250'])
+    'python benchmarks/nwp_table2.py --seeds=0,1 --vocab_sizes 250'
+    >>> command_line('b.py', ['--notes', 'Resumed once.', '--data_dir=my data'])
+    "python b.py '--data_dir=my data'"
+    """
+    kept: list[str] = []
+    skip_value = False
+    for a in argv:
+        if skip_value:
+            skip_value = False
+        elif a.split('=')[0] in omit:
+            skip_value = '=' not in a  # `--notes TEXT`: its value is the next argument.
+        else:
+            kept.append(a)
+    return ' '.join(['python', shlex.quote(script)] + [shlex.quote(a) for a in kept])
