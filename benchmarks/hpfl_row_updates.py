@@ -144,7 +144,7 @@ def main() -> None:
     command = program.command_line('benchmarks/hpfl_row_updates.py', sys.argv[1:])
     program.write_json(
         os.path.join(args.results_dir, 'hpfl_row_updates.json'),
-        {'command': command.strip(), 'dataset': 'generated silo (ASSIST shape)', 'rows': rows + round_rows},
+        {'command': command, 'dataset': 'generated silo (ASSIST shape)', 'rows': rows + round_rows},
     )
     lines = [
         '## HPFL: dense vs lazy table updates in local training',

@@ -268,7 +268,7 @@ def main(argv):
     )
     interleaved = [r for r in rows if 'seconds_per_round_interleaved' in r]
     speed_lines = ''.join(f'\n- {r["name"]}: {r["seconds_per_round_interleaved"]:.3f} s/round' for r in interleaved)
-    subset = set(config.configurations) != set(_RUN_ORDER)
+    subset = set(config.configurations) != set(movielens_mf.CONFIGURATIONS)
     section = (
         '## FedRecon Table 1: MovieLens matrix factorization'
         + (f' ({", ".join(r["name"] for r in rows)}, at most {config.total_rounds:,} rounds)' if subset else '')

@@ -269,4 +269,4 @@ def command_line(script: str, argv: Sequence[str], *, omit: Sequence[str] = ('--
             skip_value = '=' not in a  # `--notes TEXT`: its value is the next argument.
         else:
             kept.append(a)
-    return ' '.join(['python', shlex.quote(script)] + [shlex.quote(a) for a in kept])
+    return shlex.join(['python', script, *kept])

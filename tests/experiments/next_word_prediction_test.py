@@ -177,9 +177,10 @@ def test_train_support_overlap_updates_on_every_example_and_evaluation_stays_dis
         task, ids, datasets = _cyclic_task(tmp_path / str(overlap), 'per_client', train_support_overlap=overlap)
         total = sum(int(sum(len(b['x']) for b in d)) for d in datasets)
         process = task.build_fed_recon(3)
-        metrics = process.run_round(process.initialize(), datasets, client_ids=ids).metrics
+        state = process.initialize()
+        metrics = process.run_round(state, datasets, client_ids=ids).metrics
         examples[overlap] = int(metrics['client_work']['train']['num_examples'])
-        weights = process.get_model_weights(process.initialize())
+        weights = process.get_model_weights(state)
         evaluation = task.evaluation(3, oov_local=True)
         evaluated[overlap] = task.evaluate(evaluation, weights, 3, 'test', None)['metrics']['num_examples']
     assert examples == {False: total // 2, True: total}  # 24 sequences per client; its query half is 12.
