@@ -291,7 +291,9 @@ def _query_predictions(model: functional.FunctionalModel, weights: functional.Pa
             out = model.apply(functional.Parts(*groups), flat_x, training=False)[0]
             return tf.nest.map_structure(lambda t: tf.reshape(t, tf.concat([[steps, batch], tf.shape(t)[1:]], 0)), out)
 
-        predictions = lockstep.for_each_client(client_predictions, ([weights[g][i] for g, i in own], x))
+        predictions = lockstep.for_each_client(
+            client_predictions, ([weights[g][i] for g, i in own], x), pfor_loops=model.pfor_loops
+        )
     flat = lambda t: _flatten_examples(t, 2)
     batch_loss = tf.reshape(
         lockstep.batch_mean_loss(

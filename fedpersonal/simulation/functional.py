@@ -30,6 +30,10 @@ have the examples on their first axis. Other layers that assign their own variab
 
 Gradients of an embedding lookup with respect to a weight tensor are `tf.IndexedSlices`, which the engine
 applies as sparse row updates.
+
+Recurrent layers: a Keras LSTM with its default arithmetic runs as TensorFlow's fused `BlockLSTM` kernel
+(`fedpersonal.simulation.fused_lstm`); other recurrent layers run unrolled, so that their gradient has no
+`tf.while_loop`, which `pfor` cannot batch over clients.
 """
 
 from __future__ import annotations
@@ -45,6 +49,7 @@ import tensorflow as tf
 
 from fedpersonal import errors
 from fedpersonal.models import partially_local_model
+from fedpersonal.simulation import fused_lstm
 
 ModelFn = Callable[[], Any]
 Slot = tuple[int, int]  # (group, index) of a weight in `Parts`.
@@ -112,7 +117,9 @@ class FunctionalModel:
       model_fn: Returns a `fedpersonal.models.from_keras_model` model (its global/local split), a plain Keras
         model (all its weights in the global groups), or, with `groups`, any model object.
       unroll_rnns: Whether recurrent layers run unrolled (needs a static number of time steps; lets a client
-        step of an LSTM vectorize over clients).
+        step of an LSTM vectorize over clients). Not for LSTMs that are fused.
+      fuse_lstms: Whether Keras LSTM layers with default arithmetic run as TensorFlow's fused `BlockLSTM` kernel
+        (`fedpersonal.simulation.fused_lstm`: same results; one op per sequence instead of dozens per time step).
       groups: ``model -> (global_trainable, global_non_trainable, local_trainable, local_non_trainable)``
         variable lists of a model object that is neither a Keras model nor a `from_keras_model` model.
       batch_norm: Run BatchNormalization layers, recording their moving-statistic updates (see the module
@@ -126,6 +133,8 @@ class FunctionalModel:
         convolutional layers, which XLA's CPU backend ran 2.5-5x slower than TF's kernels (measured).
       vectorizes: Whether a client step with per-client weights vectorizes over clients (`tf.vectorized_map`): not
         for convolutions, whose per-client filters pfor cannot batch (their clients loop in the program instead).
+      pfor_loops: Whether the model has fused LSTMs, which `tf.vectorized_map` runs client after client in a
+        parallel loop inside a vectorized step (`fedpersonal.simulation.lockstep.for_each_client`).
       stateful_slots: The slots of the weights the model's layers update in training mode (batch norm moving
         statistics), in a fixed order.
       template: The model object built once in a scratch graph (for its structure and attributes, e.g. sizes;
@@ -156,9 +165,16 @@ class FunctionalModel:
     """
 
     def __init__(
-        self, model_fn: ModelFn, *, unroll_rnns: bool = True, groups: GroupsFn | None = None, batch_norm: bool = False
+        self,
+        model_fn: ModelFn,
+        *,
+        unroll_rnns: bool = True,
+        fuse_lstms: bool = True,
+        groups: GroupsFn | None = None,
+        batch_norm: bool = False,
     ):
         self.unroll_rnns = unroll_rnns
+        self.fuse_lstms = fuse_lstms
         created: list[tf.Variable] = []
 
         def record(next_creator, **kwargs):
@@ -181,6 +197,7 @@ class FunctionalModel:
             layers = [layer for part in keras_parts(model) for layer in [part, *part.submodules]]
             self.xla = not any(isinstance(layer, _NO_XLA_LAYERS) for layer in layers)
             self.vectorizes = not any(isinstance(layer, _CONV_LAYERS) for layer in layers)
+            self.pfor_loops = fuse_lstms and any(fused_lstm.fusable(layer) for layer in layers)
             self.input_spec = getattr(model, 'input_spec', None) if not self._is_keras else None
         self._model_fn = model_fn
         self.template = model
@@ -250,6 +267,9 @@ class FunctionalModel:
         if not isinstance(keras_model, tf.keras.Model):
             raise TypeError(f'{type(model).__name__} is not a Keras model: call rebuild() and its own methods.')
         rnns = [layer for layer in keras_model.submodules if isinstance(layer, tf.keras.layers.RNN)]
+        for layer in rnns:
+            if self.fuse_lstms and fused_lstm.fusable(layer):
+                fused_lstm.fuse(layer)  # A call it cannot fuse (a mask, an initial state) runs the Keras layer.
         if rnns and self.unroll_rnns:
             # An unrolled RNN has no tf.while_loop, so a step vectorizes over clients (pfor cannot batch the
             # TensorList of a while loop's gradient); the same arithmetic over a static number of time steps.

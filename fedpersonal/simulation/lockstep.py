@@ -35,6 +35,8 @@ steps, as the per-client path assigns them.
 
 from __future__ import annotations
 
+import contextlib
+import logging
 from collections.abc import Callable
 from collections.abc import Sequence
 from typing import Any
@@ -338,6 +340,7 @@ def lockstep_steps(
             (stepped, frozen, carried_now, centre_values, batch, mask, extra),
             vectorize=vectorized,
             signature=step_signature,
+            pfor_loops=getattr(model, 'pfor_loops', False),
         )
         active = n > 0
         keep = lambda new, old: tf.where(tf.reshape(active, [-1] + [1] * (new.shape.rank - 1)), new, old)
@@ -373,6 +376,7 @@ def lockstep_steps(
                 (stepped, frozen, carried_now, batch, mask, extra),
                 vectorize=vectorized,
                 signature=stats_signature,
+                pfor_loops=getattr(model, 'pfor_loops', False),
             )
             stats = tf.nest.map_structure(lambda a, b: a + expand(tf.where(active, b, 0.0), 0), stats, step_stats)
         n_sum, l_sum = num_examples + expand(n, 0), loss_sum + expand(batch_loss * n, 0)
@@ -399,25 +403,50 @@ def lockstep_steps(
     return weights, GroupSteps(num_examples, loss_sum, weighted_deltas, finite, stats)
 
 
-def for_each_client(fn: Callable[[Any], Any], elems: Any, *, vectorize: bool = True, signature: Any = None) -> Any:
+def for_each_client(
+    fn: Callable[[Any], Any], elems: Any, *, vectorize: bool = True, signature: Any = None, pfor_loops: bool = False
+) -> Any:
     """``fn`` of every client's slice of `elems`, stacked: vectorized (`tf.vectorized_map`) where TF can, else a
     compiled loop over the clients (`tf.map_fn`).
 
     Vectorizing fails for a few models, e.g. the gradient of a Keras LSTM run as a `tf.while_loop` (its
-    TensorList cannot be batched by `pfor`; `FunctionalModel` unrolls recurrent layers to avoid it); those run
-    client after client inside the same compiled program (measured on the NWP round: 2.5 s with the loop over
+    TensorList cannot be batched by `pfor`; `FunctionalModel` fuses or unrolls recurrent layers to avoid it); those
+    run client after client inside the same compiled program (measured on the NWP round: 2.5 s with the loop over
     clients, 0.53 s unrolled and vectorized, 0.94 s per client in TFF). ``vectorize=False`` goes straight to the
     loop, and its output `signature` (one client's `tf.TensorSpec` structure), if known, spares a trace of `fn`.
+    ``pfor_loops=True`` (`FunctionalModel.pfor_loops`: the model has ops that `pfor` cannot batch but that are
+    whole-sequence kernels, e.g. a fused LSTM) lets `tf.vectorized_map` run just those ops client after client in
+    a parallel loop, the rest vectorized.
     """
     if vectorize:
         try:
-            return tf.vectorized_map(fn, elems, fallback_to_while_loop=False)
+            if not pfor_loops:
+                return tf.vectorized_map(fn, elems, fallback_to_while_loop=False)
+            with _quiet_pfor_loops():
+                return tf.vectorized_map(fn, elems, fallback_to_while_loop=True)
         except (ValueError, TypeError, NotImplementedError):
             pass
     if signature is None:
         first = fn(tf.nest.map_structure(lambda t: t[0], elems))  # Traced only for the output structure.
         signature = tf.nest.map_structure(lambda t: tf.TensorSpec(t.shape, t.dtype), first)
     return tf.map_fn(fn, elems, fn_output_signature=signature)
+
+
+class _PforLoopNotice(logging.Filter):
+    """Drops pfor's per-op notice that it loops (expected for `FunctionalModel.pfor_loops` models)."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not str(record.msg).startswith('Using a while_loop for converting')
+
+
+@contextlib.contextmanager
+def _quiet_pfor_loops():
+    notice, logger = _PforLoopNotice(), tf.get_logger()
+    logger.addFilter(notice)
+    try:
+        yield
+    finally:
+        logger.removeFilter(notice)
 
 
 def _all_finite(per_client_values: tf.Tensor) -> tf.Tensor:
