@@ -3,10 +3,12 @@
 The engine runs a client step of a recurrent model for a group of clients with per-client weights. Unrolled, a
 Keras LSTM is a few dozen small ops per time step, forward and backward, batched over the clients by
 `tf.vectorized_map`: on two cores one lockstep step of the NWP LSTM (10 clients, batch 16, 20 steps, 32 -> 64)
-took 17 ms for its forward and backward passes. `BlockLSTM` runs a whole sequence in one op (and its gradient
-in one more); `pfor` has no converter for it, so `tf.vectorized_map` (with ``fallback_to_while_loop``) runs it
-client after client in a parallel `tf.while_loop` while the rest of the step stays vectorized: 10 ms for the same
-work (`python benchmarks/fused_lstm.py`).
+took 18 ms for its forward and backward passes, and 5 s to trace. `BlockLSTM` runs a whole sequence in one op
+(and its gradient in one more); `pfor` has no converter for it, so `tf.vectorized_map` (with
+``fallback_to_while_loop``) runs it client after client in a parallel `tf.while_loop` while the rest of the step
+stays vectorized: 12.8 ms for the same work, 0.8 s to trace (`python benchmarks/fused_lstm.py`). Batching the
+clients' sequences into one `BlockLSTM` call where the weights are shared (reconstruction steps) was tried
+through a pfor converter: no faster, so not kept.
 
 `BlockLSTM` computes ``[i, ci, f, o] = [x, h] @ w + b`` with sigmoid gates and tanh cell input and output, the
 same arithmetic as a Keras LSTM with its default activations; only the order of the gates differs (Keras: i, f,
