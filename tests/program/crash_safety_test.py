@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import csv
 import json
-import multiprocessing
 import os
 import signal
 import sqlite3
@@ -28,7 +27,6 @@ from concurrent import futures
 
 import pytest
 
-from fedpersonal import errors
 from fedpersonal.program import output_dir
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -231,41 +229,50 @@ def _lock_once(directory):
         pass
 
 
-def _take_lock(directory, ready, release, result):
-    try:
-        with output_dir.lock(directory):
-            ready.set()
-            release.wait(900)
-        result.put('released')
-    except errors.InputError as error:
-        ready.set()
-        result.put(f'{type(error).__name__}: {error}')
+# A process that holds a directory's lock until a line arrives on its stdin. A plain subprocess: a
+# multiprocessing 'spawn' child re-imports the pytest session's main module (TF and TFF, ~15 s each time).
+_HOLDER = """
+import sys
+from fedpersonal.program import output_dir
+with output_dir.lock(sys.argv[1]):
+    print('locked', flush=True)
+    sys.stdin.readline()
+print('released', flush=True)
+"""
+
+
+def _lock_holder(directory: str) -> subprocess.Popen:
+    holder = subprocess.Popen(
+        [sys.executable, '-c', _HOLDER, directory],
+        cwd=ROOT,
+        env={**os.environ, 'PYTHONPATH': ROOT},
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    assert holder.stdout is not None
+    assert holder.stdout.readline().strip() == 'locked'
+    return holder
+
+
+def _release(holder: subprocess.Popen) -> str:
+    out, _ = holder.communicate('\n', timeout=30)
+    return out.strip()
 
 
 def test_a_second_run_on_the_same_directory_is_refused_and_a_killed_one_releases_it(tmp_path):
-    context = multiprocessing.get_context('spawn')
     directory = str(tmp_path / 'out')
-    ready, release, result = context.Event(), context.Event(), context.Queue()
-    first = context.Process(target=_take_lock, args=(directory, ready, release, result))
-    first.start()
-    assert ready.wait(30)
+    first = _lock_holder(directory)
     with pytest.raises(output_dir.OutputDirectoryInUseError, match=rf'{directory}.*process {first.pid}'):
         _lock_once(directory)
-    release.set()
-    first.join(30)
-    assert result.get(timeout=5) == 'released'
+    assert _release(first) == 'released'
     assert not os.path.exists(directory)  # Created by the lock, left empty: removed with it.
 
     # A run killed while holding the lock does not block its restart.
-    killer = context.Process(target=_take_lock, args=(directory, context.Event(), context.Event(), result))
-    killer.start()
-    deadline = time.time() + 30
-    while not os.path.exists(os.path.join(directory, output_dir.LOCK_FILE)) and time.time() < deadline:
-        time.sleep(0.01)
-    time.sleep(0.2)
-    assert killer.pid is not None
-    os.kill(killer.pid, signal.SIGKILL)
-    killer.join(30)
+    killed = _lock_holder(directory)
+    assert os.path.exists(os.path.join(directory, output_dir.LOCK_FILE))
+    killed.kill()
+    killed.communicate(timeout=30)
     with output_dir.lock(directory), output_dir.lock(directory):  # Re-entrant in one process.
         assert os.path.exists(os.path.join(directory, output_dir.LOCK_FILE))
 
@@ -273,17 +280,12 @@ def test_a_second_run_on_the_same_directory_is_refused_and_a_killed_one_releases
 def test_a_binary_on_a_directory_in_use_is_refused(tmp_path):
     """A binary started on the --output_dir of a running process stops at once with a usage error naming the
     directory and that process, and writes nothing there."""
-    context = multiprocessing.get_context('spawn')
     out = str(tmp_path / 'out')
-    ready, release, result = context.Event(), context.Event(), context.Queue()
-    holder = context.Process(target=_take_lock, args=(out, ready, release, result))
-    holder.start()
+    holder = _lock_holder(out)
     try:
-        assert ready.wait(60)
         refused = run_binary('fedrecon', out)
     finally:
-        release.set()
-        holder.join(30)
+        assert _release(holder) == 'released'
     assert refused.returncode == 2 and 'Traceback' not in refused.stderr, refused.stderr[-3000:]  # UsageError.
     assert out in refused.stderr and f'process {holder.pid}' in refused.stderr
     assert not os.path.exists(out)  # Nothing written (the holder removed its lock file and the empty directory).
