@@ -117,7 +117,7 @@ class FunctionalModel:
       model_fn: Returns a `fedpersonal.models.from_keras_model` model (its global/local split), a plain Keras
         model (all its weights in the global groups), or, with `groups`, any model object.
       unroll_rnns: Whether recurrent layers run unrolled (needs a static number of time steps; lets a client
-        step of an LSTM vectorize over clients). Not for LSTMs that are fused.
+        step of an LSTM vectorize over clients). A fused LSTM runs unrolled only when a call falls back to Keras.
       fuse_lstms: Whether Keras LSTM layers with default arithmetic run as TensorFlow's fused `BlockLSTM` kernel
         (`fedpersonal.simulation.fused_lstm`: same results; one op per sequence instead of dozens per time step).
       groups: ``model -> (global_trainable, global_non_trainable, local_trainable, local_non_trainable)``
