@@ -26,17 +26,17 @@ def main() -> None:
     parser.add_argument('--units', type=int, default=64)
     parser.add_argument('--calls', type=int, default=30)
     args = parser.parse_args()
-    import tensorflow as tf  # pylint: disable=g-import-not-at-top  # After the flags (slow import).
-
-    from fedpersonal import runtime  # pylint: disable=g-import-not-at-top
-    from fedpersonal.simulation import functional  # pylint: disable=g-import-not-at-top
-    from fedpersonal.simulation import lockstep  # pylint: disable=g-import-not-at-top
+    from fedpersonal import runtime  # pylint: disable=g-import-not-at-top  # After the flags (slow import).
 
     with runtime.LocalRuntime():  # Importing TFF starts its default runtime; this one stops its worker on exit.
-        _compare(tf, functional, lockstep, args)
+        _compare(args)
 
 
-def _compare(tf, functional, lockstep, args) -> None:
+def _compare(args: argparse.Namespace) -> None:
+    import tensorflow as tf  # pylint: disable=g-import-not-at-top
+
+    from fedpersonal.simulation import functional  # pylint: disable=g-import-not-at-top
+    from fedpersonal.simulation import lockstep  # pylint: disable=g-import-not-at-top
 
     model_fn = lambda: tf.keras.Sequential(
         [tf.keras.Input([args.length, args.inputs]), tf.keras.layers.LSTM(args.units, return_sequences=True)]

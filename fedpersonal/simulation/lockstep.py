@@ -232,6 +232,7 @@ def lockstep_steps(
     if (loss is None) == (client_loss is None):
         raise ValueError('Give exactly one of loss and client_loss.')
     vectorized: bool = getattr(model, 'vectorizes', True) if vectorize is None else vectorize
+    pfor_loops: bool = getattr(model, 'pfor_loops', False)
     if metrics and client_loss is not None:
         raise ValueError('metrics need the Keras loss path (predictions); sum statistics with after_step instead.')
     base = model.initial_weights
@@ -340,7 +341,7 @@ def lockstep_steps(
             (stepped, frozen, carried_now, centre_values, batch, mask, extra),
             vectorize=vectorized,
             signature=step_signature,
-            pfor_loops=getattr(model, 'pfor_loops', False),
+            pfor_loops=pfor_loops,
         )
         active = n > 0
         keep = lambda new, old: tf.where(tf.reshape(active, [-1] + [1] * (new.shape.rank - 1)), new, old)
@@ -376,7 +377,7 @@ def lockstep_steps(
                 (stepped, frozen, carried_now, batch, mask, extra),
                 vectorize=vectorized,
                 signature=stats_signature,
-                pfor_loops=getattr(model, 'pfor_loops', False),
+                pfor_loops=pfor_loops,
             )
             stats = tf.nest.map_structure(lambda a, b: a + expand(tf.where(active, b, 0.0), 0), stats, step_stats)
         n_sum, l_sum = num_examples + expand(n, 0), loss_sum + expand(batch_loss * n, 0)
