@@ -129,8 +129,8 @@ def load_movielens_silos(
         ``zip_region_<digit>`` in digit order (then ``zip_region_other``); a region without users has no client.
 
     Raises:
-        MovieLensFormatError: A file is missing or malformed, or ``u.data`` names a user that ``u.user`` or a movie
-            that ``u.item`` does not list.
+        MovieLensFormatError: A file is missing or malformed, ``u.data`` names a user that ``u.user`` or a movie
+            that ``u.item`` does not list, or a rated movie has no genre flag in ``u.item``.
         ValueError: Bad arguments, or no user is left.
     """
     if non_numeric_zip not in NON_NUMERIC_ZIP:
@@ -173,6 +173,17 @@ def load_movielens_silos(
 
     genres = movies[list(movielens_likes.GENRES)].to_numpy(dtype=np.float32)
     movie_ids = movies['item_id'].to_numpy(dtype=np.int64)
+    # A movie's attributes are its genres: a rated movie needs at least one (ML-100K's `unknown` is a genre).
+    bare = np.flatnonzero((genres.sum(axis=1) == 0) & np.isin(movie_ids, frame['item_id'].to_numpy()))
+    if bare.size:
+        items_path = os.path.join(data_dir, 'u.item')
+        i = int(bare[0])  # u.item's rows in file order (blank lines only at its end): row i is line i + 1.
+        raise MovieLensFormatError(
+            f"{items_path} line {i + 1}: movie {int(movie_ids[i])} has no genre flag set (HPFL's item attributes "
+            f'are the genres; set `unknown` for a movie without one; {bare.size} rated movies have none)',
+            path=items_path,
+            line=i + 1,
+        )
     movie_order = np.argsort(movie_ids)
     regions = sorted(set(frame['region']), key=lambda r: (r == OTHER_REGION, r))
     silos = []

@@ -138,6 +138,11 @@ def test_unknown_ids_and_missing_files(tmp_path):
         hpfl_movielens.load_movielens_silos(_write(tmp_path, ratings=_RATINGS[:5] + [(9, 1, 3, 1)]))
     with pytest.raises(MovieLensFormatError, match=r'u.data line 1: item 7 is not in .*u.item'):
         hpfl_movielens.load_movielens_silos(_write(tmp_path, ratings=[(1, 7, 3, 1)] + _RATINGS))
+    no_genre = _ITEMS.replace(f'3|Four Rooms (1995)||||{_flags("Comedy")}', f'3|Four Rooms (1995)||||{_flags()}')
+    with pytest.raises(MovieLensFormatError, match=r'u.item line 3: movie 3 has no genre flag set .* 1 rated movies'):
+        hpfl_movielens.load_movielens_silos(_write(tmp_path, items=no_genre))
+    unrated = _ITEMS + f'5|Never Rated (1997)||||{_flags()}\n'  # Not in any silo: no attribute needed.
+    assert hpfl_movielens.load_movielens_silos(_write(tmp_path, items=unrated)).silos
     (tmp_path / 'u.user').unlink()
     with pytest.raises(MovieLensFormatError, match="no 'u.user' file"):
         hpfl_movielens.load_movielens_silos(str(tmp_path))
