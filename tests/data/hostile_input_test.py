@@ -102,9 +102,10 @@ def _write(directory, name, text, encoding='utf-8'):
 
 
 def _kept(lines):
-    """The lines a loader reads: blank lines at the end of a file are ignored."""
+    """The lines a loader reads: blank lines at the end of a file are ignored (a line of just '\r' is a blank line
+    with a Windows ending when a newline follows it; when nothing follows, the loaders reject it)."""
     lines = list(lines)
-    while lines and lines[-1] == '':
+    while lines and lines[-1] in ('', '\r'):
         lines.pop()
     return lines
 
