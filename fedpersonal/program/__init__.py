@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING
 from typing import Any
 
 if TYPE_CHECKING:  # The static view of the lazily imported names (mypy, IDEs).
+    from fedpersonal.program.checkpoints import DamagedCheckpointError
     from fedpersonal.program.non_finite import NonFiniteLossError
     from fedpersonal.program.output_dir import OutputDirectoryInUseError
     from fedpersonal.program.output_dir import OutputDirectoryNotWritableError
@@ -42,6 +43,7 @@ if TYPE_CHECKING:  # The static view of the lazily imported names (mypy, IDEs).
     from fedpersonal.program.training_loop import RUN_CONFIG_FILE
     from fedpersonal.program.training_loop import ClientStatesLostError
     from fedpersonal.program.training_loop import ConfigMismatchError
+    from fedpersonal.program.training_loop import TooManyClientsPerRoundError
     from fedpersonal.program.training_loop import flatten_private_state
     from fedpersonal.program.training_loop import guard_config
     from fedpersonal.program.training_loop import run_learning_process
@@ -49,6 +51,7 @@ if TYPE_CHECKING:  # The static view of the lazily imported names (mypy, IDEs).
 
 # Exported name -> the submodule that defines it.
 _EXPORTS = {
+    'DamagedCheckpointError': 'checkpoints',
     'NonFiniteLossError': 'non_finite',
     'OutputDirectoryInUseError': 'output_dir',
     'OutputDirectoryNotWritableError': 'output_dir',
@@ -70,6 +73,7 @@ _EXPORTS = {
     'ModelSelection': 'selection',
     'RUN_CONFIG_FILE': 'training_loop',
     'ClientStatesLostError': 'training_loop',
+    'TooManyClientsPerRoundError': 'training_loop',
     'ConfigMismatchError': 'training_loop',
     'flatten_private_state': 'training_loop',
     'guard_config': 'training_loop',

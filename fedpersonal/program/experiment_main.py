@@ -25,7 +25,8 @@ worker that fails mid-run stops the binary with a one-line error naming it
 (exit status 3, `fedpersonal.errors.WorkerError`); rerunning resumes from the
 last checkpoint. Only the user's mistakes become an
 `absl.app.UsageError` with exit status 2 (the Unix convention for usage errors;
-the message, naming the flag, file, line or client, is the last line printed):
+the message, naming the flag, file, line or client, is printed alone, without
+the binary's description, which ``--help`` prints):
 `fedpersonal.errors.InputError` (invalid configuration, unreadable or malformed
 data, an output directory that cannot be resumed), bad flag values and unknown
 flags (these when the flags are parsed, by `run`). Every other exception is a
@@ -56,6 +57,7 @@ status 0; ``--helpfull`` is absl's (every flag of every module).
 
 from __future__ import annotations
 
+import functools
 import os
 import pkgutil
 import sys
@@ -239,7 +241,10 @@ class ExperimentMain(Generic[ConfigT]):
                         and not run_record.has_progress(config.output_dir)
                         and os.path.exists(record)
                     ):
-                        os.remove(record)
+                        try:
+                            os.remove(record)
+                        except OSError as cleanup_error:  # Never masks the error that stopped the run.
+                            logging.warning('Could not remove %s after the failed start: %s', record, cleanup_error)
                     raise
         except (errors.InputError, flags.IllegalFlagValueError) as error:
             raise app.UsageError(str(error), exitcode=USAGE_ERROR_STATUS) from None
@@ -350,4 +355,14 @@ def run(main: ExperimentMain[Any], argv: Sequence[str] | None = None) -> None:
     quiet_tensorflow(argv_verbosity(argv))
     import tensorflow  # noqa: F401  # pylint: disable=g-import-not-at-top,unused-import
 
-    app.run(main, argv=argv, flags_parser=parse_flags)
+    app.run(functools.partial(_usage_errors_alone, main), argv=argv, flags_parser=parse_flags)
+
+
+def _usage_errors_alone(main: Callable[[Sequence[str]], None], argv: Sequence[str]) -> None:
+    """`main(argv)`, printing a usage error's message alone (absl prints the binary's whole docstring first)."""
+    try:
+        main(argv)
+    except app.UsageError as error:
+        sys.stderr.write(f'{error}\n')
+        sys.stderr.flush()
+        sys.exit(error.exitcode if error.exitcode is not None else USAGE_ERROR_STATUS)

@@ -65,13 +65,26 @@ def writing(directory: str) -> Iterator[None]:
         ) from error
 
 
+def _failure(directory: str, operation: str, error: OSError) -> OutputDirectoryNotWritableError:
+    """The usage error for an `operation` on the output `directory` that failed with `error`."""
+    cause = error.strerror or str(error)
+    if isinstance(error, (FileNotFoundError, NotADirectoryError, FileExistsError)):
+        advice = 'check that its parent is a directory you can write'
+    else:
+        advice = 'make it writable or free space'
+    return OutputDirectoryNotWritableError(
+        f'Cannot {operation} the output directory {directory}: {cause} ({advice}, or pass another --output_dir).'
+    )
+
+
 @contextlib.contextmanager
 def lock(directory: str) -> Iterator[None]:
     """Holds the exclusive lock of `directory` (created if missing) for the ``with`` block.
 
     Raises:
       OutputDirectoryInUseError: Another live process holds it (the message names the directory and its pid).
-      OutputDirectoryNotWritableError: The directory or its lock file cannot be created.
+      OutputDirectoryNotWritableError: The directory or its lock file cannot be created (also a path under a
+        regular file or in a file system that refuses new directories, such as ``/proc``).
     """
     key = os.path.realpath(directory)
     if key in _held:
@@ -84,9 +97,14 @@ def lock(directory: str) -> Iterator[None]:
     path = os.path.join(directory, LOCK_FILE)
     created = not os.path.isdir(directory)
     while True:
-        with writing(directory):
+        try:
             os.makedirs(directory, exist_ok=True)
+        except OSError as error:
+            raise _failure(directory, 'create', error) from error
+        try:
             fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+        except OSError as error:
+            raise _failure(directory, f'create its lock file {LOCK_FILE} in', error) from error
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:

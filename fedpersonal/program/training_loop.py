@@ -16,7 +16,9 @@ for ``total_rounds`` rounds and owns, once for every binary:
   staged, committed, then published), so a run killed at any moment restarts from a server state and client states
   of the same round; on restart with the same output directory the run resumes from the latest checkpoint (the
   store is rolled back to it; `ClientStatesLostError` if it lost the checkpointed rounds) and ends with the numbers
-  of an uninterrupted run;
+  of an uninterrupted run; a damaged or partial newest checkpoint (each carries a manifest of its files' sizes and
+  checksums) is logged and moved aside, and the newest intact one is used, or a stateful run whose store is ahead
+  of it stops with `DamagedCheckpointError` (`Checkpoints.load_latest`);
 * **the config guard** (``config``): the run's configuration is recorded next to its checkpoints at a fresh start
   and a resume under another configuration is refused (`ConfigMismatchError`);
 * **metrics**: every round's metrics (plus ``round_seconds`` and, every ``rounds_per_evaluation`` rounds and after
@@ -79,6 +81,10 @@ from fedpersonal.simulation import packing
 EvaluationFn = Callable[[Any], dict[str, Any]]
 ClientEvaluationFn = Callable[[Any, list[Any]], dict[str, Any]]
 _DEFAULT_LOG_KEYS = ('train/loss', 'eval/rmse', 'eval/accuracy', 'eval/per_client/rmse/p50')
+
+
+class TooManyClientsPerRoundError(errors.ConfigError):
+    """``clients_per_round`` is larger than the number of training clients."""
 
 
 class ClientStatesLostError(errors.InputError):
@@ -253,9 +259,12 @@ def run_learning_process(
         to a round < R (e.g. a fresh in-memory store): continuing would silently pair the checkpointed server
         state with initial client states.
       ConfigMismatchError: On resume under a `config` other than the recorded one.
+      DamagedCheckpointError: The newest checkpoint is damaged and a stateful run cannot fall back to an older one
+        (a stateless run falls back, logging which checkpoint was damaged; `Checkpoints.load_latest`).
       NonFiniteLossError: A round's training loss is not finite and `non_finite_clients` is ``'stop'``.
       OutputDirectoryInUseError: Another process is running on ``outputs.directory``.
       OutputDirectoryNotWritableError: A metric row, JSON file or checkpoint cannot be written there.
+      TooManyClientsPerRoundError: `clients_per_round` is larger than the number of clients in `client_data`.
 
     Returns:
       `(final_state, history)`: the state and the metric rows released by this invocation (``metrics.csv`` has
@@ -268,6 +277,13 @@ def run_learning_process(
     if non_finite_clients not in NON_FINITE_MODES:
         raise ValueError(f'non_finite_clients must be one of {NON_FINITE_MODES}, got {non_finite_clients!r}.')
     client_ids, every_client, inputs = _participation(client_data, clients_per_round)
+    if not every_client and clients_per_round is not None and clients_per_round > len(client_ids):
+        raise TooManyClientsPerRoundError(
+            f'[{name}] clients_per_round (--clients_per_round) is {clients_per_round}, more than the '
+            f'{len(client_ids)} training clients: every round would silently run on all {len(client_ids)}, and '
+            f'what the run records (and a DP accountant) would assume {clients_per_round}. Pass '
+            f'--clients_per_round={len(client_ids)} to train on every client every round, or fewer.'
+        )
     if every_client and (dropout_rate or overselection != 1.0):
         raise ValueError('dropout_rate and overselection apply to sampled participation (a ClientData).')
     if client_evaluation_fn is not None and not (every_client and client_state_store is not None):
@@ -296,7 +312,7 @@ def run_learning_process(
     checkpoints = Checkpoints(outputs)
     checkpoints.recover(client_state_store)
     start_round = 0
-    loaded, version = outputs_lib.run_coroutine(outputs.state_manager.load_latest(checkpoint))
+    loaded, version = checkpoints.load_latest(checkpoint, client_state_store)
     if loaded is not None:
         start_round = int(version)
         if selection is None and stopping is None:
