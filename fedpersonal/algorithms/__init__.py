@@ -7,6 +7,8 @@ Every builder returns a `fedpersonal.core.PersonalizedProcess` (`initialize`, `n
 * `build_fed_avg`: weighted FedAvg (every variable global) on the fast engine, as FedRecon's special case;
 * `build_furl`: FURL (private parameters persisted on stateful clients);
 * `build_ditto`: Ditto (personal models as private state);
+* `build_fedper`, `build_fedrep`: FedPer and FedRep (shared body, personal head as private state), each a
+  `fedpersonal.core.client_plan.ClientPlan` run by every backend (`fedpersonal.backends`);
 * `build_feddva`: FedDVA (shared dual encoders, private decoders and heads);
 * `build_hpfl`, `build_hpfl_baseline`: HPFL and its federated baselines on the GUM;
 * `compose_personalized_process`: the composer for a new method (see docs/ARCHITECTURE.md).
@@ -21,6 +23,8 @@ from fedpersonal.algorithms.ditto import build_ditto
 from fedpersonal.algorithms.fed_avg import build_fed_avg
 from fedpersonal.algorithms.fed_recon import build_fed_recon
 from fedpersonal.algorithms.feddva import build_feddva
+from fedpersonal.algorithms.fedper import build_fedper
+from fedpersonal.algorithms.fedrep import build_fedrep
 from fedpersonal.algorithms.furl import build_furl
 from fedpersonal.algorithms.hpfl import build_baseline as build_hpfl_baseline
 from fedpersonal.algorithms.hpfl import build_hpfl
@@ -33,6 +37,8 @@ __all__ = [
     'build_fed_avg',
     'build_fed_recon',
     'build_feddva',
+    'build_fedper',
+    'build_fedrep',
     'build_furl',
     'build_hpfl',
     'build_hpfl_baseline',

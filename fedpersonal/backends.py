@@ -1,0 +1,114 @@
+"""Which backend runs an algorithm's client plan, chosen in one place: the context.
+
+An algorithm states its client work once (`fedpersonal.core.client_plan.ClientPlan`); `build_process` binds it to
+the backend of the current context:
+
+* ``'engine'`` (default): the grouped engine (`fedpersonal.simulation.plan_engine`): `process.run_round` runs a
+  round's clients in groups, each group one compiled program; `process.next` maps the same group program over
+  TFF's CLIENTS.
+* ``'per_client'``: one TF computation per client, mapped over the clients by TFF (`process.next`; `run_round`
+  runs it too).
+
+Where the engine cannot run a configuration (an aggregator that needs each client's own update, an optimizer that
+is not a functional TFF optimizer), the process is built on the per-client backend, with one log line saying why:
+something TFF supports never gives an error for it.
+
+Example:
+
+>>> from fedpersonal import backends
+>>> backends.current()
+'engine'
+>>> with backends.use('per_client'):
+...     backends.current()
+'per_client'
+"""
+
+from __future__ import annotations
+
+import contextlib
+import contextvars
+from collections.abc import Callable
+from collections.abc import Iterator
+from typing import Any
+
+import tensorflow_federated as tff
+from absl import logging
+
+from fedpersonal.core import client_plan
+from fedpersonal.core import client_work
+from fedpersonal.core import process as process_lib
+from fedpersonal.simulation import plan_engine
+
+ENGINE, PER_CLIENT = 'engine', 'per_client'
+BACKENDS = (ENGINE, PER_CLIENT)
+_backend: contextvars.ContextVar[str] = contextvars.ContextVar('fedpersonal_backend', default=ENGINE)
+
+
+def current() -> str:
+    """The backend of the current context (``'engine'`` unless `use` says otherwise)."""
+    return _backend.get()
+
+
+@contextlib.contextmanager
+def use(backend: str) -> Iterator[None]:
+    """Builds processes on `backend` (``'engine'`` or ``'per_client'``) inside the ``with`` block.
+
+    Raises:
+      ValueError: An unknown backend.
+    """
+    if backend not in BACKENDS:
+        raise ValueError(f'backend must be one of {BACKENDS}, got {backend!r}.')
+    token = _backend.set(backend)
+    try:
+        yield
+    finally:
+        _backend.reset(token)
+
+
+def build_process(
+    plan: client_plan.ClientPlan,
+    model_fn: Callable[[], tff.learning.models.ReconstructionModel],
+    *,
+    loss_fn: client_work.LossFn,
+    metrics_fn: client_work.MetricsFn | None = None,
+    server_optimizer: tff.learning.optimizers.Optimizer,
+    model_aggregator: Any = None,
+    group_size: int | None = None,
+    name: str = 'plan',
+) -> process_lib.PersonalizedProcess:
+    """The stateful process that runs `plan` on the context's backend (see the module docstring).
+
+    Args:
+      plan: The client work.
+      model_fn: No-arg function returning a new partially local model (`fedpersonal.models.from_keras_model`
+        with global and local layers); its local weights are each client's private state.
+      loss_fn: No-arg function returning the Keras loss.
+      metrics_fn: Optional no-arg function returning Keras metrics (``loss`` and ``num_examples`` are added).
+      server_optimizer: Applied to the aggregated update of the global weights.
+      model_aggregator: A weighted `tff.aggregators` factory (default: the example-weighted mean).
+      group_size: Engine only: the most clients per compiled group.
+      name: The algorithm's name, for the log line of a fallback.
+
+    Returns:
+      A stateful `PersonalizedProcess`.
+    """
+    if current() == ENGINE:
+        reason = plan_engine.unsupported(plan, model_aggregator)
+        if reason is None:
+            return plan_engine.build_engine_process(
+                plan,
+                model_fn,
+                loss_fn=loss_fn,
+                metrics_fn=metrics_fn,
+                server_optimizer=server_optimizer,
+                group_size=group_size,
+            )
+        logging.info('%s runs on the per-client backend: %s.', name, reason)
+    return client_plan.build_per_client_process(
+        plan,
+        model_fn,
+        loss_fn=loss_fn,
+        metrics_fn=metrics_fn,
+        server_optimizer=server_optimizer,
+        model_aggregator=model_aggregator,
+    )

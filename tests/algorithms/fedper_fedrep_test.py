@@ -1,0 +1,187 @@
+"""FedPer and FedRep, each one client plan run by both backends: every backend equals a plain eager loop written
+here (independent of the package's client work), FedRep's body is frozen during its head epochs, the head never
+reaches a SERVER-placed value, FedPer learns personal heads, and an aggregator the engine cannot run falls back to
+the per-client backend."""
+
+import collections
+
+import numpy as np
+import pytest
+import tensorflow as tf
+import tensorflow_federated as tff
+
+from fedpersonal import algorithms
+from fedpersonal import backends
+from fedpersonal import models
+from fedpersonal.privacy import audit
+
+NUM_CLIENTS, NUM_CLASSES, DIM, HIDDEN = 4, 3, 6, 8
+LR, SERVER_LR = 0.1, 1.0
+
+
+def model_fn():
+    inputs = tf.keras.Input(shape=[DIM])
+    body = tf.keras.layers.Dense(HIDDEN, activation='relu', kernel_initializer=tf.keras.initializers.GlorotUniform(1))
+    head = tf.keras.layers.Dense(NUM_CLASSES, kernel_initializer=tf.keras.initializers.GlorotUniform(2))
+    keras_model = tf.keras.Model(inputs, head(body(inputs)))
+    spec = collections.OrderedDict(x=tf.TensorSpec([None, DIM], tf.float32), y=tf.TensorSpec([None], tf.int32))
+    return models.from_keras_model(keras_model, input_spec=spec, global_layers=[body], local_layers=[head])
+
+
+def client_arrays(seed=0, sizes=(23, 30, 17, 40)):
+    """Shared features -> class structure, every client naming the classes differently (a permutation)."""
+    rng = np.random.default_rng(seed)
+    centres = rng.normal(size=[NUM_CLASSES, DIM]) * 3
+    arrays = []
+    for client, n in enumerate(sizes):
+        cls = rng.integers(0, NUM_CLASSES, n)
+        x = (centres[cls] + rng.normal(size=[n, DIM])).astype(np.float32)
+        arrays.append((x, np.roll(np.arange(NUM_CLASSES), client)[cls].astype(np.int32)))
+    return arrays
+
+
+def datasets(arrays, batch=10):
+    return [tf.data.Dataset.from_tensor_slices(collections.OrderedDict(x=x, y=y)).batch(batch) for x, y in arrays]
+
+
+def build(name, backend, **kwargs):
+    sgd = tff.learning.optimizers.build_sgdm(LR)
+    common = dict(
+        loss_fn=lambda: tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+        server_optimizer=tff.learning.optimizers.build_sgdm(SERVER_LR),
+        **kwargs,
+    )
+    with backends.use(backend):
+        if name == 'fedper':
+            return algorithms.build_fedper(model_fn, client_optimizer=sgd, client_epochs=2, **common)
+        return algorithms.build_fedrep(
+            model_fn, head_optimizer=sgd, body_optimizer=sgd, head_epochs=3, body_epochs=2, **common
+        )
+
+
+# ------------------------------------------------------------------ the reference: a plain eager loop, by hand
+def _sgd_epochs(variables, frozen, x, y, epochs, batch=10):
+    """Plain SGD on `variables` = [w1, b1, w2, b2] entries named by index, the others constant; returns n seen."""
+    seen = 0
+    for _ in range(epochs):
+        for start in range(0, len(x), batch):
+            xb, yb = x[start : start + batch], y[start : start + batch]
+            with tf.GradientTape() as tape:
+                w1, b1, w2, b2 = variables
+                logits = tf.matmul(tf.nn.relu(tf.matmul(xb, w1) + b1), w2) + b2
+                loss = tf.reduce_mean(tf.nn.sparse_softmax_cross_entropy_with_logits(labels=yb, logits=logits))
+            trained = [i for i in range(4) if i not in frozen]
+            grads = tape.gradient(loss, [variables[i] for i in trained])
+            for i, g in zip(trained, grads):
+                variables[i].assign_sub(LR * g)
+            seen += len(xb)
+    return seen
+
+
+def reference_round(name, body, heads, arrays):
+    """One round by hand: each client's phases, then the example-weighted mean of the trained bodies."""
+    trained_bodies, weights, new_heads = [], [], []
+    for (x, y), head in zip(arrays, heads):
+        variables = [tf.Variable(v) for v in list(body) + list(head)]
+        if name == 'fedper':
+            seen = _sgd_epochs(variables, (), x, y, epochs=2)
+        else:
+            _sgd_epochs(variables, (0, 1), x, y, epochs=3)  # Head, body frozen.
+            seen = _sgd_epochs(variables, (2, 3), x, y, epochs=2)  # Body, head frozen.
+        trained_bodies.append([v.numpy() for v in variables[:2]])
+        new_heads.append([v.numpy() for v in variables[2:]])
+        weights.append(seen)
+    total = float(sum(weights))
+    mean = [sum(w * b[k] for w, b in zip(weights, trained_bodies)) / total for k in range(2)]
+    new_body = [b - SERVER_LR * (b - m) for b, m in zip(body, mean)]
+    return new_body, new_heads
+
+
+@pytest.fixture(scope='module')
+def initial():
+    model = model_fn()
+    body = [v.numpy() for v in model.global_trainable_variables]
+    head = [v.numpy() for v in model.local_trainable_variables]
+    return body, head
+
+
+@pytest.mark.parametrize('backend', ['engine', 'per_client'])
+@pytest.mark.parametrize('name', ['fedper', 'fedrep'])
+def test_every_backend_equals_a_plain_loop(initial, name, backend):
+    arrays = client_arrays()
+    process = build(name, backend)
+    assert (process.packer is not None) == (backend == 'engine')
+    state = process.initialize()
+    body, head = initial
+    np.testing.assert_allclose(process.get_model_weights(state).trainable[0], body[0])
+    heads = [process.initial_private_state()] * NUM_CLIENTS
+    expected_body, expected_heads = list(body), [list(head)] * NUM_CLIENTS
+    for _ in range(2):
+        output = process.run_round(state, datasets(arrays), heads)
+        state, heads = output.state, list(output.private_states)
+        expected_body, expected_heads = reference_round(name, expected_body, expected_heads, arrays)
+    for got, want in zip(process.get_model_weights(state).trainable, expected_body):
+        np.testing.assert_allclose(got, want, atol=1e-5)
+    for got, want in zip(heads, expected_heads):
+        for g, w in zip(got.trainable, want):
+            np.testing.assert_allclose(g, w, atol=1e-5)
+    metrics = output.metrics['client_work']['train']
+    # Metrics count every step of every phase: 2 epochs (FedPer), 3 head + 2 body epochs (FedRep).
+    assert metrics['num_examples'] == sum(len(x) for x, _ in arrays) * (2 if name == 'fedper' else 5)
+
+
+def test_fedrep_freezes_the_body_during_head_epochs_and_the_head_during_body_epochs(initial):
+    arrays = client_arrays()
+    sgd0 = tff.learning.optimizers.build_sgdm(0.0)
+    sgd = tff.learning.optimizers.build_sgdm(LR)
+    loss_fn = lambda: tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True)
+    server = tff.learning.optimizers.build_sgdm(1.0)
+    body, head = initial
+    for backend in ('engine', 'per_client'):
+        with backends.use(backend):
+            body_still = algorithms.build_fedrep(
+                model_fn, loss_fn=loss_fn, head_optimizer=sgd, body_optimizer=sgd0, server_optimizer=server
+            )
+            head_still = algorithms.build_fedrep(
+                model_fn, loss_fn=loss_fn, head_optimizer=sgd0, body_optimizer=sgd, server_optimizer=server
+            )
+        out = body_still.run_round(body_still.initialize(), datasets(arrays), [body_still.initial_private_state()] * 4)
+        np.testing.assert_array_equal(body_still.get_model_weights(out.state).trainable[0], body[0])
+        assert not np.allclose(out.private_states[0].trainable[0], head[0])
+        out = head_still.run_round(head_still.initialize(), datasets(arrays), [head_still.initial_private_state()] * 4)
+        np.testing.assert_array_equal(out.private_states[0].trainable[0], head[0])
+        assert not np.allclose(head_still.get_model_weights(out.state).trainable[0], body[0])
+
+
+@pytest.mark.parametrize('name', ['fedper', 'fedrep'])
+def test_the_head_never_reaches_the_server(name):
+    for backend in ('engine', 'per_client'):
+        process = build(name, backend)
+        assert audit.audit_private_dataflow(process.next, private_parameter_index=2) == []
+        result = process.next.type_signature.result
+        head_shapes = {(HIDDEN, NUM_CLASSES), (NUM_CLASSES,)}
+        assert not head_shapes & (audit.tensor_shapes(result.state) | audit.tensor_shapes(result.metrics))
+        assert result.private_states.placement is tff.CLIENTS
+
+
+def test_fedper_learns_personal_heads():
+    arrays = client_arrays(seed=1, sizes=(60,) * NUM_CLIENTS)
+    process = build('fedper', 'engine')
+    state, heads, losses = process.initialize(), [process.initial_private_state()] * NUM_CLIENTS, []
+    for _ in range(15):
+        output = process.run_round(state, datasets(arrays), heads)
+        state, heads = output.state, list(output.private_states)
+        losses.append(output.metrics['client_work']['train']['loss'])
+    assert losses[-1] < 0.35 * losses[0], losses
+    assert not np.allclose(heads[0].trainable[0], heads[1].trainable[0])  # Per-client label permutations.
+
+
+def test_an_aggregator_the_engine_cannot_run_falls_back_to_the_per_client_backend(caplog):
+    aggregator = tff.learning.robust_aggregator(zeroing=True, clipping=False)
+    with caplog.at_level('INFO'):
+        process = build('fedper', 'engine', model_aggregator=aggregator)
+    assert process.packer is None
+    assert any('FedPer runs on the per-client backend' in r.getMessage() for r in caplog.records)
+    arrays = client_arrays()
+    output = process.next(process.initialize(), datasets(arrays), [process.initial_private_state()] * NUM_CLIENTS)
+    assert np.isfinite(output.metrics['client_work']['train']['loss'])
