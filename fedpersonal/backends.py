@@ -73,6 +73,8 @@ def build_process(
     metrics_fn: client_work.MetricsFn | None = None,
     server_optimizer: tff.learning.optimizers.Optimizer,
     model_aggregator: Any = None,
+    client_weighting: Any = tff.learning.ClientWeighting.NUM_EXAMPLES,
+    metrics_aggregator: Callable[..., tff.Computation] = tff.learning.metrics.sum_then_finalize,
     group_size: int | None = None,
     name: str = 'plan',
 ) -> process_lib.PersonalizedProcess:
@@ -85,7 +87,11 @@ def build_process(
       loss_fn: No-arg function returning the Keras loss.
       metrics_fn: Optional no-arg function returning Keras metrics (``loss`` and ``num_examples`` are added).
       server_optimizer: Applied to the aggregated update of the global weights.
-      model_aggregator: A weighted `tff.aggregators` factory (default: the example-weighted mean).
+      model_aggregator: A `tff.aggregators` factory for the global update (default: the weighted mean); on the
+        engine a `fedpersonal.privacy.dp` fixed-clip factory clips each client.
+      client_weighting: `tff.learning.ClientWeighting` (``NUM_EXAMPLES``: the examples of the global phase's
+        steps) or a callable of the client's unfinalized metrics (per-client backend).
+      metrics_aggregator: As in TFF.
       group_size: Engine only: the most clients per compiled group.
       name: The algorithm's name, for the log line of a fallback.
 
@@ -93,7 +99,12 @@ def build_process(
       A stateful `PersonalizedProcess`.
     """
     if current() == ENGINE:
-        reason = plan_engine.unsupported(plan, model_aggregator)
+        reason = plan_engine.unsupported(
+            plan,
+            model_aggregator=model_aggregator,
+            client_weighting=client_weighting,
+            metrics_aggregator=metrics_aggregator,
+        )
         if reason is None:
             return plan_engine.build_engine_process(
                 plan,
@@ -101,6 +112,8 @@ def build_process(
                 loss_fn=loss_fn,
                 metrics_fn=metrics_fn,
                 server_optimizer=server_optimizer,
+                model_aggregator=model_aggregator,
+                client_weighting=client_weighting,
                 group_size=group_size,
             )
         logging.info('%s runs on the per-client backend: %s.', name, reason)
@@ -111,4 +124,6 @@ def build_process(
         metrics_fn=metrics_fn,
         server_optimizer=server_optimizer,
         model_aggregator=model_aggregator,
+        client_weighting=client_weighting,
+        metrics_aggregator=metrics_aggregator,
     )

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import collections
 import dataclasses
+import functools
 from collections.abc import Callable
 from typing import Any
 from typing import NamedTuple
@@ -32,6 +33,18 @@ GLOBAL, LOCAL = 'global', 'local'
 
 
 @dataclasses.dataclass(frozen=True)
+class NormPenalty:
+    """``strength * sum ||v||^2`` over the trained weights of `part` (e.g. FURL's norm on its private parameters),
+    added to every batch loss of the phase (not to the reported loss)."""
+
+    part: str
+    strength: float
+
+    def __call__(self, trained: dict[str, list[Any]]) -> tf.Tensor:
+        return self.strength * tf.add_n([tf.reduce_sum(tf.square(v)) for v in trained[self.part]])
+
+
+@dataclasses.dataclass(frozen=True)
 class Phase:
     """One local training phase.
 
@@ -39,17 +52,22 @@ class Phase:
       trains: The weights that step: ``('global',)``, ``('local',)`` or both; the others are frozen.
       epochs: Passes over the client's dataset (at least 1).
       optimizer: A `tff.learning.optimizers.Optimizer`; its state starts fresh in every phase.
+      penalty: Optional term added to each batch loss, a function of the phase's trained weights by part
+        (``{'global': [...], 'local': [...]}``): `NormPenalty`.
     """
 
     trains: tuple[str, ...]
     epochs: int
     optimizer: tff.learning.optimizers.Optimizer
+    penalty: NormPenalty | None = None
 
     def __post_init__(self):
         if not self.trains or not set(self.trains) <= {GLOBAL, LOCAL} or len(set(self.trains)) != len(self.trains):
             raise ValueError(f"Phase.trains must be a non-empty subset of ('global', 'local'), got {self.trains!r}.")
         if not isinstance(self.epochs, int) or self.epochs < 1:
             raise ValueError(f'Phase.epochs must be an int >= 1, got {self.epochs!r}.')
+        if self.penalty is not None and self.penalty.part not in self.trains:
+            raise ValueError(f'Phase.penalty applies to {self.penalty.part!r}, which the phase does not train.')
 
 
 @dataclasses.dataclass(frozen=True)
@@ -105,9 +123,11 @@ def build_client_update(
     loss_fn: client_work.LossFn,
     metrics_fn: client_work.MetricsFn | None,
     finalizers: collections.OrderedDict,
+    client_weighting: Any = tff.learning.ClientWeighting.NUM_EXAMPLES,
 ) -> tff.Computation:
     """The plan as one client's TF computation ``(global weights, dataset, local weights) -> (ClientResult,
-    unfinalized metrics, new local weights)``, recording the metrics' finalizers in `finalizers`."""
+    unfinalized metrics, new local weights)``, recording the metrics' finalizers in `finalizers`; the update's
+    weight by `client_weighting` (``NUM_EXAMPLES``: the examples of the global phase's steps)."""
     with tf.Graph().as_default():
         element_type = tff.types.tensorflow_to_type(model_fn().input_spec)
     initial = initial_weights(model_fn)
@@ -130,14 +150,18 @@ def build_client_update(
         batch_loss = client_work.model_batch_loss(model, loss_fn(), metrics)
         num_examples = tf.constant(0)
         for i, (phase, variables, optimizer) in enumerate(zip(plan.phases, trained, optimizers)):
-            steps = client_work.optimizer_steps(variables, dataset, optimizer, batch_loss, epochs=phase.epochs)
+            penalty = None
+            if phase.penalty is not None:
+                by_part = {part: parts[part] for part in phase.trains}
+                penalty = functools.partial(phase.penalty, by_part)
+            steps = client_work.optimizer_steps(
+                variables, dataset, optimizer, batch_loss, epochs=phase.epochs, penalty=penalty
+            )
             if i == plan.global_phase:
                 num_examples = steps.num_examples
         delta, non_finite = client_work.weights_delta(received.trainable, model.global_trainable_variables)
         unfinalized = client_work.read_metrics(metrics)
-        weight = client_work.client_weight(
-            tff.learning.ClientWeighting.NUM_EXAMPLES, num_examples, unfinalized, non_finite
-        )
+        weight = client_work.client_weight(client_weighting, num_examples, unfinalized, non_finite)
         new_local = client_work.keep_previous_if_non_finite(non_finite, local, client_work.local_weights(model))
         return tff.learning.templates.ClientResult(update=delta, update_weight=weight), unfinalized, new_local
 
@@ -152,17 +176,19 @@ def build_per_client_process(
     metrics_fn: client_work.MetricsFn | None,
     server_optimizer: tff.learning.optimizers.Optimizer,
     model_aggregator: Any = None,
+    client_weighting: Any = tff.learning.ClientWeighting.NUM_EXAMPLES,
+    metrics_aggregator: Callable[..., tff.Computation] = tff.learning.metrics.sum_then_finalize,
 ) -> process_lib.PersonalizedProcess:
     """The plan as a stateful process on the per-client backend: TFF's broadcast, `model_aggregator` (default the
-    example-weighted mean) and `server_optimizer` around `build_client_update`; the local weights are the private
-    state."""
+    weighted mean, weights by `client_weighting`) and `server_optimizer` around `build_client_update`; the local
+    weights are the private state."""
     initial = initial_weights(model_fn)
     finalizers: collections.OrderedDict = collections.OrderedDict()
     return compose.compose_personalized_process(
         initial_global_weights=initial.global_weights,
         initial_private_state=initial.local_weights,
-        client_update=build_client_update(plan, model_fn, loss_fn, metrics_fn, finalizers),
-        aggregate_metrics=compose.keras_metrics(finalizers, tff.learning.metrics.sum_then_finalize),
+        client_update=build_client_update(plan, model_fn, loss_fn, metrics_fn, finalizers, client_weighting),
+        aggregate_metrics=compose.keras_metrics(finalizers, metrics_aggregator),
         server_optimizer=server_optimizer,
-        model_aggregator=model_aggregator,
+        model_aggregator=compose.weighted_aggregator(model_aggregator, client_weighting),
     )

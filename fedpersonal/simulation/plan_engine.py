@@ -11,9 +11,11 @@ import collections
 from collections.abc import Callable
 from typing import Any
 
+import numpy as np
 import tensorflow as tf
 import tensorflow_federated as tff
 
+from fedpersonal import errors
 from fedpersonal.core import client_plan
 from fedpersonal.core import client_work
 from fedpersonal.core import compose
@@ -26,13 +28,22 @@ from fedpersonal.simulation import options as simulation_options
 from fedpersonal.simulation import packing
 
 
-def unsupported(plan: client_plan.ClientPlan, model_aggregator: Any) -> str | None:
-    """Why the engine cannot run `plan` with `model_aggregator`, or None if it can."""
-    for phase in plan.phases:
-        if not isinstance(phase.optimizer, tff.learning.optimizers.Optimizer):
-            return f'a phase optimizer is a {type(phase.optimizer).__name__}, not a functional TFF optimizer'
-    if model_aggregator is not None and type(model_aggregator) is not tff.aggregators.MeanFactory:
-        return f'the aggregator {type(model_aggregator).__name__} needs each client update (the engine sums groups)'
+def unsupported(
+    plan: client_plan.ClientPlan,
+    *,
+    model_aggregator: Any = None,
+    client_weighting: Any = tff.learning.ClientWeighting.NUM_EXAMPLES,
+    metrics_aggregator: Any = None,
+) -> str | None:
+    """Why the engine cannot run `plan` with these parts, or None if it can (every engine check, in one place)."""
+    try:
+        for i, phase in enumerate(plan.phases):
+            lockstep.check_optimizer(phase.optimizer, f'the optimizer of phase {i}')
+        group_lib.check_aggregator(model_aggregator, fixed_clip_dp=True)
+        group_lib.client_weights(client_weighting, tf.zeros([1]))
+        simulation_options.check_engine_parts(metrics_aggregator=metrics_aggregator)
+    except errors.ConfigError as error:
+        return str(error)
     return None
 
 
@@ -43,9 +54,14 @@ def build_engine_process(
     loss_fn: client_work.LossFn,
     metrics_fn: client_work.MetricsFn | None,
     server_optimizer: tff.learning.optimizers.Optimizer,
+    model_aggregator: Any = None,
+    client_weighting: Any = tff.learning.ClientWeighting.NUM_EXAMPLES,
     group_size: int | None = None,
 ) -> process_lib.PersonalizedProcess:
-    """The plan as a stateful process whose `run_round` runs groups of clients on the engine."""
+    """The plan as a stateful process whose `run_round` runs groups of clients on the engine (check `unsupported`
+    first). Under a fixed-clip DP aggregator (`fedpersonal.privacy.dp`) each logical client's update is clipped in
+    the group, as the per-client backend clips it."""
+    dp_clip = group_lib.per_client_clip(model_aggregator)
     initial = client_plan.initial_weights(model_fn)
     model = functional.FunctionalModel(model_fn)
     base = model.initial_weights
@@ -56,11 +72,14 @@ def build_engine_process(
     names = tuple(f'phase_{i}' for i in range(len(plan.phases)))
     with tf.Graph().as_default():
         element_spec = model_fn().input_spec
+    group_size = group_size or simulation_options.default_group_size(
+        list(base.global_trainable) + list(base.local_trainable)
+    )
     packer = packing.ClientPacker(
         None,
         names,
         element_spec,
-        group_size or simulation_options.default_group_size(list(base.global_trainable) + list(base.local_trainable)),
+        group_size,
         batch_phase_fn=lambda batches: tuple(batches * p.epochs for p in plan.phases),
     )
     weights_type = initial.global_weights.type_signature.result
@@ -82,13 +101,10 @@ def build_engine_process(
                 for i, (name, phase) in enumerate(zip(names, plan.phases)):
                     # Globals first: `update_after_steps` reads the first slots' accumulated deltas. They start
                     # shared in their phase (the only one that trains them), as the accumulation needs.
-                    train_slots = [
-                        s
-                        for part in (client_plan.GLOBAL, client_plan.LOCAL)
-                        if part in phase.trains
-                        for s in slots[part]
-                    ]
+                    parts = [part for part in (client_plan.GLOBAL, client_plan.LOCAL) if part in phase.trains]
+                    train_slots = [s for part in parts for s in slots[part]]
                     examples = tf.reduce_sum(group[name]['mask'], axis=[1, 2])
+                    client_weight = group_lib.client_weights(client_weighting, examples)
                     weights, phase_steps = lockstep.lockstep_steps(
                         model,
                         weights,
@@ -97,11 +113,17 @@ def build_engine_process(
                         phase.optimizer,
                         loss,
                         metrics=metrics,
-                        delta_weights=examples if i == plan.global_phase else None,
+                        penalty=_penalty(phase, parts, slots),
+                        delta_weights=client_weight if i == plan.global_phase else None,
                     )
                     if i == plan.global_phase:
-                        weight, steps = examples, phase_steps
-                result, finite = group_lib.update_after_steps(received, list(weights.global_trainable), weight, steps)
+                        weight, steps = client_weight, phase_steps
+                trained = list(weights.global_trainable)
+                if dp_clip is None:
+                    result, finite = group_lib.update_after_steps(received, trained, weight, steps)
+                else:
+                    result = group_lib.clipped_sum_update(received, trained, weight, dp_clip)
+                    finite = group_lib.client_finite(received, trained)
                 keep = lambda new, old: tf.where(
                     tf.reshape(finite, [-1] + [1] * (new.shape.rank - 1)), new, tf.cast(old, new.dtype)
                 )
@@ -127,19 +149,38 @@ def build_engine_process(
     client_update = lambda: tff.tensorflow.computation(weights_type, packer.group_type(), group_private_type)(
         build_group_work(finalizers, now=False)
     )
+    # A slot is a group: under a fixed DP clip its record is the sum of up to group_size clipped updates.
+    aggregator = compose.weighted_aggregator(group_lib.slot_aggregator(model_aggregator, group_size), client_weighting)
     runner = driver.GroupRoundRunner(
         build_group_work(collections.OrderedDict(), now=True),
         server_optimizer,
         driver.KerasMetricsFinalizer(lambda: client_work.build_metrics(metrics_fn, loss_fn, collections.OrderedDict())),
+        aggregation=None if dp_clip is None else aggregator.create(weights_type.trainable, tff.TensorType(np.float32)),
     )
     return compose.compose_personalized_process(
         initial_global_weights=initial.global_weights,
         initial_private_state=initial.local_weights,
         client_update=client_update,
-        model_aggregator=tff.aggregators.MeanFactory(),
+        model_aggregator=aggregator,
         server_optimizer=server_optimizer,
         aggregate_metrics=compose.keras_metrics(finalizers, tff.learning.metrics.sum_then_finalize),
         packer=packer,
         round_runner=runner,
         group_private_state_type=group_private_type,
     )
+
+
+def _penalty(phase: client_plan.Phase, parts: list[str], slots: dict[str, list[Any]]) -> lockstep.Penalty | None:
+    """The phase's penalty as `lockstep_steps` takes it: a function of the trained values (in `parts` order)."""
+    if phase.penalty is None:
+        return None
+    sizes = [len(slots[part]) for part in parts]
+
+    def penalty(values: list[tf.Tensor], centre: Any) -> tf.Tensor:
+        del centre
+        starts = np.cumsum([0] + sizes)
+        by_part = {part: values[starts[k] : starts[k + 1]] for k, part in enumerate(parts)}
+        assert phase.penalty is not None
+        return phase.penalty(by_part)
+
+    return penalty
