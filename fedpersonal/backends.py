@@ -34,6 +34,7 @@ from typing import Any
 import tensorflow_federated as tff
 from absl import logging
 
+from fedpersonal import errors
 from fedpersonal.core import client_plan
 from fedpersonal.core import client_work
 from fedpersonal.core import process as process_lib
@@ -106,17 +107,20 @@ def build_process(
             metrics_aggregator=metrics_aggregator,
         )
         if reason is None:
-            return plan_engine.build_engine_process(
-                plan,
-                model_fn,
-                loss_fn=loss_fn,
-                metrics_fn=metrics_fn,
-                server_optimizer=server_optimizer,
-                model_aggregator=model_aggregator,
-                client_weighting=client_weighting,
-                group_size=group_size,
-            )
-        logging.info('%s runs on the per-client backend: %s.', name, reason)
+            try:
+                return plan_engine.build_engine_process(
+                    plan,
+                    model_fn,
+                    loss_fn=loss_fn,
+                    metrics_fn=metrics_fn,
+                    server_optimizer=server_optimizer,
+                    model_aggregator=model_aggregator,
+                    client_weighting=client_weighting,
+                    group_size=group_size,
+                )
+            except errors.ConfigError as error:  # The model (e.g. a layer the engine cannot run per client).
+                reason = str(error)
+        logging.info('%s runs on the per-client backend: %s', name, reason.rstrip('.') + '.')
     return client_plan.build_per_client_process(
         plan,
         model_fn,

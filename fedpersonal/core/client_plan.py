@@ -1,11 +1,13 @@
 """A client's work stated once, as data: which weights step, in which order, for how many epochs.
 
 A `ClientPlan` is a sequence of `Phase`s over a partially local model (`fedpersonal.models.from_keras_model`, global
-and local layers): each phase trains the global weights, the local ones or both, for some epochs with a TFF
-optimizer whose state starts fresh, on the client's whole dataset, with the model's loss. After the phases the client
-uploads the change of its global trainable weights (weighted by the examples the global phases saw; zero weight for
-a non-finite update) and keeps its local weights as its private state (its previous ones if the update was not
-finite). The Keras metrics are updated with every step's pre-step predictions, in every phase.
+and local layers): each phase trains some of the weight parts for some epochs with a TFF optimizer whose state
+starts fresh, on the client's whole dataset, with the model's loss plus an optional penalty. The parts are
+``'global'`` (the received global weights), ``'local'`` (the model's local layers) and ``'personal'`` (a copy of the
+global weights that the client keeps, as Ditto's personal model). After the phases the client uploads the change of
+its global trainable weights (weighted by `client_weighting`; zero weight for a non-finite update) and keeps its
+local weights, or its personal copy, as its private state (its previous ones if the update was not finite). The
+Keras metrics are updated with every step's pre-step predictions: one set per `Phase.metrics_prefix`.
 
 Backends run the same plan: `build_client_update` here (one TF computation per client, mapped over the clients by
 TFF: the process's ``next``, what the privacy audit reads), and the grouped engine
@@ -29,7 +31,8 @@ from fedpersonal.core import client_work
 from fedpersonal.core import compose
 from fedpersonal.core import process as process_lib
 
-GLOBAL, LOCAL = 'global', 'local'
+GLOBAL, LOCAL, PERSONAL = 'global', 'local', 'personal'
+PARTS = (GLOBAL, LOCAL, PERSONAL)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -40,8 +43,22 @@ class NormPenalty:
     part: str
     strength: float
 
-    def __call__(self, trained: dict[str, list[Any]]) -> tf.Tensor:
+    def __call__(self, trained: dict[str, list[Any]], received: list[Any]) -> tf.Tensor:
+        del received
         return self.strength * tf.add_n([tf.reduce_sum(tf.square(v)) for v in trained[self.part]])
+
+
+@dataclasses.dataclass(frozen=True)
+class ProximalPenalty:
+    """``strength / 2 * sum ||v - w||^2`` between the trained weights of `part` and the received global weights `w`
+    (Ditto's lambda, FedProx's mu)."""
+
+    part: str
+    strength: float
+
+    def __call__(self, trained: dict[str, list[Any]], received: list[Any]) -> tf.Tensor:
+        pairs = zip(trained[self.part], received)
+        return 0.5 * self.strength * tf.add_n([tf.reduce_sum(tf.square(v - w)) for v, w in pairs])
 
 
 @dataclasses.dataclass(frozen=True)
@@ -52,18 +69,23 @@ class Phase:
       trains: The weights that step: ``('global',)``, ``('local',)`` or both; the others are frozen.
       epochs: Passes over the client's dataset (at least 1).
       optimizer: A `tff.learning.optimizers.Optimizer`; its state starts fresh in every phase.
-      penalty: Optional term added to each batch loss, a function of the phase's trained weights by part
-        (``{'global': [...], 'local': [...]}``): `NormPenalty`.
+      penalty: Optional term added to each batch loss (not to the reported one), a function of the phase's trained
+        weights by part and the received global weights: `NormPenalty`, `ProximalPenalty`.
+      metrics_prefix: The phase's metrics are a set of their own, reported as ``<prefix>_<name>`` (e.g. Ditto's
+        ``personal_accuracy``); None: the plan's shared set, reported by name.
     """
 
     trains: tuple[str, ...]
     epochs: int
     optimizer: tff.learning.optimizers.Optimizer
-    penalty: NormPenalty | None = None
+    penalty: NormPenalty | ProximalPenalty | None = None
+    metrics_prefix: str | None = None
 
     def __post_init__(self):
-        if not self.trains or not set(self.trains) <= {GLOBAL, LOCAL} or len(set(self.trains)) != len(self.trains):
-            raise ValueError(f"Phase.trains must be a non-empty subset of ('global', 'local'), got {self.trains!r}.")
+        if not self.trains or not set(self.trains) <= set(PARTS) or len(set(self.trains)) != len(self.trains):
+            raise ValueError(f'Phase.trains must be a non-empty subset of {PARTS}, got {self.trains!r}.')
+        if PERSONAL in self.trains and len(self.trains) > 1:
+            raise ValueError(f'A phase that trains the personal copy trains nothing else, got {self.trains!r}.')
         if not isinstance(self.epochs, int) or self.epochs < 1:
             raise ValueError(f'Phase.epochs must be an int >= 1, got {self.epochs!r}.')
         if self.penalty is not None and self.penalty.part not in self.trains:
@@ -72,7 +94,9 @@ class Phase:
 
 @dataclasses.dataclass(frozen=True)
 class ClientPlan:
-    """A client's work: its phases, in order (at most one of them trains the global weights).
+    """A client's work: its phases, in order (exactly one of them trains the global weights), and whether the client
+    keeps a personal copy of the global weights as its private state (`personal_copy`; else the model's local
+    weights).
 
     Example:
 
@@ -84,8 +108,11 @@ class ClientPlan:
     """
 
     phases: tuple[Phase, ...]
+    personal_copy: bool = False
 
     def __post_init__(self):
+        if any(PERSONAL in p.trains for p in self.phases) and not self.personal_copy:
+            raise ValueError('A phase trains the personal copy: the plan needs personal_copy=True.')
         global_phases = [i for i, p in enumerate(self.phases) if GLOBAL in p.trains]
         if len(global_phases) != 1:
             raise ValueError(f'A ClientPlan needs exactly one phase that trains the global weights, got {self.phases}.')
@@ -95,6 +122,21 @@ class ClientPlan:
         """The index of the phase that trains the global weights."""
         return next(i for i, p in enumerate(self.phases) if GLOBAL in p.trains)
 
+    @property
+    def personal(self) -> bool:
+        """Whether the private state is a personal copy of the global weights (else the model's local weights)."""
+        return self.personal_copy
+
+    @property
+    def metric_prefixes(self) -> list[str | None]:
+        """The metric sets, in order of first use."""
+        return list(dict.fromkeys(p.metrics_prefix for p in self.phases))
+
+
+def prefixed(prefix: str | None, values: collections.OrderedDict) -> collections.OrderedDict:
+    """`values` keyed ``<prefix>_<name>`` (as they are without a prefix)."""
+    return collections.OrderedDict((k if prefix is None else f'{prefix}_{k}', v) for k, v in values.items())
+
 
 class Initial(NamedTuple):
     """The no-arg TF computations of a model's initial global and local weights."""
@@ -103,8 +145,11 @@ class Initial(NamedTuple):
     local_weights: tff.Computation
 
 
-def initial_weights(model_fn: Callable[[], tff.learning.models.ReconstructionModel]) -> Initial:
-    """`Initial` of the partially local model `model_fn` builds."""
+def initial_weights(
+    model_fn: Callable[[], tff.learning.models.ReconstructionModel], *, personal: bool = False
+) -> Initial:
+    """`Initial` of the partially local model `model_fn` builds; with `personal`, the private state is a copy of
+    its global weights."""
 
     @tff.tensorflow.computation
     def initial_global():
@@ -112,7 +157,8 @@ def initial_weights(model_fn: Callable[[], tff.learning.models.ReconstructionMod
 
     @tff.tensorflow.computation
     def initial_local():
-        return client_work.local_weights(model_fn())
+        model = model_fn()
+        return client_work.global_weights(model) if personal else client_work.local_weights(model)
 
     return Initial(initial_global, initial_local)
 
@@ -130,7 +176,7 @@ def build_client_update(
     weight by `client_weighting` (``NUM_EXAMPLES``: the examples of the global phase's steps)."""
     with tf.Graph().as_default():
         element_type = tff.types.tensorflow_to_type(model_fn().input_spec)
-    initial = initial_weights(model_fn)
+    initial = initial_weights(model_fn, personal=plan.personal)
 
     @tff.tensorflow.computation(
         initial.global_weights.type_signature.result,
@@ -138,32 +184,48 @@ def build_client_update(
         initial.local_weights.type_signature.result,
     )
     @tf.function
-    def client_update(received, dataset, local):
+    def client_update(received, dataset, private):
         with tf.init_scope():
             model = client_work.construct(model_fn)
-            metrics = client_work.build_metrics(metrics_fn, loss_fn, finalizers)
+            personal = client_work.construct(model_fn) if plan.personal else None
+            metrics = {}
+            for prefix in plan.metric_prefixes:
+                built: collections.OrderedDict = collections.OrderedDict()
+                metrics[prefix] = client_work.build_metrics(metrics_fn, loss_fn, built)
+                finalizers.update(prefixed(prefix, built))
             parts = {GLOBAL: list(model.global_trainable_variables), LOCAL: list(model.local_trainable_variables)}
+            if personal is not None:
+                parts[PERSONAL] = list(personal.global_trainable_variables)
             trained = [[v for part in phase.trains for v in parts[part]] for phase in plan.phases]
             optimizers = [client_work.prepare_optimizer(p.optimizer, v) for p, v in zip(plan.phases, trained)]
         client_work.assign_weights(client_work.global_weights(model), received)
-        client_work.assign_weights(client_work.local_weights(model), local)
-        batch_loss = client_work.model_batch_loss(model, loss_fn(), metrics)
+        if personal is not None:
+            client_work.assign_weights(client_work.global_weights(personal), private)
+            kept = client_work.global_weights(personal)
+        else:
+            client_work.assign_weights(client_work.local_weights(model), private)
+            kept = client_work.local_weights(model)
+        received_trainable = [tf.identity(w) for w in received.trainable]
         num_examples = tf.constant(0)
         for i, (phase, variables, optimizer) in enumerate(zip(plan.phases, trained, optimizers)):
+            stepped = personal if PERSONAL in phase.trains else model
+            batch_loss = client_work.model_batch_loss(stepped, loss_fn(), metrics[phase.metrics_prefix])
             penalty = None
             if phase.penalty is not None:
                 by_part = {part: parts[part] for part in phase.trains}
-                penalty = functools.partial(phase.penalty, by_part)
+                penalty = functools.partial(phase.penalty, by_part, received_trainable)
             steps = client_work.optimizer_steps(
                 variables, dataset, optimizer, batch_loss, epochs=phase.epochs, penalty=penalty
             )
             if i == plan.global_phase:
                 num_examples = steps.num_examples
         delta, non_finite = client_work.weights_delta(received.trainable, model.global_trainable_variables)
-        unfinalized = client_work.read_metrics(metrics)
+        unfinalized: collections.OrderedDict = collections.OrderedDict()
+        for prefix, metric_set in metrics.items():
+            unfinalized.update(prefixed(prefix, client_work.read_metrics(metric_set)))
         weight = client_work.client_weight(client_weighting, num_examples, unfinalized, non_finite)
-        new_local = client_work.keep_previous_if_non_finite(non_finite, local, client_work.local_weights(model))
-        return tff.learning.templates.ClientResult(update=delta, update_weight=weight), unfinalized, new_local
+        new_private = client_work.keep_previous_if_non_finite(non_finite, private, kept)
+        return tff.learning.templates.ClientResult(update=delta, update_weight=weight), unfinalized, new_private
 
     return client_update
 
@@ -181,8 +243,8 @@ def build_per_client_process(
 ) -> process_lib.PersonalizedProcess:
     """The plan as a stateful process on the per-client backend: TFF's broadcast, `model_aggregator` (default the
     weighted mean, weights by `client_weighting`) and `server_optimizer` around `build_client_update`; the local
-    weights are the private state."""
-    initial = initial_weights(model_fn)
+    weights (or the personal copy) are the private state."""
+    initial = initial_weights(model_fn, personal=plan.personal)
     finalizers: collections.OrderedDict = collections.OrderedDict()
     return compose.compose_personalized_process(
         initial_global_weights=initial.global_weights,

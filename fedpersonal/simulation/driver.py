@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import collections
 from collections.abc import Callable
+from collections.abc import Mapping
 from collections.abc import Sequence
 from typing import Any
 
@@ -57,21 +58,25 @@ class KerasMetricsFinalizer:
     once) sets its variables and returns every result: one call per round instead of an eager op per variable.
     """
 
-    def __init__(self, build_metrics: Callable[[], Sequence[tf.keras.metrics.Metric]]):
+    def __init__(
+        self,
+        build_metrics: Callable[[], Sequence[tf.keras.metrics.Metric] | Mapping[str, tf.keras.metrics.Metric]],
+    ):
         self._build_metrics = build_metrics
         self._finalize: Callable[[Any], Any] | None = None
 
     def __call__(self, unfinalized: Any) -> collections.OrderedDict:
         if self._finalize is None:
-            metrics = self._build_metrics()
+            built = self._build_metrics()  # Metrics (keyed by name), or a mapping from the key they are reported as.
+            named = list(built.items()) if isinstance(built, Mapping) else [(m.name, m) for m in built]
 
             @tf.function
             def finalize(unfinalized):
                 finalized = collections.OrderedDict()
-                for metric in metrics:
-                    for variable, value in zip(metric.variables, unfinalized[metric.name]):
+                for key, metric in named:
+                    for variable, value in zip(metric.variables, unfinalized[key]):
                         variable.assign(value)
-                    finalized[metric.name] = metric.result()
+                    finalized[key] = metric.result()
                 return finalized
 
             self._finalize = finalize

@@ -62,13 +62,15 @@ def build_engine_process(
     first). Under a fixed-clip DP aggregator (`fedpersonal.privacy.dp`) each logical client's update is clipped in
     the group, as the per-client backend clips it."""
     dp_clip = group_lib.per_client_clip(model_aggregator)
-    initial = client_plan.initial_weights(model_fn)
+    initial = client_plan.initial_weights(model_fn, personal=plan.personal)
     model = functional.FunctionalModel(model_fn)
     base = model.initial_weights
     slots = {
         client_plan.GLOBAL: [(functional.GLOBAL_TRAINABLE, i) for i in range(len(base.global_trainable))],
         client_plan.LOCAL: [(functional.LOCAL_TRAINABLE, i) for i in range(len(base.local_trainable))],
     }
+    slots[client_plan.PERSONAL] = slots[client_plan.GLOBAL]  # Of the personal copy's own weights.
+    prefixes = plan.metric_prefixes
     names = tuple(f'phase_{i}' for i in range(len(plan.phases)))
     with tf.Graph().as_default():
         element_spec = model_fn().input_spec
@@ -85,37 +87,52 @@ def build_engine_process(
     weights_type = initial.global_weights.type_signature.result
     group_private_type = packing.stacked_type(initial.local_weights.type_signature.result)
 
-    def build_group_work(finalizers: collections.OrderedDict, *, now: bool):
-        metrics_and_loss = group_lib.metrics_and_loss(metrics_fn, loss_fn, finalizers, now=now)
+    def build_group_work(raw_finalizers: dict[str | None, collections.OrderedDict], *, now: bool):
+        metric_sets = {
+            prefix: group_lib.metrics_and_loss(
+                metrics_fn, loss_fn, raw_finalizers.setdefault(prefix, collections.OrderedDict()), now=now
+            )
+            for prefix in prefixes
+        }
 
         @tf.function
         def group_work(server_weights, group, private_states):
-            metrics, loss = metrics_and_loss()
-            for metric in metrics:
+            metrics = {prefix: build()[0] for prefix, build in metric_sets.items()}
+            loss = metric_sets[prefixes[0]]()[1]
+            for metric in [m for ms in metrics.values() for m in ms]:
                 metric.reset_state()
 
             @tf.function(jit_compile=model.xla)
-            def train(received, non_trainable, group, local_trainable, local_non_trainable):
-                weights = functional.Parts(received, non_trainable, local_trainable, local_non_trainable)
+            def train(received, non_trainable, group, private_trainable, private_non_trainable):
+                if plan.personal:  # The model has no local weights: the private state is a copy of its globals.
+                    weights = functional.Parts(received, non_trainable, [], [])
+                    personal = functional.Parts(private_trainable, private_non_trainable, [], [])
+                else:
+                    weights = functional.Parts(received, non_trainable, private_trainable, private_non_trainable)
                 weight = steps = None
                 for i, (name, phase) in enumerate(zip(names, plan.phases)):
                     # Globals first: `update_after_steps` reads the first slots' accumulated deltas. They start
                     # shared in their phase (the only one that trains them), as the accumulation needs.
-                    parts = [part for part in (client_plan.GLOBAL, client_plan.LOCAL) if part in phase.trains]
+                    parts = [part for part in client_plan.PARTS if part in phase.trains]
                     train_slots = [s for part in parts for s in slots[part]]
                     examples = tf.reduce_sum(group[name]['mask'], axis=[1, 2])
                     client_weight = group_lib.client_weights(client_weighting, examples)
-                    weights, phase_steps = lockstep.lockstep_steps(
+                    stepped, phase_steps = lockstep.lockstep_steps(
                         model,
-                        weights,
+                        personal if client_plan.PERSONAL in parts else weights,
                         train_slots,
                         group[name],
                         phase.optimizer,
                         loss,
-                        metrics=metrics,
+                        metrics=metrics[phase.metrics_prefix],
                         penalty=_penalty(phase, parts, slots),
+                        centre=received if isinstance(phase.penalty, client_plan.ProximalPenalty) else (),
                         delta_weights=client_weight if i == plan.global_phase else None,
                     )
+                    if client_plan.PERSONAL in parts:
+                        personal = stepped
+                    else:
+                        weights = stepped
                     if i == plan.global_phase:
                         weight, steps = client_weight, phase_steps
                 trained = list(weights.global_trainable)
@@ -127,9 +144,13 @@ def build_engine_process(
                 keep = lambda new, old: tf.where(
                     tf.reshape(finite, [-1] + [1] * (new.shape.rank - 1)), new, tf.cast(old, new.dtype)
                 )
+                if plan.personal:
+                    new_trainable, new_non_trainable = personal.global_trainable, personal.global_non_trainable
+                else:
+                    new_trainable, new_non_trainable = weights.local_trainable, private_non_trainable
                 new_private = tff.learning.models.ModelWeights(
-                    trainable=[keep(n, o) for n, o in zip(weights.local_trainable, local_trainable)],
-                    non_trainable=list(local_non_trainable),
+                    trainable=[keep(n, o) for n, o in zip(new_trainable, private_trainable)],
+                    non_trainable=list(new_non_trainable),
                 )
                 return result, new_private
 
@@ -140,21 +161,38 @@ def build_engine_process(
                 list(private_states.trainable),
                 list(private_states.non_trainable),
             )
+            unfinalized: collections.OrderedDict = collections.OrderedDict()
+            for prefix, metric_set in metrics.items():
+                unfinalized.update(client_plan.prefixed(prefix, client_work.read_metrics(metric_set)))
             with tf.control_dependencies(tf.nest.flatten(result)):
-                return result, client_work.read_metrics(metrics), new_private
+                return result, unfinalized, new_private
 
         return group_work
 
     finalizers: collections.OrderedDict = collections.OrderedDict()
-    client_update = lambda: tff.tensorflow.computation(weights_type, packer.group_type(), group_private_type)(
-        build_group_work(finalizers, now=False)
-    )
+
+    def client_update() -> tff.Computation:
+        raw: dict[str | None, collections.OrderedDict] = {}
+        computation = tff.tensorflow.computation(weights_type, packer.group_type(), group_private_type)(
+            build_group_work(raw, now=False)
+        )
+        for prefix in prefixes:  # Recorded while tracing; read when the metrics' aggregation is traced.
+            finalizers.update(client_plan.prefixed(prefix, raw[prefix]))
+        return computation
+
+    def finalized_metrics() -> collections.OrderedDict:
+        named: collections.OrderedDict = collections.OrderedDict()
+        for prefix in prefixes:
+            built = client_work.build_metrics(metrics_fn, loss_fn, collections.OrderedDict())
+            named.update(client_plan.prefixed(prefix, collections.OrderedDict((m.name, m) for m in built)))
+        return named
+
     # A slot is a group: under a fixed DP clip its record is the sum of up to group_size clipped updates.
     aggregator = compose.weighted_aggregator(group_lib.slot_aggregator(model_aggregator, group_size), client_weighting)
     runner = driver.GroupRoundRunner(
-        build_group_work(collections.OrderedDict(), now=True),
+        build_group_work({}, now=True),
         server_optimizer,
-        driver.KerasMetricsFinalizer(lambda: client_work.build_metrics(metrics_fn, loss_fn, collections.OrderedDict())),
+        driver.KerasMetricsFinalizer(finalized_metrics),
         aggregation=None if dp_clip is None else aggregator.create(weights_type.trainable, tff.TensorType(np.float32)),
     )
     return compose.compose_personalized_process(
@@ -177,10 +215,9 @@ def _penalty(phase: client_plan.Phase, parts: list[str], slots: dict[str, list[A
     sizes = [len(slots[part]) for part in parts]
 
     def penalty(values: list[tf.Tensor], centre: Any) -> tf.Tensor:
-        del centre
         starts = np.cumsum([0] + sizes)
         by_part = {part: values[starts[k] : starts[k + 1]] for k, part in enumerate(parts)}
         assert phase.penalty is not None
-        return phase.penalty(by_part)
+        return phase.penalty(by_part, list(centre))
 
     return penalty

@@ -1,12 +1,13 @@
 """Ditto on the fast simulation engine: the per-client path's global model, personal models and metrics."""
 
 import collections
+from unittest import mock
 
 import numpy as np
 import pytest
 import tensorflow as tf
 
-from fedpersonal import errors
+from fedpersonal import backends
 from fedpersonal.algorithms import ditto
 
 SPEC = collections.OrderedDict(x=tf.TensorSpec([None, 4], tf.float32), y=tf.TensorSpec([None], tf.int32))
@@ -70,12 +71,18 @@ def test_ditto_engine_equals_per_client_path():
     assert not np.allclose(reference[2][0].trainable[0], run('per_client', data)[2][2].trainable[0])
 
 
-def test_engine_refuses_batch_normalization_clearly():
+def test_a_model_the_engine_cannot_run_falls_back_to_the_per_client_backend_saying_why():
     def bn_model():
         return tf.keras.Sequential(
             [tf.keras.Input([4]), tf.keras.layers.BatchNormalization(), tf.keras.layers.Dense(3)]
         )
 
-    with pytest.raises(errors.ConfigError, match="BatchNormalization.*simulation='per_client'"):
-        ditto.build_ditto(bn_model, element_spec=SPEC)
-    ditto.build_ditto(bn_model, element_spec=SPEC, simulation='per_client')
+    with mock.patch.object(backends.logging, 'info') as log:
+        process = ditto.build_ditto(bn_model, element_spec=SPEC)
+    assert process.packer is None  # The per-client backend.
+    (message, *args), _ = log.call_args
+    assert 'Ditto runs on the per-client backend' in message % tuple(args)
+    assert 'BatchNormalization' in message % tuple(args)
+    data = datasets((5, 3))
+    out = process.run_round(process.initialize(), data, [process.initial_private_state()] * 2)
+    assert np.isfinite(out.metrics['client_work']['train']['personal_loss'])
