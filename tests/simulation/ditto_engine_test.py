@@ -4,7 +4,6 @@ import collections
 from unittest import mock
 
 import numpy as np
-import pytest
 import tensorflow as tf
 
 from fedpersonal import backends
