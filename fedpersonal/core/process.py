@@ -28,6 +28,26 @@ import tensorflow_federated as tff
 from fedpersonal import errors
 
 
+class LazyDatasets(Sequence):
+    """Clients' datasets (or any per-client inputs), each built when indexed: what `run_round` may take.
+
+    The engine reads only the datasets of clients it has not materialized before (`ClientPacker.pack` with client
+    ids), and building a client's tf.data pipeline costs ~10 ms, more than a whole engine round's client work on
+    MovieLens. (Also importable as `fedpersonal.simulation.packing.LazyDatasets`.)
+    """
+
+    def __init__(self, client_ids: Sequence[str], make: Callable[[str], Any]):
+        self._client_ids, self._make = list(client_ids), make
+
+    def __len__(self) -> int:
+        return len(self._client_ids)
+
+    def __getitem__(self, index):
+        if isinstance(index, slice):
+            return [self._make(c) for c in self._client_ids[index]]
+        return self._make(self._client_ids[index])
+
+
 class ProcessOutput(NamedTuple):
     """The result of one round of every `PersonalizedProcess`.
 
@@ -53,6 +73,12 @@ class PersonalizedProcess(tff.templates.IterativeProcess):
         `tff.learning.templates.LearningProcess` it wraps (usable with TFF's own tooling); otherwise None.
       parts: Named building blocks of the process (client work, aggregations, ...) for tests, audits and
         analyses; their meaning is documented by each builder.
+      packer: None for the per-client path; for a simulation engine's process, the object that turns a round's
+        client datasets into `next`'s client inputs (e.g. `fedpersonal.simulation.packing.ClientPacker`):
+        ``pack(client_data, client_ids)``; ``packs_next_input = False`` when its output is for the round runner
+        only; and, when `next` takes the private states stacked per packed group,
+        ``stack_private_states(groups, private_states)`` and ``unstack_private_states(groups, stacked,
+        num_clients)``. The process only calls these, so `fedpersonal.core` needs nothing from the engine.
     """
 
     def __init__(
@@ -153,7 +179,7 @@ class PersonalizedProcess(tff.templates.IterativeProcess):
 
         Args:
           state: The server state.
-          client_data: The sampled clients' datasets.
+          client_data: The sampled clients' datasets (any sequence, e.g. a `LazyDatasets` building each when read).
           private_states: A stateful process's private states of those clients.
           client_ids: The clients' ids (the engine then materializes each client's data once).
         """
@@ -181,16 +207,11 @@ class PersonalizedProcess(tff.templates.IterativeProcess):
             raise
 
     def _next_of_groups(self, state: Any, groups: Sequence[Any], private_states: Sequence[Any]) -> ProcessOutput:
-        """`next` of a stateful engine process: the clients' private states stacked per group, and back."""
-        from fedpersonal.simulation import driver  # pylint: disable=g-import-not-at-top
-
-        output = self.next(state, groups, driver.stack_per_group(groups, private_states))
-        unstacked = [
-            s
-            for group, stacked in zip(groups, output.private_states)
-            for s in driver.unstack(stacked, driver.group_clients(group))
-        ]
-        return ProcessOutput(output.state, output.metrics, unstacked[: len(private_states)])
+        """`next` of a stateful engine process: the clients' private states stacked per group (by the packer,
+        which owns the groups' layout), and back."""
+        output = self.next(state, groups, self.packer.stack_private_states(groups, private_states))
+        unstacked = self.packer.unstack_private_states(groups, output.private_states, len(private_states))
+        return ProcessOutput(output.state, output.metrics, unstacked)
 
     @property
     def _private_states_per_group(self) -> bool:

@@ -36,6 +36,7 @@ from fedpersonal.algorithms import dataset_split as dataset_split_lib
 from fedpersonal.algorithms import fed_recon
 from fedpersonal.algorithms import tff_names
 from fedpersonal.core import client_work
+from fedpersonal.core.process import LazyDatasets
 from fedpersonal.simulation import options as simulation_options
 
 ReconstructionModel: TypeAlias = tff.learning.models.ReconstructionModel
@@ -422,11 +423,10 @@ def evaluate_clients(
       What `evaluate` returns: ``<eval, per_client>``.
     """
     from fedpersonal.simulation import evaluation as engine_evaluation  # pylint: disable=g-import-not-at-top
-    from fedpersonal.simulation import packing  # pylint: disable=g-import-not-at-top
 
     extra = () if private_states is None else (list(private_states),)
     if isinstance(evaluate, engine_evaluation.GroupEvaluation):
-        datasets = packing.LazyDatasets(client_ids, make_dataset)
+        datasets = LazyDatasets(client_ids, make_dataset)
         return evaluate(weights, datasets, *extra, client_ids=[f'{cache_key}/{c}' for c in client_ids])
     client_datasets = [make_dataset(c) for c in client_ids]
     # One TFF call over every client, which reports no progress of its own: its elapsed time and the time left,

@@ -61,6 +61,7 @@ from absl import logging
 from fedpersonal import errors
 from fedpersonal import faults
 from fedpersonal import progress
+from fedpersonal.core.process import LazyDatasets
 from fedpersonal.metrics import communication
 from fedpersonal.program import output_dir
 from fedpersonal.program import outputs as outputs_lib
@@ -76,7 +77,6 @@ from fedpersonal.program.run_record import RUN_CONFIG_FILE
 from fedpersonal.program.run_record import ConfigMismatchError
 from fedpersonal.program.selection import EarlyStopping
 from fedpersonal.program.selection import ModelSelection
-from fedpersonal.simulation import packing
 
 EvaluationFn = Callable[[Any], dict[str, Any]]
 ClientEvaluationFn = Callable[[Any, list[Any]], dict[str, Any]]
@@ -352,7 +352,7 @@ def run_learning_process(
 
     def run_clients(state: Any, participants: Sequence[str], private: list[Any] | None) -> Any:
         run_round = getattr(process, 'run_round', None)  # A PersonalizedProcess packs for its engine.
-        round_inputs: Sequence[Any] = packing.LazyDatasets(list(participants), make_input)
+        round_inputs: Sequence[Any] = LazyDatasets(list(participants), make_input)
         extra = () if private is None else (private,)
         if run_round is not None:
             return run_round(state, round_inputs, *extra, client_ids=list(participants))

@@ -44,6 +44,9 @@ from tensorflow_federated.python.learning.templates import apply_optimizer_final
 
 from fedpersonal.core import process as process_lib
 from fedpersonal.simulation import packing
+from fedpersonal.simulation.packing import group_clients as group_clients
+from fedpersonal.simulation.packing import stack_per_group as stack_per_group
+from fedpersonal.simulation.packing import unstack as unstack
 
 
 def _numpy(structure: Any) -> Any:
@@ -224,29 +227,6 @@ class GroupRoundRunner:
         if private_states is not None:
             return process_lib.ProcessOutput(new_state, metrics, new_private[: len(private_states)])
         return process_lib.ProcessOutput(state=new_state, metrics=metrics, private_states=())
-
-
-def group_clients(group: Any) -> int:
-    """The number of client slots of a packed group (real and padding)."""
-    return int(next(iter(group.values()))['steps'].shape[0])
-
-
-def stack_per_group(groups: Sequence[Any], private_states: Sequence[Any]) -> list[Any]:
-    """The clients' private states stacked per group (in client order; padding slots repeat the first state)."""
-    stacked, start = [], 0
-    for group in groups:
-        size = group_clients(group)
-        members = list(private_states[start : start + size])
-        members += [private_states[0]] * (size - len(members))
-        stacked.append(tf.nest.map_structure(lambda *values: np.stack([np.asarray(v) for v in values]), *members))
-        start += size
-    return stacked
-
-
-def unstack(stacked: Any, size: int) -> list[Any]:
-    """A group's stacked private states -> one per client slot (numpy)."""
-    arrays = _numpy(stacked)
-    return [tf.nest.map_structure(lambda a: a[k], arrays) for k in range(size)]
 
 
 def _payload(structure: Any) -> tuple[float, float]:

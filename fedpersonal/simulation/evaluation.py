@@ -206,7 +206,7 @@ class GroupEvaluation:
             assert private_states is not None
             locals_per_group = [
                 (list(s.trainable), list(s.non_trainable))
-                for s in driver.stack_per_group(groups, [_as_model_weights(p) for p in private_states])
+                for s in packing.stack_per_group(groups, [_as_model_weights(p) for p in private_states])
             ]
         else:
             local_trainable = (
@@ -222,7 +222,7 @@ class GroupEvaluation:
         for group, (local_trainable, local_non_trainable) in progress.logged(
             zip(groups, locals_per_group), len(groups), f'evaluation: groups of {self._packer.group_size} clients'
         ):
-            size = driver.group_clients(group)
+            size = packing.group_clients(group)
             real = min(size, n - start)
             start += size
             group = packing.as_tensors(group)

@@ -31,6 +31,7 @@ import tensorflow_federated as tff
 
 from fedpersonal import errors
 from fedpersonal import progress
+from fedpersonal.core.process import LazyDatasets as LazyDatasets
 
 PhaseFn = Callable[[tf.data.Dataset], Sequence[tf.data.Dataset]]
 BatchPhaseFn = Callable[[list[Any]], Sequence[list[Any]]]
@@ -141,26 +142,6 @@ def batches_as_tff_sees(dataset: tf.data.Dataset) -> list[Any]:
 _COLLECTORS: dict[str, Any] = {}
 
 
-class LazyDatasets(Sequence):
-    """Clients' datasets (or any per-client inputs), each built when indexed.
-
-    The engine reads only the datasets of clients it has not materialized before (`ClientPacker.pack` with client
-    ids), and building a client's tf.data pipeline costs ~10 ms, more than a whole engine round's client work on
-    MovieLens.
-    """
-
-    def __init__(self, client_ids: Sequence[str], make: Callable[[str], Any]):
-        self._client_ids, self._make = list(client_ids), make
-
-    def __len__(self) -> int:
-        return len(self._client_ids)
-
-    def __getitem__(self, index):
-        if isinstance(index, slice):
-            return [self._make(c) for c in self._client_ids[index]]
-        return self._make(self._client_ids[index])
-
-
 class ClientPacker:
     """Packs clients' datasets into fixed-shape groups for the engine's group computation.
 
@@ -269,6 +250,17 @@ class ClientPacker:
         groups, size = self.sizes(len(clients))
         return [self._group(clients[g * size : (g + 1) * size], size) for g in range(groups)]
 
+    def stack_private_states(self, groups: Sequence[Any], private_states: Sequence[Any]) -> list[Any]:
+        """The round's private states (one per client) as the engine's `next` takes them: stacked per group."""
+        return stack_per_group(groups, private_states)
+
+    def unstack_private_states(self, groups: Sequence[Any], stacked: Sequence[Any], num_clients: int) -> list[Any]:
+        """The engine's per-group private states -> one per real client (the first `num_clients` slots)."""
+        states = [
+            s for group, group_states in zip(groups, stacked) for s in unstack(group_states, group_clients(group))
+        ]
+        return states[:num_clients]
+
     def _group(self, clients: list[list[_Phase]], size: int) -> collections.OrderedDict:
         group = collections.OrderedDict()
         for p, name in enumerate(self.phase_names):
@@ -290,3 +282,26 @@ class ClientPacker:
                 batch=tf.nest.pack_sequence_as(self.element_spec, leaves), mask=mask, steps=num_steps
             )
         return group
+
+
+def group_clients(group: Any) -> int:
+    """The number of client slots of a packed group (real and padding)."""
+    return int(next(iter(group.values()))['steps'].shape[0])
+
+
+def stack_per_group(groups: Sequence[Any], private_states: Sequence[Any]) -> list[Any]:
+    """The clients' private states stacked per group (in client order; padding slots repeat the first state)."""
+    stacked, start = [], 0
+    for group in groups:
+        size = group_clients(group)
+        members = list(private_states[start : start + size])
+        members += [private_states[0]] * (size - len(members))
+        stacked.append(tf.nest.map_structure(lambda *values: np.stack([np.asarray(v) for v in values]), *members))
+        start += size
+    return stacked
+
+
+def unstack(stacked: Any, size: int) -> list[Any]:
+    """A group's stacked private states -> one per client slot (numpy)."""
+    arrays = tf.nest.map_structure(lambda t: t.numpy() if hasattr(t, 'numpy') else np.asarray(t), stacked)
+    return [tf.nest.map_structure(lambda a: a[k], arrays) for k in range(size)]

@@ -6,7 +6,6 @@ Split from `fedpersonal.tasks.feddva` (which trains the methods) so each module 
 from __future__ import annotations
 
 import os
-from typing import TYPE_CHECKING
 from typing import Any
 
 import numpy as np
@@ -19,6 +18,9 @@ from fedpersonal.evaluation import disentanglement
 from fedpersonal.models import feddva_models
 from fedpersonal.tasks.feddva_config import METHODS as METHODS
 from fedpersonal.tasks.feddva_config import SETTINGS as SETTINGS
+from fedpersonal.tasks.feddva_setting import EVAL_BATCH
+from fedpersonal.tasks.feddva_setting import SETTING_NAMES as SETTING_NAMES
+from fedpersonal.tasks.feddva_setting import FeddvaTask
 
 METHOD_NAMES = {
     'feddva': 'FedDVA head on [z, c]',
@@ -27,11 +29,6 @@ METHOD_NAMES = {
     'fedavg_ft': 'FedAvg + fine-tuning',
     'ditto': 'Ditto',
 }
-SETTING_NAMES = {'heterogeneous_inputs': 'heterogeneous inputs', 'heterogeneous_outputs': 'heterogeneous outputs'}
-_EVAL_BATCH = 500
-
-if TYPE_CHECKING:
-    from fedpersonal.tasks.feddva import FeddvaTask
 
 
 def load_curves(output_dir: str, settings, methods) -> dict[tuple[str, str], list[tuple[int, float]]]:
@@ -64,9 +61,7 @@ def encode_clients(task: FeddvaTask, model: feddva_models.DualVae, weights, stat
         result[cid] = {}
         for split, source in (('train', task.data.train), ('test', task.data.test)):
             images, labels = source[cid]
-            parts = [
-                [t.numpy() for t in encode(images[i : i + _EVAL_BATCH])] for i in range(0, len(images), _EVAL_BATCH)
-            ]
+            parts = [[t.numpy() for t in encode(images[i : i + EVAL_BATCH])] for i in range(0, len(images), EVAL_BATCH)]
             result[cid][split] = (np.concatenate([p[0] for p in parts]), np.concatenate([p[2] for p in parts]), labels)
     return result
 

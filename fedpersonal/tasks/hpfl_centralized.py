@@ -5,7 +5,6 @@ Split from `fedpersonal.tasks.hpfl_user_modeling` (which runs every row) so each
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
 from typing import Any
 
 import numpy as np
@@ -19,9 +18,7 @@ from fedpersonal.models import gum
 from fedpersonal.models import user_modeling_baselines as baselines
 from fedpersonal.tasks.hpfl_analysis import evaluate_predictions
 from fedpersonal.tasks.hpfl_analysis import gum_attribute_proficiency
-
-if TYPE_CHECKING:
-    from fedpersonal.tasks.hpfl_user_modeling import HpflConfig
+from fedpersonal.tasks.hpfl_user_modeling_config import HpflConfig
 
 
 # ------------------------------------------------------------------------------------------------ pooled indices

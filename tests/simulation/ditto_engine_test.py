@@ -35,7 +35,9 @@ def datasets(sizes, seed=0):
     ]
 
 
-def run(simulation, data, **kwargs):
+def run(simulation, data, *, tff_next=False, **kwargs):
+    """Three rounds; with `tff_next`, an engine process runs them with its TFF `next` instead of its round runner
+    (as in a distributed runtime: the private states stacked per group by its packer, and back)."""
     process = ditto.build_ditto(
         model_fn,
         element_spec=SPEC,
@@ -45,13 +47,15 @@ def run(simulation, data, **kwargs):
         simulation=simulation,
         **kwargs,
     )
+    if tff_next:
+        process._round_runner = None  # pylint: disable=protected-access
     state = process.initialize()
     personal = {c: process.initial_private_state() for c in range(len(data))}
     for cohort in ([0, 1, 2, 3], [2, 0], [3, 1, 0]):
         out = process.run_round(state, [data[c] for c in cohort], [personal[c] for c in cohort])
         state = out.state
         personal.update(zip(cohort, out.private_states))
-    if simulation == 'engine':
+    if simulation == 'engine' and not tff_next:
         assert process._round_runner.traces == 1  # Traced once for the experiment, not per round or group.
     return process.get_model_weights(state), out.metrics['client_work']['train'], personal
 
@@ -68,6 +72,20 @@ def test_ditto_engine_equals_per_client_path():
     for key, value in reference[1].items():
         np.testing.assert_allclose(float(engine[1][key]), float(value), rtol=1e-5, err_msg=key)
     assert not np.allclose(reference[2][0].trainable[0], run('per_client', data)[2][2].trainable[0])
+
+
+def test_ditto_engine_next_in_tff_equals_its_round_runner():
+    data = datasets((7, 2, 0, 11))
+    runner = run('engine', data, group_size=2)
+    tff_next = run('engine', data, group_size=2, tff_next=True)
+    for a, b in zip(tf.nest.flatten(tff_next[0]), tf.nest.flatten(runner[0])):
+        np.testing.assert_allclose(a, b, atol=1e-5)
+    assert sorted(tff_next[2]) == sorted(runner[2])
+    for c in runner[2]:
+        for a, b in zip(tf.nest.flatten(tff_next[2][c]), tf.nest.flatten(runner[2][c])):
+            np.testing.assert_allclose(a, b, atol=1e-5)
+    for key, value in runner[1].items():
+        np.testing.assert_allclose(float(tff_next[1][key]), float(value), rtol=1e-5, err_msg=key)
 
 
 def test_a_model_the_engine_cannot_run_falls_back_to_the_per_client_backend_saying_why():

@@ -1,0 +1,140 @@
+"""The package's import structure: no import cycle anywhere, and `fedpersonal.core` depends on nothing above it.
+
+The layering (docs/ARCHITECTURE.md, "Layers"): core <- simulation <- algorithms <- tasks / program. A module
+may import from its own layer or below, never from above; a cycle between two modules means a definition lives
+in the wrong one (move it down to the module that owns the concept, or to a shared lower module).
+
+The graph is read from the sources (AST), so every import counts wherever it is written: at module level, inside
+a function (a deferred import is still a dependency), and under ``if TYPE_CHECKING:`` (a type used in a signature
+is a dependency of the design even if Python never executes the import; such a cycle is fixed by moving the type
+down, like any other). One kind of edge is left out: a module importing one of its own ancestor packages (e.g.
+``fedpersonal.program.training_loop`` importing ``fedpersonal.program`` for a sibling module). Python initializes
+the package first anyway, and the package's ``__init__`` re-exports its modules, so counting that edge would make
+every package with re-exports a cycle. ``from pkg import name`` is an edge to the module ``pkg.name`` when it is
+one, else to ``pkg`` (its ``__init__``, whose own imports are edges like any module's).
+"""
+
+import ast
+import pathlib
+
+PACKAGE = 'fedpersonal'
+ROOT = pathlib.Path(__file__).resolve().parent.parent
+# What `fedpersonal.core` must never import: every layer above it.
+ABOVE_CORE = ('fedpersonal.simulation', 'fedpersonal.algorithms', 'fedpersonal.tasks', 'fedpersonal.program')
+
+
+def _modules(root: pathlib.Path = ROOT, package: str = PACKAGE) -> dict[str, pathlib.Path]:
+    """Dotted module name -> source file (a package is named by its ``__init__.py``)."""
+    modules = {}
+    for path in sorted((root / package).rglob('*.py')):
+        parts = path.relative_to(root).with_suffix('').parts
+        modules['.'.join(parts[:-1] if parts[-1] == '__init__' else parts)] = path
+    return modules
+
+
+def _imported_names(module: str, path: pathlib.Path, modules: dict[str, pathlib.Path]) -> set[str]:
+    """The dotted names `module` imports, anywhere in its source (relative imports resolved).
+
+    ``from pkg import name`` gives ``pkg.name`` when that is a module, else ``pkg`` (a name defined in it).
+    """
+    package = module if path.name == '__init__.py' else module.rpartition('.')[0]
+    names = set()
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            names.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ''
+            if node.level:
+                parts = package.split('.')
+                base = '.'.join(parts[: len(parts) - node.level + 1] + ([base] if base else []))
+            names.update(f'{base}.{a.name}' if f'{base}.{a.name}' in modules else base for a in node.names)
+    return names
+
+
+def import_graph(modules: dict[str, pathlib.Path]) -> dict[str, set[str]]:
+    """Module -> the package's modules it imports (see the module docstring for what counts)."""
+
+    def resolve(name: str) -> str | None:
+        while name and name not in modules:
+            name = name.rpartition('.')[0]
+        return name or None
+
+    graph = {}
+    for module, path in modules.items():
+        targets = {resolve(name) for name in _imported_names(module, path, modules) if name.split('.')[0] == PACKAGE}
+        graph[module] = {t for t in targets if t and t != module and not module.startswith(t + '.')}
+    return graph
+
+
+def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The strongly connected components of more than one module (Tarjan's algorithm, iterative)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    found = []
+    for root in sorted(graph):
+        if root in index:
+            continue
+        work = [(root, iter(sorted(graph[root])))]
+        index[root] = low[root] = len(index)
+        stack.append(root)
+        on_stack.add(root)
+        while work:
+            node, children = work[-1]
+            child = next(children, None)
+            if child is not None:
+                if child not in index:
+                    index[child] = low[child] = len(index)
+                    stack.append(child)
+                    on_stack.add(child)
+                    work.append((child, iter(sorted(graph[child]))))
+                elif child in on_stack:
+                    low[node] = min(low[node], index[child])
+                continue
+            work.pop()
+            if work:
+                low[work[-1][0]] = min(low[work[-1][0]], low[node])
+            if low[node] == index[node]:
+                component = []
+                while True:
+                    member = stack.pop()
+                    on_stack.discard(member)
+                    component.append(member)
+                    if member == node:
+                        break
+                if len(component) > 1:
+                    found.append(sorted(component))
+    return sorted(found)
+
+
+def test_the_package_has_no_import_cycle():
+    found = cycles(import_graph(_modules()))
+    assert not found, 'import cycles:\n' + '\n'.join(' <-> '.join(c) for c in found)
+
+
+def test_core_imports_nothing_above_it():
+    modules = _modules()
+    offending = sorted(
+        f'{module} imports {name}'
+        for module, path in modules.items()
+        if module.startswith(f'{PACKAGE}.core')
+        for name in _imported_names(module, path, modules)
+        if any(name == layer or name.startswith(layer + '.') for layer in ABOVE_CORE)
+    )
+    assert not offending, '\n'.join(offending)
+
+
+def test_the_check_finds_a_cycle_through_a_function_level_and_a_type_checking_import(tmp_path):
+    package = tmp_path / PACKAGE
+    (package / 'sub').mkdir(parents=True)
+    (package / '__init__.py').write_text('from fedpersonal import a\n')
+    (package / 'sub' / '__init__.py').write_text('')
+    (package / 'a.py').write_text('def f():\n    from fedpersonal.sub import b\n')
+    (package / 'sub' / 'b.py').write_text(
+        'from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from fedpersonal import a\n'
+    )
+    (package / 'c.py').write_text('from . import a\nfrom .sub import b\n')
+    graph = import_graph(_modules(tmp_path))
+    assert graph['fedpersonal.c'] == {'fedpersonal.a', 'fedpersonal.sub.b'}
+    assert cycles(graph) == [['fedpersonal.a', 'fedpersonal.sub.b']]
