@@ -13,6 +13,7 @@ MODULES = (
     'fedpersonal.algorithms.feddva',
     'fedpersonal.algorithms.hpfl.process',
     'fedpersonal.algorithms.hpfl.baselines',
+    'fedpersonal.data.assistments',
     'fedpersonal.simulation.functional',
     'fedpersonal.program',
     'fedpersonal.program.experiment_main',

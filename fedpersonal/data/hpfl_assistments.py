@@ -249,7 +249,8 @@ def load_assist_silos(
             order) or ``'shuffle'`` (a permutation seeded by `seed`).
 
     Returns:
-        A valid `fedpersonal.data.user_modeling.UserModelingData` named ``'assist_a0910'``, binary task.
+        A valid `fedpersonal.data.user_modeling.UserModelingData`, binary task, named
+        `fedpersonal.data.assistments.release_name` (``'assist_a0910'`` for the a0910 files).
 
     Raises:
         AssistmentsFormatError: A file is missing or malformed, or a response names an exercise that ``item.csv``
@@ -324,13 +325,14 @@ def load_assist_silos(
         seed=seed,
         client_prefix='assist_group_',
     )
+    name = assistments.release_name(data_dir)
     source = (
-        f'{data_dir} (ASSISTments a0910): {num_clients} silos by {grouping!r} grouping (seed {seed}), '
+        f'{data_dir} ({name}): {num_clients} silos by {grouping!r} grouping (seed {seed}), '
         f'students with >= {min_records_per_user} responses, per-student {split_order}-order split {tuple(split)}'
     )
     return user_modeling.validate(
         user_modeling.UserModelingData(
-            name='assist_a0910',
+            name=name,
             task='binary',
             num_attributes=num_concepts,
             attribute_names=_concept_names(data_dir, num_concepts),

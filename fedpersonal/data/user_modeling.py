@@ -84,7 +84,7 @@ class UserModelingData:
     """A cross-silo user-modeling dataset.
 
     Attributes:
-        name: ``'assist_a0910'``, ``'movielens_100k'``, ``'synthetic_user_modeling'``.
+        name: ``'assist_a0910'`` (or ``'assistments:<directory>'``), ``'movielens_100k'``, ``'synthetic_user_modeling'``.
         task: ``'binary'`` or ``'rating'``.
         num_attributes: ``K``.
         attribute_names: ``K`` names.
