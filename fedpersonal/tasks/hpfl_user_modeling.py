@@ -411,10 +411,12 @@ def run(config: HpflConfig) -> dict[str, Any]:
       'skipped'}``; one row per method run, in `METHODS` order, each with ``name``, ``method`` and the metrics.
     """
     data = user_modeling.validate(load_data(config))
+    os.makedirs(config.output_dir, exist_ok=True)
+    # As the binary does, with the configuration as given (the same one passes again): a p derived from the data
+    # (--accuracy_threshold=none) is not a flag, and recording it would make the rerun's none a change of flag.
+    run_record.check_output_dir(config)
     config = _with_accuracy_threshold(config, data)
     tf.random.set_seed(config.seed)
-    os.makedirs(config.output_dir, exist_ok=True)
-    run_record.check_output_dir(config)  # As the binary does; the same configuration passes again.
     requested = [m for m in METHODS if m in config.configurations]
     skipped = [m for m in requested if not _applicable(m, data.task)]
     methods = [m for m in requested if m not in skipped]
