@@ -5,7 +5,8 @@ same log as the round lines, in a terminal, a log file or a notebook), only for 
 few seconds and at most every `interval` seconds. `waiting(description, expected_seconds)` does the same for one
 long call that cannot report its own progress (a TFF computation over every client): elapsed time, and the time
 left as estimated from the expected duration (e.g. the previous call's). `eta_text` is the training loop's estimate: training and
-evaluation time per round measured separately, so that the ETA is not off by the evaluations still to come.
+evaluation time per round measured separately, so that the ETA is not off by the evaluations still to come;
+`epoch_text` is the same for centralized training's epochs.
 """
 
 from __future__ import annotations
@@ -134,3 +135,20 @@ def eta_text(
     if evaluation_seconds:
         seconds += float(np.mean(evaluation_seconds)) * evaluations_left
     return f'{seconds:.0f}s'
+
+
+def epoch_text(epoch: int, total_epochs: int, epoch_seconds: Sequence[float], *, early_stopping: bool = False) -> str:
+    """``'epoch 3/10  eta 14s'``: an epoch of centralized training, with the time the remaining epochs take.
+
+    Each epoch's seconds include its validation, so `eta_text` counts no separate evaluations. With
+    `early_stopping`, training may end before `total_epochs`: the ETA is an upper bound, marked ``'<='``.
+
+    Example:
+
+    >>> epoch_text(3, 10, [2.0, 2.0, 2.0]), epoch_text(3, 100, [2.0], early_stopping=True)
+    ('epoch 3/10  eta 14s', 'epoch 3/100  eta <=194s')
+    """
+    eta = eta_text(epoch_seconds, [0.0], epoch, total_epochs, 1)
+    if early_stopping and epoch < total_epochs:
+        eta = f'<={eta}'
+    return f'epoch {epoch}/{total_epochs}  eta {eta}'

@@ -7,6 +7,7 @@ import pytest
 
 MODULES = (
     'fedpersonal',
+    'fedpersonal.algorithms.centralized',
     'fedpersonal.algorithms.fed_recon',
     'fedpersonal.algorithms.furl',
     'fedpersonal.algorithms.ditto',

@@ -474,6 +474,7 @@ def run_configuration(task: MovieLensMFTask, name: str) -> dict[str, Any]:
             metrics=task.metrics_fn(),
             max_epochs=cfg.centralized_max_epochs,
             patience=cfg.centralized_patience,
+            min_delta=cfg.centralized_min_delta,
             monitor='val_rmse',
             on_epoch_end=lambda epoch, logs: outputs.release_metrics(epoch, centralized.split_logs(logs)),
             checkpoint_dir=outputs.path('checkpoints'),

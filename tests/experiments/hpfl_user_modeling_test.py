@@ -82,6 +82,7 @@ def test_a_derived_accuracy_threshold_starts_a_new_directory_quietly_and_resumes
         _run(argv)  # Was refused: "--accuracy_threshold: 0.58... -> none".
         second = [r.getMessage() for r in caplog.records]
     assert any("--accuracy_threshold=none: HPFL's p = " in m for m in first)
+    assert any(m.startswith('[gum] epoch 2/2  eta 0s  train_loss=') for m in first)  # Epochs: of how many, ETA.
     assert not any('previous run' in m for m in first + second)
     assert any('holds the finished run' in m for m in second)
 
