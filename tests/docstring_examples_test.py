@@ -28,6 +28,7 @@ MODULES = (
     'fedpersonal.tasks.hpfl_user_modeling_config',
     'fedpersonal.tasks.movielens_mf_config',
     'fedpersonal.tasks.next_word_prediction_config',
+    'fedpersonal.wording',
 )
 
 

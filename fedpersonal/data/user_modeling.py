@@ -26,6 +26,7 @@ from typing import Any
 import numpy as np
 
 from fedpersonal import errors
+from fedpersonal import wording
 from fedpersonal.data import furl_tasks
 
 __all__ = [
@@ -172,7 +173,7 @@ def _validate_silo(silo: ClientSilo, data: UserModelingData) -> None:
         if bad.size:
             _fail(
                 f'record {int(bad[0])} has index {int(index[bad[0]])} outside [0, {what}={size}) '
-                f'({bad.size} records out of range)',
+                f'({wording.count(bad.size, "records")} out of range)',
                 cid,
                 name,
             )

@@ -60,6 +60,7 @@ from absl import logging
 from fedpersonal import errors
 from fedpersonal import faults
 from fedpersonal import progress
+from fedpersonal import wording
 from fedpersonal.metrics import communication
 from fedpersonal.program import output_dir
 from fedpersonal.program import outputs as outputs_lib
@@ -481,11 +482,11 @@ def run_learning_process(
         if stop:
             assert stopping is not None
             logging.info(
-                '[%s] early stop at round %d: %s did not improve for %d evaluations (best %.4f at round %d)',
+                '[%s] early stop at round %d: %s did not improve for %s (best %.4f at round %d)',
                 name,
                 round_num,
                 stopping.metric,
-                stopping.stale,
+                wording.count(stopping.stale, 'evaluations'),
                 stopping.best_value,
                 stopping.best_round,
             )

@@ -67,6 +67,7 @@ from absl import logging
 from fedpersonal import client_state
 from fedpersonal import errors
 from fedpersonal import program
+from fedpersonal import wording
 from fedpersonal.algorithms import hpfl
 from fedpersonal.data import user_modeling
 from fedpersonal.metrics import user_modeling_metrics as um_metrics
@@ -126,8 +127,8 @@ def load_data(config: HpflConfig) -> user_modeling.UserModelingData:
     if not left_out:
         return data
     logging.info(
-        'Leaving out %d silos with more than %d items: %s',
-        len(left_out),
+        'Leaving out %s with more than %d items: %s',
+        wording.count(len(left_out), 'silos'),
         config.max_items_per_silo,
         ', '.join(left_out),
     )
