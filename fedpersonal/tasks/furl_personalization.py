@@ -471,6 +471,7 @@ def run(config: FurlConfig) -> dict[str, Any]:
         {ROW_NAMES[name]: rounds for name, rounds in metrics.items() if name in ('global_fl', 'personalized_fl')},
         ['eval/loss', 'eval/accuracy', 'eval/auc'],
         os.path.join(config.output_dir, 'learning_curves.png'),
+        title=f'{data.name}: validation metrics of the FL rows per round (server rows: their selected epoch)',
         references=references,
     )
     return results

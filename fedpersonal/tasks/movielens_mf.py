@@ -516,7 +516,12 @@ def run(config: MovieLensMFConfig) -> dict[str, Any]:
         ROW_NAMES[r['configuration']]: program.ExperimentOutputs(config.output_dir, r['configuration']).read_metrics()
         for r in rows
     }
-    program.plot_curves(runs, ['train/loss', 'eval/rmse', 'eval/accuracy'], f'{config.output_dir}/learning_curves.png')
+    program.plot_curves(
+        runs,
+        ['train/loss', 'eval/rmse', 'eval/accuracy'],
+        f'{config.output_dir}/learning_curves.png',
+        title=f'{config.dataset}: metrics per round (centralized rows: per epoch)',
+    )
     return results
 
 
