@@ -5,7 +5,10 @@ same log as the round lines, in a terminal, a log file or a notebook), only for 
 few seconds and at most every `interval` seconds. `waiting(description, expected_seconds)` does the same for one
 long call that cannot report its own progress (a TFF computation over every client): elapsed time, and the time
 left as estimated from the expected duration (e.g. the previous call's). `eta_text` is the training loop's estimate: training and
-evaluation time per round measured separately, so that the ETA is not off by the evaluations still to come.
+evaluation time per round measured separately, so that the ETA is not off by the evaluations still to come;
+`epoch_text` is the same for centralized training's epochs. `should_log_round` is the rule that keeps the round lines
+readable: a run of thousands of short rounds logs a line at most every `ROUND_LINE_SECONDS` (and the rounds that
+matter), while every round's metrics still go to ``metrics.csv`` and TensorBoard.
 """
 
 from __future__ import annotations
@@ -23,6 +26,9 @@ import tqdm  # type: ignore[import-untyped]
 from absl import logging
 
 T = TypeVar('T')
+
+ROUND_LINE_SECONDS = 30.0
+"""The training loop logs a round line at least this many seconds after the previous one (`should_log_round`)."""
 
 
 class _LogWriter:
@@ -134,3 +140,51 @@ def eta_text(
     if evaluation_seconds:
         seconds += float(np.mean(evaluation_seconds)) * evaluations_left
     return f'{seconds:.0f}s'
+
+
+def epoch_text(epoch: int, total_epochs: int, epoch_seconds: Sequence[float], *, early_stopping: bool = False) -> str:
+    """``'epoch 3/10  eta 14s'``: an epoch of centralized training, with the time the remaining epochs take.
+
+    Each epoch's seconds include its validation, so `eta_text` counts no separate evaluations. With
+    `early_stopping`, training may end before `total_epochs`: the ETA is an upper bound, marked ``'<='``.
+
+    Example:
+
+    >>> epoch_text(3, 10, [2.0, 2.0, 2.0]), epoch_text(3, 100, [2.0], early_stopping=True)
+    ('epoch 3/10  eta 14s', 'epoch 3/100  eta <=194s')
+    """
+    eta = eta_text(epoch_seconds, [0.0], epoch, total_epochs, 1)
+    if early_stopping and epoch < total_epochs:
+        eta = f'<={eta}'
+    return f'epoch {epoch}/{total_epochs}  eta {eta}'
+
+
+def should_log_round(
+    round_num: int,
+    total_rounds: int,
+    *,
+    first_round: int,
+    evaluated: bool,
+    seconds_since_last_line: float,
+    interval: float | None = None,
+) -> bool:
+    """Whether the training loop logs the line of `round_num` (its metrics are recorded either way).
+
+    Always the first round this process runs (`first_round`: 1, or the one after a resumed checkpoint), rounds
+    with an evaluation (or that end the run early) and the last round; any other round only once `interval`
+    seconds (default `ROUND_LINE_SECONDS`) have passed since the previous line, so a run of many short rounds logs
+    a line every `interval` seconds rather than one per round.
+
+    Example (rounds of 10 s, so one line every third round between the evaluations of rounds 5 and 10):
+
+    >>> last, logged = -float('inf'), []
+    >>> for r in range(1, 13):
+    ...     if should_log_round(r, 12, first_round=1, evaluated=r % 5 == 0, seconds_since_last_line=10 * r - last):
+    ...         last = 10 * r
+    ...         logged.append(r)
+    >>> logged
+    [1, 4, 5, 8, 10, 12]
+    """
+    if round_num in (first_round, total_rounds) or evaluated:
+        return True
+    return seconds_since_last_line >= (ROUND_LINE_SECONDS if interval is None else interval)

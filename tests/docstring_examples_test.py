@@ -7,12 +7,14 @@ import pytest
 
 MODULES = (
     'fedpersonal',
+    'fedpersonal.algorithms.centralized',
     'fedpersonal.algorithms.fed_recon',
     'fedpersonal.algorithms.furl',
     'fedpersonal.algorithms.ditto',
     'fedpersonal.algorithms.feddva',
     'fedpersonal.algorithms.hpfl.process',
     'fedpersonal.algorithms.hpfl.baselines',
+    'fedpersonal.data.assistments',
     'fedpersonal.simulation.functional',
     'fedpersonal.program',
     'fedpersonal.program.experiment_main',
@@ -26,6 +28,7 @@ MODULES = (
     'fedpersonal.tasks.hpfl_user_modeling_config',
     'fedpersonal.tasks.movielens_mf_config',
     'fedpersonal.tasks.next_word_prediction_config',
+    'fedpersonal.wording',
 )
 
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import time
 from collections.abc import Callable
 
 import numpy as np
@@ -13,6 +14,7 @@ import tensorflow as tf
 from absl import logging
 
 from fedpersonal import errors
+from fedpersonal import progress
 from fedpersonal.program import stop_signals
 
 _EPOCH_PREFIX = 'epoch_'
@@ -30,6 +32,7 @@ def train_centralized(
     patience: int = 3,
     monitor: str = 'val_loss',
     mode: str = 'min',
+    min_delta: float = 0.0,
     on_epoch_end: Callable[[int, dict[str, float]], object] | None = None,
     checkpoint_dir: str | None = None,
     name: str = 'centralized',
@@ -51,6 +54,9 @@ def train_centralized(
       patience: Epochs without a better `monitor` before stopping (0: train `max_epochs` epochs).
       monitor: The logged validation quantity that selects the best epoch, e.g. ``'val_loss'`` or ``'val_auc'``.
       mode: ``'min'`` (the best epoch has the lowest `monitor`) or ``'max'`` (the highest); ties keep the earlier.
+      min_delta: The least improvement of `monitor` on the best epoch so far that makes an epoch the new best (and
+        restarts the patience count): with 0, a validation AUC creeping up by 1e-4 an epoch keeps training going
+        until `max_epochs` (`improves`).
       on_epoch_end: Called with `(epoch, logs)` after each epoch (epochs from 1; not again for the epochs a resumed
         run restored).
       checkpoint_dir: If set, the model, the optimizer and the early-stopping state are written there after every
@@ -64,6 +70,8 @@ def train_centralized(
     """
     if mode not in ('min', 'max'):
         raise ValueError(f"train_centralized: mode must be 'min' or 'max', got {mode!r}.")
+    if not min_delta >= 0:
+        raise errors.ConfigError(f'train_centralized: min_delta must be >= 0, got {min_delta}.')
     to_pair = lambda d: d.map(lambda b: (b['x'], b['y'])) if isinstance(d.element_spec, dict) else d
     keras_model.compile(optimizer=optimizer, loss=loss, metrics=metrics)
     if hasattr(optimizer, 'build'):  # Its variables exist before a checkpoint is restored into them.
@@ -88,10 +96,12 @@ def train_centralized(
                 'Resumed centralized training after epoch %d (best epoch %d).', state['epoch'], state['best_epoch']
             )
     validation = to_pair(validation_dataset)
+    epoch_seconds: list[float] = []  # This process's epochs (restored ones were timed by another).
     # SIGINT / SIGTERM stop after the epoch in flight, once it is checkpointed (`fedpersonal.program.stop_signals`).
     with stop_signals.deferred():
         while state['epoch'] < max_epochs and not (0 < patience <= state['epoch'] - state['best_epoch']):
             epoch = state['epoch'] + 1
+            started = time.monotonic()
             data = train_dataset(epoch) if callable(train_dataset) else train_dataset
             logs = keras_model.fit(to_pair(data), validation_data=validation, epochs=1, verbose=0).history
             logs = {k: float(v[-1]) for k, v in logs.items()}
@@ -100,12 +110,16 @@ def train_centralized(
             for key, value in logs.items():
                 state['history'].setdefault(key, []).append(value)
             state['epoch'] = epoch
-            if state['best'] is None or (
-                logs[monitor] < state['best'] if mode == 'min' else logs[monitor] > state['best']
-            ):
+            if improves(logs[monitor], state['best'], mode=mode, min_delta=min_delta):
                 state['best'], state['best_epoch'] = logs[monitor], epoch
                 best_weights = keras_model.get_weights()
-            logging.info('[%s] epoch %d  %s', name, epoch, '  '.join(f'{k}={v:.4f}' for k, v in logs.items()))
+            epoch_seconds.append(time.monotonic() - started)
+            logging.info(
+                '[%s] %s  %s',
+                name,
+                progress.epoch_text(epoch, max_epochs, epoch_seconds, early_stopping=patience > 0),
+                '  '.join(f'{k}={v:.4f}' for k, v in logs.items()),
+            )
             if on_epoch_end is not None:
                 on_epoch_end(epoch, logs)
             if checkpoint_dir is not None:
@@ -116,10 +130,28 @@ def train_centralized(
     return state['history']
 
 
-def best_epoch(history: dict[str, list[float]], *, monitor: str = 'val_loss', mode: str = 'min') -> int:
+def improves(value: float, best: float | None, *, mode: str = 'min', min_delta: float = 0.0) -> bool:
+    """Whether an epoch's `value` of the monitor makes it the new best epoch (`best`: None before the first).
+
+    Better than `best` by more than `min_delta`, as `fedpersonal.program.EarlyStopping` rules on federated rounds.
+
+    >>> improves(0.7004, 0.7, mode='max'), improves(0.7004, 0.7, mode='max', min_delta=1e-3)
+    (True, False)
+    """
+    if best is None:
+        return True
+    return value < best - min_delta if mode == 'min' else value > best + min_delta
+
+
+def best_epoch(
+    history: dict[str, list[float]], *, monitor: str = 'val_loss', mode: str = 'min', min_delta: float = 0.0
+) -> int:
     """The epoch (from 1) `train_centralized` ended with, given its returned `history` and selection."""
-    values = np.asarray(history[monitor])
-    return int(np.argmin(values) if mode == 'min' else np.argmax(values)) + 1
+    best, epoch = None, 0
+    for i, value in enumerate(history[monitor], start=1):
+        if improves(value, best, mode=mode, min_delta=min_delta):
+            best, epoch = value, i
+    return epoch
 
 
 def epoch_shuffled(examples: tf.data.Dataset, batch_size: int, *, seed: int) -> Callable[[int], tf.data.Dataset]:

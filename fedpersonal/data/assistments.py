@@ -29,6 +29,7 @@ Malformed files raise `AssistmentsFormatError` naming the file and the 1-based l
 from __future__ import annotations
 
 import csv
+import hashlib
 import io
 import json
 import os
@@ -39,7 +40,13 @@ import numpy as np
 from fedpersonal import errors
 from fedpersonal.data import furl_tasks
 
-__all__ = ['AssistmentsFormatError', 'load_assistments_records', 'load_assistments_items', 'load_assistments']
+__all__ = [
+    'AssistmentsFormatError',
+    'load_assistments_records',
+    'load_assistments_items',
+    'load_assistments',
+    'release_name',
+]
 
 _RECORD_FILE = 'record.csv'
 _ITEM_FILE = 'item.csv'
@@ -49,6 +56,13 @@ _RECORD_ROW = re.compile(r'([0-9]{1,18}),([0-9]{1,18}),([01])')  # ASCII digits:
 # The multi-hot features have one column per concept id up to the largest one (a0910: 110), so an id beyond this
 # (a typo or a hashed id) would silently allocate gigabytes.
 MAX_CONCEPT_ID = 100_000
+# The SHA-256 of the a0910 release's files (its SHA256SUMS): results are labelled a0910 only when they are these
+# files, because other data with the same layout (another release, a subset) would be mislabelled otherwise.
+_A0910_SHA256 = {
+    _RECORD_FILE: '35ee72e5fa05b0848a138f31ea26d75a5059c6e310b738fbae64878296a07e1f',
+    _ITEM_FILE: '17decbd2b3ded19ab2eb924f8eeb16d48d6881ac8f396b6f6e2cf476feb56ee2',
+}
+A0910_NAME = 'assist_a0910'
 
 
 class AssistmentsFormatError(errors.DataError):
@@ -149,6 +163,34 @@ def load_assistments_items(data_dir: str) -> tuple[np.ndarray, list[list[int]]]:
     return np.asarray(ids, dtype=np.int64), concepts
 
 
+def release_name(data_dir: str) -> str:
+    """How results on the files in `data_dir` are labelled: what was read, not what the file names suggest.
+
+    ``'assist_a0910'`` when ``record.csv`` and ``item.csv`` are the a0910 release's files (their SHA-256), else
+    ``'assistments:<directory name>'`` (as a CSV table is labelled ``csv:<file name>``).
+
+    >>> import os, tempfile
+    >>> with tempfile.TemporaryDirectory() as d:
+    ...     mine = os.path.join(d, 'assist-2012')
+    ...     os.mkdir(mine)
+    ...     for name in ('record.csv', 'item.csv'):
+    ...         open(os.path.join(mine, name), 'w').close()
+    ...     release_name(mine)
+    'assistments:assist-2012'
+    """
+    data_dir = os.fspath(data_dir)
+    for name, digest in _A0910_SHA256.items():
+        try:
+            with open(os.path.join(data_dir, name), 'rb') as f:
+                if hashlib.file_digest(f, 'sha256').hexdigest() != digest:
+                    break
+        except OSError:
+            break
+    else:
+        return A0910_NAME
+    return f'assistments:{os.path.basename(os.path.normpath(data_dir))}'
+
+
 def load_assistments(
     data_dir: str, *, min_responses: int = 16, seed: int = 0, split_order: str = 'time'
 ) -> furl_tasks.FurlData:
@@ -203,8 +245,9 @@ def load_assistments(
     users, item_index, scores = users[keep], item_index[keep], scores[keep]
     user_ids, user_index = np.unique(users, return_inverse=True)
 
+    release = 'ASSISTments 2009-2010 a0910' if release_name(data_dir) == A0910_NAME else 'ASSISTments-layout data'
     description = (
-        f'ASSISTments 2009-2010 a0910 ({os.fspath(data_dir)}): students are clients, one example per response; '
+        f'{release} ({os.fspath(data_dir)}): students are clients, one example per response; '
         f'label = correct, features = multi-hot over {num_concepts} knowledge concepts, item_id = exercise '
         f'({len(item_ids)}), no text; students with >= {min_responses} responses; per-student '
         f'{"file" if split_order == "time" else "random"}-ordered 0.8/0.1/0.1 split.'

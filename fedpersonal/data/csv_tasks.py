@@ -27,6 +27,7 @@ import numpy as np
 from absl import logging
 
 from fedpersonal import errors
+from fedpersonal import wording
 from fedpersonal.data import csv_interactions
 from fedpersonal.data import furl_tasks
 from fedpersonal.data import hpfl_assistments
@@ -51,13 +52,13 @@ def _drop_small_users(data: csv_interactions.Interactions, minimum: int) -> csv_
         )
     if small.any():
         logging.warning(
-            '%s: leaving out %d of %d users with fewer than %d rows (%d rows): every user needs train, validation '
+            '%s: leaving out %d of %d users with fewer than %d rows (%s): every user needs train, validation '
             'and test rows.',
             data.path,
             int(((counts > 0) & (counts < minimum)).sum()),
             data.num_users,
             minimum,
-            int(small.sum()),
+            wording.count(int(small.sum()), 'rows'),
         )
     return data.subset(~small)
 

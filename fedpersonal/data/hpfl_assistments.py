@@ -47,6 +47,7 @@ import os
 import numpy as np
 
 from fedpersonal import errors
+from fedpersonal import wording
 from fedpersonal.data import assistments
 from fedpersonal.data import interaction_splits
 from fedpersonal.data import user_modeling
@@ -121,10 +122,13 @@ def _group_students(
 
 
 def _collapse_error(grouping: str, distinct: int, num_clients: int) -> errors.DataError:
+    profile, profiles = (
+        ('exercise set', 'exercise sets') if grouping == 'exercises' else ('concept mix', 'concept mixes')
+    )
     return errors.DataError(
-        f'the {grouping!r} grouping cannot form --assist_num_clients={num_clients} silos: only {distinct} students '
-        f'differ in the {grouping} they answered (students who answer the same {grouping} cannot be told apart by '
-        'clustering). Use --assist_grouping=random (students dealt to silos by a seeded permutation), or give each '
+        f'the {grouping!r} grouping cannot form --assist_num_clients={num_clients} silos: the students have only '
+        f'{wording.count(distinct, f"distinct {profiles}", f"distinct {profile}")} (students with the same '
+        f'{profile} cannot be told apart by clustering). Use --assist_grouping=random (students dealt to silos by a seeded permutation), or give each '
         "student's silo in a silo column of a --dataset=csv responses table with --assist_grouping=column "
         '(docs/DATA.md).'
     )
@@ -180,7 +184,10 @@ def build_silos(
         names = [str(silo_names[s]) for s in used]
     else:
         if num_users < num_clients:
-            raise errors.DataError(f'{num_users} students are fewer than --assist_num_clients={num_clients}')
+            raise errors.DataError(
+                f'--assist_num_clients={num_clients} silos need as many students; the data has '
+                f'{wording.count(num_users, "students")}'
+            )
         used_items, local_item = np.unique(item_index, return_inverse=True)
         vectors = None
         if grouping != 'random':
@@ -249,7 +256,8 @@ def load_assist_silos(
             order) or ``'shuffle'`` (a permutation seeded by `seed`).
 
     Returns:
-        A valid `fedpersonal.data.user_modeling.UserModelingData` named ``'assist_a0910'``, binary task.
+        A valid `fedpersonal.data.user_modeling.UserModelingData`, binary task, named
+        `fedpersonal.data.assistments.release_name` (``'assist_a0910'`` for the a0910 files).
 
     Raises:
         AssistmentsFormatError: A file is missing or malformed, or a response names an exercise that ``item.csv``
@@ -261,7 +269,7 @@ def load_assist_silos(
     if grouping == 'column':
         raise errors.ConfigError(
             '--assist_grouping=column takes the silo column of a --dataset=csv responses table; record.csv of '
-            "--dataset=assist has none: use --assist_grouping 'exercises', 'concepts' or 'random'."
+            "--dataset=assistments has none: use --assist_grouping 'exercises', 'concepts' or 'random'."
         )
     if split_order not in ('file', 'shuffle'):
         raise errors.ConfigError(
@@ -287,7 +295,7 @@ def load_assist_silos(
         path = os.path.join(data_dir, 'record.csv')
         raise AssistmentsFormatError(
             f'{path} line {i + 2}: item_id {int(items[i])} is not in {os.path.join(data_dir, "item.csv")} '
-            f'({unknown.size} responses have unknown items)',
+            f'({wording.count(unknown.size, "responses")} with an unknown item)',
             path=path,
             line=i + 2,
         )
@@ -302,7 +310,8 @@ def load_assist_silos(
     user_ids, user_index = np.unique(users, return_inverse=True)
     if user_ids.size < num_clients:
         raise errors.DataError(
-            f'{user_ids.size} students have >= {min_records_per_user} responses, fewer than num_clients={num_clients}'
+            f'{wording.count(user_ids.size, "students")} with >= {min_records_per_user} responses, fewer than '
+            f'num_clients={num_clients}'
         )
     if split_order == 'shuffle':  # A seeded random order of every student's responses.
         permutation = np.random.default_rng(seed).permutation(user_index.size)
@@ -324,13 +333,14 @@ def load_assist_silos(
         seed=seed,
         client_prefix='assist_group_',
     )
+    name = assistments.release_name(data_dir)
     source = (
-        f'{data_dir} (ASSISTments a0910): {num_clients} silos by {grouping!r} grouping (seed {seed}), '
+        f'{data_dir} ({name}): {num_clients} silos by {grouping!r} grouping (seed {seed}), '
         f'students with >= {min_records_per_user} responses, per-student {split_order}-order split {tuple(split)}'
     )
     return user_modeling.validate(
         user_modeling.UserModelingData(
-            name='assist_a0910',
+            name=name,
             task='binary',
             num_attributes=num_concepts,
             attribute_names=_concept_names(data_dir, num_concepts),

@@ -34,6 +34,7 @@ import numpy as np
 import pandas as pd
 
 from fedpersonal import errors
+from fedpersonal import wording
 from fedpersonal.data import movielens
 from fedpersonal.data import movielens_likes
 from fedpersonal.data import user_modeling
@@ -155,7 +156,7 @@ def load_movielens_silos(
             i = int(unknown[0])
             raise MovieLensFormatError(
                 f'{ratings_path} line {i + 1}: {column.split("_")[0]} {int(ratings[column].iloc[i])} is not in '
-                f'{os.path.join(data_dir, listing)} ({unknown.size} ratings affected)',
+                f'{os.path.join(data_dir, listing)} ({wording.count(unknown.size, "ratings")} affected)',
                 path=ratings_path,
                 line=i + 1,
             )

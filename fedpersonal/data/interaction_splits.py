@@ -22,6 +22,7 @@ import numpy as np
 from absl import logging
 
 from fedpersonal import errors
+from fedpersonal import wording
 
 if TYPE_CHECKING:  # pragma: no cover
     from fedpersonal.data import csv_interactions
@@ -113,7 +114,7 @@ def warn_unseen_in_training(
     count = int(unseen.sum())
     if count:
         logging.warning(
-            '%s: %d of %d test rows (%.1f%%) name %s that never occur in training (%d distinct %s); %s. If that is '
+            '%s: %d of %d test rows (%.1f%%) name %s that never occur in training (%s); %s. If that is '
             "most test rows, each user's rows are probably not in time order (e.g. stored in item order): pass "
             '--split_order=shuffle, or add a timestamp column.',
             source,
@@ -121,8 +122,7 @@ def warn_unseen_in_training(
             int(test.sum()),
             100.0 * count / max(int(test.sum()), 1),
             what,
-            int(np.unique(item[unseen]).size),
-            what,
+            wording.count(int(np.unique(item[unseen]).size), f'distinct {what}'),
             consequence,
         )
     return count

@@ -24,6 +24,7 @@ import numpy as np
 import pandas as pd
 
 from fedpersonal import errors
+from fedpersonal import wording
 from fedpersonal.data import furl_tasks
 from fedpersonal.data import movielens
 from fedpersonal.data.movielens import MovieLensFormatError
@@ -171,7 +172,7 @@ def load_movielens_likes(
         path = os.path.join(os.fspath(data_dir), 'u.data')
         raise MovieLensFormatError(
             f'{path} line {i + 1}: item {int(ratings["item_id"].iloc[i])} is not in '
-            f'{os.path.join(os.fspath(data_dir), _ITEM_FILE)} ({unknown.size} ratings have unknown items)',
+            f'{os.path.join(os.fspath(data_dir), _ITEM_FILE)} ({wording.count(unknown.size, "ratings")} with an unknown item)',
             path=path,
             line=i + 1,
         )

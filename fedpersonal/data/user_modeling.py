@@ -26,6 +26,7 @@ from typing import Any
 import numpy as np
 
 from fedpersonal import errors
+from fedpersonal import wording
 from fedpersonal.data import furl_tasks
 
 __all__ = [
@@ -84,7 +85,7 @@ class UserModelingData:
     """A cross-silo user-modeling dataset.
 
     Attributes:
-        name: ``'assist_a0910'``, ``'movielens_100k'``, ``'synthetic_user_modeling'``.
+        name: ``'assist_a0910'`` (or ``'assistments:<directory>'``), ``'movielens_100k'``, ``'synthetic_user_modeling'``.
         task: ``'binary'`` or ``'rating'``.
         num_attributes: ``K``.
         attribute_names: ``K`` names.
@@ -172,7 +173,7 @@ def _validate_silo(silo: ClientSilo, data: UserModelingData) -> None:
         if bad.size:
             _fail(
                 f'record {int(bad[0])} has index {int(index[bad[0]])} outside [0, {what}={size}) '
-                f'({bad.size} records out of range)',
+                f'({wording.count(bad.size, "records")} out of range)',
                 cid,
                 name,
             )

@@ -147,7 +147,9 @@ def plot_projections(
         for ax, (xy, name) in zip(axes[row], projections):
             points = ax.scatter(xy[:, 0], xy[:, 1], c=values, cmap=cmap, s=6, vmin=-0.5, vmax=top + 0.5)
             ax.set_title(f'{name} ({method}), coloured by {label_name}')
-            ax.set_xticks([]), ax.set_yticks([])
+            ax.set_xlabel(f'{method} dimension 1')
+            ax.set_ylabel(f'{method} dimension 2')
+            ax.set_xticks([]), ax.set_yticks([])  # A projection's coordinates have no unit of their own.
         fig.colorbar(points, ax=list(axes[row]), label=label_name)
     if title:
         fig.suptitle(title)

@@ -217,6 +217,9 @@ class ExperimentOutputs:
         return plot_curves({self.directory: self.read_metrics()}, keys, self.path(filename), title=title)
 
 
+_LEGEND_MARGIN_INCHES = 0.15  # Between the last panel's decorations and a side legend.
+
+
 def metric_label(key: str) -> str:
     """An axis label for a flat metric key: ``'eval/auc'`` -> ``'auc (validation)'``.
 
@@ -245,7 +248,7 @@ def plot_curves(
       runs: Run name -> its metric rows (each with a ``'round'``).
       keys: Flat metric keys to plot (keys no run has are skipped).
       path: The PNG written.
-      title: Optional figure title.
+      title: The figure's title (default: ``'Metrics per round'``).
       references: Optional name -> {key: value} drawn as dashed horizontal lines, e.g. a centralized model's
         value at its selected epoch (trained in epochs, not rounds).
     """
@@ -293,7 +296,9 @@ def plot_curves(
             if label not in labels:
                 handles.append(handle)
                 labels.append(label)
-    return save_figure_with_side_legend(fig, handles, labels, path, legend_inches=2.0, title=title)
+    return save_figure_with_side_legend(
+        fig, handles, labels, path, legend_inches=2.0, title=title or 'Metrics per round'
+    )
 
 
 def save_figure_with_side_legend(
@@ -305,9 +310,21 @@ def save_figure_with_side_legend(
     legend_inches: float,
     title: str | None = None,
 ) -> str:
-    """`save_figure` with one legend for all panels to their right, in `legend_inches` of the figure's width
-    kept free of axes, so that it covers no data."""
-    fig.legend(list(handles), list(labels), fontsize=8, loc='center right', frameon=False)
+    """`save_figure` with one legend for all panels to their right, in a strip of the figure kept free of axes, so
+    that it covers no data.
+
+    The strip is `legend_inches` wide, or as wide as the legend is (measured) when that is wider: then the figure
+    widens by the difference, so long labels neither overlap the last panel nor shrink the panels.
+    """
+    from matplotlib.backends.backend_agg import FigureCanvasAgg  # pylint: disable=g-import-not-at-top
+
+    renderer = FigureCanvasAgg(fig).get_renderer()  # What savefig draws with, to measure the legend.
+    legend = fig.legend(list(handles), list(labels), fontsize=8, loc='center right', frameon=False)
+    needed = legend.get_window_extent(renderer).width / fig.dpi + _LEGEND_MARGIN_INCHES
+    width, height = fig.get_size_inches()
+    if needed > legend_inches:
+        fig.set_size_inches(width + needed - legend_inches, height)
+        legend_inches = needed
     fig.tight_layout(rect=(0.0, 0.0, 1.0 - legend_inches / fig.get_size_inches()[0], 0.9 if title else 1.0))
     return save_figure(fig, path, title=title, tight_layout=False)
 

@@ -243,10 +243,14 @@ def check_output_dir(config: Any, *, fresh_start: bool = False) -> None:
                     f'its outputs to {os.path.join(output_dir, PREVIOUS_RUNS_DIR)}/ and start over.'
                 )
             _canonicalize_nested_records(output_dir, type(config), current)
-        elif recorded is not None and differences(recorded, current, paths=paths):
+        elif recorded is not None and (changed := differences(recorded, current, paths=paths)):
+            # Only a record of another configuration is a previous run: a new directory has none, and a record of
+            # this configuration is this run's own (rerun before its first checkpoint).
             logging.info(
-                '%s: the previous run (another configuration) stopped before its first checkpoint; starting over.',
+                '%s: a previous run with another configuration (%s) stopped before its first checkpoint; '
+                'starting over.',
                 output_dir,
+                '; '.join(changed),
             )
     os.makedirs(output_dir, exist_ok=True)
     _write_json(os.path.join(output_dir, RUN_CONFIG_FILE), current)

@@ -37,8 +37,9 @@ for ``total_rounds`` rounds and owns, once for every binary:
   with `OutputDirectoryNotWritableError` naming it, its published checkpoints intact;
 * **SIGINT and SIGTERM** stop the run cleanly: the round in flight is finished and checkpointed, then
   `KeyboardInterrupt` (SIGINT) or `SystemExit(143)` (SIGTERM) is raised (`stop_signals`);
-* **progress**: one log line per round with its time, the ETA (training and evaluation time per round measured
-  separately) and the headline metrics.
+* **progress**: a log line with the round's time, the ETA (training and evaluation time per round measured
+  separately) and the headline metrics for the first round, every evaluation round, the last round and otherwise
+  at most one round every `progress.ROUND_LINE_SECONDS` (`progress.should_log_round`).
 """
 
 from __future__ import annotations
@@ -61,6 +62,7 @@ from absl import logging
 from fedpersonal import errors
 from fedpersonal import faults
 from fedpersonal import progress
+from fedpersonal import wording
 from fedpersonal.core.process import LazyDatasets
 from fedpersonal.metrics import communication
 from fedpersonal.program import output_dir
@@ -371,6 +373,7 @@ def run_learning_process(
     history = []
     train_seconds: list[float] = []
     evaluation_seconds: list[float] = []
+    last_line = -math.inf  # When the last round line was logged (progress.should_log_round: a readable rate).
     if stopping is not None and stopping.stopped:
         logging.info('[%s] stopped early before: best %s at round %d', name, stopping.metric, stopping.best_round)
     last_round = start_round if stopping is not None and stopping.stopped else total_rounds
@@ -472,26 +475,34 @@ def run_learning_process(
         eta = progress.eta_text(train_seconds, evaluation_seconds, round_num, total_rounds, rounds_per_evaluation)
         keys = log_keys if log_keys is not None else _DEFAULT_LOG_KEYS
         shown = {k: history[-1][k] for k in keys if k in history[-1]}
-        logging.info(
-            '[%s] round %d/%d  %.2fs%s  eta %s  %s',
-            name,
+        if progress.should_log_round(
             round_num,
             total_rounds,
-            metrics['round_seconds'],
-            f' + eval {evaluation_seconds[-1]:.1f}s' if evaluated else '',
-            eta,
-            '  '.join(f'{k}={v:.4f}' for k, v in shown.items()),
-        )
+            first_round=start_round + 1,
+            evaluated=evaluated or stop or signalled,
+            seconds_since_last_line=time.monotonic() - last_line,
+        ):
+            last_line = time.monotonic()
+            logging.info(
+                '[%s] round %d/%d  %.2fs%s  eta %s  %s',
+                name,
+                round_num,
+                total_rounds,
+                metrics['round_seconds'],
+                f' + eval {evaluation_seconds[-1]:.1f}s' if evaluated else '',
+                eta,
+                '  '.join(f'{k}={v:.4f}' for k, v in shown.items()),
+            )
         if signalled:
             stop_signals.stop(name, round_num)
         if stop:
             assert stopping is not None
             logging.info(
-                '[%s] early stop at round %d: %s did not improve for %d evaluations (best %.4f at round %d)',
+                '[%s] early stop at round %d: %s did not improve for %s (best %.4f at round %d)',
                 name,
                 round_num,
                 stopping.metric,
-                stopping.stale,
+                wording.count(stopping.stale, 'evaluations'),
                 stopping.best_value,
                 stopping.best_round,
             )

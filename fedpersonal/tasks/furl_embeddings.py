@@ -42,7 +42,9 @@ def embedding_analysis(
         ).fit_transform(emb)
         points = ax.scatter(xy[:, 0], xy[:, 1], c=rate, cmap='viridis', s=10)
         ax.set_title(f'{title} (t-SNE)')
-        ax.set_xticks([]), ax.set_yticks([])
+        ax.set_xlabel('t-SNE dimension 1')
+        ax.set_ylabel('t-SNE dimension 2')
+        ax.set_xticks([]), ax.set_yticks([])  # t-SNE coordinates have no unit: only neighbourhoods mean something.
     fig.colorbar(points, ax=axes, label=rate_label)
     program.save_figure(
         fig,

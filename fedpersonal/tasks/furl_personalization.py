@@ -176,7 +176,8 @@ def run_server(
 ) -> tuple[dict[str, Any], np.ndarray | None]:
     """Centralized SGD on the pooled training examples: up to `epochs` epochs, early-stopped after
     `centralized_patience` epochs without a better validation metric (the federated rows' one: AUC for binary
-    tasks, else accuracy), ending with the best epoch's weights; resumes from its epoch checkpoints."""
+    tasks, else accuracy; better by more than `centralized_min_delta`), ending with the best epoch's weights;
+    resumes from its epoch checkpoints."""
     cfg, data = task.config, task.data
     personalization = 'table' if name == 'personalized_server' else 'none'
     model = task.model_fn(personalization)()
@@ -195,11 +196,12 @@ def run_server(
         patience=cfg.centralized_patience,
         monitor=monitor,
         mode='max',
+        min_delta=cfg.centralized_min_delta,
         on_epoch_end=lambda epoch, logs: outputs.release_metrics(epoch, centralized.split_logs(logs)),
         checkpoint_dir=outputs.path('checkpoints'),
         name=name,
     )
-    best = centralized.best_epoch(history, monitor=monitor, mode='max')
+    best = centralized.best_epoch(history, monitor=monitor, mode='max', min_delta=cfg.centralized_min_delta)
     row: dict[str, Any] = {
         **task.evaluate_global(personalization, _keras_weights(model.keras_model)),
         'selected_by': monitor,
@@ -469,6 +471,7 @@ def run(config: FurlConfig) -> dict[str, Any]:
         {ROW_NAMES[name]: rounds for name, rounds in metrics.items() if name in ('global_fl', 'personalized_fl')},
         ['eval/loss', 'eval/accuracy', 'eval/auc'],
         os.path.join(config.output_dir, 'learning_curves.png'),
+        title=f'{data.name}: validation metrics of the FL rows per round (server rows: their selected epoch)',
         references=references,
     )
     return results

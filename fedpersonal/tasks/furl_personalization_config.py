@@ -65,6 +65,12 @@ class FurlConfig(
         'tasks; the federated rows select on it too) (0: train all --epochs); either way the row ends with the '
         'weights of its best epoch.',
     )
+    centralized_min_delta: float = parts.option(
+        0.0,
+        'Server rows: the least rise of the validation AUC (accuracy) over the best epoch so far that makes an epoch '
+        "the new best and restarts the --centralized_patience count. 0 (the committed results' rule): any rise "
+        'counts, so an AUC creeping up by 1e-4 an epoch trains on to --epochs; 1e-3 stops such a row early.',
+    )
     private_norm_regularization: float = parts.option(0.0, 'lambda of the norm penalty on private parameters.')
     state_store: str = parts.option('sqlite', "Client state store: 'sqlite' (durable, resumable) or 'memory'.")
     knn: int = parts.option(10, 'Neighbours compared in the embedding analysis.')
@@ -108,3 +114,5 @@ class FurlConfig(
                 raise errors.ConfigError(f'{name} must be >= 1, got {getattr(self, name)}.')
         if self.centralized_patience < 0:
             raise errors.ConfigError(f'centralized_patience must be >= 0, got {self.centralized_patience}.')
+        if not self.centralized_min_delta >= 0:
+            raise errors.ConfigError(f'centralized_min_delta must be >= 0, got {self.centralized_min_delta}.')

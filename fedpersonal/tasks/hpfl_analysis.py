@@ -153,23 +153,33 @@ def private_components_analysis(
         import matplotlib  # pylint: disable=g-import-not-at-top
 
         top = np.argsort(-counts, kind='stable')[:10]
-        fig, axes = program.new_figure(1, len(shown), figsize=(5.5 * len(shown), 4.8), squeeze=False)
+        fig, axes = program.new_figure(1, len(shown), figsize=(5.5 * len(shown) + 2.0, 4.8), squeeze=False)
         colours = matplotlib.colormaps['tab10']
+        handles = []  # The same clients and colours in every panel: one legend beside them, covering no point.
         for ax, method in zip(axes[0], shown):
-            xy = PCA(2, random_state=seed).fit_transform(np.asarray(thetas[method], np.float64))
-            for rank, c in enumerate(top):
-                rows = labels == c
-                ax.scatter(xy[rows, 0], xy[rows, 1], s=8, color=colours(rank), label=client_ids[c], alpha=0.7)
+            pca = PCA(2, random_state=seed)
+            xy = pca.fit_transform(np.asarray(thetas[method], np.float64))
+            handles = [
+                ax.scatter(xy[labels == c, 0], xy[labels == c, 1], s=8, color=colours(rank), alpha=0.7)
+                for rank, c in enumerate(top)
+            ]
             r = results[method]
             ax.set_title(
                 f'{ROW_NAMES.get(method, method)}: probe acc {r["probe_accuracy"]:.2f} (chance '
                 f'{r["chance"]:.2f}), silhouette {r["silhouette"]:.2f}',
                 fontsize=9,
             )
-            ax.set_xticks([]), ax.set_yticks([])
-        axes[0][-1].legend(fontsize=7, markerscale=2, loc='best')
-        figure = program.save_figure(
-            fig, path, title='User embeddings theta (private components), PCA, coloured by client (largest 10 clients)'
+            explained = pca.explained_variance_ratio_
+            ax.set_xlabel(f'principal component 1 ({explained[0]:.0%} of the variance)')
+            ax.set_ylabel(f'principal component 2 ({explained[1]:.0%} of the variance)')
+            ax.grid(alpha=0.3)
+        figure = program.save_figure_with_side_legend(
+            fig,
+            handles,
+            [f'client {client_ids[c]}' for c in top],
+            path,
+            legend_inches=2.0,
+            title='User embeddings theta (private components), PCA, coloured by client (largest 10 clients)',
         )
     return {'methods': results, 'num_users': int(labels.size), 'num_clients': int(counts.size), 'figure': figure}
 

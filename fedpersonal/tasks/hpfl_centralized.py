@@ -11,6 +11,7 @@ import numpy as np
 from absl import logging
 
 from fedpersonal import program
+from fedpersonal import progress
 from fedpersonal.algorithms import hpfl
 from fedpersonal.data import user_modeling
 from fedpersonal.metrics import user_modeling_metrics as um_metrics
@@ -115,6 +116,7 @@ def run_centralized(
         model = baselines.CentralGumModel(gum_config, seed=config.seed)
     train, validation, test = (index.pooled_arrays(s) for s in ('train', 'validation', 'test'))
     validation_labels = index.split('validation')['label']
+    epoch_seconds: list[float] = []
 
     def on_epoch_end(epoch, row):
         prediction = gum.from_unit(
@@ -129,10 +131,11 @@ def run_centralized(
                 'seconds': row['seconds'],
             },
         )
+        epoch_seconds.append(row['seconds'])
         logging.info(
-            '[%s] epoch %d train_loss=%.4f validation_loss=%.4f %s',
+            '[%s] %s  train_loss=%.4f validation_loss=%.4f %s',
             method,
-            epoch,
+            progress.epoch_text(epoch, config.centralized_epochs, epoch_seconds),
             row['train_loss'],
             row['validation_loss'],
             ' '.join(f'{a}={b:.4f}' for a, b in val.items()),

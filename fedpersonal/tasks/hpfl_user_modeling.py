@@ -67,6 +67,7 @@ from absl import logging
 from fedpersonal import client_state
 from fedpersonal import errors
 from fedpersonal import program
+from fedpersonal import wording
 from fedpersonal.algorithms import hpfl
 from fedpersonal.data import user_modeling
 from fedpersonal.metrics import user_modeling_metrics as um_metrics
@@ -126,8 +127,8 @@ def load_data(config: HpflConfig) -> user_modeling.UserModelingData:
     if not left_out:
         return data
     logging.info(
-        'Leaving out %d silos with more than %d items: %s',
-        len(left_out),
+        'Leaving out %s with more than %d items: %s',
+        wording.count(len(left_out), 'silos'),
         config.max_items_per_silo,
         ', '.join(left_out),
     )
@@ -411,10 +412,12 @@ def run(config: HpflConfig) -> dict[str, Any]:
       'skipped'}``; one row per method run, in `METHODS` order, each with ``name``, ``method`` and the metrics.
     """
     data = user_modeling.validate(load_data(config))
+    os.makedirs(config.output_dir, exist_ok=True)
+    # As the binary does, with the configuration as given (the same one passes again): a p derived from the data
+    # (--accuracy_threshold=none) is not a flag, and recording it would make the rerun's none a change of flag.
+    run_record.check_output_dir(config)
     config = _with_accuracy_threshold(config, data)
     tf.random.set_seed(config.seed)
-    os.makedirs(config.output_dir, exist_ok=True)
-    run_record.check_output_dir(config)  # As the binary does; the same configuration passes again.
     requested = [m for m in METHODS if m in config.configurations]
     skipped = [m for m in requested if not _applicable(m, data.task)]
     methods = [m for m in requested if m not in skipped]

@@ -474,6 +474,7 @@ def run_configuration(task: MovieLensMFTask, name: str) -> dict[str, Any]:
             metrics=task.metrics_fn(),
             max_epochs=cfg.centralized_max_epochs,
             patience=cfg.centralized_patience,
+            min_delta=cfg.centralized_min_delta,
             monitor='val_rmse',
             on_epoch_end=lambda epoch, logs: outputs.release_metrics(epoch, centralized.split_logs(logs)),
             checkpoint_dir=outputs.path('checkpoints'),
@@ -515,7 +516,12 @@ def run(config: MovieLensMFConfig) -> dict[str, Any]:
         ROW_NAMES[r['configuration']]: program.ExperimentOutputs(config.output_dir, r['configuration']).read_metrics()
         for r in rows
     }
-    program.plot_curves(runs, ['train/loss', 'eval/rmse', 'eval/accuracy'], f'{config.output_dir}/learning_curves.png')
+    program.plot_curves(
+        runs,
+        ['train/loss', 'eval/rmse', 'eval/accuracy'],
+        f'{config.output_dir}/learning_curves.png',
+        title=f'{config.dataset}: metrics per round (centralized rows: per epoch)',
+    )
     return results
 
 

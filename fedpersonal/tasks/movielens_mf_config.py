@@ -91,6 +91,11 @@ class MovieLensMFConfig(
     centralized_patience: int = parts.option(
         3, 'Centralized rows: stop after this many epochs without a lower validation RMSE (0: all epochs).'
     )
+    centralized_min_delta: float = parts.option(
+        0.0,
+        'Centralized rows: the least fall of the validation RMSE below the best epoch so far that makes an epoch the '
+        "new best and restarts the --centralized_patience count (0, the committed results' rule: any fall).",
+    )
 
     def __post_init__(self):
         parts.run_post_inits(self)
@@ -116,6 +121,8 @@ class MovieLensMFConfig(
             raise errors.ConfigError(
                 f"client_weighting must be 'num_examples' or 'uniform', got {self.client_weighting!r}."
             )
+        if not self.centralized_min_delta >= 0:
+            raise errors.ConfigError(f'centralized_min_delta must be >= 0, got {self.centralized_min_delta}.')
         centralized = [c for c in self.configurations if c.startswith('centralized')]
         if self.dp_enabled and centralized:
             raise errors.ConfigError(

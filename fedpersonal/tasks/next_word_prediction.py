@@ -478,7 +478,12 @@ def run(config: NextWordPredictionConfig, corpus: text_corpus.TextCorpus | None 
             }
         )
         runs = {name: program.ExperimentOutputs(directory, name).read_metrics() for name in sorted(runner._trained)}
-        program.plot_curves(runs, ['train/loss', 'eval/accuracy_no_oov_no_eos'], f'{directory}/learning_curves.png')
+        program.plot_curves(
+            runs,
+            ['train/loss', 'eval/accuracy_no_oov_no_eos'],
+            f'{directory}/learning_curves.png',
+            title=f'{corpus.name}, vocabulary {vocab_size}: metrics per round',
+        )
     results = {'dataset': corpus.name, 'source': corpus.source, 'statistics': statistics, 'tables': tables}
     program.write_json(f'{config.output_dir}/results.json', results)
     return results

@@ -1,6 +1,7 @@
 """The centralized baseline: the best epoch's weights however training ends, patience, and exact resumption."""
 
 import json
+import logging
 import os
 import re
 import signal
@@ -30,7 +31,7 @@ def _scalar_model():
     return tf.keras.Model(inputs, tf.keras.layers.Dense(1, use_bias=False, kernel_initializer='zeros')(inputs))
 
 
-def _train_line(patience, epochs=12, mode='min', checkpoint_dir=None):
+def _train_line(patience, epochs=12, mode='min', checkpoint_dir=None, min_delta=0.0):
     model, weights = _scalar_model(), []
     history = centralized.train_centralized(
         model,
@@ -42,6 +43,7 @@ def _train_line(patience, epochs=12, mode='min', checkpoint_dir=None):
         max_epochs=epochs,
         patience=patience,
         mode=mode,
+        min_delta=min_delta,
         on_epoch_end=lambda epoch, logs: weights.append(model.get_weights()[0].item()),
         checkpoint_dir=checkpoint_dir,
     )
@@ -61,6 +63,34 @@ def test_stops_after_patience_epochs_without_a_lower_validation_loss():
     best = int(np.argmin(val_loss))
     assert len(val_loss) == best + 1 + 2
     assert final == per_epoch[best]
+
+
+def test_improvements_smaller_than_min_delta_do_not_count_and_training_stops(caplog):
+    _, _, falling = _train_line(patience=0, epochs=3)
+    assert falling[0] - falling[1] > 0.01 and falling[1] - falling[2] > 0.01  # Real improvements, but small ones...
+    min_delta = max(falling) + 1.0  # ... below a min_delta larger than any change.
+    with caplog.at_level(logging.INFO, logger='absl'):
+        final, per_epoch, val_loss = _train_line(patience=2, min_delta=min_delta)
+    assert len(val_loss) == 3  # Epoch 1, then 2 epochs of patience.
+    assert final == per_epoch[0]  # Epoch 1 stays the best: the later lower losses did not improve by min_delta.
+    assert centralized.best_epoch({'val_loss': val_loss}, min_delta=min_delta) == 1
+    assert centralized.best_epoch({'val_loss': val_loss}) == 3
+    lines = [r.getMessage() for r in caplog.records if '] epoch ' in r.getMessage()]
+    assert [re.search(r'epoch (\d+/\d+)  eta <=\d+s', line).group(1) for line in lines] == ['1/12', '2/12', '3/12']
+    _, _, unlimited = _train_line(patience=2)
+    assert len(unlimited) > 3  # The same run with min_delta 0 keeps training.
+
+
+def test_a_validation_auc_creeping_up_is_no_improvement_with_min_delta():
+    auc = [0.70 + 1e-4 * epoch for epoch in range(4)]  # What a patience of 3 ran with min_delta=1e-3.
+    assert centralized.best_epoch({'val_auc': auc}, monitor='val_auc', mode='max') == 4
+    assert centralized.best_epoch({'val_auc': auc}, monitor='val_auc', mode='max', min_delta=1e-3) == 1
+    assert centralized.improves(0.7011, 0.70, mode='max', min_delta=1e-3)
+    assert not centralized.improves(0.7009, 0.70, mode='max', min_delta=1e-3)
+    assert centralized.improves(0.79, 0.80, mode='min', min_delta=1e-3)
+    assert not centralized.improves(0.7995, 0.80, mode='min', min_delta=1e-3)
+    with pytest.raises(ValueError, match='min_delta must be >= 0'):
+        _train_line(patience=2, min_delta=-0.1)
 
 
 def test_max_mode_ends_with_the_epoch_of_the_highest_monitor():

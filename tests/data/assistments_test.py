@@ -119,6 +119,24 @@ def test_random_split_order(tmp_path):
     assert a.num_examples('train') == 6
 
 
+def test_data_of_the_a0910_layout_is_labelled_by_its_directory_unless_it_is_a0910(tmp_path):
+    _write(tmp_path)
+    assert assistments.release_name(str(tmp_path)) == f'assistments:{tmp_path.name}'
+    assert assistments.load_assistments(str(tmp_path), min_responses=3).description.startswith(
+        f'ASSISTments-layout data ({tmp_path})'
+    )
+
+
+@pytest.mark.skipif(not (_REAL_DIR / 'record.csv').is_file(), reason=f'{_REAL_DIR} not available')
+def test_the_real_a0910_files_are_labelled_a0910(tmp_path):
+    assert assistments.release_name(str(_REAL_DIR)) == 'assist_a0910'
+    for name in ('record.csv', 'item.csv'):  # One changed row is other data.
+        (tmp_path / name).write_bytes((_REAL_DIR / name).read_bytes())
+    with open(tmp_path / 'record.csv', 'a') as f:
+        f.write('1,12209,1\n')
+    assert assistments.release_name(str(tmp_path)) == f'assistments:{tmp_path.name}'
+
+
 @pytest.mark.skipif(not (_REAL_DIR / 'record.csv').is_file(), reason=f'{_REAL_DIR} not available')
 def test_real_assist_a0910():
     data = assistments.load_assistments(str(_REAL_DIR))

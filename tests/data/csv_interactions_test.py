@@ -325,8 +325,13 @@ def test_assist_data_in_exercise_order(tmp_path, absl_warnings):
     with pytest.raises(errors.DataError) as raised:
         hpfl_assistments.load_assist_silos(data_dir, num_clients=3)
     assert '--assist_grouping=random' in str(raised.value) and 'fewer' not in str(raised.value)
+    assert 'the students have only 1 distinct exercise set (students with the same exercise set' in str(raised.value)
     hpfl_assistments.load_assist_silos(data_dir, num_clients=3, grouping='random')
-    assert [r for r in absl_warnings.records if r.levelno == std_logging.WARNING and 'never occur' in r.message]
+    unseen = [r for r in absl_warnings.records if r.levelno == std_logging.WARNING and 'never occur' in r.message]
+    assert unseen and all(
+        '12 of 12 test rows (100.0%) name exercises that never occur in training (1 distinct exercise);' in r.message
+        for r in unseen
+    )
     absl_warnings.clear()
     shuffled = hpfl_assistments.load_assist_silos(data_dir, num_clients=3, grouping='random', split_order='shuffle')
     assert not [r for r in absl_warnings.records if 'never occur' in r.message]

@@ -1,6 +1,7 @@
 """The HPFL binary end to end on the generated default (tiny settings): every row, outputs, sane metrics."""
 
 import json
+import logging
 import os
 
 import numpy as np
@@ -67,6 +68,23 @@ def test_every_method_on_generated_data(tmp_path, capsys):
     assert all(0.0 <= a['probe_accuracy'] <= 1.0 and -1.0 <= a['silhouette'] <= 1.0 for a in analysis.values())
     for png in ('learning_curves.png', 'attribute_distribution.png', 'private_components.png'):
         assert os.path.getsize(os.path.join(out, png)) > 1000
+
+
+def test_a_derived_accuracy_threshold_starts_a_new_directory_quietly_and_resumes(tmp_path, caplog):
+    """--accuracy_threshold=none: the run's record keeps `none` (p is derived from the data, not a flag), so a new
+    directory has no "previous run" and a rerun with the same flags reads the finished run back."""
+    out = str(tmp_path / 'hpfl')
+    argv = TINY + ['--accuracy_threshold=none', '--configurations=gum', f'--output_dir={out}']
+    with caplog.at_level(logging.INFO, logger='absl'):
+        _run(argv)
+        first = [r.getMessage() for r in caplog.records]
+        caplog.clear()
+        _run(argv)  # Was refused: "--accuracy_threshold: 0.58... -> none".
+        second = [r.getMessage() for r in caplog.records]
+    assert any("--accuracy_threshold=none: HPFL's p = " in m for m in first)
+    assert any(m.startswith('[gum] epoch 2/2  eta 0s  train_loss=') for m in first)  # Epochs: of how many, ETA.
+    assert not any('previous run' in m for m in first + second)
+    assert any('holds the finished run' in m for m in second)
 
 
 def test_private_components_analysis_separates_separated_clients(tmp_path):

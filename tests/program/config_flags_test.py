@@ -63,3 +63,22 @@ def test_numeric_tuple_flags_are_coerced_and_bad_items_named():
     fv(['prog', '--sizes=10,many'])
     with pytest.raises(flags.IllegalFlagValueError, match="--sizes='many'"):
         config_flags.config_from_flags(C, flag_values=fv, output_dir='o')
+
+
+@pytest.mark.parametrize(
+    'module, config', [('furl_personalization_config', 'FurlConfig'), ('movielens_mf_config', 'MovieLensMFConfig')]
+)
+def test_centralized_min_delta_is_a_documented_flag_of_the_rows_with_patience(module, config):
+    import importlib  # pylint: disable=g-import-not-at-top
+
+    from fedpersonal import errors  # pylint: disable=g-import-not-at-top
+
+    config_cls = getattr(importlib.import_module(f'fedpersonal.tasks.{module}'), config)
+    fv = flags.FlagValues()
+    config_flags.define_flags(config_cls, flag_values=fv)
+    assert 'centralized_patience' in fv['centralized_min_delta'].help
+    fv(['prog', '--centralized_min_delta=0.001'])
+    assert config_flags.config_from_flags(config_cls, flag_values=fv).centralized_min_delta == 0.001
+    assert config_cls().centralized_min_delta == 0.0  # The rule of the committed results.
+    with pytest.raises(errors.ConfigError, match='centralized_min_delta must be >= 0'):
+        config_cls(centralized_min_delta=-0.1)

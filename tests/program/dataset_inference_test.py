@@ -49,11 +49,15 @@ CIFAR = tuple(f'data_batch_{i}' for i in range(1, 6)) + ('test_batch',)
 SHARED = pathlib.Path(__file__).resolve().parents[2].parent / 'shared' / 'data'
 
 
-def _dir(tmp_path, *names):
+# The header lines of the CSV files that inference reads (every other file's content is not looked at).
+HEADERS = {'record.csv': b'user_id,item_id,score\n1,2,1\n', 'item.csv': b'item_id,knowledge_code\n2,[1]\n'}
+
+
+def _dir(tmp_path, *names, contents=None):
     directory = tmp_path / 'data'
     directory.mkdir()
     for name in names:
-        (directory / name).write_bytes(b'x')
+        (directory / name).write_bytes((contents or HEADERS).get(name, b'x'))
     return str(directory)
 
 
@@ -158,6 +162,48 @@ def test_the_generated_dataset_with_a_data_dir_is_contradictory(tmp_path, config
         config_cls(dataset=generated, data_dir=str(tmp_path))
 
 
+OTHER_RELEASE = {  # The names of the a0910 files, the columns of another release, no timestamps.
+    'record.csv': b'order_id,assignment_id,user_id,problem_id,correct\n1,2,3,4,1\n',
+    'item.csv': b'problem_id,skill_name\n4,Addition\n',
+}
+
+
+@pytest.mark.parametrize('config_cls', [Furl, Hpfl], ids=lambda c: c.__name__)
+def test_the_file_names_of_a_dataset_with_other_columns_are_refused_naming_the_columns(tmp_path, config_cls):
+    data_dir = _dir(tmp_path, 'record.csv', 'item.csv', contents=OTHER_RELEASE)
+    with pytest.raises(dataset_inference.DataLayoutError) as raised:
+        config_cls(data_dir=data_dir)
+    message = str(raised.value)
+    assert isinstance(raised.value, errors.DataError)  # A usage error (exit status 2), not a bug.
+    assert f'--data_dir={data_dir}' in message and '--dataset=assistments' in message
+    assert "record.csv has columns 'order_id,assignment_id,user_id,problem_id,correct'" in message
+    assert "expected 'user_id,item_id,score'" in message
+    assert "item.csv has columns 'problem_id,skill_name', expected 'item_id,knowledge_code'" in message
+    assert raised.value.columns == {
+        'record.csv': ('order_id', 'assignment_id', 'user_id', 'problem_id', 'correct'),
+        'item.csv': ('problem_id', 'skill_name'),
+    }
+
+
+def test_one_file_with_other_columns_is_enough_to_refuse_and_only_it_is_named(tmp_path):
+    contents = {**HEADERS, 'item.csv': '\ufeffitem_id,skills\r\n1,2\n'.encode()}
+    with pytest.raises(dataset_inference.DataLayoutError) as raised:
+        Hpfl(data_dir=_dir(tmp_path, 'record.csv', 'item.csv', contents=contents))
+    assert "item.csv has columns 'item_id,skills', expected 'item_id,knowledge_code'" in str(raised.value)
+    assert 'record.csv has' not in str(raised.value)
+    empty = tmp_path / 'empty'
+    empty.mkdir()
+    (empty / 'record.csv').write_bytes(HEADERS['record.csv'])
+    (empty / 'item.csv').write_bytes(b'\xff\xfe\n')  # Not UTF-8.
+    with pytest.raises(dataset_inference.DataLayoutError, match='item.csv has no readable header line'):
+        Hpfl(data_dir=str(empty))
+
+
+def test_another_dataset_in_the_directory_is_still_inferred_beside_foreign_csv_files(tmp_path):
+    files = ('u.data', 'u.item', 'record.csv', 'item.csv')
+    assert Furl(data_dir=_dir(tmp_path, *files, contents=OTHER_RELEASE)).dataset == 'movielens_likes'
+
+
 def test_an_explicit_dataset_is_kept(tmp_path):
     data_dir = _dir(tmp_path, 'u.data', 'u.item')  # MovieLens files, but the user says ASSISTments: the loader
     assert Furl(dataset='assistments', data_dir=data_dir).dataset == 'assistments'  # will report what is missing.
@@ -165,6 +211,10 @@ def test_an_explicit_dataset_is_kept(tmp_path):
 
 @pytest.mark.skipif(not SHARED.is_dir(), reason='no ../shared/data')
 def test_the_shared_real_datasets_are_recognised():
+    assert dataset_inference.ASSISTMENTS.found_columns(str(SHARED / 'assist-a0910')) == {
+        'record.csv': ('user_id', 'item_id', 'score'),
+        'item.csv': ('item_id', 'knowledge_code'),
+    }
     assert Furl(data_dir=str(SHARED / 'assist-a0910')).dataset == 'assistments'
     assert Hpfl(data_dir=str(SHARED / 'assist-a0910')).dataset == 'assistments'
     assert Nwp(data_dir=str(SHARED / 'shakespeare')).dataset == 'shakespeare'
@@ -176,6 +226,10 @@ def test_the_shared_real_datasets_are_recognised():
 def test_the_layouts_are_the_files_the_loaders_read(tmp_path):
     i = dataset_inference
     assert i.ASSISTMENTS.files == ((assistments._RECORD_FILE,), (assistments._ITEM_FILE,))
+    assert i.ASSISTMENTS.columns == (
+        (assistments._RECORD_FILE, tuple(assistments._RECORD_HEADER.split(','))),
+        (assistments._ITEM_FILE, tuple(assistments._ITEM_HEADER.split(','))),
+    )
     assert i.MOVIELENS_LIKES.files == ((movielens._FILE_100K,), (movielens_likes._ITEM_FILE,))
     assert i.MOVIELENS_USERS.files == i.MOVIELENS_LIKES.files + ((hpfl_movielens._USER_FILE,),)
     assert i.MOVIELENS_RATINGS.files == ((movielens._FILE_100K, movielens._FILE_1M),)

@@ -2,6 +2,7 @@
 
 import dataclasses
 import json
+import logging
 import os
 import re
 
@@ -68,6 +69,38 @@ def test_a_run_killed_before_its_first_checkpoint_starts_over_under_any_configur
     changed = dataclasses.replace(config, client_learning_rate=0.01)
     run_record.check_output_dir(changed)
     assert run_record.read_record(str(tmp_path), type(config))['client_learning_rate'] == 0.01
+
+
+_PREVIOUS_RUN_LOG = 'stopped before its first checkpoint'
+
+
+def _previous_run_lines(caplog):
+    return [r.getMessage() for r in caplog.records if _PREVIOUS_RUN_LOG in r.getMessage()]
+
+
+@pytest.mark.parametrize('name', sorted(CONFIGS))
+def test_a_new_directory_logs_no_previous_run(tmp_path, caplog, name):
+    config = dataclasses.replace(CONFIGS[name], output_dir=str(tmp_path / 'new'))
+    with caplog.at_level(logging.INFO, logger='absl'):
+        run_record.check_output_dir(config)
+        run_record.check_output_dir(config)  # The task's own check of the same run (its record is its own).
+    assert os.path.exists(tmp_path / 'new' / run_record.RUN_CONFIG_FILE)
+    assert _previous_run_lines(caplog) == []
+
+
+def test_a_run_killed_before_its_first_checkpoint_is_logged_naming_the_changed_flags(tmp_path, caplog):
+    config = dataclasses.replace(CONFIGS['movielens_mf'], output_dir=str(tmp_path))
+    run_record.check_output_dir(config)  # The killed run: recorded, started a row, saved nothing.
+    os.makedirs(tmp_path / 'fedrecon' / 'checkpoints')
+    with caplog.at_level(logging.INFO, logger='absl'):
+        run_record.check_output_dir(config)  # The same configuration again: nothing to say.
+        assert _previous_run_lines(caplog) == []
+        run_record.check_output_dir(dataclasses.replace(config, seed=3))
+    (line,) = _previous_run_lines(caplog)
+    assert line == (
+        f'{tmp_path}: a previous run with another configuration (--seed: 0 -> 3) stopped before its first '
+        'checkpoint; starting over.'
+    )
 
 
 def test_fresh_start_moves_only_the_packages_outputs_and_starts_over(tmp_path):
