@@ -1,0 +1,199 @@
+"""Short reruns of every table's binary before and after a change: does it leave the numbers as they were?
+
+Checks out `--before` (a commit) into a temporary git worktree, runs each workload's binary (a few rounds on small
+or generated data) once in that tree and once in this one, and compares every number both runs wrote
+(``results.json`` files and ``metrics.csv`` rows; wall-clock timings aside). Writes `--output` (rows ``name``,
+``values_compared``, ``max_abs_diff``, ``metric_keys_only_in_one``, ``note``) and prints a table.
+
+    PYTHONPATH=. python benchmarks/redesign_equivalence.py --before=9631b79 \\
+        --output=docs/results/redesign_equivalence.json [--workloads=furl_engine,ditto_engine]
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+TIMING = ('round_seconds', 'wall_seconds', 'seconds_per_round', 'compile_seconds', 'seconds')
+FURL = [
+    'furl_personalization.py',
+    '--configurations=personalized_fl',
+    '--synthetic_num_users=40',
+    '--epochs=1',
+    '--clients_per_round=5',
+    '--max_chars=8',
+    '--char_embedding_dim=4',
+    '--lstm_units=4',
+    '--user_embedding_dim=3',
+    '--mlp_units=6',
+    '--batch_size=8',
+    '--eval_clients=8',
+    '--rounds_per_eval=4',
+]
+FEDDVA = [
+    'feddva.py',
+    '--settings=heterogeneous_inputs',
+    '--num_clients=6',
+    '--train_per_client=30',
+    '--test_per_client=12',
+    '--validation_per_client=8',
+    '--synthetic_train=300',
+    '--synthetic_test=100',
+    '--total_rounds=4',
+    '--clients_per_round=4',
+    '--rounds_per_eval=2',
+    '--z_dim=2',
+    '--c_dim=2',
+    '--batch_size=10',
+    '--cnn_channels=4,8',
+    '--cnn_dense=8',
+    '--projection=pca',
+    '--projection_points=40',
+    '--grid_size=3',
+]
+MOVIELENS = [
+    'movielens_mf.py',
+    '--synthetic_num_users=80',
+    '--synthetic_num_items=60',
+    '--clients_per_round=8',
+    '--eval_clients=8',
+    '--batch_size=5',
+    '--total_rounds=6',
+    '--rounds_per_eval=3',
+]
+NWP = [
+    'next_word_prediction.py',
+    '--synthetic_num_clients=20',
+    '--vocab_sizes=60',
+    '--num_oov_buckets=9',
+    '--total_rounds=3',
+    '--clients_per_round=3',
+    '--embedding_dim=4',
+    '--lstm_units=4',
+    '--rounds_per_eval=3',
+    '--eval_clients=3',
+    '--test_clients=3',
+    '--max_examples_per_client=16',
+    '--configurations=fedrecon,fedyogi',
+]
+HPFL = [
+    'hpfl_user_modeling.py',
+    '--synthetic_num_clients=3',
+    '--synthetic_users_per_client=8',
+    '--total_rounds=3',
+    '--centralized_epochs=2',
+    '--hidden_dim=4',
+    '--batch_size=64',
+    '--max_local_clusters=4',
+    '--max_global_clusters=4',
+    '--kmeans_iterations=2',
+    '--ncd_hidden_units=8,4',
+    '--ncf_embedding_dim=4',
+    '--configurations=hpfl,fedavg',
+]
+WORKLOADS = {
+    'furl_engine': (FURL + ['--simulation=engine'], 'FURL (Table 3 shape), engine'),
+    'furl_per_client': (FURL + ['--simulation=per_client'], 'FURL, per-client backend'),
+    'furl_dp_engine': (FURL + ['--dp_noise_multiplier=0.5', '--dp_clip=0.5'], 'FURL with fixed-clip DP-FedAvg'),
+    'ditto_engine': (FEDDVA + ['--configurations=ditto', '--simulation=engine'], 'Ditto row of the FedDVA tables'),
+    'ditto_per_client': (FEDDVA + ['--configurations=ditto', '--simulation=per_client'], 'Ditto, per-client'),
+    'feddva_engine': (FEDDVA + ['--configurations=feddva,fedavg'], 'FedDVA and FedAvg rows'),
+    'movielens_table1': (MOVIELENS + ['--configurations=fedrecon,fedavg_standard'], 'FedRecon Table 1 rows'),
+    'movielens_dp': (
+        MOVIELENS + ['--configurations=fedrecon', '--dp_noise_multiplier=0.5', '--dp_clip=1'],
+        'FedRecon with DP (the DP utility rows)',
+    ),
+    'nwp': (NWP, 'FedRecon Table 2 (next-word prediction)'),
+    'hpfl': (HPFL, 'HPFL tables'),
+}
+
+
+def _numbers(value, path=''):
+    if isinstance(value, dict):
+        for k, v in value.items():
+            yield from _numbers(v, f'{path}/{k}')
+    elif isinstance(value, list):
+        for i, v in enumerate(value):
+            yield from _numbers(v, f'{path}[{i}]')
+    elif isinstance(value, (int, float)) and not isinstance(value, bool) and not any(t in path for t in TIMING):
+        yield path, float(value)
+
+
+def collect(root: str) -> dict[str, float]:
+    """Every number of a run directory's results files and metric rows, by a key naming where it was."""
+    found: dict[str, float] = {}
+    for directory, _, files in os.walk(root):
+        if 'checkpoints' in directory or 'previous_runs' in directory:
+            continue
+        for name in files:
+            path = os.path.join(directory, name)
+            relative = os.path.relpath(path, root)
+            if name.endswith('.json') and name not in ('run_config.json', 'config.json'):
+                with open(path) as f:
+                    found.update((relative + k, v) for k, v in _numbers(json.load(f)))
+            elif name == 'metrics.csv':
+                with open(path) as f:
+                    for row in csv.DictReader(f):
+                        for key, value in row.items():
+                            if value and not any(t in key for t in TIMING):
+                                found[f'{relative}/{row["round"]}/{key}'] = float(value)
+    return found
+
+
+def run(tree: str, argv: list[str], out: str) -> None:
+    env = {**os.environ, 'PYTHONPATH': tree, 'TF_NUM_INTRAOP_THREADS': '1'}
+    command = [sys.executable, os.path.join(tree, 'experiments', argv[0]), *argv[1:], f'--output_dir={out}']
+    done = subprocess.run(command, cwd=tree, env=env, capture_output=True, text=True, check=False)
+    if done.returncode:
+        raise RuntimeError(f'{" ".join(command)} failed:\n{done.stderr[-3000:]}')
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split('\n')[0])
+    parser.add_argument('--before', required=True, help='The commit to compare with.')
+    parser.add_argument('--workloads', default=','.join(WORKLOADS))
+    parser.add_argument('--output', default=os.path.join(ROOT, 'docs', 'results', 'redesign_equivalence.json'))
+    parser.add_argument('--notes', default='{}', help='JSON {workload: note} explaining a difference.')
+    args = parser.parse_args()
+    notes = json.loads(args.notes)
+    rows = []
+    with tempfile.TemporaryDirectory() as tmp:
+        before = os.path.join(tmp, 'before')
+        subprocess.run(['git', '-C', ROOT, 'worktree', 'add', '--detach', before, args.before], check=True)
+        try:
+            for name in args.workloads.split(','):
+                argv, description = WORKLOADS[name]
+                started = time.time()
+                run(before, argv, os.path.join(tmp, f'{name}_before'))
+                run(ROOT, argv, os.path.join(tmp, f'{name}_after'))
+                a, b = collect(os.path.join(tmp, f'{name}_before')), collect(os.path.join(tmp, f'{name}_after'))
+                shared = sorted(set(a) & set(b))
+                rows.append(
+                    {
+                        'name': name,
+                        'workload': description,
+                        'values_compared': len(shared),
+                        'max_abs_diff': max((abs(a[k] - b[k]) for k in shared), default=0.0),
+                        'metric_keys_only_in_one': sorted({k.rsplit('/', 1)[-1] for k in set(a) ^ set(b)}),
+                        'note': notes.get(name, ''),
+                        'seconds': round(time.time() - started, 1),
+                    }
+                )
+                print(json.dumps(rows[-1]), flush=True)
+        finally:
+            subprocess.run(['git', '-C', ROOT, 'worktree', 'remove', '--force', before], check=False)
+    command = ' '.join(['python', 'benchmarks/redesign_equivalence.py', *sys.argv[1:]])
+    with open(args.output, 'w') as f:
+        json.dump({'command': command, 'before': args.before, 'rows': rows}, f, indent=1)
+        f.write('\n')
+
+
+if __name__ == '__main__':
+    main()
