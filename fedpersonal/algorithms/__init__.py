@@ -7,7 +7,8 @@ Every builder returns a `fedpersonal.core.PersonalizedProcess` (`initialize`, `n
 * `build_fed_avg`: weighted FedAvg (every variable global) on the fast engine, as FedRecon's special case;
 * `build_furl`: FURL (private parameters persisted on stateful clients);
 * `build_ditto`: Ditto (personal models as private state);
-* `build_fedper`, `build_fedrep`: FedPer and FedRep (shared body, personal head as private state), each a
+* `build_fedper`, `build_fedrep`: FedPer and FedRep (shared body, personal head as private state), and
+  `build_apfl`: APFL (a personal model mixed with the global one by a learned alpha), each a
   `fedpersonal.core.client_plan.ClientPlan` run by every backend (`fedpersonal.backends`);
 * `build_feddva`: FedDVA (shared dual encoders, private decoders and heads);
 * `build_hpfl`, `build_hpfl_baseline`: HPFL and its federated baselines on the GUM;
@@ -17,6 +18,7 @@ Every builder returns a `fedpersonal.core.PersonalizedProcess` (`initialize`, `n
 and return types, for code ported from `tff.learning` (docs/MIGRATING.md).
 """
 
+from fedpersonal.algorithms.apfl import build_apfl
 from fedpersonal.algorithms.dataset_split import ReconstructionSplit
 from fedpersonal.algorithms.dataset_split import build_dataset_split_fn
 from fedpersonal.algorithms.ditto import build_ditto
@@ -32,6 +34,7 @@ from fedpersonal.core.compose import compose_personalized_process
 
 __all__ = [
     'ReconstructionSplit',
+    'build_apfl',
     'build_dataset_split_fn',
     'build_ditto',
     'build_fed_avg',

@@ -30,6 +30,9 @@ import tensorflow_federated as tff
 from fedpersonal.core import client_work
 from fedpersonal.core import compose
 from fedpersonal.core import process as process_lib
+from fedpersonal.models import partially_local_model
+
+ModelWeights = tff.learning.models.ModelWeights
 
 GLOBAL, LOCAL, PERSONAL = 'global', 'local', 'personal'
 PARTS = (GLOBAL, LOCAL, PERSONAL)
@@ -73,6 +76,10 @@ class Phase:
         weights by part and the received global weights: `NormPenalty`, `ProximalPenalty`.
       metrics_prefix: The phase's metrics are a set of their own, reported as ``<prefix>_<name>`` (e.g. Ditto's
         ``personal_accuracy``); None: the plan's shared set, reported by name.
+      mixed: With ``trains=('personal',)`` in a plan with `ClientPlan.initial_alpha`: the loss is the model's at
+        the mixed weights ``alpha * v + (1 - alpha) * w`` (v the personal copy, w the received global weights,
+        alpha the client's mixing weight), and v and alpha step (APFL); alpha is projected onto [0, 1] at the
+        phase's end (in between, the model uses alpha clipped to [0, 1]).
     """
 
     trains: tuple[str, ...]
@@ -80,6 +87,7 @@ class Phase:
     optimizer: tff.learning.optimizers.Optimizer
     penalty: NormPenalty | ProximalPenalty | None = None
     metrics_prefix: str | None = None
+    mixed: bool = False
 
     def __post_init__(self):
         if not self.trains or not set(self.trains) <= set(PARTS) or len(set(self.trains)) != len(self.trains):
@@ -88,6 +96,8 @@ class Phase:
             raise ValueError(f'A phase that trains the personal copy trains nothing else, got {self.trains!r}.')
         if not isinstance(self.epochs, int) or self.epochs < 1:
             raise ValueError(f'Phase.epochs must be an int >= 1, got {self.epochs!r}.')
+        if self.mixed and self.trains != (PERSONAL,):
+            raise ValueError(f"A mixed phase trains ('personal',) only, got {self.trains!r}.")
         if self.penalty is not None and self.penalty.part not in self.trains:
             raise ValueError(f'Phase.penalty applies to {self.penalty.part!r}, which the phase does not train.')
 
@@ -96,7 +106,7 @@ class Phase:
 class ClientPlan:
     """A client's work: its phases, in order (exactly one of them trains the global weights), and whether the client
     keeps a personal copy of the global weights as its private state (`personal_copy`; else the model's local
-    weights).
+    weights), with a mixing weight alpha appended to its trainable weights (`initial_alpha`, APFL).
 
     Example:
 
@@ -109,10 +119,17 @@ class ClientPlan:
 
     phases: tuple[Phase, ...]
     personal_copy: bool = False
+    initial_alpha: float | None = None
 
     def __post_init__(self):
         if any(PERSONAL in p.trains for p in self.phases) and not self.personal_copy:
             raise ValueError('A phase trains the personal copy: the plan needs personal_copy=True.')
+        if self.initial_alpha is not None and not (self.personal_copy and 0.0 <= self.initial_alpha <= 1.0):
+            raise ValueError(f'initial_alpha needs personal_copy=True and a value in [0, 1], got {self.initial_alpha}.')
+        if self.initial_alpha is not None and any(PERSONAL in p.trains and not p.mixed for p in self.phases):
+            raise ValueError('With initial_alpha, the phases that train the personal copy are mixed phases.')
+        if any(p.mixed for p in self.phases) and self.initial_alpha is None:
+            raise ValueError("A mixed phase needs the plan's initial_alpha (the private mixing weight).")
         global_phases = [i for i, p in enumerate(self.phases) if GLOBAL in p.trains]
         if len(global_phases) != 1:
             raise ValueError(f'A ClientPlan needs exactly one phase that trains the global weights, got {self.phases}.')
@@ -146,10 +163,13 @@ class Initial(NamedTuple):
 
 
 def initial_weights(
-    model_fn: Callable[[], tff.learning.models.ReconstructionModel], *, personal: bool = False
+    model_fn: Callable[[], tff.learning.models.ReconstructionModel],
+    *,
+    personal: bool = False,
+    initial_alpha: float | None = None,
 ) -> Initial:
     """`Initial` of the partially local model `model_fn` builds; with `personal`, the private state is a copy of
-    its global weights."""
+    its global weights (and, with `initial_alpha`, the mixing weight after its trainable weights)."""
 
     @tff.tensorflow.computation
     def initial_global():
@@ -158,7 +178,12 @@ def initial_weights(
     @tff.tensorflow.computation
     def initial_local():
         model = model_fn()
-        return client_work.global_weights(model) if personal else client_work.local_weights(model)
+        if not personal:
+            return client_work.local_weights(model)
+        weights = client_work.global_weights(model)
+        if initial_alpha is None:
+            return weights
+        return ModelWeights(list(weights.trainable) + [tf.constant(initial_alpha, tf.float32)], weights.non_trainable)
 
     return Initial(initial_global, initial_local)
 
@@ -176,7 +201,7 @@ def build_client_update(
     weight by `client_weighting` (``NUM_EXAMPLES``: the examples of the global phase's steps)."""
     with tf.Graph().as_default():
         element_type = tff.types.tensorflow_to_type(model_fn().input_spec)
-    initial = initial_weights(model_fn, personal=plan.personal)
+    initial = initial_weights(model_fn, personal=plan.personal, initial_alpha=plan.initial_alpha)
 
     @tff.tensorflow.computation(
         initial.global_weights.type_signature.result,
@@ -188,6 +213,9 @@ def build_client_update(
         with tf.init_scope():
             model = client_work.construct(model_fn)
             personal = client_work.construct(model_fn) if plan.personal else None
+            mixing = plan.initial_alpha is not None
+            alpha = tf.Variable(0.0, name='alpha') if mixing else None
+            mixed_model = client_work.construct(model_fn) if mixing else None
             metrics = {}
             for prefix in plan.metric_prefixes:
                 built: collections.OrderedDict = collections.OrderedDict()
@@ -197,9 +225,16 @@ def build_client_update(
             if personal is not None:
                 parts[PERSONAL] = list(personal.global_trainable_variables)
             trained = [[v for part in phase.trains for v in parts[part]] for phase in plan.phases]
+            trained = [t + [alpha] if phase.mixed else t for t, phase in zip(trained, plan.phases)]
             optimizers = [client_work.prepare_optimizer(p.optimizer, v) for p, v in zip(plan.phases, trained)]
         client_work.assign_weights(client_work.global_weights(model), received)
-        if personal is not None:
+        if personal is not None and alpha is not None:
+            client_work.assign(personal.global_trainable_variables, private.trainable[:-1])
+            client_work.assign(personal.global_non_trainable_variables, private.non_trainable)
+            alpha.assign(private.trainable[-1])
+            own = client_work.global_weights(personal)
+            kept = ModelWeights(list(own.trainable) + [alpha], own.non_trainable)
+        elif personal is not None:
             client_work.assign_weights(client_work.global_weights(personal), private)
             kept = client_work.global_weights(personal)
         else:
@@ -209,7 +244,13 @@ def build_client_update(
         num_examples = tf.constant(0)
         for i, (phase, variables, optimizer) in enumerate(zip(plan.phases, trained, optimizers)):
             stepped = personal if PERSONAL in phase.trains else model
-            batch_loss = client_work.model_batch_loss(stepped, loss_fn(), metrics[phase.metrics_prefix])
+            if phase.mixed:
+                assert mixed_model is not None and alpha is not None
+                batch_loss = _mixed_batch_loss(
+                    mixed_model, parts[PERSONAL], alpha, received_trainable, loss_fn(), metrics[phase.metrics_prefix]
+                )
+            else:
+                batch_loss = client_work.model_batch_loss(stepped, loss_fn(), metrics[phase.metrics_prefix])
             penalty = None
             if phase.penalty is not None:
                 by_part = {part: parts[part] for part in phase.trains}
@@ -219,6 +260,9 @@ def build_client_update(
             )
             if i == plan.global_phase:
                 num_examples = steps.num_examples
+            if phase.mixed:
+                assert alpha is not None
+                alpha.assign(tf.clip_by_value(alpha, 0.0, 1.0))
         delta, non_finite = client_work.weights_delta(received.trainable, model.global_trainable_variables)
         unfinalized: collections.OrderedDict = collections.OrderedDict()
         for prefix, metric_set in metrics.items():
@@ -228,6 +272,46 @@ def build_client_update(
         return tff.learning.templates.ClientResult(update=delta, update_weight=weight), unfinalized, new_private
 
     return client_update
+
+
+def _mixed_batch_loss(
+    mixed_model: tff.learning.models.ReconstructionModel,
+    personal: list[tf.Variable],
+    alpha: tf.Variable,
+    received: list[tf.Tensor],
+    loss: tf.keras.losses.Loss,
+    metrics: list[tf.keras.metrics.Metric],
+) -> Callable[[Any], client_work.BatchLoss]:
+    """The batch loss of the model at ``a * v + (1 - a) * w`` (a = alpha clipped to [0, 1]) as a function of the
+    personal weights v and alpha: the mixed weights are assigned to `mixed_model`, and the gradient g there gives
+    ``a * g`` for v and ``sum <v - w, g>`` for alpha (zero where alpha is clipped)."""
+    mixed_variables = list(mixed_model.global_trainable_variables)
+
+    def batch_loss(batch: Any) -> client_work.BatchLoss:
+        @tf.custom_gradient
+        def mixed_loss(raw_alpha, *values):
+            a = tf.clip_by_value(raw_alpha, 0.0, 1.0)
+            client_work.assign(mixed_variables, [a * v + (1.0 - a) * w for v, w in zip(values, received)])
+            with tf.GradientTape() as tape:
+                output = mixed_model.forward_pass(batch, training=True)
+                value = loss(output.labels, output.predictions)
+            g = tape.gradient(value, mixed_variables)
+            for metric in metrics:
+                metric.update_state(output.labels, output.predictions)
+            inside = tf.cast(tf.logical_and(raw_alpha >= 0.0, raw_alpha <= 1.0), tf.float32)
+
+            def grad(upstream, variables=None):
+                d_alpha = inside * tf.add_n([tf.reduce_sum((v - w) * gi) for v, w, gi in zip(values, received, g)])
+                inputs = [upstream * d_alpha] + [upstream * a * gi for gi in g]
+                return inputs, [None] * len(variables or [])
+
+            return value, grad
+
+        value = mixed_loss(alpha.read_value(), *[v.read_value() for v in personal])
+        _, labels = partially_local_model.split_batch(batch)
+        return client_work.BatchLoss(value, tf.shape(labels)[0])
+
+    return batch_loss
 
 
 def build_per_client_process(
@@ -244,7 +328,7 @@ def build_per_client_process(
     """The plan as a stateful process on the per-client backend: TFF's broadcast, `model_aggregator` (default the
     weighted mean, weights by `client_weighting`) and `server_optimizer` around `build_client_update`; the local
     weights (or the personal copy) are the private state."""
-    initial = initial_weights(model_fn, personal=plan.personal)
+    initial = initial_weights(model_fn, personal=plan.personal, initial_alpha=plan.initial_alpha)
     finalizers: collections.OrderedDict = collections.OrderedDict()
     return compose.compose_personalized_process(
         initial_global_weights=initial.global_weights,

@@ -62,7 +62,7 @@ def build_engine_process(
     first). Under a fixed-clip DP aggregator (`fedpersonal.privacy.dp`) each logical client's update is clipped in
     the group, as the per-client backend clips it."""
     dp_clip = group_lib.per_client_clip(model_aggregator)
-    initial = client_plan.initial_weights(model_fn, personal=plan.personal)
+    initial = client_plan.initial_weights(model_fn, personal=plan.personal, initial_alpha=plan.initial_alpha)
     model = functional.FunctionalModel(model_fn)
     base = model.initial_weights
     slots = {
@@ -106,6 +106,7 @@ def build_engine_process(
             def train(received, non_trainable, group, private_trainable, private_non_trainable):
                 if plan.personal:  # The model has no local weights: the private state is a copy of its globals.
                     weights = functional.Parts(received, non_trainable, [], [])
+                    # With a mixing weight, alpha is the copy's last trainable entry (see `_Mixed`).
                     personal = functional.Parts(private_trainable, private_non_trainable, [], [])
                 else:
                     weights = functional.Parts(received, non_trainable, private_trainable, private_non_trainable)
@@ -115,10 +116,14 @@ def build_engine_process(
                     # shared in their phase (the only one that trains them), as the accumulation needs.
                     parts = [part for part in client_plan.PARTS if part in phase.trains]
                     train_slots = [s for part in parts for s in slots[part]]
+                    stepped_model: Any = model
+                    if phase.mixed:
+                        stepped_model = _Mixed(model, received)
+                        train_slots = train_slots + [(functional.GLOBAL_TRAINABLE, len(slots[client_plan.GLOBAL]))]
                     examples = tf.reduce_sum(group[name]['mask'], axis=[1, 2])
                     client_weight = group_lib.client_weights(client_weighting, examples)
                     stepped, phase_steps = lockstep.lockstep_steps(
-                        model,
+                        stepped_model,
                         personal if client_plan.PERSONAL in parts else weights,
                         train_slots,
                         group[name],
@@ -129,7 +134,12 @@ def build_engine_process(
                         centre=received if isinstance(phase.penalty, client_plan.ProximalPenalty) else (),
                         delta_weights=client_weight if i == plan.global_phase else None,
                     )
-                    if client_plan.PERSONAL in parts:
+                    if phase.mixed:  # Alpha projected onto [0, 1] once the phase ends, as the per-client backend.
+                        trainable = list(stepped.global_trainable)
+                        personal = stepped._replace(
+                            global_trainable=trainable[:-1] + [tf.clip_by_value(trainable[-1], 0.0, 1.0)]
+                        )
+                    elif client_plan.PERSONAL in parts:
                         personal = stepped
                     else:
                         weights = stepped
@@ -221,3 +231,26 @@ def _penalty(phase: client_plan.Phase, parts: list[str], slots: dict[str, list[A
         return phase.penalty(by_part, list(centre))
 
     return penalty
+
+
+class _Mixed:
+    """The model at APFL's mixed weights, for `lockstep.lockstep_steps`: its weights are the personal copy v with
+    the mixing weight alpha appended to the trainable ones, and it predicts with ``a * v + (1 - a) * w`` (a = alpha
+    clipped to [0, 1], w the received global weights)."""
+
+    def __init__(self, model: functional.FunctionalModel, received: list[tf.Tensor]):
+        self._model, self._received = model, received
+        base = model.initial_weights
+        self.initial_weights = functional.Parts(
+            list(base.global_trainable) + [np.float32(0.0)], list(base.global_non_trainable), [], []
+        )
+        self.xla, self.stateful_slots = model.xla, model.stateful_slots
+        self.vectorizes = getattr(model, 'vectorizes', True)
+        self.pfor_loops = getattr(model, 'pfor_loops', False)
+
+    def apply(self, weights: functional.Parts, x: Any, training: bool = True, *, example_mask: Any = None):
+        *values, alpha = weights.global_trainable
+        a = tf.clip_by_value(alpha, 0.0, 1.0)
+        mixed = [a * v + (1.0 - a) * w for v, w in zip(values, self._received)]
+        parts = functional.Parts(mixed, list(weights.global_non_trainable), [], [])
+        return self._model.apply(parts, x, training, example_mask=example_mask)

@@ -1,0 +1,100 @@
+"""APFL (Deng, Kamani and Mahdavi, "Adaptive Personalized Federated Learning", 2020).
+
+Every client keeps a personal model v and a mixing weight alpha in [0, 1]; its personalized model is the mixture
+``alpha * v + (1 - alpha) * w`` with the global model w. Each round a sampled client trains v and alpha on the
+loss of the mixture (the gradient reaches v scaled by alpha, and alpha through ``<v - w, g>``, as in the paper's
+adaptive-alpha update), then trains its copy of w by FedAvg; w's change is averaged on the server, v and alpha
+never leave the client (its CLIENTS-placed private state: v's weights with alpha appended).
+
+Where this differs from the paper's Algorithm 1: there, w and v step in the same local iterations and the mixture
+uses the local iterate w_t; here the personal phase comes first and mixes with the received w (the model the client
+is evaluated with), then w trains. alpha is projected onto [0, 1] at the end of the personal phase (the mixture
+clips it in between). One `ClientPlan`, run by every backend (`fedpersonal.backends`).
+"""
+
+from __future__ import annotations
+
+import collections
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+import tensorflow as tf
+import tensorflow_federated as tff
+
+from fedpersonal import backends
+from fedpersonal import models
+from fedpersonal.core import client_plan
+from fedpersonal.core import process as process_lib
+
+
+def apfl_plan(
+    *,
+    client_epochs: int,
+    personal_epochs: int,
+    client_optimizer: tff.learning.optimizers.Optimizer,
+    personal_optimizer: tff.learning.optimizers.Optimizer,
+    initial_alpha: float,
+) -> client_plan.ClientPlan:
+    """APFL's client work: v and alpha on the mixture's loss, then the global model."""
+    personal = client_plan.Phase(
+        (client_plan.PERSONAL,), personal_epochs, personal_optimizer, metrics_prefix='personal', mixed=True
+    )
+    global_phase = client_plan.Phase((client_plan.GLOBAL,), client_epochs, client_optimizer, metrics_prefix='global')
+    return client_plan.ClientPlan((personal, global_phase), personal_copy=True, initial_alpha=initial_alpha)
+
+
+def personalized_weights(global_weights: Any, private_state: Any) -> list[np.ndarray]:
+    """A client's personalized trainable weights ``alpha * v + (1 - alpha) * w`` (for evaluation)."""
+    *personal, alpha = [np.asarray(v) for v in private_state.trainable]
+    a = float(np.clip(alpha, 0.0, 1.0))
+    return [a * v + (1.0 - a) * np.asarray(w) for v, w in zip(personal, global_weights.trainable)]
+
+
+def build_apfl(
+    model_fn: Callable[[], tf.keras.Model],
+    *,
+    element_spec: Any,
+    initial_alpha: float = 0.25,
+    client_epochs: int = 1,
+    personal_epochs: int = 1,
+    client_optimizer: tff.learning.optimizers.Optimizer,
+    personal_optimizer: tff.learning.optimizers.Optimizer,
+    server_optimizer: tff.learning.optimizers.Optimizer,
+) -> process_lib.PersonalizedProcess:
+    """Builds APFL on the context's backend, for a Keras classifier (logits).
+
+    Args:
+      model_fn: No-arg function returning a new Keras classifier (logits) on `element_spec['x']`.
+      element_spec: The client datasets' element spec, with ``x`` and ``y`` (integer labels).
+      initial_alpha: Every client's mixing weight before its first round.
+      client_epochs: Local epochs of the global model per round.
+      personal_epochs: Epochs of the personal model and alpha per round.
+      client_optimizer: The global model's local optimizer (fresh state every round).
+      personal_optimizer: The optimizer of v and alpha (fresh state every round; alpha shares its learning rate).
+      server_optimizer: Applied to the averaged global update.
+
+    Returns:
+      A stateful `PersonalizedProcess` whose private state is v's weights with alpha appended to the trainable ones.
+    """
+    spec = collections.OrderedDict(x=element_spec['x'], y=element_spec['y'])
+
+    def wrapped_model_fn() -> tff.learning.models.ReconstructionModel:
+        keras_model = model_fn()
+        return models.from_keras_model(keras_model, input_spec=spec, global_variables=keras_model.variables)
+
+    plan = apfl_plan(
+        client_epochs=client_epochs,
+        personal_epochs=personal_epochs,
+        client_optimizer=client_optimizer,
+        personal_optimizer=personal_optimizer,
+        initial_alpha=initial_alpha,
+    )
+    return backends.build_process(
+        plan,
+        wrapped_model_fn,
+        loss_fn=lambda: tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+        metrics_fn=lambda: [tf.keras.metrics.SparseCategoricalAccuracy(name='accuracy')],
+        server_optimizer=server_optimizer,
+        name='APFL',
+    )

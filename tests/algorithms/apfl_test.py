@@ -1,0 +1,165 @@
+"""APFL, one client plan run by both backends: each equals a plain eager loop written here (the mixture's gradient
+for v and alpha by hand), alpha stays within [0, 1] and moves, the personal model and alpha never reach the server,
+and the personalized models fit per-client label permutations that the global model cannot."""
+
+import collections
+
+import numpy as np
+import pytest
+import tensorflow as tf
+import tensorflow_federated as tff
+
+from fedpersonal import algorithms
+from fedpersonal import backends
+from fedpersonal.algorithms import apfl
+from fedpersonal.privacy import audit
+
+NUM_CLASSES, DIM, HIDDEN = 3, 6, 8
+LR, PERSONAL_LR = 0.1, 0.2
+SPEC = collections.OrderedDict(x=tf.TensorSpec([None, DIM], tf.float32), y=tf.TensorSpec([None], tf.int32))
+
+
+def model_fn():
+    init = tf.keras.initializers.GlorotUniform
+    return tf.keras.Sequential(
+        [
+            tf.keras.Input([DIM]),
+            tf.keras.layers.Dense(HIDDEN, 'relu', kernel_initializer=init(seed=1)),
+            tf.keras.layers.Dense(NUM_CLASSES, kernel_initializer=init(seed=2)),
+        ]
+    )
+
+
+def client_arrays(seed=0, sizes=(23, 30, 17, 40)):
+    """Shared features -> class structure, every client naming the classes differently (a permutation)."""
+    rng = np.random.default_rng(seed)
+    centres = rng.normal(size=[NUM_CLASSES, DIM]) * 3
+    arrays = []
+    for client, n in enumerate(sizes):
+        cls = rng.integers(0, NUM_CLASSES, n)
+        x = (centres[cls] + rng.normal(size=[n, DIM])).astype(np.float32)
+        arrays.append((x, np.roll(np.arange(NUM_CLASSES), client)[cls].astype(np.int32)))
+    return arrays
+
+
+def datasets(arrays, batch=10):
+    return [tf.data.Dataset.from_tensor_slices(collections.OrderedDict(x=x, y=y)).batch(batch) for x, y in arrays]
+
+
+def build(backend, initial_alpha=0.5):
+    with backends.use(backend):
+        return algorithms.build_apfl(
+            model_fn,
+            element_spec=SPEC,
+            initial_alpha=initial_alpha,
+            client_epochs=2,
+            personal_epochs=2,
+            client_optimizer=tff.learning.optimizers.build_sgdm(LR),
+            personal_optimizer=tff.learning.optimizers.build_sgdm(PERSONAL_LR),
+            server_optimizer=tff.learning.optimizers.build_sgdm(1.0),
+        )
+
+
+# ------------------------------------------------------------------ the reference: a plain eager loop, by hand
+def _loss_and_grads(weights, x, y):
+    weights = [tf.constant(w) for w in weights]
+    with tf.GradientTape() as tape:
+        tape.watch(weights)
+        w1, b1, w2, b2 = weights
+        logits = tf.matmul(tf.nn.relu(tf.matmul(x, w1) + b1), w2) + b2
+        loss = tf.reduce_mean(tf.nn.sparse_softmax_cross_entropy_with_logits(labels=y, logits=logits))
+    return [g.numpy() for g in tape.gradient(loss, weights)]
+
+
+def reference_round(body, privates, arrays, batch=10):
+    trained, examples, new_privates = [], [], []
+    for (x, y), private in zip(arrays, privates):
+        v, alpha = [np.array(p) for p in private[:-1]], float(private[-1])
+        for _ in range(2):  # Personal phase: v and alpha on the mixture at the received w.
+            for s in range(0, len(x), batch):
+                a = min(max(alpha, 0.0), 1.0)
+                g = _loss_and_grads(
+                    [a * vi + (1 - a) * wi for vi, wi in zip(v, body)], x[s : s + batch], y[s : s + batch]
+                )
+                d_alpha = (
+                    sum(float(np.sum((vi - wi) * gi)) for vi, wi, gi in zip(v, body, g)) if 0 <= alpha <= 1 else 0.0
+                )
+                v = [vi - PERSONAL_LR * a * gi for vi, gi in zip(v, g)]
+                alpha -= PERSONAL_LR * d_alpha
+        alpha = min(max(alpha, 0.0), 1.0)
+        w, seen = [np.array(b) for b in body], 0
+        for _ in range(2):  # Global phase: FedAvg's local SGD on the copy of w.
+            for s in range(0, len(x), batch):
+                g = _loss_and_grads(w, x[s : s + batch], y[s : s + batch])
+                w = [wi - LR * gi for wi, gi in zip(w, g)]
+                seen += len(x[s : s + batch])
+        trained.append(w)
+        examples.append(seen)
+        new_privates.append(v + [np.float32(alpha)])
+    total = float(sum(examples))
+    new_body = [sum(n * t[k] for n, t in zip(examples, trained)) / total for k in range(len(body))]
+    return new_body, new_privates
+
+
+@pytest.mark.parametrize('backend', ['engine', 'per_client'])
+def test_every_backend_equals_a_plain_loop(backend):
+    arrays = client_arrays()
+    process = build(backend)
+    assert (process.packer is not None) == (backend == 'engine')
+    state = process.initialize()
+    privates = [process.initial_private_state()] * len(arrays)
+    body = [np.asarray(w) for w in process.get_model_weights(state).trainable]
+    expected_privates = [list(body) + [np.float32(0.5)]] * len(arrays)
+    np.testing.assert_allclose(privates[0].trainable[-1], 0.5)
+    for _ in range(2):
+        output = process.run_round(state, datasets(arrays), privates)
+        state, privates = output.state, list(output.private_states)
+        body, expected_privates = reference_round(body, expected_privates, arrays)
+    for got, want in zip(process.get_model_weights(state).trainable, body):
+        np.testing.assert_allclose(got, want, atol=1e-5)
+    for got, want in zip(privates, expected_privates):
+        for g, w in zip(got.trainable, want):
+            np.testing.assert_allclose(g, w, atol=1e-5)
+
+
+def test_alpha_stays_within_0_and_1_and_moves():
+    arrays = client_arrays(seed=1, sizes=(40,) * 4)
+    for initial in (0.0, 0.5):
+        process = build('engine', initial_alpha=initial)
+        state, privates = process.initialize(), [process.initial_private_state()] * 4
+        for _ in range(3):
+            output = process.run_round(state, datasets(arrays), privates)
+            state, privates = output.state, list(output.private_states)
+        alphas = np.array([float(p.trainable[-1]) for p in privates])
+        assert np.all((alphas >= 0.0) & (alphas <= 1.0)), alphas
+        # Each client's own labels favour its personal model, so alpha rises (projected back onto 1 when it would
+        # pass it); from the boundary 0 a projected step can leave it or stay, per client.
+        assert np.all(alphas > 0.5) if initial == 0.5 else len(set(alphas.tolist())) > 1, alphas
+
+
+@pytest.mark.parametrize('backend', ['engine', 'per_client'])
+def test_the_personal_model_and_alpha_never_reach_the_server(backend):
+    process = build(backend)
+    assert audit.audit_private_dataflow(process.next, private_parameter_index=2) == []
+    assert process.next.type_signature.result.private_states.placement is tff.CLIENTS
+
+
+def test_personalized_models_fit_what_the_global_model_cannot():
+    arrays = client_arrays(seed=2, sizes=(60,) * 4)
+    process = build('engine', initial_alpha=0.5)
+    state, privates = process.initialize(), [process.initial_private_state()] * 4
+    for _ in range(15):
+        output = process.run_round(state, datasets(arrays), privates)
+        state, privates = output.state, list(output.private_states)
+    weights = process.get_model_weights(state)
+
+    def accuracy(trainable, x, y):
+        w1, b1, w2, b2 = trainable
+        logits = np.maximum(x @ w1 + b1, 0) @ w2 + b2
+        return float(np.mean(np.argmax(logits, -1) == y))
+
+    personalized = np.mean(
+        [accuracy(apfl.personalized_weights(weights, p), x, y) for p, (x, y) in zip(privates, arrays)]
+    )
+    shared = np.mean([accuracy([np.asarray(w) for w in weights.trainable], x, y) for x, y in arrays])
+    assert personalized > 0.8 and personalized > shared + 0.3, (personalized, shared)
