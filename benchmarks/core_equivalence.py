@@ -117,6 +117,7 @@ class _Comparison:
     def __init__(self, tolerance: float):
         self.tolerance = tolerance
         self.max_abs = 0.0
+        self.max_abs_both_sides = 0.0  # Over the values both sides have (renamed metrics aside).
         self.max_rel = 0.0
         self.max_abs_at: str | None = None
         self.max_rel_at: str | None = None
@@ -152,6 +153,7 @@ class _Comparison:
                 self._record(where, math.inf, math.inf, a, b, stats)
                 continue
             diff, rel = _difference(na, nb)
+            self.max_abs_both_sides = max(self.max_abs_both_sides, diff)
             self._record(where, diff, rel, na, nb, stats)
         self.files[file] = stats
 

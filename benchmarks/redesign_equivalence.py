@@ -1,8 +1,9 @@
 """Short reruns of every table's binary before and after a change: does it leave the numbers as they were?
 
 Checks out `--before` (a commit) into a temporary git worktree, runs each workload's binary (a few rounds on small
-or generated data) once in that tree and once in this one, and compares every number both runs wrote
-(``results.json`` files and ``metrics.csv`` rows; wall-clock timings aside). Writes `--output` (rows ``name``,
+or generated data) once in that tree and once in this one, and compares every number both runs wrote with
+`core_equivalence.compare_runs` (``results.json`` files and ``metrics.csv`` rows; wall-clock timings aside; a
+metric only one side reports is listed, not counted as a difference). Writes `--output` (rows ``name``,
 ``values_compared``, ``max_abs_diff``, ``metric_keys_only_in_one``, ``note``) and prints a table.
 
     PYTHONPATH=. python benchmarks/redesign_equivalence.py --before=9631b79 \\
@@ -12,7 +13,6 @@ or generated data) once in that tree and once in this one, and compares every nu
 from __future__ import annotations
 
 import argparse
-import csv
 import json
 import os
 import subprocess
@@ -21,7 +21,10 @@ import tempfile
 import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-TIMING = ('round_seconds', 'wall_seconds', 'seconds_per_round', 'compile_seconds', 'seconds')
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+import core_equivalence  # noqa: E402  # The comparison: every number of results.json and metrics.csv.
+
 FURL = [
     'furl_personalization.py',
     '--configurations=personalized_fl',
@@ -115,38 +118,6 @@ WORKLOADS = {
 }
 
 
-def _numbers(value, path=''):
-    if isinstance(value, dict):
-        for k, v in value.items():
-            yield from _numbers(v, f'{path}/{k}')
-    elif isinstance(value, list):
-        for i, v in enumerate(value):
-            yield from _numbers(v, f'{path}[{i}]')
-    elif isinstance(value, (int, float)) and not isinstance(value, bool) and not any(t in path for t in TIMING):
-        yield path, float(value)
-
-
-def collect(root: str) -> dict[str, float]:
-    """Every number of a run directory's results files and metric rows, by a key naming where it was."""
-    found: dict[str, float] = {}
-    for directory, _, files in os.walk(root):
-        if 'checkpoints' in directory or 'previous_runs' in directory:
-            continue
-        for name in files:
-            path = os.path.join(directory, name)
-            relative = os.path.relpath(path, root)
-            if name.endswith('.json') and name not in ('run_config.json', 'config.json'):
-                with open(path) as f:
-                    found.update((relative + k, v) for k, v in _numbers(json.load(f)))
-            elif name == 'metrics.csv':
-                with open(path) as f:
-                    for row in csv.DictReader(f):
-                        for key, value in row.items():
-                            if value and not any(t in key for t in TIMING):
-                                found[f'{relative}/{row["round"]}/{key}'] = float(value)
-    return found
-
-
 def run(tree: str, argv: list[str], out: str) -> None:
     env = {**os.environ, 'PYTHONPATH': tree, 'TF_NUM_INTRAOP_THREADS': '1'}
     command = [sys.executable, os.path.join(tree, 'experiments', argv[0]), *argv[1:], f'--output_dir={out}']
@@ -173,15 +144,16 @@ def main() -> None:
                 started = time.time()
                 run(before, argv, os.path.join(tmp, f'{name}_before'))
                 run(ROOT, argv, os.path.join(tmp, f'{name}_after'))
-                a, b = collect(os.path.join(tmp, f'{name}_before')), collect(os.path.join(tmp, f'{name}_after'))
-                shared = sorted(set(a) & set(b))
+                compared = core_equivalence.compare_runs(
+                    os.path.join(tmp, f'{name}_before'), os.path.join(tmp, f'{name}_after'), tolerance=1e-6
+                )
                 rows.append(
                     {
                         'name': name,
                         'workload': description,
-                        'values_compared': len(shared),
-                        'max_abs_diff': max((abs(a[k] - b[k]) for k in shared), default=0.0),
-                        'metric_keys_only_in_one': sorted({k.rsplit('/', 1)[-1] for k in set(a) ^ set(b)}),
+                        'values_compared': compared.count - len(compared.only_one_side),
+                        'max_abs_diff': compared.max_abs_both_sides,
+                        'metric_keys_only_in_one': sorted({w.rsplit('/', 1)[-1] for w in compared.only_one_side}),
                         'note': notes.get(name, ''),
                         'seconds': round(time.time() - started, 1),
                     }
