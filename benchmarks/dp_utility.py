@@ -363,9 +363,9 @@ def render_section(config, grid, rows, tried, *, command: str, n: int, per_round
         'runs do (sensitivity 2 C: the Gaussian event has z / 2); the formal bound of these runs. **epsilon '
         '(add/remove, Poisson)**: add/remove-one user, Poisson sampling at q = m / N (the Gaussian event has z), '
         'what most DP-FedAvg papers report; for comparison with published tables only: these runs sample a '
-        'fixed-size subset and divide the noised sum by m, not by the expected count of a Poisson sample, so it is '
-        'not a formal guarantee for them (fixed-size sampling accounted as Poisson, as much of the literature '
-        'does). Rows `epsilon_<t>` set z so that the replace-one epsilon is t; rows `epsilon_<t>_add_remove_poisson` '
+        'fixed-size subset, not a Poisson sample, so it is not a formal guarantee for them (fixed-size sampling '
+        'accounted as Poisson, as much of the literature does; the mean divides the noised sum by m, the expected '
+        'size of a Poisson sample, as that analysis needs). Rows `epsilon_<t>` set z so that the replace-one epsilon is t; rows `epsilon_<t>_add_remove_poisson` '
         'so that the add/remove Poisson epsilon is t. Local parameters never leave the clients and are not covered '
         '(nor needed); metrics and validation-based model selection are not noised.\n\n' + '\n'.join(lines)
     )

@@ -39,9 +39,9 @@ Assumptions:
 q = m / N), i.e. ``PoissonSampledDpEvent(q, GaussianDpEvent(z))`` (sensitivity C, so the accountant's multiplier is
 z itself). For the same noise it is several times smaller than the replace-one epsilon above (DP-FedAvg on 754
 clients, 100 per round, 300 rounds, z = 5.18: 1.43 against 7.90). Reported beside `epsilon` for comparison with
-published tables; it is *not* a formal guarantee of these runs: their sampling is fixed-size without replacement
-and their mean divides by m, not by the expected count of a Poisson sample (fixed-size sampling accounted as
-Poisson is what much of the literature does).
+published tables; it is *not* a formal guarantee of these runs: their sampling is fixed-size without replacement,
+not Poisson (fixed-size sampling accounted as Poisson is what much of the literature does). The mean's
+denominator m is already what a Poisson analysis needs: the expected sample size q * N, fixed, not the count drawn.
 
 **Not covered** by epsilon: local/private parameters (FedRecon's reconstructed locals, FURL's private embeddings)
 never leave the client and never enter the aggregator (only with FedRecon's opt-in ``learn_local_init`` does their
