@@ -56,6 +56,7 @@ from fedpersonal import runtime  # noqa: E402
 from fedpersonal.privacy import dp  # noqa: E402
 from fedpersonal.program import config_flags  # noqa: E402
 from fedpersonal.program import non_finite  # noqa: E402
+from fedpersonal.program.outputs import NON_FINITE_KEY  # noqa: E402
 
 _MODULE_NAME, _CONFIG_NAME, ROW, METRICS = TASKS[TASK]
 task_lib = importlib.import_module(_MODULE_NAME)
@@ -185,6 +186,12 @@ def earlier_results(path: str | None) -> dict:
         return json.load(f)
 
 
+def moved_paths(earlier: dict, old_prefix: str, new_prefix: str) -> list[str]:
+    """The earlier file's non-finite paths (`program.write_json`) under `old_prefix`, moved to `new_prefix`."""
+    paths = earlier.get(NON_FINITE_KEY) or []
+    return [new_prefix + p[len(old_prefix) :] for p in paths if p.startswith(old_prefix)]
+
+
 def kept_reading(path: str, marker: str) -> str:
     """The hand-written part of section `marker` of `path`, from its ``Reading:`` paragraph to its end ('' if none)."""
     if not os.path.exists(path):
@@ -239,15 +246,20 @@ def main(argv):
         for t in FLAGS.target_epsilons
     ]
     earlier = earlier_results(FLAGS.reuse_rows_from)
-    earlier_rows = {r['name']: r for r in earlier.get('rows', [])}
+    earlier_rows = {r['name']: (i, r) for i, r in enumerate(earlier.get('rows', []))}
+    non_finite: list[str] = []  # The earlier file's non-finite paths of what is reused, at their new places.
     grid = select_over_grid(config, FLAGS.select_over)
     rows, tried, reused = [], [], []
     for accounting, target, z in runs:
         name = run_name(target, accounting)
-        old = earlier_rows.get(name)
+        index, old = earlier_rows.get(name, (None, None))
         if old is not None and (old['noise_multiplier'] == z or (z and abs(old['noise_multiplier'] / z - 1) < 1e-9)):
+            non_finite += moved_paths(earlier, f'rows/{index}/', f'rows/{len(rows)}/')
             rows.append(with_both_epsilons(old, accounting, n=n, per_round=per_round, delta=delta))
-            tried += [t for t in earlier.get('tried', []) if t['name'] == name]
+            for i, t in enumerate(earlier.get('tried', [])):
+                if t['name'] == name:
+                    non_finite += moved_paths(earlier, f'tried/{i}/', f'tried/{len(tried)}/')
+                    tried.append(t)
             reused.append(name)
             logging.info('[dp_utility] %s: reused from %s', name, FLAGS.reuse_rows_from)
             continue
@@ -299,6 +311,7 @@ def main(argv):
             **({'reused': reuse} if reuse else {}),
             'rows': rows,
             'tried': tried,
+            **({NON_FINITE_KEY: non_finite} if non_finite else {}),
         },
     )
     section = render_section(config, grid, rows, tried, command=command, n=n, per_round=per_round, delta=delta)
