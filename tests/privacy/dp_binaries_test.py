@@ -59,6 +59,10 @@ def test_fedrecon_with_dp_reports_epsilon_per_round_and_at_the_end(tmp_path, cap
         noise_multiplier=1.0, num_clients=num_clients, clients_per_round=4, rounds=3, target_delta=1e-4
     )
     assert privacy['epsilon'] == pytest.approx(expected)
+    literature = dp.epsilon_add_remove_poisson(
+        noise_multiplier=1.0, num_clients=num_clients, clients_per_round=4, rounds=3, target_delta=1e-4
+    )
+    assert privacy['epsilon_add_remove_poisson'] == pytest.approx(literature) and literature < expected
     assert (privacy['delta'], privacy['rounds'], privacy['clip'], privacy['noise_multiplier']) == (1e-4, 3, 0.5, 1.0)
     assert privacy['neighbouring'] == 'replace-one user' and privacy['client_weighting'] == 'uniform'
     assert 'seeded by the run seed 0' in privacy['noise']  # A fixed clip: reproducible noise.
@@ -67,7 +71,7 @@ def test_fedrecon_with_dp_reports_epsilon_per_round_and_at_the_end(tmp_path, cap
     assert epsilons == sorted(epsilons) and len(set(epsilons)) == 3
     assert epsilons[-1] == pytest.approx(expected)
     assert [float(r['privacy/clip']) for r in rows] == [0.5] * 3
-    assert 'DP: (' in printed and 'replace-one user' in printed
+    assert 'DP: (' in printed and 'replace-one user' in printed and 'add/remove-one, Poisson' in printed
 
 
 def test_furl_with_adaptive_dp_on_its_federated_rows(tmp_path, capsys):
@@ -89,6 +93,7 @@ def test_furl_with_adaptive_dp_on_its_federated_rows(tmp_path, capsys):
         privacy = row['privacy']
         assert privacy['clip'] == 'adaptive' and privacy['rounds'] == 3 and privacy['epsilon'] > 0
         assert 'unseeded' in privacy['noise']
+        assert 0 < privacy['epsilon_add_remove_poisson'] < privacy['epsilon']
         assert privacy['delta'] == pytest.approx(dp.default_target_delta(privacy['num_clients']))
         rows = _metrics(os.path.join(out, row['configuration'], 'metrics.csv'))
         clips = [float(r['privacy/clip']) for r in rows]
