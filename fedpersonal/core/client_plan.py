@@ -242,6 +242,7 @@ def build_client_update(
             kept = client_work.local_weights(model)
         received_trainable = [tf.identity(w) for w in received.trainable]
         num_examples = tf.constant(0)
+        previous: list[tf.Tensor] = []
         for i, (phase, variables, optimizer) in enumerate(zip(plan.phases, trained, optimizers)):
             stepped = personal if PERSONAL in phase.trains else model
             if phase.mixed:
@@ -255,9 +256,13 @@ def build_client_update(
             if phase.penalty is not None:
                 by_part = {part: parts[part] for part in phase.trains}
                 penalty = functools.partial(phase.penalty, by_part, received_trainable)
-            steps = client_work.optimizer_steps(
-                variables, dataset, optimizer, batch_loss, epochs=phase.epochs, penalty=penalty
-            )
+            # In order: phases that train disjoint variables have no automatic control dependency, and the order in
+            # which they open the dataset decides which shuffle each sees (a reshuffling dataset's k-th iteration).
+            with tf.control_dependencies(previous):
+                steps = client_work.optimizer_steps(
+                    variables, dataset, optimizer, batch_loss, epochs=phase.epochs, penalty=penalty
+                )
+            previous = [steps.num_examples, steps.loss_sum]
             if i == plan.global_phase:
                 num_examples = steps.num_examples
             if phase.mixed:

@@ -61,12 +61,12 @@ def build(name, backend, **kwargs):
 
 
 # ------------------------------------------------------------------ the reference: a plain eager loop, by hand
-def _sgd_epochs(variables, frozen, x, y, epochs, batch=10):
-    """Plain SGD on `variables` = [w1, b1, w2, b2] entries named by index, the others constant; returns n seen."""
+def _sgd_passes(variables, frozen, passes):
+    """Plain SGD on `variables` = [w1, b1, w2, b2] entries named by index, the others constant, over `passes` (a
+    list of epochs, each a list of (x, y) batches); returns the number of examples seen."""
     seen = 0
-    for _ in range(epochs):
-        for start in range(0, len(x), batch):
-            xb, yb = x[start : start + batch], y[start : start + batch]
+    for batches in passes:
+        for xb, yb in batches:
             with tf.GradientTape() as tape:
                 w1, b1, w2, b2 = variables
                 logits = tf.matmul(tf.nn.relu(tf.matmul(xb, w1) + b1), w2) + b2
@@ -79,16 +79,22 @@ def _sgd_epochs(variables, frozen, x, y, epochs, batch=10):
     return seen
 
 
-def reference_round(name, body, heads, arrays):
-    """One round by hand: each client's phases, then the example-weighted mean of the trained bodies."""
+def _fixed_passes(x, y, epochs, batch=10):
+    return [[(x[s : s + batch], y[s : s + batch]) for s in range(0, len(x), batch)]] * epochs
+
+
+def reference_round(name, body, heads, arrays, passes_fn=None):
+    """One round by hand: each client's phases, then the example-weighted mean of the trained bodies.
+    `passes_fn(client, first_pass, epochs)` gives a phase's batches (default: the arrays in order, every epoch)."""
+    passes_fn = passes_fn or (lambda client, first, epochs: _fixed_passes(*arrays[client], epochs))
     trained_bodies, weights, new_heads = [], [], []
-    for (x, y), head in zip(arrays, heads):
+    for client, head in enumerate(heads):
         variables = [tf.Variable(v) for v in list(body) + list(head)]
         if name == 'fedper':
-            seen = _sgd_epochs(variables, (), x, y, epochs=2)
+            seen = _sgd_passes(variables, (), passes_fn(client, 0, 2))
         else:
-            _sgd_epochs(variables, (0, 1), x, y, epochs=3)  # Head, body frozen.
-            seen = _sgd_epochs(variables, (2, 3), x, y, epochs=2)  # Body, head frozen.
+            _sgd_passes(variables, (0, 1), passes_fn(client, 0, 3))  # Head, body frozen.
+            seen = _sgd_passes(variables, (2, 3), passes_fn(client, 3, 2))  # Body, head frozen.
         trained_bodies.append([v.numpy() for v in variables[:2]])
         new_heads.append([v.numpy() for v in variables[2:]])
         weights.append(seen)
@@ -96,6 +102,44 @@ def reference_round(name, body, heads, arrays):
     mean = [sum(w * b[k] for w, b in zip(weights, trained_bodies)) / total for k in range(2)]
     new_body = [b - SERVER_LR * (b - m) for b, m in zip(body, mean)]
     return new_body, new_heads
+
+
+def test_per_client_phases_see_a_reshuffling_datasets_successive_orders_in_plan_order(initial):
+    """FedRep's head epochs see the dataset's 1st-3rd shuffles, its body epochs the 5th-6th (TF's `repeat` opens the
+    dataset once more to find its end: a 4th shuffle, unused), twice the same: the phases open the dataset in plan
+    order (they train disjoint variables, so the plan orders them explicitly; this run did not show the race
+    without that ordering, so the test checks the order, not the race)."""
+    arrays = client_arrays()
+
+    def shuffled(client):
+        x, y = arrays[client]
+        return tf.data.Dataset.from_tensor_slices((x, y)).shuffle(64, seed=client, reshuffle_each_iteration=True)
+
+    def as_model_input(dataset):
+        return dataset.map(lambda x, y: collections.OrderedDict(x=x, y=y)).batch(10)
+
+    def passes(client, first, epochs):
+        dataset = shuffled(client).batch(10)  # A new object: its k-th iteration is the k-th shuffle, as in TFF.
+        start = first + (first > 0)  # After a phase of first > 1 epochs, whose repeat drew one shuffle more.
+        orders = [[(xb.numpy(), yb.numpy()) for xb, yb in dataset] for _ in range(start + epochs)]
+        return orders[start:]
+
+    process = build('fedrep', 'per_client')
+    body, head = initial
+    for _ in range(2):  # The same numbers twice (the order was the runtime's choice before the plan fixed it).
+        output = process.run_round(
+            process.initialize(),
+            [as_model_input(shuffled(c)) for c in range(len(arrays))],
+            [process.initial_private_state()] * len(arrays),
+        )
+        expected_body, expected_heads = reference_round(
+            'fedrep', list(body), [list(head)] * len(arrays), arrays, passes
+        )
+        for got, want in zip(process.get_model_weights(output.state).trainable, expected_body):
+            np.testing.assert_allclose(got, want, atol=1e-5)
+        for got, want in zip(output.private_states, expected_heads):
+            for g, w in zip(got.trainable, want):
+                np.testing.assert_allclose(g, w, atol=1e-5)
 
 
 @pytest.fixture(scope='module')
