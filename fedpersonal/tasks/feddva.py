@@ -77,12 +77,10 @@ ARCHITECTURES = architectures()
 
 
 def _open_store(task: FeddvaTask, process, outputs: program.ExperimentOutputs):
+    """The store of every client's private state; a client not yet trained starts from the initial one."""
     initial = training_loop.from_model_weights(process.initial_private_state())
-    spec = client_state.spec_of(initial)
     default = lambda client_id: [a.copy() for a in initial]
-    if task.config.state_store == 'memory':
-        return client_state.InMemoryClientStateStore(spec, default)
-    return client_state.SqliteClientStateStore(outputs.path('client_states.sqlite'), spec, default)
+    return program.open_store(task.config.state_store, outputs, client_state.spec_of(initial), default)
 
 
 def run_feddva(
@@ -123,20 +121,13 @@ def run_feddva(
 
             return logits
 
-        state, _ = program.run_learning_process(
+        state, _ = program.run_process(
             process,
+            cfg,
+            outputs=outputs,
             client_data=task.train,
             dataset_fn=task.dataset_fn,
-            clients_per_round=cfg.clients_per_round,
-            dropout_rate=cfg.client_dropout_rate,
-            overselection=cfg.overselection,
-            total_rounds=cfg.total_rounds,
-            outputs=outputs,
-            seed=cfg.seed,
             evaluation_fn=lambda w: task.evaluate(logits_for(w)),
-            rounds_per_evaluation=cfg.rounds_per_eval,
-            rounds_per_checkpoint=cfg.rounds_per_checkpoint,
-            non_finite_clients=cfg.non_finite_clients,
             name='feddva_tuned' if head_tunes_encoders else 'feddva',
             client_state_store=store,
             stopping=stopping,
@@ -197,20 +188,13 @@ def run_fedavg(task: FeddvaTask, outputs: program.ExperimentOutputs, finetune: b
         return evaluate(weights, finetune)
 
     stopping = task.stopping()
-    state, _ = program.run_learning_process(
+    state, _ = program.run_process(
         process,
+        cfg,
+        outputs=outputs,
         client_data=task.train,
         dataset_fn=lambda d: task.dataset_fn(d.repeat(cfg.client_epochs)),
-        clients_per_round=cfg.clients_per_round,
-        dropout_rate=cfg.client_dropout_rate,
-        overselection=cfg.overselection,
-        total_rounds=cfg.total_rounds,
-        outputs=outputs,
-        seed=cfg.seed,
         evaluation_fn=eval_fn,
-        rounds_per_evaluation=cfg.rounds_per_eval,
-        rounds_per_checkpoint=cfg.rounds_per_checkpoint,
-        non_finite_clients=cfg.non_finite_clients,
         name='fedavg',
         stopping=stopping,
     )
@@ -262,20 +246,13 @@ def run_ditto(task: FeddvaTask, outputs: program.ExperimentOutputs) -> dict[str,
             return task.evaluate(fn)
 
         stopping = task.stopping()
-        program.run_learning_process(
+        program.run_process(
             process,
+            cfg,
+            outputs=outputs,
             client_data=task.train,
             dataset_fn=task.dataset_fn,
-            clients_per_round=cfg.clients_per_round,
-            dropout_rate=cfg.client_dropout_rate,
-            overselection=cfg.overselection,
-            total_rounds=cfg.total_rounds,
-            outputs=outputs,
-            seed=cfg.seed,
             evaluation_fn=personal_accuracy,
-            rounds_per_evaluation=cfg.rounds_per_eval,
-            rounds_per_checkpoint=cfg.rounds_per_checkpoint,
-            non_finite_clients=cfg.non_finite_clients,
             name='ditto',
             client_state_store=store,
             stopping=stopping,

@@ -361,20 +361,13 @@ def train_process(task, process, name, outputs, client_data, dataset_fn, eval_fn
     stopping = program.EarlyStopping(
         'rmse', patience=cfg.early_stopping_patience, min_delta=cfg.early_stopping_min_delta
     )
-    state, history = program.run_learning_process(
+    state, history = program.run_process(
         process,
+        cfg,
+        outputs=outputs,
         client_data=client_data,
         dataset_fn=dataset_fn,
-        clients_per_round=cfg.clients_per_round,
-        dropout_rate=cfg.client_dropout_rate,
-        overselection=cfg.overselection,
-        total_rounds=cfg.total_rounds,
-        outputs=outputs,
-        seed=cfg.seed,
         evaluation_fn=eval_fn,
-        rounds_per_evaluation=cfg.rounds_per_eval,
-        rounds_per_checkpoint=cfg.rounds_per_checkpoint,
-        non_finite_clients=cfg.non_finite_clients,
         name=name,
         validate_fn=validate_fn,
         stopping=stopping,
