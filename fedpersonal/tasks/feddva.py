@@ -262,6 +262,34 @@ def run_ditto(task: FeddvaTask, outputs: program.ExperimentOutputs) -> dict[str,
     return row
 
 
+# A method's runner: `(task, outputs, method) -> ({method: row} of every row the run gives, FedDVA's analysis
+# context or None)`. FedAvg's run also gives the fine-tuned row (fine-tuning evaluates the same FedAvg models).
+_Rows = tuple[dict[str, dict[str, Any]], Any]
+
+
+def _feddva_rows(task: FeddvaTask, outputs: program.ExperimentOutputs, method: str) -> _Rows:
+    row, context = run_feddva(task, outputs, head_tunes_encoders=method == 'feddva_tuned')
+    return {method: row}, context
+
+
+def _fedavg_rows(task: FeddvaTask, outputs: program.ExperimentOutputs, method: str) -> _Rows:
+    del method  # One run gives both rows.
+    return run_fedavg(task, outputs, finetune='fedavg_ft' in task.config.configurations), None
+
+
+def _ditto_rows(task: FeddvaTask, outputs: program.ExperimentOutputs, method: str) -> _Rows:
+    return {method: run_ditto(task, outputs)}, None
+
+
+RUNNERS: dict[str, Callable[[FeddvaTask, program.ExperimentOutputs, str], _Rows]] = {
+    'feddva': _feddva_rows,
+    'feddva_tuned': _feddva_rows,
+    'fedavg': _fedavg_rows,
+    'fedavg_ft': _fedavg_rows,
+    'ditto': _ditto_rows,
+}
+
+
 def accuracy_curves(config: FeddvaConfig) -> tuple[dict[tuple[str, str], list[tuple[int, float]]], str]:
     """The runs' accuracy curves read from `config.output_dir` (validation accuracy when the rows select on
     validation, else test accuracy) and their figure, ``accuracy_vs_rounds.png`` there."""
@@ -302,14 +330,10 @@ def run(config: FeddvaConfig) -> dict[str, Any]:
                 continue
             outputs = program.ExperimentOutputs(config.output_dir, f'{setting}/{method}')
             started = time.time()
-            if method in ('feddva', 'feddva_tuned'):
-                by_method[method], context = run_feddva(task, outputs, head_tunes_encoders=method == 'feddva_tuned')
-                if setting == config.disentanglement_setting and method == analyzed:
-                    analyses[setting] = analyze_disentanglement(task, context, os.path.join(config.output_dir, setting))
-            elif method in ('fedavg', 'fedavg_ft'):
-                by_method.update(run_fedavg(task, outputs, finetune='fedavg_ft' in config.configurations))
-            else:
-                by_method['ditto'] = run_ditto(task, outputs)
+            method_rows, context = program.runner_for(RUNNERS, method, 'method')(task, outputs, method)
+            by_method.update(method_rows)
+            if context is not None and setting == config.disentanglement_setting and method == analyzed:
+                analyses[setting] = analyze_disentanglement(task, context, os.path.join(config.output_dir, setting))
             logging.info('[%s/%s] done in %.0fs', setting, method, time.time() - started)
         for method in METHODS:
             if method in by_method and method in config.configurations:

@@ -31,6 +31,7 @@ import functools
 import json
 import os
 import time
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -368,6 +369,13 @@ def run_personalized_fl(task: FurlTask, outputs: program.ExperimentOutputs) -> t
     return row, embeddings
 
 
+# A row's runner: `(task, name, outputs) -> (metrics, user embeddings or None)`.
+RUNNERS: dict[str, Callable[[FurlTask, str, program.ExperimentOutputs], tuple[dict[str, Any], np.ndarray | None]]] = {
+    'global_server': run_server,
+    'personalized_server': run_server,
+    'global_fl': lambda task, name, outputs: (run_global_fl(task, outputs), None),
+    'personalized_fl': lambda task, name, outputs: run_personalized_fl(task, outputs),
+}
 _EMBEDDINGS = {'personalized_server': 'server', 'personalized_fl': 'fl'}  # Rows with user embeddings to compare.
 _EMBEDDINGS_FILE = 'user_embeddings.npy'
 
@@ -411,12 +419,7 @@ def run(config: FurlConfig) -> dict[str, Any]:
             row, table = finished
         else:
             started = time.time()
-            if name in ('global_server', 'personalized_server'):
-                metrics, table = run_server(task, name, outputs)
-            elif name == 'global_fl':
-                metrics, table = run_global_fl(task, outputs), None
-            else:
-                metrics, table = run_personalized_fl(task, outputs)
+            metrics, table = program.runner_for(RUNNERS, name)(task, name, outputs)
             row = {'name': ROW_NAMES[name], 'configuration': name, **metrics, 'wall_seconds': time.time() - started}
             if table is not None:
                 np.save(outputs.path(_EMBEDDINGS_FILE), table)
