@@ -21,6 +21,7 @@ MODULES = (
     'fedpersonal.program.dataset_inference',
     'fedpersonal.program.non_finite',
     'fedpersonal.program.participation',
+    'fedpersonal.program.task_runner',
     'fedpersonal.progress',
     'fedpersonal.privacy.dp',
     'fedpersonal.tasks.feddva_config',

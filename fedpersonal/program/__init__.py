@@ -40,6 +40,9 @@ if TYPE_CHECKING:  # The static view of the lazily imported names (mypy, IDEs).
     from fedpersonal.program.seeds import seed_output_dir
     from fedpersonal.program.selection import EarlyStopping
     from fedpersonal.program.selection import ModelSelection
+    from fedpersonal.program.task_runner import open_store
+    from fedpersonal.program.task_runner import run_process
+    from fedpersonal.program.task_runner import runner_for
     from fedpersonal.program.training_loop import RUN_CONFIG_FILE
     from fedpersonal.program.training_loop import ClientStatesLostError
     from fedpersonal.program.training_loop import ConfigMismatchError
@@ -79,6 +82,9 @@ _EXPORTS = {
     'guard_config': 'training_loop',
     'run_learning_process': 'training_loop',
     'sample_clients': 'participation',
+    'open_store': 'task_runner',
+    'run_process': 'task_runner',
+    'runner_for': 'task_runner',
     'unflatten_private_state': 'training_loop',
 }
 _SUBMODULES = (
@@ -94,6 +100,7 @@ _SUBMODULES = (
     'seeds',
     'selection',
     'stop_signals',
+    'task_runner',
     'training_loop',
 )
 

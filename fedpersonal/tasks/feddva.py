@@ -77,12 +77,10 @@ ARCHITECTURES = architectures()
 
 
 def _open_store(task: FeddvaTask, process, outputs: program.ExperimentOutputs):
+    """The store of every client's private state; a client not yet trained starts from the initial one."""
     initial = training_loop.from_model_weights(process.initial_private_state())
-    spec = client_state.spec_of(initial)
     default = lambda client_id: [a.copy() for a in initial]
-    if task.config.state_store == 'memory':
-        return client_state.InMemoryClientStateStore(spec, default)
-    return client_state.SqliteClientStateStore(outputs.path('client_states.sqlite'), spec, default)
+    return program.open_store(task.config.state_store, outputs, client_state.spec_of(initial), default)
 
 
 def run_feddva(
@@ -123,20 +121,13 @@ def run_feddva(
 
             return logits
 
-        state, _ = program.run_learning_process(
+        state, _ = program.run_process(
             process,
+            cfg,
+            outputs=outputs,
             client_data=task.train,
             dataset_fn=task.dataset_fn,
-            clients_per_round=cfg.clients_per_round,
-            dropout_rate=cfg.client_dropout_rate,
-            overselection=cfg.overselection,
-            total_rounds=cfg.total_rounds,
-            outputs=outputs,
-            seed=cfg.seed,
             evaluation_fn=lambda w: task.evaluate(logits_for(w)),
-            rounds_per_evaluation=cfg.rounds_per_eval,
-            rounds_per_checkpoint=cfg.rounds_per_checkpoint,
-            non_finite_clients=cfg.non_finite_clients,
             name='feddva_tuned' if head_tunes_encoders else 'feddva',
             client_state_store=store,
             stopping=stopping,
@@ -197,20 +188,13 @@ def run_fedavg(task: FeddvaTask, outputs: program.ExperimentOutputs, finetune: b
         return evaluate(weights, finetune)
 
     stopping = task.stopping()
-    state, _ = program.run_learning_process(
+    state, _ = program.run_process(
         process,
+        cfg,
+        outputs=outputs,
         client_data=task.train,
         dataset_fn=lambda d: task.dataset_fn(d.repeat(cfg.client_epochs)),
-        clients_per_round=cfg.clients_per_round,
-        dropout_rate=cfg.client_dropout_rate,
-        overselection=cfg.overselection,
-        total_rounds=cfg.total_rounds,
-        outputs=outputs,
-        seed=cfg.seed,
         evaluation_fn=eval_fn,
-        rounds_per_evaluation=cfg.rounds_per_eval,
-        rounds_per_checkpoint=cfg.rounds_per_checkpoint,
-        non_finite_clients=cfg.non_finite_clients,
         name='fedavg',
         stopping=stopping,
     )
@@ -262,20 +246,13 @@ def run_ditto(task: FeddvaTask, outputs: program.ExperimentOutputs) -> dict[str,
             return task.evaluate(fn)
 
         stopping = task.stopping()
-        program.run_learning_process(
+        program.run_process(
             process,
+            cfg,
+            outputs=outputs,
             client_data=task.train,
             dataset_fn=task.dataset_fn,
-            clients_per_round=cfg.clients_per_round,
-            dropout_rate=cfg.client_dropout_rate,
-            overselection=cfg.overselection,
-            total_rounds=cfg.total_rounds,
-            outputs=outputs,
-            seed=cfg.seed,
             evaluation_fn=personal_accuracy,
-            rounds_per_evaluation=cfg.rounds_per_eval,
-            rounds_per_checkpoint=cfg.rounds_per_checkpoint,
-            non_finite_clients=cfg.non_finite_clients,
             name='ditto',
             client_state_store=store,
             stopping=stopping,
@@ -283,6 +260,34 @@ def run_ditto(task: FeddvaTask, outputs: program.ExperimentOutputs) -> dict[str,
         row = task.selected_row(outputs, stopping) if stopping else personal_accuracy(None)
     row['seconds_per_round'] = outputs.median_round_seconds()
     return row
+
+
+# A method's runner: `(task, outputs, method) -> ({method: row} of every row the run gives, FedDVA's analysis
+# context or None)`. FedAvg's run also gives the fine-tuned row (fine-tuning evaluates the same FedAvg models).
+_Rows = tuple[dict[str, dict[str, Any]], Any]
+
+
+def _feddva_rows(task: FeddvaTask, outputs: program.ExperimentOutputs, method: str) -> _Rows:
+    row, context = run_feddva(task, outputs, head_tunes_encoders=method == 'feddva_tuned')
+    return {method: row}, context
+
+
+def _fedavg_rows(task: FeddvaTask, outputs: program.ExperimentOutputs, method: str) -> _Rows:
+    del method  # One run gives both rows.
+    return run_fedavg(task, outputs, finetune='fedavg_ft' in task.config.configurations), None
+
+
+def _ditto_rows(task: FeddvaTask, outputs: program.ExperimentOutputs, method: str) -> _Rows:
+    return {method: run_ditto(task, outputs)}, None
+
+
+RUNNERS: dict[str, Callable[[FeddvaTask, program.ExperimentOutputs, str], _Rows]] = {
+    'feddva': _feddva_rows,
+    'feddva_tuned': _feddva_rows,
+    'fedavg': _fedavg_rows,
+    'fedavg_ft': _fedavg_rows,
+    'ditto': _ditto_rows,
+}
 
 
 def accuracy_curves(config: FeddvaConfig) -> tuple[dict[tuple[str, str], list[tuple[int, float]]], str]:
@@ -325,14 +330,10 @@ def run(config: FeddvaConfig) -> dict[str, Any]:
                 continue
             outputs = program.ExperimentOutputs(config.output_dir, f'{setting}/{method}')
             started = time.time()
-            if method in ('feddva', 'feddva_tuned'):
-                by_method[method], context = run_feddva(task, outputs, head_tunes_encoders=method == 'feddva_tuned')
-                if setting == config.disentanglement_setting and method == analyzed:
-                    analyses[setting] = analyze_disentanglement(task, context, os.path.join(config.output_dir, setting))
-            elif method in ('fedavg', 'fedavg_ft'):
-                by_method.update(run_fedavg(task, outputs, finetune='fedavg_ft' in config.configurations))
-            else:
-                by_method['ditto'] = run_ditto(task, outputs)
+            method_rows, context = program.runner_for(RUNNERS, method, 'method')(task, outputs, method)
+            by_method.update(method_rows)
+            if context is not None and setting == config.disentanglement_setting and method == analyzed:
+                analyses[setting] = analyze_disentanglement(task, context, os.path.join(config.output_dir, setting))
             logging.info('[%s/%s] done in %.0fs', setting, method, time.time() - started)
         for method in METHODS:
             if method in by_method and method in config.configurations:

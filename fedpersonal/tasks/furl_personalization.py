@@ -31,6 +31,7 @@ import functools
 import json
 import os
 import time
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -277,20 +278,14 @@ def run_global_fl(task: FurlTask, outputs: program.ExperimentOutputs) -> dict[st
         **dp_kwargs,
     )
     stopping = _stopping(task)
-    state, history = program.run_learning_process(
+    state, history = program.run_process(
         process,
-        client_data=task.data.train,
-        dataset_fn=task.dataset_fn,
-        clients_per_round=cfg.clients_per_round,
-        dropout_rate=cfg.client_dropout_rate,
-        overselection=cfg.overselection,
-        total_rounds=task.total_rounds(),
+        cfg,
         outputs=outputs,
-        seed=cfg.seed,
+        client_data=task.data.train,
+        total_rounds=task.total_rounds(),
+        dataset_fn=task.dataset_fn,
         evaluation_fn=lambda w: task.evaluate_global('none', w, 'eval'),
-        rounds_per_evaluation=cfg.rounds_per_eval,
-        rounds_per_checkpoint=cfg.rounds_per_checkpoint,
-        non_finite_clients=cfg.non_finite_clients,
         name='global_fl',
         stopping=stopping,
         round_metrics_fn=dp.round_metrics if dp is not None else None,
@@ -310,9 +305,7 @@ def _open_store(task: FurlTask, process: core.PersonalizedProcess, outputs: prog
         for t in list(process.private_state_type.trainable) + list(process.private_state_type.non_trainable)
     ]
     default = client_state.seeded_uniform_default(spec, scale=0.05, seed=task.config.seed)
-    if task.config.state_store == 'memory':
-        return client_state.InMemoryClientStateStore(spec, default), default
-    return client_state.SqliteClientStateStore(outputs.path('client_states.sqlite'), spec, default), default
+    return program.open_store(task.config.state_store, outputs, spec, default), default
 
 
 def run_personalized_fl(task: FurlTask, outputs: program.ExperimentOutputs) -> tuple[dict[str, Any], np.ndarray]:
@@ -350,20 +343,14 @@ def run_personalized_fl(task: FurlTask, outputs: program.ExperimentOutputs) -> t
             states = store.get(ids) if states is None else states
             return task.evaluate(evaluate, weights, split, [to_weights(s) for s in states])
 
-        state, history = program.run_learning_process(
+        state, history = program.run_process(
             process,
-            client_data=data.train,
-            dataset_fn=task.dataset_fn,
-            clients_per_round=cfg.clients_per_round,
-            dropout_rate=cfg.client_dropout_rate,
-            overselection=cfg.overselection,
-            total_rounds=task.total_rounds(),
+            cfg,
             outputs=outputs,
-            seed=cfg.seed,
+            client_data=data.train,
+            total_rounds=task.total_rounds(),
+            dataset_fn=task.dataset_fn,
             evaluation_fn=eval_fn,
-            rounds_per_evaluation=cfg.rounds_per_eval,
-            rounds_per_checkpoint=cfg.rounds_per_checkpoint,
-            non_finite_clients=cfg.non_finite_clients,
             name='personalized_fl',
             client_state_store=store,
             stopping=stopping,
@@ -382,6 +369,13 @@ def run_personalized_fl(task: FurlTask, outputs: program.ExperimentOutputs) -> t
     return row, embeddings
 
 
+# A row's runner: `(task, name, outputs) -> (metrics, user embeddings or None)`.
+RUNNERS: dict[str, Callable[[FurlTask, str, program.ExperimentOutputs], tuple[dict[str, Any], np.ndarray | None]]] = {
+    'global_server': run_server,
+    'personalized_server': run_server,
+    'global_fl': lambda task, name, outputs: (run_global_fl(task, outputs), None),
+    'personalized_fl': lambda task, name, outputs: run_personalized_fl(task, outputs),
+}
 _EMBEDDINGS = {'personalized_server': 'server', 'personalized_fl': 'fl'}  # Rows with user embeddings to compare.
 _EMBEDDINGS_FILE = 'user_embeddings.npy'
 
@@ -425,12 +419,7 @@ def run(config: FurlConfig) -> dict[str, Any]:
             row, table = finished
         else:
             started = time.time()
-            if name in ('global_server', 'personalized_server'):
-                metrics, table = run_server(task, name, outputs)
-            elif name == 'global_fl':
-                metrics, table = run_global_fl(task, outputs), None
-            else:
-                metrics, table = run_personalized_fl(task, outputs)
+            metrics, table = program.runner_for(RUNNERS, name)(task, name, outputs)
             row = {'name': ROW_NAMES[name], 'configuration': name, **metrics, 'wall_seconds': time.time() - started}
             if table is not None:
                 np.save(outputs.path(_EMBEDDINGS_FILE), table)

@@ -5,6 +5,7 @@ Split from `fedpersonal.tasks.hpfl_user_modeling` (which runs every row) so each
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -83,6 +84,49 @@ class PooledIndex:
 
 
 # ------------------------------------------------------------------------------------------------ centralized
+_Model = baselines.NcdModel | baselines.NcfModel | baselines.CentralGumModel
+
+
+def _ncd(config: HpflConfig, data: user_modeling.UserModelingData, index: PooledIndex) -> _Model:
+    return baselines.NcdModel(
+        index.num_global_users,
+        index.num_global_items,
+        data.num_attributes,
+        hidden_units=config.ncd_hidden_units,
+        seed=config.seed,
+    )
+
+
+def _ncf(config: HpflConfig, data: user_modeling.UserModelingData, index: PooledIndex) -> _Model:
+    return baselines.NcfModel(
+        index.num_global_users,
+        index.num_global_items,
+        embedding_dim=config.ncf_embedding_dim,
+        task=data.task,
+        seed=config.seed,
+    )
+
+
+def _gum(config: HpflConfig, data: user_modeling.UserModelingData, index: PooledIndex) -> _Model:
+    gum_config = gum.GumConfig(
+        num_attributes=data.num_attributes,
+        max_users=index.num_global_users,
+        max_items=index.num_global_items,
+        hidden_dim=config.hidden_dim,
+        task=data.task,
+        rating_range=(float(data.rating_range[0]), float(data.rating_range[1])),
+    )
+    return baselines.CentralGumModel(gum_config, seed=config.seed)
+
+
+# A centralized method's model: `(config, data, index) -> model`, trained alike by `run_centralized`.
+MODELS: dict[str, Callable[[HpflConfig, user_modeling.UserModelingData, PooledIndex], _Model]] = {
+    'ncd': _ncd,
+    'ncf': _ncf,
+    'gum': _gum,
+}
+
+
 def run_centralized(
     method: str,
     config: HpflConfig,
@@ -90,30 +134,7 @@ def run_centralized(
     index: PooledIndex,
     outputs: program.ExperimentOutputs,
 ) -> tuple[dict[str, Any], np.ndarray | None]:
-    k = data.num_attributes
-    model: baselines.NcdModel | baselines.NcfModel | baselines.CentralGumModel
-    if method == 'ncd':
-        model = baselines.NcdModel(
-            index.num_global_users, index.num_global_items, k, hidden_units=config.ncd_hidden_units, seed=config.seed
-        )
-    elif method == 'ncf':
-        model = baselines.NcfModel(
-            index.num_global_users,
-            index.num_global_items,
-            embedding_dim=config.ncf_embedding_dim,
-            task=data.task,
-            seed=config.seed,
-        )
-    else:
-        gum_config = gum.GumConfig(
-            num_attributes=k,
-            max_users=index.num_global_users,
-            max_items=index.num_global_items,
-            hidden_dim=config.hidden_dim,
-            task=data.task,
-            rating_range=(float(data.rating_range[0]), float(data.rating_range[1])),
-        )
-        model = baselines.CentralGumModel(gum_config, seed=config.seed)
+    model = program.runner_for(MODELS, method, 'method')(config, data, index)
     train, validation, test = (index.pooled_arrays(s) for s in ('train', 'validation', 'test'))
     validation_labels = index.split('validation')['label']
     epoch_seconds: list[float] = []

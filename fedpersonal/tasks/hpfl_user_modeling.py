@@ -283,24 +283,25 @@ def _run_federated(
         'rmse', patience=config.early_stopping_patience, min_delta=config.early_stopping_min_delta
     )
     template = process.initial_private_state()
-    store = client_state.SqliteClientStateStore(
-        outputs.path(_STATE_STORE),
+    # Always SQLite: a killed run resumes (the row's store is removed once its results are written).
+    store = program.open_store(
+        'sqlite',
+        outputs,
         client_state.spec_of(initial[ids[0]]),
         lambda cid: [a.copy() for a in initial[cid.removeprefix(selection.prefix)]],
+        filename=_STATE_STORE,
     )
     with store:
-        program.run_learning_process(
+        # Every silo every round (HpflConfig has no sampling part), so no sampling arguments or seed.
+        program.run_process(
             process,
-            client_data=client_data,
-            total_rounds=config.total_rounds,
+            config,
             outputs=outputs,
+            client_data=client_data,
             client_state_store=store,
-            rounds_per_checkpoint=config.rounds_per_checkpoint,
-            non_finite_clients=config.non_finite_clients,
             client_evaluation_fn=lambda weights, states: _evaluate_states(
                 config, gum_config, data, index, states, 'validation', full=False
             ),
-            rounds_per_evaluation=config.rounds_per_eval,
             selection=selection,
             stopping=stopping,
             evaluation_name='validation',

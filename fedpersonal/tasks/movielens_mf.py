@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import dataclasses
 import time
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -361,20 +362,13 @@ def train_process(task, process, name, outputs, client_data, dataset_fn, eval_fn
     stopping = program.EarlyStopping(
         'rmse', patience=cfg.early_stopping_patience, min_delta=cfg.early_stopping_min_delta
     )
-    state, history = program.run_learning_process(
+    state, history = program.run_process(
         process,
+        cfg,
+        outputs=outputs,
         client_data=client_data,
         dataset_fn=dataset_fn,
-        clients_per_round=cfg.clients_per_round,
-        dropout_rate=cfg.client_dropout_rate,
-        overselection=cfg.overselection,
-        total_rounds=cfg.total_rounds,
-        outputs=outputs,
-        seed=cfg.seed,
         evaluation_fn=eval_fn,
-        rounds_per_evaluation=cfg.rounds_per_eval,
-        rounds_per_checkpoint=cfg.rounds_per_checkpoint,
-        non_finite_clients=cfg.non_finite_clients,
         name=name,
         validate_fn=validate_fn,
         stopping=stopping,
@@ -393,103 +387,136 @@ def train_process(task, process, name, outputs, client_data, dataset_fn, eval_fn
     return best, selection, outputs.median_round_seconds()
 
 
+def _run_fedrecon(
+    task: MovieLensMFTask, name: str, outputs: program.ExperimentOutputs, row: dict[str, Any]
+) -> dict[str, Any]:
+    """FedRecon: trains (selection and timing into `row`); returns its final test evaluation."""
+    prepared = task.prepared
+    dp = task.differential_privacy(prepared.user_train)
+    process = task.build_fed_recon(dp)
+    eval_fn = lambda w: task.periodic_metrics('recon', w, prepared.user_val, task.personal_dataset_fn)
+    state, selection, row['seconds_per_round'] = train_process(
+        task,
+        process,
+        name,
+        outputs,
+        prepared.user_train,
+        task.personal_dataset_fn,
+        eval_fn,
+        validate_fn=_validate_personal(mf.personal_input_spec()),
+        dp=dp,
+    )
+    row.update(selection)
+    return task.evaluate('recon', process.get_model_weights(state), prepared.user_test, task.personal_dataset_fn)
+
+
+def _run_fedavg(
+    task: MovieLensMFTask, name: str, outputs: program.ExperimentOutputs, row: dict[str, Any]
+) -> dict[str, Any]:
+    """FedAvg of the table model, on the time split ('fedavg_standard') or the user split; trains
+    (selection and timing into `row`); returns its final test evaluation."""
+    prepared = task.prepared
+    standard = name == 'fedavg_standard'
+    train = prepared.time_train if standard else prepared.user_train
+    dp = task.differential_privacy(train)
+    process = task.build_fed_avg(dp)
+
+    def eval_fn(weights):
+        if standard:
+            return task.periodic_metrics('standard', weights, prepared.time_val, task.table_dataset_fn_eval)
+        return task.periodic_metrics(
+            'recon',
+            task.personal_globals_from_table(weights.trainable),
+            prepared.user_val,
+            task.personal_dataset_fn,
+        )
+
+    state, selection, row['seconds_per_round'] = train_process(
+        task, process, name, outputs, train, task.table_dataset_fn, eval_fn, dp=dp
+    )
+    row.update(selection)
+    weights = process.get_model_weights(state)
+    if standard:
+        final = task.evaluate('standard', weights, prepared.time_test, task.table_dataset_fn_eval)
+    else:
+        final = task.evaluate(
+            'recon',
+            task.personal_globals_from_table(weights.trainable),
+            prepared.user_test,
+            task.personal_dataset_fn,
+        )
+    return final
+
+
+def _run_centralized(
+    task: MovieLensMFTask, name: str, outputs: program.ExperimentOutputs, row: dict[str, Any]
+) -> dict[str, Any]:
+    """Centralized training of the table model, on the time split ('centralized_standard') or the
+    user split; returns its final test evaluation."""
+    cfg, prepared = task.config, task.prepared
+    standard = name == 'centralized_standard'
+    keras_model = task.table_keras_model()
+    if standard:
+        train_frame, val_frame = prepared.time_split_ratings['train'], prepared.time_split_ratings['val']
+    else:
+        # Early stopping needs held-out ratings of *train* users: their last 10% by time.
+        pooled = prepared.user_split_ratings['train']
+        ranks = pooled.groupby('user_id').cumcount()
+        sizes = pooled.groupby('user_id')['user_id'].transform('size')
+        holdout = ranks >= np.floor(sizes * 0.9)
+        train_frame, val_frame = pooled[~holdout], pooled[holdout]
+
+    def examples(frame):
+        elements = {c: frame[c].to_numpy() for c in ('user_id', 'item_id', 'rating')}
+        return tf.data.Dataset.from_tensor_slices(elements).map(mf.table_example)
+
+    centralized.train_centralized(
+        keras_model,
+        train_dataset=centralized.epoch_shuffled(examples(train_frame), cfg.centralized_batch_size, seed=cfg.seed),
+        validation_dataset=examples(val_frame).batch(cfg.centralized_batch_size),
+        optimizer=tf.keras.optimizers.get(
+            {'class_name': cfg.centralized_optimizer, 'config': {'learning_rate': cfg.centralized_learning_rate}}
+        ),
+        loss=task.loss_fn(),
+        metrics=task.metrics_fn(),
+        max_epochs=cfg.centralized_max_epochs,
+        patience=cfg.centralized_patience,
+        min_delta=cfg.centralized_min_delta,
+        monitor='val_rmse',
+        on_epoch_end=lambda epoch, logs: outputs.release_metrics(epoch, centralized.split_logs(logs)),
+        checkpoint_dir=outputs.path('checkpoints'),
+        name=name,
+    )
+    trainable = [v.numpy() for v in keras_model.trainable_variables]
+    if standard:
+        weights = tff.learning.models.ModelWeights(
+            trainable=trainable + [v.numpy() for v in keras_model.non_trainable_variables], non_trainable=[]
+        )
+        final = task.evaluate('standard', weights, prepared.time_test, task.table_dataset_fn_eval)
+    else:
+        final = task.evaluate(
+            'recon', task.personal_globals_from_table(trainable), prepared.user_test, task.personal_dataset_fn
+        )
+    return final
+
+
+# A configuration's runner: `(task, name, outputs, row) -> final test evaluation` (its training record into `row`).
+RUNNERS: dict[str, Callable[[MovieLensMFTask, str, program.ExperimentOutputs, dict[str, Any]], dict[str, Any]]] = {
+    'fedrecon': _run_fedrecon,
+    'fedavg_standard': _run_fedavg,
+    'fedavg_recon': _run_fedavg,
+    'centralized_standard': _run_centralized,
+    'centralized_recon': _run_centralized,
+}
+
+
 def run_configuration(task: MovieLensMFTask, name: str) -> dict[str, Any]:
     """Trains and evaluates one Table 1 configuration; returns its result row."""
-    cfg, prepared = task.config, task.prepared
+    cfg = task.config
     outputs = program.ExperimentOutputs(cfg.output_dir, name)
     started = time.time()
     row: dict[str, Any] = {'name': ROW_NAMES[name], 'configuration': name}
-    if name == 'fedrecon':
-        dp = task.differential_privacy(prepared.user_train)
-        process = task.build_fed_recon(dp)
-        eval_fn = lambda w: task.periodic_metrics('recon', w, prepared.user_val, task.personal_dataset_fn)
-        state, selection, row['seconds_per_round'] = train_process(
-            task,
-            process,
-            name,
-            outputs,
-            prepared.user_train,
-            task.personal_dataset_fn,
-            eval_fn,
-            validate_fn=_validate_personal(mf.personal_input_spec()),
-            dp=dp,
-        )
-        row.update(selection)
-        final = task.evaluate('recon', process.get_model_weights(state), prepared.user_test, task.personal_dataset_fn)
-    elif name.startswith('fedavg'):
-        standard = name == 'fedavg_standard'
-        train = prepared.time_train if standard else prepared.user_train
-        dp = task.differential_privacy(train)
-        process = task.build_fed_avg(dp)
-
-        def eval_fn(weights):
-            if standard:
-                return task.periodic_metrics('standard', weights, prepared.time_val, task.table_dataset_fn_eval)
-            return task.periodic_metrics(
-                'recon',
-                task.personal_globals_from_table(weights.trainable),
-                prepared.user_val,
-                task.personal_dataset_fn,
-            )
-
-        state, selection, row['seconds_per_round'] = train_process(
-            task, process, name, outputs, train, task.table_dataset_fn, eval_fn, dp=dp
-        )
-        row.update(selection)
-        weights = process.get_model_weights(state)
-        if standard:
-            final = task.evaluate('standard', weights, prepared.time_test, task.table_dataset_fn_eval)
-        else:
-            final = task.evaluate(
-                'recon',
-                task.personal_globals_from_table(weights.trainable),
-                prepared.user_test,
-                task.personal_dataset_fn,
-            )
-    else:
-        standard = name == 'centralized_standard'
-        keras_model = task.table_keras_model()
-        if standard:
-            train_frame, val_frame = prepared.time_split_ratings['train'], prepared.time_split_ratings['val']
-        else:
-            # Early stopping needs held-out ratings of *train* users: their last 10% by time.
-            pooled = prepared.user_split_ratings['train']
-            ranks = pooled.groupby('user_id').cumcount()
-            sizes = pooled.groupby('user_id')['user_id'].transform('size')
-            holdout = ranks >= np.floor(sizes * 0.9)
-            train_frame, val_frame = pooled[~holdout], pooled[holdout]
-
-        def examples(frame):
-            elements = {c: frame[c].to_numpy() for c in ('user_id', 'item_id', 'rating')}
-            return tf.data.Dataset.from_tensor_slices(elements).map(mf.table_example)
-
-        centralized.train_centralized(
-            keras_model,
-            train_dataset=centralized.epoch_shuffled(examples(train_frame), cfg.centralized_batch_size, seed=cfg.seed),
-            validation_dataset=examples(val_frame).batch(cfg.centralized_batch_size),
-            optimizer=tf.keras.optimizers.get(
-                {'class_name': cfg.centralized_optimizer, 'config': {'learning_rate': cfg.centralized_learning_rate}}
-            ),
-            loss=task.loss_fn(),
-            metrics=task.metrics_fn(),
-            max_epochs=cfg.centralized_max_epochs,
-            patience=cfg.centralized_patience,
-            min_delta=cfg.centralized_min_delta,
-            monitor='val_rmse',
-            on_epoch_end=lambda epoch, logs: outputs.release_metrics(epoch, centralized.split_logs(logs)),
-            checkpoint_dir=outputs.path('checkpoints'),
-            name=name,
-        )
-        trainable = [v.numpy() for v in keras_model.trainable_variables]
-        if standard:
-            weights = tff.learning.models.ModelWeights(
-                trainable=trainable + [v.numpy() for v in keras_model.non_trainable_variables], non_trainable=[]
-            )
-            final = task.evaluate('standard', weights, prepared.time_test, task.table_dataset_fn_eval)
-        else:
-            final = task.evaluate(
-                'recon', task.personal_globals_from_table(trainable), prepared.user_test, task.personal_dataset_fn
-            )
+    final = program.runner_for(RUNNERS, name)(task, name, outputs, row)
     row.update({k: final['metrics'][k] for k in METRIC_KEYS if k in final['metrics']})
     row['per_client'] = final['per_client']
     row['wall_seconds'] = time.time() - started

@@ -38,7 +38,9 @@ from __future__ import annotations
 
 import dataclasses
 import time
+from collections.abc import Callable
 from typing import Any
+from typing import ClassVar
 
 import numpy as np
 import tensorflow as tf
@@ -343,20 +345,13 @@ def _train(task: NextWordPredictionTask, process, name: str, outputs, num_oov_bu
             patience=cfg.early_stopping_patience,
             min_delta=cfg.early_stopping_min_delta,
         )
-    state, history = program.run_learning_process(
+    state, history = program.run_process(
         process,
+        cfg,
+        outputs=outputs,
         client_data=task.client_data(num_oov_buckets, 'train'),
         dataset_fn=task.dataset_fn,
-        clients_per_round=cfg.clients_per_round,
-        dropout_rate=cfg.client_dropout_rate,
-        overselection=cfg.overselection,
-        total_rounds=cfg.total_rounds,
-        outputs=outputs,
-        seed=cfg.seed,
         evaluation_fn=eval_fn,
-        rounds_per_evaluation=cfg.rounds_per_eval,
-        rounds_per_checkpoint=cfg.rounds_per_checkpoint,
-        non_finite_clients=cfg.non_finite_clients,
         name=name,
         stopping=stopping,
     )
@@ -413,32 +408,55 @@ class _Runner:
         self._trained[key] = (weights, summary)
         return self._trained[key]
 
-    def row(self, configuration: str) -> dict[str, Any]:
+    def _fedyogi(self, configuration: str) -> tuple[dict[str, Any], dict[str, Any]]:
+        """FedYogi with one OOV bucket, tested as is."""
+        task, cfg = self.task, self.task.config
+        weights, summary = self.trained('fedyogi', 1)
+        # No local variables: "reconstruction" is a no-op, the trained OOV row is used as is.
+        computation = task.evaluation(
+            1, oov_local=True, learn_local_init=True, split=dataclasses.replace(cfg.split, recon_steps_max=0)
+        )
+        final = task.evaluate(
+            computation, task.partially_local_weights(1, list(weights.trainable)), 1, 'test', cfg.test_clients
+        )
+        return final, summary
+
+    def _fedrecon(self, configuration: str) -> tuple[dict[str, Any], dict[str, Any]]:
+        """FedRecon (one OOV bucket for 'fedrecon_1oov'; fine-tuned after reconstruction for 'fedrecon_finetune')."""
+        task, cfg = self.task, self.task.config
+        buckets = 1 if configuration == 'fedrecon_1oov' else cfg.num_oov_buckets
+        weights, summary = self.trained('fedrecon', buckets)
+        computation = task.evaluation(buckets, oov_local=True, finetune=configuration == 'fedrecon_finetune')
+        return task.evaluate(computation, weights, buckets, 'test', cfg.test_clients), summary
+
+    def _finetuning(self, configuration: str) -> tuple[dict[str, Any], dict[str, Any]]:
+        """FedYogi's model with local OOV rows learned per client ('full_finetuning': every variable fine-tuned)."""
         task, cfg = self.task, self.task.config
         b = cfg.num_oov_buckets
+        weights, summary = self.trained('fedyogi', b)
+        computation = task.evaluation(
+            b, oov_local=True, learn_local_init=True, finetune=configuration == 'full_finetuning'
+        )
+        final = task.evaluate(
+            computation, task.partially_local_weights(b, list(weights.trainable)), b, 'test', cfg.test_clients
+        )
+        return final, summary
+
+    # A row's runner: `(runner, configuration) -> (final test evaluation, training summary)`.
+    RUNNERS: ClassVar[dict[str, Callable[[Any, str], tuple[dict[str, Any], dict[str, Any]]]]] = {
+        'fedyogi': _fedyogi,
+        'fedrecon': _fedrecon,
+        'fedrecon_1oov': _fedrecon,
+        'fedrecon_finetune': _fedrecon,
+        'oov_finetuning': _finetuning,
+        'full_finetuning': _finetuning,
+    }
+
+    def row(self, configuration: str) -> dict[str, Any]:
+        """Trains (once per model) and tests one Table 2 configuration; returns its result row."""
+        b = self.task.config.num_oov_buckets
         started = time.time()
-        if configuration == 'fedyogi':
-            weights, summary = self.trained('fedyogi', 1)
-            # No local variables: "reconstruction" is a no-op, the trained OOV row is used as is.
-            computation = task.evaluation(
-                1, oov_local=True, learn_local_init=True, split=dataclasses.replace(cfg.split, recon_steps_max=0)
-            )
-            final = task.evaluate(
-                computation, task.partially_local_weights(1, list(weights.trainable)), 1, 'test', cfg.test_clients
-            )
-        elif configuration in ('fedrecon', 'fedrecon_1oov', 'fedrecon_finetune'):
-            buckets = 1 if configuration == 'fedrecon_1oov' else b
-            weights, summary = self.trained('fedrecon', buckets)
-            computation = task.evaluation(buckets, oov_local=True, finetune=configuration == 'fedrecon_finetune')
-            final = task.evaluate(computation, weights, buckets, 'test', cfg.test_clients)
-        else:
-            weights, summary = self.trained('fedyogi', b)
-            computation = task.evaluation(
-                b, oov_local=True, learn_local_init=True, finetune=configuration == 'full_finetuning'
-            )
-            final = task.evaluate(
-                computation, task.partially_local_weights(b, list(weights.trainable)), b, 'test', cfg.test_clients
-            )
+        final, summary = program.runner_for(self.RUNNERS, configuration)(self, configuration)
         row: dict[str, Any] = {'name': row_name(configuration, b), 'configuration': configuration}
         row.update({k: final['metrics'][k] for k in METRIC_KEYS if k in final['metrics']})
         row.update(summary)
