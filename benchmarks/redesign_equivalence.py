@@ -115,6 +115,7 @@ WORKLOADS = {
     ),
     'nwp': (NWP, 'FedRecon Table 2 (next-word prediction)'),
     'hpfl': (HPFL, 'HPFL tables'),
+    'hpfl_per_client': (HPFL + ['--simulation=per_client'], 'HPFL tables, per-client backend (TFF next)'),
 }
 
 

@@ -2,7 +2,7 @@
 
 * `process`: `PersonalizedProcess` and `ProcessOutput`, the protocol of every algorithm.
 * `compose`: `compose_personalized_process`, TFF's broadcast / aggregator / finalizer around an algorithm's
-  client work.
+  client work, optionally followed by a client step after aggregation (`PostAggregation`).
 * `client_work`: the client-side steps (local optimizer loops, reconstruction, proximal terms, metrics,
   weights, evaluation passes), written once.
 
@@ -10,6 +10,7 @@ See docs/ARCHITECTURE.md for the data flow of a round and how to add an algorith
 """
 
 from fedpersonal.core import client_work
+from fedpersonal.core.compose import PostAggregation
 from fedpersonal.core.compose import compose_personalized_process
 from fedpersonal.core.compose import keras_metrics
 from fedpersonal.core.compose import ratio_metrics
@@ -20,6 +21,7 @@ from fedpersonal.core.process import from_learning_process
 
 __all__ = [
     'PersonalizedProcess',
+    'PostAggregation',
     'ProcessOutput',
     'client_work',
     'compose_personalized_process',

@@ -11,6 +11,11 @@ The algorithm supplies just its client work:
 * stateful: ``client_update: (<weights, dataset, private state> -> <ClientResult, client metrics, new private
   state>)`` — the private states enter and leave CLIENTS-placed and never reach a SERVER-placed intrinsic.
 
+An optional post-aggregation stage (`PostAggregation`, stateful client work only) adds a second broadcast after
+the server step -- of a value computed from the new global weights -- and a client update of each new private
+state from it and that client's metrics (what HPFL's round does after its aggregation). Without it the round is
+the one above, unchanged.
+
 `aggregate_metrics` turns the CLIENTS-placed client metrics into SERVER-placed ones: `keras_metrics` (TFF's
 `sum_then_finalize` over Keras metric variables) or `ratio_metrics` (sums of ``[numerator, denominator]``).
 
@@ -27,6 +32,7 @@ from __future__ import annotations
 import collections
 from collections.abc import Callable
 from typing import Any
+from typing import NamedTuple
 from typing import TypeAlias
 
 import numpy as np
@@ -38,6 +44,28 @@ from fedpersonal.core import process as process_lib
 AggregationFactory: TypeAlias = (
     tff.aggregators.WeightedAggregationFactory | tff.aggregators.UnweightedAggregationFactory
 )
+
+
+class PostAggregation(NamedTuple):
+    """A client step after aggregation: the server broadcasts a value of its new state, clients update privately.
+
+    Attributes:
+      server_value: TF computation from the new global weights (for HPFL: with its other server values) to what
+        is broadcast.
+      client_update: TF computation ``(broadcast value, private state, client metrics) -> private state``: the
+        client metrics are the client work's per-client output that `aggregate_metrics` also reads.
+    """
+
+    server_value: tff.Computation
+    client_update: tff.Computation
+
+    def apply(self, server_values: Any, private_states: Any, client_metrics: Any) -> Any:
+        """Traced inside a federated computation: the clients' updated private states (CLIENTS-placed).
+
+        `server_values` is the SERVER-placed argument of `server_value` (a tuple of SERVER values is zipped).
+        """
+        broadcast = tff.federated_broadcast(tff.federated_map(self.server_value, server_values))
+        return tff.federated_map(self.client_update, (broadcast, private_states, client_metrics))
 
 
 def weighted_aggregator(
@@ -129,6 +157,7 @@ def compose_personalized_process(
     packer: Any = None,
     round_runner: Callable[..., Any] | None = None,
     group_private_state_type: tff.Type | None = None,
+    post_aggregation: PostAggregation | None = None,
 ) -> process_lib.PersonalizedProcess:
     """Composes a `PersonalizedProcess` from an algorithm's client work and TFF's parts.
 
@@ -153,6 +182,9 @@ def compose_personalized_process(
       round_runner: For the engine: runs a round in the driver's runtime (`process.run_round`).
       group_private_state_type: For a stateful engine process: the type of a group's stacked private states
         (what `client_update` and `next` take per client slot); `initial_private_state` stays one client's.
+      post_aggregation: A client step after the server step (stateful client work only): `next` broadcasts
+        ``post_aggregation.server_value(new global weights)`` and maps ``post_aggregation.client_update`` over
+        the clients' new private states and client metrics. A `round_runner` does its own rounds (not this).
 
     Returns:
       A `PersonalizedProcess` (metrics: `distributor`, `client_work` (`train`), `aggregator`, `finalizer`).
@@ -165,6 +197,10 @@ def compose_personalized_process(
     finalizer = tff.learning.templates.build_apply_optimizer_finalizer(server_optimizer, weights_type)
     parts = dict(parts or {})
     stateful = initial_private_state is not None
+    if post_aggregation is not None:
+        if not stateful:
+            raise ValueError('post_aggregation updates private states: it needs initial_private_state.')
+        parts['post_aggregation'] = post_aggregation
     if isinstance(client_update, tff.Computation):
         parts['client_update'] = client_update
         dataset_type = client_update.type_signature.parameter[1]
@@ -208,6 +244,8 @@ def compose_personalized_process(
                 new_private = ()
             aggregated = aggregator.next(state.aggregator, client_result.update, client_result.update_weight)
             finalized = finalizer.next(state.finalizer, state.global_model_weights, aggregated.result)
+            if post_aggregation is not None:
+                new_private = post_aggregation.apply(finalized.result, new_private, client_metrics)
             new_state = tff.federated_zip(
                 tff.learning.templates.LearningAlgorithmState(
                     global_model_weights=finalized.result,

@@ -41,27 +41,15 @@ The methods are values of `spec.RoundSpec` (`fedpersonal.algorithms.hpfl.baselin
 
 from __future__ import annotations
 
-import collections
-from collections.abc import Callable
 from typing import Any
 
-import numpy as np
-import tensorflow as tf
 import tensorflow_federated as tff
 
-from fedpersonal.algorithms.hpfl import aggregation
-from fedpersonal.algorithms.hpfl import data as data_lib
 from fedpersonal.algorithms.hpfl import engine
-from fedpersonal.algorithms.hpfl import server
-from fedpersonal.algorithms.hpfl import training
+from fedpersonal.algorithms.hpfl import parts as parts_lib
 from fedpersonal.algorithms.hpfl.hpfl_process import HpflProcess
 from fedpersonal.algorithms.hpfl.spec import RoundSpec
 from fedpersonal.algorithms.hpfl.types import ROW_UPDATES
-from fedpersonal.algorithms.hpfl.types import GlobalCentres
-from fedpersonal.algorithms.hpfl.types import GlobalComponents
-from fedpersonal.algorithms.hpfl.types import HpflState
-from fedpersonal.algorithms.hpfl.types import ModelWeights
-from fedpersonal.core import process as process_lib
 from fedpersonal.models import gum
 from fedpersonal.simulation import options as simulation_options
 
@@ -121,15 +109,88 @@ def build_process(
             row_updates=row_updates, public_sum_factory=public_sum_factory, model_aggregator=model_aggregator
         )
     spec = spec or RoundSpec()
+    sizes = dict(max_clients=max_clients, max_local_clusters=max_local_clusters)
+    sizes.update(local_cluster_divisor=local_cluster_divisor, max_global_clusters=max_global_clusters)
+    sizes.update(global_cluster_divisor=global_cluster_divisor)
+    _check_arguments(spec, client_epochs, model_aggregator, row_updates, kmeans_iterations=kmeans_iterations, **sizes)
+    clusters = dict(max_local_clusters=max_local_clusters, kmeans_iterations=kmeans_iterations)
+    initial = parts_lib.initial_values(config, public_seed=public_seed, max_global_clusters=max_global_clusters)
+    types = parts_lib.types_of(config, initial)
+    optimizer = client_optimizer or tff.learning.optimizers.build_adam(learning_rate=0.01)
+    work = parts_lib.client_work(
+        config,
+        spec,
+        types,
+        optimizer=optimizer,
+        client_epochs=client_epochs,
+        row_updates=row_updates,
+        public_seed=public_seed,
+        local_cluster_divisor=local_cluster_divisor,
+        **clusters,
+    )
+    steps = parts_lib.server_steps(
+        config,
+        spec,
+        types,
+        work,
+        server_optimizer=server_optimizer,
+        model_aggregator=model_aggregator,
+        public_sum_factory=public_sum_factory,
+        max_clients=max_clients,
+        max_global_clusters=max_global_clusters,
+        global_cluster_divisor=global_cluster_divisor,
+        **clusters,
+    )
+    update_client, stage = parts_lib.post_aggregation(spec, types, work.report_type)
+    computations = parts_lib.round_computations(spec, types, initial, work, steps, stage)
+    packer, runner = None, None
+    if simulation == 'engine':
+        packer, runner = parts_lib.engine_parts(
+            config,
+            spec,
+            work,
+            steps,
+            update_client,
+            client_epochs=client_epochs,
+            **clusters,
+            local_cluster_divisor=local_cluster_divisor,
+        )
+    return HpflProcess(
+        computations.initialize,
+        computations.next,
+        config=config,
+        spec=spec,
+        name=name,
+        public_seed=public_seed,
+        parts=_named_parts(spec, types, work, steps, stage, computations),
+        packer=packer,
+        round_runner=runner,
+    )
+
+
+def _named_parts(spec, types, work, steps, stage, computations) -> dict[str, Any]:
+    """`HpflProcess.parts`: the building blocks tests, audits and analyses use (see `HpflProcess`)."""
+    parts: dict[str, Any] = dict(
+        client_data_type=types.data,
+        client_state_type=types.state,
+        client_train=work.client_train,
+        round_from_uploads=computations.round_from_uploads,
+    )
+    if steps.clustering is not None:
+        parts['client_centres'] = work.client_centres
+    if spec.personalizes:
+        parts['client_update'] = stage.client_update
+        parts['post_aggregation'] = stage
+    if steps.public_aggregation is not None:
+        parts['public_aggregation'] = steps.public_aggregation.computation
+    return parts
+
+
+def _check_arguments(spec: RoundSpec, client_epochs, model_aggregator, row_updates, *, kmeans_iterations, **sizes):
+    """Raises ValueError on arguments `build_process` cannot build (`sizes`: the clustering sizes, all >= 1)."""
     if client_epochs < 1:
         raise ValueError(f'client_epochs must be >= 1, got {client_epochs}.')
-    for arg, value in (
-        ('max_clients', max_clients),
-        ('max_local_clusters', max_local_clusters),
-        ('local_cluster_divisor', local_cluster_divisor),
-        ('max_global_clusters', max_global_clusters),
-        ('global_cluster_divisor', global_cluster_divisor),
-    ):
+    for arg, value in sizes.items():
         if value < 1:
             raise ValueError(f'{arg} must be >= 1, got {value}.')
     if kmeans_iterations < 0:
@@ -138,336 +199,6 @@ def build_process(
         raise ValueError(f'row_updates must be one of {ROW_UPDATES}, got {row_updates!r}.')
     if model_aggregator is not None and spec.public_aggregation != 'mean':
         raise ValueError("model_aggregator applies to public_aggregation='mean' only.")
-    optimizer = client_optimizer or tff.learning.optimizers.build_adam(learning_rate=0.01)
-    dim = config.num_attributes
-    data_type = data_lib.client_data_type(config)
-    state_type = data_lib.client_state_type(config)
-    public_type = state_type.model.public
-    round_type = tff.TensorType(np.int32)
-
-    @tff.tensorflow.computation
-    def initial_weights():
-        return ModelWeights(trainable=list(gum.initial_public(config, public_seed)), non_trainable=[])
-
-    @tff.tensorflow.computation
-    def initial_centres():
-        zeros = lambda *shape: tf.zeros(shape)
-        return GlobalCentres(
-            zeros(max_global_clusters, dim),
-            zeros(max_global_clusters),
-            zeros(max_global_clusters, dim),
-            zeros(max_global_clusters),
-        )
-
-    weights_type = initial_weights.type_signature.result
-    centres_state_type = initial_centres.type_signature.result
-
-    # ---------------------------------------------------------------------------------------- client work
-    def train_own(data, state):
-        return training.client_round(data, state, optimizer, config, epochs=client_epochs, row_updates=row_updates)
-
-    public_shapes = [v.shape for v in gum.initial_public(config, public_seed)]
-
-    def upload_noise(seed, round_num):
-        """Fednoise's noise of one silo's upload: seeded by the silo and the round (outside XLA, whose
-        stateless random numbers differ from TF's)."""
-        seed = tf.cast(seed, tf.int64)
-        return [
-            spec.upload_noise_stddev
-            * tf.random.stateless_normal(shape, seed=tf.stack([seed, tf.cast(round_num, tf.int64) * 8 + i]))
-            for i, shape in enumerate(public_shapes)
-        ]
-
-    def train_from_global(data, state, global_weights, round_num, noise=None):
-        global_public = global_weights.trainable
-        if spec.local_update == 'gradient':
-            trained, report, update = training.gradient_round(global_public, data, state, optimizer, config)
-        else:
-            start = gum.PublicWeights(*global_public)
-            proximal = spec.proximal_strength > 0
-            trained, report = training.client_round(
-                data,
-                state,
-                optimizer,
-                config,
-                epochs=client_epochs,
-                start_public=start,
-                proximal_center=start if proximal else None,
-                proximal_strength=spec.proximal_strength,
-                row_updates=row_updates,
-            )
-            update = [g - w for g, w in zip(global_public, trained.model.public)]
-        if spec.upload_noise_stddev > 0:
-            noise = upload_noise(data.seed, round_num) if noise is None else noise
-            update = [u + n for u, n in zip(update, noise)]
-        finite = tf.reduce_all([tf.reduce_all(tf.math.is_finite(u)) for u in update])
-        update = [tf.where(finite, u, tf.zeros_like(u)) for u in update]
-        weight = report.num_train_examples if spec.public_aggregation == 'mean' else tf.constant(1.0)
-        return (
-            trained,
-            report,
-            tff.learning.templates.ClientResult(update=update, update_weight=tf.where(finite, weight, 0.0)),
-        )
-
-    if spec.start == 'own':
-        client_train = tff.tensorflow.computation(data_type, state_type)(train_own)
-    else:
-        client_train = tff.tensorflow.computation(data_type, state_type, weights_type, round_type)(
-            lambda data, state, global_weights, round_num: train_from_global(data, state, global_weights, round_num)
-        )
-
-    report_type = client_train.type_signature.result[1]
-    client_centres = (
-        server.client_centres_computation(
-            state_type,
-            config,
-            local_cluster_divisor=local_cluster_divisor,
-            max_local_clusters=max_local_clusters,
-            kmeans_iterations=kmeans_iterations,
-        )
-        if spec.start == 'own'
-        else None
-    )
-    uploads_type = (
-        client_centres.type_signature.result if spec.start == 'own' else client_train.type_signature.result[2]
-    )
-
-    # ---------------------------------------------------------------------------------- aggregation, server
-    distributor: Any = None
-    finalizer_optimizer: Any = None
-    aggregator: Any = None
-    finalizer: Any = None
-    public_aggregation: server.PublicAggregation | None = None
-    clustering: server.CentreClustering | None = None
-    if spec.updates_public:
-        distributor = tff.learning.templates.build_broadcast_process(weights_type)
-        factory = (
-            aggregation.AttentionMeanFactory()
-            if spec.public_aggregation == 'attention'
-            else model_aggregator or tff.aggregators.MeanFactory()
-        )
-        aggregator = factory.create(uploads_type.update, uploads_type.update_weight)
-        finalizer_optimizer = server_optimizer or tff.learning.optimizers.build_sgdm(
-            learning_rate=spec.server_learning_rate
-        )
-        finalizer = tff.learning.templates.build_apply_optimizer_finalizer(finalizer_optimizer, weights_type)
-    if spec.public_aggregation == 'accuracy_weighted':
-        public_aggregation = server.PublicAggregation(
-            public_type,
-            report_type.attribute_accuracy,
-            report_type.attribute_iterations,
-            accuracy_threshold=spec.accuracy_threshold,
-            sum_factory=public_sum_factory,
-        )
-    if spec.private_aggregation == 'clustered':
-        clustering = server.CentreClustering(
-            client_centres.type_signature.result,
-            centres_state_type,
-            dim=dim,
-            max_clients=max_clients,
-            max_local_clusters=max_local_clusters,
-            max_global_clusters=max_global_clusters,
-            global_cluster_divisor=global_cluster_divisor,
-            kmeans_iterations=kmeans_iterations,
-        )
-
-    @tff.tensorflow.computation(weights_type)
-    def public_of(weights):
-        return gum.PublicWeights(*weights.trainable)
-
-    @tff.tensorflow.computation(public_type)
-    def weights_of(public):
-        return ModelWeights(trainable=list(public), non_trainable=[])
-
-    @tff.tensorflow.computation(weights_type, centres_state_type)
-    def components(weights, centres):
-        return GlobalComponents(gum.PublicWeights(*weights.trainable), *centres)
-
-    # ------------------------------------------------------------------------ client step after aggregation
-    def update_client(global_components, state, report):
-        public, private = state.model.public, state.model.private
-        if spec.public_aggregation == 'accuracy_weighted':
-            public = aggregation.personalize_public(public, global_components.public, report.attribute_accuracy)
-        elif spec.updates_public:
-            public = gum.PublicWeights(*global_components.public)
-        if spec.private_aggregation == 'clustered':
-            users = tf.range(tf.shape(private.theta)[0]) < state.num_users
-            items = tf.range(tf.shape(private.difficulty)[0]) < state.num_items
-            private = private._replace(
-                theta=aggregation.personalize_embeddings(
-                    private.theta,
-                    users,
-                    global_components.user_centres,
-                    global_components.user_mask,
-                    report.accuracy,
-                    spec.center_weighting,
-                ),
-                difficulty=aggregation.personalize_embeddings(
-                    private.difficulty,
-                    items,
-                    global_components.item_centres,
-                    global_components.item_mask,
-                    report.accuracy,
-                    spec.center_weighting,
-                ),
-            )
-        return state._replace(model=gum.GumWeights(public=public, private=private))
-
-    client_update = tff.tensorflow.computation(components.type_signature.result, state_type, report_type)(update_client)
-
-    @tff.tensorflow.computation(round_type)
-    def increment(round_num):
-        return round_num + 1
-
-    @tff.tensorflow.computation(report_type)
-    def client_metric_sums(report):
-        return training.metric_sums(report)
-
-    @tff.tensorflow.computation(client_metric_sums.type_signature.result)
-    def finalize(sums):
-        return training.finalize_metrics(sums)
-
-    def unit():
-        return tff.federated_value((), tff.SERVER)
-
-    @tff.federated_computation
-    def initialize():
-        return tff.federated_zip(
-            HpflState(
-                global_model_weights=tff.federated_eval(initial_weights, tff.SERVER),
-                centres=tff.federated_eval(initial_centres, tff.SERVER),
-                distributor=distributor.initialize() if distributor else unit(),
-                aggregator=(
-                    aggregator.initialize()
-                    if aggregator
-                    else public_aggregation.sum_process.initialize()
-                    if public_aggregation
-                    else unit()
-                ),
-                finalizer=finalizer.initialize() if finalizer else unit(),
-                round_num=tff.federated_value(np.int32(0), tff.SERVER),
-            )
-        )
-
-    server_state_type = initialize.type_signature.result
-
-    def after_client_work(state, trained, reports, uploads, distributor_state=None):
-        """Aggregation, server step and the client step after it (traced inside federated computations)."""
-        global_weights, centres = state.global_model_weights, state.centres
-        aggregator_state, finalizer_state = state.aggregator, state.finalizer
-        measurements = collections.OrderedDict()
-        if public_aggregation is not None:
-            new_public, num_aggregated, aggregator_state = public_aggregation.aggregate(
-                state.aggregator,
-                tff.federated_map(public_of, global_weights),
-                reports.public,
-                reports.attribute_accuracy,
-                reports.attribute_iterations,
-            )
-            measurements['attributes_aggregated'] = num_aggregated
-            global_weights = tff.federated_map(weights_of, new_public)
-        if aggregator is not None:
-            aggregated = aggregator.next(state.aggregator, uploads.update, uploads.update_weight)
-            finalized = finalizer.next(state.finalizer, global_weights, aggregated.result)
-            global_weights, aggregator_state, finalizer_state = finalized.result, aggregated.state, finalized.state
-            measurements['aggregator'] = aggregated.measurements
-            measurements['finalizer'] = finalized.measurements
-        if clustering is not None:
-            centres, measurements['clustering'] = clustering.cluster(state.centres, uploads)
-        new_states = trained
-        if spec.personalizes:
-            broadcast = tff.federated_broadcast(tff.federated_map(components, (global_weights, centres)))
-            new_states = tff.federated_map(client_update, (broadcast, trained, reports))
-        train_metrics = tff.federated_map(finalize, tff.federated_sum(tff.federated_map(client_metric_sums, reports)))
-        new_state = tff.federated_zip(
-            HpflState(
-                global_model_weights=global_weights,
-                centres=centres,
-                distributor=state.distributor if distributor_state is None else distributor_state,
-                aggregator=aggregator_state,
-                finalizer=finalizer_state,
-                round_num=tff.federated_map(increment, state.round_num),
-            )
-        )
-        metrics = tff.federated_zip(collections.OrderedDict(client_work=train_metrics, **measurements))
-        return process_lib.ProcessOutput(state=new_state, metrics=metrics, private_states=new_states)
-
-    @tff.federated_computation(
-        server_state_type,
-        tff.FederatedType(state_type, tff.CLIENTS),
-        tff.FederatedType(report_type, tff.CLIENTS),
-        tff.FederatedType(uploads_type, tff.CLIENTS),
-    )
-    def round_from_uploads(state, trained, reports, uploads):
-        return after_client_work(state, trained, reports, uploads)
-
-    @tff.federated_computation(
-        server_state_type, tff.FederatedType(data_type, tff.CLIENTS), tff.FederatedType(state_type, tff.CLIENTS)
-    )
-    def next_fn(state, client_data, client_states):
-        if spec.start == 'own':
-            trained, reports = tff.federated_map(client_train, (client_data, client_states))
-            uploads = tff.federated_map(client_centres, trained) if clustering is not None else None
-            return after_client_work(state, trained, reports, uploads)
-        distributed = distributor.next(state.distributor, state.global_model_weights)
-        trained, reports, uploads = tff.federated_map(
-            client_train, (client_data, client_states, distributed.result, tff.federated_broadcast(state.round_num))
-        )
-        return after_client_work(state, trained, reports, uploads, distributed.state)
-
-    packer: engine.SiloPacker | None = None
-    runner: engine.HpflRoundRunner | None = None
-    if simulation == 'engine':
-        train: Callable[..., Any] = train_from_global
-        if spec.start == 'own':
-            train = train_own
-        packer = engine.SiloPacker(epochs=1 if spec.local_update == 'gradient' else client_epochs)
-        runner = engine.HpflRoundRunner(
-            spec=spec,
-            train=train,
-            centres=(
-                (
-                    lambda state: server.client_centres(
-                        state,
-                        config,
-                        local_cluster_divisor=local_cluster_divisor,
-                        max_local_clusters=max_local_clusters,
-                        kmeans_iterations=kmeans_iterations,
-                    )
-                )
-                if clustering is not None
-                else None
-            ),
-            update_client=update_client,
-            upload_noise=upload_noise if spec.upload_noise_stddev > 0 else None,
-            clustering=clustering,
-            server_optimizer=finalizer_optimizer,
-            metric_sums=training.metric_sums,
-            finalize_metrics=training.finalize_metrics,
-        )
-    parts = dict(
-        client_data_type=data_type,
-        client_state_type=state_type,
-        client_train=client_train,
-        round_from_uploads=round_from_uploads,
-    )
-    if clustering is not None:
-        parts['client_centres'] = client_centres
-    if spec.personalizes:
-        parts['client_update'] = client_update
-    if public_aggregation is not None:
-        parts['public_aggregation'] = public_aggregation.computation
-    return HpflProcess(
-        initialize,
-        next_fn,
-        config=config,
-        spec=spec,
-        name=name,
-        public_seed=public_seed,
-        parts=parts,
-        packer=packer,
-        round_runner=runner,
-    )
 
 
 def build_hpfl(
