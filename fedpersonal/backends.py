@@ -25,16 +25,19 @@ Example:
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import contextvars
 from collections.abc import Callable
 from collections.abc import Iterator
 from typing import Any
 
+import tensorflow as tf
 import tensorflow_federated as tff
 from absl import logging
 
 from fedpersonal import errors
+from fedpersonal import models
 from fedpersonal.core import client_plan
 from fedpersonal.core import client_work
 from fedpersonal.core import process as process_lib
@@ -99,35 +102,56 @@ def build_process(
     Returns:
       A stateful `PersonalizedProcess`.
     """
+    common = dict(loss_fn=loss_fn, metrics_fn=metrics_fn, server_optimizer=server_optimizer)
+    parts = dict(model_aggregator=model_aggregator, client_weighting=client_weighting)
     if current() == ENGINE:
-        reason = plan_engine.unsupported(
-            plan,
-            model_aggregator=model_aggregator,
-            client_weighting=client_weighting,
-            metrics_aggregator=metrics_aggregator,
-        )
+        reason = plan_engine.unsupported(plan, metrics_aggregator=metrics_aggregator, **parts)
         if reason is None:
             try:
-                return plan_engine.build_engine_process(
-                    plan,
-                    model_fn,
-                    loss_fn=loss_fn,
-                    metrics_fn=metrics_fn,
-                    server_optimizer=server_optimizer,
-                    model_aggregator=model_aggregator,
-                    client_weighting=client_weighting,
-                    group_size=group_size,
-                )
+                return plan_engine.build_engine_process(plan, model_fn, group_size=group_size, **common, **parts)
             except errors.ConfigError as error:  # The model (e.g. a layer the engine cannot run per client).
                 reason = str(error)
         logging.info('%s runs on the per-client backend: %s', name, reason.rstrip('.') + '.')
     return client_plan.build_per_client_process(
+        plan, model_fn, metrics_aggregator=metrics_aggregator, **common, **parts
+    )
+
+
+def build_classifier_process(
+    plan: client_plan.ClientPlan,
+    keras_model_fn: Callable[[], tf.keras.Model],
+    *,
+    element_spec: Any,
+    server_optimizer: tff.learning.optimizers.Optimizer,
+    group_size: int | None = None,
+    name: str = 'plan',
+) -> process_lib.PersonalizedProcess:
+    """`build_process` for a Keras classifier (logits) whose weights are all global (e.g. Ditto's and APFL's, whose
+    private state is a personal copy): sparse cross-entropy, reporting ``accuracy``.
+
+    Args:
+      plan: The client work.
+      keras_model_fn: No-arg function returning a new Keras classifier on `element_spec['x']`.
+      element_spec: The client datasets' element spec, with ``x`` and ``y`` (integer labels).
+      server_optimizer: Applied to the aggregated update.
+      group_size: Engine only: the most clients per compiled group.
+      name: The algorithm's name, for the log line of a fallback.
+
+    Returns:
+      A stateful `PersonalizedProcess`.
+    """
+    spec = collections.OrderedDict(x=element_spec['x'], y=element_spec['y'])
+
+    def model_fn() -> tff.learning.models.ReconstructionModel:
+        keras_model = keras_model_fn()
+        return models.from_keras_model(keras_model, input_spec=spec, global_variables=keras_model.variables)
+
+    return build_process(
         plan,
         model_fn,
-        loss_fn=loss_fn,
-        metrics_fn=metrics_fn,
+        loss_fn=lambda: tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+        metrics_fn=lambda: [tf.keras.metrics.SparseCategoricalAccuracy(name='accuracy')],
         server_optimizer=server_optimizer,
-        model_aggregator=model_aggregator,
-        client_weighting=client_weighting,
-        metrics_aggregator=metrics_aggregator,
+        group_size=group_size,
+        name=name,
     )

@@ -14,7 +14,6 @@ clips it in between). One `ClientPlan`, run by every backend (`fedpersonal.backe
 
 from __future__ import annotations
 
-import collections
 from collections.abc import Callable
 from typing import Any
 
@@ -23,7 +22,6 @@ import tensorflow as tf
 import tensorflow_federated as tff
 
 from fedpersonal import backends
-from fedpersonal import models
 from fedpersonal.core import client_plan
 from fedpersonal.core import process as process_lib
 
@@ -77,12 +75,6 @@ def build_apfl(
     Returns:
       A stateful `PersonalizedProcess` whose private state is v's weights with alpha appended to the trainable ones.
     """
-    spec = collections.OrderedDict(x=element_spec['x'], y=element_spec['y'])
-
-    def wrapped_model_fn() -> tff.learning.models.ReconstructionModel:
-        keras_model = model_fn()
-        return models.from_keras_model(keras_model, input_spec=spec, global_variables=keras_model.variables)
-
     plan = apfl_plan(
         client_epochs=client_epochs,
         personal_epochs=personal_epochs,
@@ -90,11 +82,10 @@ def build_apfl(
         personal_optimizer=personal_optimizer,
         initial_alpha=initial_alpha,
     )
-    return backends.build_process(
+    return backends.build_classifier_process(
         plan,
-        wrapped_model_fn,
-        loss_fn=lambda: tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True),
-        metrics_fn=lambda: [tf.keras.metrics.SparseCategoricalAccuracy(name='accuracy')],
+        model_fn,
+        element_spec=element_spec,
         server_optimizer=server_optimizer,
         name='APFL',
     )

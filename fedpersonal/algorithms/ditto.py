@@ -19,7 +19,6 @@ its ``*_num_examples``.
 
 from __future__ import annotations
 
-import collections
 from collections.abc import Callable
 from typing import Any
 
@@ -27,7 +26,6 @@ import tensorflow as tf
 import tensorflow_federated as tff
 
 from fedpersonal import backends
-from fedpersonal import models
 from fedpersonal.core import client_plan
 from fedpersonal.core import client_work
 from fedpersonal.core import process as process_lib
@@ -120,12 +118,6 @@ def build_ditto(
         raise ValueError(f'lam must be >= 0, got {lam}')
     if client_epochs < 1 or personal_epochs < 0:
         raise ValueError(f'client_epochs must be >= 1 and personal_epochs >= 0, got {client_epochs}, {personal_epochs}')
-    spec = collections.OrderedDict(x=element_spec['x'], y=element_spec['y'])
-
-    def wrapped_model_fn() -> tff.learning.models.ReconstructionModel:
-        keras_model = model_fn()
-        return models.from_keras_model(keras_model, input_spec=spec, global_variables=keras_model.variables)
-
     plan = ditto_plan(
         lam=lam,
         client_epochs=client_epochs,
@@ -134,11 +126,10 @@ def build_ditto(
         personal_optimizer=personal_optimizer,
     )
     with backends.use(simulation or backends.current()):
-        return backends.build_process(
+        return backends.build_classifier_process(
             plan,
-            wrapped_model_fn,
-            loss_fn=lambda: tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True),
-            metrics_fn=lambda: [tf.keras.metrics.SparseCategoricalAccuracy(name='accuracy')],
+            model_fn,
+            element_spec=element_spec,
             server_optimizer=server_optimizer,
             group_size=group_size,
             name='Ditto',

@@ -13,6 +13,8 @@ from fedpersonal import algorithms
 from fedpersonal import backends
 from fedpersonal.algorithms import apfl
 from fedpersonal.privacy import audit
+from tests.algorithms.fedper_fedrep_test import client_arrays
+from tests.algorithms.fedper_fedrep_test import datasets
 
 NUM_CLASSES, DIM, HIDDEN = 3, 6, 8
 LR, PERSONAL_LR = 0.1, 0.2
@@ -28,22 +30,6 @@ def model_fn():
             tf.keras.layers.Dense(NUM_CLASSES, kernel_initializer=init(seed=2)),
         ]
     )
-
-
-def client_arrays(seed=0, sizes=(23, 30, 17, 40)):
-    """Shared features -> class structure, every client naming the classes differently (a permutation)."""
-    rng = np.random.default_rng(seed)
-    centres = rng.normal(size=[NUM_CLASSES, DIM]) * 3
-    arrays = []
-    for client, n in enumerate(sizes):
-        cls = rng.integers(0, NUM_CLASSES, n)
-        x = (centres[cls] + rng.normal(size=[n, DIM])).astype(np.float32)
-        arrays.append((x, np.roll(np.arange(NUM_CLASSES), client)[cls].astype(np.int32)))
-    return arrays
-
-
-def datasets(arrays, batch=10):
-    return [tf.data.Dataset.from_tensor_slices(collections.OrderedDict(x=x, y=y)).batch(batch) for x, y in arrays]
 
 
 def build(backend, initial_alpha=0.5):
