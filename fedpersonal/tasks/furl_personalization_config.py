@@ -66,10 +66,10 @@ class FurlConfig(
         'weights of its best epoch.',
     )
     centralized_min_delta: float = parts.option(
-        0.0,
+        1e-3,
         'Server rows: the least rise of the validation AUC (accuracy) over the best epoch so far that makes an epoch '
-        "the new best and restarts the --centralized_patience count. 0 (the committed results' rule): any rise "
-        'counts, so an AUC creeping up by 1e-4 an epoch trains on to --epochs; 1e-3 stops such a row early.',
+        'the new best and restarts the --centralized_patience count, so that an AUC creeping up by 1e-4 an epoch '
+        "stops early. 0: any rise counts (the committed results' rule; their configs/*.flags pin it).",
     )
     private_norm_regularization: float = parts.option(0.0, 'lambda of the norm penalty on private parameters.')
     state_store: str = parts.option('sqlite', "Client state store: 'sqlite' (durable, resumable) or 'memory'.")

@@ -77,8 +77,8 @@ def test_centralized_min_delta_is_a_documented_flag_of_the_rows_with_patience(mo
     fv = flags.FlagValues()
     config_flags.define_flags(config_cls, flag_values=fv)
     assert 'centralized_patience' in fv['centralized_min_delta'].help
-    fv(['prog', '--centralized_min_delta=0.001'])
-    assert config_flags.config_from_flags(config_cls, flag_values=fv).centralized_min_delta == 0.001
-    assert config_cls().centralized_min_delta == 0.0  # The rule of the committed results.
+    fv(['prog', '--centralized_min_delta=0'])
+    assert config_flags.config_from_flags(config_cls, flag_values=fv).centralized_min_delta == 0.0
+    assert config_cls().centralized_min_delta == 1e-3  # A creeping validation metric stops early by default.
     with pytest.raises(errors.ConfigError, match='centralized_min_delta must be >= 0'):
         config_cls(centralized_min_delta=-0.1)
