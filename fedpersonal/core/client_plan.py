@@ -232,6 +232,8 @@ def build_client_update(
             client_work.assign(personal.global_trainable_variables, private.trainable[:-1])
             client_work.assign(personal.global_non_trainable_variables, private.non_trainable)
             alpha.assign(private.trainable[-1])
+            if mixed_model is not None:  # Its own statistics (e.g. batch norm's) are the personal copy's.
+                client_work.assign(mixed_model.global_non_trainable_variables, private.non_trainable)
             own = client_work.global_weights(personal)
             kept = ModelWeights(list(own.trainable) + [alpha], own.non_trainable)
         elif personal is not None:
