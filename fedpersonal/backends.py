@@ -28,6 +28,7 @@ from __future__ import annotations
 import collections
 import contextlib
 import contextvars
+import functools
 from collections.abc import Callable
 from collections.abc import Iterator
 from typing import Any
@@ -40,12 +41,15 @@ from fedpersonal import errors
 from fedpersonal import models
 from fedpersonal.core import client_plan
 from fedpersonal.core import client_work
+from fedpersonal.core import model_loss_plan
 from fedpersonal.core import process as process_lib
+from fedpersonal.simulation import model_loss_engine
 from fedpersonal.simulation import plan_engine
 
 ENGINE, PER_CLIENT = 'engine', 'per_client'
 BACKENDS = (ENGINE, PER_CLIENT)
 _backend: contextvars.ContextVar[str] = contextvars.ContextVar('fedpersonal_backend', default=ENGINE)
+_SUM_THEN_FINALIZE = tff.learning.metrics.sum_then_finalize
 
 
 def current() -> str:
@@ -71,9 +75,9 @@ def use(backend: str) -> Iterator[None]:
 
 def build_process(
     plan: client_plan.ClientPlan,
-    model_fn: Callable[[], tff.learning.models.ReconstructionModel],
+    model_fn: Callable[[], Any],
     *,
-    loss_fn: client_work.LossFn,
+    loss_fn: client_work.LossFn | None = None,
     metrics_fn: client_work.MetricsFn | None = None,
     server_optimizer: tff.learning.optimizers.Optimizer,
     model_aggregator: Any = None,
@@ -81,14 +85,17 @@ def build_process(
     metrics_aggregator: Callable[..., tff.Computation] = tff.learning.metrics.sum_then_finalize,
     group_size: int | None = None,
     name: str = 'plan',
+    element_spec: Any = None,
 ) -> process_lib.PersonalizedProcess:
     """The stateful process that runs `plan` on the context's backend (see the module docstring).
 
     Args:
       plan: The client work.
       model_fn: No-arg function returning a new partially local model (`fedpersonal.models.from_keras_model`
-        with global and local layers); its local weights are each client's private state.
-      loss_fn: No-arg function returning the Keras loss.
+        with global and local layers; for a plan with model-defined losses a
+        `fedpersonal.core.model_loss_plan.PhasedModel`); its local weights are each client's private state.
+      loss_fn: No-arg function returning the Keras loss (None for a plan with model-defined losses, which reports
+        the ratio metrics of `fedpersonal.core.model_loss_plan`, without `metrics_fn` or `metrics_aggregator`).
       metrics_fn: Optional no-arg function returning Keras metrics (``loss`` and ``num_examples`` are added).
       server_optimizer: Applied to the aggregated update of the global weights.
       model_aggregator: A `tff.aggregators` factory for the global update (default: the weighted mean); on the
@@ -98,23 +105,62 @@ def build_process(
       metrics_aggregator: As in TFF.
       group_size: Engine only: the most clients per compiled group.
       name: The algorithm's name, for the log line of a fallback.
+      element_spec: The client datasets' element spec (default: the model's ``input_spec``).
 
     Returns:
       A stateful `PersonalizedProcess`.
+
+    Raises:
+      ValueError: Arguments the plan does not take (a Keras loss for model-defined losses, or none for the Keras
+        loss), or no element spec for a model without an ``input_spec``.
     """
-    common = dict(loss_fn=loss_fn, metrics_fn=metrics_fn, server_optimizer=server_optimizer)
     parts = dict(model_aggregator=model_aggregator, client_weighting=client_weighting)
+    engine: Callable[[], process_lib.PersonalizedProcess]
+    per_client: Callable[[], process_lib.PersonalizedProcess]
+    if plan.model_losses:
+        if loss_fn is not None or metrics_fn is not None or metrics_aggregator is not _SUM_THEN_FINALIZE:
+            raise ValueError(
+                f'{name}: a plan with model-defined losses takes no loss_fn, metrics_fn or metrics_aggregator.'
+            )
+        if element_spec is None:
+            with tf.Graph().as_default():
+                element_spec = getattr(model_fn(), 'input_spec', None)
+            if element_spec is None:
+                raise ValueError(f'{name}: give the element_spec of the client datasets (the model has no input_spec).')
+        spec = dict(element_spec=element_spec, server_optimizer=server_optimizer)
+        engine = functools.partial(
+            model_loss_engine.build_engine_process,
+            plan,
+            model_fn,
+            client_weighting=client_weighting,
+            group_size=group_size,
+            **spec,
+        )
+        per_client = functools.partial(model_loss_plan.build_per_client_process, plan, model_fn, **spec, **parts)
+    else:
+        if loss_fn is None:
+            raise ValueError(f'{name}: a plan without model-defined losses needs loss_fn.')
+        common = dict(loss_fn=loss_fn, metrics_fn=metrics_fn, server_optimizer=server_optimizer)
+        engine = functools.partial(
+            plan_engine.build_engine_process, plan, model_fn, group_size=group_size, **common, **parts
+        )
+        per_client = functools.partial(
+            client_plan.build_per_client_process,
+            plan,
+            model_fn,
+            metrics_aggregator=metrics_aggregator,
+            **common,
+            **parts,
+        )
     if current() == ENGINE:
         reason = plan_engine.unsupported(plan, metrics_aggregator=metrics_aggregator, **parts)
         if reason is None:
             try:
-                return plan_engine.build_engine_process(plan, model_fn, group_size=group_size, **common, **parts)
+                return engine()
             except errors.ConfigError as error:  # The model (e.g. a layer the engine cannot run per client).
                 reason = str(error)
         logging.info('%s runs on the per-client backend: %s', name, reason.rstrip('.') + '.')
-    return client_plan.build_per_client_process(
-        plan, model_fn, metrics_aggregator=metrics_aggregator, **common, **parts
-    )
+    return per_client()
 
 
 def build_classifier_process(

@@ -13,6 +13,10 @@ Backends run the same plan: `build_client_update` here (one TF computation per c
 TFF: the process's ``next``, what the privacy audit reads), and the grouped engine
 (`fedpersonal.simulation.plan_engine`), chosen in one place (`fedpersonal.backends`). FedPer is one phase training
 both parts; FedRep trains the local head with the body frozen, then the body with the head frozen.
+
+A plan may instead name losses and variable groups its model defines (`Phase.loss`; a model that is not one Keras
+model, e.g. FedDVA's dual VAE): `fedpersonal.core.model_loss_plan` and `fedpersonal.simulation.model_loss_engine`
+run those.
 """
 
 from __future__ import annotations
@@ -80,6 +84,11 @@ class Phase:
         the mixed weights ``alpha * v + (1 - alpha) * w`` (v the personal copy, w the received global weights,
         alpha the client's mixing weight), and v and alpha step (APFL); alpha is projected onto [0, 1] at the
         phase's end (in between, the model uses alpha clipped to [0, 1]).
+      loss: A loss the model defines (`fedpersonal.core.model_loss_plan.PhasedModel`, e.g. FedDVA's dual VAE)
+        instead of the plan's Keras loss: `trains` then names variable groups the model defines, `epochs` may be
+        0 (the phase is skipped) and the phase reports ratio metrics (see `fedpersonal.core.model_loss_plan`).
+      statistic: With `loss`: a statistic the model defines (e.g. ``'accuracy'``), summed over each batch after
+        its step and reported per example.
     """
 
     trains: tuple[str, ...]
@@ -88,8 +97,20 @@ class Phase:
     penalty: NormPenalty | ProximalPenalty | None = None
     metrics_prefix: str | None = None
     mixed: bool = False
+    loss: str | None = None
+    statistic: str | None = None
 
     def __post_init__(self):
+        if self.loss is not None:  # Variable groups, loss and metrics are the model's (model_loss_plan).
+            if not self.trains or not all(isinstance(g, str) and g for g in self.trains):
+                raise ValueError(f'Phase.trains must name variable groups of the model, got {self.trains!r}.')
+            if not isinstance(self.epochs, int) or self.epochs < 0:
+                raise ValueError(f'Phase.epochs must be an int >= 0, got {self.epochs!r}.')
+            if self.penalty is not None or self.mixed:
+                raise ValueError('A phase with a model-defined loss takes no penalty and is not mixed.')
+            return
+        if self.statistic is not None:
+            raise ValueError('Phase.statistic needs a model-defined Phase.loss.')
         if not self.trains or not set(self.trains) <= set(PARTS) or len(set(self.trains)) != len(self.trains):
             raise ValueError(f'Phase.trains must be a non-empty subset of {PARTS}, got {self.trains!r}.')
         if PERSONAL in self.trains and len(self.trains) > 1:
@@ -108,6 +129,10 @@ class ClientPlan:
     keeps a personal copy of the global weights as its private state (`personal_copy`; else the model's local
     weights), with a mixing weight alpha appended to its trainable weights (`initial_alpha`, APFL).
 
+    Phases with model-defined losses (`Phase.loss`: all of a plan's phases or none) may train the global weights in
+    several phases or none; with `counts_participations` the client increments the model's ``participations``
+    counter (a local non-trainable variable, e.g. seeding noise per round) after its phases.
+
     Example:
 
     >>> import tensorflow_federated as tff
@@ -120,8 +145,14 @@ class ClientPlan:
     phases: tuple[Phase, ...]
     personal_copy: bool = False
     initial_alpha: float | None = None
+    counts_participations: bool = False
 
     def __post_init__(self):
+        if self.model_losses:
+            _check_model_loss_plan(self)
+            return
+        if self.counts_participations:
+            raise ValueError('counts_participations needs phases with model-defined losses.')
         if any(PERSONAL in p.trains for p in self.phases) and not self.personal_copy:
             raise ValueError('A phase trains the personal copy: the plan needs personal_copy=True.')
         if self.initial_alpha is not None and not (self.personal_copy and 0.0 <= self.initial_alpha <= 1.0):
@@ -133,6 +164,11 @@ class ClientPlan:
         global_phases = [i for i, p in enumerate(self.phases) if GLOBAL in p.trains]
         if len(global_phases) != 1:
             raise ValueError(f'A ClientPlan needs exactly one phase that trains the global weights, got {self.phases}.')
+
+    @property
+    def model_losses(self) -> bool:
+        """Whether the phases minimize losses the model defines (`Phase.loss`), run by `fedpersonal.core.model_loss_plan`."""
+        return any(p.loss is not None for p in self.phases)
 
     @property
     def global_phase(self) -> int:
@@ -148,6 +184,19 @@ class ClientPlan:
     def metric_prefixes(self) -> list[str | None]:
         """The metric sets, in order of first use."""
         return list(dict.fromkeys(p.metrics_prefix for p in self.phases))
+
+
+def _check_model_loss_plan(plan: ClientPlan) -> None:
+    """A plan of model-defined losses: every phase has one, no personal copy; distinct metric names."""
+    if any(p.loss is None for p in plan.phases):
+        raise ValueError("A plan's phases either all use the Keras loss or all name a model-defined Phase.loss.")
+    if plan.personal_copy or plan.initial_alpha is not None:
+        raise ValueError("A plan with model-defined losses keeps the model's local weights (no personal copy).")
+    prefixes = [p.metrics_prefix or p.loss for p in plan.phases]
+    if len(set(prefixes)) != len(prefixes):
+        raise ValueError(
+            f'The phases of a plan with model-defined losses need distinct metrics prefixes, got {prefixes}.'
+        )
 
 
 def prefixed(prefix: str | None, values: collections.OrderedDict) -> collections.OrderedDict:
@@ -199,6 +248,8 @@ def build_client_update(
     """The plan as one client's TF computation ``(global weights, dataset, local weights) -> (ClientResult,
     unfinalized metrics, new local weights)``, recording the metrics' finalizers in `finalizers`; the update's
     weight by `client_weighting` (``NUM_EXAMPLES``: the examples of the global phase's steps)."""
+    if plan.model_losses:
+        raise ValueError('A plan with model-defined losses runs on fedpersonal.core.model_loss_plan.')
     with tf.Graph().as_default():
         element_type = tff.types.tensorflow_to_type(model_fn().input_spec)
     initial = initial_weights(model_fn, personal=plan.personal, initial_alpha=plan.initial_alpha)

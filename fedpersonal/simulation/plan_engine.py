@@ -39,6 +39,8 @@ def unsupported(
     try:
         for i, phase in enumerate(plan.phases):
             lockstep.check_optimizer(phase.optimizer, f'the optimizer of phase {i}')
+        if plan.model_losses and model_aggregator is not None:  # `model_loss_engine` aggregates by the mean.
+            raise errors.ConfigError('The engine runs a plan with model-defined losses with the default aggregator.')
         group_lib.check_aggregator(model_aggregator, fixed_clip_dp=True)
         group_lib.client_weights(client_weighting, tf.zeros([1]))
         simulation_options.check_engine_parts(metrics_aggregator=metrics_aggregator)
