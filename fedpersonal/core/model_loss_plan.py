@@ -157,7 +157,7 @@ def build_client_update(
 ) -> tff.Computation:
     """The plan as one client's TF computation ``(global weights, dataset, local weights) -> (ClientResult, ratio
     metrics, new local weights)``."""
-    initial = client_plan.initial_weights(model_fn)  # type: ignore[arg-type]  # The four groups suffice.
+    initial = client_plan.initial_weights(model_fn)
 
     @tff.tensorflow.computation(
         initial.global_weights.type_signature.result,
@@ -169,13 +169,13 @@ def build_client_update(
         with tf.init_scope():
             model = client_work.construct(model_fn)
             optimizers = [client_work.prepare_optimizer(p.optimizer, trained_variables(model, p)) for p in plan.phases]
-        client_work.assign_weights(client_work.global_weights(model), received)  # type: ignore[arg-type]
-        client_work.assign_weights(client_work.local_weights(model), private)  # type: ignore[arg-type]
+        client_work.assign_weights(client_work.global_weights(model), received)
+        client_work.assign_weights(client_work.local_weights(model), private)
         sums = run_phases(model, plan, dataset, optimizers)
         metrics = collections.OrderedDict((k, tf.stack(v)) for k, v in sums.items())
         delta, non_finite = client_work.weights_delta(received.trainable, model.global_trainable_variables)
         weight = client_work.client_weight(client_weighting, sums['num_examples'][0], metrics, non_finite)
-        kept = client_work.local_weights(model)  # type: ignore[arg-type]
+        kept = client_work.local_weights(model)
         new_private = client_work.keep_previous_if_non_finite(non_finite, private, kept)
         return tff.learning.templates.ClientResult(update=delta, update_weight=weight), metrics, new_private
 
@@ -194,7 +194,7 @@ def build_per_client_process(
     """The plan as a stateful process on the per-client backend: TFF's broadcast, `model_aggregator` (default the
     weighted mean, weights by `client_weighting`) and `server_optimizer` around `build_client_update`; the model's
     local weights are the private state."""
-    initial = client_plan.initial_weights(model_fn)  # type: ignore[arg-type]
+    initial = client_plan.initial_weights(model_fn)
     client_update = build_client_update(plan, model_fn, element_spec, client_weighting)
     return compose.compose_personalized_process(
         initial_global_weights=initial.global_weights,

@@ -380,10 +380,21 @@ class DualVae:
         )
 
     # The groups of a partially local model (FedDVA's client plan: `fedpersonal.core.model_loss_plan.PhasedModel`).
-    global_trainable_variables = global_trainable
-    global_non_trainable_variables = property(lambda self: [])
-    local_trainable_variables = private_trainable
-    local_non_trainable_variables = private_non_trainable
+    @property
+    def global_trainable_variables(self) -> list[tf.Variable]:
+        return self.global_trainable
+
+    @property
+    def global_non_trainable_variables(self) -> list[tf.Variable]:
+        return []
+
+    @property
+    def local_trainable_variables(self) -> list[tf.Variable]:
+        return self.private_trainable
+
+    @property
+    def local_non_trainable_variables(self) -> list[tf.Variable]:
+        return self.private_non_trainable
 
     def variables_of(self, phase: str) -> list[tf.Variable]:
         """The trainable variables stepped in `phase`."""

@@ -21,6 +21,7 @@ round against 3.5 s).
 from __future__ import annotations
 
 import collections
+import functools
 from collections.abc import Callable
 from collections.abc import Sequence
 from typing import Any
@@ -63,10 +64,10 @@ def build_engine_process(
     """The plan as a stateful process whose `run_round` runs groups of clients on the engine (default aggregator:
     the weighted mean; check `plan_engine.unsupported` first). `group_size`: the most clients per group (default:
     as many as fit 1 GiB)."""
-    initial = client_plan.initial_weights(model_fn)  # type: ignore[arg-type]
+    initial = client_plan.initial_weights(model_fn)
     model = functional.FunctionalModel(model_fn, groups=_groups, batch_norm=True)
     base = model.initial_weights
-    phase_slots = [model.slots_of(lambda m, p=p: model_loss_plan.trained_variables(m, p)) for p in plan.phases]
+    phase_slots = [model.slots_of(functools.partial(model_loss_plan.trained_variables, phase=p)) for p in plan.phases]
     counter = model.slots_of(lambda m: [m.participations])[0] if plan.counts_participations else None
     names = tuple(f'phase_{i}' for i in range(len(plan.phases)))
     per_client_arrays = [w for part in base for w in part]
