@@ -361,7 +361,7 @@ def personalized_weights(plan: ClientPlan, global_weights: Any, private_state: A
     >>> plan = ClientPlan((Phase(('personal',), 1, sgd, mixed=True), Phase(('global',), 1, sgd)),
     ...                   personal_copy=True, initial_alpha=0.5)
     >>> w = ModelWeights([np.float32(0.0)], [])
-    >>> personalized_weights(plan, w, ModelWeights([np.float32(2.0), np.float32(1.5)], [])).trainable
+    >>> personalized_weights(plan, w, ModelWeights([np.float32(2.0), np.float32(0.5)], [])).trainable
     [1.0]
     """
     trainable = [np.asarray(v) for v in private_state.trainable]
