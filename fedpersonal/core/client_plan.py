@@ -348,7 +348,7 @@ def build_per_client_process(
     )
 
 
-def personalized_weights(plan: ClientPlan, global_weights: Any, private_state: Any) -> ModelWeights:
+def personalized_weights(plan: ClientPlan, global_weights: Any, private_state: Any) -> tff.learning.models.ModelWeights:
     """The weights a client predicts with after its rounds, as numpy arrays.
 
     With a personal copy (Ditto), the copy; with a mixing weight (APFL), ``a * v + (1 - a) * w`` of the copy v and
