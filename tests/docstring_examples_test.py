@@ -15,6 +15,8 @@ MODULES = (
     'fedpersonal.algorithms.hpfl.process',
     'fedpersonal.algorithms.hpfl.baselines',
     'fedpersonal.data.assistments',
+    'fedpersonal.data.client_data',
+    'fedpersonal.data.partition',
     'fedpersonal.simulation.functional',
     'fedpersonal.program',
     'fedpersonal.program.experiment_main',
