@@ -9,6 +9,9 @@ the backend of the current context:
 * ``'per_client'``: one TF computation per client, mapped over the clients by TFF (`process.next`; `run_round`
   runs it too).
 
+A plan whose phases name losses its model defines (`fedpersonal.core.model_loss_plan`, e.g. FedDVA's) runs on
+`fedpersonal.simulation.model_loss_engine` or `fedpersonal.core.model_loss_plan`'s per-client backend.
+
 Where the engine cannot run a configuration (an aggregator that needs each client's own update, an optimizer that
 is not a functional TFF optimizer), the process is built on the per-client backend, with one log line saying why:
 something TFF supports never gives an error for it.

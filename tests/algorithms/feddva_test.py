@@ -14,6 +14,7 @@ from fedpersonal.core import client_plan
 from fedpersonal.core import model_loss_plan
 from fedpersonal.models import feddva_models as fm
 from fedpersonal.privacy import audit
+from fedpersonal.simulation import plan_engine
 
 TINY = fm.DvaArchitecture(
     image_shape=(8, 8, 1),
@@ -286,6 +287,10 @@ def test_plans_with_model_defined_losses_are_checked():
         client_plan.Phase((client_plan.GLOBAL,), 1, adam, statistic='accuracy')
     with pytest.raises(ValueError, match='counts_participations'):
         client_plan.ClientPlan((keras,), counts_participations=True)
+    # The engine runs such plans with the default mean only: another aggregator falls back to the per-client backend.
+    assert 'default aggregator' in plan_engine.unsupported(
+        client_plan.ClientPlan((own,)), model_aggregator=tff.aggregators.MeanFactory()
+    )
     with pytest.raises(ValueError, match='no loss_fn'):
         backends.build_process(
             client_plan.ClientPlan((own,)),
