@@ -2,7 +2,9 @@
 
 FedAvg whose local objective adds the proximal term ``mu / 2 * ||w - w_t||^2`` to the received global model w_t
 (every batch's loss; the reported loss is the model's), which keeps heterogeneous clients' local models near the
-global one. ``mu = 0`` is FedAvg. The client work is one phase of a `ClientPlan`, run by every backend
+global one. ``mu = 0`` is FedAvg. (TFF 0.87's `build_weighted_fed_prox` adds ``mu * (w_t - w)`` to the gradient, the
+opposite sign, which pushes local models away from w_t: tests/algorithms/fedprox_lg_fedavg_test.py shows both
+against a plain loop.) The client work is one phase of a `ClientPlan`, run by every backend
 (`fedpersonal.backends`); the model's weights are all global.
 """
 

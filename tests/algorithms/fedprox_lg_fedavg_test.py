@@ -35,28 +35,76 @@ def loss_fn():
     return tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True)
 
 
-@pytest.mark.parametrize('backend', ['engine', 'per_client'])
-def test_fedprox_equals_tffs_build_weighted_fed_prox(backend):
+def _fedprox_reference_round(weights, arrays, mu):
+    """One FedProx round by hand: each client makes 2 passes of plain SGD (batches of 10 in order) on its loss plus
+    ``mu / 2 * ||v - w||^2`` (gradient ``mu * (v - w)``); the server takes the example-weighted mean."""
+    trained, sizes = [], []
+    for x, y in arrays:
+        v = [tf.Variable(w) for w in weights]
+        for _ in range(2):
+            for s in range(0, len(x), 10):
+                with tf.GradientTape() as tape:
+                    logits = tf.matmul(tf.nn.relu(tf.matmul(x[s : s + 10], v[0]) + v[1]), v[2]) + v[3]
+                    loss = tf.reduce_mean(
+                        tf.nn.sparse_softmax_cross_entropy_with_logits(labels=y[s : s + 10], logits=logits)
+                    )
+                for a, g, w in zip(v, tape.gradient(loss, v), weights):
+                    a.assign_sub(LR * (g + mu * (a - w)))
+        trained.append([a.numpy() for a in v])
+        sizes.append(len(x))
+    return [sum(n * t[k] for n, t in zip(sizes, trained)) / float(sum(sizes)) for k in range(4)]
+
+
+def _max_diff(a, b):
+    return max(float(np.max(np.abs(np.asarray(x) - np.asarray(y)))) for x, y in zip(a, b))
+
+
+@pytest.fixture(scope='module')
+def fedprox_reference():
+    """TFF's `build_weighted_fed_prox` after one round (its client work makes 2 passes over repeated data)."""
     arrays = client_arrays(seed=3)
-    sgd = tff.learning.optimizers.build_sgdm(LR)
-    with backends.use(backend):
-        ours = algorithms.build_fedprox(keras_fn, element_spec=SPEC, mu=MU, client_optimizer=sgd, client_epochs=2)
     reference = tff.learning.algorithms.build_weighted_fed_prox(
         lambda: tff.learning.models.from_keras_model(keras_fn(), loss=loss_fn(), input_spec=SPEC),
         proximal_strength=MU,
+        client_optimizer_fn=tff.learning.optimizers.build_sgdm(LR),
+    )
+    state = reference.next(reference.initialize(), [d.repeat(2) for d in datasets(arrays)]).state
+    return arrays, reference.get_model_weights(state).trainable
+
+
+@pytest.mark.parametrize('backend', ['engine', 'per_client'])
+def test_fedprox_equals_a_plain_loop_and_tffs_fedprox_pushes_the_other_way(backend, fedprox_reference):
+    arrays, tff_weights = fedprox_reference
+    with backends.use(backend):
+        process = algorithms.build_fedprox(
+            keras_fn, element_spec=SPEC, mu=MU, client_optimizer=tff.learning.optimizers.build_sgdm(LR), client_epochs=2
+        )
+    state = process.initialize()
+    weights = [np.asarray(w) for w in process.get_model_weights(state).trainable]
+    output = process.run_round(state, datasets(arrays), [process.initial_private_state()] * len(arrays))
+    ours = process.get_model_weights(output.state).trainable
+    assert _max_diff(ours, _fedprox_reference_round(weights, arrays, MU)) < 1e-5
+    assert _max_diff(ours, _fedprox_reference_round(weights, arrays, 0.0)) > 1e-3  # The term matters here.
+    # TFF 0.87 adds mu * (w - v) to the gradient, the opposite sign of the paper's term (and of ours).
+    assert _max_diff(tff_weights, _fedprox_reference_round(weights, arrays, -MU)) < 1e-5
+    assert _max_diff(tff_weights, ours) > 1e-3
+
+
+def test_fedprox_with_mu_0_is_tffs_fedavg():
+    arrays = client_arrays(seed=5)
+    sgd = tff.learning.optimizers.build_sgdm(LR)
+    process = algorithms.build_fedprox(keras_fn, element_spec=SPEC, mu=0.0, client_optimizer=sgd)
+    reference = tff.learning.algorithms.build_weighted_fed_avg(
+        lambda: tff.learning.models.from_keras_model(keras_fn(), loss=loss_fn(), input_spec=SPEC),
         client_optimizer_fn=sgd,
     )
-    # TFF's client work makes `client_epochs` passes when its datasets repeat: give it the repeated data.
-    state, ref_state = ours.initialize(), reference.initialize()
-    privates = [ours.initial_private_state()] * len(arrays)
+    state, ref_state = process.initialize(), reference.initialize()
+    privates = [process.initial_private_state()] * len(arrays)
     for _ in range(2):
-        output = ours.run_round(state, datasets(arrays), privates)
-        state, privates = output.state, list(output.private_states)
-        ref_state = reference.next(ref_state, [d.repeat(2) for d in datasets(arrays)]).state
-    got, want = ours.get_model_weights(state).trainable, reference.get_model_weights(ref_state).trainable
-    assert max(float(np.max(np.abs(np.asarray(a) - np.asarray(b)))) for a, b in zip(got, want)) < 1e-5
-    initial = ours.get_model_weights(ours.initialize()).trainable
-    assert max(float(np.max(np.abs(np.asarray(a) - np.asarray(b)))) for a, b in zip(got, initial)) > 1e-3
+        state = process.run_round(state, datasets(arrays), privates).state
+        ref_state = reference.next(ref_state, datasets(arrays)).state
+    got, want = process.get_model_weights(state).trainable, reference.get_model_weights(ref_state).trainable
+    assert _max_diff(got, want) < 1e-5
 
 
 def lg_model_fn():
