@@ -108,7 +108,8 @@ def build_process(
       metrics_aggregator: As in TFF.
       group_size: Engine only: the most clients per compiled group.
       name: The algorithm's name, for the log line of a fallback.
-      element_spec: The client datasets' element spec (default: the model's ``input_spec``).
+      element_spec: For a plan with model-defined losses: the client datasets' element spec (default: the
+        model's ``input_spec``; a Keras plan's is its model's ``input_spec``).
 
     Returns:
       A stateful `PersonalizedProcess`.
