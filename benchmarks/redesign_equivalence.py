@@ -117,6 +117,10 @@ WORKLOADS = {
         MOVIELENS + ['--configurations=fedrecon,fedavg_standard', '--simulation=per_client'],
         'FedRecon Table 1 rows, per-client backend',
     ),
+    'movielens_joint': (
+        MOVIELENS + ['--configurations=fedrecon', '--jointly_train_locals'],
+        'FedRecon, locals trained jointly in the update (engine)',
+    ),
     'movielens_learned_init': (
         MOVIELENS + ['--configurations=fedrecon', '--learn_local_init', '--jointly_train_locals'],
         'FedRecon with a learned local default, locals trained jointly (engine)',

@@ -312,7 +312,7 @@ def build_client_update(
         elif plan.local_start == LEARNED:  # The default follows the global weights; 'initial': as the model made them.
             client_work.assign(parts[LOCAL], received.trainable[len(parts[GLOBAL]) :])
         uploaded = parts[GLOBAL] + (parts[LOCAL] if plan.local_start == LEARNED else [])
-        split = plan.split.dataset_fn(dataset) if plan.split is not None else ()
+        split, split_names = (plan.split.dataset_fn(dataset), plan.split.names) if plan.split is not None else ((), ())
         received_trainable = [tf.identity(w) for w in received.trainable[: len(parts[GLOBAL])]]
         num_examples = tf.constant(0)
         previous: list[tf.Tensor] = []
@@ -326,7 +326,7 @@ def build_client_update(
                 )
             else:
                 batch_loss = client_work.model_batch_loss(stepped, loss_fn(), phase_metrics)
-            data = dataset if phase.data is None else split[plan.split.names.index(phase.data)]  # type: ignore[union-attr]
+            data = dataset if phase.data is None else split[split_names.index(phase.data)]
             penalty = None
             if phase.penalty is not None:
                 by_part = {part: parts[part] for part in phase.trains}

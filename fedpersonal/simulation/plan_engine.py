@@ -57,12 +57,15 @@ def _packer(plan: client_plan.ClientPlan, element_spec: Any, group_size: int) ->
     split = plan.split
 
     def part(phase: client_plan.Phase, whole: Any, parts: Any) -> Any:
-        return whole if phase.data is None else parts[split.names.index(phase.data)]  # type: ignore[union-attr]
+        if phase.data is None or split is None:
+            return whole
+        return parts[split.names.index(phase.data)]
 
     if split is None or split.batches_fn is not None:
+        batches_fn = split.batches_fn if split is not None else None
 
         def batch_phases(batches: list[Any]) -> tuple[list[Any], ...]:
-            parts = split.batches_fn(batches) if split is not None else ()  # type: ignore[misc]
+            parts = batches_fn(batches) if batches_fn is not None else ()
             return tuple(list(part(p, batches, parts)) * p.epochs for p in plan.phases)
 
         return packing.ClientPacker(None, names, element_spec, group_size, batch_phase_fn=batch_phases)
