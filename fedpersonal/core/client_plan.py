@@ -30,6 +30,7 @@ from collections.abc import Sequence
 from typing import Any
 from typing import NamedTuple
 
+import numpy as np
 import tensorflow as tf
 import tensorflow_federated as tff
 
@@ -439,3 +440,28 @@ def build_per_client_process(
         model_aggregator=compose.weighted_aggregator(model_aggregator, client_weighting),
         model_distributor=model_distributor,
     )
+
+
+def personalized_weights(plan: ClientPlan, global_weights: Any, private_state: Any) -> tff.learning.models.ModelWeights:
+    """The weights a client predicts with after its rounds, as numpy arrays.
+
+    With a personal copy (Ditto), the copy; with a mixing weight (APFL), ``a * v + (1 - a) * w`` of the copy v and
+    the global weights w (a = alpha clipped to [0, 1], the copy's non-trainable weights); else the client's local
+    weights, which it predicts with beside `global_weights`. Evaluate the first two with a model whose variables are
+    all local and no global weights, the last with the training model.
+
+    >>> import numpy as np
+    >>> sgd = tff.learning.optimizers.build_sgdm(0.1)
+    >>> plan = ClientPlan((Phase(('personal',), 1, sgd, mixed=True), Phase(('global',), 1, sgd)),
+    ...                   personal_copy=True, initial_alpha=0.5)
+    >>> w = ModelWeights([np.float32(0.0)], [])
+    >>> personalized_weights(plan, w, ModelWeights([np.float32(2.0), np.float32(0.5)], [])).trainable
+    [1.0]
+    """
+    trainable = [np.asarray(v) for v in private_state.trainable]
+    non_trainable = [np.asarray(v) for v in private_state.non_trainable]
+    if plan.initial_alpha is not None:
+        *trainable, alpha = trainable
+        a = float(np.clip(alpha, 0.0, 1.0))
+        trainable = [a * v + (1.0 - a) * np.asarray(w) for v, w in zip(trainable, global_weights.trainable)]
+    return ModelWeights(trainable, non_trainable)
