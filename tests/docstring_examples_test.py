@@ -10,8 +10,6 @@ MODULES = (
     'fedpersonal.algorithms.centralized',
     'fedpersonal.algorithms.fed_recon',
     'fedpersonal.algorithms.fed_avg',
-    'fedpersonal.backends',
-    'fedpersonal.core.client_plan',
     'fedpersonal.algorithms.furl',
     'fedpersonal.algorithms.ditto',
     'fedpersonal.algorithms.fedprox',
