@@ -12,9 +12,9 @@ the backend of the current context:
 A plan whose phases name losses its model defines (`fedpersonal.core.model_loss_plan`, e.g. FedDVA's) runs on
 `fedpersonal.simulation.model_loss_engine` or `fedpersonal.core.model_loss_plan`'s per-client backend.
 
-Where the engine cannot run a configuration (an aggregator that needs each client's own update, an optimizer that
-is not a functional TFF optimizer), the process is built on the per-client backend, with one log line saying why:
-something TFF supports never gives an error for it.
+Where the engine cannot run a configuration (an aggregator that needs each client's own update, a client optimizer
+that is not a functional TFF optimizer, a custom distributor), the process is built on the per-client backend, with
+one log line saying why: something TFF supports never gives an error for it.
 
 Example:
 
@@ -86,11 +86,14 @@ def build_process(
     model_aggregator: Any = None,
     client_weighting: Any = tff.learning.ClientWeighting.NUM_EXAMPLES,
     metrics_aggregator: Callable[..., tff.Computation] = tff.learning.metrics.sum_then_finalize,
+    model_distributor: tff.learning.templates.DistributionProcess | None = None,
     group_size: int | None = None,
+    measure_communication: bool = False,
     name: str = 'plan',
     element_spec: Any = None,
 ) -> process_lib.PersonalizedProcess:
-    """The stateful process that runs `plan` on the context's backend (see the module docstring).
+    """The process that runs `plan` on the context's backend (see the module docstring): stateful, unless the
+    plan's local weights start afresh every round (`ClientPlan.local_start`).
 
     Args:
       plan: The client work.
@@ -100,13 +103,16 @@ def build_process(
       loss_fn: No-arg function returning the Keras loss (None for a plan with model-defined losses, which reports
         the ratio metrics of `fedpersonal.core.model_loss_plan`, without `metrics_fn` or `metrics_aggregator`).
       metrics_fn: Optional no-arg function returning Keras metrics (``loss`` and ``num_examples`` are added).
-      server_optimizer: Applied to the aggregated update of the global weights.
+      server_optimizer: A TFF optimizer, applied to the aggregated update of the global weights.
       model_aggregator: A `tff.aggregators` factory for the global update (default: the weighted mean); on the
         engine a `fedpersonal.privacy.dp` fixed-clip factory clips each client.
       client_weighting: `tff.learning.ClientWeighting` (``NUM_EXAMPLES``: the examples of the global phase's
         steps) or a callable of the client's unfinalized metrics (per-client backend).
       metrics_aggregator: As in TFF.
+      model_distributor: As in TFF (default its broadcast; another one runs on the per-client backend).
       group_size: Engine only: the most clients per compiled group.
+      measure_communication: Engine only: `run_round` also reports each logical client's download and upload
+        under the keys of `fedpersonal.metrics.communication`'s measured broadcast and aggregator.
       name: The algorithm's name, for the log line of a fallback.
       element_spec: For a plan with model-defined losses: the client datasets' element spec (default: the
         model's ``input_spec``; a Keras plan's is its model's ``input_spec``).
@@ -118,6 +124,8 @@ def build_process(
       ValueError: Arguments the plan does not take (a Keras loss for model-defined losses, or none for the Keras
         loss), or no element spec for a model without an ``input_spec``.
     """
+    if not isinstance(server_optimizer, tff.learning.optimizers.Optimizer):  # TFF's server step takes no other.
+        raise TypeError(f'server_optimizer must be a tff.learning.optimizers.Optimizer, got {server_optimizer!r}.')
     parts = dict(model_aggregator=model_aggregator, client_weighting=client_weighting)
     engine: Callable[[], process_lib.PersonalizedProcess]
     per_client: Callable[[], process_lib.PersonalizedProcess]
@@ -138,26 +146,46 @@ def build_process(
             model_fn,
             client_weighting=client_weighting,
             group_size=group_size,
+            measure_communication=measure_communication,
             **spec,
         )
-        per_client = functools.partial(model_loss_plan.build_per_client_process, plan, model_fn, **spec, **parts)
+        per_client = functools.partial(
+            model_loss_plan.build_per_client_process,
+            plan,
+            model_fn,
+            model_distributor=model_distributor,
+            **spec,
+            **parts,
+        )
     else:
         if loss_fn is None:
             raise ValueError(f'{name}: a plan without model-defined losses needs loss_fn.')
         common = dict(loss_fn=loss_fn, metrics_fn=metrics_fn, server_optimizer=server_optimizer)
         engine = functools.partial(
-            plan_engine.build_engine_process, plan, model_fn, group_size=group_size, **common, **parts
+            plan_engine.build_engine_process,
+            plan,
+            model_fn,
+            group_size=group_size,
+            measure_communication=measure_communication,
+            **common,
+            **parts,
         )
         per_client = functools.partial(
             client_plan.build_per_client_process,
             plan,
             model_fn,
             metrics_aggregator=metrics_aggregator,
+            model_distributor=model_distributor,
             **common,
             **parts,
         )
     if current() == ENGINE:
-        reason = plan_engine.unsupported(plan, metrics_aggregator=metrics_aggregator, **parts)
+        reason = plan_engine.unsupported(
+            plan,
+            metrics_aggregator=metrics_aggregator,
+            model_distributor=model_distributor,
+            **parts,
+        )
         if reason is None:
             try:
                 return engine()

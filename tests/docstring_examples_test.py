@@ -9,6 +9,7 @@ MODULES = (
     'fedpersonal',
     'fedpersonal.algorithms.centralized',
     'fedpersonal.algorithms.fed_recon',
+    'fedpersonal.algorithms.fed_avg',
     'fedpersonal.algorithms.furl',
     'fedpersonal.algorithms.ditto',
     'fedpersonal.algorithms.fedprox',

@@ -4,7 +4,8 @@ Every builder returns a `fedpersonal.core.PersonalizedProcess` (`initialize`, `n
 `ProcessOutput(state, metrics, private_states)`, `get_model_weights`):
 
 * `build_fed_recon`: Federated Reconstruction (stateless: local variables reconstructed every round);
-* `build_fed_avg`: weighted FedAvg (every variable global) on the fast engine, as FedRecon's special case;
+* `build_fed_avg`: weighted FedAvg (every variable global), as FedRecon's special case; both one client plan
+  (`fed_recon.fed_recon_plan`) run by every backend;
 * `build_furl`: FURL (private parameters persisted on stateful clients);
 * `build_ditto`: Ditto (personal models as private state);
 * `build_fedprox`: FedProx (FedAvg with a proximal term to the received model);

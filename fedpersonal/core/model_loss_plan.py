@@ -190,10 +190,11 @@ def build_per_client_process(
     server_optimizer: tff.learning.optimizers.Optimizer,
     model_aggregator: Any = None,
     client_weighting: Any = tff.learning.ClientWeighting.NUM_EXAMPLES,
+    model_distributor: tff.learning.templates.DistributionProcess | None = None,
 ) -> process_lib.PersonalizedProcess:
-    """The plan as a stateful process on the per-client backend: TFF's broadcast, `model_aggregator` (default the
-    weighted mean, weights by `client_weighting`) and `server_optimizer` around `build_client_update`; the model's
-    local weights are the private state."""
+    """The plan as a stateful process on the per-client backend: `model_distributor` (default TFF's broadcast),
+    `model_aggregator` (default the weighted mean, weights by `client_weighting`) and `server_optimizer` around
+    `build_client_update`; the model's local weights are the private state."""
     initial = client_plan.initial_weights(model_fn)
     client_update = build_client_update(plan, model_fn, element_spec, client_weighting)
     return compose.compose_personalized_process(
@@ -203,4 +204,5 @@ def build_per_client_process(
         model_aggregator=compose.weighted_aggregator(model_aggregator, client_weighting),
         server_optimizer=server_optimizer,
         aggregate_metrics=compose.ratio_metrics(client_update.type_signature.result[1]),
+        model_distributor=model_distributor,
     )

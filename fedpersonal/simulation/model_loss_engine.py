@@ -60,10 +60,11 @@ def build_engine_process(
     server_optimizer: tff.learning.optimizers.Optimizer,
     client_weighting: Any = tff.learning.ClientWeighting.NUM_EXAMPLES,
     group_size: int | None = None,
+    measure_communication: bool = False,
 ) -> process_lib.PersonalizedProcess:
     """The plan as a stateful process whose `run_round` runs groups of clients on the engine (default aggregator:
     the weighted mean; check `plan_engine.unsupported` first). `group_size`: the most clients per group (default:
-    as many as fit 1 GiB)."""
+    as many as fit 1 GiB); `measure_communication`: as `driver.GroupRoundRunner`'s."""
     initial = client_plan.initial_weights(model_fn)
     model = functional.FunctionalModel(model_fn, groups=_groups, batch_norm=True)
     base = model.initial_weights
@@ -164,7 +165,9 @@ def build_engine_process(
     client_update = lambda: tff.tensorflow.computation(weights_type, packer.group_type(), group_private_type)(
         group_work
     )
-    runner = driver.GroupRoundRunner(group_work, server_optimizer, driver.finalize_ratios)
+    runner = driver.GroupRoundRunner(
+        group_work, server_optimizer, driver.finalize_ratios, measure_communication=measure_communication
+    )
     return compose.compose_personalized_process(
         initial_global_weights=initial.global_weights,
         initial_private_state=initial.local_weights,
