@@ -37,6 +37,7 @@ import tensorflow_federated as tff
 from fedpersonal.core import client_work
 from fedpersonal.core import compose
 from fedpersonal.core import process as process_lib
+from fedpersonal.core import step_kinds
 from fedpersonal.models import partially_local_model
 
 ModelWeights = tff.learning.models.ModelWeights
@@ -115,6 +116,8 @@ class Phase:
         phase's end (in between, the model uses alpha clipped to [0, 1]).
       data: The part of the plan's `DataSplit` the phase trains on; None: the client's whole dataset.
       reports_metrics: Whether the phase's steps update the metrics (False: FedRecon's reconstruction).
+      step: What a batch's step computes (`fedpersonal.core.step_kinds`, e.g. Per-FedAvg's `MetaStep`); None: the
+        gradient of the batch loss.
     """
 
     trains: tuple[str, ...]
@@ -125,6 +128,7 @@ class Phase:
     mixed: bool = False
     data: str | None = None
     reports_metrics: bool = True
+    step: step_kinds.MetaStep | None = None
 
     def __post_init__(self):
         if not self.trains or not set(self.trains) <= set(PARTS) or len(set(self.trains)) != len(self.trains):
@@ -137,6 +141,8 @@ class Phase:
             raise ValueError(f"A mixed phase trains ('personal',) only, got {self.trains!r}.")
         if self.penalty is not None and self.penalty.part not in self.trains:
             raise ValueError(f'Phase.penalty applies to {self.penalty.part!r}, which the phase does not train.')
+        if self.step is not None and (self.mixed or PERSONAL in self.trains):
+            raise ValueError('A phase with a step kind trains the model (global or local), not the personal copy.')
 
 
 @dataclasses.dataclass(frozen=True)
@@ -284,6 +290,7 @@ def build_client_update(
             mixing = plan.initial_alpha is not None
             alpha = tf.Variable(0.0, name='alpha') if mixing else None
             mixed_model = client_work.construct(model_fn) if mixing else None
+            scratch = client_work.construct(model_fn) if any(p.step for p in plan.phases) else None
             metrics = {}
             for prefix in plan.metric_prefixes:
                 built: collections.OrderedDict = collections.OrderedDict()
@@ -324,6 +331,13 @@ def build_client_update(
                 assert mixed_model is not None and alpha is not None
                 batch_loss = _mixed_batch_loss(
                     mixed_model, parts[PERSONAL], alpha, received_trainable, loss_fn(), phase_metrics
+                )
+            elif phase.step is not None:
+                assert scratch is not None
+                scratch_parts = {GLOBAL: scratch.global_trainable_variables, LOCAL: scratch.local_trainable_variables}
+                scratch_trained = [v for part in phase.trains for v in scratch_parts[part]]
+                batch_loss = step_kinds.meta_batch_loss(
+                    phase.step, model, variables, scratch, scratch_trained, loss_fn(), phase_metrics
                 )
             else:
                 batch_loss = client_work.model_batch_loss(stepped, loss_fn(), phase_metrics)
