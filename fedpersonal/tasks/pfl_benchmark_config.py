@@ -20,7 +20,7 @@ from fedpersonal.program import config_parts as parts
 
 DATASETS = ('fashion_mnist', 'mnist', 'synthetic')
 PARTITIONS = ('pathological', 'dirichlet', 'iid')  # Those of `fedpersonal.data.pfllib.SETTINGS`.
-METHODS = ('fedavg', 'fedprox', 'ditto', 'apfl', 'fedper', 'fedrep', 'lg_fedavg')
+METHODS = ('fedavg', 'fedprox', 'ditto', 'apfl', 'fedper', 'fedrep', 'lg_fedavg', 'per_fedavg', 'per_fedavg_hf')
 METHOD_NAMES = {
     'fedavg': 'FedAvg',
     'fedprox': 'FedProx',
@@ -29,6 +29,8 @@ METHOD_NAMES = {
     'fedper': 'FedPer',
     'fedrep': 'FedRep',
     'lg_fedavg': 'LG-FedAvg',
+    'per_fedavg': 'Per-FedAvg',
+    'per_fedavg_hf': 'Per-FedAvg (HF)',
 }
 
 

@@ -141,7 +141,7 @@ def test_one_adaptation_step_personalizes_the_meta_learned_model():
     weights = process.get_model_weights(state)
     before, after = [], []
     for x, y in arrays:
-        batch = collections.OrderedDict(x=x[:BATCH * 2], y=y[:BATCH * 2])
+        batch = collections.OrderedDict(x=x[: BATCH * 2], y=y[: BATCH * 2])
         adapted = per_fedavg.adapt(model_fn, weights, batch, ALPHA, loss_fn)
         before.append(float(_loss([tf.constant(w) for w in weights.trainable], x, y)))
         after.append(float(_loss([tf.constant(w) for w in adapted.trainable], x, y)))
