@@ -128,7 +128,7 @@ class Phase:
     mixed: bool = False
     data: str | None = None
     reports_metrics: bool = True
-    step: step_kinds.MetaStep | None = None
+    step: step_kinds.MetaStep | step_kinds.InnerProblem | None = None
 
     def __post_init__(self):
         if not self.trains or not set(self.trains) <= set(PARTS) or len(set(self.trains)) != len(self.trains):
@@ -143,6 +143,8 @@ class Phase:
             raise ValueError(f'Phase.penalty applies to {self.penalty.part!r}, which the phase does not train.')
         if self.step is not None and (self.mixed or PERSONAL in self.trains):
             raise ValueError('A phase with a step kind trains the model (global or local), not the personal copy.')
+        if isinstance(self.step, step_kinds.InnerProblem) and self.trains != (GLOBAL,):
+            raise ValueError(f"pFedMe's inner problem is a step of the global weights only, got {self.trains!r}.")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -182,7 +184,8 @@ class ClientPlan:
                 raise ValueError(f"Phase.data {phase.data!r} is not a part of the plan's split {self.split}.")
         if not any(p.reports_metrics for p in self.phases):
             raise ValueError('At least one phase of a ClientPlan reports metrics.')
-        if any(PERSONAL in p.trains for p in self.phases) and not self.personal_copy:
+        inner = any(isinstance(p.step, step_kinds.InnerProblem) for p in self.phases)
+        if (inner or any(PERSONAL in p.trains for p in self.phases)) and not self.personal_copy:
             raise ValueError('A phase trains the personal copy: the plan needs personal_copy=True.')
         if self.initial_alpha is not None and not (self.personal_copy and 0.0 <= self.initial_alpha <= 1.0):
             raise ValueError(f'initial_alpha needs personal_copy=True and a value in [0, 1], got {self.initial_alpha}.')
@@ -290,7 +293,11 @@ def build_client_update(
             mixing = plan.initial_alpha is not None
             alpha = tf.Variable(0.0, name='alpha') if mixing else None
             mixed_model = client_work.construct(model_fn) if mixing else None
-            scratch = client_work.construct(model_fn) if any(p.step for p in plan.phases) else None
+            scratch = (
+                client_work.construct(model_fn)
+                if any(isinstance(p.step, step_kinds.MetaStep) for p in plan.phases)
+                else None
+            )
             metrics = {}
             for prefix in plan.metric_prefixes:
                 built: collections.OrderedDict = collections.OrderedDict()
@@ -331,6 +338,12 @@ def build_client_update(
                 assert mixed_model is not None and alpha is not None
                 batch_loss = _mixed_batch_loss(
                     mixed_model, parts[PERSONAL], alpha, received_trainable, loss_fn(), phase_metrics
+                )
+            elif isinstance(phase.step, step_kinds.InnerProblem):
+                assert personal is not None  # Its copy is theta, from the received weights every round.
+                client_work.assign_weights(client_work.global_weights(personal), client_work.global_weights(model))
+                batch_loss = step_kinds.inner_problem_batch_loss(
+                    phase.step, variables, personal, loss_fn(), phase_metrics
                 )
             elif phase.step is not None:
                 assert scratch is not None

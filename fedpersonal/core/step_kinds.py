@@ -7,6 +7,11 @@ optimizer steps the weights from where they were with the gradient of the second
 (first-order, as PFLlib), or that gradient ``g`` less ``inner_learning_rate * H g`` with H the Hessian of the third
 part's loss at the weights (the paper's Hessian-free variant, a Hessian-vector product).
 
+`InnerProblem` is pFedMe's (T. Dinh, Tran and Nguyen, NeurIPS 2020): on each batch the client's personalized
+weights theta (the plan's personal copy, starting each round at the received weights) take `steps` gradient steps of
+``f(theta) + lam / 2 * ||theta - w||^2 (+ mu / 2 * ||theta||^2)`` around the current local weights w, and w steps
+with the direction ``lam * (w - theta)`` (PFLlib's ``clientpFedMe.py``: w <- w - lr * lam * (w - theta) by SGD).
+
 The per-client backend (`client_plan.build_client_update`) runs a step kind through `meta_batch_loss`: a batch loss
 whose gradient with respect to the trained variables is the step's direction, so `client_work.optimizer_steps`, the
 loop of every phase, applies it with the phase's optimizer unchanged.
@@ -42,6 +47,68 @@ class MetaStep:
     def parts(self) -> int:
         """How many consecutive parts a batch is cut into."""
         return 3 if self.hessian_free else 2
+
+
+@dataclasses.dataclass(frozen=True)
+class InnerProblem:
+    """pFedMe's step (module docstring): `steps` steps of `learning_rate` on theta's inner problem, then w's step."""
+
+    steps: int
+    learning_rate: float
+    lam: float
+    mu: float = 0.0
+
+    def __post_init__(self):
+        if not isinstance(self.steps, int) or self.steps < 1 or not self.learning_rate > 0 or self.lam < 0:
+            raise ValueError(f'InnerProblem needs steps >= 1, learning_rate > 0 and lam >= 0, got {self}.')
+
+
+def inner_problem_batch_loss(
+    step: InnerProblem,
+    trained: Sequence[tf.Variable],
+    personal: tff.learning.models.ReconstructionModel,
+    loss: tf.keras.losses.Loss,
+    metrics: Sequence[tf.keras.metrics.Metric] = (),
+) -> Callable[[Any], client_work.BatchLoss]:
+    """The batch loss of `step` for `client_work.optimizer_steps` on `trained` (w): its value is theta's loss
+    before its steps (the metrics see its predictions there), its gradient ``lam * (w - theta)`` after them. theta is
+    `personal`'s global trainable variables (matching `trained`), carried from batch to batch."""
+    theta = list(personal.global_trainable_variables)
+
+    def batch_loss(batch: Any) -> client_work.BatchLoss:
+        @tf.custom_gradient
+        def inner(*values):
+            def theta_step():
+                with tf.GradientTape() as tape:
+                    output = personal.forward_pass(batch, training=True)
+                    value = loss(output.labels, output.predictions)
+                g = tape.gradient(value, theta)
+                pull = [gi + step.lam * (t - w) + step.mu * t for gi, t, w in zip(g, theta, values)]
+                client_work.assign(theta, [t - step.learning_rate * d for t, d in zip(theta, pull)])
+                return output, value
+
+            output, first = theta_step()  # Unrolled: the metrics see theta's first predictions.
+            for metric in metrics:
+                metric.update_state(output.labels, output.predictions)
+
+            def body(k):
+                with tf.control_dependencies([theta_step()[1]]):
+                    return k + 1
+
+            with tf.control_dependencies([first]):
+                done = tf.while_loop(lambda k: k < step.steps, body, [tf.constant(1)])
+            with tf.control_dependencies([done]):
+                direction = [step.lam * (w - t.read_value()) for w, t in zip(values, theta)]
+
+            def grad(upstream, variables=None):
+                return [upstream * d for d in direction], [None] * len(variables or [])
+
+            return first, grad
+
+        value = inner(*[v.read_value() for v in trained])
+        return client_work.BatchLoss(value, tf.shape(tf.nest.flatten(batch)[0])[0])
+
+    return batch_loss
 
 
 def batch_part(batch: Any, index: int, parts: int) -> Any:

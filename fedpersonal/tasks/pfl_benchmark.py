@@ -11,7 +11,9 @@ configured backend (`fedpersonal.backends`); a method here is only its plan and 
 * ``fedper`` / ``fedrep``: the head (``fc``) local; ``lg_fedavg``: the body (``conv1``, ``conv2``, ``fc1``) local;
 * ``per_fedavg`` (first-order, as PFLlib) / ``per_fedavg_hf`` (Hessian-free): the global model, meta-learned
   (`fedpersonal.algorithms.per_fedavg`); evaluated after one SGD step on the client's first train batch (PFLlib's
-  ``evaluate_one_step``; PFLlib takes a random batch).
+  ``evaluate_one_step``; PFLlib takes a random batch);
+* ``pfedme``: the global model and each client's personalized theta, the model it is evaluated with
+  (`fedpersonal.algorithms.pfedme`; PFLlib's pFedMeOptimizer weight decay mu = 0.001; server beta = 1).
 
 Evaluation is PFLlib's: each client's test data with the model it predicts with (the global model, or its personal
 one: `client_plan.personalized_weights`), accuracy = correct test predictions over all test examples, plus the mean
@@ -48,6 +50,7 @@ from fedpersonal.algorithms import fedper
 from fedpersonal.algorithms import fedprox
 from fedpersonal.algorithms import fedrep
 from fedpersonal.algorithms import per_fedavg
+from fedpersonal.algorithms import pfedme
 from fedpersonal.core import client_plan
 from fedpersonal.data import federated_images
 from fedpersonal.data import pfllib
@@ -130,6 +133,16 @@ METHOD_SPECS: dict[str, Method] = {
     ),
     'per_fedavg': Method(lambda c: _per_fedavg(c, hessian_free=False), adapts=True),
     'per_fedavg_hf': Method(lambda c: _per_fedavg(c, hessian_free=True), adapts=True),
+    'pfedme': Method(
+        lambda c: pfedme.pfedme_plan(
+            lam=c.pfedme_lambda,
+            inner_steps=c.pfedme_k,
+            personal_learning_rate=c.pfedme_personal_learning_rate,
+            learning_rate=c.client_learning_rate,
+            client_epochs=c.client_epochs,
+            mu=0.001,
+        )
+    ),
 }
 
 
