@@ -46,7 +46,7 @@ def _keras_accuracy(benchmark, weights, local_layers, private_state):
     return np.array(correct), np.array(total)
 
 
-@pytest.mark.parametrize('name', ['fedper', 'lg_fedavg', 'ditto', 'apfl', 'pfedme'])
+@pytest.mark.parametrize('name', ['fedper', 'lg_fedavg', 'ditto', 'apfl'])
 def test_each_client_is_evaluated_with_its_own_model(benchmark, name):
     spec = pfl_benchmark.METHOD_SPECS[name]
     plan = spec.plan(benchmark.config)
