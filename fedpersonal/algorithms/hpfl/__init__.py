@@ -92,7 +92,6 @@ from fedpersonal.algorithms.hpfl.data import initial_client_state
 from fedpersonal.algorithms.hpfl.data import initial_client_states
 from fedpersonal.algorithms.hpfl.data import split_dataset
 from fedpersonal.algorithms.hpfl.evaluation import predict_silos
-from fedpersonal.algorithms.hpfl.hpfl_process import HpflProcess
 from fedpersonal.algorithms.hpfl.process import build_hpfl
 from fedpersonal.algorithms.hpfl.process import build_process
 from fedpersonal.algorithms.hpfl.spec import RoundSpec
@@ -112,7 +111,8 @@ from fedpersonal.algorithms.hpfl.types import ClientState
 from fedpersonal.algorithms.hpfl.types import GlobalCentres
 from fedpersonal.algorithms.hpfl.types import GlobalComponents
 from fedpersonal.algorithms.hpfl.types import HpflDataError
-from fedpersonal.algorithms.hpfl.types import HpflState
+from fedpersonal.algorithms.hpfl.types import ServerState
+from fedpersonal.algorithms.hpfl.types import global_components
 from fedpersonal.algorithms.hpfl.types import SiloPredictions
 
 __all__ = [
@@ -129,9 +129,8 @@ __all__ = [
     'GlobalCentres',
     'GlobalComponents',
     'HpflDataError',
-    'HpflProcess',
-    'HpflState',
     'RoundSpec',
+    'ServerState',
     'SiloPredictions',
     'batch_type',
     'build_baseline',
@@ -150,6 +149,7 @@ __all__ = [
     'client_state_type',
     'federated_data',
     'finalize_metrics',
+    'global_components',
     'global_embedding',
     'gradient_round',
     'initial_client_state',
