@@ -293,7 +293,9 @@ def compose_personalized_process(
             aggregated = aggregator.next(state.aggregator, client_result.update, client_result.update_weight)
             finalized = finalizer.next(state.finalizer, state.global_model_weights, aggregated.result)
             weights, server_state, finalizer_state = finalized.result, aggregated.state, finalized.state
-            server_metrics = collections.OrderedDict(aggregator=aggregated.measurements, finalizer=finalized.measurements)
+            server_metrics = collections.OrderedDict(
+                aggregator=aggregated.measurements, finalizer=finalized.measurements
+            )
             post_value = weights
         if post_aggregation is not None:
             new_private = post_aggregation.apply(post_value, new_private, client_metrics)

@@ -58,8 +58,8 @@ def unsupported(functions: RoundFunctions) -> str | None:
             group_lib.check_aggregator(factory)
         except errors.ConfigError:
             return (
-                f'the engine aggregates the uploads as TFF\'s default factories do, not with {name}='
-                f'{type(factory).__name__} (which may act on each client\'s own upload)'
+                f"the engine aggregates the uploads as TFF's default factories do, not with {name}="
+                f"{type(factory).__name__} (which may act on each client's own upload)"
             )
     return None
 
@@ -101,7 +101,7 @@ class SiloPacker:
         if key is not None and key in self._cache:
             return self._cache[key]
         data = get_data()
-        fields = {}
+        fields: dict[str, Any] = {}
         for name, value in data._asdict().items():
             if isinstance(value, tf.data.Dataset):
                 repeated = value.repeat(self._repeats[name]) if name in self._repeats else value
@@ -122,7 +122,7 @@ class SiloPacker:
         batch = max(sizes or [1])
         steps = {n: _pow2(max([len(c[n][0]) for _, c in clients] or [1])) for n in splits}
         return [
-            container(**{n: _padded(*v, steps[n], batch) if n in steps else v for n, v in fields.items()})
+            container(**{n: _padded(v[0], v[1], steps[n], batch) if n in steps else v for n, v in fields.items()})
             for container, fields in clients
         ]
 

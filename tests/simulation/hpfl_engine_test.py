@@ -137,7 +137,9 @@ def test_cutting_each_silo_tables_to_its_own_rows_is_exact(monkeypatch, method):
 
 def test_what_the_engine_would_not_apply_per_silo_runs_on_the_per_client_backend(caplog):
     """Lazy row updates (tf.unique: no XLA kernel) and aggregators acting on each silo's upload fall back, logged."""
-    noised = tff.aggregators.DifferentiallyPrivateFactory.gaussian_fixed(noise_multiplier=0.1, clients_per_round=3.0, clip=1.0)
+    noised = tff.aggregators.DifferentiallyPrivateFactory.gaussian_fixed(
+        noise_multiplier=0.1, clients_per_round=3.0, clip=1.0
+    )
     cases = (
         (dict(row_updates='lazy'), "row_updates='lazy'"),
         (dict(public_sum_factory=noised), 'public_sum_factory=DifferentiallyPrivateFactory'),

@@ -162,7 +162,7 @@ def build_baseline(
     >>> from fedpersonal.models import gum
     >>> config = gum.GumConfig(num_attributes=3, max_users=5, max_items=4, hidden_dim=2)
     >>> process = hpfl.build_baseline('fedprox', config, proximal_strength=0.1)
-    >>> process.spec.proximal_strength, process.spec.public_aggregation
+    >>> process.parts['spec'].proximal_strength, process.parts['spec'].public_aggregation
     (0.1, 'mean')
     """
     if method not in BASELINES:

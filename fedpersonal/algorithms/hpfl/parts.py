@@ -60,9 +60,7 @@ def initial_values(config: gum.GumConfig, *, public_seed: int, max_global_cluste
             zeros(max_global_clusters),
         )
 
-    private = tff.tensorflow.computation(
-        lambda: data_lib.initial_client_state(config, 0, 0, public_seed=public_seed)
-    )
+    private = tff.tensorflow.computation(lambda: data_lib.initial_client_state(config, 0, 0, public_seed=public_seed))
     return Initial(initial_weights, initial_centres, private)
 
 

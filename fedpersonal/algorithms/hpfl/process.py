@@ -1,14 +1,14 @@
 """One builder for HPFL, its ablations and its federated baselines: `build_process(config, RoundSpec(...))`.
 
 Every process of the family is a `fedpersonal.core.PersonalizedProcess` on the GUM whose private state is each
-silo's `ClientState` (its personalized GUM, CLIENTS-placed input and output of ``next``). A round is the package's
-one round -- broadcast, client work, aggregation, server step -- followed, where the method has one, by a client
-step after aggregation. What each phase does is data, a `RoundSpec`:
+silo's `ClientState` (its personalized GUM, CLIENTS-placed input and output of ``next``), composed by
+`fedpersonal.core.compose_personalized_process` from the parts in `parts` and `server_step`: a round is the
+package's one round -- distributor, client work, server step -- followed, where the method has one, by a client
+step after aggregation (the composer's `PostAggregation`). What each phase does is data, a `RoundSpec`:
 
-1. **Start** (``start``): ``'own'`` -- the client trains its own (personalized) model, nothing is broadcast before
-   local training (HPFL, Distributed); ``'global'`` -- TFF's broadcast process
-   (`tff.learning.templates.build_broadcast_process`) sends the server's public components and the client
-   replaces its own by them (the FedAvg family).
+1. **Start** (``start``): ``'own'`` -- the client trains its own (personalized) model, nothing is sent before
+   local training (HPFL, Distributed); ``'global'`` -- the distributor broadcasts the server's public components
+   (with the round number, which seeds Fednoise) and the client replaces its own by them (the FedAvg family).
 2. **Client work** (``local_update``): ``'epochs'`` -- ``client_epochs`` local epochs of the client optimizer on
    public and private components (`training.local_training`), with FedProx's proximal term
    ``proximal_strength / 2 ||public - global||^2`` when ``proximal_strength > 0``; ``'gradient'`` -- FedSGD's
@@ -22,20 +22,24 @@ step after aggregation. What each phase does is data, a `RoundSpec`:
    FedAtt's `aggregation.AttentionMeanFactory`; ``'none'``. A non-finite update is replaced by zeros with weight 0.
    ``private_aggregation='clustered'``: clients upload k-means centres of their tables and the server clusters
    them (`server.CentreClustering`).
-4. **Server step**: update aggregations apply the aggregate with TFF's apply-optimizer finalizer
+4. **Server step** (`server_step`, the composer's `ServerStep`): update aggregations apply the aggregate with TFF's apply-optimizer finalizer
    (`tff.learning.templates.build_apply_optimizer_finalizer`; default SGD with ``server_learning_rate``);
    HPFL's public aggregation divides the weighted sums (an attribute nobody passes keeps its c_k^g).
-5. **Client step after aggregation** (`client_update`, only when something was aggregated): the server broadcasts
+5. **Client step after aggregation** (`parts.post_aggregation`, only when something was aggregated): the server broadcasts
    `GlobalComponents` (c^g and Theta^g); update aggregations make the client take the new global public
    components; HPFL's fine-grained update blends them, ``c_ki <- c_ki Acc_ki + c_k^g (1 - Acc_ki)``
    (`aggregation.personalize_public`), and the clustered private aggregation blends every real user (item) row
    towards the global centres, ``Emb_ji <- Emb_ji Acc_i + Emb^g (1 - Acc_i)``
    (`aggregation.personalize_embeddings`, weighting ``center_weighting``).
 
-The methods are values of `spec.RoundSpec` (`fedpersonal.algorithms.hpfl.baselines.round_spec` names them).
+The methods are values of `spec.RoundSpec` (`fedpersonal.algorithms.hpfl.baselines.round_spec` names them). The
+round is stated once, as TF functions (`fedpersonal.core.RoundFunctions`): the TFF computations wrap them, and
+the silo engine (`fedpersonal.simulation.silo_engine`, the backend `fedpersonal.backends` chooses) runs them.
+Metrics: ``client_work`` (train and validation loss, validation accuracy, examples), then the server step's
+``attributes_aggregated``, ``aggregator``, ``finalizer`` and ``clustering``, where the method has them.
 
-    initialize: ( -> HpflState@SERVER)
-    next: (<HpflState@SERVER, {ClientData}@CLIENTS, {ClientState}@CLIENTS> ->
+    initialize: ( -> LearningAlgorithmState@SERVER)   (distributor: rounds run; aggregator: a `ServerState`)
+    next: (<LearningAlgorithmState@SERVER, {ClientData}@CLIENTS, {ClientState}@CLIENTS> ->
            ProcessOutput<state@SERVER, metrics@SERVER, private_states={ClientState}@CLIENTS>)
 """
 

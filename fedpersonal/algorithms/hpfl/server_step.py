@@ -147,6 +147,7 @@ def server_step(
             measurements['attributes_aggregated'] = num_aggregated
             weights = tff.federated_map(weights_of, new_public)
         if aggregator is not None:
+            assert finalizer is not None  # Both or neither (update aggregations).
             aggregated = aggregator.next(state.aggregation, uploads.update, uploads.update_weight)
             finalized = finalizer.next(state.finalizer, weights, aggregated.result)
             weights, aggregation_state, finalizer_state = finalized.result, aggregated.state, finalized.state
@@ -182,14 +183,14 @@ def server_step(
                 optimizer, optimizer_state, trainable, mean
             )
         if clustering is not None:
-            centres, measurements['clustering'] = clustering.cluster_collection(centres, _collection(uploads, clustering))
+            centres, measurements['clustering'] = clustering.cluster_collection(
+                centres, _collection(uploads, clustering)
+            )
         new_state = state._replace(centres=centres, finalizer=optimizer_state)
         return ModelWeights(trainable=trainable, non_trainable=[]), new_state, measurements
 
     aggregators = dict(model_aggregator=model_aggregator, public_sum_factory=public_sum_factory)
-    return ServerParts(
-        compose.ServerStep(initialize, next_fn), stacked, public_aggregation, clustering, aggregators
-    )
+    return ServerParts(compose.ServerStep(initialize, next_fn), stacked, public_aggregation, clustering, aggregators)
 
 
 def _collection(uploads: Any, clustering: server.CentreClustering) -> tuple:
