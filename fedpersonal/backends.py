@@ -9,6 +9,9 @@ the backend of the current context:
 * ``'per_client'``: one TF computation per client, mapped over the clients by TFF (`process.next`; `run_round`
   runs it too).
 
+A round stated as `fedpersonal.core.RoundFunctions` (HPFL) gets its engine parts from `silo_engine_parts`: the silo
+engine (`fedpersonal.simulation.silo_engine`), each client one compiled program.
+
 Where the engine cannot run a configuration (an aggregator that needs each client's own update, an optimizer that
 is not a functional TFF optimizer), the process is built on the per-client backend, with one log line saying why:
 something TFF supports never gives an error for it.
