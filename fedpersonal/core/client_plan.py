@@ -141,10 +141,8 @@ class Phase:
             raise ValueError(f"A mixed phase trains ('personal',) only, got {self.trains!r}.")
         if self.penalty is not None and self.penalty.part not in self.trains:
             raise ValueError(f'Phase.penalty applies to {self.penalty.part!r}, which the phase does not train.')
-        if self.step is not None and (self.mixed or PERSONAL in self.trains):
-            raise ValueError('A phase with a step kind trains the model (global or local), not the personal copy.')
-        if isinstance(self.step, step_kinds.InnerProblem) and self.trains != (GLOBAL,):
-            raise ValueError(f"pFedMe's inner problem is a step of the global weights only, got {self.trains!r}.")
+        if self.step is not None:
+            self.step.check(self.trains)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -313,11 +311,8 @@ def build_client_update(
             mixing = plan.initial_alpha is not None
             alpha = tf.Variable(0.0, name='alpha') if mixing else None
             mixed_model = client_work.construct(model_fn) if mixing else None
-            scratch = (
-                client_work.construct(model_fn)
-                if any(isinstance(p.step, step_kinds.MetaStep) for p in plan.phases)
-                else None
-            )
+            needs_scratch = personal is None and any(p.step for p in plan.phases)  # `MetaStep`s trial weights.
+            scratch = client_work.construct(model_fn) if needs_scratch else None
             metrics = {}
             for prefix in plan.metric_prefixes:
                 built: collections.OrderedDict = collections.OrderedDict()
@@ -359,18 +354,9 @@ def build_client_update(
                 batch_loss = _mixed_batch_loss(
                     mixed_model, parts[PERSONAL], alpha, received_trainable, loss_fn(), phase_metrics
                 )
-            elif isinstance(phase.step, step_kinds.InnerProblem):
-                assert personal is not None  # Its copy is theta, from the received weights every round.
-                client_work.assign_weights(client_work.global_weights(personal), client_work.global_weights(model))
-                batch_loss = step_kinds.inner_problem_batch_loss(
-                    phase.step, variables, personal, loss_fn(), phase_metrics
-                )
             elif phase.step is not None:
-                assert scratch is not None
-                scratch_parts = {GLOBAL: scratch.global_trainable_variables, LOCAL: scratch.local_trainable_variables}
-                scratch_trained = [v for part in phase.trains for v in scratch_parts[part]]
-                batch_loss = step_kinds.meta_batch_loss(
-                    phase.step, model, variables, scratch, scratch_trained, loss_fn(), phase_metrics
+                batch_loss = step_kinds.step_batch_loss(
+                    phase, model, variables, personal or scratch, loss_fn(), phase_metrics
                 )
             else:
                 batch_loss = client_work.model_batch_loss(stepped, loss_fn(), phase_metrics)

@@ -43,6 +43,11 @@ class MetaStep:
         if not self.inner_learning_rate > 0:
             raise ValueError(f'MetaStep.inner_learning_rate must be > 0, got {self.inner_learning_rate!r}.')
 
+    def check(self, trains: tuple[str, ...]) -> None:
+        """Raises ValueError unless a phase that trains `trains` can take this step."""
+        if 'personal' in trains:
+            raise ValueError(f'A MetaStep trains the model (global or local), not the personal copy, got {trains!r}.')
+
     @property
     def parts(self) -> int:
         """How many consecutive parts a batch is cut into."""
@@ -61,6 +66,30 @@ class InnerProblem:
     def __post_init__(self):
         if not isinstance(self.steps, int) or self.steps < 1 or not self.learning_rate > 0 or self.lam < 0:
             raise ValueError(f'InnerProblem needs steps >= 1, learning_rate > 0 and lam >= 0, got {self}.')
+
+    def check(self, trains: tuple[str, ...]) -> None:
+        """Raises ValueError unless the phase trains the global weights only (theta is the personal copy)."""
+        if trains != ('global',):
+            raise ValueError(f"pFedMe's inner problem is a step of the global weights only, got {trains!r}.")
+
+
+def step_batch_loss(
+    phase: Any,
+    model: tff.learning.models.ReconstructionModel,
+    trained: Sequence[tf.Variable],
+    other: tff.learning.models.ReconstructionModel,
+    loss: tf.keras.losses.Loss,
+    metrics: Sequence[tf.keras.metrics.Metric] = (),
+) -> Callable[[Any], client_work.BatchLoss]:
+    """The batch loss of `phase`'s step kind on `trained` (its variables of `model`, by `phase.trains`): `other` is
+    the plan's personal copy (`InnerProblem`: theta, set here to the received weights) or a scratch instance of the
+    model (`MetaStep`)."""
+    if isinstance(phase.step, InnerProblem):
+        client_work.assign_weights(client_work.global_weights(other), client_work.global_weights(model))
+        return inner_problem_batch_loss(phase.step, trained, other, loss, metrics)
+    scratch_parts = {'global': other.global_trainable_variables, 'local': other.local_trainable_variables}
+    scratch_trained = [v for part in phase.trains for v in scratch_parts[part]]
+    return meta_batch_loss(phase.step, model, trained, other, scratch_trained, loss, metrics)
 
 
 def inner_problem_batch_loss(
