@@ -8,7 +8,12 @@ configured backend (`fedpersonal.backends`); a method here is only its plan and 
 
 * ``fedavg`` / ``fedprox``: the global model (FedProx's proximal term, `fedpersonal.algorithms.fedprox`);
 * ``ditto`` / ``apfl``: a personal copy of the model per client (APFL: mixed with the global one by alpha);
-* ``fedper`` / ``fedrep``: the head (``fc``) local; ``lg_fedavg``: the body (``conv1``, ``conv2``, ``fc1``) local.
+* ``fedper`` / ``fedrep``: the head (``fc``) local; ``lg_fedavg``: the body (``conv1``, ``conv2``, ``fc1``) local;
+* ``per_fedavg`` (first-order, as PFLlib) / ``per_fedavg_hf`` (Hessian-free): the global model, meta-learned
+  (`fedpersonal.algorithms.per_fedavg`); evaluated after one SGD step on the client's first train batch (PFLlib's
+  ``evaluate_one_step``; PFLlib takes a random batch);
+* ``pfedme``: the global model and each client's personalized theta, the model it is evaluated with
+  (`fedpersonal.algorithms.pfedme`; PFLlib's pFedMeOptimizer weight decay mu = 0.001; server beta = 1).
 
 Evaluation is PFLlib's: each client's test data with the model it predicts with (the global model, or its personal
 one: `client_plan.personalized_weights`), accuracy = correct test predictions over all test examples, plus the mean
@@ -44,6 +49,8 @@ from fedpersonal.algorithms import ditto
 from fedpersonal.algorithms import fedper
 from fedpersonal.algorithms import fedprox
 from fedpersonal.algorithms import fedrep
+from fedpersonal.algorithms import per_fedavg
+from fedpersonal.algorithms import pfedme
 from fedpersonal.core import client_plan
 from fedpersonal.data import federated_images
 from fedpersonal.data import pfllib
@@ -64,6 +71,7 @@ class Method:
 
     plan: Callable[[PflBenchmarkConfig], client_plan.ClientPlan]
     local_layers: tuple[str, ...] = ()
+    adapts: bool = False  # Evaluated after one local step (`per_fedavg.adapt`).
 
 
 def _sgd(config: PflBenchmarkConfig) -> tff.learning.optimizers.Optimizer:
@@ -72,6 +80,16 @@ def _sgd(config: PflBenchmarkConfig) -> tff.learning.optimizers.Optimizer:
 
 def _plain(config: PflBenchmarkConfig, mu: float) -> client_plan.ClientPlan:
     return fedprox.fedprox_plan(mu=mu, client_epochs=config.client_epochs, client_optimizer=_sgd(config))
+
+
+def _per_fedavg(config: PflBenchmarkConfig, *, hessian_free: bool) -> client_plan.ClientPlan:
+    return per_fedavg.per_fedavg_plan(
+        batch_size=config.batch_size,
+        inner_learning_rate=config.client_learning_rate,
+        outer_optimizer=_sgd(config),  # PFLlib: beta = the learning rate.
+        client_epochs=config.client_epochs,
+        hessian_free=hessian_free,
+    )
 
 
 METHOD_SPECS: dict[str, Method] = {
@@ -112,6 +130,18 @@ METHOD_SPECS: dict[str, Method] = {
     'lg_fedavg': Method(
         lambda c: fedper.fedper_plan(client_epochs=c.client_epochs, client_optimizer=_sgd(c)),
         image_classifiers.BODY,
+    ),
+    'per_fedavg': Method(lambda c: _per_fedavg(c, hessian_free=False), adapts=True),
+    'per_fedavg_hf': Method(lambda c: _per_fedavg(c, hessian_free=True), adapts=True),
+    'pfedme': Method(
+        lambda c: pfedme.pfedme_plan(
+            lam=c.pfedme_lambda,
+            inner_steps=c.pfedme_k,
+            personal_learning_rate=c.pfedme_personal_learning_rate,
+            learning_rate=c.client_learning_rate,
+            client_epochs=c.client_epochs,
+            mu=0.001,
+        )
     ),
 }
 
@@ -193,13 +223,16 @@ def _last_slope(curve: list[tuple[int, float]]) -> float | None:
 
 
 def make_evaluation(
-    benchmark: Benchmark, plan: client_plan.ClientPlan, local_layers: tuple[str, ...]
+    benchmark: Benchmark, plan: client_plan.ClientPlan, local_layers: tuple[str, ...], *, adapts: bool = False
 ) -> Callable[[Any, list[Any]], dict[str, float]]:
     """``(global weights, every client's private state) -> metrics`` on every client's test data, each client with
-    the model it predicts with: accuracy over all test examples, the mean and the worst client's accuracy."""
+    the model it predicts with: accuracy over all test examples, the mean and the worst client's accuracy.
+    `adapts`: each client predicts with the global model after one SGD step on its first train batch."""
     config = benchmark.config
-    # A personal model is evaluated as a model whose weights are all the client's own.
-    model_fn = model_fn_for(benchmark.data, config.seed, 'all' if plan.personal else local_layers)
+    # A personal (or adapted) model is evaluated as a model whose weights are all the client's own.
+    own = plan.personal or adapts
+    model_fn = model_fn_for(benchmark.data, config.seed, 'all' if own else local_layers)
+    global_model_fn = model_fn_for(benchmark.data, config.seed, ())
     evaluate = evaluation.build_private_state_eval(
         model_fn, loss_fn=_loss_fn, metrics_fn=_metrics_fn, simulation=config.simulation
     )
@@ -207,9 +240,13 @@ def make_evaluation(
 
     def client_evaluation(weights: Any, private_states: list[Any]) -> dict[str, float]:
         states = [client_plan.personalized_weights(plan, weights, p) for p in private_states]
+        if adapts:
+            first_batches = [next(iter(benchmark.train_dataset(benchmark.train[c]))) for c in benchmark.client_ids]
+            lr = config.client_learning_rate
+            states = [per_fedavg.adapt(global_model_fn, weights, b, lr, _loss_fn) for b in first_batches]
         result = evaluation.evaluate_clients(
             evaluate,
-            no_globals if plan.personal else weights,
+            no_globals if own else weights,
             benchmark.client_ids,
             benchmark.test_dataset,
             states,
@@ -240,7 +277,7 @@ def run_method(benchmark: Benchmark, outputs: program.ExperimentOutputs, name: s
             group_size=config.group_size,
             name=METHOD_NAMES[name],
         )
-    client_evaluation = make_evaluation(benchmark, plan, spec.local_layers)
+    client_evaluation = make_evaluation(benchmark, plan, spec.local_layers, adapts=spec.adapts)
     initial = training_loop.from_model_weights(process.initial_private_state())
     store = program.open_store(
         config.state_store, outputs, client_state.spec_of(initial), lambda client_id: [a.copy() for a in initial]
