@@ -149,19 +149,34 @@ def _phase_steps(
     return result.num_examples, result.loss_sum, result.stats['value'] if has_statistic else tf.constant(0.0)
 
 
+def initial_weights(model_fn: Callable[[], PhasedModel], element_spec: Any) -> client_plan.Initial:
+    """The no-arg TF computations of the model's initial global weights and local weights (a client's private state
+    before its first round), and the type of the client datasets' batches."""
+
+    @tff.tensorflow.computation
+    def initial_global():
+        return client_work.global_weights(model_fn())
+
+    @tff.tensorflow.computation
+    def initial_local():
+        return client_work.local_weights(model_fn())
+
+    return client_plan.Initial(initial_global, initial_local, tff.types.tensorflow_to_type(element_spec))
+
+
 def build_client_update(
     plan: client_plan.ClientPlan,
     model_fn: Callable[[], PhasedModel],
-    element_spec: Any,
+    initial: client_plan.Initial,
     client_weighting: Any = tff.learning.ClientWeighting.NUM_EXAMPLES,
 ) -> tff.Computation:
     """The plan as one client's TF computation ``(global weights, dataset, local weights) -> (ClientResult, ratio
-    metrics, new local weights)``."""
-    initial = client_plan.initial_weights(model_fn)
+    metrics, new local weights)``, `initial` its `initial_weights`."""
+    assert initial.local_weights is not None
 
     @tff.tensorflow.computation(
         initial.global_weights.type_signature.result,
-        tff.SequenceType(tff.types.tensorflow_to_type(element_spec)),
+        tff.SequenceType(initial.element_type),
         initial.local_weights.type_signature.result,
     )
     @tf.function
@@ -195,8 +210,8 @@ def build_per_client_process(
     """The plan as a stateful process on the per-client backend: `model_distributor` (default TFF's broadcast),
     `model_aggregator` (default the weighted mean, weights by `client_weighting`) and `server_optimizer` around
     `build_client_update`; the model's local weights are the private state."""
-    initial = client_plan.initial_weights(model_fn)
-    client_update = build_client_update(plan, model_fn, element_spec, client_weighting)
+    initial = initial_weights(model_fn, element_spec)
+    client_update = build_client_update(plan, model_fn, initial, client_weighting)
     return compose.compose_personalized_process(
         initial_global_weights=initial.global_weights,
         initial_private_state=initial.local_weights,

@@ -65,7 +65,8 @@ def build_engine_process(
     """The plan as a stateful process whose `run_round` runs groups of clients on the engine (default aggregator:
     the weighted mean; check `plan_engine.unsupported` first). `group_size`: the most clients per group (default:
     as many as fit 1 GiB); `measure_communication`: as `driver.GroupRoundRunner`'s."""
-    initial = client_plan.initial_weights(model_fn)
+    initial = model_loss_plan.initial_weights(model_fn, element_spec)
+    assert initial.local_weights is not None
     model = functional.FunctionalModel(model_fn, groups=_groups, batch_norm=True)
     base = model.initial_weights
     phase_slots = [model.slots_of(functools.partial(model_loss_plan.trained_variables, phase=p)) for p in plan.phases]
