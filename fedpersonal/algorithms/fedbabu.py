@@ -8,7 +8,8 @@ predicts; the paper's default fine-tunes the whole model (body and head; Section
 
 Here the head is the model's local layers and the plan's local weights start from their initial values every round
 (`ClientPlan.local_start='initial'`, seeded initializers: identical on every client): a stateless process whose one
-phase trains only the global body, run by every backend (`fedpersonal.backends`).
+phase trains only the global body, run by every backend (`fedpersonal.backends`). `finetune_plan` is the
+evaluation-time fine-tuning (also FedAvg + fine-tuning's): a plan over a model whose weights are all the client's own.
 """
 
 from __future__ import annotations
@@ -28,6 +29,12 @@ def fedbabu_plan(*, client_epochs: int, client_optimizer: tff.learning.optimizer
     """FedBABU's client work: the body trained for `client_epochs` epochs, the head at its initial values."""
     phase = client_plan.Phase((client_plan.GLOBAL,), client_epochs, client_optimizer)
     return client_plan.ClientPlan((phase,), local_start=client_plan.INITIAL)
+
+
+def finetune_plan(*, epochs: int, optimizer: tff.learning.optimizers.Optimizer) -> client_plan.ClientPlan:
+    """Fine-tuning before evaluation: every weight trained for `epochs` epochs on the client's data. Run it over a
+    model whose weights are all local (nothing global to upload), each client's private state its full model."""
+    return client_plan.ClientPlan((client_plan.Phase((client_plan.GLOBAL, client_plan.LOCAL), epochs, optimizer),))
 
 
 def build_fedbabu(
