@@ -9,6 +9,9 @@ the backend of the current context:
 * ``'per_client'``: one TF computation per client, mapped over the clients by TFF (`process.next`; `run_round`
   runs it too).
 
+A round stated as `fedpersonal.core.RoundFunctions` (HPFL) gets its engine parts from `silo_engine_parts`: the silo
+engine (`fedpersonal.simulation.silo_engine`), each client one compiled program.
+
 Where the engine cannot run a configuration (an aggregator that needs each client's own update, a client optimizer
 that is not a functional TFF optimizer, a custom distributor), the process is built on the per-client backend, with
 one log line saying why: something TFF supports never gives an error for it.
@@ -41,7 +44,9 @@ from fedpersonal import models
 from fedpersonal.core import client_plan
 from fedpersonal.core import client_work
 from fedpersonal.core import process as process_lib
+from fedpersonal.core import round_functions
 from fedpersonal.simulation import plan_engine
+from fedpersonal.simulation import silo_engine
 
 ENGINE, PER_CLIENT = 'engine', 'per_client'
 BACKENDS = (ENGINE, PER_CLIENT)
@@ -135,6 +140,20 @@ def build_process(
     return client_plan.build_per_client_process(
         plan, model_fn, metrics_aggregator=metrics_aggregator, model_distributor=model_distributor, **common, **parts
     )
+
+
+def silo_engine_parts(functions: round_functions.RoundFunctions, *, name: str) -> tuple[Any, Any]:
+    """``(packer, round_runner)`` for `compose_personalized_process` to run `functions` (the round its other parts
+    compute) on the context's backend: the silo engine (`fedpersonal.simulation.silo_engine`: each client one
+    compiled program), or ``(None, None)`` on the per-client backend and where the engine cannot run them (logged).
+    """
+    if current() != ENGINE:
+        return None, None
+    reason = silo_engine.unsupported(functions)
+    if reason is None:
+        return silo_engine.build(functions)
+    logging.info('%s runs on the per-client backend: %s', name, reason.rstrip('.') + '.')
+    return None, None
 
 
 def build_classifier_process(

@@ -215,10 +215,12 @@ def prefixed(prefix: str | None, values: collections.OrderedDict) -> collections
 
 
 class Initial(NamedTuple):
-    """The no-arg TF computations of a model's initial global and local weights."""
+    """The no-arg TF computations of a model's initial global and local weights (None for a stateless plan), and
+    the type of the model's input batches."""
 
     global_weights: tff.Computation
-    local_weights: tff.Computation
+    local_weights: tff.Computation | None
+    element_type: tff.Type
 
 
 def server_weights(model: tff.learning.models.ReconstructionModel, local_start: str = KEPT) -> Any:
@@ -236,26 +238,46 @@ def initial_weights(
     personal: bool = False,
     initial_alpha: float | None = None,
     local_start: str = KEPT,
+    stateful: bool = True,
 ) -> Initial:
     """`Initial` of the partially local model `model_fn` builds; with `personal`, the private state is a copy of
     its global weights (and, with `initial_alpha`, the mixing weight after its trainable weights); the global
-    weights are `server_weights` for `local_start`."""
+    weights are `server_weights` for `local_start`. Calls `model_fn` once (twice if `stateful`), as TFF's builders
+    count their calls."""
+    input_specs = []
 
     @tff.tensorflow.computation
     def initial_global():
-        return server_weights(model_fn(), local_start)
-
-    @tff.tensorflow.computation
-    def initial_local():
         model = model_fn()
-        if not personal:
-            return client_work.local_weights(model)
-        weights = client_work.global_weights(model)
-        if initial_alpha is None:
-            return weights
-        return ModelWeights(list(weights.trainable) + [tf.constant(initial_alpha, tf.float32)], weights.non_trainable)
+        input_specs.append(model.input_spec)
+        return server_weights(model, local_start)
 
-    return Initial(initial_global, initial_local)
+    initial_local = None
+    if stateful:
+
+        @tff.tensorflow.computation
+        def initial_local():
+            model = model_fn()
+            if not personal:
+                return client_work.local_weights(model)
+            weights = client_work.global_weights(model)
+            if initial_alpha is None:
+                return weights
+            alpha = tf.constant(initial_alpha, tf.float32)
+            return ModelWeights(list(weights.trainable) + [alpha], weights.non_trainable)
+
+    return Initial(initial_global, initial_local, tff.types.tensorflow_to_type(input_specs[0]))
+
+
+def plan_initial_weights(plan: ClientPlan, model_fn: Callable[[], tff.learning.models.ReconstructionModel]) -> Initial:
+    """`initial_weights` as `plan` keeps its clients' state."""
+    return initial_weights(
+        model_fn,
+        personal=plan.personal,
+        initial_alpha=plan.initial_alpha,
+        local_start=plan.local_start,
+        stateful=plan.stateful,
+    )
 
 
 def build_client_update(
@@ -265,17 +287,15 @@ def build_client_update(
     metrics_fn: client_work.MetricsFn | None,
     finalizers: collections.OrderedDict,
     client_weighting: Any = tff.learning.ClientWeighting.NUM_EXAMPLES,
+    initial: Initial | None = None,
 ) -> tff.Computation:
     """The plan as one client's TF computation ``(global weights, dataset, local weights) -> (ClientResult,
     unfinalized metrics, new local weights)`` (a stateless plan: ``(global weights, dataset) -> (ClientResult,
     unfinalized metrics)``), recording the metrics' finalizers in `finalizers`; the update's weight by
-    `client_weighting` (``NUM_EXAMPLES``: the examples of the global phase's steps)."""
-    with tf.Graph().as_default():
-        element_type = tff.types.tensorflow_to_type(model_fn().input_spec)
-    initial = initial_weights(
-        model_fn, personal=plan.personal, initial_alpha=plan.initial_alpha, local_start=plan.local_start
-    )
-    weights_type, dataset_type = initial.global_weights.type_signature.result, tff.SequenceType(element_type)
+    `client_weighting` (``NUM_EXAMPLES``: the examples of the global phase's steps). `initial`: the plan's
+    `plan_initial_weights` if already built."""
+    initial = initial or plan_initial_weights(plan, model_fn)
+    weights_type, dataset_type = initial.global_weights.type_signature.result, tff.SequenceType(initial.element_type)
 
     def work(received, dataset, private):
         with tf.init_scope():
@@ -363,6 +383,8 @@ def build_client_update(
 
         return stateless_update
 
+    assert initial.local_weights is not None  # A stateful plan's.
+
     @tff.tensorflow.computation(weights_type, dataset_type, initial.local_weights.type_signature.result)
     @tf.function
     def client_update(received, dataset, private):
@@ -427,14 +449,14 @@ def build_per_client_process(
     `model_aggregator` (default the weighted mean, weights by `client_weighting`) and `server_optimizer` around
     `build_client_update`; the local weights (or the personal copy) are the private state of a stateful plan (a
     stateless one's process is TFF's `LearningProcess`, kept as `process.learning_process`)."""
-    initial = initial_weights(
-        model_fn, personal=plan.personal, initial_alpha=plan.initial_alpha, local_start=plan.local_start
-    )
+    initial = plan_initial_weights(plan, model_fn)
     finalizers: collections.OrderedDict = collections.OrderedDict()
     return compose.compose_personalized_process(
         initial_global_weights=initial.global_weights,
-        initial_private_state=initial.local_weights if plan.stateful else None,
-        client_update=build_client_update(plan, model_fn, loss_fn, metrics_fn, finalizers, client_weighting),
+        initial_private_state=initial.local_weights,
+        client_update=build_client_update(
+            plan, model_fn, loss_fn, metrics_fn, finalizers, client_weighting, initial=initial
+        ),
         aggregate_metrics=compose.keras_metrics(finalizers, metrics_aggregator),
         server_optimizer=server_optimizer,
         model_aggregator=compose.weighted_aggregator(model_aggregator, client_weighting),

@@ -4,7 +4,9 @@
 * `packing`: clients' datasets as fixed-shape, masked group tensors (`ClientPacker`);
 * `lockstep`: the local optimizer loop of a whole group in lockstep (vectorized over clients, XLA-compiled);
 * `group`: a group's pre-aggregated `ClientResult` (per-client weights, non-finite zeroing) and the checks of
-  what a group can pre-aggregate.
+  what a group can pre-aggregate;
+* `silo_engine`: cross-silo rounds (HPFL) from their `fedpersonal.core.RoundFunctions`, each client one compiled
+  program in the driver.
 
 The algorithms compose these into their group client work (`build_fed_recon(..., simulation='engine')`); one
 TFF client slot then carries a group of logical clients, and TFF's weighted mean over the groups equals its

@@ -94,9 +94,7 @@ def build_engine_process(
     group, as the per-client backend clips it. `measure_communication`: `run_round` also reports each logical
     client's download and upload (`simulation.driver`)."""
     dp_clip = group_lib.per_client_clip(model_aggregator)
-    initial = client_plan.initial_weights(
-        model_fn, personal=plan.personal, initial_alpha=plan.initial_alpha, local_start=plan.local_start
-    )
+    initial = client_plan.plan_initial_weights(plan, model_fn)
     # Batch norm's moving statistics are carried per client through the phases (FedBN keeps them local).
     model = functional.FunctionalModel(model_fn, batch_norm=True)
     base = model.initial_weights
@@ -109,14 +107,15 @@ def build_engine_process(
     slots[client_plan.PERSONAL] = slots[client_plan.GLOBAL]  # Of the personal copy's own weights.
     prefixes = plan.metric_prefixes
     names = tuple(f'phase_{i}' for i in range(len(plan.phases)))
-    with tf.Graph().as_default():
-        element_spec = model_fn().input_spec
+    element_spec = tff.types.type_to_tf_tensor_specs(initial.element_type)
     group_size = group_size or simulation_options.default_group_size(
         list(base.global_trainable) + list(base.local_trainable)
     )
     packer = _packer(plan, element_spec, group_size)
     weights_type = initial.global_weights.type_signature.result
-    group_private_type = packing.stacked_type(initial.local_weights.type_signature.result) if plan.stateful else None
+    group_private_type = None
+    if initial.local_weights is not None:
+        group_private_type = packing.stacked_type(initial.local_weights.type_signature.result)
 
     def build_group_work(raw_finalizers: dict[str | None, collections.OrderedDict], *, now: bool):
         metric_sets = {
@@ -271,7 +270,7 @@ def build_engine_process(
     )
     return compose.compose_personalized_process(
         initial_global_weights=initial.global_weights,
-        initial_private_state=initial.local_weights if plan.stateful else None,
+        initial_private_state=initial.local_weights,
         client_update=client_update,
         model_aggregator=aggregator,
         server_optimizer=server_optimizer,
