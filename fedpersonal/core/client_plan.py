@@ -37,6 +37,7 @@ import tensorflow_federated as tff
 from fedpersonal.core import client_work
 from fedpersonal.core import compose
 from fedpersonal.core import process as process_lib
+from fedpersonal.core import step_kinds
 from fedpersonal.models import partially_local_model
 
 ModelWeights = tff.learning.models.ModelWeights
@@ -115,6 +116,8 @@ class Phase:
         phase's end (in between, the model uses alpha clipped to [0, 1]).
       data: The part of the plan's `DataSplit` the phase trains on; None: the client's whole dataset.
       reports_metrics: Whether the phase's steps update the metrics (False: FedRecon's reconstruction).
+      step: What a batch's step computes (`fedpersonal.core.step_kinds`, e.g. Per-FedAvg's `MetaStep`); None: the
+        gradient of the batch loss.
     """
 
     trains: tuple[str, ...]
@@ -125,6 +128,7 @@ class Phase:
     mixed: bool = False
     data: str | None = None
     reports_metrics: bool = True
+    step: step_kinds.MetaStep | step_kinds.InnerProblem | None = None
 
     def __post_init__(self):
         if not self.trains or not set(self.trains) <= set(PARTS) or len(set(self.trains)) != len(self.trains):
@@ -137,6 +141,8 @@ class Phase:
             raise ValueError(f"A mixed phase trains ('personal',) only, got {self.trains!r}.")
         if self.penalty is not None and self.penalty.part not in self.trains:
             raise ValueError(f'Phase.penalty applies to {self.penalty.part!r}, which the phase does not train.')
+        if self.step is not None:
+            self.step.check(self.trains)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -176,7 +182,8 @@ class ClientPlan:
                 raise ValueError(f"Phase.data {phase.data!r} is not a part of the plan's split {self.split}.")
         if not any(p.reports_metrics for p in self.phases):
             raise ValueError('At least one phase of a ClientPlan reports metrics.')
-        if any(PERSONAL in p.trains for p in self.phases) and not self.personal_copy:
+        inner = any(isinstance(p.step, step_kinds.InnerProblem) for p in self.phases)
+        if (inner or any(PERSONAL in p.trains for p in self.phases)) and not self.personal_copy:
             raise ValueError('A phase trains the personal copy: the plan needs personal_copy=True.')
         if self.initial_alpha is not None and not (self.personal_copy and 0.0 <= self.initial_alpha <= 1.0):
             raise ValueError(f'initial_alpha needs personal_copy=True and a value in [0, 1], got {self.initial_alpha}.')
@@ -304,6 +311,8 @@ def build_client_update(
             mixing = plan.initial_alpha is not None
             alpha = tf.Variable(0.0, name='alpha') if mixing else None
             mixed_model = client_work.construct(model_fn) if mixing else None
+            needs_scratch = personal is None and any(p.step for p in plan.phases)  # `MetaStep`s trial weights.
+            scratch = client_work.construct(model_fn) if needs_scratch else None
             metrics = {}
             for prefix in plan.metric_prefixes:
                 built: collections.OrderedDict = collections.OrderedDict()
@@ -344,6 +353,10 @@ def build_client_update(
                 assert mixed_model is not None and alpha is not None
                 batch_loss = _mixed_batch_loss(
                     mixed_model, parts[PERSONAL], alpha, received_trainable, loss_fn(), phase_metrics
+                )
+            elif phase.step is not None:
+                batch_loss = step_kinds.step_batch_loss(
+                    phase, model, variables, personal or scratch, loss_fn(), phase_metrics
                 )
             else:
                 batch_loss = client_work.model_batch_loss(stepped, loss_fn(), phase_metrics)

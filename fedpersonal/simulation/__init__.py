@@ -8,9 +8,9 @@
 * `silo_engine`: cross-silo rounds (HPFL) from their `fedpersonal.core.RoundFunctions`, each client one compiled
   program in the driver.
 
-The algorithms compose these into their group client work (`build_fed_recon(..., simulation='engine')`); one
-TFF client slot then carries a group of logical clients, and TFF's weighted mean over the groups equals its
-weighted mean over the logical clients.
+`plan_engine` composes these into the group client work of a `fedpersonal.core.client_plan.ClientPlan` (FedRecon,
+FedAvg, FURL, Ditto, FedPer, ...; FedDVA and HPFL still compose their own); one TFF client slot then carries a
+group of logical clients, and TFF's weighted mean over the groups equals its weighted mean over the logical clients.
 """
 
 from fedpersonal.simulation import functional

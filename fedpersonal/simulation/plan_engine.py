@@ -37,6 +37,9 @@ def unsupported(
     model_distributor: Any = None,
 ) -> str | None:
     """Why the engine cannot run `plan` with these parts, or None if it can (every engine check, in one place)."""
+    steps = [type(p.step).__name__ for p in plan.phases if p.step is not None]
+    if steps:  # Not yet in `lockstep.lockstep_steps`.
+        return f'The fast simulation engine does not run the step kind {steps[0]} yet'
     try:
         for i, phase in enumerate(plan.phases):
             lockstep.check_optimizer(phase.optimizer, f'the optimizer of phase {i}')

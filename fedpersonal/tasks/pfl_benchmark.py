@@ -18,6 +18,11 @@ configured backend (`fedpersonal.backends`); a method here is only its plan and 
 
 FedBN (`fedpersonal.algorithms.fedbn`) is not a row: PFLlib's CNN has no batch normalization, on which FedBN is
 FedAvg.
+* ``per_fedavg`` (first-order, as PFLlib) / ``per_fedavg_hf`` (Hessian-free): the global model, meta-learned
+  (`fedpersonal.algorithms.per_fedavg`); evaluated after one SGD step on the client's first train batch (PFLlib's
+  ``evaluate_one_step``; PFLlib takes a random batch);
+* ``pfedme``: the global model and each client's personalized theta, the model it is evaluated with
+  (`fedpersonal.algorithms.pfedme`; PFLlib's pFedMeOptimizer weight decay mu = 0.001; server beta = 1).
 
 Evaluation is PFLlib's: each client's test data with the model it predicts with (the global model, or its personal
 one: `client_plan.personalized_weights`), accuracy = correct test predictions over all test examples, plus the mean
@@ -57,6 +62,8 @@ from fedpersonal.algorithms import fedper
 from fedpersonal.algorithms import fedprox
 from fedpersonal.algorithms import fedrep
 from fedpersonal.algorithms import furl
+from fedpersonal.algorithms import per_fedavg
+from fedpersonal.algorithms import pfedme
 from fedpersonal.core import client_plan
 from fedpersonal.data import federated_images
 from fedpersonal.data import pfllib
@@ -78,6 +85,7 @@ class Method:
     plan: Callable[[PflBenchmarkConfig], client_plan.ClientPlan]
     local_layers: tuple[str, ...] = ()
     finetune: bool = False  # Each client fine-tunes its whole model on its train data before evaluation.
+    adapts: bool = False  # Evaluated after one local step (`per_fedavg.adapt`).
 
 
 def _sgd(config: PflBenchmarkConfig) -> tff.learning.optimizers.Optimizer:
@@ -89,6 +97,16 @@ def _plain(config: PflBenchmarkConfig, mu: float) -> client_plan.ClientPlan:
 
 
 RECON_SPLIT = dataset_split.ReconstructionSplit()  # FedRecon's support/query halves of a client's data.
+
+
+def _per_fedavg(config: PflBenchmarkConfig, *, hessian_free: bool) -> client_plan.ClientPlan:
+    return per_fedavg.per_fedavg_plan(
+        batch_size=config.batch_size,
+        inner_learning_rate=config.client_learning_rate,
+        outer_optimizer=_sgd(config),  # PFLlib: beta = the learning rate.
+        client_epochs=config.client_epochs,
+        hessian_free=hessian_free,
+    )
 
 
 METHOD_SPECS: dict[str, Method] = {
@@ -151,6 +169,18 @@ METHOD_SPECS: dict[str, Method] = {
             client_epochs=c.client_epochs, client_optimizer=_sgd(c), private_norm_regularization=c.furl_private_norm
         ),
         image_classifiers.HEAD,
+    ),
+    'per_fedavg': Method(lambda c: _per_fedavg(c, hessian_free=False), adapts=True),
+    'per_fedavg_hf': Method(lambda c: _per_fedavg(c, hessian_free=True), adapts=True),
+    'pfedme': Method(
+        lambda c: pfedme.pfedme_plan(
+            lam=c.pfedme_lambda,
+            inner_steps=c.pfedme_k,
+            personal_learning_rate=c.pfedme_personal_learning_rate,
+            learning_rate=c.client_learning_rate,
+            client_epochs=c.client_epochs,
+            mu=0.001,
+        )
     ),
 }
 
@@ -241,12 +271,18 @@ def _accuracies(result: Any) -> dict[str, float]:
 
 
 def make_evaluation(
-    benchmark: Benchmark, plan: client_plan.ClientPlan, local_layers: tuple[str, ...], *, finetune: bool = False
+    benchmark: Benchmark,
+    plan: client_plan.ClientPlan,
+    local_layers: tuple[str, ...],
+    *,
+    finetune: bool = False,
+    adapts: bool = False,
 ) -> Callable[..., dict[str, float]]:
     """``(global weights, every client's private state) -> metrics`` on every client's test data, each client with
     the model it predicts with (first fine-tuned on its train data with `finetune`): accuracy over all test
     examples, the mean and the worst client's accuracy. A stateless plan (FedRecon): ``global weights -> metrics``
-    by ReconEval on each client's test data."""
+    by ReconEval on each client's test data. `adapts`: each client predicts with the global model after one SGD
+    step on its first train batch."""
     config = benchmark.config
     if not plan.stateful:
         recon_eval = evaluation.build_recon_eval(
@@ -263,8 +299,9 @@ def make_evaluation(
             )
         )
     # A personal or fine-tuned model is evaluated as a model whose weights are all the client's own.
-    own = plan.personal or finetune
+    own = plan.personal or finetune or adapts
     model_fn = model_fn_for(benchmark.data, config.seed, 'all' if own else local_layers)
+    global_model_fn = model_fn_for(benchmark.data, config.seed, ())
     evaluate = evaluation.build_private_state_eval(
         model_fn, loss_fn=_loss_fn, metrics_fn=_metrics_fn, simulation=config.simulation
     )
@@ -289,6 +326,10 @@ def make_evaluation(
             full = [ModelWeights(list(weights.trainable) + list(s.trainable), []) for s in states]
             train = [benchmark.train_dataset(benchmark.train[c]) for c in benchmark.client_ids]
             states = list(tune.run_round(tune.initialize(), train, full).private_states)
+        if adapts:
+            first_batches = [next(iter(benchmark.train_dataset(benchmark.train[c]))) for c in benchmark.client_ids]
+            lr = config.client_learning_rate
+            states = [per_fedavg.adapt(global_model_fn, weights, b, lr, _loss_fn) for b in first_batches]
         result = evaluation.evaluate_clients(
             evaluate,
             no_globals if own else weights,
@@ -317,7 +358,7 @@ def run_method(benchmark: Benchmark, outputs: program.ExperimentOutputs, name: s
             group_size=config.group_size,
             name=METHOD_NAMES[name],
         )
-    evaluate = make_evaluation(benchmark, plan, spec.local_layers, finetune=spec.finetune)
+    evaluate = make_evaluation(benchmark, plan, spec.local_layers, finetune=spec.finetune, adapts=spec.adapts)
     common: dict[str, Any] = dict(
         outputs=outputs,
         client_data=benchmark.train,

@@ -125,6 +125,32 @@ def test_fine_tuning_before_evaluation_equals_a_keras_loop(benchmark):
     assert got['worst_client_accuracy'] == pytest.approx(np.min(correct / total), abs=1.01 / total.min())
 
 
+def test_per_fedavg_clients_are_evaluated_after_one_sgd_step_on_their_first_train_batch(benchmark):
+    spec = pfl_benchmark.METHOD_SPECS['per_fedavg']
+    plan = spec.plan(benchmark.config)
+    model = image_classifiers.fedavg_cnn(benchmark.data.x.shape[1:], 10, seed=benchmark.config.seed)
+    weights = tff.learning.models.ModelWeights([w.numpy() for w in model.trainable_weights], [])
+    privates = [tff.learning.models.ModelWeights([], [])] * len(benchmark.client_ids)
+    got = pfl_benchmark.make_evaluation(benchmark, plan, spec.local_layers, adapts=True)(weights, privates)
+    states = []
+    for cid in benchmark.client_ids:  # By hand: Keras SGD on the client's first 10 train rows.
+        model = image_classifiers.fedavg_cnn(benchmark.data.x.shape[1:], 10)
+        model.set_weights(weights.trainable)
+        rows = benchmark.data.partition.train[int(cid)][: benchmark.config.batch_size]
+        with tf.GradientTape() as tape:
+            logits = model(benchmark.data.x[rows], training=True)
+            loss = tf.keras.losses.sparse_categorical_crossentropy(benchmark.data.y[rows], logits, from_logits=True)
+            loss = tf.reduce_mean(loss)
+        grads = tape.gradient(loss, model.trainable_weights)
+        lr = benchmark.config.client_learning_rate
+        states.append([(w - lr * g).numpy() for w, g in zip(model.trainable_weights, grads)])
+    correct, total = _keras_accuracy(benchmark, [], 'all', states)
+    assert got['accuracy'] == pytest.approx(correct.sum() / total.sum(), abs=1e-6)
+    assert got['worst_client_accuracy'] == pytest.approx(np.min(correct / total), abs=1e-6)
+    unadapted, _ = _keras_accuracy(benchmark, [], 'all', [weights.trainable] * len(states))
+    assert not np.array_equal(unadapted, correct)  # The step changes predictions: the comparison can fail.
+
+
 def test_personalized_methods_beat_fedavg_under_pathological_skew_and_results_are_written(tmp_path):
     config = pfl_benchmark.PflBenchmarkConfig(
         **SMALL,
