@@ -100,7 +100,8 @@ def build_engine_process(
     client's download and upload (`simulation.driver`)."""
     dp_clip = group_lib.per_client_clip(model_aggregator)
     initial = client_plan.plan_initial_weights(plan, model_fn)
-    model = functional.FunctionalModel(model_fn)
+    # Batch norm's moving statistics are carried per client through the phases (FedBN keeps them local).
+    model = functional.FunctionalModel(model_fn, batch_norm=True)
     base = model.initial_weights
     num_global = len(base.global_trainable)
     learned = plan.local_start == client_plan.LEARNED
@@ -208,11 +209,17 @@ def build_engine_process(
                 )
                 if plan.personal:
                     new_trainable, new_non_trainable = personal.global_trainable, personal.global_non_trainable
+                    base_non_trainable = base.global_non_trainable
                 else:
-                    new_trainable, new_non_trainable = weights.local_trainable, private_non_trainable
+                    new_trainable, new_non_trainable = weights.local_trainable, weights.local_non_trainable
+                    base_non_trainable = base.local_non_trainable
                 new_private = tff.learning.models.ModelWeights(
                     trainable=[keep(n, o) for n, o in zip(new_trainable, private_trainable)],
-                    non_trainable=list(new_non_trainable),
+                    # Moving statistics a training step updated (batch norm), per client; others as they were.
+                    non_trainable=[
+                        keep(lockstep.per_client(n, b, clients), o)
+                        for n, o, b in zip(new_non_trainable, private_non_trainable, base_non_trainable)
+                    ],
                 )
                 return result, new_private
 

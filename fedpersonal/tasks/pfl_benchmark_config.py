@@ -28,6 +28,10 @@ METHODS = (
     'fedper',
     'fedrep',
     'lg_fedavg',
+    'fedavg_ft',
+    'fedbabu',
+    'fed_recon',
+    'furl_head',
     'per_fedavg',
     'per_fedavg_hf',
     'pfedme',
@@ -40,6 +44,10 @@ METHOD_NAMES = {
     'fedper': 'FedPer',
     'fedrep': 'FedRep',
     'lg_fedavg': 'LG-FedAvg',
+    'fedavg_ft': 'FedAvg+FT',
+    'fedbabu': 'FedBABU',
+    'fed_recon': 'FedRecon',
+    'furl_head': 'FURL-head',
     'per_fedavg': 'Per-FedAvg',
     'per_fedavg_hf': 'Per-FedAvg (HF)',
     'pfedme': 'pFedMe',
@@ -87,6 +95,10 @@ class PflBenchmarkConfig(
     )
     apfl_alpha: float = parts.option(0.5, "APFL's initial mixing weight alpha.")
     fedrep_head_epochs: int = parts.option(1, "FedRep's head epochs per round (PFLlib: plocal_epochs).")
+    finetune_epochs: int = parts.option(
+        5, 'Epochs each client fine-tunes the whole model on its train data before evaluation (FedBABU, FedAvg+FT).'
+    )
+    furl_private_norm: float = parts.option(1e-3, "FURL-head: the norm penalty on the private head's weights.")
     pfedme_lambda: float = parts.option(1.0, "pFedMe's lambda (PFLlib's --lamda default; the paper: 15).")
     pfedme_k: int = parts.option(5, "pFedMe's inner steps K per batch (PFLlib's default).")
     pfedme_personal_learning_rate: float = parts.option(
@@ -108,7 +120,16 @@ class PflBenchmarkConfig(
             raise errors.ConfigError(f'methods must be a non-empty subset of {METHODS}; unknown: {unknown}.')
         if self.dataset == 'mnist' and not self.data_dir and self.tfds_data_dir is None:
             raise errors.ConfigError("dataset 'mnist' needs --data_dir (or --tfds_data_dir).")
-        for name in ('num_clients', 'class_per_client', 'synthetic_examples', 'personal_epochs', 'pfedme_k'):
+        if self.furl_private_norm < 0:
+            raise errors.ConfigError(f'furl_private_norm must be >= 0, got {self.furl_private_norm}.')
+        for name in (
+            'num_clients',
+            'class_per_client',
+            'synthetic_examples',
+            'personal_epochs',
+            'pfedme_k',
+            'finetune_epochs',
+        ):
             if getattr(self, name) < 1:
                 raise errors.ConfigError(f'{name} must be >= 1, got {getattr(self, name)}.')
         if not 0.0 < self.train_ratio < 1.0:
