@@ -180,7 +180,13 @@ class ClientPlan:
 
     Phases with model-defined losses (`Phase.loss`: all of a plan's phases or none) may train the global weights in
     several phases or none; with `counts_participations` the client increments the model's ``participations``
-    counter (a local non-trainable variable, e.g. seeding noise per round) after its phases.
+    counter (a local non-trainable variable, e.g. seeding noise per round) after its phases; with `counts_labels`
+    it sets the model's ``label_counts`` (a local non-trainable float vector, e.g. FedRoD's label prior) to the
+    counts of its dataset's labels before them.
+
+    `local_aggregation` (FedALA, `fedpersonal.core.step_kinds.AdaptiveLocalAggregation`): the personal copy is the
+    model the client trained last, and the global phase starts from its element-wise aggregation with the received
+    weights instead of the received weights (see `step_kinds`).
 
     Example:
 
@@ -197,13 +203,17 @@ class ClientPlan:
     split: DataSplit | None = None
     local_start: str = KEPT
     counts_participations: bool = False
+    counts_labels: bool = False
+    local_aggregation: step_kinds.AdaptiveLocalAggregation | None = None
 
     def __post_init__(self):
         if self.model_losses:
             _check_model_loss_plan(self)
             return
-        if self.counts_participations:
-            raise ValueError('counts_participations needs phases with model-defined losses.')
+        if self.counts_participations or self.counts_labels:
+            raise ValueError('counts_participations and counts_labels need phases with model-defined losses.')
+        if self.local_aggregation is not None:
+            self.local_aggregation.check(self)
         if self.local_start not in LOCAL_STARTS:
             raise ValueError(f'ClientPlan.local_start must be one of {LOCAL_STARTS}, got {self.local_start!r}.')
         if self.local_start != KEPT and self.personal_copy:
@@ -256,10 +266,12 @@ def _check_model_loss_plan(plan: ClientPlan) -> None:
     """A plan of model-defined losses: every phase has one, no personal copy; distinct metric names."""
     if any(p.loss is None for p in plan.phases):
         raise ValueError("A plan's phases either all use the Keras loss or all name a model-defined Phase.loss.")
-    if plan.personal_copy or plan.initial_alpha is not None or plan.local_start != KEPT:
+    if plan.personal_copy or plan.initial_alpha is not None or plan.local_start != KEPT or plan.local_aggregation:
         raise ValueError("A plan with model-defined losses keeps the model's local weights (no personal copy).")
     if plan.split is not None or any(p.data is not None or not p.reports_metrics for p in plan.phases):
         raise ValueError('The phases of a plan with model-defined losses train on the whole dataset and report.')
+    if plan.counts_labels and not any(p.epochs for p in plan.phases):
+        raise ValueError('counts_labels needs a phase that iterates the data (epochs >= 1).')
     prefixes = [p.metrics_prefix or p.loss for p in plan.phases]
     if len(set(prefixes)) != len(prefixes):
         raise ValueError(
