@@ -309,9 +309,12 @@ def initial_weights(
     initial_alpha: float | None = None,
     local_start: str = KEPT,
     stateful: bool = True,
+    local_aggregation: step_kinds.AdaptiveLocalAggregation | None = None,
 ) -> Initial:
     """`Initial` of the partially local model `model_fn` builds; with `personal`, the private state is a copy of
-    its global weights (and, with `initial_alpha`, the mixing weight after its trainable weights); the global
+    its global weights (and, with `initial_alpha`, the mixing weight after its trainable weights; with
+    `local_aggregation`, its weights W, ones, after them and its count of aggregations, 0, after the non-trainable
+    ones); the global
     weights are `server_weights` for `local_start`. Calls `model_fn` once (twice if `stateful`), as TFF's builders
     count their calls."""
     input_specs = []
@@ -331,6 +334,10 @@ def initial_weights(
             if not personal:
                 return client_work.local_weights(model)
             weights = client_work.global_weights(model)
+            if local_aggregation is not None:
+                k = local_aggregation.count(len(weights.trainable))
+                mixing = [tf.ones_like(v) for v in weights.trainable[-k:]]
+                return ModelWeights(list(weights.trainable) + mixing, list(weights.non_trainable) + [tf.constant(0)])
             if initial_alpha is None:
                 return weights
             alpha = tf.constant(initial_alpha, tf.float32)
@@ -347,6 +354,7 @@ def plan_initial_weights(plan: ClientPlan, model_fn: Callable[[], tff.learning.m
         initial_alpha=plan.initial_alpha,
         local_start=plan.local_start,
         stateful=plan.stateful,
+        local_aggregation=plan.local_aggregation,
     )
 
 
@@ -372,7 +380,8 @@ def build_client_update(
     def work(received, dataset, private):
         with tf.init_scope():
             model = client_work.construct(model_fn)
-            personal = client_work.construct(model_fn) if plan.personal else None
+            ala = plan.local_aggregation
+            personal = client_work.construct(model_fn) if plan.personal and ala is None else None
             mixing = plan.initial_alpha is not None
             alpha = tf.Variable(0.0, name='alpha') if mixing else None
             mixed_model = client_work.construct(model_fn) if mixing else None
@@ -389,8 +398,16 @@ def build_client_update(
             trained = [[v for part in phase.trains for v in parts[part]] for phase in plan.phases]
             trained = [t + [alpha] if phase.mixed else t for t, phase in zip(trained, plan.phases)]
             optimizers = [client_work.prepare_optimizer(p.optimizer, v) for p, v in zip(plan.phases, trained)]
+            if ala is not None:  # FedALA's W and its count of aggregations.
+                k = ala.count(len(parts[GLOBAL]))
+                mixing = [tf.Variable(tf.zeros_like(v), name='mixing') for v in parts[GLOBAL][-k:]]
+                aggregations = tf.Variable(0, name='aggregations')
         client_work.assign_weights(client_work.global_weights(model), received)
-        if personal is not None and alpha is not None:
+        if ala is not None:
+            step_kinds.aggregate_locally(ala, model, private, received, dataset, loss_fn(), mixing, aggregations)
+            own = client_work.global_weights(model)  # Kept after training: the model the client trained last.
+            kept = ModelWeights(list(own.trainable) + mixing, list(own.non_trainable) + [aggregations])
+        elif personal is not None and alpha is not None:
             client_work.assign(personal.global_trainable_variables, private.trainable[:-1])
             client_work.assign(personal.global_non_trainable_variables, private.non_trainable)
             alpha.assign(private.trainable[-1])
@@ -546,7 +563,8 @@ def personalized_weights(plan: ClientPlan, global_weights: Any, private_state: A
     """The weights a client predicts with after its rounds, as numpy arrays.
 
     With a personal copy (Ditto), the copy; with a mixing weight (APFL), ``a * v + (1 - a) * w`` of the copy v and
-    the global weights w (a = alpha clipped to [0, 1], the copy's non-trainable weights); else the client's local
+    the global weights w (a = alpha clipped to [0, 1], the copy's non-trainable weights); with local aggregation
+    (FedALA), the start of its next round without learning W further (w below, ``v + (w - v) * W`` above); else the client's local
     weights, which it predicts with beside `global_weights`. Evaluate the first two with a model whose variables are
     all local and no global weights, the last with the training model.
 
@@ -560,6 +578,12 @@ def personalized_weights(plan: ClientPlan, global_weights: Any, private_state: A
     """
     trainable = [np.asarray(v) for v in private_state.trainable]
     non_trainable = [np.asarray(v) for v in private_state.non_trainable]
+    if plan.local_aggregation is not None:  # FedALA's start, with the client's W (not learned further here).
+        received = [np.asarray(v) for v in global_weights.trainable]
+        k = len(trainable) - len(received)
+        own, mixing = trainable[:-k], trainable[-k:]
+        upper = [v + (w - v) * m for v, w, m in zip(own[-k:], received[-k:], mixing)]
+        return ModelWeights(received[:-k] + upper, non_trainable[:-1])
     if plan.initial_alpha is not None:
         *trainable, alpha = trainable
         a = float(np.clip(alpha, 0.0, 1.0))
