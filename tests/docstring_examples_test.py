@@ -13,6 +13,8 @@ MODULES = (
     'fedpersonal.algorithms.furl',
     'fedpersonal.algorithms.ditto',
     'fedpersonal.algorithms.fedprox',
+    'fedpersonal.algorithms.fedala',
+    'fedpersonal.algorithms.fedrod',
     'fedpersonal.backends',
     'fedpersonal.core.client_plan',
     'fedpersonal.models.image_classifiers',

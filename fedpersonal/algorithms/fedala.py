@@ -29,6 +29,8 @@ from fedpersonal.core import client_plan
 from fedpersonal.core import process as process_lib
 from fedpersonal.core import step_kinds
 
+PFLLIB_DEFAULTS = step_kinds.AdaptiveLocalAggregation()
+
 
 def fedala_plan(
     *,
@@ -48,7 +50,7 @@ def build_fedala(
     client_optimizer: tff.learning.optimizers.Optimizer,
     server_optimizer: tff.learning.optimizers.Optimizer,
     client_epochs: int = 1,
-    aggregation: step_kinds.AdaptiveLocalAggregation = step_kinds.AdaptiveLocalAggregation(),
+    aggregation: step_kinds.AdaptiveLocalAggregation = PFLLIB_DEFAULTS,
 ) -> process_lib.PersonalizedProcess:
     """Builds FedALA on the context's backend, for a Keras classifier (logits).
 
@@ -58,7 +60,8 @@ def build_fedala(
       client_optimizer: The local optimizer (fresh state every round; PFLlib: SGD).
       server_optimizer: Applied to the averaged update.
       client_epochs: Local epochs per round.
-      aggregation: The aggregation's hyperparameters (PFLlib's defaults; set its `batch_size` to the clients').
+      aggregation: The aggregation's hyperparameters (default PFLlib's, batch 10; set its `batch_size` to the
+        clients').
 
     Returns:
       A stateful `PersonalizedProcess` whose private state is the client's model with W after its trainable

@@ -132,7 +132,9 @@ def prediction_state(private_state: Any) -> tff.learning.models.ModelWeights:
 
 def fedrod_plan(*, client_epochs: int, client_optimizer: tff.learning.optimizers.Optimizer) -> client_plan.ClientPlan:
     """FedRoD's client work: body, generic head and personal head on `FedRodModel`'s loss, after counting labels."""
-    phase = client_plan.Phase((SHARED, PERSONAL_HEAD), client_epochs, client_optimizer, loss='fedrod', statistic='accuracy')
+    phase = client_plan.Phase(
+        (SHARED, PERSONAL_HEAD), client_epochs, client_optimizer, loss='fedrod', statistic='accuracy'
+    )
     return client_plan.ClientPlan((phase,), counts_labels=True)
 
 

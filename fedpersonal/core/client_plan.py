@@ -400,13 +400,13 @@ def build_client_update(
             optimizers = [client_work.prepare_optimizer(p.optimizer, v) for p, v in zip(plan.phases, trained)]
             if ala is not None:  # FedALA's W and its count of aggregations.
                 k = ala.count(len(parts[GLOBAL]))
-                mixing = [tf.Variable(tf.zeros_like(v), name='mixing') for v in parts[GLOBAL][-k:]]
+                ala_weights = [tf.Variable(tf.zeros_like(v), name='mixing') for v in parts[GLOBAL][-k:]]
                 aggregations = tf.Variable(0, name='aggregations')
         client_work.assign_weights(client_work.global_weights(model), received)
         if ala is not None:
-            step_kinds.aggregate_locally(ala, model, private, received, dataset, loss_fn(), mixing, aggregations)
+            step_kinds.aggregate_locally(ala, model, private, received, dataset, loss_fn(), ala_weights, aggregations)
             own = client_work.global_weights(model)  # Kept after training: the model the client trained last.
-            kept = ModelWeights(list(own.trainable) + mixing, list(own.non_trainable) + [aggregations])
+            kept = ModelWeights(list(own.trainable) + ala_weights, list(own.non_trainable) + [aggregations])
         elif personal is not None and alpha is not None:
             client_work.assign(personal.global_trainable_variables, private.trainable[:-1])
             client_work.assign(personal.global_non_trainable_variables, private.non_trainable)

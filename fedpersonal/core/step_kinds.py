@@ -109,11 +109,15 @@ class AdaptiveLocalAggregation:
 
     def __post_init__(self):
         if self.layer_idx < 0 or not self.eta > 0 or not 0 < self.rand_percent <= 100 or self.batch_size < 1:
-            raise ValueError(f'AdaptiveLocalAggregation needs layer_idx >= 0, eta > 0, rand_percent in (0, 100] and '
-                             f'batch_size >= 1, got {self}.')
+            raise ValueError(
+                f'AdaptiveLocalAggregation needs layer_idx >= 0, eta > 0, rand_percent in (0, 100] and '
+                f'batch_size >= 1, got {self}.'
+            )
         if self.threshold < 0 or self.num_pre_loss < 1 or self.max_epochs <= self.num_pre_loss:
-            raise ValueError(f'AdaptiveLocalAggregation needs threshold >= 0, num_pre_loss >= 1 and max_epochs > '
-                             f'num_pre_loss, got {self}.')
+            raise ValueError(
+                f'AdaptiveLocalAggregation needs threshold >= 0, num_pre_loss >= 1 and max_epochs > '
+                f'num_pre_loss, got {self}.'
+            )
 
     def check(self, plan: Any) -> None:
         """Raises ValueError unless `plan` keeps a personal copy and its one phase trains the global weights."""
@@ -121,12 +125,14 @@ class AdaptiveLocalAggregation:
         if not plan.personal_copy or plan.initial_alpha is not None or plan.split is not None:
             raise ValueError('Adaptive local aggregation needs personal_copy=True, no initial_alpha and no split.')
         if len(phases) != 1 or phases[0].trains != ('global',) or phases[0].step is not None or phases[0].data:
-            raise ValueError(f'Adaptive local aggregation starts one phase that trains the global weights, got {phases}.')
+            raise ValueError(
+                f'Adaptive local aggregation starts one phase that trains the global weights, got {phases}.'
+            )
 
     def count(self, num_trainable: int) -> int:
         """How many of `num_trainable` trainable tensors are aggregated element-wise."""
         if self.layer_idx > num_trainable:
-            raise ValueError(f'layer_idx {self.layer_idx} exceeds the model\'s {num_trainable} trainable tensors.')
+            raise ValueError(f"layer_idx {self.layer_idx} exceeds the model's {num_trainable} trainable tensors.")
         return self.layer_idx or num_trainable
 
 

@@ -119,7 +119,7 @@ def test_every_backend_equals_a_plain_loop(backend):
 def test_the_generic_head_follows_the_balanced_loss_and_the_personal_head_the_plain_one():
     """One client, one batch: the shared weights' step is the balanced loss's gradient only (not the plain loss's,
     nor the personal head's), the personal head's the plain loss of both heads only."""
-    (x, y), = skewed_arrays(sizes=(10,))
+    ((x, y),) = skewed_arrays(sizes=(10,))
     model = model_fn()
     model.label_counts.assign(np.bincount(y, minlength=NUM_CLASSES).astype(np.float32))
     variables = model.variables_of(fedrod.SHARED) + model.variables_of(fedrod.PERSONAL_HEAD)
