@@ -1,6 +1,7 @@
 """FedRoD, one client plan run by both backends: each equals a plain eager loop written here (the balanced softmax
 loss by hand), the generic head follows the balanced loss and the personal head the ordinary one, the personal
-head and the label counts never reach the server, and the two heads together fit label-skewed clients."""
+head and the label counts never reach the server, and the two heads together fit per-client label namings that the
+generic head cannot."""
 
 import collections
 
@@ -43,8 +44,9 @@ def build(backend, epochs=1):
         )
 
 
-def skewed_arrays(seed=0, sizes=(23, 30, 17, 40)):
-    """Shared class centres; each client sees a skewed share of the classes (the first client lacks one)."""
+def skewed_arrays(seed=0, sizes=(23, 30, 17, 40), permuted=False):
+    """Shared class centres; each client sees a skewed share of the classes (the first client lacks one); with
+    `permuted`, each client names the classes differently (a rotation)."""
     rng = np.random.default_rng(seed)
     centres = rng.normal(size=[NUM_CLASSES, DIM]) * 2
     arrays = []
@@ -52,7 +54,8 @@ def skewed_arrays(seed=0, sizes=(23, 30, 17, 40)):
         share = np.roll([0.6, 0.25, 0.15, 0.0 if client == 0 else 0.05], client)
         cls = rng.choice(NUM_CLASSES, n, p=share / share.sum())
         x = (centres[cls] + rng.normal(size=[n, DIM])).astype(np.float32)
-        arrays.append((x, cls.astype(np.int32)))
+        labels = np.roll(np.arange(NUM_CLASSES), client)[cls] if permuted else cls
+        arrays.append((x, labels.astype(np.int32)))
     return arrays
 
 
@@ -145,11 +148,11 @@ def test_the_personal_head_and_label_counts_never_reach_the_server(backend):
     assert process.next.type_signature.result.private_states.placement is tff.CLIENTS
 
 
-def test_both_heads_fit_label_skewed_clients():
-    arrays = skewed_arrays(seed=3, sizes=(60,) * 4)
-    process = build('engine')
+def test_both_heads_fit_what_the_generic_head_cannot():
+    arrays = skewed_arrays(seed=3, sizes=(60,) * 4, permuted=True)
+    process = build('engine', epochs=3)
     state, privates = process.initialize(), [process.initial_private_state()] * 4
-    for _ in range(25):
+    for _ in range(8):
         output = process.run_round(state, datasets(arrays), privates)
         state, privates = output.state, list(output.private_states)
     weights = process.get_model_weights(state)
@@ -164,4 +167,5 @@ def test_both_heads_fit_label_skewed_clients():
         p2, q2 = [np.asarray(v) for v in private.trainable]
         generic.append(accuracy(features @ w2 + b2, y))
         both.append(accuracy(features @ w2 + b2 + features @ p2 + q2, y))
-    assert np.mean(both) > 0.85 and np.mean(both) >= np.mean(generic), (both, generic)
+    # The generic head learns one naming of the classes; each client's personal head corrects it to its own.
+    assert np.mean(both) > 0.75 and np.mean(both) > np.mean(generic) + 0.4, (both, generic)
