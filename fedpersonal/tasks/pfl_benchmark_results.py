@@ -100,7 +100,7 @@ def over_seeds(runs: Sequence[Mapping[str, Any]], seeds: Sequence[int]) -> dict[
     """
     if len({int(r['rounds']) for r in runs}) > 1:
         raise ValueError(f'the seeds ran different rounds: {[r["rounds"] for r in runs]}')
-    scalars = [{k: v for k, v in r.items() if k not in CURVES} for r in runs]
+    scalars = [{k: v for k, v in r.items() if k not in (*CURVES, 'seed')} for r in runs]
     row = seeds_lib.mean_over_seeds(scalars, seeds, std_keys=STD_KEYS, per_seed_keys=PER_SEED_KEYS)
     row['rounds'] = int(runs[0]['rounds'])
     for key in CURVES:
