@@ -5,7 +5,9 @@ Every method runs once per seed of --seeds (default 0,1,2): each run's metrics, 
 (results.json) go to --output_dir/<method>/seed<k>; results.json (the rows as mean and std over the seeds) and
 accuracy_by_round.png (mean over seeds, band +- 1 std) to --output_dir. A rerun resumes: finished runs are read
 back, an interrupted one continues from its last checkpoint, and --configurations or --seeds may grow.
-benchmarks/pfl_benchmark_table.py turns the two partitions' directories into docs/results/pfl_benchmark.json. Data: Fashion-MNIST from /usr/share/datasets/fashion-mnist (Debian package
+benchmarks/pfl_benchmark_table.py turns the two partitions' directories into docs/results/pfl_benchmark.json.
+
+Data: Fashion-MNIST from /usr/share/datasets/fashion-mnist (Debian package
 dataset-fashion-mnist) or --data_dir, or a prepared TFDS directory (--tfds_data_dir); --dataset=synthetic needs no
 data. The leaderboard's two settings are configs/pfllib_fmnist_pathological.flags and
 configs/pfllib_fmnist_dirichlet.flags.

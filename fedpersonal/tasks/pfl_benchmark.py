@@ -83,6 +83,7 @@ from fedpersonal.tasks import pfl_benchmark_results
 from fedpersonal.tasks.pfl_benchmark_config import METHOD_NAMES
 from fedpersonal.tasks.pfl_benchmark_config import METHODS as METHODS
 from fedpersonal.tasks.pfl_benchmark_config import PflBenchmarkConfig as PflBenchmarkConfig
+from fedpersonal.tasks.pfl_benchmark_results import summarize as summarize
 
 EVAL_BATCH = 100
 ModelWeights = tff.learning.models.ModelWeights
@@ -263,18 +264,6 @@ class Benchmark:
         return self._test.create_tf_dataset_for_client(client_id).batch(EVAL_BATCH)
 
 
-def _last_slope(curve: list[tuple[int, float]]) -> float | None:
-    """Least-squares slope (accuracy per round) over the evaluations of the last 10% of rounds (at least 2)."""
-    if len(curve) < 2:
-        return None
-    last = curve[-1][0]
-    tail = [(r, a) for r, a in curve if r >= last - max(1, round(0.1 * last))] or curve[-2:]
-    if len(tail) < 2:
-        tail = curve[-2:]
-    rounds, accuracies = np.array(tail, dtype=np.float64).T
-    return float(np.polyfit(rounds, accuracies, 1)[0])
-
-
 def _accuracies(result: Any) -> dict[str, float]:
     per_client = np.asarray(result['per_client']['accuracy'], dtype=np.float64)
     return {
@@ -390,29 +379,6 @@ def run_method(benchmark: Benchmark, outputs: program.ExperimentOutputs, name: s
     with store:
         program.run_process(process, config, client_evaluation_fn=evaluate, client_state_store=store, **common)
     return summarize(outputs.read_metrics(), seconds_per_round=outputs.median_round_seconds())
-
-
-def summarize(rows: list[dict[str, float]], *, seconds_per_round: float | None) -> dict[str, Any]:
-    """A method's row from its metric rows: the last evaluation, the best accuracy so far, the tail's slope."""
-    evaluated = [r for r in rows if 'test/accuracy' in r]
-    if not evaluated:
-        raise ValueError('the run has no evaluation (rounds_per_eval > total_rounds?)')
-    curve = [(int(r['round']), float(r['test/accuracy'])) for r in evaluated]
-    worst = [(int(r['round']), float(r['test/worst_client_accuracy'])) for r in evaluated]
-    best = max(evaluated, key=lambda r: r['test/accuracy'])
-    last = evaluated[-1]
-    return {
-        'rounds': int(last['round']),
-        'accuracy': float(last['test/accuracy']),
-        'best_accuracy': float(best['test/accuracy']),
-        'best_round': int(best['round']),
-        'slope_last_10pct': _last_slope(curve),
-        'mean_client_accuracy': float(last['test/mean_client_accuracy']),
-        'worst_client_accuracy': float(last['test/worst_client_accuracy']),
-        'seconds_per_round': seconds_per_round,
-        'curve': curve,
-        'worst_client_curve': worst,
-    }
 
 
 def _run_path(name: str, seed: int) -> str:

@@ -1,12 +1,13 @@
 """The personalization benchmark's rows over seeds, beside PFLlib's leaderboard (no TensorFlow).
 
-A method's runs (one `fedpersonal.tasks.pfl_benchmark.summarize` row per seed) become one row (`over_seeds`): the
-mean and standard deviation over the seeds of the accuracy at the last round, of the best accuracy so far and of
-the worst client's accuracy, the mean slope of the last 10% of rounds and seconds per round, and the accuracy by
-round as mean and standard deviation (`curve`, `worst_client_curve`: ``[round, mean, std]``). `docs_rows` turns a
-partition's results into the rows of ``docs/results/pfl_benchmark.json`` (with PFLlib's number where its
-leaderboard has the method), `markdown_table` into the table of ``docs/RESULTS.md``, and `plot_by_round` draws the
-accuracy by round, the mean over seeds with a band of one standard deviation.
+A run's metric rows become its row (`summarize`: the accuracy at the last evaluation, the best so far, the slope
+of the last 10% of rounds, the worst client's); a method's runs (one such row per seed) become one row
+(`over_seeds`): the mean and standard deviation over the seeds of the accuracy at the last round, of the best
+accuracy so far and of the worst client's accuracy, the mean slope of the last 10% of rounds and seconds per
+round, and the accuracy by round as mean and standard deviation (`curve`, `worst_client_curve`: ``[round, mean,
+std]``). `docs_rows` turns a partition's results into the rows of ``docs/results/pfl_benchmark.json`` (with PFLlib's
+number where its leaderboard has the method), `markdown_table` into the table of ``docs/RESULTS.md``, and
+`plot_by_round` draws the accuracy by round, the mean over seeds with a band of one standard deviation.
 
 Example:
 
@@ -80,6 +81,41 @@ DOCS_KEYS = (
 )
 LEADERBOARD_KEYS = ('pfllib_accuracy', 'explanation')
 PENDING = '(explanation pending)'  # The markdown cell of a leaderboard row whose explanation is not written yet.
+
+
+def _last_slope(curve: list[tuple[int, float]]) -> float | None:
+    """Least-squares slope (accuracy per round) over the evaluations of the last 10% of rounds (at least 2)."""
+    if len(curve) < 2:
+        return None
+    last = curve[-1][0]
+    tail = [(r, a) for r, a in curve if r >= last - max(1, round(0.1 * last))] or curve[-2:]
+    if len(tail) < 2:
+        tail = curve[-2:]
+    rounds, accuracies = np.array(tail, dtype=np.float64).T
+    return float(np.polyfit(rounds, accuracies, 1)[0])
+
+
+def summarize(rows: Sequence[Mapping[str, float]], *, seconds_per_round: float | None) -> dict[str, Any]:
+    """A method's row from its metric rows: the last evaluation, the best accuracy so far, the tail's slope."""
+    evaluated = [r for r in rows if 'test/accuracy' in r]
+    if not evaluated:
+        raise ValueError('the run has no evaluation (rounds_per_eval > total_rounds?)')
+    curve = [(int(r['round']), float(r['test/accuracy'])) for r in evaluated]
+    worst = [(int(r['round']), float(r['test/worst_client_accuracy'])) for r in evaluated]
+    best = max(evaluated, key=lambda r: r['test/accuracy'])
+    last = evaluated[-1]
+    return {
+        'rounds': int(last['round']),
+        'accuracy': float(last['test/accuracy']),
+        'best_accuracy': float(best['test/accuracy']),
+        'best_round': int(best['round']),
+        'slope_last_10pct': _last_slope(curve),
+        'mean_client_accuracy': float(last['test/mean_client_accuracy']),
+        'worst_client_accuracy': float(last['test/worst_client_accuracy']),
+        'seconds_per_round': seconds_per_round,
+        'curve': curve,
+        'worst_client_curve': worst,
+    }
 
 
 def _mean_curve(curves: Sequence[Sequence[Sequence[float]]]) -> list[list[float]]:
