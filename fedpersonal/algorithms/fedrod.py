@@ -88,7 +88,8 @@ class FedRodModel:
 
     def phase_loss(self, loss: str, x: Any, y: Any, step: Any) -> tf.Tensor:
         """FedRoD's batch loss: the generic head's balanced softmax loss (its gradient reaches the body and the
-        generic head only) plus the cross-entropy of both heads' logits (its gradient reaches the personal head only)."""
+        generic head only) plus the cross-entropy of both heads' logits (its gradient reaches the personal head
+        only)."""
         del step
         if loss != 'fedrod':
             raise ValueError(f"FedRoD's model defines the loss 'fedrod', got {loss!r}.")

@@ -314,9 +314,8 @@ def initial_weights(
     """`Initial` of the partially local model `model_fn` builds; with `personal`, the private state is a copy of
     its global weights (and, with `initial_alpha`, the mixing weight after its trainable weights; with
     `local_aggregation`, its weights W, ones, after them and its count of aggregations, 0, after the non-trainable
-    ones); the global
-    weights are `server_weights` for `local_start`. Calls `model_fn` once (twice if `stateful`), as TFF's builders
-    count their calls."""
+    ones); the global weights are `server_weights` for `local_start`. Calls `model_fn` once (twice if `stateful`),
+    as TFF's builders count their calls."""
     input_specs = []
 
     @tff.tensorflow.computation
@@ -564,9 +563,9 @@ def personalized_weights(plan: ClientPlan, global_weights: Any, private_state: A
 
     With a personal copy (Ditto), the copy; with a mixing weight (APFL), ``a * v + (1 - a) * w`` of the copy v and
     the global weights w (a = alpha clipped to [0, 1], the copy's non-trainable weights); with local aggregation
-    (FedALA), the start of its next round without learning W further (w below, ``v + (w - v) * W`` above); else the client's local
-    weights, which it predicts with beside `global_weights`. Evaluate the first two with a model whose variables are
-    all local and no global weights, the last with the training model.
+    (FedALA), the start of its next round without learning W further (w below, ``v + (w - v) * W`` above); else
+    the client's local weights, which it predicts with beside `global_weights`. Evaluate the first three with a
+    model whose variables are all local and no global weights, the last with the training model.
 
     >>> import numpy as np
     >>> sgd = tff.learning.optimizers.build_sgdm(0.1)
