@@ -78,14 +78,12 @@ def reference_round(weights, arrays, batch=10):
 
 def test_a_round_equals_the_inner_problem_and_local_update_by_hand_on_both_backends():
     arrays = client_arrays(sizes=(23, 30, 17, 40))
+    results = {}
     for backend in ('engine', 'per_client'):
         with mock.patch.object(backends.logging, 'info') as log:
             process = build(backend)
-        if backend == 'engine':  # The logged fallback: the per-client backend's process, checked below.
-            (message, *args), _ = log.call_args
-            assert 'does not run the step kind InnerProblem' in message % tuple(args)
-            assert process.packer is None
-            continue
+        log.assert_not_called()  # No fallback: the engine runs the step kind.
+        assert (process.packer is not None) == (backend == 'engine')
         state = process.initialize()
         initial = process.get_model_weights(state).trainable
         # Stale private states: theta restarts at the received model every round.
@@ -93,11 +91,23 @@ def test_a_round_equals_the_inner_problem_and_local_update_by_hand_on_both_backe
         stale = tff.learning.models.ModelWeights([np.asarray(v) + 1.0 for v in stale.trainable], stale.non_trainable)
         output = process.run_round(state, datasets(arrays), [stale] * len(arrays))
         expected, thetas = reference_round(initial, arrays)
+        results[backend] = output
         for got, want in zip(process.get_model_weights(output.state).trainable, expected):
             np.testing.assert_allclose(got, want, atol=2e-5)
         for private, theta in zip(output.private_states, thetas):
             for got, want in zip(private.trainable, theta):
                 np.testing.assert_allclose(got, want, atol=2e-5)
+    engine, per_client = results['engine'], results['per_client']
+    for got, want in zip(engine.state.global_model_weights.trainable, per_client.state.global_model_weights.trainable):
+        np.testing.assert_allclose(got, want, atol=1e-5)
+    for got, want in zip(engine.private_states, per_client.private_states):
+        for a, b in zip(got.trainable, want.trainable):
+            np.testing.assert_allclose(a, b, atol=1e-5)
+    # The metrics (theta's predictions before its steps) agree too.
+    engine_metrics, per_client_metrics = (r.metrics['client_work']['train'] for r in (engine, per_client))
+    assert engine_metrics['num_examples'] == per_client_metrics['num_examples'] == 110
+    np.testing.assert_allclose(engine_metrics['accuracy'], per_client_metrics['accuracy'], rtol=1e-6)
+    np.testing.assert_allclose(engine_metrics['loss'], per_client_metrics['loss'], rtol=1e-5)
 
 
 def test_theta_solves_the_inner_problem_around_the_received_model():
