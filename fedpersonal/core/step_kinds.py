@@ -19,8 +19,8 @@ backend (`client_plan.build_client_update`) from a model's variables (`variable_
 `step_batch_loss` in a batch loss whose gradient with respect to the trained variables is the step's direction (so
 `client_work.optimizer_steps`, the loop of every phase, applies it with the phase's optimizer unchanged); the grouped
 engine (`fedpersonal.simulation.step_kind_engine`) from the model as a pure function of its weights
-(`pure_derivatives`), for every client of a group at once. A part is ``ceil(n / parts)`` consecutive examples of a
-batch of n (`part_bounds`), the last part the rest. The loss differentiated is the model's loss plus its Keras
+(`pure_derivatives`), for every client of a group at once. The parts of a batch are consecutive and as equal in size
+as can be (`part_bounds`). The loss differentiated is the model's loss plus its Keras
 regularization losses; the loss reported (and seen by the metrics) is the model's loss alone, as for a plain step.
 """
 
@@ -98,10 +98,15 @@ class Derivatives(NamedTuple):
 
 
 def part_bounds(n: Any, index: int, parts: int) -> tuple[Any, Any]:
-    """``(start, end)`` of the `index`-th of `parts` consecutive parts of a batch of `n` examples (each
-    ``ceil(n / parts)`` examples, the last the rest)."""
-    size = (n + parts - 1) // parts
-    return tf.minimum(index * size, n), tf.minimum((index + 1) * size, n)
+    """``(start, end)`` of the `index`-th of `parts` consecutive parts of a batch of `n` examples: sizes as equal as
+    can be, the first ``n % parts`` parts one example longer (none empty if ``n >= parts``).
+
+    >>> [tuple(int(i) for i in part_bounds(tf.constant(7), k, 3)) for k in range(3)]
+    [(0, 3), (3, 5), (5, 7)]
+    """
+    size, longer = n // parts, n % parts
+    start = index * size + tf.minimum(index, longer)
+    return start, start + size + tf.cast(index < longer, size.dtype)
 
 
 def batch_part(batch: Any, index: int, parts: int) -> Any:

@@ -5,7 +5,7 @@ phase, but a batch's direction is the step kind's, computed by the same pure fun
 (`step_kinds.pure_derivatives` of `functional.FunctionalModel.apply`).
 
 A batch is padded to the group's batch size (its real examples first, mask 1). Each part of a meta step is read as a
-window of ``ceil(batch size / parts)`` examples from its start (`step_kinds.part_bounds` of the client's real
+window of ``ceil(padded batch size / parts)`` examples from its start (`step_kinds.part_bounds` of the client's real
 example count), masked to the part: static shapes, so one step of all clients is one vectorized (or XLA-compiled)
 call. pFedMe's theta is carried per client from batch to batch, starting at the received weights; a client without
 a batch at a step (a shorter client) keeps its weights, theta and optimizer state.
@@ -165,7 +165,8 @@ def _replace(parts: functional.Parts, slots: Sequence[lockstep.Slot], values: Se
 
 def _window(batch: Any, mask: tf.Tensor, index: int, parts: int) -> tuple[Any, tf.Tensor]:
     """The `index`-th of `parts` parts of one client's padded `batch` (`step_kinds.part_bounds` of its real
-    examples): ``ceil(batch size / parts)`` examples from the part's start, masked to the part."""
+    examples): ``ceil(batch size / parts)`` examples (at least the longest part) from the part's start, masked to
+    the part."""
     n = tf.cast(tf.reduce_sum(mask), tf.int32)
     size = tf.shape(mask)[0]
     start, end = step_kinds.part_bounds(n, index, parts)

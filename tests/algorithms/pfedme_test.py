@@ -1,12 +1,13 @@
 """pFedMe, one client plan (an `InnerProblem` phase, theta the personal copy): a round equals a plain eager loop
 written here (K steps of theta on f + lam/2 ||theta - w||^2 + mu/2 ||theta||^2 per batch, then w's step toward theta)
-on both backends (the engine falls back to the per-client backend, logged); theta solves the inner problem given
-many steps; theta never reaches the server; the personalized models fit per-client label permutations."""
+on both backends, and the backends equal each other; theta solves the inner problem given many steps; theta never
+reaches the server; the engine's personalized models fit per-client label permutations."""
 
 import collections
 from unittest import mock
 
 import numpy as np
+import pytest
 import tensorflow as tf
 import tensorflow_federated as tff
 
@@ -126,8 +127,9 @@ def test_theta_solves_the_inner_problem_around_the_received_model():
     assert not np.allclose(theta[0], w[0])
 
 
-def test_theta_never_reaches_the_server():
-    process = build('per_client')
+@pytest.mark.parametrize('backend', ['engine', 'per_client'])
+def test_theta_never_reaches_the_server(backend):
+    process = build(backend)
     assert audit.audit_private_dataflow(process.next, private_parameter_index=2) == []
     assert process.next.type_signature.result.private_states.placement is tff.CLIENTS
 
@@ -139,7 +141,7 @@ def _accuracy(weights, x, y):
 
 def test_personalized_models_fit_permuted_labels_the_global_one_cannot():
     arrays = client_arrays(seed=1, sizes=(60,) * 4)
-    process = build('per_client', inner_steps=5, personal_learning_rate=0.1, lam=0.3)
+    process = build('engine', inner_steps=5, personal_learning_rate=0.1, lam=0.3)
     state, privates = process.initialize(), [process.initial_private_state()] * 4
     for _ in range(15):
         output = process.run_round(state, datasets(arrays), privates)
