@@ -1,7 +1,7 @@
 """Step kinds on the grouped engine (`fedpersonal.simulation.step_kind_engine`): a meta step's masked windows are
 the per-client backend's parts; a convolutional model (whose clients loop inside the compiled step), a momentum
-optimizer, clients of unequal lengths and groups padded with an empty client give the per-client backend's
-round; a batch norm model falls back to the per-client backend, logged. (Per-FedAvg's and pFedMe's rounds against
+optimizer, a regularized layer, clients of unequal lengths and groups padded with an empty client give the
+per-client backend's round; a batch norm model falls back to the per-client backend, logged. (Per-FedAvg's and pFedMe's rounds against
 plain eager loops: tests/algorithms/per_fedavg_test.py, pfedme_test.py.)"""
 
 import collections
@@ -42,7 +42,9 @@ def cnn_fn(batch_norm=False):
     layers = [tf.keras.Input([6, 6, 1]), tf.keras.layers.Conv2D(2, 3, activation='relu', kernel_initializer=init(1))]
     if batch_norm:
         layers.append(tf.keras.layers.BatchNormalization())
-    layers += [tf.keras.layers.Flatten(), tf.keras.layers.Dense(3, kernel_initializer=init(2))]
+    # A regularized layer: both backends differentiate the loss plus its regularization.
+    dense = tf.keras.layers.Dense(3, kernel_initializer=init(2), kernel_regularizer=tf.keras.regularizers.L2(0.05))
+    layers += [tf.keras.layers.Flatten(), dense]
     return tf.keras.Sequential(layers)
 
 
