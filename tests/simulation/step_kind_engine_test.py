@@ -1,8 +1,8 @@
 """Step kinds on the grouped engine (`fedpersonal.simulation.step_kind_engine`): a meta step's masked windows are
 the per-client backend's parts; a convolutional model (whose clients loop inside the compiled step), a momentum
 optimizer, a regularized layer, clients of unequal lengths and groups padded with an empty client give the
-per-client backend's round; a batch norm model falls back to the per-client backend, logged. (Per-FedAvg's and pFedMe's rounds against
-plain eager loops: tests/algorithms/per_fedavg_test.py, pfedme_test.py.)"""
+per-client backend's round; a batch norm model falls back to the per-client backend, logged. (Per-FedAvg's and
+pFedMe's rounds against plain eager loops: tests/algorithms/per_fedavg_test.py, pfedme_test.py.)"""
 
 import collections
 from unittest import mock
