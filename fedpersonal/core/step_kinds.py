@@ -147,12 +147,20 @@ def inner_problem(
         return [t - step.learning_rate * d for t, d in zip(values, pull)], loss, output
 
     theta, loss, output = theta_step(theta)  # Unrolled: the metrics see theta's first predictions.
-    if step.steps > 1:
+    if step.steps <= _UNROLLED_STEPS:
+        for _ in range(step.steps - 1):
+            theta = theta_step(theta)[0]
+    else:
         _, theta = tf.while_loop(
             lambda k, _: k < step.steps, lambda k, values: (k + 1, theta_step(values)[0]), (tf.constant(1), theta)
         )
     direction = [step.lam * (w - t) for w, t in zip(weights, theta)]
     return loss, output, list(theta), direction
+
+
+# Up to this many inner steps run unrolled (the engine ran them faster than a `tf.while_loop`, vectorized over
+# clients); more steps loop, keeping the program small.
+_UNROLLED_STEPS = 10
 
 
 def pure_derivatives(loss_at: Callable[[Weights, Any], tuple[tf.Tensor, tf.Tensor, Any]]) -> Derivatives:

@@ -111,10 +111,11 @@ def test_a_round_equals_the_inner_problem_and_local_update_by_hand_on_both_backe
     np.testing.assert_allclose(engine_metrics['loss'], per_client_metrics['loss'], rtol=1e-5)
 
 
-def test_theta_solves_the_inner_problem_around_the_received_model():
+@pytest.mark.parametrize('backend', ['engine', 'per_client'])
+def test_theta_solves_the_inner_problem_around_the_received_model(backend):
     x, y = client_arrays(sizes=(10,))[0]
     lam = 15.0  # The paper's; with lam = 2 this ReLU network's inner problem is not well conditioned enough.
-    process = build('per_client', inner_steps=200, personal_learning_rate=0.05, lam=lam, mu=0.0)
+    process = build(backend, inner_steps=200, personal_learning_rate=0.05, lam=lam, mu=0.0)
     state = process.initialize()
     w = [np.asarray(v) for v in process.get_model_weights(state).trainable]
     output = process.run_round(state, datasets([(x, y)]), [process.initial_private_state()])
