@@ -110,7 +110,7 @@ def test_a_round_equals_the_two_batch_meta_step_by_hand_on_both_backends(hessian
         with mock.patch.object(backends.logging, 'info') as log:
             process = build(backend, hessian_free)
         log.assert_not_called()  # No fallback: the engine runs the step kind.
-        assert (process.packer is not None) == (backend == 'engine')
+        assert process.simulation == backend
         state = process.initialize()
         initial = process.get_model_weights(state).trainable
         output = process.run_round(state, datasets(arrays), [process.initial_private_state()] * len(arrays))

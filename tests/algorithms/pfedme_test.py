@@ -84,7 +84,7 @@ def test_a_round_equals_the_inner_problem_and_local_update_by_hand_on_both_backe
         with mock.patch.object(backends.logging, 'info') as log:
             process = build(backend)
         log.assert_not_called()  # No fallback: the engine runs the step kind.
-        assert (process.packer is not None) == (backend == 'engine')
+        assert process.simulation == backend
         state = process.initialize()
         initial = process.get_model_weights(state).trainable
         # Stale private states: theta restarts at the received model every round.

@@ -91,7 +91,7 @@ def run(plan, backend, rounds=2, model_fn=cnn_fn):
 @pytest.mark.parametrize('name', sorted(PLANS))
 def test_a_cnn_on_the_engine_equals_the_per_client_backend(name):
     engine, per_client = run(PLANS[name](), 'engine'), run(PLANS[name](), 'per_client')
-    assert engine[0].packer is not None and per_client[0].packer is None
+    assert engine[0].simulation == 'engine' and per_client[0].simulation == 'per_client'
     for got, want in zip(engine[1].trainable, per_client[1].trainable):
         np.testing.assert_allclose(got, want, atol=1e-5)
     assert not np.allclose(engine[1].trainable[0], engine[0].get_model_weights(engine[0].initialize()).trainable[0])
@@ -115,4 +115,4 @@ def test_a_batch_norm_model_falls_back_to_the_per_client_backend():
     (message, *args), _ = log.call_args
     assert 'pFedMe runs on the per-client backend' in message % tuple(args)
     assert 'batch normalization' in message % tuple(args)
-    assert process.packer is None
+    assert process.simulation == 'per_client'
