@@ -133,7 +133,7 @@ def recon_eval_plan(
     support set too (FedRecon+Finetune); the metrics computed on the query set (with `query_once` in one plain pass;
     else as the split iterates it, as TFF's `build_fed_recon_eval`)."""
     support = functools.partial(client_plan.Phase, data='support', reports_metrics=False)
-    phases = (support((client_plan.LOCAL,), 1, reconstruction_optimizer),)
+    phases: tuple[client_plan.Phase, ...] = (support((client_plan.LOCAL,), 1, reconstruction_optimizer),)
     if finetune_optimizer is not None:
         phases += (support((client_plan.GLOBAL,), 1, finetune_optimizer),)
     return eval_plan.EvalPlan(

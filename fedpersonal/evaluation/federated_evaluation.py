@@ -57,7 +57,8 @@ def eval_split_fn(
     Raises:
       TypeError: `dataset_split` is neither.
     """
-    return fed_recon.data_split(_checked_split(dataset_split), query_once=query_once).dataset_fn
+    split_fn: Any = fed_recon.data_split(_checked_split(dataset_split), query_once=query_once).dataset_fn
+    return split_fn
 
 
 def _checked_split(dataset_split: Any) -> fed_recon.SplitArg:

@@ -1,17 +1,17 @@
 """Federated evaluation on the fast simulation engine: many clients' evaluation as compiled groups.
 
-`GroupEvaluation` is the engine twin of the per-client TFF computations of `fedpersonal.evaluation`
-(`build_recon_eval`, `build_standard_eval`, `build_private_state_eval`), with the same inputs and outputs
-and the same client work, step for step:
+`GroupEvaluation` is the engine's backend of a client evaluation plan (`fedpersonal.core.eval_plan.EvalPlan`), the
+plan the per-client TFF computations of `fedpersonal.evaluation` (`build_recon_eval`, `build_standard_eval`,
+`build_private_state_eval`) run with `eval_plan.build_client_eval_fn`; same inputs and outputs:
 
-1. each client's dataset is packed once per cache key (`fedpersonal.simulation.packing`): ReconEval's support
-   set (its reconstruction epochs and step cap) and query set (one plain pass), as
-   `dataset_split.build_support_only_fn` iterates them, else the whole dataset as the query;
+1. each client's data is packed once per cache key (`plan_engine.split_packer`): every part of the plan's split
+   that a phase or the scoring reads (ReconEval's support set with its reconstruction epochs and step cap, its
+   query set in one plain pass), as the per-client backend iterates them, else the whole dataset;
 2. a group's clients start from the server's global weights and their local weights: a learned or seeded
-   initial default, or each client's own private state;
-3. ReconEval reconstructs the local weights on the support set (`lockstep.lockstep_steps`, the clients in
-   lockstep, XLA where it pays) and, for FedRecon+Finetune, then trains the globals on the support set too;
-4. every query batch's inference-mode predictions, vectorized over the group (one model call when no client
+   initial default, or each client's own private state (`EvalPlan.local_start`);
+3. the plan's phases train their weights on their parts (`lockstep.lockstep_steps`, the clients in lockstep,
+   XLA where it pays): ReconEval's reconstruction of the locals, FedRecon+Finetune's globals;
+4. every scored batch's inference-mode predictions, vectorized over the group (one model call when no client
    has weights of its own);
 5. each client's Keras metrics are updated with its own batches, as `client_work.evaluate_batches` updates
    them, in a compiled loop over the group's clients: per-client unfinalized values (summed over clients and
