@@ -44,6 +44,7 @@ def test_recon_eval_plan_reconstructs_then_finetunes_on_the_support_set_and_scor
     assert [(p.trains, p.data) for p in plan.phases] == [(('local',), 'support'), (('global',), 'support')]
     assert (plan.scores, plan.local_start) == ('query', client_plan.LEARNED)
     batches = [{'x': np.array([[i], [i + 1]]), 'y': np.array([[0.0], [1.0]], np.float32)} for i in range(0, 20, 2)]
-    _, query = plan.split.batches_fn(batches)
+    assert plan.split is not None and plan.split.batches_fn is not None
+    support, query = plan.split.batches_fn(batches)
     # The query set in one plain pass, whatever the training's epochs and cap.
-    assert sum(len(b['x']) for b in query) == 20 - sum(len(b['x']) for b in plan.split.batches_fn(batches)[0])
+    assert sum(len(b['x']) for b in support) + sum(len(b['x']) for b in query) == 20
