@@ -199,7 +199,7 @@ def build_fed_recon(
         per-client backend).
       metrics_aggregator: As in TFF (default, and None: `sum_then_finalize`).
       simulation: Deprecated alias of `fedpersonal.backends.use`: ``'engine'`` (default): a round's clients run
-        in groups, each group as one compiled program; `process.pack(datasets)` makes `next`'s input.
+        in groups, each group as one compiled program; `process.backend.pack(datasets)` makes `next`'s input.
         ``'per_client'``: one TFF client computation per client, `next` takes the datasets. None takes the
         context's backend. Same results to float precision; what the engine cannot run (a Keras optimizer, a
         custom distributor, an aggregator that needs each client's own update, ...) runs on the per-client
