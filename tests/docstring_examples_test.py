@@ -17,6 +17,8 @@ MODULES = (
     'fedpersonal.algorithms.fedrod',
     'fedpersonal.backends',
     'fedpersonal.core.client_plan',
+    'fedpersonal.core.eval_plan',
+    'fedpersonal.core.step_kinds',
     'fedpersonal.models.image_classifiers',
     'fedpersonal.algorithms.feddva',
     'fedpersonal.algorithms.hpfl.process',

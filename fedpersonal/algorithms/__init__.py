@@ -17,7 +17,7 @@ Every builder returns a `fedpersonal.core.PersonalizedProcess` (`initialize`, `n
   and averaged with the head frozen at its initial values), each a client plan run by every backend;
 * `build_per_fedavg`: Per-FedAvg (a meta-learned global model, first-order or Hessian-free) and `build_pfedme`:
   pFedMe (personalized theta solving a proximal inner problem per batch), plans with a step kind
-  (`fedpersonal.core.step_kinds`), on the per-client backend;
+  (`fedpersonal.core.step_kinds`) run by every backend;
 * `build_fedala`: FedALA (each client's model aggregated element-wise with the global one by learned weights at
   the start of its round; per-client backend) and `build_fedrod`: FedRoD (a shared body and balanced-softmax
   generic head, a personal head as private state; a plan of model-defined losses, every backend);

@@ -12,7 +12,7 @@ As PFLlib (``system/utils/ALA.py``, ``clientala.py``; defaults eta = 1, rand_per
 has no limit), and the slice's start is drawn from a seed and the client's count of aggregations (reproducible).
 
 The client work is a `ClientPlan` whose global phase starts from the aggregation
-(`fedpersonal.core.step_kinds.AdaptiveLocalAggregation`), run by the per-client backend; the engine does not run it
+(`fedpersonal.core.local_aggregation`), run by the per-client backend; the engine does not run it
 yet (`fedpersonal.backends` falls back with a log line): each client learns W for as many epochs as its own losses
 decide, on a slice of its data drawn each round, where the engine packs every client's steps before the round.
 """
@@ -26,17 +26,17 @@ import tensorflow_federated as tff
 
 from fedpersonal import backends
 from fedpersonal.core import client_plan
+from fedpersonal.core import local_aggregation
 from fedpersonal.core import process as process_lib
-from fedpersonal.core import step_kinds
 
-PFLLIB_DEFAULTS = step_kinds.AdaptiveLocalAggregation()
+PFLLIB_DEFAULTS = local_aggregation.AdaptiveLocalAggregation()
 
 
 def fedala_plan(
     *,
     client_epochs: int,
     client_optimizer: tff.learning.optimizers.Optimizer,
-    aggregation: step_kinds.AdaptiveLocalAggregation,
+    aggregation: local_aggregation.AdaptiveLocalAggregation,
 ) -> client_plan.ClientPlan:
     """FedALA's client work: the adaptive local aggregation, then local training of the aggregated model."""
     phase = client_plan.Phase((client_plan.GLOBAL,), client_epochs, client_optimizer)
@@ -50,7 +50,7 @@ def build_fedala(
     client_optimizer: tff.learning.optimizers.Optimizer,
     server_optimizer: tff.learning.optimizers.Optimizer,
     client_epochs: int = 1,
-    aggregation: step_kinds.AdaptiveLocalAggregation = PFLLIB_DEFAULTS,
+    aggregation: local_aggregation.AdaptiveLocalAggregation = PFLLIB_DEFAULTS,
 ) -> process_lib.PersonalizedProcess:
     """Builds FedALA on the context's backend, for a Keras classifier (logits).
 

@@ -40,6 +40,7 @@ import tensorflow_federated as tff
 
 from fedpersonal.core import client_work
 from fedpersonal.core import compose
+from fedpersonal.core import local_aggregation as aggregation_lib
 from fedpersonal.core import process as process_lib
 from fedpersonal.core import step_kinds
 from fedpersonal.models import partially_local_model
@@ -184,9 +185,9 @@ class ClientPlan:
     it sets the model's ``label_counts`` (a local non-trainable float vector, e.g. FedRoD's label prior) to the
     counts of its dataset's labels before them.
 
-    `local_aggregation` (FedALA, `fedpersonal.core.step_kinds.AdaptiveLocalAggregation`): the personal copy is the
-    model the client trained last, and the global phase starts from its element-wise aggregation with the received
-    weights instead of the received weights (see `step_kinds`).
+    `local_aggregation` (FedALA, `fedpersonal.core.local_aggregation.AdaptiveLocalAggregation`): the personal copy
+    is the model the client trained last, and the global phase starts from its element-wise aggregation with the
+    received weights instead of the received weights.
 
     Example:
 
@@ -204,7 +205,7 @@ class ClientPlan:
     local_start: str = KEPT
     counts_participations: bool = False
     counts_labels: bool = False
-    local_aggregation: step_kinds.AdaptiveLocalAggregation | None = None
+    local_aggregation: aggregation_lib.AdaptiveLocalAggregation | None = None
 
     def __post_init__(self):
         if self.model_losses:
@@ -309,7 +310,7 @@ def initial_weights(
     initial_alpha: float | None = None,
     local_start: str = KEPT,
     stateful: bool = True,
-    local_aggregation: step_kinds.AdaptiveLocalAggregation | None = None,
+    local_aggregation: aggregation_lib.AdaptiveLocalAggregation | None = None,
 ) -> Initial:
     """`Initial` of the partially local model `model_fn` builds; with `personal`, the private state is a copy of
     its global weights (and, with `initial_alpha`, the mixing weight after its trainable weights; with
@@ -403,7 +404,9 @@ def build_client_update(
                 aggregations = tf.Variable(0, name='aggregations')
         client_work.assign_weights(client_work.global_weights(model), received)
         if ala is not None:
-            step_kinds.aggregate_locally(ala, model, private, received, dataset, loss_fn(), ala_weights, aggregations)
+            aggregation_lib.aggregate_locally(
+                ala, model, private, received, dataset, loss_fn(), ala_weights, aggregations
+            )
             own = client_work.global_weights(model)  # Kept after training: the model the client trained last.
             kept = ModelWeights(list(own.trainable) + ala_weights, list(own.non_trainable) + [aggregations])
         elif personal is not None and alpha is not None:

@@ -80,7 +80,7 @@ from fedpersonal.algorithms import furl
 from fedpersonal.algorithms import per_fedavg
 from fedpersonal.algorithms import pfedme
 from fedpersonal.core import client_plan
-from fedpersonal.core import step_kinds
+from fedpersonal.core import local_aggregation
 from fedpersonal.data import client_data as client_data_lib
 from fedpersonal.data import federated_images
 from fedpersonal.data import pfllib
@@ -131,7 +131,7 @@ def _per_fedavg(config: PflBenchmarkConfig, *, hessian_free: bool) -> client_pla
 
 
 def _fedala(config: PflBenchmarkConfig) -> client_plan.ClientPlan:
-    aggregation = step_kinds.AdaptiveLocalAggregation(
+    aggregation = local_aggregation.AdaptiveLocalAggregation(
         layer_idx=config.fedala_layer_idx,
         eta=config.fedala_eta,
         rand_percent=config.fedala_rand_percent,

@@ -14,7 +14,7 @@ import tensorflow_federated as tff
 from fedpersonal import backends
 from fedpersonal.algorithms import fedala
 from fedpersonal.core import client_plan
-from fedpersonal.core import step_kinds
+from fedpersonal.core import local_aggregation
 from fedpersonal.privacy import audit
 from tests.algorithms.fedper_fedrep_test import client_arrays
 from tests.algorithms.fedper_fedrep_test import datasets
@@ -23,7 +23,7 @@ NUM_CLASSES, DIM, HIDDEN, LR = 3, 6, 8, 0.1
 SPEC = collections.OrderedDict(x=tf.TensorSpec([None, DIM], tf.float32), y=tf.TensorSpec([None], tf.int32))
 # A threshold at which the clients' first weight learning settles after more than the minimum 11 epochs, or runs
 # to the cap (checked in the test).
-ALA = step_kinds.AdaptiveLocalAggregation(
+ALA = local_aggregation.AdaptiveLocalAggregation(
     eta=2.0, rand_percent=80, batch_size=10, threshold=0.02, max_epochs=15, seed=3
 )
 
@@ -183,6 +183,6 @@ def test_aggregated_models_fit_what_the_global_model_cannot():
 
 def test_bad_configurations_are_refused():
     with pytest.raises(ValueError, match='rand_percent'):
-        step_kinds.AdaptiveLocalAggregation(rand_percent=0)
+        local_aggregation.AdaptiveLocalAggregation(rand_percent=0)
     with pytest.raises(ValueError, match='layer_idx 5 exceeds'):
-        build('per_client', aggregation=step_kinds.AdaptiveLocalAggregation(layer_idx=5))
+        build('per_client', aggregation=local_aggregation.AdaptiveLocalAggregation(layer_idx=5))
