@@ -118,7 +118,7 @@ def reference_round(ala, server, privates, arrays, epochs=1, batch=10):
 def test_the_engine_falls_back_to_the_per_client_backend_and_says_why(caplog):
     with caplog.at_level(logging.INFO):
         process = build('engine')
-    assert process.packer is None
+    assert process.simulation == 'per_client'
     assert 'FedALA runs on the per-client backend' in caplog.text and 'adaptive local aggregation' in caplog.text
 
 
