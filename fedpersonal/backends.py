@@ -48,6 +48,7 @@ from fedpersonal import models
 from fedpersonal.core import client_plan
 from fedpersonal.core import client_work
 from fedpersonal.core import model_loss_plan
+from fedpersonal.core import per_client_plan
 from fedpersonal.core import process as process_lib
 from fedpersonal.core import round_functions
 from fedpersonal.simulation import model_loss_engine
@@ -176,7 +177,7 @@ def build_process(
             **parts,
         )
         per_client = functools.partial(
-            client_plan.build_per_client_process,
+            per_client_plan.build_per_client_process,
             plan,
             model_fn,
             metrics_aggregator=metrics_aggregator,

@@ -14,8 +14,8 @@ and query), and its local weights start every round from their initializer (`Cli
 stateless process, nothing kept) or from a default the server learns (``'learned'``: broadcast after the global
 weights, its displacement uploaded with the global update through the same aggregator).
 
-Backends run the same plan: `build_client_update` here (one TF computation per client, mapped over the clients by
-TFF: the process's ``next``, what the privacy audit reads), and the grouped engine
+Backends run the same plan: `fedpersonal.core.per_client_plan` (one TF computation per client, mapped over the
+clients by TFF: the process's ``next``, what the privacy audit reads), and the grouped engine
 (`fedpersonal.simulation.plan_engine`), chosen in one place (`fedpersonal.backends`). FedPer is one phase training
 both parts; FedRep trains the local head with the body frozen, then the body with the head frozen.
 
@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import collections
 import dataclasses
-import functools
 from collections.abc import Callable
 from collections.abc import Sequence
 from typing import Any
@@ -39,11 +38,8 @@ import tensorflow as tf
 import tensorflow_federated as tff
 
 from fedpersonal.core import client_work
-from fedpersonal.core import compose
 from fedpersonal.core import local_aggregation as aggregation_lib
-from fedpersonal.core import process as process_lib
 from fedpersonal.core import step_kinds
-from fedpersonal.models import partially_local_model
 
 ModelWeights = tff.learning.models.ModelWeights
 
@@ -355,209 +351,6 @@ def plan_initial_weights(plan: ClientPlan, model_fn: Callable[[], tff.learning.m
         local_start=plan.local_start,
         stateful=plan.stateful,
         local_aggregation=plan.local_aggregation,
-    )
-
-
-def build_client_update(
-    plan: ClientPlan,
-    model_fn: Callable[[], tff.learning.models.ReconstructionModel],
-    loss_fn: client_work.LossFn,
-    metrics_fn: client_work.MetricsFn | None,
-    finalizers: collections.OrderedDict,
-    client_weighting: Any = tff.learning.ClientWeighting.NUM_EXAMPLES,
-    initial: Initial | None = None,
-) -> tff.Computation:
-    """The plan as one client's TF computation ``(global weights, dataset, local weights) -> (ClientResult,
-    unfinalized metrics, new local weights)`` (a stateless plan: ``(global weights, dataset) -> (ClientResult,
-    unfinalized metrics)``), recording the metrics' finalizers in `finalizers`; the update's weight by
-    `client_weighting` (``NUM_EXAMPLES``: the examples of the global phase's steps). `initial`: the plan's
-    `plan_initial_weights` if already built."""
-    if plan.model_losses:
-        raise ValueError('A plan with model-defined losses runs on fedpersonal.core.model_loss_plan.')
-    initial = initial or plan_initial_weights(plan, model_fn)
-    weights_type, dataset_type = initial.global_weights.type_signature.result, tff.SequenceType(initial.element_type)
-
-    def work(received, dataset, private):
-        with tf.init_scope():
-            model = client_work.construct(model_fn)
-            ala = plan.local_aggregation
-            personal = client_work.construct(model_fn) if plan.personal and ala is None else None
-            mixing = plan.initial_alpha is not None
-            alpha = tf.Variable(0.0, name='alpha') if mixing else None
-            mixed_model = client_work.construct(model_fn) if mixing else None
-            needs_scratch = personal is None and any(p.step for p in plan.phases)  # `MetaStep`s trial weights.
-            scratch = client_work.construct(model_fn) if needs_scratch else None
-            metrics = {}
-            for prefix in plan.metric_prefixes:
-                built: collections.OrderedDict = collections.OrderedDict()
-                metrics[prefix] = client_work.build_metrics(metrics_fn, loss_fn, built)
-                finalizers.update(prefixed(prefix, built))
-            parts = {GLOBAL: list(model.global_trainable_variables), LOCAL: list(model.local_trainable_variables)}
-            if personal is not None:
-                parts[PERSONAL] = list(personal.global_trainable_variables)
-            trained = [[v for part in phase.trains for v in parts[part]] for phase in plan.phases]
-            trained = [t + [alpha] if phase.mixed else t for t, phase in zip(trained, plan.phases)]
-            optimizers = [client_work.prepare_optimizer(p.optimizer, v) for p, v in zip(plan.phases, trained)]
-            if ala is not None:  # FedALA's W and its count of aggregations.
-                k = ala.count(len(parts[GLOBAL]))
-                ala_weights = [tf.Variable(tf.zeros_like(v), name='mixing') for v in parts[GLOBAL][-k:]]
-                aggregations = tf.Variable(0, name='aggregations')
-        client_work.assign_weights(client_work.global_weights(model), received)
-        if ala is not None:
-            aggregation_lib.aggregate_locally(
-                ala, model, private, received, dataset, loss_fn(), ala_weights, aggregations
-            )
-            own = client_work.global_weights(model)  # Kept after training: the model the client trained last.
-            kept = ModelWeights(list(own.trainable) + ala_weights, list(own.non_trainable) + [aggregations])
-        elif personal is not None and alpha is not None:
-            client_work.assign(personal.global_trainable_variables, private.trainable[:-1])
-            client_work.assign(personal.global_non_trainable_variables, private.non_trainable)
-            alpha.assign(private.trainable[-1])
-            if mixed_model is not None:  # Its own statistics (e.g. batch norm's) are the personal copy's.
-                client_work.assign(mixed_model.global_non_trainable_variables, private.non_trainable)
-            own = client_work.global_weights(personal)
-            kept = ModelWeights(list(own.trainable) + [alpha], own.non_trainable)
-        elif personal is not None:
-            client_work.assign_weights(client_work.global_weights(personal), private)
-            kept = client_work.global_weights(personal)
-        elif plan.stateful:
-            client_work.assign_weights(client_work.local_weights(model), private)
-            kept = client_work.local_weights(model)
-        elif plan.local_start == LEARNED:  # The default follows the global weights; 'initial': as the model made them.
-            client_work.assign(parts[LOCAL], received.trainable[len(parts[GLOBAL]) :])
-        uploaded = parts[GLOBAL] + (parts[LOCAL] if plan.local_start == LEARNED else [])
-        split, split_names = (plan.split.dataset_fn(dataset), plan.split.names) if plan.split is not None else ((), ())
-        received_trainable = [tf.identity(w) for w in received.trainable[: len(parts[GLOBAL])]]
-        num_examples = tf.constant(0)
-        previous: list[tf.Tensor] = []
-        for i, (phase, variables, optimizer) in enumerate(zip(plan.phases, trained, optimizers)):
-            stepped = personal if PERSONAL in phase.trains else model
-            phase_metrics = metrics[phase.metrics_prefix] if phase.reports_metrics else []
-            if phase.mixed:
-                assert mixed_model is not None and alpha is not None
-                batch_loss = _mixed_batch_loss(
-                    mixed_model, parts[PERSONAL], alpha, received_trainable, loss_fn(), phase_metrics
-                )
-            elif phase.step is not None:
-                batch_loss = step_kinds.step_batch_loss(
-                    phase, model, variables, personal or scratch, loss_fn(), phase_metrics
-                )
-            else:
-                batch_loss = client_work.model_batch_loss(stepped, loss_fn(), phase_metrics)
-            data = dataset if phase.data is None else split[split_names.index(phase.data)]
-            penalty = None
-            if phase.penalty is not None:
-                by_part = {part: parts[part] for part in phase.trains}
-                penalty = functools.partial(phase.penalty, by_part, received_trainable)
-            # In order: phases that train disjoint variables have no automatic control dependency, and the order in
-            # which they open the dataset decides which shuffle each sees (a reshuffling dataset's k-th iteration).
-            with tf.control_dependencies(previous):
-                steps = client_work.optimizer_steps(
-                    variables, data, optimizer, batch_loss, epochs=phase.epochs, penalty=penalty
-                )
-            previous = [steps.num_examples, steps.loss_sum]
-            if i == plan.global_phase:
-                num_examples = steps.num_examples
-            if phase.mixed:
-                assert alpha is not None
-                alpha.assign(tf.clip_by_value(alpha, 0.0, 1.0))
-        delta, non_finite = client_work.weights_delta(received.trainable, uploaded)
-        unfinalized: collections.OrderedDict = collections.OrderedDict()
-        for prefix, metric_set in metrics.items():
-            unfinalized.update(prefixed(prefix, client_work.read_metrics(metric_set)))
-        weight = client_work.client_weight(client_weighting, num_examples, unfinalized, non_finite)
-        result = tff.learning.templates.ClientResult(update=delta, update_weight=weight)
-        if not plan.stateful:
-            return result, unfinalized
-        return result, unfinalized, client_work.keep_previous_if_non_finite(non_finite, private, kept)
-
-    if not plan.stateful:
-
-        @tff.tensorflow.computation(weights_type, dataset_type)
-        @tf.function
-        def stateless_update(received, dataset):
-            return work(received, dataset, None)
-
-        return stateless_update
-
-    assert initial.local_weights is not None  # A stateful plan's.
-
-    @tff.tensorflow.computation(weights_type, dataset_type, initial.local_weights.type_signature.result)
-    @tf.function
-    def client_update(received, dataset, private):
-        return work(received, dataset, private)
-
-    return client_update
-
-
-def _mixed_batch_loss(
-    mixed_model: tff.learning.models.ReconstructionModel,
-    personal: list[tf.Variable],
-    alpha: tf.Variable,
-    received: list[tf.Tensor],
-    loss: tf.keras.losses.Loss,
-    metrics: list[tf.keras.metrics.Metric],
-) -> Callable[[Any], client_work.BatchLoss]:
-    """The batch loss of the model at ``a * v + (1 - a) * w`` (a = alpha clipped to [0, 1]) as a function of the
-    personal weights v and alpha: the mixed weights are assigned to `mixed_model`, and the gradient g there gives
-    ``a * g`` for v and ``sum <v - w, g>`` for alpha (zero where alpha is clipped)."""
-    mixed_variables = list(mixed_model.global_trainable_variables)
-
-    def batch_loss(batch: Any) -> client_work.BatchLoss:
-        @tf.custom_gradient
-        def mixed_loss(raw_alpha, *values):
-            a = tf.clip_by_value(raw_alpha, 0.0, 1.0)
-            client_work.assign(mixed_variables, [a * v + (1.0 - a) * w for v, w in zip(values, received)])
-            with tf.GradientTape() as tape:
-                output = mixed_model.forward_pass(batch, training=True)
-                value = loss(output.labels, output.predictions)
-            g = tape.gradient(value, mixed_variables)
-            for metric in metrics:
-                metric.update_state(output.labels, output.predictions)
-            inside = tf.cast(tf.logical_and(raw_alpha >= 0.0, raw_alpha <= 1.0), tf.float32)
-
-            def grad(upstream, variables=None):
-                d_alpha = inside * tf.add_n([tf.reduce_sum((v - w) * gi) for v, w, gi in zip(values, received, g)])
-                inputs = [upstream * d_alpha] + [upstream * a * gi for gi in g]
-                return inputs, [None] * len(variables or [])
-
-            return value, grad
-
-        value = mixed_loss(alpha.read_value(), *[v.read_value() for v in personal])
-        _, labels = partially_local_model.split_batch(batch)
-        return client_work.BatchLoss(value, tf.shape(labels)[0])
-
-    return batch_loss
-
-
-def build_per_client_process(
-    plan: ClientPlan,
-    model_fn: Callable[[], tff.learning.models.ReconstructionModel],
-    *,
-    loss_fn: client_work.LossFn,
-    metrics_fn: client_work.MetricsFn | None,
-    server_optimizer: tff.learning.optimizers.Optimizer,
-    model_aggregator: Any = None,
-    client_weighting: Any = tff.learning.ClientWeighting.NUM_EXAMPLES,
-    metrics_aggregator: Callable[..., tff.Computation] = tff.learning.metrics.sum_then_finalize,
-    model_distributor: tff.learning.templates.DistributionProcess | None = None,
-) -> process_lib.PersonalizedProcess:
-    """The plan as a process on the per-client backend: `model_distributor` (default TFF's broadcast),
-    `model_aggregator` (default the weighted mean, weights by `client_weighting`) and `server_optimizer` around
-    `build_client_update`; the local weights (or the personal copy) are the private state of a stateful plan (a
-    stateless one's process is TFF's `LearningProcess`, kept as `process.learning_process`)."""
-    initial = plan_initial_weights(plan, model_fn)
-    finalizers: collections.OrderedDict = collections.OrderedDict()
-    return compose.compose_personalized_process(
-        initial_global_weights=initial.global_weights,
-        initial_private_state=initial.local_weights,
-        client_update=build_client_update(
-            plan, model_fn, loss_fn, metrics_fn, finalizers, client_weighting, initial=initial
-        ),
-        aggregate_metrics=compose.keras_metrics(finalizers, metrics_aggregator),
-        server_optimizer=server_optimizer,
-        model_aggregator=compose.weighted_aggregator(model_aggregator, client_weighting),
-        model_distributor=model_distributor,
     )
 
 

@@ -15,7 +15,7 @@ with the direction ``lam * (w - theta)`` (PFLlib's ``clientpFedMe.py``: w <- w -
 Each step's math is stated once, here, as a pure function of weight tensors and a batch's parts: `meta_direction`
 and `inner_problem`. They evaluate the model only through a `Derivatives` pair (the loss's gradient at given weights
 on a part, and for the Hessian-free step a Hessian-vector product), which each backend supplies: the per-client
-backend (`client_plan.build_client_update`) from a model's variables (`variable_derivatives`), wrapped by
+backend (`per_client_plan.build_client_update`) from a model's variables (`variable_derivatives`), wrapped by
 `step_batch_loss` in a batch loss whose gradient with respect to the trained variables is the step's direction (so
 `client_work.optimizer_steps`, the loop of every phase, applies it with the phase's optimizer unchanged); the grouped
 engine (`fedpersonal.simulation.step_kind_engine`) from the model as a pure function of its weights

@@ -21,6 +21,8 @@ from fedpersonal import errors
 from fedpersonal.core import client_plan
 from fedpersonal.models import image_classifiers
 from fedpersonal.tasks import pfl_benchmark
+from fedpersonal.tasks import pfl_benchmark_evaluation
+from fedpersonal.tasks import pfl_benchmark_methods
 
 SMALL = dict(
     dataset='synthetic',
@@ -35,7 +37,7 @@ SMALL = dict(
 @pytest.fixture(scope='module')
 def benchmark():
     config = pfl_benchmark.PflBenchmarkConfig(**SMALL)
-    return pfl_benchmark.Benchmark(config, pfl_benchmark.load_data(config))
+    return pfl_benchmark_evaluation.Benchmark(config, pfl_benchmark.load_data(config))
 
 
 def _keras_accuracy(benchmark, weights, local_layers, private_state):
@@ -57,14 +59,14 @@ def _keras_accuracy(benchmark, weights, local_layers, private_state):
 
 @pytest.mark.parametrize('name', ['fedper', 'lg_fedavg', 'ditto', 'apfl', 'furl_head'])
 def test_each_client_is_evaluated_with_its_own_model(benchmark, name):
-    spec = pfl_benchmark.METHOD_SPECS[name]
+    spec = pfl_benchmark_methods.METHOD_SPECS[name]
     plan = spec.plan(benchmark.config)
     with backends.use('engine'):
         process = backends.build_process(
             plan,
-            pfl_benchmark.model_fn_for(benchmark.data, 0, () if plan.personal else spec.local_layers),
-            loss_fn=pfl_benchmark._loss_fn,
-            metrics_fn=pfl_benchmark._metrics_fn,
+            pfl_benchmark_methods.model_fn_for(benchmark.data, 0, () if plan.personal else spec.local_layers),
+            loss_fn=pfl_benchmark_methods.loss_fn,
+            metrics_fn=pfl_benchmark_methods.metrics_fn,
             server_optimizer=tff.learning.optimizers.build_sgdm(1.0),
         )
     train = {c: benchmark.train_dataset(d) for c, d in benchmark.train.items()}
@@ -72,7 +74,7 @@ def test_each_client_is_evaluated_with_its_own_model(benchmark, name):
     output = process.run_round(process.initialize(), [train[c] for c in benchmark.client_ids], privates)
     weights = process.get_model_weights(output.state)
     privates = list(output.private_states)
-    got = pfl_benchmark.make_evaluation(benchmark, plan, spec.local_layers)(weights, privates)
+    got = pfl_benchmark_evaluation.make_evaluation(benchmark, plan, spec.local_layers)(weights, privates)
 
     if plan.personal:  # The personal model, by hand: APFL's mixture written here.
         states = []
@@ -94,20 +96,22 @@ def test_each_client_is_evaluated_with_its_own_model(benchmark, name):
 
 
 def test_fedrod_clients_predict_with_the_sum_of_both_heads(benchmark):
-    spec = pfl_benchmark.METHOD_SPECS['fedrod']
+    spec = pfl_benchmark_methods.METHOD_SPECS['fedrod']
     plan = spec.plan(benchmark.config)
-    model_fn = pfl_benchmark.fedrod_model_fn(benchmark.data, 0)
+    model_fn = pfl_benchmark_methods.fedrod_model_fn(benchmark.data, 0)
     with backends.use('engine'):
         process = backends.build_process(
             plan,
             model_fn,
             server_optimizer=tff.learning.optimizers.build_sgdm(1.0),
-            element_spec=pfl_benchmark.element_spec(benchmark.data),
+            element_spec=pfl_benchmark_methods.element_spec(benchmark.data),
         )
     train = [benchmark.train_dataset(benchmark.train[c]) for c in benchmark.client_ids]
     output = process.run_round(process.initialize(), train, [process.initial_private_state()] * len(train))
     weights, privates = process.get_model_weights(output.state), list(output.private_states)
-    got = pfl_benchmark.make_evaluation(benchmark, plan, spec.local_layers, phased_model=model_fn)(weights, privates)
+    got = pfl_benchmark_evaluation.make_evaluation(benchmark, plan, spec.local_layers, phased_model=model_fn)(
+        weights, privates
+    )
 
     correct, total = [], []
     for cid, private in zip(benchmark.client_ids, privates):
@@ -128,14 +132,14 @@ def test_fine_tuning_before_evaluation_equals_a_keras_loop(benchmark):
     """FedBABU's evaluation: each client's model (the global body, its initial head) trained by plain SGD on its
     train batches for `finetune_epochs`, by hand here, then its test accuracy."""
     config = pfl_benchmark.PflBenchmarkConfig(**SMALL, finetune_epochs=1)
-    benchmark = pfl_benchmark.Benchmark(config, benchmark.data)
-    spec = pfl_benchmark.METHOD_SPECS['fedbabu']
+    benchmark = pfl_benchmark_evaluation.Benchmark(config, benchmark.data)
+    spec = pfl_benchmark_methods.METHOD_SPECS['fedbabu']
     plan = spec.plan(config)
     with backends.use('engine'):
         process = backends.build_process(
             plan,
-            pfl_benchmark.model_fn_for(benchmark.data, 0, spec.local_layers),
-            loss_fn=pfl_benchmark._loss_fn,
+            pfl_benchmark_methods.model_fn_for(benchmark.data, 0, spec.local_layers),
+            loss_fn=pfl_benchmark_methods.loss_fn,
             server_optimizer=tff.learning.optimizers.build_sgdm(1.0),
         )
     train = [benchmark.train_dataset(benchmark.train[c]) for c in benchmark.client_ids]
@@ -145,7 +149,7 @@ def test_fine_tuning_before_evaluation_equals_a_keras_loop(benchmark):
     for private in output.private_states:  # The head is frozen in training.
         for got, want in zip(private.trainable, initial_head):
             np.testing.assert_array_equal(got, want)
-    got = pfl_benchmark.make_evaluation(benchmark, plan, spec.local_layers, finetune=True)(
+    got = pfl_benchmark_evaluation.make_evaluation(benchmark, plan, spec.local_layers, finetune=True)(
         weights, list(output.private_states)
     )
 
@@ -166,12 +170,12 @@ def test_fine_tuning_before_evaluation_equals_a_keras_loop(benchmark):
 
 
 def test_per_fedavg_clients_are_evaluated_after_one_sgd_step_on_their_first_train_batch(benchmark):
-    spec = pfl_benchmark.METHOD_SPECS['per_fedavg']
+    spec = pfl_benchmark_methods.METHOD_SPECS['per_fedavg']
     plan = spec.plan(benchmark.config)
     model = image_classifiers.fedavg_cnn(benchmark.data.x.shape[1:], 10, seed=benchmark.config.seed)
     weights = tff.learning.models.ModelWeights([w.numpy() for w in model.trainable_weights], [])
     privates = [tff.learning.models.ModelWeights([], [])] * len(benchmark.client_ids)
-    got = pfl_benchmark.make_evaluation(benchmark, plan, spec.local_layers, adapts=True)(weights, privates)
+    got = pfl_benchmark_evaluation.make_evaluation(benchmark, plan, spec.local_layers, adapts=True)(weights, privates)
     states = []
     for cid in benchmark.client_ids:  # By hand: Keras SGD on the client's first 10 train rows.
         model = image_classifiers.fedavg_cnn(benchmark.data.x.shape[1:], 10)
@@ -241,7 +245,7 @@ def test_bad_flags_name_the_problem(flags, message):
 
 
 def test_personalized_weights_of_a_plan_without_a_copy_are_its_local_weights():
-    plan = pfl_benchmark.METHOD_SPECS['fedper'].plan(pfl_benchmark.PflBenchmarkConfig(**SMALL))
+    plan = pfl_benchmark_methods.METHOD_SPECS['fedper'].plan(pfl_benchmark.PflBenchmarkConfig(**SMALL))
     state = client_plan.ModelWeights([np.ones(2, np.float32)], [])
     assert np.array_equal(client_plan.personalized_weights(plan, None, state).trainable[0], np.ones(2))
 
@@ -303,8 +307,10 @@ def test_rows_are_means_over_seeds_and_a_rerun_runs_only_what_did_not_finish(tmp
 
 
 def test_a_seed_sets_each_clients_train_order_and_the_partition_stays(benchmark):
-    other = pfl_benchmark.Benchmark(dataclasses.replace(benchmark.config, seed=1, seeds=(1,)), benchmark.data)
-    again = pfl_benchmark.Benchmark(benchmark.config, benchmark.data)
+    other = pfl_benchmark_evaluation.Benchmark(
+        dataclasses.replace(benchmark.config, seed=1, seeds=(1,)), benchmark.data
+    )
+    again = pfl_benchmark_evaluation.Benchmark(benchmark.config, benchmark.data)
     for rows, mine, same, theirs in zip(
         benchmark.data.partition.train, benchmark.train_rows, again.train_rows, other.train_rows
     ):
@@ -314,5 +320,7 @@ def test_a_seed_sets_each_clients_train_order_and_the_partition_stays(benchmark)
     first = next(iter(benchmark.train_dataset(benchmark.train['0'])))
     np.testing.assert_array_equal(first['y'], benchmark.data.y[benchmark.train_rows[0][: benchmark.config.batch_size]])
     # And the initial weights (notebooks/04 checks two trained seeds end to end).
-    weights = [pfl_benchmark.model_fn_for(benchmark.data, seed, ())().keras_model.weights[0].numpy() for seed in (0, 1)]
+    weights = [
+        pfl_benchmark_methods.model_fn_for(benchmark.data, seed, ())().keras_model.weights[0].numpy() for seed in (0, 1)
+    ]
     assert not np.array_equal(*weights)

@@ -1,0 +1,155 @@
+"""PFLlib's evaluation on the personalization benchmark (`fedpersonal.tasks.pfl_benchmark`): each client's test
+data with the model it predicts with (the global model, or its personal one: `client_plan.personalized_weights`),
+accuracy = correct test predictions over all test examples, plus the mean and the worst client's accuracy.
+
+`Benchmark` holds one partition's clients, batched as the methods train and evaluate on them.
+"""
+
+from __future__ import annotations
+
+import collections
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+import tensorflow as tf
+import tensorflow_federated as tff
+
+from fedpersonal import backends
+from fedpersonal import evaluation
+from fedpersonal.algorithms import fedbabu
+from fedpersonal.algorithms import fedrod
+from fedpersonal.algorithms import per_fedavg
+from fedpersonal.core import client_plan
+from fedpersonal.data import client_data as client_data_lib
+from fedpersonal.data import pfllib
+from fedpersonal.models import image_classifiers
+from fedpersonal.tasks import pfl_benchmark_methods as methods
+from fedpersonal.tasks.pfl_benchmark_config import PflBenchmarkConfig
+
+EVAL_BATCH = 100
+ModelWeights = tff.learning.models.ModelWeights
+
+
+class Benchmark:
+    """One partition's clients, batched as the methods train and evaluate on them; each client's train examples in
+    the order of ``config.seed`` (`train_rows`: a permutation of its partition rows)."""
+
+    def __init__(self, config: PflBenchmarkConfig, data: pfllib.PfllibImageData):
+        self.config, self.data = config, data
+        self.client_ids = data.client_ids
+        rng = np.random.default_rng(config.seed)
+        self.train_rows = [rng.permutation(rows) for rows in data.partition.train]
+        pooled = collections.OrderedDict(x=data.x, y=data.y)
+        train = client_data_lib.from_partition(pooled, self.train_rows, self.client_ids)
+        self.train = {c: train.create_tf_dataset_for_client(c) for c in self.client_ids}
+        self._test = data.client_data('test')
+
+    def train_dataset(self, dataset: tf.data.Dataset) -> tf.data.Dataset:
+        return dataset.batch(self.config.batch_size, drop_remainder=True)  # As PFLlib's DataLoader (drop_last).
+
+    def test_dataset(self, client_id: str) -> tf.data.Dataset:
+        return self._test.create_tf_dataset_for_client(client_id).batch(EVAL_BATCH)
+
+
+def _accuracies(result: Any) -> dict[str, float]:
+    per_client = np.asarray(result['per_client']['accuracy'], dtype=np.float64)
+    return {
+        'accuracy': float(result['eval']['accuracy']),
+        'mean_client_accuracy': float(per_client.mean()),
+        'worst_client_accuracy': float(per_client.min()),
+    }
+
+
+def make_evaluation(
+    benchmark: Benchmark,
+    plan: client_plan.ClientPlan,
+    local_layers: tuple[str, ...],
+    *,
+    finetune: bool = False,
+    adapts: bool = False,
+    phased_model: Callable[[], Any] | None = None,
+) -> Callable[..., dict[str, float]]:
+    """``(global weights, every client's private state) -> metrics`` on every client's test data, each client with
+    the model it predicts with (first fine-tuned on its train data with `finetune`): accuracy over all test
+    examples, the mean and the worst client's accuracy. A stateless plan (FedRecon): ``global weights -> metrics``
+    by ReconEval on each client's test data. `adapts`: each client predicts with the global model after one SGD
+    step on its first train batch. `phased_model`: the model of a plan with model-defined losses (FedRoD's),
+    which predicts with its `fedrod.prediction_model_fn`."""
+    config = benchmark.config
+    if plan.model_losses:
+        if phased_model is None:
+            raise ValueError('A plan with model-defined losses is evaluated with its model: give phased_model.')
+        predict = evaluation.build_private_state_eval(
+            fedrod.prediction_model_fn(phased_model, methods.element_spec(benchmark.data)),
+            loss_fn=methods.loss_fn,
+            metrics_fn=methods.metrics_fn,
+            simulation=config.simulation,
+        )
+        return lambda weights, private_states: _accuracies(
+            evaluation.evaluate_clients(
+                predict,
+                weights,
+                benchmark.client_ids,
+                benchmark.test_dataset,
+                [fedrod.prediction_state(p) for p in private_states],
+                cache_key='test',
+            )
+        )
+    if not plan.stateful:
+        recon_eval = evaluation.build_recon_eval(
+            methods.model_fn_for(benchmark.data, config.seed, local_layers),
+            loss_fn=methods.loss_fn,
+            metrics_fn=methods.metrics_fn,
+            reconstruction_optimizer=methods.sgd(config),
+            dataset_split=methods.RECON_SPLIT,
+            simulation=config.simulation,
+        )
+        return lambda weights: _accuracies(
+            evaluation.evaluate_clients(
+                recon_eval, weights, benchmark.client_ids, benchmark.test_dataset, cache_key='test'
+            )
+        )
+    # A personal or fine-tuned model is evaluated as a model whose weights are all the client's own.
+    own = plan.personal or finetune or adapts
+    model_fn = methods.model_fn_for(benchmark.data, config.seed, 'all' if own else local_layers)
+    global_model_fn = methods.model_fn_for(benchmark.data, config.seed, ())
+    evaluate = evaluation.build_private_state_eval(
+        model_fn, loss_fn=methods.loss_fn, metrics_fn=methods.metrics_fn, simulation=config.simulation
+    )
+    no_globals = ModelWeights([], [])
+    tune = None
+    if finetune:
+        if local_layers not in ((), image_classifiers.HEAD):  # The full model is the globals, then the locals.
+            raise ValueError(f'fine-tuning needs the head or nothing local, got {local_layers}.')
+        with backends.use(config.simulation):
+            tune = backends.build_process(
+                fedbabu.finetune_plan(epochs=config.finetune_epochs, optimizer=methods.sgd(config)),
+                model_fn,
+                loss_fn=methods.loss_fn,
+                server_optimizer=tff.learning.optimizers.build_sgdm(learning_rate=1.0),
+                group_size=config.group_size,
+                name='fine-tuning',
+            )
+
+    def client_evaluation(weights: Any, private_states: list[Any]) -> dict[str, float]:
+        states = [client_plan.personalized_weights(plan, weights, p) for p in private_states]
+        if tune is not None:
+            full = [ModelWeights(list(weights.trainable) + list(s.trainable), []) for s in states]
+            train = [benchmark.train_dataset(benchmark.train[c]) for c in benchmark.client_ids]
+            states = list(tune.run_round(tune.initialize(), train, full).private_states)
+        if adapts:
+            first_batches = [next(iter(benchmark.train_dataset(benchmark.train[c]))) for c in benchmark.client_ids]
+            lr = config.client_learning_rate
+            states = [per_fedavg.adapt(global_model_fn, weights, b, lr, methods.loss_fn) for b in first_batches]
+        result = evaluation.evaluate_clients(
+            evaluate,
+            no_globals if own else weights,
+            benchmark.client_ids,
+            benchmark.test_dataset,
+            states,
+            cache_key='test',
+        )
+        return _accuracies(result)
+
+    return client_evaluation

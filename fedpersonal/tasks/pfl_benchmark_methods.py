@@ -1,0 +1,227 @@
+"""The rows of the personalization benchmark (`fedpersonal.tasks.pfl_benchmark`): each method's client plan, from
+the config, the layers of PFLlib's CNN that stay on the clients, and the model.
+
+* ``fedavg`` / ``fedprox``: the global model (FedProx's proximal term, `fedpersonal.algorithms.fedprox`);
+* ``ditto`` / ``apfl``: a personal copy of the model per client (APFL: mixed with the global one by alpha);
+* ``fedper`` / ``fedrep``: the head (``fc``) local; ``lg_fedavg``: the body (``conv1``, ``conv2``, ``fc1``) local;
+* ``fedavg_ft`` / ``fedbabu``: FedAvg, and FedBABU (the head frozen at its initial values, only the body trained),
+  each client fine-tuning its whole model on its train data for `finetune_epochs` epochs before every evaluation
+  (`fedbabu.finetune_plan`; PFLlib fine-tunes once, after the last round);
+* ``fed_recon``: the head reconstructed on each client's support data every round (stateless), evaluated by
+  ReconEval on each client's test data (the head reconstructed on its support part, accuracy on its query part);
+* ``furl_head``: a persistent private head with FURL's norm penalty (`furl_private_norm`);
+* ``per_fedavg`` (first-order, as PFLlib) / ``per_fedavg_hf`` (Hessian-free): the global model, meta-learned
+  (`fedpersonal.algorithms.per_fedavg`); evaluated after one SGD step on the client's first train batch (PFLlib's
+  ``evaluate_one_step``; PFLlib takes a random batch);
+* ``pfedme``: the global model and each client's personalized theta, the model it is evaluated with
+  (`fedpersonal.algorithms.pfedme`; PFLlib's pFedMeOptimizer weight decay mu = 0.001; server beta = 1).
+* ``fedala``: each client's own model, the head (``layer_idx`` 2) aggregated element-wise with the global one at the
+  start of its rounds (`fedpersonal.algorithms.fedala`); evaluated with that aggregation of its current weights W
+  (PFLlib evaluates after one more epoch of W's learning);
+* ``fedrod``: the body and a generic head (balanced softmax) global, a personal head local
+  (`fedpersonal.algorithms.fedrod`); evaluated with the sum of both heads' logits.
+
+FedBN (`fedpersonal.algorithms.fedbn`) is not a row: PFLlib's CNN has no batch normalization, on which FedBN is
+FedAvg.
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+from collections.abc import Callable
+from typing import Any
+
+import tensorflow as tf
+import tensorflow_federated as tff
+
+from fedpersonal import models
+from fedpersonal.algorithms import apfl
+from fedpersonal.algorithms import dataset_split
+from fedpersonal.algorithms import ditto
+from fedpersonal.algorithms import fed_recon
+from fedpersonal.algorithms import fedala
+from fedpersonal.algorithms import fedbabu
+from fedpersonal.algorithms import fedper
+from fedpersonal.algorithms import fedprox
+from fedpersonal.algorithms import fedrep
+from fedpersonal.algorithms import fedrod
+from fedpersonal.algorithms import furl
+from fedpersonal.algorithms import per_fedavg
+from fedpersonal.algorithms import pfedme
+from fedpersonal.core import client_plan
+from fedpersonal.core import local_aggregation
+from fedpersonal.data import pfllib
+from fedpersonal.models import image_classifiers
+from fedpersonal.tasks.pfl_benchmark_config import PflBenchmarkConfig
+
+
+@dataclasses.dataclass(frozen=True)
+class Method:
+    """A benchmark row: its client plan (from the config) and the model's layers that stay on the clients."""
+
+    plan: Callable[[PflBenchmarkConfig], client_plan.ClientPlan]
+    local_layers: tuple[str, ...] = ()
+    finetune: bool = False  # Each client fine-tunes its whole model on its train data before evaluation.
+    adapts: bool = False  # Evaluated after one local step (`per_fedavg.adapt`).
+    # A plan with model-defined losses (FedRoD): its model, from the data and the seed.
+    phased_model: Callable[[pfllib.PfllibImageData, int], Callable[[], Any]] | None = None
+
+
+def sgd(config: PflBenchmarkConfig) -> tff.learning.optimizers.Optimizer:
+    """The clients' optimizer: SGD at the configured learning rate (PFLlib's)."""
+    return tff.learning.optimizers.build_sgdm(learning_rate=config.client_learning_rate)
+
+
+def _plain(config: PflBenchmarkConfig, mu: float) -> client_plan.ClientPlan:
+    return fedprox.fedprox_plan(mu=mu, client_epochs=config.client_epochs, client_optimizer=sgd(config))
+
+
+RECON_SPLIT = dataset_split.ReconstructionSplit()  # FedRecon's support/query halves of a client's data.
+
+
+def _per_fedavg(config: PflBenchmarkConfig, *, hessian_free: bool) -> client_plan.ClientPlan:
+    return per_fedavg.per_fedavg_plan(
+        batch_size=config.batch_size,
+        inner_learning_rate=config.client_learning_rate,
+        outer_optimizer=sgd(config),  # PFLlib: beta = the learning rate.
+        client_epochs=config.client_epochs,
+        hessian_free=hessian_free,
+    )
+
+
+def _fedala(config: PflBenchmarkConfig) -> client_plan.ClientPlan:
+    aggregation = local_aggregation.AdaptiveLocalAggregation(
+        layer_idx=config.fedala_layer_idx,
+        eta=config.fedala_eta,
+        rand_percent=config.fedala_rand_percent,
+        batch_size=config.batch_size,
+        threshold=config.fedala_threshold,
+        num_pre_loss=config.fedala_num_pre_loss,
+        max_epochs=config.fedala_max_epochs,
+        seed=config.seed,
+    )
+    return fedala.fedala_plan(client_epochs=config.client_epochs, client_optimizer=sgd(config), aggregation=aggregation)
+
+
+def fedrod_model_fn(data: pfllib.PfllibImageData, seed: int) -> Callable[[], fedrod.FedRodModel]:
+    """FedRoD's model of the benchmark's CNN: its ``fc`` the generic head and, copied, the personal one."""
+    height, width, channels = data.x.shape[1:]
+    return lambda: fedrod.FedRodModel(
+        image_classifiers.fedavg_cnn((height, width, channels), data.num_classes, seed=seed), data.num_classes
+    )
+
+
+METHOD_SPECS: dict[str, Method] = {
+    'fedavg': Method(lambda c: _plain(c, 0.0)),
+    'fedprox': Method(lambda c: _plain(c, c.fedprox_mu)),
+    'ditto': Method(
+        lambda c: ditto.ditto_plan(
+            lam=c.ditto_lambda,
+            client_epochs=c.client_epochs,
+            personal_epochs=c.personal_epochs,
+            client_optimizer=sgd(c),
+            personal_optimizer=sgd(c),
+        )
+    ),
+    'apfl': Method(
+        lambda c: apfl.apfl_plan(
+            client_epochs=c.client_epochs,
+            personal_epochs=c.personal_epochs,
+            client_optimizer=sgd(c),
+            personal_optimizer=sgd(c),
+            initial_alpha=c.apfl_alpha,
+        )
+    ),
+    'fedper': Method(
+        lambda c: fedper.fedper_plan(client_epochs=c.client_epochs, client_optimizer=sgd(c)),
+        image_classifiers.HEAD,
+    ),
+    'fedrep': Method(
+        lambda c: fedrep.fedrep_plan(
+            head_epochs=c.fedrep_head_epochs,
+            body_epochs=c.client_epochs,
+            head_optimizer=sgd(c),
+            body_optimizer=sgd(c),
+        ),
+        image_classifiers.HEAD,
+    ),
+    # LG-FedAvg is FedPer's plan with the other layers local (`fedpersonal.algorithms.lg_fedavg`).
+    'lg_fedavg': Method(
+        lambda c: fedper.fedper_plan(client_epochs=c.client_epochs, client_optimizer=sgd(c)),
+        image_classifiers.BODY,
+    ),
+    'fedavg_ft': Method(lambda c: _plain(c, 0.0), finetune=True),
+    # The head kept (not 'initial'): no phase trains it, so it is every client's initial one, as the evaluation reads.
+    'fedbabu': Method(
+        lambda c: dataclasses.replace(
+            fedbabu.fedbabu_plan(client_epochs=c.client_epochs, client_optimizer=sgd(c)),
+            local_start=client_plan.KEPT,
+        ),
+        image_classifiers.HEAD,
+        finetune=True,
+    ),
+    'fed_recon': Method(
+        lambda c: fed_recon.fed_recon_plan(
+            client_optimizer=sgd(c), reconstruction_optimizer=sgd(c), dataset_split=RECON_SPLIT
+        ),
+        image_classifiers.HEAD,
+    ),
+    'furl_head': Method(
+        lambda c: furl.furl_plan(
+            client_epochs=c.client_epochs, client_optimizer=sgd(c), private_norm_regularization=c.furl_private_norm
+        ),
+        image_classifiers.HEAD,
+    ),
+    'per_fedavg': Method(lambda c: _per_fedavg(c, hessian_free=False), adapts=True),
+    'per_fedavg_hf': Method(lambda c: _per_fedavg(c, hessian_free=True), adapts=True),
+    'pfedme': Method(
+        lambda c: pfedme.pfedme_plan(
+            lam=c.pfedme_lambda,
+            inner_steps=c.pfedme_k,
+            personal_learning_rate=c.pfedme_personal_learning_rate,
+            learning_rate=c.client_learning_rate,
+            client_epochs=c.client_epochs,
+            mu=0.001,
+        )
+    ),
+    'fedala': Method(_fedala),
+    'fedrod': Method(
+        lambda c: fedrod.fedrod_plan(client_epochs=c.client_epochs, client_optimizer=sgd(c)),
+        image_classifiers.HEAD,
+        phased_model=fedrod_model_fn,
+    ),
+}
+
+
+def loss_fn() -> tf.keras.losses.Loss:
+    """The loss of the CNN's logits."""
+    return tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True)
+
+
+def metrics_fn() -> list[tf.keras.metrics.Metric]:
+    """The metrics every method reports: accuracy."""
+    return [tf.keras.metrics.SparseCategoricalAccuracy(name='accuracy')]
+
+
+def element_spec(data: pfllib.PfllibImageData) -> collections.OrderedDict:
+    """The element spec of the clients' batches."""
+    return collections.OrderedDict(
+        x=tf.TensorSpec([None, *data.x.shape[1:]], tf.float32), y=tf.TensorSpec([None], tf.int32)
+    )
+
+
+def model_fn_for(data: pfllib.PfllibImageData, seed: int, local_layers: tuple[str, ...] | str) -> Callable[[], Any]:
+    """A partially local CNN: `local_layers` (names, or ``'all'``) on the clients, the others global."""
+    spec = element_spec(data)
+
+    height, width, channels = data.x.shape[1:]
+
+    def model_fn():
+        keras_model = image_classifiers.fedavg_cnn((height, width, channels), data.num_classes, seed=seed)
+        layers = [layer for layer in keras_model.layers if layer.weights]
+        local = [layer for layer in layers if local_layers == 'all' or layer.name in local_layers]
+        shared = [layer for layer in layers if layer not in local]
+        return models.from_keras_model(keras_model, input_spec=spec, global_layers=shared, local_layers=local)
+
+    return model_fn
