@@ -32,6 +32,7 @@ that `process.run_round` (this runner) and `process.next` give the same state an
 from __future__ import annotations
 
 import collections
+import time
 from collections.abc import Callable
 from collections.abc import Mapping
 from collections.abc import Sequence
@@ -40,6 +41,7 @@ from typing import Any
 import numpy as np
 import tensorflow as tf
 import tensorflow_federated as tff
+from absl import logging
 from tensorflow_federated.python.learning.templates import apply_optimizer_finalizer
 
 from fedpersonal.core import process as process_lib
@@ -109,7 +111,9 @@ class GroupRoundRunner:
 
     Args:
       group_work: ``(ModelWeights, group) -> (ClientResult, unfinalized metrics)``, a `tf.function` (the
-        function the process's TFF client computation wraps).
+        function the process's TFF client computation wraps), or several such functions by name: strategies
+        that compute the same (e.g. `fedpersonal.simulation.client_loop.STRATEGIES`), of which the fastest
+        runs the rounds (`StrategyChoice`).
       server_optimizer: The process's TFF server optimizer.
       finalize_metrics: The clients' summed unfinalized metrics -> the round's metrics (e.g.
         `KerasMetricsFinalizer`).
@@ -127,7 +131,9 @@ class GroupRoundRunner:
         measure_communication: bool = False,
         aggregation: tff.templates.AggregationProcess | None = None,
     ):
-        self._group_work = group_work
+        works = dict(group_work) if isinstance(group_work, Mapping) else {'': group_work}
+        self._works = works
+        self.choice = StrategyChoice(list(works))
         self._aggregation = aggregation
         if aggregation is not None and measure_communication:
             raise ValueError('measure_communication is only supported with the mean aggregator.')
@@ -154,8 +160,9 @@ class GroupRoundRunner:
 
     @property
     def traces(self) -> int:
-        """How often the group work has been traced: once per experiment, as groups are padded to fixed shapes."""
-        return self._group_work.experimental_get_tracing_count()
+        """How often a group work has been traced (the most of any strategy): once per experiment, as groups are
+        padded to fixed shapes."""
+        return max(work.experimental_get_tracing_count() for work in self._works.values())
 
     def __call__(
         self,
@@ -177,15 +184,18 @@ class GroupRoundRunner:
             non_trainable=[tf.convert_to_tensor(w) for w in weights.non_trainable],
         )
         results, metric_sums, new_private = [], None, []
+        strategy = self.choice.next()
+        group_work, started = self._works[strategy], time.perf_counter()
         for g, group in enumerate(groups):
             group = packing.as_tensors(group)
             if stacked is None:
-                result, metrics = self._group_work(model_weights, group)
+                result, metrics = group_work(model_weights, group)
             else:
-                result, metrics, private = self._group_work(model_weights, group, stacked[g])
+                result, metrics, private = group_work(model_weights, group, stacked[g])
                 new_private.extend(unstack(private, group_clients(group)))
             results.append(result)
             metric_sums = metrics if metric_sums is None else tf.nest.map_structure(tf.add, metric_sums, metrics)
+        self.choice.record(strategy, time.perf_counter() - started)
         aggregator_state, aggregator_metrics = state.aggregator, collections.OrderedDict(mean_value=(), mean_weight=())
         if self._aggregation is None:
             optimizer_state, trainable, measurements = self._server_step(
@@ -227,6 +237,43 @@ class GroupRoundRunner:
         if private_states is not None:
             return process_lib.ProcessOutput(new_state, metrics, new_private[: len(private_states)])
         return process_lib.ProcessOutput(state=new_state, metrics=metrics, private_states=())
+
+
+class StrategyChoice:
+    """Which of several equivalent group works runs the rounds: each runs whole rounds in turn, its first round
+    untimed (it compiles), its second timed; then the fastest runs every later round, logged once.
+
+    Every round's result is exact whichever strategy computes it (they agree to float rounding), so measuring
+    costs no work, only the slower strategy's time for a few rounds. Pin one strategy (a single group work) for
+    bit-identical reruns.
+
+    Attributes:
+      chosen: The strategy that runs the rounds, once measured (None before).
+      seconds: The timed round's client work (seconds) of each strategy measured so far.
+    """
+
+    def __init__(self, names: Sequence[str]):
+        self._names = list(names)
+        self._calls = dict.fromkeys(self._names, 0)
+        self.seconds: dict[str, float] = {}
+        self.chosen: str | None = self._names[0] if len(self._names) == 1 else None
+
+    def next(self) -> str:
+        """The strategy of the next round."""
+        if self.chosen is not None:
+            return self.chosen
+        return next(n for n in self._names if self._calls[n] < 2)
+
+    def record(self, name: str, seconds: float) -> None:
+        """Records a round's client work time; chooses once every strategy has a timed round."""
+        self._calls[name] += 1
+        if self.chosen is not None or self._calls[name] < 2:
+            return
+        self.seconds[name] = seconds
+        if len(self.seconds) == len(self._names):
+            self.chosen = min(self.seconds, key=self.seconds.__getitem__)
+            measured = ', '.join(f'{n} {s:.4g} s' for n, s in self.seconds.items())
+            logging.info('Engine strategy: %s runs the rounds (client work of one round: %s).', self.chosen, measured)
 
 
 def _payload(structure: Any) -> tuple[float, float]:

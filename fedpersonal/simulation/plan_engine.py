@@ -20,6 +20,7 @@ from fedpersonal.core import client_plan
 from fedpersonal.core import client_work
 from fedpersonal.core import compose
 from fedpersonal.core import process as process_lib
+from fedpersonal.simulation import client_loop
 from fedpersonal.simulation import driver
 from fedpersonal.simulation import functional
 from fedpersonal.simulation import group as group_lib
@@ -57,10 +58,12 @@ def build_engine_process(
     model_aggregator: Any = None,
     client_weighting: Any = tff.learning.ClientWeighting.NUM_EXAMPLES,
     group_size: int | None = None,
+    strategy: str | None = None,
 ) -> process_lib.PersonalizedProcess:
     """The plan as a stateful process whose `run_round` runs groups of clients on the engine (check `unsupported`
     first). Under a fixed-clip DP aggregator (`fedpersonal.privacy.dp`) each logical client's update is clipped in
-    the group, as the per-client backend clips it."""
+    the group, as the per-client backend clips it. `strategy`: how a group runs its phases
+    (`fedpersonal.simulation.client_loop.STRATEGIES`); None: measured on the first rounds (`driver.GroupRoundRunner`)."""
     dp_clip = group_lib.per_client_clip(model_aggregator)
     initial = client_plan.initial_weights(model_fn, personal=plan.personal, initial_alpha=plan.initial_alpha)
     model = functional.FunctionalModel(model_fn)
@@ -87,7 +90,15 @@ def build_engine_process(
     weights_type = initial.global_weights.type_signature.result
     group_private_type = packing.stacked_type(initial.local_weights.type_signature.result)
 
-    def build_group_work(raw_finalizers: dict[str | None, collections.OrderedDict], *, now: bool):
+    # The trained globals are needed per client after the global phase only to clip them, or for a later phase
+    # that trains on them; else only their weighted sum leaves the client loop.
+    keep_globals = dp_clip is not None or any(
+        client_plan.PERSONAL not in p.trains for p in plan.phases[plan.global_phase + 1 :]
+    )
+
+    def build_group_work(
+        raw_finalizers: dict[str | None, collections.OrderedDict], *, now: bool, strategy: str = client_loop.LOCKSTEP
+    ):
         metric_sets = {
             prefix: group_lib.metrics_and_loss(
                 metrics_fn, loss_fn, raw_finalizers.setdefault(prefix, collections.OrderedDict()), now=now
@@ -122,7 +133,8 @@ def build_engine_process(
                         train_slots = train_slots + [(functional.GLOBAL_TRAINABLE, len(slots[client_plan.GLOBAL]))]
                     examples = tf.reduce_sum(group[name]['mask'], axis=[1, 2])
                     client_weight = group_lib.client_weights(client_weighting, examples)
-                    stepped, phase_steps = lockstep.lockstep_steps(
+                    stepped, phase_steps = client_loop.phase_steps(
+                        strategy,
                         stepped_model,
                         personal if client_plan.PERSONAL in parts else weights,
                         train_slots,
@@ -133,6 +145,7 @@ def build_engine_process(
                         penalty=_penalty(phase, parts, slots),
                         centre=received if isinstance(phase.penalty, client_plan.ProximalPenalty) else (),
                         delta_weights=client_weight if i == plan.global_phase else None,
+                        keep_trained=keep_globals or i != plan.global_phase,
                     )
                     if phase.mixed:  # Alpha projected onto [0, 1] once the phase ends, as the per-client backend.
                         trainable = list(stepped.global_trainable)
@@ -200,7 +213,7 @@ def build_engine_process(
     # A slot is a group: under a fixed DP clip its record is the sum of up to group_size clipped updates.
     aggregator = compose.weighted_aggregator(group_lib.slot_aggregator(model_aggregator, group_size), client_weighting)
     runner = driver.GroupRoundRunner(
-        build_group_work({}, now=True),
+        {s: build_group_work({}, now=True, strategy=s) for s in ([strategy] if strategy else client_loop.STRATEGIES)},
         server_optimizer,
         driver.KerasMetricsFinalizer(finalized_metrics),
         aggregation=None if dp_clip is None else aggregator.create(weights_type.trainable, tff.TensorType(np.float32)),
