@@ -32,6 +32,7 @@ that `process.run_round` (this runner) and `process.next` give the same state an
 from __future__ import annotations
 
 import collections
+import concurrent.futures
 import time
 from collections.abc import Callable
 from collections.abc import Mapping
@@ -45,6 +46,7 @@ from absl import logging
 from tensorflow_federated.python.learning.templates import apply_optimizer_finalizer
 
 from fedpersonal.core import process as process_lib
+from fedpersonal.simulation import options
 from fedpersonal.simulation import packing
 from fedpersonal.simulation.packing import group_clients as group_clients
 from fedpersonal.simulation.packing import stack_per_group as stack_per_group
@@ -121,6 +123,10 @@ class GroupRoundRunner:
         measured broadcast and aggregator do (`metrics['distributor']`, `metrics['aggregator']`; see above).
       aggregation: The process's weighted `tff.templates.AggregationProcess` of the groups' updates when it is not
         a plain weighted mean (its state is the process state's ``aggregator``); None: `MeanFactory`'s mean.
+      spread: Names of group works also tried with each group's clients split into `parallel` parts run at once,
+        one program per core (each program then runs on one core: e.g. a compiled loop over clients); not with
+        an `aggregation`.
+      parallel: The parts of a spread group (default `options.parallel_parts()`).
     """
 
     def __init__(
@@ -130,10 +136,18 @@ class GroupRoundRunner:
         finalize_metrics: Callable[[Any], Any],
         measure_communication: bool = False,
         aggregation: tff.templates.AggregationProcess | None = None,
+        spread: Sequence[str] = (),
+        parallel: int | None = None,
     ):
         works = dict(group_work) if isinstance(group_work, Mapping) else {'': group_work}
         self._works = works
-        self.choice = StrategyChoice(list(works))
+        parts = parallel or options.parallel_parts()
+        # A DP aggregator's noise and denominator depend on the number of groups: they are never split.
+        runs = [(name, 1) for name in works]
+        runs += [(name, parts) for name in works if name in spread and parts > 1 and aggregation is None]
+        self._runs = {name if k == 1 else f'{name} x{k}': (name, k) for name, k in runs}
+        self.choice = StrategyChoice(list(self._runs))
+        self._pool: concurrent.futures.ThreadPoolExecutor | None = None
         self._aggregation = aggregation
         if aggregation is not None and measure_communication:
             raise ValueError('measure_communication is only supported with the mean aggregator.')
@@ -185,16 +199,35 @@ class GroupRoundRunner:
         )
         results, metric_sums, new_private = [], None, []
         strategy = self.choice.next()
-        group_work, started = self._works[strategy], time.perf_counter()
+        (name, parts), started = self._runs[strategy], time.perf_counter()
+        pieces, private_pieces, order = [], [], []
         for g, group in enumerate(groups):
-            group = packing.as_tensors(group)
-            if stacked is None:
-                result, metrics = group_work(model_weights, group)
-            else:
-                result, metrics, private = group_work(model_weights, group, stacked[g])
-                new_private.extend(unstack(private, group_clients(group)))
+            split: list[tuple[Any, np.ndarray | None]] = [(group, None)]
+            if parts > 1:
+                split = list(packing.split_group(group, parts))
+            pieces += [piece for piece, _ in split]
+            offset = sum(group_clients(previous) for previous in groups[:g])
+            order += [offset + (np.arange(group_clients(piece)) if i is None else i) for piece, i in split]
+            if stacked is not None:
+                take = lambda a, i: a if i is None else np.take(np.asarray(a), i, axis=0)
+                private_pieces += [tf.nest.map_structure(lambda a, i=i: take(a, i), stacked[g]) for _, i in split]
+
+        def run(k: int) -> Any:
+            args = (model_weights, packing.as_tensors(pieces[k]))
+            return self._works[name](*args) if stacked is None else self._works[name](*args, private_pieces[k])
+
+        if len(pieces) > 1 and parts > 1:
+            self._pool = self._pool or concurrent.futures.ThreadPoolExecutor(parts)
+            outputs = list(self._pool.map(run, range(len(pieces))))
+        else:
+            outputs = [run(k) for k in range(len(pieces))]
+        by_slot: dict[int, Any] = {}
+        for piece, slots, (result, metrics, *private) in zip(pieces, order, outputs):
+            if stacked is not None:
+                by_slot.update(zip(slots.tolist(), unstack(private[0], group_clients(piece))))
             results.append(result)
             metric_sums = metrics if metric_sums is None else tf.nest.map_structure(tf.add, metric_sums, metrics)
+        new_private = [by_slot[k] for k in sorted(by_slot)]
         self.choice.record(strategy, time.perf_counter() - started)
         aggregator_state, aggregator_metrics = state.aggregator, collections.OrderedDict(mean_value=(), mean_weight=())
         if self._aggregation is None:

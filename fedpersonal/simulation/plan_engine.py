@@ -217,6 +217,7 @@ def build_engine_process(
         server_optimizer,
         driver.KerasMetricsFinalizer(finalized_metrics),
         aggregation=None if dp_clip is None else aggregator.create(weights_type.trainable, tff.TensorType(np.float32)),
+        spread=() if strategy else (client_loop.CLIENT_LOOP,),
     )
     return compose.compose_personalized_process(
         initial_global_weights=initial.global_weights,

@@ -1,0 +1,95 @@
+"""The engine's compiled loop over clients (`client_loop`), alone and spread over cores, runs every client plan as
+the other backends do: the plan tests' own references (plain eager loops written there, the per-client backend)
+with the engine pinned to it; and the round runner's measured choice of a strategy."""
+
+from unittest import mock
+
+import numpy as np
+import pytest
+
+from fedpersonal.simulation import client_loop
+from fedpersonal.simulation import driver
+from fedpersonal.simulation import options
+from tests.algorithms import apfl_test
+from tests.algorithms import fedper_fedrep_test
+from tests.simulation import ditto_engine_test
+from tests.simulation import furl_engine_test
+
+
+@pytest.fixture(params=['client_loop', 'client_loop x2'])
+def pinned(request):
+    """Every engine process built in the test runs its rounds with the client loop (over 2 threads: 'x2')."""
+    original, built = driver.StrategyChoice.__init__, []
+
+    def only(self, names):
+        original(self, names)
+        built.append(names)
+        self.chosen = request.param if request.param in names else 'client_loop'  # DP groups are never split.
+
+    with (
+        mock.patch.object(options, 'parallel_parts', return_value=2),
+        mock.patch.object(driver.StrategyChoice, '__init__', only),
+    ):
+        yield request.param
+    assert built  # An engine process was built, and ran with the pinned strategy.
+
+
+@pytest.mark.parametrize('name', ['fedper', 'fedrep'])
+def test_fedper_and_fedrep_equal_a_plain_loop(pinned, name):
+    model = fedper_fedrep_test.model_fn()
+    initial = (
+        [v.numpy() for v in model.global_trainable_variables],
+        [v.numpy() for v in model.local_trainable_variables],
+    )
+    fedper_fedrep_test.test_every_backend_equals_a_plain_loop(initial, name, 'engine')
+
+
+def test_apfl_equals_a_plain_loop(pinned):
+    apfl_test.test_every_backend_equals_a_plain_loop('engine')
+
+
+def test_ditto_equals_the_per_client_path(pinned):
+    ditto_engine_test.test_ditto_engine_equals_per_client_path()
+
+
+@pytest.mark.parametrize('name', sorted(furl_engine_test.CONFIGS))
+def test_furl_equals_the_per_client_path(pinned, name):
+    furl_engine_test.test_furl_engine_equals_per_client_path(name)
+
+
+def test_a_non_finite_client_is_dropped_and_keeps_its_private_state(pinned):
+    furl_engine_test.test_non_finite_client_keeps_its_previous_private_state_and_is_dropped()
+
+
+def test_fixed_clip_dp_clips_each_client(pinned):
+    furl_engine_test.test_fixed_clip_dp_clips_each_logical_client_like_the_per_client_path()
+
+
+def test_unknown_strategy_is_refused():
+    with pytest.raises(ValueError, match='strategy must be one of'):
+        client_loop.phase_steps('sideways', None, None, [], None, None)
+
+
+def test_each_strategy_is_timed_on_its_second_round_and_the_fastest_runs_the_rest():
+    choice = driver.StrategyChoice(['a', 'b', 'b x2'])
+    order = []
+    for seconds in (9.0, 2.0, 9.0, 1.0, 9.0, 1.5):  # Per strategy: a compiling round, then a timed one.
+        order.append(choice.next())
+        assert choice.chosen is None
+        choice.record(order[-1], seconds)
+    assert order == ['a', 'a', 'b', 'b', 'b x2', 'b x2']
+    assert choice.chosen == 'b' and choice.seconds == {'a': 2.0, 'b': 1.0, 'b x2': 1.5}
+    assert [choice.next() for _ in range(3)] == ['b'] * 3
+    assert driver.StrategyChoice(['only']).chosen == 'only'
+
+
+def test_a_group_splits_into_parts_of_equal_size_and_about_equal_steps():
+    from fedpersonal.simulation import packing  # pylint: disable=g-import-not-at-top
+
+    steps = np.array([1, 9, 2, 8, 5])
+    group = {'train': {'mask': steps[:, None], 'steps': steps, 'batch': {'x': np.arange(10).reshape(5, 2)}}}
+    parts = packing.split_group(group, 2)
+    assert [list(i) for _, i in parts] == [[0, 1, 2], [3, 4]]  # Steps 9 + 2 + 1 and 8 + 5: sizes 3 and 2.
+    assert [list(p['train']['steps']) for p, _ in parts] == [[1, 9, 2], [8, 5]]
+    assert [list(p['train']['batch']['x'][:, 0]) for p, _ in parts] == [[0, 2, 4], [6, 8]]
+    assert len(packing.split_group(group, 9)) == 5
