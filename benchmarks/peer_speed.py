@@ -24,7 +24,8 @@ reference of ``max_abs_diff_vs_per_client``; the dense rows are also compared wi
 ``max_abs_diff_vs_float64``). Every row runs ``--warmup`` untimed rounds, then the timed ones;
 ``seconds_per_round`` is the median timed round of a row process, and the median of that over ``--repeats``
 (rows interleaved within each repeat, so the machine's load shifts them alike); ``speedup_vs_pfl`` and
-``speedup_vs_tff`` are ratios of those medians (``ratios_per_repeat``: the same ratio within each repeat).
+``speedup_vs_tff`` are ratios of those medians (``ratios_per_repeat``: the same ratio within each repeat). The
+TFF rows run ``--tff_repeats`` times, the CNN rows ``--cnn_repeats`` times with ``--cnn_threads``.
 Each ``--threads`` setting runs every row (its ``threads``): TensorFlow's intra-op threads (inter-op 1) and
 PyTorch's alike; ``cpu_seconds_per_round`` (engine, pfl: the row process' CPU time; TFF computes in its worker)
 is less sensitive to other jobs on the machine than seconds. ``compute_bound_s``: the round's analytic FLOPs (2 per
@@ -55,7 +56,10 @@ _ROWS = flags.DEFINE_list('rows', ['engine', 'pfl', 'tff'], 'Rows: engine, pfl, 
 _REPEATS = flags.DEFINE_integer('repeats', 3, 'Processes per row (interleaved); medians over them.')
 _THREADS = flags.DEFINE_list('threads', ['1', '2'], 'Intra-op threads of TensorFlow and PyTorch alike, per setting.')
 _ROUNDS = flags.DEFINE_integer('rounds', 10, 'Timed rounds per row process (dense).')
-_CNN_ROUNDS = flags.DEFINE_integer('cnn_rounds', 3, 'Timed rounds per row process (cnn).')
+_CNN_ROUNDS = flags.DEFINE_integer('cnn_rounds', 2, 'Timed rounds per row process (cnn).')
+_CNN_REPEATS = flags.DEFINE_integer('cnn_repeats', 2, 'Processes per cnn row (the rounds take ~20 s).')
+_CNN_THREADS = flags.DEFINE_list('cnn_threads', None, 'Thread settings of the cnn rows (default: --threads).')
+_TFF_REPEATS = flags.DEFINE_integer('tff_repeats', 1, 'Processes per TFF row (the reference; slow).')
 _WARMUP = flags.DEFINE_integer('warmup', 6, 'Untimed rounds first (the engine measures its strategies in 4-6).')
 _PFL_VENV = flags.DEFINE_string(
     'pfl_venv', os.path.expanduser('~/.cache/fedpersonal-benchmarks/pfl-0.6.0'), "pfl-research's virtual environment."
@@ -380,7 +384,11 @@ def main() -> None:
     if _ROW.value:
         return run_row(_ROW.value, _FILE.value, _RESULT.value)
     started, load_before = time.time(), os.getloadavg()
-    threads = [int(t) for t in _THREADS.value]
+    settings = lambda kind: [
+        int(t) for t in (_CNN_THREADS.value if kind == 'cnn' and _CNN_THREADS.value else _THREADS.value)
+    ]
+    repeats = lambda kind: _CNN_REPEATS.value if kind == 'cnn' else _REPEATS.value
+    threads = sorted({t for kind in _WORKLOADS.value for t in settings(kind)})
     if 'pfl' in _ROWS.value:
         pfl_python()
     report_rows, workload_info, rates = [], {}, {}
@@ -393,11 +401,13 @@ def main() -> None:
             timed = _ROUNDS.value if kind == 'dense' else _CNN_ROUNDS.value
             files[kind] = os.path.join(work_dir, f'{kind}.npz')
             workload_info[kind] = write_workload(kind, _WARMUP.value + timed, files[kind])
-            runs.update({(kind, t): {row: [] for row in _ROWS.value} for t in threads})
-        for repeat in range(_REPEATS.value):
+            runs.update({(kind, t): {row: [] for row in _ROWS.value} for t in settings(kind)})
+        for repeat in range(max(repeats(kind) for kind in _WORKLOADS.value)):
             for t in threads:
-                for kind in _WORKLOADS.value:
+                for kind in [k for k in _WORKLOADS.value if t in settings(k)]:
                     for row in _ROWS.value:
+                        if repeat >= (_TFF_REPEATS.value if row == 'tff' else repeats(kind)):
+                            continue
                         result = spawn(row, files[kind], work_dir, f'{kind}.{row}.{t}.{repeat}', t)
                         runs[kind, t][row].append(result)
                         seconds = result.get('round_seconds', [])[_WARMUP.value :]
