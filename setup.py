@@ -14,5 +14,6 @@ setuptools.setup(
         'absl-py',
         'matplotlib',
         'pandas',
+        'tensorflow-datasets',
     ],
 )

@@ -15,7 +15,7 @@ Workloads (rows ``<name>_engine``, ``<name>_pfl``, ``<name>_tff``):
   a fixed seed (`dirichlet_sizes`); pixels are generated (a round's time does not depend on their values).
 
 Rows, each in its own process, from the same initial weights on the same clients' batches in the same order:
-``engine`` (a FedAvg `ClientPlan` on `fedpersonal.backends`' engine: `process.run_round`, every client packed before
+``engine`` (`fedpersonal.algorithms.build_fed_avg` on the engine: `process.run_round`, every client packed before
 round 0, the strategy chosen by measurement in the first rounds and reported), ``pfl`` (pfl-research's
 `FederatedAveraging` with its PyTorch model and `SimulatedBackend`, `benchmarks/peer_pfl_row.py`, run in a virtual
 environment of its own, built on first use: ``--pfl_venv`` with ``--pfl_requirements``, never the package's),
@@ -165,20 +165,27 @@ def _client_datasets(data):
 
 
 def _row_engine(data, kind: str, warmup: int):
+    import tensorflow as tf  # pylint: disable=g-import-not-at-top
     import tensorflow_federated as tff  # pylint: disable=g-import-not-at-top
 
-    from fedpersonal import backends  # pylint: disable=g-import-not-at-top
+    from fedpersonal import algorithms  # pylint: disable=g-import-not-at-top
+    from fedpersonal import models  # pylint: disable=g-import-not-at-top
     from fedpersonal import runtime  # pylint: disable=g-import-not-at-top
-    from fedpersonal.core import client_plan  # pylint: disable=g-import-not-at-top
 
     dataset, spec = _client_datasets(data)
-    sgd = tff.learning.optimizers.build_sgdm(float(data['client_lr']))
-    plan = client_plan.ClientPlan((client_plan.Phase(('global',), 1, sgd),))  # FedAvg.
+
+    def model_fn():
+        keras = keras_model(kind)
+        return models.from_keras_model(keras, input_spec=spec, global_variables=keras.variables)
+
     with runtime.LocalRuntime():  # Its TFF worker (initialize) ends with the row.
-        process = backends.build_classifier_process(
-            plan, lambda: keras_model(kind), element_spec=spec,
-            server_optimizer=tff.learning.optimizers.build_sgdm(float(data['server_lr'])), name='FedAvg',
-        )  # fmt: skip
+        process = algorithms.build_fed_avg(
+            model_fn,
+            loss_fn=lambda: tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+            metrics_fn=lambda: [tf.keras.metrics.SparseCategoricalAccuracy(name='accuracy')],
+            client_optimizer=tff.learning.optimizers.build_sgdm(float(data['client_lr'])),
+            server_optimizer=tff.learning.optimizers.build_sgdm(float(data['server_lr'])),
+        )
         schedule = data['schedule']
         started = time.perf_counter()
         clients = sorted({int(c) for c in schedule.reshape(-1)})
@@ -188,12 +195,11 @@ def _row_engine(data, kind: str, warmup: int):
         initial = [data[f'w{i}'] for i in range(int(data['num_weights']))]
         for got, want in zip(process.get_model_weights(state).trainable, initial):
             np.testing.assert_array_equal(got, want)  # The same initial weights as the other rows.
-        private = process.initial_private_state()
         seconds, cpu = [], []
         for ids in schedule:
             datasets = [dataset(int(c)) for c in ids]
             t, c = time.perf_counter(), time.process_time()
-            state = process.run_round(state, datasets, [private] * len(ids), client_ids=[str(c) for c in ids]).state
+            state = process.run_round(state, datasets, client_ids=[str(c) for c in ids]).state
             seconds.append(time.perf_counter() - t)
             cpu.append(time.process_time() - c)
         choice = process._round_runner.choice  # pylint: disable=protected-access
@@ -212,7 +218,10 @@ def _row_tff(data, kind: str, warmup: int):
     del warmup
     dataset, spec = _client_datasets(data)
     loss = lambda: tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True)
-    model_fn = lambda: tff.learning.models.from_keras_model(keras_model(kind), input_spec=spec, loss=loss())
+    metrics = lambda: [tf.keras.metrics.SparseCategoricalAccuracy(name='accuracy')]
+    model_fn = lambda: tff.learning.models.from_keras_model(
+        keras_model(kind), input_spec=spec, loss=loss(), metrics=metrics()
+    )
     with runtime.LocalRuntime():
         process = tff.learning.algorithms.build_weighted_fed_avg(
             model_fn,

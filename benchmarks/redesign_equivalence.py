@@ -113,7 +113,20 @@ WORKLOADS = {
         MOVIELENS + ['--configurations=fedrecon', '--dp_noise_multiplier=0.5', '--dp_clip=1'],
         'FedRecon with DP (the DP utility rows)',
     ),
+    'movielens_per_client': (
+        MOVIELENS + ['--configurations=fedrecon,fedavg_standard', '--simulation=per_client'],
+        'FedRecon Table 1 rows, per-client backend',
+    ),
+    'movielens_joint': (
+        MOVIELENS + ['--configurations=fedrecon', '--jointly_train_locals'],
+        'FedRecon, locals trained jointly in the update (engine)',
+    ),
+    'movielens_learned_init': (
+        MOVIELENS + ['--configurations=fedrecon', '--learn_local_init', '--jointly_train_locals'],
+        'FedRecon with a learned local default, locals trained jointly (engine)',
+    ),
     'nwp': (NWP, 'FedRecon Table 2 (next-word prediction)'),
+    'furl_global_fl': (FURL[:1] + ['--configurations=global_fl'] + FURL[2:], 'FedAvg row of the FURL tables'),
     'hpfl': (HPFL, 'HPFL tables'),
     'hpfl_per_client': (HPFL + ['--simulation=per_client'], 'HPFL tables, per-client backend (TFF next)'),
 }

@@ -1,7 +1,7 @@
 """Seconds per simulated round of every algorithm, per-client path against engine, on identical work, in one run.
 
   python benchmarks/simulation_speed.py [--quick] [--rounds 10] [--workloads mf,mf_table1,nwp,furl,hpfl,feddva]
-      [--rows tff,per_client,engine,limit] [--data_dir DIR_WITH_ML100K_u.data] [--output FILE]
+      [--rows tff,per_client,engine,limit] [--data_dir DIR_WITH_ML100K_u.data] [--output FILE] [--warmup 6] [--peers]
 
 Rows: ``tff`` (TFF 0.87's own ``tff.learning.algorithms.build_fed_recon``, same model, split and optimizers; MF
 workloads), ``per_client`` and ``engine`` (the workload's fedpersonal builder with ``simulation=...``; per_client
@@ -9,12 +9,13 @@ leaves the argument out if the builder does not take it: ``simulation_arg``), ``
 hand-written XLA-compiled function per round, ``../shared/reference/limit_fedrecon_mf.py`` on the same data, split
 batches, initial weights). The workloads and their FLOP counts are in `simulation_workloads.py`.
 
-Each row runs in its own process from the same initial weights: 1 warm-up round, then ``--rounds`` timed rounds
-on the same seeded client samples. ``seconds_per_round``: median timed round, ``process.run_round(state,
+Each row runs in its own process from the same initial weights: ``--warmup`` untimed rounds (the engine measures
+its execution strategies in its first rounds, `fedpersonal.simulation.driver.StrategyChoice`), then ``--rounds``
+timed rounds on the same seeded client samples. ``seconds_per_round``: median timed round, ``process.run_round(state,
 datasets[, private states], client_ids=ids)`` (fedpersonal: packs, then its fastest round) or ``next`` (TFF);
 building the clients' lazy tf.data pipelines is not timed, and the engine rows materialize every sampled client's
 data once before round 0 (``prepare_s``, as the limit prepares its arrays). ``compile_s``: build + initialize +
-warm-up round - ``seconds_per_round`` (without the one-off ``prepare_s``). ``peak_rss_mb``: the row process'
+first round - ``seconds_per_round`` (without the one-off ``prepare_s``). ``peak_rss_mb``: the row process'
 ``ru_maxrss`` + its TFF ``worker_binary``'s VmHWM (TFF computations run there), also given apart.
 ``max_abs_diff_vs_per_client``: final server weights vs the per-client row's (``max_abs_weight``: the row's largest
 weight, for scale). ``compute_bound_s``: the round's analytic FLOPs / a float32 matmul's measured FLOP rate. A
@@ -24,7 +25,8 @@ timed round includes them.
 
 ``--quick`` (2 timed rounds of ``QUICK_WORKLOADS``: ``mf`` and the cheapest other workload, ``furl``, unless
 ``--workloads``) takes ~4 minutes on 2 cores. Writes ``--output`` (``command``, ``machine``, ``flop_rate_gflops``,
-``rows``, ``skipped``) and prints a Markdown table.
+``rows``, ``skipped``) and prints a Markdown table. ``--peers`` then runs `benchmarks/peer_speed.py` (FedAvg rounds
+of the engine beside pfl-research and TFF; its own JSON, `docs/results/simulation_speed_peers.json`).
 """
 
 from __future__ import annotations
@@ -55,7 +57,13 @@ from simulation_workloads import Workload
 _REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 _OUTPUT = flags.DEFINE_string('output', 'docs/results/simulation_speed.json', 'JSON file written.')
 _QUICK = flags.DEFINE_bool('quick', False, 'Quick run: 2 timed rounds, workloads mf and furl (unless --workloads).')
-_ROUNDS = flags.DEFINE_integer('rounds', None, 'Timed rounds per row, after 1 warm-up round (default 10; quick 2).')
+_ROUNDS = flags.DEFINE_integer('rounds', None, 'Timed rounds per row, after the warm-up rounds (default 10; quick 2).')
+_WARMUP = flags.DEFINE_integer(
+    'warmup', 6, 'Untimed rounds first, in every row: the engine measures its strategies in its first 4-6 rounds.'
+)
+_PEERS = flags.DEFINE_bool(
+    'peers', False, 'Then run benchmarks/peer_speed.py (the engine beside pfl-research and TFF, its own JSON).'
+)
 _WORKLOADS = flags.DEFINE_list('workloads', None, 'Workloads to run (default: all; quick: mf, furl).')
 _ROWS = flags.DEFINE_list('rows', None, 'Rows to run (default: every row of each workload).')
 _ROW_TIMEOUT = flags.DEFINE_integer('row_timeout', 1800, 'Seconds before a row process is stopped.')
@@ -86,15 +94,15 @@ def _worker_peak_mb() -> float:
 
 
 def _run_rounds(setup: Setup, rounds: int, start: Callable[[], Any], step: Callable[[Any, list[str]], Any]):
-    """start() -> state; then 1 warm-up + `rounds` timed rounds of step(state, ids) -> (state, seconds, pack s)."""
+    """start() -> state; then `--warmup` + `rounds` timed rounds of step(state, ids) -> (state, seconds, pack s)."""
     t0 = time.perf_counter()
     state = start()
     info: dict[str, Any] = dict(build_s=time.perf_counter() - t0, round_seconds=[], pack_seconds=[])
-    for r in range(rounds + 1):
+    for r in range(_WARMUP.value + rounds):
         state, seconds, pack_s = step(state, setup.sample(r))
         if r == 0:
             info['first_round_s'] = seconds
-        else:
+        if r >= _WARMUP.value:
             info['round_seconds'].append(seconds)
             info['pack_seconds'].append(pack_s)
         print(f'round {r}: {seconds:.4f} s (pack {pack_s:.4f} s)', flush=True)
@@ -121,7 +129,7 @@ def _row_process(setup: Setup, rounds: int, build: Callable[[], tuple[Any, dict]
                 # Each sampled client's data is materialized once per run (as the limit row prepares its arrays):
                 # timed apart as prepare_s, not per round.
                 t = time.perf_counter()
-                clients = sorted({c for r in range(rounds + 1) for c in setup.sample(r)})
+                clients = sorted({c for r in range(_WARMUP.value + rounds) for c in setup.sample(r)})
                 process.pack([setup.dataset_fn(c) for c in clients], client_ids=clients)
                 holder['info']['prepare_s'] = time.perf_counter() - t
             return process.initialize()
@@ -160,7 +168,7 @@ def _row_limit(setup: Setup, rounds: int):
 
     def start():  # Each sampled client's split and step arrays, prepared once before round 0 (prepare_s).
         t = time.perf_counter()
-        for c in {c for r in range(rounds + 1) for c in setup.sample(r)}:
+        for c in {c for r in range(_WARMUP.value + rounds) for c in setup.sample(r)}:
             limit.client_arrays(c)
         prepare_s.append(time.perf_counter() - t)
         return tuple(tf.constant(w) for w in limit.initial_weights())
@@ -205,7 +213,9 @@ def run_row(row: str, workload: str, rounds: int, result_path: str) -> None:
             weights=result_path + '.npz',
         )
         if setup.round_flops is not None:
-            result['round_flops'] = float(np.mean([setup.round_flops(setup.sample(r)) for r in range(1, rounds + 1)]))
+            result['round_flops'] = float(
+                np.mean([setup.round_flops(setup.sample(r)) for r in range(_WARMUP.value, _WARMUP.value + rounds)])
+            )
     except Exception as e:  # pylint: disable=broad-except
         traceback.print_exc()
         result['error'] = f'{type(e).__name__}: {e}'.strip()[:2000]
@@ -232,7 +242,7 @@ def measure_flop_rate() -> float:
 def _spawn(row: str, workload: str, rounds: int, work_dir: str) -> dict[str, Any]:
     result, log = (os.path.join(work_dir, f'{workload}.{row}.{ext}') for ext in ('json', 'log'))
     cmd = [sys.executable, os.path.abspath(__file__), f'--_row={row}', f'--_workload={workload}', f'--_result={result}']
-    cmd += [f'--rounds={rounds}'] + (
+    cmd += [f'--rounds={rounds}', f'--warmup={_WARMUP.value}'] + (
         [f'--data_dir={simulation_workloads.DATA_DIR.value}'] if simulation_workloads.DATA_DIR.value else []
     )
     env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL=os.environ.get('TF_CPP_MIN_LOG_LEVEL', '2'))
@@ -351,6 +361,8 @@ def main() -> None:
         f.write('\n')
     print(markdown(rows))
     print(f'wrote {output} in {report["wall_s"]:.0f} s')
+    if _PEERS.value:
+        subprocess.run([sys.executable, os.path.join(_REPO, 'benchmarks', 'peer_speed.py')], cwd=_REPO, check=True)
 
 
 if __name__ == '__main__':

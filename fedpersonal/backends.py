@@ -9,9 +9,9 @@ the backend of the current context:
 * ``'per_client'``: one TF computation per client, mapped over the clients by TFF (`process.next`; `run_round`
   runs it too).
 
-Where the engine cannot run a configuration (an aggregator that needs each client's own update, an optimizer that
-is not a functional TFF optimizer), the process is built on the per-client backend, with one log line saying why:
-something TFF supports never gives an error for it.
+Where the engine cannot run a configuration (an aggregator that needs each client's own update, a client optimizer
+that is not a functional TFF optimizer, a custom distributor), the process is built on the per-client backend, with
+one log line saying why: something TFF supports never gives an error for it.
 
 Example:
 
@@ -79,10 +79,13 @@ def build_process(
     model_aggregator: Any = None,
     client_weighting: Any = tff.learning.ClientWeighting.NUM_EXAMPLES,
     metrics_aggregator: Callable[..., tff.Computation] = tff.learning.metrics.sum_then_finalize,
+    model_distributor: tff.learning.templates.DistributionProcess | None = None,
     group_size: int | None = None,
+    measure_communication: bool = False,
     name: str = 'plan',
 ) -> process_lib.PersonalizedProcess:
-    """The stateful process that runs `plan` on the context's backend (see the module docstring).
+    """The process that runs `plan` on the context's backend (see the module docstring): stateful, unless the
+    plan's local weights start afresh every round (`ClientPlan.local_start`).
 
     Args:
       plan: The client work.
@@ -90,30 +93,47 @@ def build_process(
         with global and local layers); its local weights are each client's private state.
       loss_fn: No-arg function returning the Keras loss.
       metrics_fn: Optional no-arg function returning Keras metrics (``loss`` and ``num_examples`` are added).
-      server_optimizer: Applied to the aggregated update of the global weights.
+      server_optimizer: A TFF optimizer, applied to the aggregated update of the global weights.
       model_aggregator: A `tff.aggregators` factory for the global update (default: the weighted mean); on the
         engine a `fedpersonal.privacy.dp` fixed-clip factory clips each client.
       client_weighting: `tff.learning.ClientWeighting` (``NUM_EXAMPLES``: the examples of the global phase's
         steps) or a callable of the client's unfinalized metrics (per-client backend).
       metrics_aggregator: As in TFF.
+      model_distributor: As in TFF (default its broadcast; another one runs on the per-client backend).
       group_size: Engine only: the most clients per compiled group.
+      measure_communication: Engine only: `run_round` also reports each logical client's download and upload
+        under the keys of `fedpersonal.metrics.communication`'s measured broadcast and aggregator.
       name: The algorithm's name, for the log line of a fallback.
 
     Returns:
       A stateful `PersonalizedProcess`.
     """
+    if not isinstance(server_optimizer, tff.learning.optimizers.Optimizer):  # TFF's server step takes no other.
+        raise TypeError(f'server_optimizer must be a tff.learning.optimizers.Optimizer, got {server_optimizer!r}.')
     common = dict(loss_fn=loss_fn, metrics_fn=metrics_fn, server_optimizer=server_optimizer)
     parts = dict(model_aggregator=model_aggregator, client_weighting=client_weighting)
     if current() == ENGINE:
-        reason = plan_engine.unsupported(plan, metrics_aggregator=metrics_aggregator, **parts)
+        reason = plan_engine.unsupported(
+            plan,
+            metrics_aggregator=metrics_aggregator,
+            model_distributor=model_distributor,
+            **parts,
+        )
         if reason is None:
             try:
-                return plan_engine.build_engine_process(plan, model_fn, group_size=group_size, **common, **parts)
+                return plan_engine.build_engine_process(
+                    plan,
+                    model_fn,
+                    group_size=group_size,
+                    measure_communication=measure_communication,
+                    **common,
+                    **parts,
+                )
             except errors.ConfigError as error:  # The model (e.g. a layer the engine cannot run per client).
                 reason = str(error)
         logging.info('%s runs on the per-client backend: %s', name, reason.rstrip('.') + '.')
     return client_plan.build_per_client_process(
-        plan, model_fn, metrics_aggregator=metrics_aggregator, **common, **parts
+        plan, model_fn, metrics_aggregator=metrics_aggregator, model_distributor=model_distributor, **common, **parts
     )
 
 

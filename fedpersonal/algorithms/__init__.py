@@ -4,10 +4,13 @@ Every builder returns a `fedpersonal.core.PersonalizedProcess` (`initialize`, `n
 `ProcessOutput(state, metrics, private_states)`, `get_model_weights`):
 
 * `build_fed_recon`: Federated Reconstruction (stateless: local variables reconstructed every round);
-* `build_fed_avg`: weighted FedAvg (every variable global) on the fast engine, as FedRecon's special case;
+* `build_fed_avg`: weighted FedAvg (every variable global), as FedRecon's special case; both one client plan
+  (`fed_recon.fed_recon_plan`) run by every backend;
 * `build_furl`: FURL (private parameters persisted on stateful clients);
 * `build_ditto`: Ditto (personal models as private state);
-* `build_fedper`, `build_fedrep`: FedPer and FedRep (shared body, personal head as private state), and
+* `build_fedprox`: FedProx (FedAvg with a proximal term to the received model);
+* `build_fedper`, `build_fedrep`: FedPer and FedRep (shared body, personal head as private state),
+  `build_lg_fedavg`: LG-FedAvg (personal representation, shared head), and
   `build_apfl`: APFL (a personal model mixed with the global one by a learned alpha), each a
   `fedpersonal.core.client_plan.ClientPlan` run by every backend (`fedpersonal.backends`);
 * `build_feddva`: FedDVA (shared dual encoders, private decoders and heads);
@@ -26,10 +29,12 @@ from fedpersonal.algorithms.fed_avg import build_fed_avg
 from fedpersonal.algorithms.fed_recon import build_fed_recon
 from fedpersonal.algorithms.feddva import build_feddva
 from fedpersonal.algorithms.fedper import build_fedper
+from fedpersonal.algorithms.fedprox import build_fedprox
 from fedpersonal.algorithms.fedrep import build_fedrep
 from fedpersonal.algorithms.furl import build_furl
 from fedpersonal.algorithms.hpfl import build_baseline as build_hpfl_baseline
 from fedpersonal.algorithms.hpfl import build_hpfl
+from fedpersonal.algorithms.lg_fedavg import build_lg_fedavg
 from fedpersonal.core.compose import compose_personalized_process
 
 __all__ = [
@@ -41,9 +46,11 @@ __all__ = [
     'build_fed_recon',
     'build_feddva',
     'build_fedper',
+    'build_fedprox',
     'build_fedrep',
     'build_furl',
     'build_hpfl',
     'build_hpfl_baseline',
+    'build_lg_fedavg',
     'compose_personalized_process',
 ]

@@ -17,7 +17,6 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-import numpy as np
 import tensorflow as tf
 import tensorflow_federated as tff
 
@@ -40,13 +39,6 @@ def apfl_plan(
     )
     global_phase = client_plan.Phase((client_plan.GLOBAL,), client_epochs, client_optimizer, metrics_prefix='global')
     return client_plan.ClientPlan((personal, global_phase), personal_copy=True, initial_alpha=initial_alpha)
-
-
-def personalized_weights(global_weights: Any, private_state: Any) -> list[np.ndarray]:
-    """A client's personalized trainable weights ``alpha * v + (1 - alpha) * w`` (for evaluation)."""
-    *personal, alpha = [np.asarray(v) for v in private_state.trainable]
-    a = float(np.clip(alpha, 0.0, 1.0))
-    return [a * v + (1.0 - a) * np.asarray(w) for v, w in zip(personal, global_weights.trainable)]
 
 
 def build_apfl(

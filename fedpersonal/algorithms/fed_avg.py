@@ -1,12 +1,12 @@
-"""FedAvg on the fast simulation engine, as FedRecon's special case.
+"""FedAvg as FedRecon's special case: FedRecon's client plan without its reconstruction phase.
 
 FedAvg is FedRecon with every variable global and the whole client dataset as the update set: with no local
-variables the reconstruction phase trains nothing, and with ``allow_overlap`` the update phase makes one optimizer
-step per batch of the client's data for ``epochs`` passes, from the broadcast weights; the weighted mean of the
-clients' deltas (weights: their example counts) goes to the server optimizer. That is TFF's
-`tff.learning.algorithms.build_weighted_fed_avg` step for step (tests/algorithms/fed_avg_test.py: equal server
-weights after several rounds), but its rounds can run on the engine (`simulation='engine'`, ~100x fewer seconds
-per round on MovieLens), which is what the converged paper baselines need.
+variables there is nothing to reconstruct (`fed_recon.fed_recon_plan(reconstruct=False)`: the plan is the update
+phase alone), and with ``allow_overlap`` the update phase makes one optimizer step per batch of the client's data
+for ``epochs`` passes, from the broadcast weights; the weighted mean of the clients' deltas (weights: their example
+counts) goes to the server optimizer. That is TFF's `tff.learning.algorithms.build_weighted_fed_avg` step for step
+(tests/algorithms/fed_avg_test.py: equal server weights after several rounds), on every backend; on the engine
+(the default, ~100x fewer seconds per round on MovieLens), which is what the converged paper baselines need.
 """
 
 from __future__ import annotations
@@ -33,7 +33,7 @@ def build_fed_avg(
     steps_max: int | None = None,
     client_weighting: Any = tff.learning.ClientWeighting.NUM_EXAMPLES,
     model_aggregator: Any = None,
-    simulation: str = 'engine',
+    simulation: str | None = 'engine',
     group_size: int | None = None,
     measure_communication: bool = False,
 ) -> process_lib.PersonalizedProcess:
@@ -50,7 +50,8 @@ def build_fed_avg(
       steps_max: Optional cap on each client's steps per round (after epochs).
       client_weighting: `tff.learning.ClientWeighting.NUM_EXAMPLES` (default) or `UNIFORM`.
       model_aggregator: Any `tff.aggregators` factory (default weighted `MeanFactory`).
-      simulation: ``'engine'`` (default) or ``'per_client'``, as in `build_fed_recon`.
+      simulation: Deprecated alias of `fedpersonal.backends.use` (``'engine'``, default, or ``'per_client'``; None:
+        the context's), as in `build_fed_recon`.
       group_size: Engine only: the most logical clients per group.
       measure_communication: Engine only: report each client's download and upload as TFF's measured
         broadcast and aggregator would (`build_fed_recon`).

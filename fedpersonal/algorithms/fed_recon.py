@@ -16,35 +16,27 @@ them is returned, except (opt-in, `learn_local_init`) the displacement of the
 reconstructed locals from the shared default, which then goes through the same
 aggregator as the global update (so secure or DP aggregation applies to it too).
 
-The process is assembled from TFF's templates: broadcast distributor,
-this client work, any `tff.aggregators` factory, and TFF's apply-optimizer
-finalizer, via `tff.learning.templates.compose_learning_process`.
+The client work is a `fedpersonal.core.client_plan.ClientPlan` (`fed_recon_plan`): two phases on the support and
+query parts of the split, local weights started afresh every round; every backend runs it (`fedpersonal.backends`),
+with TFF's broadcast, any `tff.aggregators` factory and TFF's apply-optimizer finalizer around it.
 """
 
 from __future__ import annotations
 
-import collections
 import functools
 from collections.abc import Callable
 from typing import Any
 from typing import TypeAlias
 
-import numpy as np
 import tensorflow as tf
 import tensorflow_federated as tff
 
+from fedpersonal import backends
 from fedpersonal.algorithms import dataset_split as dataset_split_lib
 from fedpersonal.algorithms import tff_names
-from fedpersonal.core import client_work
-from fedpersonal.core import compose
+from fedpersonal.core import client_plan
 from fedpersonal.core import process as process_lib
 from fedpersonal.models import partially_local_model
-from fedpersonal.simulation import driver
-from fedpersonal.simulation import functional
-from fedpersonal.simulation import group as group_lib
-from fedpersonal.simulation import lockstep
-from fedpersonal.simulation import options as simulation_options
-from fedpersonal.simulation import packing
 
 ReconstructionModel: TypeAlias = tff.learning.models.ReconstructionModel
 ModelWeights: TypeAlias = tff.learning.models.ModelWeights
@@ -71,10 +63,7 @@ def resolve_split_fn(dataset_split: SplitArg) -> dataset_split_lib.DatasetSplitF
 
 def global_weights_with_local_default(model: ReconstructionModel, learn_local_init: bool) -> ModelWeights:
     """The server-side weights: global variables (+ local trainable defaults)."""
-    trainable = list(model.global_trainable_variables)
-    if learn_local_init:
-        trainable += list(model.local_trainable_variables)
-    return ModelWeights(trainable=trainable, non_trainable=list(model.global_non_trainable_variables))
+    return client_plan.server_weights(model, client_plan.LEARNED if learn_local_init else client_plan.INITIAL)
 
 
 def server_weights_type(model_fn: Callable[[], ReconstructionModel], learn_local_init: bool = False) -> tff.Type:
@@ -87,135 +76,35 @@ def server_weights_type(model_fn: Callable[[], ReconstructionModel], learn_local
     return initial_weights.type_signature.result
 
 
-def _build_client_update(
-    model_fn: ModelFn,
+def fed_recon_plan(
     *,
-    loss_fn: LossFn,
-    metrics_fn: MetricsFn | None,
-    client_optimizer: tff.learning.optimizers.Optimizer,
-    reconstruction_optimizer: tff.learning.optimizers.Optimizer,
-    split_fn: dataset_split_lib.DatasetSplitFn,
-    jointly_train_locals: bool,
-    learn_local_init: bool,
-    client_weighting: Any,
-    metric_finalizers: collections.OrderedDict,
-    weights_type: tff.Type,
-    dataset_type: tff.SequenceType,
-) -> tff.Computation:
-    """The FedRecon client work: reconstruct locals, update globals, return the delta."""
-
-    @tff.tensorflow.computation(weights_type, dataset_type)
-    @tf.function
-    def client_update(server_weights, dataset):
-        with tf.init_scope():
-            model = client_work.construct(model_fn)
-            metrics = client_work.build_metrics(metrics_fn, loss_fn, metric_finalizers)
-            loss = client_work.construct(loss_fn)
-            recon_opt = client_work.prepare_optimizer(reconstruction_optimizer, model.local_trainable_variables)
-            update_variables = list(model.global_trainable_variables)
-            if jointly_train_locals:
-                update_variables += list(model.local_trainable_variables)
-            client_opt = client_work.prepare_optimizer(client_optimizer, update_variables)
-
-        global_trainable = list(model.global_trainable_variables)
-        local_trainable = list(model.local_trainable_variables)
-        num_global = len(global_trainable)
-        received = server_weights.trainable
-        client_work.assign(global_trainable, received[:num_global])
-        client_work.assign(model.global_non_trainable_variables, server_weights.non_trainable)
-        if learn_local_init:
-            client_work.assign(local_trainable, received[num_global:])
-
-        support, query = split_fn(dataset)
-        client_work.reconstruct(model, support, recon_opt, loss)
-        num_examples = client_work.optimizer_steps(
-            update_variables, query, client_opt, client_work.model_batch_loss(model, loss, metrics)
-        ).num_examples
-
-        trained = list(global_trainable) + (local_trainable if learn_local_init else [])
-        delta, has_non_finite = client_work.weights_delta(received, trained)
-        unfinalized_metrics = client_work.read_metrics(metrics)
-        weight = client_work.client_weight(client_weighting, num_examples, unfinalized_metrics, has_non_finite)
-        return tff.learning.templates.ClientResult(update=delta, update_weight=weight), unfinalized_metrics
-
-    return client_update
-
-
-def _build_group_client_update(
-    model: functional.FunctionalModel,
-    *,
-    loss_fn: LossFn,
-    metrics_fn: MetricsFn | None,
-    client_optimizer: tff.learning.optimizers.Optimizer,
-    reconstruction_optimizer: tff.learning.optimizers.Optimizer,
-    jointly_train_locals: bool,
-    learn_local_init: bool,
-    client_weighting: Any,
-    metric_finalizers: collections.OrderedDict,
-    weights_type: tff.Type,
-    group_type: tff.Type,
-    dp_clip: float | None = None,
-) -> tuple[Callable[[], tff.Computation], Callable[..., Any]]:
-    """The FedRecon client work of a group of logical clients in lockstep (the engine's `_build_client_update`).
-
-    With `dp_clip`, the group reports the sum of its clients' updates each clipped to it
-    (`group.clipped_sum_update`), for a fixed-clip DP aggregator.
-
-    Returns a no-arg function building the TFF computation (traced only if `process.next` is used) and the same
-    client work as a `tf.function` of its own (run by `simulation.driver`, with metric variables of its own).
-    """
-    initial = model.initial_weights
-    num_global = len(initial.global_trainable)
-    local_slots = [(functional.LOCAL_TRAINABLE, i) for i in range(len(initial.local_trainable))]
-    global_slots = [(functional.GLOBAL_TRAINABLE, i) for i in range(num_global)]
-    update_slots = global_slots + (local_slots if jointly_train_locals else [])
-    returned_slots = global_slots + (local_slots if learn_local_init else [])
-
-    def build_group_work(finalizers: collections.OrderedDict, *, now: bool):
-        metrics_and_loss = group_lib.metrics_and_loss(metrics_fn, loss_fn, finalizers, now=now)
-
-        @tf.function
-        def group_work(server_weights, group):
-            metrics, loss = metrics_and_loss()
-            for metric in metrics:  # Run in this process's runtime, the variables outlive a call.
-                metric.reset_state()
-
-            @tf.function(jit_compile=model.xla)
-            def train(received, non_trainable, group):
-                local_init = (
-                    received[num_global:] if learn_local_init else [tf.constant(v) for v in initial.local_trainable]
-                )
-                weights = functional.Parts(
-                    received[:num_global],
-                    non_trainable,
-                    local_init,
-                    [tf.constant(v) for v in initial.local_non_trainable],
-                )
-                weights, _ = lockstep.lockstep_steps(
-                    model, weights, local_slots, group['support'], reconstruction_optimizer, loss
-                )
-                query = group['query']
-                weight = group_lib.client_weights(client_weighting, tf.reduce_sum(query['mask'], axis=[1, 2]))
-                weights, steps = lockstep.lockstep_steps(
-                    model, weights, update_slots, query, client_optimizer, loss, metrics=metrics, delta_weights=weight
-                )
-                clients = tf.shape(query['steps'])[0]
-                trained = [lockstep.per_client(weights[g][i], initial[g][i], clients) for g, i in returned_slots]
-                if dp_clip is not None:
-                    return group_lib.clipped_sum_update(received, trained, weight, dp_clip)
-                accumulated = steps.weighted_deltas if returned_slots == update_slots else None
-                return group_lib.weighted_update(received, trained, weight, accumulated, steps.finite)
-
-            result = train(list(server_weights.trainable), list(server_weights.non_trainable), group)
-            with tf.control_dependencies(tf.nest.flatten(result)):
-                return result, client_work.read_metrics(metrics)
-
-        return group_work
-
-    build_computation = lambda: tff.tensorflow.computation(weights_type, group_type)(
-        build_group_work(metric_finalizers, now=False)
+    client_optimizer: OptimizerArg,
+    reconstruction_optimizer: OptimizerArg,
+    dataset_split: SplitArg,
+    jointly_train_locals: bool = False,
+    learn_local_init: bool = False,
+    reconstruct: bool = True,
+) -> client_plan.ClientPlan:
+    """FedRecon's client work: the locals reconstructed on the support set (globals frozen; no metrics), then the
+    globals (and with `jointly_train_locals` the locals) updated on the query set; the locals start from their
+    initial values, or from the learned default (`learn_local_init`, whose displacement is uploaded too), and are
+    never kept. Without `reconstruct` (a model without local trainable weights, e.g. FedAvg's) only the update."""
+    split = client_plan.DataSplit(
+        ('support', 'query'),
+        resolve_split_fn(dataset_split),
+        functools.partial(dataset_split_lib.split_batches, split=dataset_split)
+        if isinstance(dataset_split, dataset_split_lib.ReconstructionSplit)
+        else None,
     )
-    return build_computation, build_group_work(collections.OrderedDict(), now=True)
+    trains = (client_plan.GLOBAL, client_plan.LOCAL) if jointly_train_locals else (client_plan.GLOBAL,)
+    phases: tuple[client_plan.Phase, ...] = (client_plan.Phase(trains, 1, client_optimizer, data='query'),)
+    if reconstruct:
+        recon = client_plan.Phase(
+            (client_plan.LOCAL,), 1, reconstruction_optimizer, data='support', reports_metrics=False
+        )
+        phases = (recon,) + phases
+    local_start = client_plan.LEARNED if learn_local_init else client_plan.INITIAL
+    return client_plan.ClientPlan(phases, split=split, local_start=local_start)
 
 
 def build_fed_recon(
@@ -233,7 +122,7 @@ def build_fed_recon(
     model_aggregator: AggregationFactory | None = None,
     model_distributor: tff.learning.templates.DistributionProcess | None = None,
     metrics_aggregator: Callable[..., tff.Computation] | None = None,
-    simulation: str = 'engine',
+    simulation: str | None = 'engine',
     group_size: int | None = None,
     measure_communication: bool = False,
     server_optimizer_fn: OptimizerArg | None = None,
@@ -252,7 +141,8 @@ def build_fed_recon(
       metrics_fn: No-arg function returning Keras metrics computed on query
         batches during the update (a `loss` and `num_examples` are added).
       server_optimizer: Applied to the aggregated update (SGD, Adam, Yogi, ...); default SGD, learning rate 1.
-        Any optimizer may also be a no-arg function returning a Keras optimizer, as in TFF (per-client path only).
+        The client and reconstruction optimizers may also be no-arg functions returning a Keras optimizer, as in
+        TFF (the process then runs on the per-client backend).
       client_optimizer: For the k_u update steps on the query set; default SGD, learning rate 0.1.
       reconstruction_optimizer: For the k_r reconstruction steps on the support set; default SGD, 0.1.
       dataset_split: A `ReconstructionSplit` (support/query split, epochs, step
@@ -268,11 +158,15 @@ def build_fed_recon(
         examples, default; also for None, as in TFF), `UNIFORM`, or a callable of the unfinalized metrics.
       model_aggregator: Any `tff.aggregators` factory (weighted or unweighted),
         e.g. DP or zeroing; default weighted `MeanFactory`.
-      model_distributor: Default `tff.learning.templates.build_broadcast_process`.
+      model_distributor: Default `tff.learning.templates.build_broadcast_process` (another one runs on the
+        per-client backend).
       metrics_aggregator: As in TFF (default, and None: `sum_then_finalize`).
-      simulation: ``'engine'`` (default): a round's clients run in groups, each group as one compiled
-        program (`fedpersonal.simulation`); `process.pack(datasets)` makes `next`'s input. ``'per_client'``:
-        one TFF client computation per client, `next` takes the datasets. Same results to float precision.
+      simulation: Deprecated alias of `fedpersonal.backends.use`: ``'engine'`` (default): a round's clients run
+        in groups, each group as one compiled program; `process.pack(datasets)` makes `next`'s input.
+        ``'per_client'``: one TFF client computation per client, `next` takes the datasets. None takes the
+        context's backend. Same results to float precision; what the engine cannot run (a Keras optimizer, a
+        custom distributor, an aggregator that needs each client's own update, ...) runs on the per-client
+        backend, with a log line saying why.
       group_size: Engine only: the most logical clients per group (default: as many as fit 1 GiB of
         per-client weight copies, at most 128).
       measure_communication: Engine only: `run_round`'s metrics also report each logical client's download
@@ -346,98 +240,27 @@ def build_fed_recon(
         partially_local_model.require_parts(
             probe, algorithm='FedRecon', needs_global=True, needs_local=learn_local_init
         )
-        element_type = tff.types.tensorflow_to_type(probe.input_spec)
-        probe_spec = probe.input_spec
-
-    @tff.tensorflow.computation
-    def initial_weights():
-        return global_weights_with_local_default(model_fn(), learn_local_init)
-
-    weights_type = initial_weights.type_signature.result
-    metric_finalizers: collections.OrderedDict = collections.OrderedDict()
-    simulation_options.check_simulation(simulation)
-    split_fn = resolve_split_fn(split)
-    if simulation == 'engine':
-        group_lib.check_aggregator(model_aggregator, fixed_clip_dp=True)
-        simulation_options.check_engine_parts(
-            model_distributor=model_distributor, metrics_aggregator=metrics_aggregator
-        )
-        group_lib.client_weights(client_weighting, tf.zeros([1]))  # Refuses a callable weighting early.
-        for role, optimizer in (
-            ('server_optimizer', server_optimizer),
-            ('client_optimizer', client_optimizer),
-            ('reconstruction_optimizer', reconstruction_optimizer),
-        ):
-            lockstep.check_optimizer(optimizer, role)
-        model = functional.FunctionalModel(model_fn)
-        trained = list(model.initial_weights.global_trainable) + list(model.initial_weights.local_trainable)
-        fast_split = isinstance(split, dataset_split_lib.ReconstructionSplit)
-        group_size = group_size or simulation_options.default_group_size(trained)
-        dp_clip = group_lib.per_client_clip(model_aggregator)
-        packer = packing.ClientPacker(
-            None if fast_split else split_fn,
-            ('support', 'query'),
-            probe_spec,
-            group_size,
-            batch_phase_fn=functools.partial(dataset_split_lib.split_batches, split=split) if fast_split else None,
-        )
-        client_update, group_work = _build_group_client_update(
-            model,
-            loss_fn=loss_fn,
-            metrics_fn=metrics_fn,
-            client_optimizer=client_optimizer,
-            reconstruction_optimizer=reconstruction_optimizer,
-            jointly_train_locals=jointly_train_locals,
-            learn_local_init=learn_local_init,
-            client_weighting=client_weighting,
-            metric_finalizers=metric_finalizers,
-            weights_type=weights_type,
-            group_type=packer.group_type(),
-            dp_clip=dp_clip,
-        )
-        # A slot is a group: under a fixed DP clip its record is the sum of up to group_size clipped updates.
-        aggregator = compose.weighted_aggregator(
-            group_lib.slot_aggregator(model_aggregator, group_size), client_weighting
-        )
-        return compose.compose_personalized_process(
-            initial_global_weights=initial_weights,
-            client_update=client_update,
-            aggregate_metrics=compose.keras_metrics(metric_finalizers, metrics_aggregator),
-            server_optimizer=server_optimizer,
-            model_aggregator=aggregator,
-            model_distributor=model_distributor,
-            packer=packer,
-            round_runner=driver.GroupRoundRunner(
-                group_work,
-                server_optimizer,
-                driver.KerasMetricsFinalizer(
-                    lambda: client_work.build_metrics(metrics_fn, loss_fn, collections.OrderedDict())
-                ),
-                measure_communication=measure_communication,
-                aggregation=(
-                    None if dp_clip is None else aggregator.create(weights_type.trainable, tff.TensorType(np.float32))
-                ),
-            ),
-        )
-    client_update = _build_client_update(
-        model_fn,
-        loss_fn=loss_fn,
-        metrics_fn=metrics_fn,
+        has_locals = bool(probe.local_trainable_variables)
+    plan = fed_recon_plan(
         client_optimizer=client_optimizer,
         reconstruction_optimizer=reconstruction_optimizer,
-        split_fn=split_fn,
+        dataset_split=split,
         jointly_train_locals=jointly_train_locals,
         learn_local_init=learn_local_init,
-        client_weighting=client_weighting,
-        metric_finalizers=metric_finalizers,
-        weights_type=weights_type,
-        dataset_type=tff.SequenceType(element_type),
+        reconstruct=has_locals,
     )
-    return compose.compose_personalized_process(
-        initial_global_weights=initial_weights,
-        client_update=client_update,
-        aggregate_metrics=compose.keras_metrics(metric_finalizers, metrics_aggregator),
-        server_optimizer=server_optimizer,
-        model_aggregator=compose.weighted_aggregator(model_aggregator, client_weighting),
-        model_distributor=model_distributor,
-    )
+    with backends.use(simulation or backends.current()):
+        return backends.build_process(
+            plan,
+            model_fn,
+            loss_fn=loss_fn,
+            metrics_fn=metrics_fn,
+            server_optimizer=server_optimizer,
+            model_aggregator=model_aggregator,
+            client_weighting=client_weighting,
+            metrics_aggregator=metrics_aggregator,
+            model_distributor=model_distributor,
+            group_size=group_size,
+            measure_communication=measure_communication,
+            name='FedRecon',
+        )

@@ -9,6 +9,11 @@ its global trainable weights (weighted by `client_weighting`; zero weight for a 
 local weights, or its personal copy, as its private state (its previous ones if the update was not finite). The
 Keras metrics are updated with every step's pre-step predictions: one set per `Phase.metrics_prefix`.
 
+Reconstruction (FedRecon) is a plan too: its phases read parts of a `DataSplit` of the client's dataset (support
+and query), and its local weights start every round from their initializer (`ClientPlan.local_start='initial'`: a
+stateless process, nothing kept) or from a default the server learns (``'learned'``: broadcast after the global
+weights, its displacement uploaded with the global update through the same aggregator).
+
 Backends run the same plan: `build_client_update` here (one TF computation per client, mapped over the clients by
 TFF: the process's ``next``, what the privacy audit reads), and the grouped engine
 (`fedpersonal.simulation.plan_engine`), chosen in one place (`fedpersonal.backends`). FedPer is one phase training
@@ -21,9 +26,11 @@ import collections
 import dataclasses
 import functools
 from collections.abc import Callable
+from collections.abc import Sequence
 from typing import Any
 from typing import NamedTuple
 
+import numpy as np
 import tensorflow as tf
 import tensorflow_federated as tff
 
@@ -36,6 +43,9 @@ ModelWeights = tff.learning.models.ModelWeights
 
 GLOBAL, LOCAL, PERSONAL = 'global', 'local', 'personal'
 PARTS = (GLOBAL, LOCAL, PERSONAL)
+# Where a round's local weights start (`ClientPlan.local_start`).
+KEPT, INITIAL, LEARNED = 'kept', 'initial', 'learned'
+LOCAL_STARTS = (KEPT, INITIAL, LEARNED)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -65,6 +75,29 @@ class ProximalPenalty:
 
 
 @dataclasses.dataclass(frozen=True)
+class DataSplit:
+    """A division of each client's dataset into named parts that phases train on (`Phase.data`), e.g. FedRecon's
+    support and query sets. The parts carry their own epochs and step caps (a phase on a part makes
+    `Phase.epochs` passes over it, usually 1).
+
+    Attributes:
+      names: The parts' names, in the order the functions return them.
+      dataset_fn: ``dataset -> (part datasets...)``: in the client's TF computation (per-client backend), and on
+        the engine (eagerly, when it packs a client) unless `batches_fn` is given.
+      batches_fn: Optional: the same division of a client's batches held as numpy structures (what the engine
+        packs; much faster than iterating `dataset_fn`'s datasets). Must give the batches `dataset_fn` gives.
+    """
+
+    names: tuple[str, ...]
+    dataset_fn: Callable[[tf.data.Dataset], Sequence[tf.data.Dataset]]
+    batches_fn: Callable[[list[Any]], Sequence[list[Any]]] | None = None
+
+    def __post_init__(self):
+        if not self.names or len(set(self.names)) != len(self.names):
+            raise ValueError(f'DataSplit.names must be distinct and non-empty, got {self.names!r}.')
+
+
+@dataclasses.dataclass(frozen=True)
 class Phase:
     """One local training phase.
 
@@ -80,6 +113,8 @@ class Phase:
         the mixed weights ``alpha * v + (1 - alpha) * w`` (v the personal copy, w the received global weights,
         alpha the client's mixing weight), and v and alpha step (APFL); alpha is projected onto [0, 1] at the
         phase's end (in between, the model uses alpha clipped to [0, 1]).
+      data: The part of the plan's `DataSplit` the phase trains on; None: the client's whole dataset.
+      reports_metrics: Whether the phase's steps update the metrics (False: FedRecon's reconstruction).
     """
 
     trains: tuple[str, ...]
@@ -88,6 +123,8 @@ class Phase:
     penalty: NormPenalty | ProximalPenalty | None = None
     metrics_prefix: str | None = None
     mixed: bool = False
+    data: str | None = None
+    reports_metrics: bool = True
 
     def __post_init__(self):
         if not self.trains or not set(self.trains) <= set(PARTS) or len(set(self.trains)) != len(self.trains):
@@ -108,6 +145,12 @@ class ClientPlan:
     keeps a personal copy of the global weights as its private state (`personal_copy`; else the model's local
     weights), with a mixing weight alpha appended to its trainable weights (`initial_alpha`, APFL).
 
+    `split` divides each client's dataset into the parts phases name (`Phase.data`). `local_start` says where a
+    round's local weights start: ``'kept'`` (default), the client's private state (a stateful process);
+    ``'initial'``, the model's initial local weights, every round (a stateless process: nothing is kept); or
+    ``'learned'``, a default the server learns, broadcast after the global trainable weights and updated with the
+    aggregated displacement of the clients' trained local weights, uploaded after their global update (stateless).
+
     Example:
 
     >>> import tensorflow_federated as tff
@@ -120,8 +163,19 @@ class ClientPlan:
     phases: tuple[Phase, ...]
     personal_copy: bool = False
     initial_alpha: float | None = None
+    split: DataSplit | None = None
+    local_start: str = KEPT
 
     def __post_init__(self):
+        if self.local_start not in LOCAL_STARTS:
+            raise ValueError(f'ClientPlan.local_start must be one of {LOCAL_STARTS}, got {self.local_start!r}.')
+        if self.local_start != KEPT and self.personal_copy:
+            raise ValueError(f"A personal copy is kept: local_start must be 'kept', got {self.local_start!r}.")
+        for phase in self.phases:
+            if phase.data is not None and (self.split is None or phase.data not in self.split.names):
+                raise ValueError(f"Phase.data {phase.data!r} is not a part of the plan's split {self.split}.")
+        if not any(p.reports_metrics for p in self.phases):
+            raise ValueError('At least one phase of a ClientPlan reports metrics.')
         if any(PERSONAL in p.trains for p in self.phases) and not self.personal_copy:
             raise ValueError('A phase trains the personal copy: the plan needs personal_copy=True.')
         if self.initial_alpha is not None and not (self.personal_copy and 0.0 <= self.initial_alpha <= 1.0):
@@ -145,9 +199,14 @@ class ClientPlan:
         return self.personal_copy
 
     @property
+    def stateful(self) -> bool:
+        """Whether clients keep private state between rounds (else a round's local weights start afresh)."""
+        return self.local_start == KEPT
+
+    @property
     def metric_prefixes(self) -> list[str | None]:
         """The metric sets, in order of first use."""
-        return list(dict.fromkeys(p.metrics_prefix for p in self.phases))
+        return list(dict.fromkeys(p.metrics_prefix for p in self.phases if p.reports_metrics))
 
 
 def prefixed(prefix: str | None, values: collections.OrderedDict) -> collections.OrderedDict:
@@ -162,18 +221,29 @@ class Initial(NamedTuple):
     local_weights: tff.Computation
 
 
+def server_weights(model: tff.learning.models.ReconstructionModel, local_start: str = KEPT) -> Any:
+    """The weights (`ModelWeights`) the server holds and broadcasts: the model's global weights, with
+    ``local_start='learned'`` followed in the trainable ones by the default of its local trainable weights."""
+    weights = client_work.global_weights(model)
+    if local_start != LEARNED:
+        return weights
+    return ModelWeights(list(weights.trainable) + list(model.local_trainable_variables), weights.non_trainable)
+
+
 def initial_weights(
     model_fn: Callable[[], tff.learning.models.ReconstructionModel],
     *,
     personal: bool = False,
     initial_alpha: float | None = None,
+    local_start: str = KEPT,
 ) -> Initial:
     """`Initial` of the partially local model `model_fn` builds; with `personal`, the private state is a copy of
-    its global weights (and, with `initial_alpha`, the mixing weight after its trainable weights)."""
+    its global weights (and, with `initial_alpha`, the mixing weight after its trainable weights); the global
+    weights are `server_weights` for `local_start`."""
 
     @tff.tensorflow.computation
     def initial_global():
-        return client_work.global_weights(model_fn())
+        return server_weights(model_fn(), local_start)
 
     @tff.tensorflow.computation
     def initial_local():
@@ -197,19 +267,17 @@ def build_client_update(
     client_weighting: Any = tff.learning.ClientWeighting.NUM_EXAMPLES,
 ) -> tff.Computation:
     """The plan as one client's TF computation ``(global weights, dataset, local weights) -> (ClientResult,
-    unfinalized metrics, new local weights)``, recording the metrics' finalizers in `finalizers`; the update's
-    weight by `client_weighting` (``NUM_EXAMPLES``: the examples of the global phase's steps)."""
+    unfinalized metrics, new local weights)`` (a stateless plan: ``(global weights, dataset) -> (ClientResult,
+    unfinalized metrics)``), recording the metrics' finalizers in `finalizers`; the update's weight by
+    `client_weighting` (``NUM_EXAMPLES``: the examples of the global phase's steps)."""
     with tf.Graph().as_default():
         element_type = tff.types.tensorflow_to_type(model_fn().input_spec)
-    initial = initial_weights(model_fn, personal=plan.personal, initial_alpha=plan.initial_alpha)
-
-    @tff.tensorflow.computation(
-        initial.global_weights.type_signature.result,
-        tff.SequenceType(element_type),
-        initial.local_weights.type_signature.result,
+    initial = initial_weights(
+        model_fn, personal=plan.personal, initial_alpha=plan.initial_alpha, local_start=plan.local_start
     )
-    @tf.function
-    def client_update(received, dataset, private):
+    weights_type, dataset_type = initial.global_weights.type_signature.result, tff.SequenceType(element_type)
+
+    def work(received, dataset, private):
         with tf.init_scope():
             model = client_work.construct(model_fn)
             personal = client_work.construct(model_fn) if plan.personal else None
@@ -239,21 +307,27 @@ def build_client_update(
         elif personal is not None:
             client_work.assign_weights(client_work.global_weights(personal), private)
             kept = client_work.global_weights(personal)
-        else:
+        elif plan.stateful:
             client_work.assign_weights(client_work.local_weights(model), private)
             kept = client_work.local_weights(model)
-        received_trainable = [tf.identity(w) for w in received.trainable]
+        elif plan.local_start == LEARNED:  # The default follows the global weights; 'initial': as the model made them.
+            client_work.assign(parts[LOCAL], received.trainable[len(parts[GLOBAL]) :])
+        uploaded = parts[GLOBAL] + (parts[LOCAL] if plan.local_start == LEARNED else [])
+        split, split_names = (plan.split.dataset_fn(dataset), plan.split.names) if plan.split is not None else ((), ())
+        received_trainable = [tf.identity(w) for w in received.trainable[: len(parts[GLOBAL])]]
         num_examples = tf.constant(0)
         previous: list[tf.Tensor] = []
         for i, (phase, variables, optimizer) in enumerate(zip(plan.phases, trained, optimizers)):
             stepped = personal if PERSONAL in phase.trains else model
+            phase_metrics = metrics[phase.metrics_prefix] if phase.reports_metrics else []
             if phase.mixed:
                 assert mixed_model is not None and alpha is not None
                 batch_loss = _mixed_batch_loss(
-                    mixed_model, parts[PERSONAL], alpha, received_trainable, loss_fn(), metrics[phase.metrics_prefix]
+                    mixed_model, parts[PERSONAL], alpha, received_trainable, loss_fn(), phase_metrics
                 )
             else:
-                batch_loss = client_work.model_batch_loss(stepped, loss_fn(), metrics[phase.metrics_prefix])
+                batch_loss = client_work.model_batch_loss(stepped, loss_fn(), phase_metrics)
+            data = dataset if phase.data is None else split[split_names.index(phase.data)]
             penalty = None
             if phase.penalty is not None:
                 by_part = {part: parts[part] for part in phase.trains}
@@ -262,7 +336,7 @@ def build_client_update(
             # which they open the dataset decides which shuffle each sees (a reshuffling dataset's k-th iteration).
             with tf.control_dependencies(previous):
                 steps = client_work.optimizer_steps(
-                    variables, dataset, optimizer, batch_loss, epochs=phase.epochs, penalty=penalty
+                    variables, data, optimizer, batch_loss, epochs=phase.epochs, penalty=penalty
                 )
             previous = [steps.num_examples, steps.loss_sum]
             if i == plan.global_phase:
@@ -270,13 +344,29 @@ def build_client_update(
             if phase.mixed:
                 assert alpha is not None
                 alpha.assign(tf.clip_by_value(alpha, 0.0, 1.0))
-        delta, non_finite = client_work.weights_delta(received.trainable, model.global_trainable_variables)
+        delta, non_finite = client_work.weights_delta(received.trainable, uploaded)
         unfinalized: collections.OrderedDict = collections.OrderedDict()
         for prefix, metric_set in metrics.items():
             unfinalized.update(prefixed(prefix, client_work.read_metrics(metric_set)))
         weight = client_work.client_weight(client_weighting, num_examples, unfinalized, non_finite)
-        new_private = client_work.keep_previous_if_non_finite(non_finite, private, kept)
-        return tff.learning.templates.ClientResult(update=delta, update_weight=weight), unfinalized, new_private
+        result = tff.learning.templates.ClientResult(update=delta, update_weight=weight)
+        if not plan.stateful:
+            return result, unfinalized
+        return result, unfinalized, client_work.keep_previous_if_non_finite(non_finite, private, kept)
+
+    if not plan.stateful:
+
+        @tff.tensorflow.computation(weights_type, dataset_type)
+        @tf.function
+        def stateless_update(received, dataset):
+            return work(received, dataset, None)
+
+        return stateless_update
+
+    @tff.tensorflow.computation(weights_type, dataset_type, initial.local_weights.type_signature.result)
+    @tf.function
+    def client_update(received, dataset, private):
+        return work(received, dataset, private)
 
     return client_update
 
@@ -331,17 +421,47 @@ def build_per_client_process(
     model_aggregator: Any = None,
     client_weighting: Any = tff.learning.ClientWeighting.NUM_EXAMPLES,
     metrics_aggregator: Callable[..., tff.Computation] = tff.learning.metrics.sum_then_finalize,
+    model_distributor: tff.learning.templates.DistributionProcess | None = None,
 ) -> process_lib.PersonalizedProcess:
-    """The plan as a stateful process on the per-client backend: TFF's broadcast, `model_aggregator` (default the
-    weighted mean, weights by `client_weighting`) and `server_optimizer` around `build_client_update`; the local
-    weights (or the personal copy) are the private state."""
-    initial = initial_weights(model_fn, personal=plan.personal, initial_alpha=plan.initial_alpha)
+    """The plan as a process on the per-client backend: `model_distributor` (default TFF's broadcast),
+    `model_aggregator` (default the weighted mean, weights by `client_weighting`) and `server_optimizer` around
+    `build_client_update`; the local weights (or the personal copy) are the private state of a stateful plan (a
+    stateless one's process is TFF's `LearningProcess`, kept as `process.learning_process`)."""
+    initial = initial_weights(
+        model_fn, personal=plan.personal, initial_alpha=plan.initial_alpha, local_start=plan.local_start
+    )
     finalizers: collections.OrderedDict = collections.OrderedDict()
     return compose.compose_personalized_process(
         initial_global_weights=initial.global_weights,
-        initial_private_state=initial.local_weights,
+        initial_private_state=initial.local_weights if plan.stateful else None,
         client_update=build_client_update(plan, model_fn, loss_fn, metrics_fn, finalizers, client_weighting),
         aggregate_metrics=compose.keras_metrics(finalizers, metrics_aggregator),
         server_optimizer=server_optimizer,
         model_aggregator=compose.weighted_aggregator(model_aggregator, client_weighting),
+        model_distributor=model_distributor,
     )
+
+
+def personalized_weights(plan: ClientPlan, global_weights: Any, private_state: Any) -> tff.learning.models.ModelWeights:
+    """The weights a client predicts with after its rounds, as numpy arrays.
+
+    With a personal copy (Ditto), the copy; with a mixing weight (APFL), ``a * v + (1 - a) * w`` of the copy v and
+    the global weights w (a = alpha clipped to [0, 1], the copy's non-trainable weights); else the client's local
+    weights, which it predicts with beside `global_weights`. Evaluate the first two with a model whose variables are
+    all local and no global weights, the last with the training model.
+
+    >>> import numpy as np
+    >>> sgd = tff.learning.optimizers.build_sgdm(0.1)
+    >>> plan = ClientPlan((Phase(('personal',), 1, sgd, mixed=True), Phase(('global',), 1, sgd)),
+    ...                   personal_copy=True, initial_alpha=0.5)
+    >>> w = ModelWeights([np.float32(0.0)], [])
+    >>> personalized_weights(plan, w, ModelWeights([np.float32(2.0), np.float32(0.5)], [])).trainable
+    [1.0]
+    """
+    trainable = [np.asarray(v) for v in private_state.trainable]
+    non_trainable = [np.asarray(v) for v in private_state.non_trainable]
+    if plan.initial_alpha is not None:
+        *trainable, alpha = trainable
+        a = float(np.clip(alpha, 0.0, 1.0))
+        trainable = [a * v + (1.0 - a) * np.asarray(w) for v, w in zip(trainable, global_weights.trainable)]
+    return ModelWeights(trainable, non_trainable)

@@ -23,7 +23,9 @@ from typing import Any
 import numpy as np
 
 from fedpersonal import errors
+from fedpersonal.data import client_data as client_data_lib
 from fedpersonal.data import image_datasets
+from fedpersonal.data import tfds_sources
 
 MARK_TYPES = ('none', 'horizontal_sine', 'vertical_sine', 'ellipse')
 
@@ -186,16 +188,10 @@ class FederatedImageData:
 
     def client_data(self, split: str = 'train'):
         """A `tff.simulation.datasets.ClientData` of `OrderedDict(x=image, y=label)` examples."""
-        import tensorflow as tf  # pylint: disable=g-import-not-at-top
-        import tensorflow_federated as tff  # pylint: disable=g-import-not-at-top
-
-        source = self.split(split)
-
-        def make(client_id):
-            images, labels = source[client_id]
-            return tf.data.Dataset.from_tensor_slices(collections.OrderedDict(x=images, y=labels))
-
-        return tff.simulation.datasets.ClientData.from_clients_and_tf_fn(list(self.client_ids), make)
+        images, labels, clients = self.pooled(split)
+        sizes = np.bincount(clients, minlength=len(self.client_ids))
+        rows = np.split(np.arange(labels.size), np.cumsum(sizes)[:-1])
+        return client_data_lib.from_partition(collections.OrderedDict(x=images, y=labels), rows, self.client_ids)
 
 
 def federate(
@@ -296,18 +292,22 @@ def generate_default(num_train: int = 12000, num_test: int = 2000, seed: int = 0
 
 
 def load_source(
-    dataset: str, data_dir: str | None, *, generated_train: int = 12000, generated_test: int = 2000, seed: int = 0
+    dataset: str,
+    data_dir: str | None,
+    *,
+    generated_train: int = 12000,
+    generated_test: int = 2000,
+    seed: int = 0,
+    tfds_data_dir: str | None = None,
 ) -> image_datasets.ImageDataset:
     """The source dataset by name: 'generated', 'mnist' (IDX in `data_dir`), 'fashion_mnist' (IDX in `data_dir`,
-    default the Debian package's directory) or 'cifar10' (python pickles in `data_dir`)."""
+    default the Debian package's directory) or 'cifar10' (python pickles in `data_dir`). 'mnist' and
+    'fashion_mnist' are read through TFDS when prepared in `tfds_data_dir` (`fedpersonal.data.tfds_sources`: None
+    is TFDS's default directory, '' turns TFDS off; the same arrays either way)."""
     if dataset == 'generated':
         return generate_default(generated_train, generated_test, seed)
-    if dataset == 'mnist':
-        if not data_dir:
-            raise errors.ConfigError("dataset 'mnist' needs --data_dir (a directory with the IDX files)")
-        return image_datasets.load_idx_dataset(data_dir, 'mnist')
-    if dataset == 'fashion_mnist':
-        return image_datasets.load_idx_dataset(data_dir or image_datasets.FASHION_MNIST_DIR, 'fashion_mnist')
+    if dataset in ('mnist', 'fashion_mnist'):
+        return tfds_sources.load_image_dataset(dataset, data_dir=data_dir, tfds_data_dir=tfds_data_dir)
     if dataset == 'cifar10':
         if not data_dir:
             raise errors.ConfigError("dataset 'cifar10' needs --data_dir (a directory with the python batches)")

@@ -20,7 +20,6 @@ Importing this module does not import TensorFlow or TFF; `to_client_data` import
 
 from __future__ import annotations
 
-import collections
 import dataclasses
 import io
 import math
@@ -34,6 +33,7 @@ import numpy as np
 import pandas as pd
 
 from fedpersonal import errors
+from fedpersonal.data import client_data
 
 if TYPE_CHECKING:  # pragma: no cover
     import tensorflow_federated as tff
@@ -471,11 +471,8 @@ def to_client_data(
     ``OrderedDict(user_id=int64 scalar, item_id=int64 scalar, rating=float32 scalar, timestamp=int64 scalar)``
     in (timestamp, item_id) order.
 
-    The per-user arrays are computed once. For a python ``str`` client id (``create_tf_dataset_for_client``) the
-    dataset is ``tf.data.Dataset.from_tensor_slices`` of that user's numpy arrays. The same function also accepts
-    a scalar ``tf.string`` tensor, so it can be traced by `tf.function`/TFF (``dataset_computation``,
-    ``create_tf_dataset_from_all_clients``); that path slices constant tensors holding all selected users'
-    rows (which are then embedded in the traced graph).
+    Built by `fedpersonal.data.client_data.from_partition` (a by-user partition of the time-sorted rows), whose
+    dataset function takes a python ``str`` client id or a ``tf.string`` tensor (traced by `tf.function`/TFF).
 
     Args:
         ratings: Frame with dense integer ``user_id``/``item_id`` (e.g. ``MovieLensData.ratings`` or a part
@@ -490,9 +487,6 @@ def to_client_data(
         ValueError: If `ratings` is empty or malformed, has negative user ids, or a requested user has no rows,
             or `user_indices` is empty or has duplicates.
     """
-    import tensorflow as tf  # Imported lazily: loading/preprocessing do not need TensorFlow.
-    import tensorflow_federated as tff
-
     _check_ratings_frame(ratings)
     frame = _sorted_by_user_time(
         pd.DataFrame(
@@ -528,45 +522,9 @@ def to_client_data(
             )
 
     where = np.searchsorted(present, selected)
-    sel_starts, sel_counts = starts[where], counts[where]
+    partition = [np.arange(s, s + c) for s, c in zip(starts[where], counts[where])]
     columns = {name: frame[name].to_numpy() for name in RATING_COLUMNS}
-    # Python path: views into the sorted arrays, one OrderedDict per client.
-    per_client = {
-        str(int(u)): collections.OrderedDict((name, columns[name][s : s + c]) for name in RATING_COLUMNS)
-        for u, s, c in zip(selected, sel_starts, sel_counts)
-    }
-    client_ids = [str(int(u)) for u in selected]
-
-    # Graph path: the selected users' rows concatenated, plus a dense lookup user index -> (offset, count).
-    graph_rows = np.concatenate([np.arange(s, s + c) for s, c in zip(sel_starts, sel_counts)])
-    graph_columns = {name: columns[name][graph_rows] for name in RATING_COLUMNS}
-    graph_offsets = np.concatenate([[0], np.cumsum(sel_counts)[:-1]]).astype(np.int64)
-    lookup_offset = np.full(int(selected.max()) + 1, -1, dtype=np.int64)
-    lookup_count = np.zeros(int(selected.max()) + 1, dtype=np.int64)
-    lookup_offset[selected] = graph_offsets
-    lookup_count[selected] = sel_counts
-
-    def serializable_dataset_fn(client_id):
-        if isinstance(client_id, bytes):
-            client_id = client_id.decode('utf-8')
-        if isinstance(client_id, str):
-            try:
-                arrays = per_client[client_id]
-            except KeyError:
-                raise errors.ConfigError(f'unknown client id {client_id!r}') from None
-            return tf.data.Dataset.from_tensor_slices(arrays)
-        index = tf.strings.to_number(client_id, out_type=tf.int64)
-        offset = tf.gather(tf.constant(lookup_offset), index)
-        count = tf.gather(tf.constant(lookup_count), index)
-        with tf.control_dependencies([tf.debugging.assert_non_negative(offset, message='unknown client id')]):
-            offset = tf.identity(offset)
-        return tf.data.Dataset.from_tensor_slices(
-            collections.OrderedDict(
-                (name, tf.constant(graph_columns[name])[offset : offset + count]) for name in RATING_COLUMNS
-            )
-        )
-
-    return tff.simulation.datasets.ClientData.from_clients_and_tf_fn(client_ids, serializable_dataset_fn)
+    return client_data.from_partition(columns, partition, [str(int(u)) for u in selected])
 
 
 # ----------------------------------------------------------------------------------------------------------------

@@ -274,16 +274,20 @@ class GroupRoundRunner:
 
 class StrategyChoice:
     """Which of several equivalent group works runs the rounds: each runs whole rounds in turn, its first round
-    untimed (it compiles), its second timed; then the fastest runs every later round, logged once.
+    untimed (it compiles), its second timed; then the fastest runs every later round, logged once. The candidates
+    are in order of preference: a later one is chosen only if it is `MARGIN` times faster than the one before it
+    that was chosen, so that a choice does not follow the noise of a shared machine.
 
-    Every round's result is exact whichever strategy computes it (they agree to float rounding), so measuring
-    costs no work, only the slower strategy's time for a few rounds. Pin one strategy (a single group work) for
-    bit-identical reruns.
+    Every round's result is exact whichever strategy computes it (they agree to float rounding, not bit for bit),
+    so measuring costs no work, only the slower strategy's time for a few rounds. Pin one strategy (a single group
+    work) for bit-identical reruns.
 
     Attributes:
       chosen: The strategy that runs the rounds, once measured (None before).
       seconds: The timed round's client work (seconds) of each strategy measured so far.
     """
+
+    MARGIN = 1.2
 
     def __init__(self, names: Sequence[str]):
         self._names = list(names)
@@ -304,7 +308,10 @@ class StrategyChoice:
             return
         self.seconds[name] = seconds
         if len(self.seconds) == len(self._names):
-            self.chosen = min(self.seconds, key=self.seconds.__getitem__)
+            self.chosen = self._names[0]
+            for candidate in self._names[1:]:  # A later strategy must be clearly faster: noise flips no choice.
+                if self.seconds[candidate] * self.MARGIN < self.seconds[self.chosen]:
+                    self.chosen = candidate
             measured = ', '.join(f'{n} {s:.4g} s' for n, s in self.seconds.items())
             logging.info('Engine strategy: %s runs the rounds (client work of one round: %s).', self.chosen, measured)
 

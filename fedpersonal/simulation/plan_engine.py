@@ -35,6 +35,7 @@ def unsupported(
     model_aggregator: Any = None,
     client_weighting: Any = tff.learning.ClientWeighting.NUM_EXAMPLES,
     metrics_aggregator: Any = None,
+    model_distributor: Any = None,
 ) -> str | None:
     """Why the engine cannot run `plan` with these parts, or None if it can (every engine check, in one place)."""
     try:
@@ -42,10 +43,39 @@ def unsupported(
             lockstep.check_optimizer(phase.optimizer, f'the optimizer of phase {i}')
         group_lib.check_aggregator(model_aggregator, fixed_clip_dp=True)
         group_lib.client_weights(client_weighting, tf.zeros([1]))
-        simulation_options.check_engine_parts(metrics_aggregator=metrics_aggregator)
+        simulation_options.check_engine_parts(
+            model_distributor=model_distributor, metrics_aggregator=metrics_aggregator
+        )
     except errors.ConfigError as error:
         return str(error)
     return None
+
+
+def _packer(plan: client_plan.ClientPlan, element_spec: Any, group_size: int) -> packing.ClientPacker:
+    """Packs each phase's batches (its part of the plan's split, or the whole dataset; `Phase.epochs` passes), as
+    the per-client backend iterates them; with the split's `batches_fn` from the client's batches in memory."""
+    names = tuple(f'phase_{i}' for i in range(len(plan.phases)))
+    split = plan.split
+
+    def part(phase: client_plan.Phase, whole: Any, parts: Any) -> Any:
+        if phase.data is None or split is None:
+            return whole
+        return parts[split.names.index(phase.data)]
+
+    if split is None or split.batches_fn is not None:
+        batches_fn = split.batches_fn if split is not None else None
+
+        def batch_phases(batches: list[Any]) -> tuple[list[Any], ...]:
+            parts = batches_fn(batches) if batches_fn is not None else ()
+            return tuple(list(part(p, batches, parts)) * p.epochs for p in plan.phases)
+
+        return packing.ClientPacker(None, names, element_spec, group_size, batch_phase_fn=batch_phases)
+
+    def dataset_phases(dataset: tf.data.Dataset) -> tuple[tf.data.Dataset, ...]:
+        parts = split.dataset_fn(dataset)
+        return tuple(part(p, dataset, parts).repeat(p.epochs) for p in plan.phases)
+
+    return packing.ClientPacker(dataset_phases, names, element_spec, group_size)
 
 
 def build_engine_process(
@@ -58,16 +88,22 @@ def build_engine_process(
     model_aggregator: Any = None,
     client_weighting: Any = tff.learning.ClientWeighting.NUM_EXAMPLES,
     group_size: int | None = None,
+    measure_communication: bool = False,
     strategy: str | None = None,
 ) -> process_lib.PersonalizedProcess:
-    """The plan as a stateful process whose `run_round` runs groups of clients on the engine (check `unsupported`
-    first). Under a fixed-clip DP aggregator (`fedpersonal.privacy.dp`) each logical client's update is clipped in
-    the group, as the per-client backend clips it. `strategy`: how a group runs its phases
+    """The plan as a process whose `run_round` runs groups of clients on the engine (check `unsupported` first).
+    Under a fixed-clip DP aggregator (`fedpersonal.privacy.dp`) each logical client's update is clipped in the
+    group, as the per-client backend clips it. `measure_communication`: `run_round` also reports each logical
+    client's download and upload (`simulation.driver`). `strategy`: how a group runs its phases
     (`fedpersonal.simulation.client_loop.STRATEGIES`); None: measured on the first rounds (`driver.GroupRoundRunner`)."""
     dp_clip = group_lib.per_client_clip(model_aggregator)
-    initial = client_plan.initial_weights(model_fn, personal=plan.personal, initial_alpha=plan.initial_alpha)
+    initial = client_plan.initial_weights(
+        model_fn, personal=plan.personal, initial_alpha=plan.initial_alpha, local_start=plan.local_start
+    )
     model = functional.FunctionalModel(model_fn)
     base = model.initial_weights
+    num_global = len(base.global_trainable)
+    learned = plan.local_start == client_plan.LEARNED
     slots = {
         client_plan.GLOBAL: [(functional.GLOBAL_TRAINABLE, i) for i in range(len(base.global_trainable))],
         client_plan.LOCAL: [(functional.LOCAL_TRAINABLE, i) for i in range(len(base.local_trainable))],
@@ -80,20 +116,16 @@ def build_engine_process(
     group_size = group_size or simulation_options.default_group_size(
         list(base.global_trainable) + list(base.local_trainable)
     )
-    packer = packing.ClientPacker(
-        None,
-        names,
-        element_spec,
-        group_size,
-        batch_phase_fn=lambda batches: tuple(batches * p.epochs for p in plan.phases),
-    )
+    packer = _packer(plan, element_spec, group_size)
     weights_type = initial.global_weights.type_signature.result
-    group_private_type = packing.stacked_type(initial.local_weights.type_signature.result)
+    group_private_type = packing.stacked_type(initial.local_weights.type_signature.result) if plan.stateful else None
 
     # The trained globals are needed per client after the global phase only to clip them, or for a later phase
     # that trains on them; else only their weighted sum leaves the client loop.
-    keep_globals = dp_clip is not None or any(
-        client_plan.PERSONAL not in p.trains for p in plan.phases[plan.global_phase + 1 :]
+    keep_globals = (
+        dp_clip is not None
+        or learned
+        or any(client_plan.PERSONAL not in p.trains for p in plan.phases[plan.global_phase + 1 :])
     )
 
     def build_group_work(
@@ -106,21 +138,28 @@ def build_engine_process(
             for prefix in prefixes
         }
 
-        @tf.function
-        def group_work(server_weights, group, private_states):
+        # Not converted by AutoGraph: its control flow is Python's (over the plan), its loops explicit TF ones
+        # (`lockstep_steps`, which runs the model unconverted); converting it cost ~1.6 s of a MovieLens first round.
+        def work(server_weights, group, private_states):
             metrics = {prefix: build()[0] for prefix, build in metric_sets.items()}
             loss = metric_sets[prefixes[0]]()[1]
             for metric in [m for ms in metrics.values() for m in ms]:
                 metric.reset_state()
 
-            @tf.function(jit_compile=model.xla)
-            def train(received, non_trainable, group, private_trainable, private_non_trainable):
+            @tf.function(jit_compile=model.xla, autograph=False)
+            def train(uploaded_start, non_trainable, group, private_trainable, private_non_trainable):
+                received = uploaded_start[:num_global]  # With a learned local default, it follows the globals.
                 if plan.personal:  # The model has no local weights: the private state is a copy of its globals.
                     weights = functional.Parts(received, non_trainable, [], [])
                     # With a mixing weight, alpha is the copy's last trainable entry (see `_Mixed`).
                     personal = functional.Parts(private_trainable, private_non_trainable, [], [])
-                else:
+                elif plan.stateful:
                     weights = functional.Parts(received, non_trainable, private_trainable, private_non_trainable)
+                else:  # Locals start at the model's initial values (the same for every client) or the default.
+                    start = uploaded_start[num_global:] if learned else [tf.constant(v) for v in base.local_trainable]
+                    weights = functional.Parts(
+                        received, non_trainable, start, [tf.constant(v) for v in base.local_non_trainable]
+                    )
                 weight = steps = None
                 for i, (name, phase) in enumerate(zip(names, plan.phases)):
                     # Globals first: `update_after_steps` reads the first slots' accumulated deltas. They start
@@ -141,7 +180,7 @@ def build_engine_process(
                         group[name],
                         phase.optimizer,
                         loss,
-                        metrics=metrics[phase.metrics_prefix],
+                        metrics=metrics[phase.metrics_prefix] if phase.reports_metrics else (),
                         penalty=_penalty(phase, parts, slots),
                         centre=received if isinstance(phase.penalty, client_plan.ProximalPenalty) else (),
                         delta_weights=client_weight if i == plan.global_phase else None,
@@ -158,12 +197,20 @@ def build_engine_process(
                         weights = stepped
                     if i == plan.global_phase:
                         weight, steps = client_weight, phase_steps
-                trained = list(weights.global_trainable)
-                if dp_clip is None:
-                    result, finite = group_lib.update_after_steps(received, trained, weight, steps)
-                else:
-                    result = group_lib.clipped_sum_update(received, trained, weight, dp_clip)
-                    finite = group_lib.client_finite(received, trained)
+                clients = tf.shape(weight)[0]
+                values = list(weights.global_trainable) + (list(weights.local_trainable) if learned else [])
+                bases = list(base.global_trainable) + (list(base.local_trainable) if learned else [])
+                trained = [lockstep.per_client(v, b, clients) for v, b in zip(values, bases)]
+                if dp_clip is not None:
+                    result = group_lib.clipped_sum_update(uploaded_start, trained, weight, dp_clip)
+                    finite = group_lib.client_finite(uploaded_start, trained)
+                elif steps is not None and len(steps.weighted_deltas) >= len(trained):  # Trained first in their phase.
+                    # As trained: globals the client loop returned shared have only their weighted sum.
+                    result, finite = group_lib.update_after_steps(uploaded_start, values, weight, steps)
+                else:  # A learned local default's displacement includes the reconstruction: from each client's copy.
+                    result, finite = group_lib.weighted_update(uploaded_start, trained, weight), None
+                if not plan.stateful:
+                    return result, ()
                 keep = lambda new, old: tf.where(
                     tf.reshape(finite, [-1] + [1] * (new.shape.rank - 1)), new, tf.cast(old, new.dtype)
                 )
@@ -181,24 +228,32 @@ def build_engine_process(
                 list(server_weights.trainable),
                 list(server_weights.non_trainable),
                 group,
-                list(private_states.trainable),
-                list(private_states.non_trainable),
+                list(private_states.trainable) if plan.stateful else [],
+                list(private_states.non_trainable) if plan.stateful else [],
             )
             unfinalized: collections.OrderedDict = collections.OrderedDict()
             for prefix, metric_set in metrics.items():
                 unfinalized.update(client_plan.prefixed(prefix, client_work.read_metrics(metric_set)))
             with tf.control_dependencies(tf.nest.flatten(result)):
+                if not plan.stateful:
+                    return result, unfinalized
                 return result, unfinalized, new_private
 
-        return group_work
+        if not plan.stateful:
+
+            @tf.function(autograph=False)
+            def stateless_work(server_weights, group):
+                return work(server_weights, group, None)
+
+            return stateless_work
+        return tf.function(work, autograph=False)
 
     finalizers: collections.OrderedDict = collections.OrderedDict()
 
     def client_update() -> tff.Computation:
         raw: dict[str | None, collections.OrderedDict] = {}
-        computation = tff.tensorflow.computation(weights_type, packer.group_type(), group_private_type)(
-            build_group_work(raw, now=False)
-        )
+        types = [weights_type, packer.group_type()] + ([group_private_type] if plan.stateful else [])
+        computation = tff.tensorflow.computation(*types)(build_group_work(raw, now=False))
         for prefix in prefixes:  # Recorded while tracing; read when the metrics' aggregation is traced.
             finalizers.update(client_plan.prefixed(prefix, raw[prefix]))
         return computation
@@ -216,12 +271,13 @@ def build_engine_process(
         {s: build_group_work({}, now=True, strategy=s) for s in ([strategy] if strategy else client_loop.STRATEGIES)},
         server_optimizer,
         driver.KerasMetricsFinalizer(finalized_metrics),
+        measure_communication=measure_communication,
         aggregation=None if dp_clip is None else aggregator.create(weights_type.trainable, tff.TensorType(np.float32)),
         spread=() if strategy else (client_loop.CLIENT_LOOP,),
     )
     return compose.compose_personalized_process(
         initial_global_weights=initial.global_weights,
-        initial_private_state=initial.local_weights,
+        initial_private_state=initial.local_weights if plan.stateful else None,
         client_update=client_update,
         model_aggregator=aggregator,
         server_optimizer=server_optimizer,

@@ -12,6 +12,7 @@ import tensorflow_federated as tff
 from fedpersonal import algorithms
 from fedpersonal import backends
 from fedpersonal.algorithms import apfl
+from fedpersonal.core import client_plan
 from fedpersonal.privacy import audit
 from tests.algorithms.fedper_fedrep_test import client_arrays
 from tests.algorithms.fedper_fedrep_test import datasets
@@ -144,8 +145,14 @@ def test_personalized_models_fit_what_the_global_model_cannot():
         logits = np.maximum(x @ w1 + b1, 0) @ w2 + b2
         return float(np.mean(np.argmax(logits, -1) == y))
 
-    personalized = np.mean(
-        [accuracy(apfl.personalized_weights(weights, p), x, y) for p, (x, y) in zip(privates, arrays)]
+    sgd = tff.learning.optimizers.build_sgdm(LR)
+    plan = apfl.apfl_plan(
+        client_epochs=1, personal_epochs=1, client_optimizer=sgd, personal_optimizer=sgd, initial_alpha=0.5
     )
+    mixed = [client_plan.personalized_weights(plan, weights, p).trainable for p in privates]
+    *v, alpha = [np.asarray(t) for t in privates[0].trainable]  # The mixture, written here.
+    a = np.clip(alpha, 0.0, 1.0)
+    np.testing.assert_allclose(mixed[0][0], a * v[0] + (1 - a) * np.asarray(weights.trainable[0]), rtol=1e-6)
+    personalized = np.mean([accuracy(m, x, y) for m, (x, y) in zip(mixed, arrays)])
     shared = np.mean([accuracy([np.asarray(w) for w in weights.trainable], x, y) for x, y in arrays])
     assert personalized > 0.8 and personalized > shared + 0.3, (personalized, shared)

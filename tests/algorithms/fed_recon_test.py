@@ -66,8 +66,10 @@ def build(**kwargs):
     return algorithms.build_fed_recon(deterministic_model_fn, **kwargs)
 
 
-def test_round_matches_tff_reference_implementation():
-    """Same model, optimizers and split function: identical global weights to TFF 0.87's build_fed_recon."""
+@pytest.mark.parametrize('simulation', ['per_client', 'engine'])
+def test_round_matches_tff_reference_implementation(simulation):
+    """Same model, optimizers and split function: identical global weights to TFF 0.87's build_fed_recon, on
+    both backends (the one client plan each runs)."""
     split = algorithms.ReconstructionSplit(recon_epochs=2, recon_steps_max=5, post_recon_steps_max=3)
     split_fn = algorithms.build_dataset_split_fn(split)
     opts = dict(server=SGD(learning_rate=0.7), client=SGD(learning_rate=0.2), recon=SGD(learning_rate=0.3))
@@ -76,7 +78,9 @@ def test_round_matches_tff_reference_implementation():
         client_optimizer=opts['client'],
         reconstruction_optimizer=opts['recon'],
         dataset_split=split,
+        simulation=simulation,
     )
+    assert ours.simulation == simulation
     reference = tff.learning.algorithms.build_fed_recon(
         deterministic_model_fn,
         loss_fn=tf.keras.losses.MeanSquaredError,
@@ -252,8 +256,9 @@ def test_any_aggregator_and_server_optimizer_plug_in():
         model_aggregator=dp,
         client_weighting=tff.learning.ClientWeighting.UNIFORM,
         server_optimizer=tff.learning.optimizers.build_yogi(learning_rate=0.01),
-        simulation='per_client',  # The engine refuses per-client aggregators (tests/simulation/engine_test.py).
+        simulation='engine',  # Adaptive DP runs on the per-client backend (tests/simulation/engine_test.py).
     )
+    assert process.simulation == 'per_client'
     output = process.run_round(process.initialize(), data)
     weights = process.get_model_weights(output.state).trainable[0]
     assert np.all(np.isfinite(weights)) and not np.allclose(weights, ITEM_INIT)

@@ -5,6 +5,7 @@ import inspect
 import linecache
 import os
 import re
+from unittest import mock
 
 import numpy as np
 import pytest
@@ -12,7 +13,7 @@ import tensorflow as tf
 import tensorflow_federated as tff
 
 from fedpersonal import algorithms
-from fedpersonal import errors
+from fedpersonal import backends
 from fedpersonal import evaluation
 from fedpersonal.algorithms import tff_compat
 
@@ -250,7 +251,7 @@ def test_keras_optimizer_functions_and_model_distributor_as_tff_accepts_them():
     np.testing.assert_allclose(
         evaluate(tff_compat.build_fed_recon_eval), evaluate(tff.learning.algorithms.build_fed_recon_eval), rtol=1e-5
     )
-    # Training: both accepted on the per-client path; the engine refuses them, naming the argument.
+    # Training: both accepted on the per-client path; on the engine's default too, which runs them per client.
     process = tff_compat.build_fed_recon(
         model_fn,
         loss_fn=tf.keras.losses.MeanSquaredError,
@@ -258,16 +259,15 @@ def test_keras_optimizer_functions_and_model_distributor_as_tff_accepts_them():
         model_distributor=tff.learning.templates.build_broadcast_process(weights_type),
     )
     assert np.isfinite(process.next(process.initialize(), datasets).metrics['client_work']['train']['loss'])
-    with pytest.raises(errors.ConfigError, match='client_optimizer'):
-        algorithms.build_fed_recon(
-            model_fn, loss_fn=tf.keras.losses.MeanSquaredError, client_optimizer_fn=lambda: tf.keras.optimizers.SGD()
-        )
-    with pytest.raises(errors.ConfigError, match='model_distributor'):
-        algorithms.build_fed_recon(
-            model_fn,
-            loss_fn=tf.keras.losses.MeanSquaredError,
-            model_distributor=tff.learning.templates.build_broadcast_process(weights_type),
-        )
+    for extra, named in (
+        (dict(client_optimizer_fn=lambda: tf.keras.optimizers.SGD()), 'Keras optimizer'),
+        (dict(model_distributor=tff.learning.templates.build_broadcast_process(weights_type)), 'model_distributor'),
+    ):
+        with mock.patch.object(backends.logging, 'info') as log:
+            process = algorithms.build_fed_recon(model_fn, loss_fn=tf.keras.losses.MeanSquaredError, **extra)
+        assert process.simulation == 'per_client'
+        (message, *args), _ = log.call_args
+        assert named in message % tuple(args)
 
 
 ALIASES = [

@@ -1,6 +1,8 @@
 """The fast simulation engine gives the per-client path's results (FedRecon), and refuses what it cannot do."""
 
 import collections
+import re
+from unittest import mock
 
 import numpy as np
 import pytest
@@ -8,7 +10,7 @@ import tensorflow as tf
 import tensorflow_federated as tff
 
 from fedpersonal import algorithms
-from fedpersonal import errors
+from fedpersonal import backends
 from fedpersonal.algorithms import dataset_split
 from fedpersonal.models import matrix_factorization as mf
 from fedpersonal.simulation import functional
@@ -137,17 +139,21 @@ def test_non_finite_client_is_dropped_alone_like_the_per_client_path():
                 model_aggregator=tff.learning.dp_aggregator(noise_multiplier=0.1, clients_per_round=2),
                 client_weighting=tff.learning.ClientWeighting.UNIFORM,
             ),
-            'per_client',
+            'cannot apply',
         ),
         (dict(model_aggregator=tff.learning.robust_aggregator(zeroing=True, clipping=False)), 'cannot apply'),
         (dict(client_optimizer=lambda: tf.keras.optimizers.SGD(0.1)), 'Keras optimizer'),
         (dict(client_weighting=lambda metrics: 1.0), 'callable'),
     ],
 )
-def test_engine_refuses_what_needs_each_clients_own_value(extra, named):
-    with pytest.raises(errors.ConfigError, match=named):
-        build(CONFIGS['sgd_hash_split'], 'engine', **extra)
-    build(CONFIGS['sgd_hash_split'], 'per_client', **extra)  # The per-client path takes them.
+def test_what_the_engine_cannot_run_falls_back_to_the_per_client_backend_saying_why(extra, named):
+    with mock.patch.object(backends.logging, 'info') as log:
+        process = build(CONFIGS['sgd_hash_split'], 'engine', **extra)
+    assert process.simulation == 'per_client'
+    (message, *args), _ = log.call_args
+    assert re.match(f'FedRecon runs on the per-client backend: .*{named}', message % tuple(args), flags=re.S)
+    weights, metrics = run(process, 1, client_datasets(SIZES[:3]))
+    assert np.isfinite(float(metrics['client_work']['train']['loss']))
 
 
 @pytest.mark.parametrize(

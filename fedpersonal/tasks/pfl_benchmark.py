@@ -1,0 +1,338 @@
+"""The classic personalization family on PFLlib's benchmark: label-skewed Fashion-MNIST over 20 clients.
+
+The data is PFLlib's (`fedpersonal.data.pfllib`: its pathological or Dirichlet partition and 75/25 per-client split,
+drawn as PFLlib draws them), the model its 4-layer CNN (`fedpersonal.models.image_classifiers.fedavg_cnn`), every
+client trains every round with SGD (batch 10, learning rate 0.005, 1 local epoch) and the server averages by
+examples. Every method is a `fedpersonal.core.client_plan.ClientPlan` from its algorithm module, run on the
+configured backend (`fedpersonal.backends`); a method here is only its plan and which layers stay on the clients:
+
+* ``fedavg`` / ``fedprox``: the global model (FedProx's proximal term, `fedpersonal.algorithms.fedprox`);
+* ``ditto`` / ``apfl``: a personal copy of the model per client (APFL: mixed with the global one by alpha);
+* ``fedper`` / ``fedrep``: the head (``fc``) local; ``lg_fedavg``: the body (``conv1``, ``conv2``, ``fc1``) local.
+
+Evaluation is PFLlib's: each client's test data with the model it predicts with (the global model, or its personal
+one: `client_plan.personalized_weights`), accuracy = correct test predictions over all test examples, plus the mean
+and the worst client's accuracy. Every `rounds_per_eval` rounds and after the last; a row reports the accuracy at
+the last round, the best one so far (PFLlib's leaderboard number is that best, taken on test) and the slope of
+the last 10% of rounds.
+
+Where this differs from PFLlib: a client's batches come in the same order every round (its train rows as the
+partition saved them, already shuffled; PFLlib reshuffles every epoch and drops a last partial batch).
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+import os
+import time
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+import tensorflow as tf
+import tensorflow_federated as tff
+from absl import logging
+
+from fedpersonal import backends
+from fedpersonal import client_state
+from fedpersonal import evaluation
+from fedpersonal import models
+from fedpersonal import program
+from fedpersonal.algorithms import apfl
+from fedpersonal.algorithms import ditto
+from fedpersonal.algorithms import fedper
+from fedpersonal.algorithms import fedprox
+from fedpersonal.algorithms import fedrep
+from fedpersonal.core import client_plan
+from fedpersonal.data import federated_images
+from fedpersonal.data import pfllib
+from fedpersonal.models import image_classifiers
+from fedpersonal.program import run_record
+from fedpersonal.program import training_loop
+from fedpersonal.tasks.pfl_benchmark_config import METHOD_NAMES
+from fedpersonal.tasks.pfl_benchmark_config import METHODS as METHODS
+from fedpersonal.tasks.pfl_benchmark_config import PflBenchmarkConfig as PflBenchmarkConfig
+
+EVAL_BATCH = 100
+ModelWeights = tff.learning.models.ModelWeights
+
+
+@dataclasses.dataclass(frozen=True)
+class Method:
+    """A benchmark row: its client plan (from the config) and the model's layers that stay on the clients."""
+
+    plan: Callable[[PflBenchmarkConfig], client_plan.ClientPlan]
+    local_layers: tuple[str, ...] = ()
+
+
+def _sgd(config: PflBenchmarkConfig) -> tff.learning.optimizers.Optimizer:
+    return tff.learning.optimizers.build_sgdm(learning_rate=config.client_learning_rate)
+
+
+def _plain(config: PflBenchmarkConfig, mu: float) -> client_plan.ClientPlan:
+    return fedprox.fedprox_plan(mu=mu, client_epochs=config.client_epochs, client_optimizer=_sgd(config))
+
+
+METHOD_SPECS: dict[str, Method] = {
+    'fedavg': Method(lambda c: _plain(c, 0.0)),
+    'fedprox': Method(lambda c: _plain(c, c.fedprox_mu)),
+    'ditto': Method(
+        lambda c: ditto.ditto_plan(
+            lam=c.ditto_lambda,
+            client_epochs=c.client_epochs,
+            personal_epochs=c.personal_epochs,
+            client_optimizer=_sgd(c),
+            personal_optimizer=_sgd(c),
+        )
+    ),
+    'apfl': Method(
+        lambda c: apfl.apfl_plan(
+            client_epochs=c.client_epochs,
+            personal_epochs=c.personal_epochs,
+            client_optimizer=_sgd(c),
+            personal_optimizer=_sgd(c),
+            initial_alpha=c.apfl_alpha,
+        )
+    ),
+    'fedper': Method(
+        lambda c: fedper.fedper_plan(client_epochs=c.client_epochs, client_optimizer=_sgd(c)),
+        image_classifiers.HEAD,
+    ),
+    'fedrep': Method(
+        lambda c: fedrep.fedrep_plan(
+            head_epochs=c.fedrep_head_epochs,
+            body_epochs=c.client_epochs,
+            head_optimizer=_sgd(c),
+            body_optimizer=_sgd(c),
+        ),
+        image_classifiers.HEAD,
+    ),
+    # LG-FedAvg is FedPer's plan with the other layers local (`fedpersonal.algorithms.lg_fedavg`).
+    'lg_fedavg': Method(
+        lambda c: fedper.fedper_plan(client_epochs=c.client_epochs, client_optimizer=_sgd(c)),
+        image_classifiers.BODY,
+    ),
+}
+
+
+def load_data(config: PflBenchmarkConfig) -> pfllib.PfllibImageData:
+    """The pooled images and their PFLlib partition."""
+    if config.dataset == 'synthetic':
+        half = config.synthetic_examples // 2
+        source = federated_images.load_source(
+            'generated', None, generated_train=half, generated_test=config.synthetic_examples - half, seed=0
+        )
+    else:
+        source = federated_images.load_source(config.dataset, config.data_dir, tfds_data_dir=config.tfds_data_dir)
+    return pfllib.federate(
+        source,
+        config.partition,
+        num_clients=config.num_clients,
+        class_per_client=config.class_per_client,
+        alpha=config.dirichlet_alpha,
+        batch_size=config.batch_size,
+        train_ratio=config.train_ratio,
+        seed=config.partition_seed,
+    )
+
+
+def _loss_fn() -> tf.keras.losses.Loss:
+    return tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True)
+
+
+def _metrics_fn() -> list[tf.keras.metrics.Metric]:
+    return [tf.keras.metrics.SparseCategoricalAccuracy(name='accuracy')]
+
+
+def model_fn_for(data: pfllib.PfllibImageData, seed: int, local_layers: tuple[str, ...] | str) -> Callable[[], Any]:
+    """A partially local CNN: `local_layers` (names, or ``'all'``) on the clients, the others global."""
+    spec = collections.OrderedDict(
+        x=tf.TensorSpec([None, *data.x.shape[1:]], tf.float32), y=tf.TensorSpec([None], tf.int32)
+    )
+
+    height, width, channels = data.x.shape[1:]
+
+    def model_fn():
+        keras_model = image_classifiers.fedavg_cnn((height, width, channels), data.num_classes, seed=seed)
+        layers = [layer for layer in keras_model.layers if layer.weights]
+        local = [layer for layer in layers if local_layers == 'all' or layer.name in local_layers]
+        shared = [layer for layer in layers if layer not in local]
+        return models.from_keras_model(keras_model, input_spec=spec, global_layers=shared, local_layers=local)
+
+    return model_fn
+
+
+class Benchmark:
+    """One partition's clients, batched as the methods train and evaluate on them."""
+
+    def __init__(self, config: PflBenchmarkConfig, data: pfllib.PfllibImageData):
+        self.config, self.data = config, data
+        self.client_ids = data.client_ids
+        train, test = data.client_data('train'), data.client_data('test')
+        self.train = {c: train.create_tf_dataset_for_client(c) for c in self.client_ids}
+        self._test = test
+
+    def train_dataset(self, dataset: tf.data.Dataset) -> tf.data.Dataset:
+        return dataset.batch(self.config.batch_size)
+
+    def test_dataset(self, client_id: str) -> tf.data.Dataset:
+        return self._test.create_tf_dataset_for_client(client_id).batch(EVAL_BATCH)
+
+
+def _last_slope(curve: list[tuple[int, float]]) -> float | None:
+    """Least-squares slope (accuracy per round) over the evaluations of the last 10% of rounds (at least 2)."""
+    if len(curve) < 2:
+        return None
+    last = curve[-1][0]
+    tail = [(r, a) for r, a in curve if r >= last - max(1, round(0.1 * last))] or curve[-2:]
+    if len(tail) < 2:
+        tail = curve[-2:]
+    rounds, accuracies = np.array(tail, dtype=np.float64).T
+    return float(np.polyfit(rounds, accuracies, 1)[0])
+
+
+def make_evaluation(
+    benchmark: Benchmark, plan: client_plan.ClientPlan, local_layers: tuple[str, ...]
+) -> Callable[[Any, list[Any]], dict[str, float]]:
+    """``(global weights, every client's private state) -> metrics`` on every client's test data, each client with
+    the model it predicts with: accuracy over all test examples, the mean and the worst client's accuracy."""
+    config = benchmark.config
+    # A personal model is evaluated as a model whose weights are all the client's own.
+    model_fn = model_fn_for(benchmark.data, config.seed, 'all' if plan.personal else local_layers)
+    evaluate = evaluation.build_private_state_eval(
+        model_fn, loss_fn=_loss_fn, metrics_fn=_metrics_fn, simulation=config.simulation
+    )
+    no_globals = ModelWeights([], [])
+
+    def client_evaluation(weights: Any, private_states: list[Any]) -> dict[str, float]:
+        states = [client_plan.personalized_weights(plan, weights, p) for p in private_states]
+        result = evaluation.evaluate_clients(
+            evaluate,
+            no_globals if plan.personal else weights,
+            benchmark.client_ids,
+            benchmark.test_dataset,
+            states,
+            cache_key='test',
+        )
+        per_client = np.asarray(result['per_client']['accuracy'], dtype=np.float64)
+        return {
+            'accuracy': float(result['eval']['accuracy']),
+            'mean_client_accuracy': float(per_client.mean()),
+            'worst_client_accuracy': float(per_client.min()),
+        }
+
+    return client_evaluation
+
+
+def run_method(benchmark: Benchmark, outputs: program.ExperimentOutputs, name: str) -> dict[str, Any]:
+    """Trains one method on every client every round; its row (accuracy at the last round, best, slope, clients)."""
+    config, spec = benchmark.config, METHOD_SPECS[name]
+    plan = spec.plan(config)
+    with backends.use(config.simulation):
+        process = backends.build_process(
+            plan,
+            # A personal copy is of a model whose weights are all global; its evaluation model has them all local.
+            model_fn_for(benchmark.data, config.seed, () if plan.personal else spec.local_layers),
+            loss_fn=_loss_fn,
+            metrics_fn=_metrics_fn,
+            server_optimizer=tff.learning.optimizers.build_sgdm(learning_rate=1.0),
+            group_size=config.group_size,
+            name=METHOD_NAMES[name],
+        )
+    client_evaluation = make_evaluation(benchmark, plan, spec.local_layers)
+    initial = training_loop.from_model_weights(process.initial_private_state())
+    store = program.open_store(
+        config.state_store, outputs, client_state.spec_of(initial), lambda client_id: [a.copy() for a in initial]
+    )
+    with store:
+        program.run_process(
+            process,
+            config,
+            outputs=outputs,
+            client_data=benchmark.train,
+            dataset_fn=benchmark.train_dataset,
+            client_evaluation_fn=client_evaluation,
+            evaluation_name='test',
+            client_state_store=store,
+            name=name,
+        )
+    return summarize(outputs.read_metrics(), seconds_per_round=outputs.median_round_seconds())
+
+
+def summarize(rows: list[dict[str, float]], *, seconds_per_round: float | None) -> dict[str, Any]:
+    """A method's row from its metric rows: the last evaluation, the best accuracy so far, the tail's slope."""
+    evaluated = [r for r in rows if 'test/accuracy' in r]
+    if not evaluated:
+        raise ValueError('the run has no evaluation (rounds_per_eval > total_rounds?)')
+    curve = [(int(r['round']), float(r['test/accuracy'])) for r in evaluated]
+    best = max(evaluated, key=lambda r: r['test/accuracy'])
+    last = evaluated[-1]
+    return {
+        'rounds': int(last['round']),
+        'accuracy': float(last['test/accuracy']),
+        'best_accuracy': float(best['test/accuracy']),
+        'best_round': int(best['round']),
+        'slope_last_10pct': _last_slope(curve),
+        'mean_client_accuracy': float(last['test/mean_client_accuracy']),
+        'worst_client_accuracy': float(last['test/worst_client_accuracy']),
+        'seconds_per_round': seconds_per_round,
+        'curve': curve,
+    }
+
+
+def run(config: PflBenchmarkConfig) -> dict[str, Any]:
+    """Runs every configured method on the partition; writes results.json and accuracy_by_round.png."""
+    run_record.check_output_dir(config)
+    tf.random.set_seed(config.seed)
+    program.write_json(os.path.join(config.output_dir, 'config.json'), dataclasses.asdict(config))
+    data = load_data(config)
+    statistics = data.statistics()
+    logging.info(
+        'PFLlib %s partition of %s: %s',
+        config.partition,
+        data.name,
+        {k: v for k, v in statistics.items() if k != 'label_counts'},
+    )
+    benchmark = Benchmark(config, data)
+    rows, histories = [], {}
+    for name in config.methods:
+        outputs = program.ExperimentOutputs(config.output_dir, name)
+        started = time.time()
+        row = run_method(benchmark, outputs, name)
+        logging.info(
+            '[%s] accuracy %.4f (best %.4f) in %.0fs',
+            name,
+            row['accuracy'],
+            row['best_accuracy'],
+            time.time() - started,
+        )
+        rows.append({'name': METHOD_NAMES[name], 'method': name, **row})
+        histories[METHOD_NAMES[name]] = outputs.read_metrics()
+    figure = program.plot_curves(
+        histories,
+        ['test/accuracy', 'test/worst_client_accuracy'],
+        os.path.join(config.output_dir, 'accuracy_by_round.png'),
+        title=f'{data.name}, {config.partition} partition, {config.num_clients} clients: test accuracy',
+    )
+    results = {
+        'dataset': data.name,
+        'partition': config.partition,
+        'clients': config.num_clients,
+        'statistics': statistics,
+        'rows': rows,
+        'figures': {'accuracy_by_round': figure},
+    }
+    program.write_json(os.path.join(config.output_dir, 'results.json'), results)
+    return results
+
+
+def format_table(results: dict[str, Any]) -> str:
+    """The rows as a text table."""
+    lines = [f'{"method":<10} {"rounds":>6} {"accuracy":>9} {"best":>9} {"worst client":>12} {"s/round":>8}']
+    for row in results['rows']:
+        lines.append(
+            f'{row["name"]:<10} {row["rounds"]:>6} {row["accuracy"]:>9.4f} {row["best_accuracy"]:>9.4f} '
+            f'{row["worst_client_accuracy"]:>12.4f} {row["seconds_per_round"] or float("nan"):>8.3f}'
+        )
+    return '\n'.join(lines)

@@ -1,0 +1,104 @@
+"""The configuration of the personalization benchmark (`fedpersonal.tasks.pfl_benchmark`, PFLlib's leaderboard).
+
+Kept apart from the task so that the binary's flags import neither TensorFlow nor TFF. Defaults are PFLlib's
+leaderboard settings (20 clients, every client every round, its 4-layer CNN, batch 10, SGD 0.005, 1 local epoch)
+except the rounds (2000 there; see docs/RESULTS.md for the budget here).
+
+Example:
+
+>>> config = PflBenchmarkConfig(dataset='synthetic', partition='dirichlet', methods=('fedavg', 'fedper'))
+>>> config.num_clients, config.batch_size, config.client_learning_rate
+(20, 10, 0.005)
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+from fedpersonal import errors
+from fedpersonal.program import config_parts as parts
+
+DATASETS = ('fashion_mnist', 'mnist', 'synthetic')
+PARTITIONS = ('pathological', 'dirichlet', 'iid')  # Those of `fedpersonal.data.pfllib.SETTINGS`.
+METHODS = ('fedavg', 'fedprox', 'ditto', 'apfl', 'fedper', 'fedrep', 'lg_fedavg')
+METHOD_NAMES = {
+    'fedavg': 'FedAvg',
+    'fedprox': 'FedProx',
+    'ditto': 'Ditto',
+    'apfl': 'APFL',
+    'fedper': 'FedPer',
+    'fedrep': 'FedRep',
+    'lg_fedavg': 'LG-FedAvg',
+}
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class PflBenchmarkConfig(
+    parts.OutputConfig,
+    parts.DataConfig,
+    parts.RoundsConfig,
+    parts.EvaluationConfig,
+    parts.BatchConfig,
+    parts.ClientEpochsConfig,
+    parts.SimulationConfig,
+):
+    """Everything a benchmark run needs: the data and its partition, the methods and their hyperparameters."""
+
+    dataset: str = parts.option(
+        'fashion_mnist',
+        f'One of {DATASETS}: fashion_mnist (--data_dir, default /usr/share/datasets/fashion-mnist from the Debian '
+        'package dataset-fashion-mnist, or a prepared TFDS directory), mnist (--data_dir), synthetic (generated).',
+    )
+    tfds_data_dir: str | None = parts.option(
+        None,
+        "TFDS data directory to read mnist/fashion_mnist from ('none': TFDS's default; '' turns TFDS off).",
+        is_path=True,
+    )
+    partition: str = parts.option('pathological', f'Label skew, one of {PARTITIONS} (PFLlib: pat, dir, iid).')
+    num_clients: int = parts.option(20, 'Clients (every client trains every round).')
+    class_per_client: int = parts.option(2, 'Pathological partition: classes per client.')
+    dirichlet_alpha: float = parts.option(0.1, 'Dirichlet partition: concentration.')
+    train_ratio: float = parts.option(0.75, "Each client's train share (the rest is its test data).")
+    partition_seed: int = parts.option(1, "The partition's seed (PFLlib's: 1, which reproduces its partition).")
+    synthetic_examples: int = parts.option(4000, 'Synthetic data: pooled images.')
+    methods: tuple[str, ...] = parts.option(METHODS, f'Rows to run, a subset of {METHODS}.')
+    total_rounds: int = 100
+    batch_size: int = 10
+    rounds_per_eval: int = 5
+    client_learning_rate: float = parts.option(0.005, 'SGD learning rate of every local model (PFLlib: 0.005).')
+    fedprox_mu: float = parts.option(0.01, "FedProx's proximal weight mu.")
+    ditto_lambda: float = parts.option(0.1, "Ditto's lambda (PFLlib's --mu).")
+    personal_epochs: int = parts.option(
+        1, 'Epochs of the personal model per round (Ditto, APFL; PFLlib: plocal_epochs).'
+    )
+    apfl_alpha: float = parts.option(0.5, "APFL's initial mixing weight alpha.")
+    fedrep_head_epochs: int = parts.option(1, "FedRep's head epochs per round (PFLlib: plocal_epochs).")
+    state_store: str = parts.option(
+        'sqlite',
+        "Where each client's private state lives between rounds: 'sqlite' (in the run's output directory, so an "
+        "interrupted run resumes) or 'memory'.",
+    )
+
+    def __post_init__(self):
+        parts.run_post_inits(self)
+        for field, allowed in (('dataset', DATASETS), ('partition', PARTITIONS)):
+            if getattr(self, field) not in allowed:
+                raise errors.ConfigError(f'{field} must be one of {allowed}, got {getattr(self, field)!r}.')
+        unknown = [m for m in self.methods if m not in METHODS]
+        if unknown or not self.methods:
+            raise errors.ConfigError(f'methods must be a non-empty subset of {METHODS}; unknown: {unknown}.')
+        if self.dataset == 'mnist' and not self.data_dir and self.tfds_data_dir is None:
+            raise errors.ConfigError("dataset 'mnist' needs --data_dir (or --tfds_data_dir).")
+        for name in ('num_clients', 'class_per_client', 'synthetic_examples', 'personal_epochs'):
+            if getattr(self, name) < 1:
+                raise errors.ConfigError(f'{name} must be >= 1, got {getattr(self, name)}.')
+        if not 0.0 < self.train_ratio < 1.0:
+            raise errors.ConfigError(f'train_ratio must be in (0, 1), got {self.train_ratio}.')
+        if self.dirichlet_alpha <= 0 or self.fedprox_mu < 0 or self.ditto_lambda < 0:
+            raise errors.ConfigError('dirichlet_alpha must be > 0, fedprox_mu and ditto_lambda >= 0.')
+        if not 0.0 <= self.apfl_alpha <= 1.0:
+            raise errors.ConfigError(f'apfl_alpha must be in [0, 1], got {self.apfl_alpha}.')
+        if self.fedrep_head_epochs < 1:
+            raise errors.ConfigError(f'fedrep_head_epochs must be >= 1, got {self.fedrep_head_epochs}.')
+        if self.state_store not in ('sqlite', 'memory'):
+            raise errors.ConfigError(f"state_store must be 'sqlite' or 'memory', got {self.state_store!r}.")

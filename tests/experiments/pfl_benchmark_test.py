@@ -1,0 +1,129 @@
+"""The personalization benchmark (PFLlib's leaderboard task) on a small generated partition: every client's test
+accuracy is what a plain Keras forward pass with its own model gives (the global model plus its local layers, its
+personal copy, APFL's mixture), personalized methods beat FedAvg under pathological label skew, the results file
+and figure are written, and bad flags get a clear error."""
+
+import json
+import os
+import re
+
+import numpy as np
+import pytest
+import tensorflow_federated as tff
+
+from fedpersonal import backends
+from fedpersonal import errors
+from fedpersonal.core import client_plan
+from fedpersonal.models import image_classifiers
+from fedpersonal.tasks import pfl_benchmark
+
+SMALL = dict(
+    dataset='synthetic', synthetic_examples=1200, num_clients=5, state_store='memory', client_learning_rate=0.05
+)
+
+
+@pytest.fixture(scope='module')
+def benchmark():
+    config = pfl_benchmark.PflBenchmarkConfig(**SMALL)
+    return pfl_benchmark.Benchmark(config, pfl_benchmark.load_data(config))
+
+
+def _keras_accuracy(benchmark, weights, local_layers, private_state):
+    """Correct test predictions per client with a Keras CNN given the client's weights layer by layer (written
+    here: the model's weighted layers in order, each layer's variables from the global or the private state)."""
+    correct, total = [], []
+    for cid, state in zip(benchmark.client_ids, private_state):
+        model = image_classifiers.fedavg_cnn(benchmark.data.x.shape[1:], 10)
+        shared, own = iter(weights), iter(state)
+        for layer in [layer for layer in model.layers if layer.weights]:
+            source = own if local_layers == 'all' or layer.name in local_layers else shared
+            layer.set_weights([np.asarray(next(source)) for _ in layer.weights])
+        rows = benchmark.data.partition.test[int(cid)]
+        logits = model(benchmark.data.x[rows], training=False).numpy()
+        correct.append(int(np.sum(np.argmax(logits, -1) == benchmark.data.y[rows])))
+        total.append(len(rows))
+    return np.array(correct), np.array(total)
+
+
+@pytest.mark.parametrize('name', ['fedper', 'lg_fedavg', 'ditto', 'apfl'])
+def test_each_client_is_evaluated_with_its_own_model(benchmark, name):
+    spec = pfl_benchmark.METHOD_SPECS[name]
+    plan = spec.plan(benchmark.config)
+    with backends.use('engine'):
+        process = backends.build_process(
+            plan,
+            pfl_benchmark.model_fn_for(benchmark.data, 0, () if plan.personal else spec.local_layers),
+            loss_fn=pfl_benchmark._loss_fn,
+            metrics_fn=pfl_benchmark._metrics_fn,
+            server_optimizer=tff.learning.optimizers.build_sgdm(1.0),
+        )
+    train = {c: benchmark.train_dataset(d) for c, d in benchmark.train.items()}
+    privates = [process.initial_private_state()] * len(benchmark.client_ids)
+    output = process.run_round(process.initialize(), [train[c] for c in benchmark.client_ids], privates)
+    weights = process.get_model_weights(output.state)
+    privates = list(output.private_states)
+    got = pfl_benchmark.make_evaluation(benchmark, plan, spec.local_layers)(weights, privates)
+
+    if plan.personal:  # The personal model, by hand: APFL's mixture written here.
+        states = []
+        for p in privates:
+            values = [np.asarray(v) for v in p.trainable]
+            if plan.initial_alpha is not None:
+                *values, alpha = values
+                a = np.clip(alpha, 0, 1)
+                values = [a * v + (1 - a) * np.asarray(w) for v, w in zip(values, weights.trainable)]
+            states.append(values)
+        correct, total = _keras_accuracy(benchmark, [], 'all', states)
+    else:
+        correct, total = _keras_accuracy(
+            benchmark, list(weights.trainable), spec.local_layers, [list(p.trainable) for p in privates]
+        )
+    assert got['accuracy'] == pytest.approx(correct.sum() / total.sum(), abs=1e-6)
+    assert got['worst_client_accuracy'] == pytest.approx(np.min(correct / total), abs=1e-6)
+    assert got['mean_client_accuracy'] == pytest.approx(np.mean(correct / total), abs=1e-6)
+
+
+def test_personalized_methods_beat_fedavg_under_pathological_skew_and_results_are_written(tmp_path):
+    config = pfl_benchmark.PflBenchmarkConfig(
+        **SMALL, methods=('fedavg', 'fedper', 'ditto'), total_rounds=4, rounds_per_eval=2, output_dir=str(tmp_path)
+    )
+    results = pfl_benchmark.run(config)
+    rows = {row['method']: row for row in results['rows']}
+    assert rows['fedper']['accuracy'] > rows['fedavg']['accuracy'] + 0.2, rows
+    assert rows['ditto']['accuracy'] > rows['fedavg']['accuracy'] + 0.2, rows
+    for row in rows.values():
+        assert row['rounds'] == 4 and [r for r, _ in row['curve']] == [2, 4]
+        assert row['best_accuracy'] == max(a for _, a in row['curve'])
+        assert 0.0 <= row['worst_client_accuracy'] <= row['mean_client_accuracy'] <= 1.0
+    with open(tmp_path / 'results.json') as f:
+        assert json.load(f)['partition'] == 'pathological'
+    assert os.path.getsize(tmp_path / 'accuracy_by_round.png') > 0
+
+
+def test_summary_reads_the_runs_rows():
+    rows = [
+        {'round': r, 'test/accuracy': a, 'test/mean_client_accuracy': a, 'test/worst_client_accuracy': a / 2}
+        for r, a in ((10, 0.5), (20, 0.7), (30, 0.6), (40, 0.62), (50, 0.64))
+    ]
+    row = pfl_benchmark.summarize(rows + [{'round': 51}], seconds_per_round=1.5)
+    assert (row['rounds'], row['accuracy'], row['best_accuracy'], row['best_round']) == (50, 0.64, 0.7, 20)
+    assert row['slope_last_10pct'] == pytest.approx(0.002)  # Rounds 40 and 50: 0.02 over 10 rounds.
+
+
+@pytest.mark.parametrize(
+    'flags, message',
+    [
+        (dict(partition='stripes'), 'partition must be one of'),
+        (dict(methods=('fedavg', 'fedsgd')), "unknown: ['fedsgd']"),
+        (dict(apfl_alpha=1.5), 'apfl_alpha must be in [0, 1]'),
+    ],
+)
+def test_bad_flags_name_the_problem(flags, message):
+    with pytest.raises(errors.ConfigError, match=re.escape(message)):
+        pfl_benchmark.PflBenchmarkConfig(**{**SMALL, **flags})
+
+
+def test_personalized_weights_of_a_plan_without_a_copy_are_its_local_weights():
+    plan = pfl_benchmark.METHOD_SPECS['fedper'].plan(pfl_benchmark.PflBenchmarkConfig(**SMALL))
+    state = client_plan.ModelWeights([np.ones(2, np.float32)], [])
+    assert np.array_equal(client_plan.personalized_weights(plan, None, state).trainable[0], np.ones(2))
