@@ -30,7 +30,8 @@ Each ``--threads`` setting runs every row (its ``threads``): TensorFlow's intra-
 PyTorch's alike; ``cpu_seconds_per_round`` (engine, pfl: the row process' CPU time; TFF computes in its worker)
 is less sensitive to other jobs on the machine than seconds. ``compute_bound_s``: the round's analytic FLOPs (2 per
 multiply-add; forward, weight gradients and the input gradients backpropagation needs) over a float32 2048^2
-matmul's rate measured in a process with the same threads.
+matmul's rate measured in a process with the same threads, on CPU time per thread (``bound_ratio``: seconds per
+round over it; ``cpu_bound_ratio``: CPU seconds per round per thread over it).
 """
 
 from __future__ import annotations
@@ -256,17 +257,18 @@ def run_row(row: str, path: str | None, result_path: str) -> None:
 
 
 def measure_flop_rate() -> float:
-    """GFLOP/s of a 2048^2 float32 matmul (best of 5) with this process' threads."""
+    """GFLOP/s of a 2048^2 float32 matmul (best of 5) with this process' threads, on its CPU time per thread:
+    other jobs on a shared machine take turns on the cores, which a wall clock would count."""
     import tensorflow as tf  # pylint: disable=g-import-not-at-top
 
-    n = 2048
+    n, threads = 2048, int(os.environ.get('TF_NUM_INTRAOP_THREADS', '1'))
     a, b = tf.random.uniform([n, n]), tf.random.uniform([n, n])
     tf.matmul(a, b).numpy()
     times = []
     for _ in range(5):
-        t = time.perf_counter()
+        t = time.process_time()
         tf.matmul(a, b).numpy()
-        times.append(time.perf_counter() - t)
+        times.append((time.process_time() - t) / threads)
     return 2.0 * n**3 / min(times) / 1e9
 
 
@@ -352,6 +354,11 @@ def summarize(name, runs, warmup: int, flops: float, gflops: float, threads: int
     timed = lambda r, key: float(np.median(r[key][warmup:]))
     spr = {row: [timed(r, 'round_seconds') for r in results] for row, results in ok.items() if results}
     medians = {row: float(np.median(v)) for row, v in spr.items()}
+    cpu = {
+        row: float(np.median([timed(r, 'cpu_seconds') for r in rs]))
+        for row, rs in ok.items()
+        if rs and 'cpu_seconds' in rs[0]
+    }
     diff = lambda a, b: max(float(np.max(np.abs(np.asarray(x, np.float64) - y))) for x, y in zip(a, b))
     reference = ok['tff'][-1]['weights'] if ok.get('tff') else None
     pfl_weights = ok['pfl'][-1]['weights'] if ok.get('pfl') else None
@@ -363,8 +370,10 @@ def summarize(name, runs, warmup: int, flops: float, gflops: float, threads: int
             continue
         last, s = ok[row][-1], medians[row]
         out.update(seconds_per_round=s, seconds_per_round_repeats=spr[row], compute_bound_s=flops / (gflops * 1e9))
-        if 'cpu_seconds' in last:
-            out['cpu_seconds_per_round'] = float(np.median([timed(r, 'cpu_seconds') for r in ok[row]]))
+        if row in cpu:
+            out['cpu_seconds_per_round'] = cpu[row]
+            if 'pfl' in cpu and row != 'pfl':
+                out['cpu_speedup_vs_pfl'] = cpu['pfl'] / cpu[row]
         out['repeat_spread'] = (max(spr[row]) - min(spr[row])) / s
         for peer in ('pfl', 'tff'):
             if peer in medians and peer != row:
@@ -378,6 +387,8 @@ def summarize(name, runs, warmup: int, flops: float, gflops: float, threads: int
             out['max_abs_diff_vs_float64'] = diff(last['weights'], float64)
         out['max_abs_weight'] = max(float(np.max(np.abs(w))) for w in last['weights'])
         out['bound_ratio'] = s / out['compute_bound_s']
+        if 'cpu_seconds_per_round' in out:
+            out['cpu_bound_ratio'] = out['cpu_seconds_per_round'] / threads / out['compute_bound_s']
         out['round_seconds'] = [r['round_seconds'] for r in ok[row]]
         for key in ('strategy', 'strategy_seconds'):
             if key in last:
@@ -452,20 +463,21 @@ def main() -> None:
 def markdown(rows: list[dict[str, Any]]) -> str:
     fmt = lambda v, spec: '-' if v is None else format(v, spec)
     lines = [
-        '| row | threads | s/round (per repeat) | CPU s/round | vs pfl | vs TFF | bound s | x bound | max diff vs '
-        'per-client (TFF) / float64 | strategy |',
-        '|---|---|---|---|---|---|---|---|---|---|',
+        '| row | threads | s/round (per repeat) | vs pfl | vs TFF | CPU s/round | vs pfl (CPU) | bound s | x bound '
+        '(CPU) | max diff vs per-client (TFF) / float64 | strategy |',
+        '|---|---|---|---|---|---|---|---|---|---|---|',
     ]
     for r in rows:
         if 'error' in r:
-            lines.append(f'| {r["name"]} | {r["threads"]} | error: {r["error"][:100]} ||||||||')
+            lines.append(f'| {r["name"]} | {r["threads"]} | error: {r["error"][:100]} |||||||||')
             continue
         repeats = ', '.join(f'{s:.3f}' for s in r['seconds_per_round_repeats'])
         diffs = f'{fmt(r.get("max_abs_diff_vs_per_client"), ".1e")} / {fmt(r.get("max_abs_diff_vs_float64"), ".1e")}'
         lines.append(
             f'| {r["name"]} | {r["threads"]} | {r["seconds_per_round"]:.4f} ({repeats}) | '
-            f'{fmt(r.get("cpu_seconds_per_round"), ".4f")} | {fmt(r.get("speedup_vs_pfl"), ".2f")} | '
-            f'{fmt(r.get("speedup_vs_tff"), ".1f")} | {r["compute_bound_s"]:.4f} | {r["bound_ratio"]:.1f} | {diffs} | '
+            f'{fmt(r.get("speedup_vs_pfl"), ".2f")} | {fmt(r.get("speedup_vs_tff"), ".1f")} | '
+            f'{fmt(r.get("cpu_seconds_per_round"), ".4f")} | {fmt(r.get("cpu_speedup_vs_pfl"), ".2f")} | '
+            f'{r["compute_bound_s"]:.4f} | {r["bound_ratio"]:.1f} ({fmt(r.get("cpu_bound_ratio"), ".1f")}) | {diffs} | '
             f'{", ".join(sorted(set(map(str, r.get("strategy", ["-"])))))} |'
         )
     return '\n'.join(lines)
