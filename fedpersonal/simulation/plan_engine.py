@@ -1,5 +1,6 @@
 """The grouped engine's backend of a `fedpersonal.core.client_plan.ClientPlan`: a group of clients runs the plan's
-phases in lockstep, as one compiled program (`lockstep.lockstep_steps` per phase), and the driver applies the
+phases as one compiled program (per phase `lockstep.lockstep_steps`, or `client_loop.client_loop_steps`: the
+faster one for the workload, measured by the round runner), and the driver applies the
 groups' mean update in its own runtime (`driver.GroupRoundRunner`). Same arithmetic as the per-client backend
 (`client_plan.build_client_update`), to float precision; the process's ``next`` maps the same group program over
 TFF's CLIENTS, so the placements the privacy audit reads are unchanged.

@@ -127,3 +127,56 @@ def test_a_group_splits_into_parts_of_equal_size_and_about_equal_steps():
     assert [list(p['train']['steps']) for p, _ in parts] == [[1, 9, 2], [8, 5]]
     assert [list(p['train']['batch']['x'][:, 0]) for p, _ in parts] == [[0, 2, 4], [6, 8]]
     assert len(packing.split_group(group, 9)) == 5
+
+
+@pytest.mark.parametrize('kind', ['conv', 'dense'])
+def test_long_phases_loop_over_steps_and_equal_the_per_client_path(pinned, kind):
+    """Clients of 0 to 11 steps (batch 2): more steps than are unrolled, a compiled loop over them; a convolutional
+    model runs uncompiled (`FunctionalModel.xla`)."""
+    import collections  # pylint: disable=g-import-not-at-top
+
+    import tensorflow as tf  # pylint: disable=g-import-not-at-top
+    import tensorflow_federated as tff  # pylint: disable=g-import-not-at-top
+
+    from fedpersonal import algorithms  # pylint: disable=g-import-not-at-top
+    from fedpersonal import models  # pylint: disable=g-import-not-at-top
+
+    shape = [6, 6, 1] if kind == 'conv' else [5]
+    spec = collections.OrderedDict(x=tf.TensorSpec([None, *shape], tf.float32), y=tf.TensorSpec([None], tf.int32))
+
+    def model_fn():
+        init = tf.keras.initializers.GlorotUniform
+        layers = [
+            tf.keras.layers.Conv2D(3, 3, activation='relu', kernel_initializer=init(1)),
+            tf.keras.layers.Flatten(),
+        ]
+        if kind == 'dense':
+            layers = [tf.keras.layers.Dense(6, 'relu', kernel_initializer=init(1))]
+        keras = tf.keras.Sequential(
+            [tf.keras.Input(shape), *layers, tf.keras.layers.Dense(3, kernel_initializer=init(2))]
+        )
+        return models.from_keras_model(keras, input_spec=spec, global_variables=keras.variables)
+
+    rng = np.random.default_rng(0)
+    data = [
+        tf.data.Dataset.from_tensor_slices(
+            collections.OrderedDict(
+                x=rng.normal(size=[n, *shape]).astype(np.float32), y=rng.integers(0, 3, n).astype(np.int32)
+            )
+        ).batch(2)
+        for n in (21, 0, 9, 16)
+    ]
+    weights = {}
+    for backend in ('engine', 'per_client'):
+        with backends.use(backend):
+            process = algorithms.build_fed_avg(
+                model_fn,
+                loss_fn=lambda: tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+                client_optimizer=tff.learning.optimizers.build_sgdm(0.05, momentum=0.5),
+            )
+        state = process.initialize()
+        for cohort in ([0, 1, 2], [3, 0, 2]):
+            state = process.run_round(state, [data[c] for c in cohort]).state
+        weights[backend] = process.get_model_weights(state).trainable
+    for a, b in zip(weights['engine'], weights['per_client']):
+        np.testing.assert_allclose(a, b, atol=1e-5)
