@@ -31,19 +31,19 @@ def main(argv) -> None:
 
     from fedpersonal import program  # pylint: disable=g-import-not-at-top
     from fedpersonal import runtime  # pylint: disable=g-import-not-at-top
-    from fedpersonal.algorithms.hpfl import engine  # pylint: disable=g-import-not-at-top
+    from fedpersonal.simulation import silo_engine  # pylint: disable=g-import-not-at-top
 
     missing = simulation_workloads.WORKLOADS['hpfl'].skip_reason()
     if missing:
         raise app.UsageError(f'The hpfl workload needs its data: {missing}')
     seen: dict = {}
-    run_round = engine.HpflRoundRunner.__call__
+    run_round = silo_engine.SiloRoundRunner.__call__
 
     def recording(self, state, silos, private_states, **kwargs):  # Keeps the last round's inputs to time.
         seen.update(runner=self, state=state, silos=silos, private_states=private_states)
         return run_round(self, state, silos, private_states, **kwargs)
 
-    engine.HpflRoundRunner.__call__ = recording
+    silo_engine.SiloRoundRunner.__call__ = recording
     tensors = lambda structure: tf.nest.map_structure(tf.convert_to_tensor, structure)
     with runtime.LocalRuntime():
         setup = simulation_workloads.hpfl_setup()
@@ -57,22 +57,22 @@ def main(argv) -> None:
             )
             state = output.state
             private.update(zip(ids, output.private_states))
-        runner, last = seen['runner'], seen['state']
-        weights, round_num = tensors(last.global_model_weights), tf.constant(last.round_num, tf.int32)
+        runner, last, functions = seen['runner'], seen['state'], process.parts['functions']
+        received, _ = functions.distribute(tensors(last.distributor), tensors(last.global_model_weights))
 
         def best_of_3(data, silo_state) -> float:
             data, silo_state = tensors(data), tensors(silo_state)
             times = []
             for _ in range(3):
                 start = time.perf_counter()
-                out = runner._client_phase(data, silo_state, weights, round_num, None)  # pylint: disable=protected-access
+                out = runner._client_phase(received, data, silo_state, None)  # pylint: disable=protected-access
                 tf.nest.map_structure(lambda t: t.numpy(), out)
                 times.append(time.perf_counter() - start)
             return min(times)
 
         rows = []
         for data, silo_state in zip(seen['silos'], seen['private_states']):
-            cut_data, cut_state = engine._cut(data, silo_state)  # pylint: disable=protected-access
+            cut_data, cut_state = functions.shrink(data, silo_state, silo_engine.rows)
             best_of_3(cut_data, cut_state)  # Warm: a new table size compiles.
             no_steps = cut_data._replace(
                 train=cut_data.train._replace(num_steps=np.int32(0)),

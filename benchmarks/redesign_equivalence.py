@@ -108,6 +108,11 @@ WORKLOADS = {
     'ditto_engine': (FEDDVA + ['--configurations=ditto', '--simulation=engine'], 'Ditto row of the FedDVA tables'),
     'ditto_per_client': (FEDDVA + ['--configurations=ditto', '--simulation=per_client'], 'Ditto, per-client'),
     'feddva_engine': (FEDDVA + ['--configurations=feddva,fedavg'], 'FedDVA and FedAvg rows'),
+    'feddva_tuned_engine': (FEDDVA + ['--configurations=feddva_tuned'], 'FedDVA, encoders tuned with the head'),
+    'feddva_per_client': (
+        FEDDVA + ['--configurations=feddva,feddva_tuned', '--simulation=per_client'],
+        'FedDVA rows, per-client backend',
+    ),
     'movielens_table1': (MOVIELENS + ['--configurations=fedrecon,fedavg_standard'], 'FedRecon Table 1 rows'),
     'movielens_dp': (
         MOVIELENS + ['--configurations=fedrecon', '--dp_noise_multiplier=0.5', '--dp_clip=1'],

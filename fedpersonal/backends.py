@@ -9,6 +9,12 @@ the backend of the current context:
 * ``'per_client'``: one TF computation per client, mapped over the clients by TFF (`process.next`; `run_round`
   runs it too).
 
+A plan whose phases name losses its model defines (`fedpersonal.core.model_loss_plan`, e.g. FedDVA's) runs on
+`fedpersonal.simulation.model_loss_engine` or `fedpersonal.core.model_loss_plan`'s per-client backend.
+
+A round stated as `fedpersonal.core.RoundFunctions` (HPFL) gets its engine parts from `silo_engine_parts`: the silo
+engine (`fedpersonal.simulation.silo_engine`), each client one compiled program.
+
 Where the engine cannot run a configuration (an aggregator that needs each client's own update, a client optimizer
 that is not a functional TFF optimizer, a custom distributor), the process is built on the per-client backend, with
 one log line saying why: something TFF supports never gives an error for it.
@@ -28,6 +34,7 @@ from __future__ import annotations
 import collections
 import contextlib
 import contextvars
+import functools
 from collections.abc import Callable
 from collections.abc import Iterator
 from typing import Any
@@ -40,12 +47,17 @@ from fedpersonal import errors
 from fedpersonal import models
 from fedpersonal.core import client_plan
 from fedpersonal.core import client_work
+from fedpersonal.core import model_loss_plan
 from fedpersonal.core import process as process_lib
+from fedpersonal.core import round_functions
+from fedpersonal.simulation import model_loss_engine
 from fedpersonal.simulation import plan_engine
+from fedpersonal.simulation import silo_engine
 
 ENGINE, PER_CLIENT = 'engine', 'per_client'
 BACKENDS = (ENGINE, PER_CLIENT)
 _backend: contextvars.ContextVar[str] = contextvars.ContextVar('fedpersonal_backend', default=ENGINE)
+_SUM_THEN_FINALIZE = tff.learning.metrics.sum_then_finalize
 
 
 def current() -> str:
@@ -71,9 +83,9 @@ def use(backend: str) -> Iterator[None]:
 
 def build_process(
     plan: client_plan.ClientPlan,
-    model_fn: Callable[[], tff.learning.models.ReconstructionModel],
+    model_fn: Callable[[], Any],
     *,
-    loss_fn: client_work.LossFn,
+    loss_fn: client_work.LossFn | None = None,
     metrics_fn: client_work.MetricsFn | None = None,
     server_optimizer: tff.learning.optimizers.Optimizer,
     model_aggregator: Any = None,
@@ -83,6 +95,7 @@ def build_process(
     group_size: int | None = None,
     measure_communication: bool = False,
     name: str = 'plan',
+    element_spec: Any = None,
 ) -> process_lib.PersonalizedProcess:
     """The process that runs `plan` on the context's backend (see the module docstring): stateful, unless the
     plan's local weights start afresh every round (`ClientPlan.local_start`).
@@ -90,8 +103,10 @@ def build_process(
     Args:
       plan: The client work.
       model_fn: No-arg function returning a new partially local model (`fedpersonal.models.from_keras_model`
-        with global and local layers); its local weights are each client's private state.
-      loss_fn: No-arg function returning the Keras loss.
+        with global and local layers; for a plan with model-defined losses a
+        `fedpersonal.core.model_loss_plan.PhasedModel`); its local weights are each client's private state.
+      loss_fn: No-arg function returning the Keras loss (None for a plan with model-defined losses, which reports
+        the ratio metrics of `fedpersonal.core.model_loss_plan`, without `metrics_fn` or `metrics_aggregator`).
       metrics_fn: Optional no-arg function returning Keras metrics (``loss`` and ``num_examples`` are added).
       server_optimizer: A TFF optimizer, applied to the aggregated update of the global weights.
       model_aggregator: A `tff.aggregators` factory for the global update (default: the weighted mean); on the
@@ -104,14 +119,71 @@ def build_process(
       measure_communication: Engine only: `run_round` also reports each logical client's download and upload
         under the keys of `fedpersonal.metrics.communication`'s measured broadcast and aggregator.
       name: The algorithm's name, for the log line of a fallback.
+      element_spec: For a plan with model-defined losses: the client datasets' element spec (default: the
+        model's ``input_spec``; a Keras plan's is its model's ``input_spec``).
 
     Returns:
       A stateful `PersonalizedProcess`.
+
+    Raises:
+      ValueError: Arguments the plan does not take (a Keras loss for model-defined losses, or none for the Keras
+        loss), or no element spec for a model without an ``input_spec``.
     """
     if not isinstance(server_optimizer, tff.learning.optimizers.Optimizer):  # TFF's server step takes no other.
         raise TypeError(f'server_optimizer must be a tff.learning.optimizers.Optimizer, got {server_optimizer!r}.')
-    common = dict(loss_fn=loss_fn, metrics_fn=metrics_fn, server_optimizer=server_optimizer)
     parts = dict(model_aggregator=model_aggregator, client_weighting=client_weighting)
+    engine: Callable[[], process_lib.PersonalizedProcess]
+    per_client: Callable[[], process_lib.PersonalizedProcess]
+    if plan.model_losses:
+        if loss_fn is not None or metrics_fn is not None or metrics_aggregator is not _SUM_THEN_FINALIZE:
+            raise ValueError(
+                f'{name}: a plan with model-defined losses takes no loss_fn, metrics_fn or metrics_aggregator.'
+            )
+        if element_spec is None:
+            with tf.Graph().as_default():
+                element_spec = getattr(model_fn(), 'input_spec', None)
+            if element_spec is None:
+                raise ValueError(f'{name}: give the element_spec of the client datasets (the model has no input_spec).')
+        spec = dict(element_spec=element_spec, server_optimizer=server_optimizer)
+        engine = functools.partial(
+            model_loss_engine.build_engine_process,
+            plan,
+            model_fn,
+            client_weighting=client_weighting,
+            group_size=group_size,
+            measure_communication=measure_communication,
+            **spec,
+        )
+        per_client = functools.partial(
+            model_loss_plan.build_per_client_process,
+            plan,
+            model_fn,
+            model_distributor=model_distributor,
+            **spec,
+            **parts,
+        )
+    else:
+        if loss_fn is None:
+            raise ValueError(f'{name}: a plan without model-defined losses needs loss_fn.')
+        common = dict(loss_fn=loss_fn, metrics_fn=metrics_fn, server_optimizer=server_optimizer)
+        engine = functools.partial(
+            plan_engine.build_engine_process,
+            plan,
+            model_fn,
+            group_size=group_size,
+            measure_communication=measure_communication,
+            **common,
+            **parts,
+        )
+        per_client = functools.partial(
+            client_plan.build_per_client_process,
+            plan,
+            model_fn,
+            metrics_aggregator=metrics_aggregator,
+            model_distributor=model_distributor,
+            **common,
+            **parts,
+        )
     if current() == ENGINE:
         reason = plan_engine.unsupported(
             plan,
@@ -121,20 +193,25 @@ def build_process(
         )
         if reason is None:
             try:
-                return plan_engine.build_engine_process(
-                    plan,
-                    model_fn,
-                    group_size=group_size,
-                    measure_communication=measure_communication,
-                    **common,
-                    **parts,
-                )
+                return engine()
             except errors.ConfigError as error:  # The model (e.g. a layer the engine cannot run per client).
                 reason = str(error)
         logging.info('%s runs on the per-client backend: %s', name, reason.rstrip('.') + '.')
-    return client_plan.build_per_client_process(
-        plan, model_fn, metrics_aggregator=metrics_aggregator, model_distributor=model_distributor, **common, **parts
-    )
+    return per_client()
+
+
+def silo_engine_parts(functions: round_functions.RoundFunctions, *, name: str) -> tuple[Any, Any]:
+    """``(packer, round_runner)`` for `compose_personalized_process` to run `functions` (the round its other parts
+    compute) on the context's backend: the silo engine (`fedpersonal.simulation.silo_engine`: each client one
+    compiled program), or ``(None, None)`` on the per-client backend and where the engine cannot run them (logged).
+    """
+    if current() != ENGINE:
+        return None, None
+    reason = silo_engine.unsupported(functions)
+    if reason is None:
+        return silo_engine.build(functions)
+    logging.info('%s runs on the per-client backend: %s', name, reason.rstrip('.') + '.')
+    return None, None
 
 
 def build_classifier_process(

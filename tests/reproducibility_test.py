@@ -21,6 +21,7 @@ from fedpersonal import algorithms
 from fedpersonal import program
 from fedpersonal import runtime
 from fedpersonal.algorithms import feddva
+from fedpersonal.core import model_loss_plan
 from fedpersonal.data import text_pipeline
 from fedpersonal.models import feddva_models
 from fedpersonal.models import furl_models
@@ -239,11 +240,10 @@ def _dva_client_update(seed, client=1):
     model = feddva_models.DualVae(ARCH, seed=seed)
     initial = _weights(_dva_variables(model))
     adam = tff.learning.optimizers.build_adam(learning_rate=1e-2)
-    metrics = tf.function(
-        lambda ds: feddva.client_round(
-            model, ds, decoder_epochs=1, z_epochs=1, c_epochs=1, head_epochs=1, optimizer=adam, head_optimizer=adam
-        )
-    )(_dva_client(client))
+    plan = feddva.feddva_plan(
+        decoder_epochs=1, z_epochs=1, c_epochs=1, head_epochs=1, optimizer=adam, head_optimizer=adam
+    )
+    metrics = tf.function(lambda ds: model_loss_plan.run_phases(model, plan, ds))(_dva_client(client))
     metrics = {k: [float(t) for t in v] for k, v in metrics.items()}
     return initial, _weights(_dva_variables(model)), metrics
 

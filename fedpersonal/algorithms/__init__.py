@@ -13,6 +13,11 @@ Every builder returns a `fedpersonal.core.PersonalizedProcess` (`initialize`, `n
   `build_lg_fedavg`: LG-FedAvg (personal representation, shared head), and
   `build_apfl`: APFL (a personal model mixed with the global one by a learned alpha), each a
   `fedpersonal.core.client_plan.ClientPlan` run by every backend (`fedpersonal.backends`);
+* `build_fedbn`: FedBN (batch norm layers local, the rest FedAvg) and `build_fedbabu`: FedBABU (the body trained
+  and averaged with the head frozen at its initial values), each a client plan run by every backend;
+* `build_per_fedavg`: Per-FedAvg (a meta-learned global model, first-order or Hessian-free) and `build_pfedme`:
+  pFedMe (personalized theta solving a proximal inner problem per batch), plans with a step kind
+  (`fedpersonal.core.step_kinds`), on the per-client backend;
 * `build_feddva`: FedDVA (shared dual encoders, private decoders and heads);
 * `build_hpfl`, `build_hpfl_baseline`: HPFL and its federated baselines on the GUM;
 * `compose_personalized_process`: the composer for a new method (see docs/ARCHITECTURE.md).
@@ -27,6 +32,8 @@ from fedpersonal.algorithms.dataset_split import build_dataset_split_fn
 from fedpersonal.algorithms.ditto import build_ditto
 from fedpersonal.algorithms.fed_avg import build_fed_avg
 from fedpersonal.algorithms.fed_recon import build_fed_recon
+from fedpersonal.algorithms.fedbabu import build_fedbabu
+from fedpersonal.algorithms.fedbn import build_fedbn
 from fedpersonal.algorithms.feddva import build_feddva
 from fedpersonal.algorithms.fedper import build_fedper
 from fedpersonal.algorithms.fedprox import build_fedprox
@@ -35,6 +42,8 @@ from fedpersonal.algorithms.furl import build_furl
 from fedpersonal.algorithms.hpfl import build_baseline as build_hpfl_baseline
 from fedpersonal.algorithms.hpfl import build_hpfl
 from fedpersonal.algorithms.lg_fedavg import build_lg_fedavg
+from fedpersonal.algorithms.per_fedavg import build_per_fedavg
+from fedpersonal.algorithms.pfedme import build_pfedme
 from fedpersonal.core.compose import compose_personalized_process
 
 __all__ = [
@@ -44,6 +53,8 @@ __all__ = [
     'build_ditto',
     'build_fed_avg',
     'build_fed_recon',
+    'build_fedbabu',
+    'build_fedbn',
     'build_feddva',
     'build_fedper',
     'build_fedprox',
@@ -52,5 +63,7 @@ __all__ = [
     'build_hpfl',
     'build_hpfl_baseline',
     'build_lg_fedavg',
+    'build_per_fedavg',
+    'build_pfedme',
     'compose_personalized_process',
 ]

@@ -2,7 +2,10 @@
 
 * `process`: `PersonalizedProcess` and `ProcessOutput`, the protocol of every algorithm.
 * `compose`: `compose_personalized_process`, TFF's broadcast / aggregator / finalizer around an algorithm's
-  client work, optionally followed by a client step after aggregation (`PostAggregation`).
+  client work, optionally with a server step of its own (`ServerStep`) and a client step after aggregation
+  (`PostAggregation`).
+* `round_functions`: `RoundFunctions`, a composed round as the pure TF functions its computations wrap, for a
+  backend that runs each client as one compiled program (HPFL's silos).
 * `client_work`: the client-side steps (local optimizer loops, reconstruction, proximal terms, metrics,
   weights, evaluation passes), written once.
 
@@ -11,6 +14,7 @@ See docs/ARCHITECTURE.md for the data flow of a round and how to add an algorith
 
 from fedpersonal.core import client_work
 from fedpersonal.core.compose import PostAggregation
+from fedpersonal.core.compose import ServerStep
 from fedpersonal.core.compose import compose_personalized_process
 from fedpersonal.core.compose import keras_metrics
 from fedpersonal.core.compose import ratio_metrics
@@ -18,11 +22,14 @@ from fedpersonal.core.compose import weighted_aggregator
 from fedpersonal.core.process import PersonalizedProcess
 from fedpersonal.core.process import ProcessOutput
 from fedpersonal.core.process import from_learning_process
+from fedpersonal.core.round_functions import RoundFunctions
 
 __all__ = [
     'PersonalizedProcess',
     'PostAggregation',
     'ProcessOutput',
+    'RoundFunctions',
+    'ServerStep',
     'client_work',
     'compose_personalized_process',
     'from_learning_process',

@@ -18,6 +18,10 @@ Backends run the same plan: `build_client_update` here (one TF computation per c
 TFF: the process's ``next``, what the privacy audit reads), and the grouped engine
 (`fedpersonal.simulation.plan_engine`), chosen in one place (`fedpersonal.backends`). FedPer is one phase training
 both parts; FedRep trains the local head with the body frozen, then the body with the head frozen.
+
+A plan may instead name losses and variable groups its model defines (`Phase.loss`; a model that is not one Keras
+model, e.g. FedDVA's dual VAE): `fedpersonal.core.model_loss_plan` and `fedpersonal.simulation.model_loss_engine`
+run those.
 """
 
 from __future__ import annotations
@@ -37,6 +41,7 @@ import tensorflow_federated as tff
 from fedpersonal.core import client_work
 from fedpersonal.core import compose
 from fedpersonal.core import process as process_lib
+from fedpersonal.core import step_kinds
 from fedpersonal.models import partially_local_model
 
 ModelWeights = tff.learning.models.ModelWeights
@@ -115,6 +120,13 @@ class Phase:
         phase's end (in between, the model uses alpha clipped to [0, 1]).
       data: The part of the plan's `DataSplit` the phase trains on; None: the client's whole dataset.
       reports_metrics: Whether the phase's steps update the metrics (False: FedRecon's reconstruction).
+      step: What a batch's step computes (`fedpersonal.core.step_kinds`, e.g. Per-FedAvg's `MetaStep`); None: the
+        gradient of the batch loss.
+      loss: A loss the model defines (`fedpersonal.core.model_loss_plan.PhasedModel`, e.g. FedDVA's dual VAE)
+        instead of the plan's Keras loss: `trains` then names variable groups the model defines, `epochs` may be
+        0 (the phase is skipped) and the phase reports ratio metrics (see `fedpersonal.core.model_loss_plan`).
+      statistic: With `loss`: a statistic the model defines (e.g. ``'accuracy'``), summed over each batch after
+        its step and reported per example.
     """
 
     trains: tuple[str, ...]
@@ -125,8 +137,21 @@ class Phase:
     mixed: bool = False
     data: str | None = None
     reports_metrics: bool = True
+    step: step_kinds.MetaStep | step_kinds.InnerProblem | None = None
+    loss: str | None = None
+    statistic: str | None = None
 
     def __post_init__(self):
+        if self.loss is not None:  # Variable groups, loss and metrics are the model's (model_loss_plan).
+            if not self.trains or not all(isinstance(g, str) and g for g in self.trains):
+                raise ValueError(f'Phase.trains must name variable groups of the model, got {self.trains!r}.')
+            if not isinstance(self.epochs, int) or self.epochs < 0:
+                raise ValueError(f'Phase.epochs must be an int >= 0, got {self.epochs!r}.')
+            if self.penalty is not None or self.mixed or self.step is not None:
+                raise ValueError('A phase with a model-defined loss takes no penalty or step kind and is not mixed.')
+            return
+        if self.statistic is not None:
+            raise ValueError('Phase.statistic needs a model-defined Phase.loss.')
         if not self.trains or not set(self.trains) <= set(PARTS) or len(set(self.trains)) != len(self.trains):
             raise ValueError(f'Phase.trains must be a non-empty subset of {PARTS}, got {self.trains!r}.')
         if PERSONAL in self.trains and len(self.trains) > 1:
@@ -137,6 +162,8 @@ class Phase:
             raise ValueError(f"A mixed phase trains ('personal',) only, got {self.trains!r}.")
         if self.penalty is not None and self.penalty.part not in self.trains:
             raise ValueError(f'Phase.penalty applies to {self.penalty.part!r}, which the phase does not train.')
+        if self.step is not None:
+            self.step.check(self.trains)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -150,6 +177,10 @@ class ClientPlan:
     ``'initial'``, the model's initial local weights, every round (a stateless process: nothing is kept); or
     ``'learned'``, a default the server learns, broadcast after the global trainable weights and updated with the
     aggregated displacement of the clients' trained local weights, uploaded after their global update (stateless).
+
+    Phases with model-defined losses (`Phase.loss`: all of a plan's phases or none) may train the global weights in
+    several phases or none; with `counts_participations` the client increments the model's ``participations``
+    counter (a local non-trainable variable, e.g. seeding noise per round) after its phases.
 
     Example:
 
@@ -165,8 +196,14 @@ class ClientPlan:
     initial_alpha: float | None = None
     split: DataSplit | None = None
     local_start: str = KEPT
+    counts_participations: bool = False
 
     def __post_init__(self):
+        if self.model_losses:
+            _check_model_loss_plan(self)
+            return
+        if self.counts_participations:
+            raise ValueError('counts_participations needs phases with model-defined losses.')
         if self.local_start not in LOCAL_STARTS:
             raise ValueError(f'ClientPlan.local_start must be one of {LOCAL_STARTS}, got {self.local_start!r}.')
         if self.local_start != KEPT and self.personal_copy:
@@ -176,7 +213,8 @@ class ClientPlan:
                 raise ValueError(f"Phase.data {phase.data!r} is not a part of the plan's split {self.split}.")
         if not any(p.reports_metrics for p in self.phases):
             raise ValueError('At least one phase of a ClientPlan reports metrics.')
-        if any(PERSONAL in p.trains for p in self.phases) and not self.personal_copy:
+        inner = any(isinstance(p.step, step_kinds.InnerProblem) for p in self.phases)
+        if (inner or any(PERSONAL in p.trains for p in self.phases)) and not self.personal_copy:
             raise ValueError('A phase trains the personal copy: the plan needs personal_copy=True.')
         if self.initial_alpha is not None and not (self.personal_copy and 0.0 <= self.initial_alpha <= 1.0):
             raise ValueError(f'initial_alpha needs personal_copy=True and a value in [0, 1], got {self.initial_alpha}.')
@@ -187,6 +225,11 @@ class ClientPlan:
         global_phases = [i for i, p in enumerate(self.phases) if GLOBAL in p.trains]
         if len(global_phases) != 1:
             raise ValueError(f'A ClientPlan needs exactly one phase that trains the global weights, got {self.phases}.')
+
+    @property
+    def model_losses(self) -> bool:
+        """Whether the phases minimize losses the model defines (`Phase.loss`), run by `fedpersonal.core.model_loss_plan`."""
+        return any(p.loss is not None for p in self.phases)
 
     @property
     def global_phase(self) -> int:
@@ -209,16 +252,33 @@ class ClientPlan:
         return list(dict.fromkeys(p.metrics_prefix for p in self.phases if p.reports_metrics))
 
 
+def _check_model_loss_plan(plan: ClientPlan) -> None:
+    """A plan of model-defined losses: every phase has one, no personal copy; distinct metric names."""
+    if any(p.loss is None for p in plan.phases):
+        raise ValueError("A plan's phases either all use the Keras loss or all name a model-defined Phase.loss.")
+    if plan.personal_copy or plan.initial_alpha is not None or plan.local_start != KEPT:
+        raise ValueError("A plan with model-defined losses keeps the model's local weights (no personal copy).")
+    if plan.split is not None or any(p.data is not None or not p.reports_metrics for p in plan.phases):
+        raise ValueError('The phases of a plan with model-defined losses train on the whole dataset and report.')
+    prefixes = [p.metrics_prefix or p.loss for p in plan.phases]
+    if len(set(prefixes)) != len(prefixes):
+        raise ValueError(
+            f'The phases of a plan with model-defined losses need distinct metrics prefixes, got {prefixes}.'
+        )
+
+
 def prefixed(prefix: str | None, values: collections.OrderedDict) -> collections.OrderedDict:
     """`values` keyed ``<prefix>_<name>`` (as they are without a prefix)."""
     return collections.OrderedDict((k if prefix is None else f'{prefix}_{k}', v) for k, v in values.items())
 
 
 class Initial(NamedTuple):
-    """The no-arg TF computations of a model's initial global and local weights."""
+    """The no-arg TF computations of a model's initial global and local weights (None for a stateless plan), and
+    the type of the model's input batches."""
 
     global_weights: tff.Computation
-    local_weights: tff.Computation
+    local_weights: tff.Computation | None
+    element_type: tff.Type
 
 
 def server_weights(model: tff.learning.models.ReconstructionModel, local_start: str = KEPT) -> Any:
@@ -236,26 +296,46 @@ def initial_weights(
     personal: bool = False,
     initial_alpha: float | None = None,
     local_start: str = KEPT,
+    stateful: bool = True,
 ) -> Initial:
     """`Initial` of the partially local model `model_fn` builds; with `personal`, the private state is a copy of
     its global weights (and, with `initial_alpha`, the mixing weight after its trainable weights); the global
-    weights are `server_weights` for `local_start`."""
+    weights are `server_weights` for `local_start`. Calls `model_fn` once (twice if `stateful`), as TFF's builders
+    count their calls."""
+    input_specs = []
 
     @tff.tensorflow.computation
     def initial_global():
-        return server_weights(model_fn(), local_start)
-
-    @tff.tensorflow.computation
-    def initial_local():
         model = model_fn()
-        if not personal:
-            return client_work.local_weights(model)
-        weights = client_work.global_weights(model)
-        if initial_alpha is None:
-            return weights
-        return ModelWeights(list(weights.trainable) + [tf.constant(initial_alpha, tf.float32)], weights.non_trainable)
+        input_specs.append(model.input_spec)
+        return server_weights(model, local_start)
 
-    return Initial(initial_global, initial_local)
+    initial_local = None
+    if stateful:
+
+        @tff.tensorflow.computation
+        def initial_local():
+            model = model_fn()
+            if not personal:
+                return client_work.local_weights(model)
+            weights = client_work.global_weights(model)
+            if initial_alpha is None:
+                return weights
+            alpha = tf.constant(initial_alpha, tf.float32)
+            return ModelWeights(list(weights.trainable) + [alpha], weights.non_trainable)
+
+    return Initial(initial_global, initial_local, tff.types.tensorflow_to_type(input_specs[0]))
+
+
+def plan_initial_weights(plan: ClientPlan, model_fn: Callable[[], tff.learning.models.ReconstructionModel]) -> Initial:
+    """`initial_weights` as `plan` keeps its clients' state."""
+    return initial_weights(
+        model_fn,
+        personal=plan.personal,
+        initial_alpha=plan.initial_alpha,
+        local_start=plan.local_start,
+        stateful=plan.stateful,
+    )
 
 
 def build_client_update(
@@ -265,17 +345,17 @@ def build_client_update(
     metrics_fn: client_work.MetricsFn | None,
     finalizers: collections.OrderedDict,
     client_weighting: Any = tff.learning.ClientWeighting.NUM_EXAMPLES,
+    initial: Initial | None = None,
 ) -> tff.Computation:
     """The plan as one client's TF computation ``(global weights, dataset, local weights) -> (ClientResult,
     unfinalized metrics, new local weights)`` (a stateless plan: ``(global weights, dataset) -> (ClientResult,
     unfinalized metrics)``), recording the metrics' finalizers in `finalizers`; the update's weight by
-    `client_weighting` (``NUM_EXAMPLES``: the examples of the global phase's steps)."""
-    with tf.Graph().as_default():
-        element_type = tff.types.tensorflow_to_type(model_fn().input_spec)
-    initial = initial_weights(
-        model_fn, personal=plan.personal, initial_alpha=plan.initial_alpha, local_start=plan.local_start
-    )
-    weights_type, dataset_type = initial.global_weights.type_signature.result, tff.SequenceType(element_type)
+    `client_weighting` (``NUM_EXAMPLES``: the examples of the global phase's steps). `initial`: the plan's
+    `plan_initial_weights` if already built."""
+    if plan.model_losses:
+        raise ValueError('A plan with model-defined losses runs on fedpersonal.core.model_loss_plan.')
+    initial = initial or plan_initial_weights(plan, model_fn)
+    weights_type, dataset_type = initial.global_weights.type_signature.result, tff.SequenceType(initial.element_type)
 
     def work(received, dataset, private):
         with tf.init_scope():
@@ -284,6 +364,8 @@ def build_client_update(
             mixing = plan.initial_alpha is not None
             alpha = tf.Variable(0.0, name='alpha') if mixing else None
             mixed_model = client_work.construct(model_fn) if mixing else None
+            needs_scratch = personal is None and any(p.step for p in plan.phases)  # `MetaStep`s trial weights.
+            scratch = client_work.construct(model_fn) if needs_scratch else None
             metrics = {}
             for prefix in plan.metric_prefixes:
                 built: collections.OrderedDict = collections.OrderedDict()
@@ -325,6 +407,10 @@ def build_client_update(
                 batch_loss = _mixed_batch_loss(
                     mixed_model, parts[PERSONAL], alpha, received_trainable, loss_fn(), phase_metrics
                 )
+            elif phase.step is not None:
+                batch_loss = step_kinds.step_batch_loss(
+                    phase, model, variables, personal or scratch, loss_fn(), phase_metrics
+                )
             else:
                 batch_loss = client_work.model_batch_loss(stepped, loss_fn(), phase_metrics)
             data = dataset if phase.data is None else split[split_names.index(phase.data)]
@@ -362,6 +448,8 @@ def build_client_update(
             return work(received, dataset, None)
 
         return stateless_update
+
+    assert initial.local_weights is not None  # A stateful plan's.
 
     @tff.tensorflow.computation(weights_type, dataset_type, initial.local_weights.type_signature.result)
     @tf.function
@@ -427,14 +515,14 @@ def build_per_client_process(
     `model_aggregator` (default the weighted mean, weights by `client_weighting`) and `server_optimizer` around
     `build_client_update`; the local weights (or the personal copy) are the private state of a stateful plan (a
     stateless one's process is TFF's `LearningProcess`, kept as `process.learning_process`)."""
-    initial = initial_weights(
-        model_fn, personal=plan.personal, initial_alpha=plan.initial_alpha, local_start=plan.local_start
-    )
+    initial = plan_initial_weights(plan, model_fn)
     finalizers: collections.OrderedDict = collections.OrderedDict()
     return compose.compose_personalized_process(
         initial_global_weights=initial.global_weights,
-        initial_private_state=initial.local_weights if plan.stateful else None,
-        client_update=build_client_update(plan, model_fn, loss_fn, metrics_fn, finalizers, client_weighting),
+        initial_private_state=initial.local_weights,
+        client_update=build_client_update(
+            plan, model_fn, loss_fn, metrics_fn, finalizers, client_weighting, initial=initial
+        ),
         aggregate_metrics=compose.keras_metrics(finalizers, metrics_aggregator),
         server_optimizer=server_optimizer,
         model_aggregator=compose.weighted_aggregator(model_aggregator, client_weighting),

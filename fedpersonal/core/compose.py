@@ -13,8 +13,12 @@ The algorithm supplies just its client work:
 
 An optional post-aggregation stage (`PostAggregation`, stateful client work only) adds a second broadcast after
 the server step -- of a value computed from the new global weights -- and a client update of each new private
-state from it and that client's metrics (what HPFL's round does after its aggregation). Without it the round is
-the one above, unchanged.
+state from it and that client's metrics (what HPFL's round does after its aggregation). An optional server step
+(`ServerStep`, stateful only) replaces TFF's aggregator and finalizer by the algorithm's own aggregation of the
+clients' uploads, with a server state of its own (HPFL's accuracy-weighted public aggregation and centre
+clustering). The distributor is any `tff.learning.templates.DistributionProcess`: the client work receives its
+result (HPFL's sends the weights with the round number, or nothing to clients that train their own model).
+Without these parts the round is the one above, unchanged.
 
 `aggregate_metrics` turns the CLIENTS-placed client metrics into SERVER-placed ones: `keras_metrics` (TFF's
 `sum_then_finalize` over Keras metric variables) or `ratio_metrics` (sums of ``[numerator, denominator]``).
@@ -31,6 +35,7 @@ from __future__ import annotations
 
 import collections
 from collections.abc import Callable
+from collections.abc import Sequence
 from typing import Any
 from typing import NamedTuple
 from typing import TypeAlias
@@ -38,6 +43,7 @@ from typing import TypeAlias
 import numpy as np
 import tensorflow as tf
 import tensorflow_federated as tff
+from tensorflow_federated.python.learning.templates import apply_optimizer_finalizer
 
 from fedpersonal.core import process as process_lib
 
@@ -50,8 +56,8 @@ class PostAggregation(NamedTuple):
     """A client step after aggregation: the server broadcasts a value of its new state, clients update privately.
 
     Attributes:
-      server_value: TF computation from the new global weights (for HPFL: with its other server values) to what
-        is broadcast.
+      server_value: TF computation from the new global weights (with a `ServerStep`: the new global weights and
+        the server step's new state) to what is broadcast.
       client_update: TF computation ``(broadcast value, private state, client metrics) -> private state``: the
         client metrics are the client work's per-client output that `aggregate_metrics` also reads.
     """
@@ -66,6 +72,22 @@ class PostAggregation(NamedTuple):
         """
         broadcast = tff.federated_broadcast(tff.federated_map(self.server_value, server_values))
         return tff.federated_map(self.client_update, (broadcast, private_states, client_metrics))
+
+
+class ServerStep(NamedTuple):
+    """The server's step from the clients' uploads, in place of TFF's aggregator and finalizer (stateful only).
+
+    Attributes:
+      initialize: No-arg federated computation of its SERVER-placed state (the process state's ``aggregator``;
+        its ``finalizer`` is then ``()``).
+      next: Python function traced inside ``next``: ``(state, global weights, uploads, client metrics) -> (new
+        global weights, new state, measurements)``, state and weights SERVER-placed, uploads (the client work's
+        first result) and client metrics CLIENTS-placed; `measurements`, an `OrderedDict` of SERVER-placed values,
+        take the place of the round's ``aggregator`` and ``finalizer`` metrics.
+    """
+
+    initialize: tff.Computation
+    next: Callable[..., tuple[Any, Any, Any]]
 
 
 def weighted_aggregator(
@@ -86,6 +108,17 @@ def weighted_aggregator(
             )
         return tff.aggregators.as_weighted_aggregator(model_aggregator)
     return model_aggregator
+
+
+def apply_update(
+    server_optimizer: tff.learning.optimizers.Optimizer, optimizer_state: Any, trainable: Sequence[Any], update: Any
+) -> tuple[Any, list[Any], Any]:
+    """TFF's apply-optimizer finalizer step as TF (for engines): ``(optimizer state, weights, measurements)`` after
+    applying the aggregated `update`; a non-finite update keeps the previous weights and state."""
+    new_state, new_weights = server_optimizer.next(optimizer_state, list(trainable), list(update))
+    reject, measurements = apply_optimizer_finalizer.reject_non_finite_update(new_state, list(update))
+    keep = lambda new, old: tf.nest.map_structure(lambda a, b: tf.where(reject, b, a), new, old)
+    return keep(new_state, optimizer_state), keep(list(new_weights), list(trainable)), measurements
 
 
 def keras_metrics(
@@ -119,8 +152,13 @@ def ratio_metrics(sums_type: tff.Type | None = None) -> Callable[[Any], Any]:
     return aggregate
 
 
+def _keyed(metrics: Any, key: str | None) -> Any:
+    """The ``client_work`` metrics: the aggregated client metrics under `key` (TFF's ``'train'``), or themselves."""
+    return metrics if key is None else tff.federated_zip(collections.OrderedDict([(key, metrics)]))
+
+
 def _client_work_process(
-    client_update: tff.Computation, aggregate_metrics: Callable[[Any], Any]
+    client_update: tff.Computation, aggregate_metrics: Callable[[Any], Any], metrics_key: str | None
 ) -> tff.learning.templates.ClientWorkProcess:
     weights_type, dataset_type = client_update.type_signature.parameter
 
@@ -136,7 +174,7 @@ def _client_work_process(
     def next_fn(state, weights, client_datasets):
         del state
         client_result, client_metrics = tff.federated_map(client_update, (weights, client_datasets))
-        measurements = tff.federated_zip(collections.OrderedDict(train=aggregate_metrics(client_metrics)))
+        measurements = _keyed(aggregate_metrics(client_metrics), metrics_key)
         return tff.templates.MeasuredProcessOutput(
             state=tff.federated_value((), tff.SERVER), result=client_result, measurements=measurements
         )
@@ -149,7 +187,7 @@ def compose_personalized_process(
     initial_global_weights: tff.Computation,
     client_update: tff.Computation | Callable[[], tff.Computation],
     aggregate_metrics: Callable[[Any], Any],
-    server_optimizer: tff.learning.optimizers.Optimizer,
+    server_optimizer: tff.learning.optimizers.Optimizer | None = None,
     model_aggregator: AggregationFactory | None = None,
     initial_private_state: tff.Computation | None = None,
     model_distributor: tff.learning.templates.DistributionProcess | None = None,
@@ -158,6 +196,8 @@ def compose_personalized_process(
     round_runner: Callable[..., Any] | None = None,
     group_private_state_type: tff.Type | None = None,
     post_aggregation: PostAggregation | None = None,
+    server_step: ServerStep | None = None,
+    client_metrics_key: str | None = 'train',
 ) -> process_lib.PersonalizedProcess:
     """Composes a `PersonalizedProcess` from an algorithm's client work and TFF's parts.
 
@@ -169,13 +209,14 @@ def compose_personalized_process(
         with `process.next`, on its first use, which `process.run_round` never needs.
       aggregate_metrics: Python function from CLIENTS-placed client metrics to SERVER-placed metrics, called
         while tracing (`keras_metrics` or `ratio_metrics`).
-      server_optimizer: Applied to the aggregated update (TFF's apply-optimizer finalizer).
+      server_optimizer: Applied to the aggregated update (TFF's apply-optimizer finalizer); unused with a
+        `server_step`.
       model_aggregator: A `tff.aggregators` factory for `ClientResult.update` (weighted by
         `ClientResult.update_weight`; an unweighted one is wrapped by the caller with `weighted_aggregator`);
         default `tff.aggregators.MeanFactory()`.
       initial_private_state: No-arg TF computation returning a default private state; makes the process
         stateful.
-      model_distributor: Default `tff.learning.templates.build_broadcast_process`.
+      model_distributor: Default `tff.learning.templates.build_broadcast_process`; the client work takes its result.
       parts: Extra named building blocks recorded in `process.parts`.
       packer: For group client work (the fast simulation engine): the `fedpersonal.simulation.packing`
         packer whose groups `client_update` takes (`process.pack`).
@@ -185,27 +226,39 @@ def compose_personalized_process(
       post_aggregation: A client step after the server step (stateful client work only): `next` broadcasts
         ``post_aggregation.server_value(new global weights)`` and maps ``post_aggregation.client_update`` over
         the clients' new private states and client metrics. A `round_runner` does its own rounds (not this).
+      server_step: The server's step in place of `model_aggregator`, `server_optimizer` and TFF's finalizer
+        (stateful client work only; see `ServerStep`): it takes the client work's first result as uploads.
+      client_metrics_key: The key of the aggregated client metrics in the ``client_work`` metrics (TFF's client
+        work: ``'train'``); None: they are the ``client_work`` metrics themselves.
 
     Returns:
-      A `PersonalizedProcess` (metrics: `distributor`, `client_work` (`train`), `aggregator`, `finalizer`).
+      A `PersonalizedProcess` (metrics: `distributor`, `client_work` (`train`), `aggregator`, `finalizer`, or in
+      place of the last two a `server_step`'s measurements). `parts['after_client_work']` is the stateful round
+      after the client work, a Python function ``(state, uploads, client metrics, new private states) ->
+      ProcessOutput`` to trace in a federated computation (the server keeps its distributor state): what a privacy
+      audit of the uploads reads.
     """
     weights_type = initial_global_weights.type_signature.result
-    aggregator = (model_aggregator or tff.aggregators.MeanFactory()).create(
-        weights_type.trainable, tff.TensorType(np.float32)
-    )
     distributor = model_distributor or tff.learning.templates.build_broadcast_process(weights_type)
-    finalizer = tff.learning.templates.build_apply_optimizer_finalizer(server_optimizer, weights_type)
     parts = dict(parts or {})
     stateful = initial_private_state is not None
-    if post_aggregation is not None:
-        if not stateful:
-            raise ValueError('post_aggregation updates private states: it needs initial_private_state.')
-        parts['post_aggregation'] = post_aggregation
+    for name, part in (('post_aggregation', post_aggregation), ('server_step', server_step)):
+        if part is not None:
+            if not stateful:
+                raise ValueError(f'{name} is a part of stateful client work: it needs initial_private_state.')
+            parts[name] = part
+    if server_step is None:
+        if server_optimizer is None:
+            raise ValueError('server_optimizer is needed without a server_step.')
+        aggregator = (model_aggregator or tff.aggregators.MeanFactory()).create(
+            weights_type.trainable, tff.TensorType(np.float32)
+        )
+        finalizer = tff.learning.templates.build_apply_optimizer_finalizer(server_optimizer, weights_type)
     if isinstance(client_update, tff.Computation):
         parts['client_update'] = client_update
         dataset_type = client_update.type_signature.parameter[1]
         if not stateful and isinstance(dataset_type, tff.SequenceType):
-            client_work = _client_work_process(client_update, aggregate_metrics)
+            client_work = _client_work_process(client_update, aggregate_metrics, client_metrics_key)
             learning_process = tff.learning.templates.compose_learning_process(
                 initial_global_weights, distributor, client_work, aggregator, finalizer
             )
@@ -224,10 +277,48 @@ def compose_personalized_process(
                 global_model_weights=tff.federated_eval(initial_global_weights, tff.SERVER),
                 distributor=distributor.initialize(),
                 client_work=tff.federated_value((), tff.SERVER),
-                aggregator=aggregator.initialize(),
-                finalizer=finalizer.initialize(),
+                aggregator=server_step.initialize() if server_step else aggregator.initialize(),
+                finalizer=tff.federated_value((), tff.SERVER) if server_step else finalizer.initialize(),
             )
         )
+
+    def after_client_work(state, distributed, client_result, client_metrics, new_private):
+        """The round after the client work (traced); `distributed` is None outside `next` (state kept)."""
+        if server_step is not None:
+            weights, server_state, server_metrics = server_step.next(
+                state.aggregator, state.global_model_weights, client_result, client_metrics
+            )
+            finalizer_state, post_value = state.finalizer, tff.federated_zip((weights, server_state))
+        else:
+            aggregated = aggregator.next(state.aggregator, client_result.update, client_result.update_weight)
+            finalized = finalizer.next(state.finalizer, state.global_model_weights, aggregated.result)
+            weights, server_state, finalizer_state = finalized.result, aggregated.state, finalized.state
+            server_metrics = collections.OrderedDict(
+                aggregator=aggregated.measurements, finalizer=finalized.measurements
+            )
+            post_value = weights
+        if post_aggregation is not None:
+            new_private = post_aggregation.apply(post_value, new_private, client_metrics)
+        new_state = tff.federated_zip(
+            tff.learning.templates.LearningAlgorithmState(
+                global_model_weights=weights,
+                distributor=state.distributor if distributed is None else distributed.state,
+                client_work=state.client_work,
+                aggregator=server_state,
+                finalizer=finalizer_state,
+            )
+        )
+        metrics = tff.federated_zip(
+            collections.OrderedDict(
+                distributor=tff.federated_value((), tff.SERVER) if distributed is None else distributed.measurements,
+                client_work=_keyed(aggregate_metrics(client_metrics), client_metrics_key),
+                **server_metrics,
+            )
+        )
+        return process_lib.ProcessOutput(state=new_state, metrics=metrics, private_states=new_private)
+
+    if stateful:
+        parts['after_client_work'] = lambda state, *results: after_client_work(state, None, *results)
 
     def build_next(update: tff.Computation) -> tff.Computation:
         """The round as a federated computation mapping `update` (the client work) over CLIENTS."""
@@ -242,28 +333,7 @@ def compose_personalized_process(
             else:
                 client_result, client_metrics = tff.federated_map(update, (distributed.result, client_data))
                 new_private = ()
-            aggregated = aggregator.next(state.aggregator, client_result.update, client_result.update_weight)
-            finalized = finalizer.next(state.finalizer, state.global_model_weights, aggregated.result)
-            if post_aggregation is not None:
-                new_private = post_aggregation.apply(finalized.result, new_private, client_metrics)
-            new_state = tff.federated_zip(
-                tff.learning.templates.LearningAlgorithmState(
-                    global_model_weights=finalized.result,
-                    distributor=distributed.state,
-                    client_work=state.client_work,
-                    aggregator=aggregated.state,
-                    finalizer=finalized.state,
-                )
-            )
-            metrics = tff.federated_zip(
-                collections.OrderedDict(
-                    distributor=distributed.measurements,
-                    client_work=tff.federated_zip(collections.OrderedDict(train=aggregate_metrics(client_metrics))),
-                    aggregator=aggregated.measurements,
-                    finalizer=finalized.measurements,
-                )
-            )
-            return process_lib.ProcessOutput(state=new_state, metrics=metrics, private_states=new_private)
+            return after_client_work(state, distributed, client_result, client_metrics, new_private)
 
         if stateful:
 

@@ -379,10 +379,36 @@ class DualVae:
             + [self.participations]
         )
 
+    # The groups of a partially local model (FedDVA's client plan: `fedpersonal.core.model_loss_plan.PhasedModel`).
+    @property
+    def global_trainable_variables(self) -> list[tf.Variable]:
+        return self.global_trainable
+
+    @property
+    def global_non_trainable_variables(self) -> list[tf.Variable]:
+        return []
+
+    @property
+    def local_trainable_variables(self) -> list[tf.Variable]:
+        return self.private_trainable
+
+    @property
+    def local_non_trainable_variables(self) -> list[tf.Variable]:
+        return self.private_non_trainable
+
     def variables_of(self, phase: str) -> list[tf.Variable]:
         """The trainable variables stepped in `phase`."""
+        if phase not in PHASES:
+            raise ValueError(f'unknown phase {phase!r}; expected one of {PHASES}')
         head = self.head_variables + (self.global_trainable if self.head_tunes_encoders else [])
         return {'decoder': self.decoder_variables, 'z': self.z_branch, 'c': self.c_branch, 'head': head}[phase]
+
+    def phase_statistic(self, statistic: str, x: tf.Tensor, y: tf.Tensor) -> tf.Tensor:
+        """``'accuracy'``: the number of examples of the batch the head classifies correctly."""
+        if statistic != 'accuracy':
+            raise ValueError(f"unknown statistic {statistic!r}; expected 'accuracy'")
+        predicted = tf.argmax(self.classify(x), axis=-1, output_type=tf.int32)
+        return tf.reduce_sum(tf.cast(tf.equal(predicted, tf.cast(y, tf.int32)), tf.float32))
 
     # Forward passes.
     def encode(self, x: tf.Tensor, training: bool = False):

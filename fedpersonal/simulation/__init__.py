@@ -4,11 +4,13 @@
 * `packing`: clients' datasets as fixed-shape, masked group tensors (`ClientPacker`);
 * `lockstep`: the local optimizer loop of a whole group in lockstep (vectorized over clients, XLA-compiled);
 * `group`: a group's pre-aggregated `ClientResult` (per-client weights, non-finite zeroing) and the checks of
-  what a group can pre-aggregate.
+  what a group can pre-aggregate;
+* `silo_engine`: cross-silo rounds (HPFL) from their `fedpersonal.core.RoundFunctions`, each client one compiled
+  program in the driver.
 
-The algorithms compose these into their group client work (`build_fed_recon(..., simulation='engine')`); one
-TFF client slot then carries a group of logical clients, and TFF's weighted mean over the groups equals its
-weighted mean over the logical clients.
+`plan_engine` composes these into the group client work of a `fedpersonal.core.client_plan.ClientPlan` (FedRecon,
+FedAvg, FURL, Ditto, FedPer, ...; FedDVA and HPFL still compose their own); one TFF client slot then carries a
+group of logical clients, and TFF's weighted mean over the groups equals its weighted mean over the logical clients.
 """
 
 from fedpersonal.simulation import functional

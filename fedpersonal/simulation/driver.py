@@ -43,9 +43,9 @@ import numpy as np
 import tensorflow as tf
 import tensorflow_federated as tff
 from absl import logging
-from tensorflow_federated.python.learning.templates import apply_optimizer_finalizer
 
 from fedpersonal.core import process as process_lib
+from fedpersonal.core.compose import apply_update as apply_update
 from fedpersonal.simulation import options
 from fedpersonal.simulation import packing
 from fedpersonal.simulation.packing import group_clients as group_clients
@@ -88,17 +88,6 @@ class KerasMetricsFinalizer:
 
             self._finalize = finalize
         return collections.OrderedDict((k, v.numpy()) for k, v in self._finalize(unfinalized).items())
-
-
-def apply_update(
-    server_optimizer: tff.learning.optimizers.Optimizer, optimizer_state: Any, trainable: Sequence[Any], update: Any
-) -> tuple[Any, list[Any], Any]:
-    """TFF's apply-optimizer finalizer step (TF): ``(optimizer state, weights, measurements)`` after applying the
-    aggregated `update`; a non-finite update keeps the previous weights and state (`reject_non_finite_update`)."""
-    new_state, new_weights = server_optimizer.next(optimizer_state, list(trainable), list(update))
-    reject, measurements = apply_optimizer_finalizer.reject_non_finite_update(new_state, list(update))
-    keep = lambda new, old: tf.nest.map_structure(lambda a, b: tf.where(reject, b, a), new, old)
-    return keep(new_state, optimizer_state), keep(list(new_weights), list(trainable)), measurements
 
 
 def finalize_ratios(sums: Any) -> collections.OrderedDict:

@@ -39,9 +39,14 @@ def unsupported(
     model_distributor: Any = None,
 ) -> str | None:
     """Why the engine cannot run `plan` with these parts, or None if it can (every engine check, in one place)."""
+    steps = [type(p.step).__name__ for p in plan.phases if p.step is not None]
+    if steps:  # Not yet in `lockstep.lockstep_steps`.
+        return f'The fast simulation engine does not run the step kind {steps[0]} yet'
     try:
         for i, phase in enumerate(plan.phases):
             lockstep.check_optimizer(phase.optimizer, f'the optimizer of phase {i}')
+        if plan.model_losses and model_aggregator is not None:  # `model_loss_engine` aggregates by the mean.
+            raise errors.ConfigError('The engine runs a plan with model-defined losses with the default aggregator.')
         group_lib.check_aggregator(model_aggregator, fixed_clip_dp=True)
         group_lib.client_weights(client_weighting, tf.zeros([1]))
         simulation_options.check_engine_parts(
@@ -98,10 +103,9 @@ def build_engine_process(
     client's download and upload (`simulation.driver`). `strategy`: how a group runs its phases
     (`fedpersonal.simulation.client_loop.STRATEGIES`); None: measured on the first rounds (`driver.GroupRoundRunner`)."""
     dp_clip = group_lib.per_client_clip(model_aggregator)
-    initial = client_plan.initial_weights(
-        model_fn, personal=plan.personal, initial_alpha=plan.initial_alpha, local_start=plan.local_start
-    )
-    model = functional.FunctionalModel(model_fn)
+    initial = client_plan.plan_initial_weights(plan, model_fn)
+    # Batch norm's moving statistics are carried per client through the phases (FedBN keeps them local).
+    model = functional.FunctionalModel(model_fn, batch_norm=True)
     base = model.initial_weights
     num_global = len(base.global_trainable)
     learned = plan.local_start == client_plan.LEARNED
@@ -112,14 +116,15 @@ def build_engine_process(
     slots[client_plan.PERSONAL] = slots[client_plan.GLOBAL]  # Of the personal copy's own weights.
     prefixes = plan.metric_prefixes
     names = tuple(f'phase_{i}' for i in range(len(plan.phases)))
-    with tf.Graph().as_default():
-        element_spec = model_fn().input_spec
+    element_spec = tff.types.type_to_tf_tensor_specs(initial.element_type)
     group_size = group_size or simulation_options.default_group_size(
         list(base.global_trainable) + list(base.local_trainable)
     )
     packer = _packer(plan, element_spec, group_size)
     weights_type = initial.global_weights.type_signature.result
-    group_private_type = packing.stacked_type(initial.local_weights.type_signature.result) if plan.stateful else None
+    group_private_type = None
+    if initial.local_weights is not None:
+        group_private_type = packing.stacked_type(initial.local_weights.type_signature.result)
 
     # The trained globals are needed per client after the global phase only to clip them, or for a later phase
     # that trains on them; else only their weighted sum leaves the client loop.
@@ -217,11 +222,17 @@ def build_engine_process(
                 )
                 if plan.personal:
                     new_trainable, new_non_trainable = personal.global_trainable, personal.global_non_trainable
+                    base_non_trainable = base.global_non_trainable
                 else:
-                    new_trainable, new_non_trainable = weights.local_trainable, private_non_trainable
+                    new_trainable, new_non_trainable = weights.local_trainable, weights.local_non_trainable
+                    base_non_trainable = base.local_non_trainable
                 new_private = tff.learning.models.ModelWeights(
                     trainable=[keep(n, o) for n, o in zip(new_trainable, private_trainable)],
-                    non_trainable=list(new_non_trainable),
+                    # Moving statistics a training step updated (batch norm), per client; others as they were.
+                    non_trainable=[
+                        keep(lockstep.per_client(n, b, clients), o)
+                        for n, o, b in zip(new_non_trainable, private_non_trainable, base_non_trainable)
+                    ],
                 )
                 return result, new_private
 
@@ -278,7 +289,7 @@ def build_engine_process(
     )
     return compose.compose_personalized_process(
         initial_global_weights=initial.global_weights,
-        initial_private_state=initial.local_weights if plan.stateful else None,
+        initial_private_state=initial.local_weights,
         client_update=client_update,
         model_aggregator=aggregator,
         server_optimizer=server_optimizer,

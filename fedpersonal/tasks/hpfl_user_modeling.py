@@ -65,6 +65,7 @@ import tensorflow as tf
 from absl import logging
 
 from fedpersonal import client_state
+from fedpersonal import core
 from fedpersonal import errors
 from fedpersonal import program
 from fedpersonal import wording
@@ -179,7 +180,9 @@ def _load_all(config: HpflConfig) -> user_modeling.UserModelingData:
 
 
 # ------------------------------------------------------------------------------------------------ federated
-def _build_process(method: str, config: HpflConfig, gum_config: gum.GumConfig, num_silos: int) -> hpfl.HpflProcess:
+def _build_process(
+    method: str, config: HpflConfig, gum_config: gum.GumConfig, num_silos: int
+) -> core.PersonalizedProcess:
     """The method's configuration of the one HPFL-family builder (`hpfl.round_spec` names them)."""
     assert config.accuracy_threshold is not None  # `run` derives it from the data when it is None.
     return hpfl.build_method(

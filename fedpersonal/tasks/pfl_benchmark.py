@@ -8,7 +8,21 @@ configured backend (`fedpersonal.backends`); a method here is only its plan and 
 
 * ``fedavg`` / ``fedprox``: the global model (FedProx's proximal term, `fedpersonal.algorithms.fedprox`);
 * ``ditto`` / ``apfl``: a personal copy of the model per client (APFL: mixed with the global one by alpha);
-* ``fedper`` / ``fedrep``: the head (``fc``) local; ``lg_fedavg``: the body (``conv1``, ``conv2``, ``fc1``) local.
+* ``fedper`` / ``fedrep``: the head (``fc``) local; ``lg_fedavg``: the body (``conv1``, ``conv2``, ``fc1``) local;
+* ``fedavg_ft`` / ``fedbabu``: FedAvg, and FedBABU (the head frozen at its initial values, only the body trained),
+  each client fine-tuning its whole model on its train data for `finetune_epochs` epochs before every evaluation
+  (`fedbabu.finetune_plan`; PFLlib fine-tunes once, after the last round);
+* ``fed_recon``: the head reconstructed on each client's support data every round (stateless), evaluated by
+  ReconEval on each client's test data (the head reconstructed on its support part, accuracy on its query part);
+* ``furl_head``: a persistent private head with FURL's norm penalty (`furl_private_norm`).
+
+FedBN (`fedpersonal.algorithms.fedbn`) is not a row: PFLlib's CNN has no batch normalization, on which FedBN is
+FedAvg.
+* ``per_fedavg`` (first-order, as PFLlib) / ``per_fedavg_hf`` (Hessian-free): the global model, meta-learned
+  (`fedpersonal.algorithms.per_fedavg`); evaluated after one SGD step on the client's first train batch (PFLlib's
+  ``evaluate_one_step``; PFLlib takes a random batch);
+* ``pfedme``: the global model and each client's personalized theta, the model it is evaluated with
+  (`fedpersonal.algorithms.pfedme`; PFLlib's pFedMeOptimizer weight decay mu = 0.001; server beta = 1).
 
 Evaluation is PFLlib's: each client's test data with the model it predicts with (the global model, or its personal
 one: `client_plan.personalized_weights`), accuracy = correct test predictions over all test examples, plus the mean
@@ -40,10 +54,16 @@ from fedpersonal import evaluation
 from fedpersonal import models
 from fedpersonal import program
 from fedpersonal.algorithms import apfl
+from fedpersonal.algorithms import dataset_split
 from fedpersonal.algorithms import ditto
+from fedpersonal.algorithms import fed_recon
+from fedpersonal.algorithms import fedbabu
 from fedpersonal.algorithms import fedper
 from fedpersonal.algorithms import fedprox
 from fedpersonal.algorithms import fedrep
+from fedpersonal.algorithms import furl
+from fedpersonal.algorithms import per_fedavg
+from fedpersonal.algorithms import pfedme
 from fedpersonal.core import client_plan
 from fedpersonal.data import federated_images
 from fedpersonal.data import pfllib
@@ -64,6 +84,8 @@ class Method:
 
     plan: Callable[[PflBenchmarkConfig], client_plan.ClientPlan]
     local_layers: tuple[str, ...] = ()
+    finetune: bool = False  # Each client fine-tunes its whole model on its train data before evaluation.
+    adapts: bool = False  # Evaluated after one local step (`per_fedavg.adapt`).
 
 
 def _sgd(config: PflBenchmarkConfig) -> tff.learning.optimizers.Optimizer:
@@ -72,6 +94,19 @@ def _sgd(config: PflBenchmarkConfig) -> tff.learning.optimizers.Optimizer:
 
 def _plain(config: PflBenchmarkConfig, mu: float) -> client_plan.ClientPlan:
     return fedprox.fedprox_plan(mu=mu, client_epochs=config.client_epochs, client_optimizer=_sgd(config))
+
+
+RECON_SPLIT = dataset_split.ReconstructionSplit()  # FedRecon's support/query halves of a client's data.
+
+
+def _per_fedavg(config: PflBenchmarkConfig, *, hessian_free: bool) -> client_plan.ClientPlan:
+    return per_fedavg.per_fedavg_plan(
+        batch_size=config.batch_size,
+        inner_learning_rate=config.client_learning_rate,
+        outer_optimizer=_sgd(config),  # PFLlib: beta = the learning rate.
+        client_epochs=config.client_epochs,
+        hessian_free=hessian_free,
+    )
 
 
 METHOD_SPECS: dict[str, Method] = {
@@ -112,6 +147,40 @@ METHOD_SPECS: dict[str, Method] = {
     'lg_fedavg': Method(
         lambda c: fedper.fedper_plan(client_epochs=c.client_epochs, client_optimizer=_sgd(c)),
         image_classifiers.BODY,
+    ),
+    'fedavg_ft': Method(lambda c: _plain(c, 0.0), finetune=True),
+    # The head kept (not 'initial'): no phase trains it, so it is every client's initial one, as the evaluation reads.
+    'fedbabu': Method(
+        lambda c: dataclasses.replace(
+            fedbabu.fedbabu_plan(client_epochs=c.client_epochs, client_optimizer=_sgd(c)),
+            local_start=client_plan.KEPT,
+        ),
+        image_classifiers.HEAD,
+        finetune=True,
+    ),
+    'fed_recon': Method(
+        lambda c: fed_recon.fed_recon_plan(
+            client_optimizer=_sgd(c), reconstruction_optimizer=_sgd(c), dataset_split=RECON_SPLIT
+        ),
+        image_classifiers.HEAD,
+    ),
+    'furl_head': Method(
+        lambda c: furl.furl_plan(
+            client_epochs=c.client_epochs, client_optimizer=_sgd(c), private_norm_regularization=c.furl_private_norm
+        ),
+        image_classifiers.HEAD,
+    ),
+    'per_fedavg': Method(lambda c: _per_fedavg(c, hessian_free=False), adapts=True),
+    'per_fedavg_hf': Method(lambda c: _per_fedavg(c, hessian_free=True), adapts=True),
+    'pfedme': Method(
+        lambda c: pfedme.pfedme_plan(
+            lam=c.pfedme_lambda,
+            inner_steps=c.pfedme_k,
+            personal_learning_rate=c.pfedme_personal_learning_rate,
+            learning_rate=c.client_learning_rate,
+            client_epochs=c.client_epochs,
+            mu=0.001,
+        )
     ),
 }
 
@@ -192,35 +261,84 @@ def _last_slope(curve: list[tuple[int, float]]) -> float | None:
     return float(np.polyfit(rounds, accuracies, 1)[0])
 
 
+def _accuracies(result: Any) -> dict[str, float]:
+    per_client = np.asarray(result['per_client']['accuracy'], dtype=np.float64)
+    return {
+        'accuracy': float(result['eval']['accuracy']),
+        'mean_client_accuracy': float(per_client.mean()),
+        'worst_client_accuracy': float(per_client.min()),
+    }
+
+
 def make_evaluation(
-    benchmark: Benchmark, plan: client_plan.ClientPlan, local_layers: tuple[str, ...]
-) -> Callable[[Any, list[Any]], dict[str, float]]:
+    benchmark: Benchmark,
+    plan: client_plan.ClientPlan,
+    local_layers: tuple[str, ...],
+    *,
+    finetune: bool = False,
+    adapts: bool = False,
+) -> Callable[..., dict[str, float]]:
     """``(global weights, every client's private state) -> metrics`` on every client's test data, each client with
-    the model it predicts with: accuracy over all test examples, the mean and the worst client's accuracy."""
+    the model it predicts with (first fine-tuned on its train data with `finetune`): accuracy over all test
+    examples, the mean and the worst client's accuracy. A stateless plan (FedRecon): ``global weights -> metrics``
+    by ReconEval on each client's test data. `adapts`: each client predicts with the global model after one SGD
+    step on its first train batch."""
     config = benchmark.config
-    # A personal model is evaluated as a model whose weights are all the client's own.
-    model_fn = model_fn_for(benchmark.data, config.seed, 'all' if plan.personal else local_layers)
+    if not plan.stateful:
+        recon_eval = evaluation.build_recon_eval(
+            model_fn_for(benchmark.data, config.seed, local_layers),
+            loss_fn=_loss_fn,
+            metrics_fn=_metrics_fn,
+            reconstruction_optimizer=_sgd(config),
+            dataset_split=RECON_SPLIT,
+            simulation=config.simulation,
+        )
+        return lambda weights: _accuracies(
+            evaluation.evaluate_clients(
+                recon_eval, weights, benchmark.client_ids, benchmark.test_dataset, cache_key='test'
+            )
+        )
+    # A personal or fine-tuned model is evaluated as a model whose weights are all the client's own.
+    own = plan.personal or finetune or adapts
+    model_fn = model_fn_for(benchmark.data, config.seed, 'all' if own else local_layers)
+    global_model_fn = model_fn_for(benchmark.data, config.seed, ())
     evaluate = evaluation.build_private_state_eval(
         model_fn, loss_fn=_loss_fn, metrics_fn=_metrics_fn, simulation=config.simulation
     )
     no_globals = ModelWeights([], [])
+    tune = None
+    if finetune:
+        if local_layers not in ((), image_classifiers.HEAD):  # The full model is the globals, then the locals.
+            raise ValueError(f'fine-tuning needs the head or nothing local, got {local_layers}.')
+        with backends.use(config.simulation):
+            tune = backends.build_process(
+                fedbabu.finetune_plan(epochs=config.finetune_epochs, optimizer=_sgd(config)),
+                model_fn,
+                loss_fn=_loss_fn,
+                server_optimizer=tff.learning.optimizers.build_sgdm(learning_rate=1.0),
+                group_size=config.group_size,
+                name='fine-tuning',
+            )
 
     def client_evaluation(weights: Any, private_states: list[Any]) -> dict[str, float]:
         states = [client_plan.personalized_weights(plan, weights, p) for p in private_states]
+        if tune is not None:
+            full = [ModelWeights(list(weights.trainable) + list(s.trainable), []) for s in states]
+            train = [benchmark.train_dataset(benchmark.train[c]) for c in benchmark.client_ids]
+            states = list(tune.run_round(tune.initialize(), train, full).private_states)
+        if adapts:
+            first_batches = [next(iter(benchmark.train_dataset(benchmark.train[c]))) for c in benchmark.client_ids]
+            lr = config.client_learning_rate
+            states = [per_fedavg.adapt(global_model_fn, weights, b, lr, _loss_fn) for b in first_batches]
         result = evaluation.evaluate_clients(
             evaluate,
-            no_globals if plan.personal else weights,
+            no_globals if own else weights,
             benchmark.client_ids,
             benchmark.test_dataset,
             states,
             cache_key='test',
         )
-        per_client = np.asarray(result['per_client']['accuracy'], dtype=np.float64)
-        return {
-            'accuracy': float(result['eval']['accuracy']),
-            'mean_client_accuracy': float(per_client.mean()),
-            'worst_client_accuracy': float(per_client.min()),
-        }
+        return _accuracies(result)
 
     return client_evaluation
 
@@ -240,23 +358,23 @@ def run_method(benchmark: Benchmark, outputs: program.ExperimentOutputs, name: s
             group_size=config.group_size,
             name=METHOD_NAMES[name],
         )
-    client_evaluation = make_evaluation(benchmark, plan, spec.local_layers)
+    evaluate = make_evaluation(benchmark, plan, spec.local_layers, finetune=spec.finetune, adapts=spec.adapts)
+    common: dict[str, Any] = dict(
+        outputs=outputs,
+        client_data=benchmark.train,
+        dataset_fn=benchmark.train_dataset,
+        evaluation_name='test',
+        name=name,
+    )
+    if not plan.stateful:  # FedRecon: nothing kept on the clients.
+        program.run_process(process, config, evaluation_fn=evaluate, **common)
+        return summarize(outputs.read_metrics(), seconds_per_round=outputs.median_round_seconds())
     initial = training_loop.from_model_weights(process.initial_private_state())
     store = program.open_store(
         config.state_store, outputs, client_state.spec_of(initial), lambda client_id: [a.copy() for a in initial]
     )
     with store:
-        program.run_process(
-            process,
-            config,
-            outputs=outputs,
-            client_data=benchmark.train,
-            dataset_fn=benchmark.train_dataset,
-            client_evaluation_fn=client_evaluation,
-            evaluation_name='test',
-            client_state_store=store,
-            name=name,
-        )
+        program.run_process(process, config, client_evaluation_fn=evaluate, client_state_store=store, **common)
     return summarize(outputs.read_metrics(), seconds_per_round=outputs.median_round_seconds())
 
 

@@ -20,7 +20,22 @@ from fedpersonal.program import config_parts as parts
 
 DATASETS = ('fashion_mnist', 'mnist', 'synthetic')
 PARTITIONS = ('pathological', 'dirichlet', 'iid')  # Those of `fedpersonal.data.pfllib.SETTINGS`.
-METHODS = ('fedavg', 'fedprox', 'ditto', 'apfl', 'fedper', 'fedrep', 'lg_fedavg')
+METHODS = (
+    'fedavg',
+    'fedprox',
+    'ditto',
+    'apfl',
+    'fedper',
+    'fedrep',
+    'lg_fedavg',
+    'fedavg_ft',
+    'fedbabu',
+    'fed_recon',
+    'furl_head',
+    'per_fedavg',
+    'per_fedavg_hf',
+    'pfedme',
+)
 METHOD_NAMES = {
     'fedavg': 'FedAvg',
     'fedprox': 'FedProx',
@@ -29,6 +44,13 @@ METHOD_NAMES = {
     'fedper': 'FedPer',
     'fedrep': 'FedRep',
     'lg_fedavg': 'LG-FedAvg',
+    'fedavg_ft': 'FedAvg+FT',
+    'fedbabu': 'FedBABU',
+    'fed_recon': 'FedRecon',
+    'furl_head': 'FURL-head',
+    'per_fedavg': 'Per-FedAvg',
+    'per_fedavg_hf': 'Per-FedAvg (HF)',
+    'pfedme': 'pFedMe',
 }
 
 
@@ -73,6 +95,15 @@ class PflBenchmarkConfig(
     )
     apfl_alpha: float = parts.option(0.5, "APFL's initial mixing weight alpha.")
     fedrep_head_epochs: int = parts.option(1, "FedRep's head epochs per round (PFLlib: plocal_epochs).")
+    finetune_epochs: int = parts.option(
+        5, 'Epochs each client fine-tunes the whole model on its train data before evaluation (FedBABU, FedAvg+FT).'
+    )
+    furl_private_norm: float = parts.option(1e-3, "FURL-head: the norm penalty on the private head's weights.")
+    pfedme_lambda: float = parts.option(1.0, "pFedMe's lambda (PFLlib's --lamda default; the paper: 15).")
+    pfedme_k: int = parts.option(5, "pFedMe's inner steps K per batch (PFLlib's default).")
+    pfedme_personal_learning_rate: float = parts.option(
+        0.01, "pFedMe's theta learning rate (PFLlib's --p_learning_rate)."
+    )
     state_store: str = parts.option(
         'sqlite',
         "Where each client's private state lives between rounds: 'sqlite' (in the run's output directory, so an "
@@ -89,13 +120,26 @@ class PflBenchmarkConfig(
             raise errors.ConfigError(f'methods must be a non-empty subset of {METHODS}; unknown: {unknown}.')
         if self.dataset == 'mnist' and not self.data_dir and self.tfds_data_dir is None:
             raise errors.ConfigError("dataset 'mnist' needs --data_dir (or --tfds_data_dir).")
-        for name in ('num_clients', 'class_per_client', 'synthetic_examples', 'personal_epochs'):
+        if self.furl_private_norm < 0:
+            raise errors.ConfigError(f'furl_private_norm must be >= 0, got {self.furl_private_norm}.')
+        for name in (
+            'num_clients',
+            'class_per_client',
+            'synthetic_examples',
+            'personal_epochs',
+            'pfedme_k',
+            'finetune_epochs',
+        ):
             if getattr(self, name) < 1:
                 raise errors.ConfigError(f'{name} must be >= 1, got {getattr(self, name)}.')
         if not 0.0 < self.train_ratio < 1.0:
             raise errors.ConfigError(f'train_ratio must be in (0, 1), got {self.train_ratio}.')
-        if self.dirichlet_alpha <= 0 or self.fedprox_mu < 0 or self.ditto_lambda < 0:
-            raise errors.ConfigError('dirichlet_alpha must be > 0, fedprox_mu and ditto_lambda >= 0.')
+        if self.dirichlet_alpha <= 0 or min(self.fedprox_mu, self.ditto_lambda, self.pfedme_lambda) < 0:
+            raise errors.ConfigError('dirichlet_alpha must be > 0, fedprox_mu, ditto_lambda and pfedme_lambda >= 0.')
+        if self.pfedme_personal_learning_rate <= 0:
+            raise errors.ConfigError(
+                f'pfedme_personal_learning_rate must be > 0, got {self.pfedme_personal_learning_rate}.'
+            )
         if not 0.0 <= self.apfl_alpha <= 1.0:
             raise errors.ConfigError(f'apfl_alpha must be in [0, 1], got {self.apfl_alpha}.')
         if self.fedrep_head_epochs < 1:

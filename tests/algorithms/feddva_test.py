@@ -1,4 +1,5 @@
-"""FedDVA: the phase structure, decoders kept on clients (privacy audit, leaky variant), rounds with a store."""
+"""FedDVA: its client plan against a plain loop on both backends, the phase structure, decoders kept on clients
+(privacy audit, leaky variant), rounds."""
 
 import collections
 
@@ -7,9 +8,13 @@ import pytest
 import tensorflow as tf
 import tensorflow_federated as tff
 
+from fedpersonal import backends
 from fedpersonal.algorithms import feddva
+from fedpersonal.core import client_plan
+from fedpersonal.core import model_loss_plan
 from fedpersonal.models import feddva_models as fm
 from fedpersonal.privacy import audit
+from fedpersonal.simulation import plan_engine
 
 TINY = fm.DvaArchitecture(
     image_shape=(8, 8, 1),
@@ -43,27 +48,34 @@ def changed(before, after):
     return {k for k in before if any(not np.array_equal(a, b) for a, b in zip(before[k], after[k]))}
 
 
+def one_phase(phase, epochs=2):
+    """The plan of FedDVA's `phase` alone (Adam 1e-2), as `feddva.feddva_plan` states it."""
+    adam = tff.learning.optimizers.build_adam(learning_rate=1e-2)
+    per_phase = {f'{name}_epochs': epochs if name == phase else 0 for name in fm.PHASES}
+    return feddva.feddva_plan(**per_phase, optimizer=adam, head_optimizer=adam)
+
+
 def test_each_phase_steps_only_its_variables():
     tf.keras.utils.set_random_seed(0)
     model = fm.DualVae(TINY)
-    adam = tff.learning.optimizers.build_adam(learning_rate=1e-2)
     data = dataset(0)
     for phase, expected in (('decoder', {'decoder'}), ('z', {'z'}), ('c', {'c'}), ('head', {'head'})):
         before = snapshot(model)
-        count, total, _ = tf.function(lambda ds, p=phase: feddva.run_phase(model, p, ds, 2, adam))(data)
+        sums = tf.function(lambda ds, p=phase: model_loss_plan.run_phases(model, one_phase(p), ds))(data)
+        count, total = sums[f'{phase}_loss'][1], sums[f'{phase}_loss'][0]
         assert int(count) == 24 and np.isfinite(float(total))
         assert changed(before, snapshot(model)) == expected, phase
+    assert int(model.participations.numpy()) == 4  # One per run of the plan.
 
 
 def test_head_phase_tunes_the_encoders_only_when_asked():
     tf.keras.utils.set_random_seed(0)
     model = fm.DualVae(TINY, head_tunes_encoders=True)
-    adam = tff.learning.optimizers.build_adam(learning_rate=1e-2)
     before = snapshot(model)
     encoders = model.z_encoder.non_trainable_variables + model.c_encoder.non_trainable_variables
     encoder_stats = [v.numpy().copy() for v in encoders]
     assert encoder_stats
-    tf.function(lambda ds: feddva.run_phase(model, 'head', ds, 2, adam))(dataset(0))
+    tf.function(lambda ds: model_loss_plan.run_phases(model, one_phase('head'), ds))(dataset(0))
     assert changed(before, snapshot(model)) == {'head', 'z', 'c'}
     # The encoders run in inference mode: their batch-norm statistics do not move.
     after = model.z_encoder.non_trainable_variables + model.c_encoder.non_trainable_variables
@@ -72,9 +84,13 @@ def test_head_phase_tunes_the_encoders_only_when_asked():
     assert len(frozen.variables_of('head')) == len(frozen.head_variables)
 
 
-def build(head_epochs=1):
+def build(head_epochs=1, simulation='engine'):
     return feddva.build_feddva(
-        lambda: fm.DualVae(TINY), element_spec=dataset(0).element_spec, head_epochs=head_epochs, learning_rate=1e-2
+        lambda: fm.DualVae(TINY),
+        element_spec=dataset(0).element_spec,
+        head_epochs=head_epochs,
+        learning_rate=1e-2,
+        simulation=simulation,
     )
 
 
@@ -105,8 +121,9 @@ def test_decoders_stay_on_clients_and_encoders_are_averaged():
     )
 
 
-def test_privacy_audit_passes_and_catches_a_decoder_leak():
-    process = build(head_epochs=0)
+@pytest.mark.parametrize('backend', [backends.PER_CLIENT, backends.ENGINE])
+def test_privacy_audit_passes_and_catches_a_decoder_leak(backend):
+    process = build(head_epochs=0, simulation=backend)
     assert audit.audit_private_dataflow(process.next, private_parameter_index=2) == []
     params = process.next.type_signature.parameter
 
@@ -123,6 +140,161 @@ def test_privacy_audit_passes_and_catches_a_decoder_leak():
     assert violations and any(v.where == 'federated_mean' for v in violations)
 
 
+# ------------------------------------------------------------------------ the plan against a plain loop, both backends
+REF = fm.DvaArchitecture(
+    image_shape=(8, 8, 1),
+    z_dim=2,
+    c_dim=2,
+    encoder_channels=(3,),
+    decoder_dense=(5,),
+    decoder_channels=(3, 2),
+    head_hidden=3,
+    num_classes=3,
+)
+EPOCHS = dict(decoder=1, z=2, c=1, head=1)
+RATES = dict(decoder=1e-2, z=1e-2, c=1e-2, head=3e-2)
+SIZES = (9, 3, 0)  # Last batches of 1 and 3 examples, a client smaller than one batch, an empty one.
+
+
+def ref_model():
+    return fm.DualVae(REF, seed=3)
+
+
+def shuffled_data():
+    """New dataset objects shuffled as the FedDVA task's: seeded, another order on every iteration."""
+    rng = np.random.default_rng(0)
+    out = []
+    for n in SIZES:
+        x = rng.uniform(0, 1, size=[n, 8, 8, 1]).astype(np.float32)
+        y = rng.integers(0, 3, size=n).astype(np.int32)
+        data = tf.data.Dataset.from_tensor_slices(collections.OrderedDict(x=x, y=y))
+        out.append(data.shuffle(100, seed=5, reshuffle_each_iteration=True).batch(4))
+    return out
+
+
+def plain_round(encoders, privates):
+    """One FedDVA round written out: per client its four phases in order, each iterating ``dataset.repeat(epochs)``
+    (a new order per pass) with a fresh Adam by hand (beta 0.9 / 0.999, epsilon 1e-7), the phase's k-th step drawing
+    the model's noise of step k, the head's accuracy counted after each step; its participation counted; the
+    encoders' changes averaged by examples (server SGD 1). Returns (encoders, private states, metrics)."""
+    model = ref_model()
+    changes, examples, new_privates = [], [], []
+    sums: dict = collections.defaultdict(lambda: np.zeros(2))
+    for data, size, private in zip(shuffled_data(), SIZES, privates):
+        for variables, values in (
+            (model.global_trainable, encoders),
+            (model.private_trainable, private.trainable),
+            (model.private_non_trainable, private.non_trainable),
+        ):
+            for variable, value in zip(variables, values):
+                variable.assign(value)
+        for phase in fm.PHASES:
+            variables = model.variables_of(phase)
+            first = [np.zeros(v.shape, np.float32) for v in variables]
+            second = [np.zeros(v.shape, np.float32) for v in variables]
+            sums[f'{phase}_loss'] += 0.0  # Reported also when no step ran.
+            for step, batch in enumerate(data.repeat(EPOCHS[phase])):
+                with tf.GradientTape() as tape:
+                    loss = model.phase_loss(phase, batch['x'], batch['y'], step)
+                rate = RATES[phase] * np.sqrt(1 - 0.999 ** (step + 1)) / (1 - 0.9 ** (step + 1))
+                for k, (variable, gradient) in enumerate(zip(variables, tape.gradient(loss, variables))):
+                    first[k] = 0.9 * first[k] + 0.1 * gradient.numpy()
+                    second[k] = 0.999 * second[k] + 0.001 * np.square(gradient.numpy())
+                    variable.assign(variable.numpy() - rate * first[k] / (np.sqrt(second[k]) + 1e-7))
+                n = len(batch['y'])
+                sums[f'{phase}_loss'] += [float(loss) * n, n]
+                if phase == 'head':
+                    correct = np.argmax(model.classify(batch['x']).numpy(), -1) == batch['y'].numpy()
+                    sums['head_accuracy'] += [correct.sum(), n]
+        model.participations.assign_add(1)
+        changes.append([e - v.numpy() for e, v in zip(encoders, model.global_trainable)])
+        examples.append(float(size))
+        new_privates.append(
+            ([v.numpy() for v in model.private_trainable], [v.numpy() for v in model.private_non_trainable])
+        )
+    mean = [sum(w * c[k] for w, c in zip(examples, changes)) / sum(examples) for k in range(len(encoders))]
+    metrics = {k: v[0] / max(v[1], 1.0) for k, v in sums.items()}
+    metrics['num_examples'] = sum(examples)
+    return [e - m for e, m in zip(encoders, mean)], new_privates, metrics
+
+
+def assert_close(a, b, rtol=1e-4):
+    """Within `rtol` of the larger of 1 and `b`'s scale: Adam divides each gradient entry by its own running scale, so a
+    rounding difference in a small entry becomes a difference of a step (eager against graph, TFF's Adam against the
+    loop's); a wrong batch, noise, phase or step moves weights by about a learning rate (1e-2)."""
+    a, b = np.asarray(a, np.float64), np.asarray(b, np.float64)
+    np.testing.assert_allclose(a, b, rtol=rtol, atol=rtol * max(1.0, float(np.max(np.abs(b), initial=0.0))))
+
+
+@pytest.mark.parametrize('backend', [backends.PER_CLIENT, backends.ENGINE])
+def test_plan_equals_a_plain_loop_on_both_backends(backend):
+    with backends.use(backend):
+        process = feddva.build_feddva(
+            ref_model,
+            element_spec=shuffled_data()[0].element_spec,
+            **{f'{phase}_epochs': epochs for phase, epochs in EPOCHS.items()},
+            learning_rate=RATES['decoder'],
+            head_learning_rate=RATES['head'],
+            simulation=None,
+            group_size=2,  # Two groups, the second with a padding slot.
+        )
+    assert process.simulation == backend
+    model = ref_model()
+    encoders = [v.numpy() for v in model.global_trainable]
+    initial = (model.private_trainable, model.private_non_trainable)
+    privates = [tff.learning.models.ModelWeights(*[[v.numpy() for v in vs] for vs in initial])] * len(SIZES)
+    state, states = process.initialize(), [process.initial_private_state()] * len(SIZES)
+    for got, want in zip(
+        tf.nest.flatten((process.get_model_weights(state).trainable, states[0])),
+        encoders + [v for vs in privates[0] for v in vs],
+    ):
+        np.testing.assert_array_equal(got, want)
+    for _ in range(2):
+        output = process.run_round(state, shuffled_data(), states)
+        state, states = output.state, output.private_states
+        encoders, expected, metrics = plain_round(encoders, privates)
+        privates = [tff.learning.models.ModelWeights(*p) for p in expected]
+        for got, want in zip(process.get_model_weights(state).trainable, encoders):
+            assert_close(got, want)
+        for got, want in zip(states, privates):
+            for g, w in zip(tf.nest.flatten(got), tf.nest.flatten(want)):
+                assert_close(g, w)
+        train = output.metrics['client_work']['train']
+        assert list(train) == ['decoder_loss', 'z_loss', 'c_loss', 'head_loss', 'head_accuracy', 'num_examples']
+        for key, value in metrics.items():
+            assert_close(train[key], value, rtol=1e-5)
+    assert [int(s.non_trainable[-1]) for s in states] == [2, 2, 2]  # Participations, the empty client's too.
+    first = process.initial_private_state()
+    for got, start in zip(tf.nest.flatten(states[2])[:-1], tf.nest.flatten(first)[:-1]):  # Empty: unchanged.
+        np.testing.assert_array_equal(got, start)
+    assert not np.allclose(states[0].non_trainable[0], first.non_trainable[0])  # Batch-norm statistics moved.
+
+
 def test_rejects_negative_epochs():
     with pytest.raises(ValueError, match='z_epochs must be >= 0'):
         feddva.build_feddva(lambda: fm.DualVae(TINY), element_spec=dataset(0).element_spec, z_epochs=-1)
+
+
+def test_plans_with_model_defined_losses_are_checked():
+    adam = tff.learning.optimizers.build_adam(learning_rate=1e-2)
+    own = client_plan.Phase(('decoder',), 0, adam, loss='decoder')  # 0 epochs: skipped.
+    keras = client_plan.Phase((client_plan.GLOBAL,), 1, adam)
+    with pytest.raises(ValueError, match='all use the Keras loss or all'):
+        client_plan.ClientPlan((own, keras))
+    with pytest.raises(ValueError, match='distinct metrics prefixes'):
+        client_plan.ClientPlan((own, own))
+    with pytest.raises(ValueError, match='needs a model-defined'):
+        client_plan.Phase((client_plan.GLOBAL,), 1, adam, statistic='accuracy')
+    with pytest.raises(ValueError, match='counts_participations'):
+        client_plan.ClientPlan((keras,), counts_participations=True)
+    # The engine runs such plans with the default mean only: another aggregator falls back to the per-client backend.
+    reason = plan_engine.unsupported(client_plan.ClientPlan((own,)), model_aggregator=tff.aggregators.MeanFactory())
+    assert reason is not None and 'default aggregator' in reason
+    with pytest.raises(ValueError, match='no loss_fn'):
+        backends.build_process(
+            client_plan.ClientPlan((own,)),
+            ref_model,
+            loss_fn=tf.keras.losses.MeanSquaredError,
+            server_optimizer=adam,
+            element_spec=dataset(0).element_spec,
+        )

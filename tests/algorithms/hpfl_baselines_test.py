@@ -61,7 +61,8 @@ INITIAL = hpfl.initial_client_states(DATA, CONFIG)
 def local_round():
     """Each client's locally trained state and report from the initial states (the Distributed baseline's client)."""
     process = hpfl_baselines.build_distributed(CONFIG, client_epochs=2)
-    return process, [process.client_train(d, s) for d, s in zip(CLIENT_DATA, INITIAL)]
+    outputs = [process.parts['client_update']((), d, s) for d, s in zip(CLIENT_DATA, INITIAL)]  # Receives nothing.
+    return process, [(trained, report) for _, report, trained in outputs]
 
 
 def _public(state):
@@ -172,17 +173,19 @@ def test_every_method_is_a_configuration_of_one_personalized_process():
     for method in hpfl.BASELINES + hpfl.HPFL_VARIANTS:
         process = hpfl.build_method(method, CONFIG)
         assert isinstance(process, core.PersonalizedProcess) and process.stateful, method
-        assert process.spec == hpfl.round_spec(method) and process.name == method
-        assert process.private_state_type == process.client_state_type == hpfl.client_state_type(CONFIG)
+        assert process.parts['spec'] == hpfl.round_spec(method) and process.parts['name'] == method
+        assert process.private_state_type == hpfl.client_state_type(CONFIG)
         assert process.next.type_signature.result.python_container is core.ProcessOutput
         template = process.initial_private_state()
         assert int(template.num_users) == 0 and int(template.num_items) == 0
         state = process.initialize()
         for got, expected in zip(process.get_model_weights(state).trainable, initial_public):
             np.testing.assert_array_equal(got, expected)  # The global public components, as TFF ModelWeights.
-        # The FedAvg family starts from TFF's broadcast; HPFL and Distributed train their own model.
-        uses_broadcast = process.spec.start == 'global'
-        assert uses_broadcast == (method in ('fedsgd', 'fedavg', 'fednoise', 'fedprox', 'fedatt'))
+        # The FedAvg family starts from a broadcast; HPFL and Distributed train their own model, so their only
+        # broadcast (if any) is the one after aggregation.
+        broadcasts = str(process.next.to_building_block()).count('federated_broadcast')
+        fedavg_family = method in ('fedsgd', 'fedavg', 'fednoise', 'fedprox', 'fedatt')
+        assert broadcasts == int(fedavg_family) + int(process.parts['spec'].personalizes), method
 
 
 def test_round_spec_rejects_inconsistent_rounds():

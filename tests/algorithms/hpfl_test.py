@@ -142,7 +142,7 @@ def test_public_aggregation_matches_the_formula(process):
     # Client 1 lacks attribute 3 (no records: Acc = I = 0); it passes p on attribute 2 but did no iteration there.
     # Attribute 1: 0.5, 0.6 (= p, not > p) and 0.55: nobody passes, so the previous global row stays.
     iterations = [np.array(i, np.float32) for i in ([10, 4, 6, 2], [5, 8, 0, 0], [7, 3, 2, 9])]
-    got = process.public_aggregation(previous, publics, accuracies, iterations)
+    got = process.parts['public_aggregation'](previous, publics, accuracies, iterations)
     expected = np_public_aggregation(previous, publics, accuracies, iterations, p=0.6)
     np.testing.assert_allclose(np.asarray(gum.attribute_vectors(got)), expected, rtol=1e-5, atol=1e-6)
     vectors = [np.asarray(gum.attribute_vectors(c)) for c in publics]
@@ -187,7 +187,7 @@ def test_fine_grained_update_matches_numpy(weighting):
 
 def test_client_update_computation_applies_both_formulas(process):
     rng = np.random.default_rng(2)
-    state = process.initial_client_state(9, 11, private_seed=3)
+    state = hpfl.initial_client_state(CONFIG, 9, 11, private_seed=3)
     glob = hpfl.GlobalComponents(
         public=gum.PublicWeights(*[rng.normal(size=s).astype(np.float32) for s in ((K, H), (K, H), (K, K))]),
         user_centres=rng.normal(size=(4, K)).astype(np.float32),
@@ -207,7 +207,7 @@ def test_client_update_computation_applies_both_formulas(process):
         validation_correct=np.float32(0),
         num_validation_examples=np.float32(0),
     )
-    new = process.client_update(glob, state, report)
+    new = process.parts['post_aggregation'].client_update(glob, state, report)
     for l, g, r in zip(state.model.public, glob.public, new.model.public):  # noqa: E741  (l: local, as in the paper's formula)
         np.testing.assert_allclose(r, acc_k[:, None] * l + (1 - acc_k[:, None]) * g, rtol=1e-5)
     theta = state.model.private.theta
@@ -249,11 +249,11 @@ def test_kmeans_matches_numpy_lloyd():
 
 
 def test_client_centres_cluster_real_rows_only(process):
-    state = process.initial_client_state(9, 11, private_seed=5)
+    state = hpfl.initial_client_state(CONFIG, 9, 11, private_seed=5)
     theta = np.array(state.model.private.theta)
     theta[9:] = 100.0  # Padding rows (this silo has 9 of the model's 12 user rows) must not move any centre.
     state = state._replace(model=state.model._replace(private=state.model.private._replace(theta=theta)))
-    centres = process.client_centres(state)
+    centres = process.parts['client_centres'](state)
     mask = np.arange(CONFIG.max_users) < 9
     expected, expected_mask = np_kmeans(
         theta, mask, 9 // 5 + 1, SMALL['max_local_clusters'], SMALL['kmeans_iterations']
@@ -271,18 +271,19 @@ def test_server_clusters_all_uploaded_centres_and_clients_update():
     states = hpfl.initial_client_states(DATA, CONFIG)
     trained, reports, centres = [], [], []
     for d, s in zip(data, states):
-        t, r = process.client_train(d, s)
+        uploaded, r, t = process.parts['client_update']((), d, s)  # Nothing received: HPFL trains its own model.
         trained.append(t)
         reports.append(r)
-        centres.append(process.client_centres(t))
-    out = process.round_from_uploads(process.initialize(), trained, reports, centres)
+        centres.append(process.parts['client_centres'](t))
+        tf.nest.map_structure(np.testing.assert_array_equal, uploaded, centres[-1])  # Its upload: the centres.
+    out = process.parts['round_from_uploads'](process.initialize(), centres, reports, trained)
     points = np.concatenate([c.user_centres for c in centres])
     valid = np.concatenate([c.user_mask for c in centres]) > 0
     n = int(valid.sum())
     expected, expected_mask = np_kmeans(
         points, valid, n // 3 + 1, SMALL['max_global_clusters'], SMALL['kmeans_iterations']
     )
-    glob = out.state.global_components
+    glob = hpfl.global_components(out.state)
     np.testing.assert_allclose(glob.user_centres, expected, rtol=1e-4, atol=1e-5)
     np.testing.assert_array_equal(glob.user_mask, expected_mask)
     assert out.metrics['clustering']['uploaded_user_centres'] == n == 2 + 3 + 3
@@ -413,10 +414,10 @@ def test_ablations_switch_off_the_other_part():
             np.testing.assert_allclose(a, b, rtol=1e-6)
         assert not np.allclose(d.model.public.skill_W, k.model.public.skill_W)
         assert not np.allclose(d.model.private.theta, r.model.private.theta)
-    np.testing.assert_array_equal(k_out.state.global_components.user_mask, 0)  # No clustering happened.
-    for a, b in zip(r_out.state.global_components.public, r_initial.global_components.public):
+    np.testing.assert_array_equal(hpfl.global_components(k_out.state).user_mask, 0)  # No clustering happened.
+    for a, b in zip(hpfl.global_components(r_out.state).public, hpfl.global_components(r_initial).public):
         np.testing.assert_array_equal(a, b)  # No public aggregation happened.
-    assert r_out.state.global_components.user_mask.sum() > 0
+    assert hpfl.global_components(r_out.state).user_mask.sum() > 0
     assert 'federated_aggregate' not in _intrinsics(k_process.next)  # HPFL-K uploads no centres at all.
     assert 'federated_aggregate' in _intrinsics(r_process.next)
     assert _intrinsics(r_process.next).count('federated_sum') < _intrinsics(k_process.next).count('federated_sum')
@@ -426,7 +427,7 @@ def test_ablations_switch_off_the_other_part():
 def test_raw_private_tables_reach_the_server_only_through_the_centres(process):
     """Audit design (`fedpersonal.privacy.audit` flags values derived *only* from the designated private input).
 
-    1. `round_from_uploads(state, trained_states, reports, centres)` takes the centres as an explicit argument (the
+    1. `round_from_uploads(state, centres, reports, trained_states)` takes the centres as an explicit argument (the
        declassified upload). Audited with the *trained* client states as the private input, it has no violation:
        the trained tables reach no SERVER intrinsic and no SERVER result except through that argument.
     2. A variant that uploads raw table rows in place of the centres, or next to them, fails the same audit.
@@ -437,8 +438,9 @@ def test_raw_private_tables_reach_the_server_only_through_the_centres(process):
        clusters, depend only on the private table sizes: the upload reveals each silo's size roughly); HPFL-K,
        which uploads no centres, has none.
     """
-    params = process.round_from_uploads.type_signature.parameter
-    assert audit.audit_private_dataflow(process.round_from_uploads, private_parameter_index=1) == []
+    round_from_uploads, client_centres = process.parts['round_from_uploads'], process.parts['client_centres']
+    params = round_from_uploads.type_signature.parameter
+    assert audit.audit_private_dataflow(round_from_uploads, private_parameter_index=3) == []
 
     def only_shapes(type_spec, out):
         if isinstance(type_spec, tff.StructType):
@@ -448,10 +450,10 @@ def test_raw_private_tables_reach_the_server_only_through_the_centres(process):
             out.add(tuple(type_spec.shape))
         return out
 
-    centre_shapes = only_shapes(params[3].member, set())
+    centre_shapes = only_shapes(params[1].member, set())
     assert centre_shapes == {(SMALL['max_local_clusters'], K), (SMALL['max_local_clusters'],)}
 
-    @tff.tensorflow.computation(process.client_state_type)
+    @tff.tensorflow.computation(process.private_state_type)
     def raw_rows(state):
         rows = SMALL['max_local_clusters']
         return hpfl.Centres(
@@ -459,28 +461,28 @@ def test_raw_private_tables_reach_the_server_only_through_the_centres(process):
         )
 
     @tff.federated_computation(params[0], params[1], params[2], params[3])
-    def rows_instead_of_centres(state, trained, reports, centres):
+    def rows_instead_of_centres(state, centres, reports, trained):
         del centres
-        return process.round_from_uploads(state, trained, reports, tff.federated_map(raw_rows, trained))
+        return round_from_uploads(state, tff.federated_map(raw_rows, trained), reports, trained)
 
-    @tff.tensorflow.computation(process.client_state_type)
+    @tff.tensorflow.computation(process.private_state_type)
     def table(state):
         return state.model.private.theta
 
     @tff.federated_computation(params[0], params[1], params[2], params[3])
-    def rows_next_to_centres(state, trained, reports, centres):
-        out = process.round_from_uploads(state, trained, reports, centres)
+    def rows_next_to_centres(state, centres, reports, trained):
+        out = round_from_uploads(state, centres, reports, trained)
         return out.state, tff.federated_sum(tff.federated_map(table, trained)), out.private_states
 
     for leaky in (rows_instead_of_centres, rows_next_to_centres):
-        violations = audit.audit_private_dataflow(leaky, private_parameter_index=1)
+        violations = audit.audit_private_dataflow(leaky, private_parameter_index=3)
         assert any(v.where.startswith('federated_') for v in violations), leaky
 
-    @tff.federated_computation(params[0], params[1], params[2])
-    def centres_from_trained(state, trained, reports):
-        return process.round_from_uploads(state, trained, reports, tff.federated_map(process.client_centres, trained))
+    @tff.federated_computation(params[0], params[2], params[3])
+    def centres_from_trained(state, reports, trained):
+        return round_from_uploads(state, tff.federated_map(client_centres, trained), reports, trained)
 
-    strict = audit.audit_private_dataflow(centres_from_trained, private_parameter_index=1)
+    strict = audit.audit_private_dataflow(centres_from_trained, private_parameter_index=2)
     assert {v.where for v in strict} <= {'federated_aggregate', 'result metrics'} and strict
 
     assert {v.where for v in audit.audit_private_dataflow(process.next, private_parameter_index=2)} == {

@@ -117,7 +117,9 @@ def test_default_split_is_the_only_difference():
         metrics_fn=lambda: [tff.learning.metrics.NumExamplesCounter()],
         dataset_split_fn=algorithms.build_dataset_split_fn(algorithms.ReconstructionSplit()),
     )
-    _assert_close(ours, collections.OrderedDict((k, reference[k]) for k in ('loss', 'num_examples')))
+    # No NumExamplesCounter asked for: TFF's names, without the num_examples fedpersonal's own builders add.
+    assert list(ours) == ['loss']
+    _assert_close(ours, collections.OrderedDict(loss=reference['loss']))
     tff_default = evaluate(
         tff.learning.algorithms.build_fed_recon_eval, metrics_fn=lambda: [tff.learning.metrics.NumExamplesCounter()]
     )
@@ -165,6 +167,40 @@ def test_post_recon_epochs_zero_trains_nothing_as_in_tff():
         tf.nest.flatten(process.get_model_weights(state)), tf.nest.flatten(process.get_model_weights(output.state))
     ):
         np.testing.assert_array_equal(before, after)
+
+
+def test_tff_compat_reports_tffs_metric_names():
+    """num_examples only where the user's metrics ask for it; the other numbers unchanged."""
+    ns = _run('common')
+    mse, mae = tf.keras.losses.MeanSquaredError, tf.keras.metrics.MeanAbsoluteError
+    names = {}
+    for key, module in (('tff', tff.learning.algorithms), ('ours', tff_compat)):
+        for counter in (False, True):
+            metrics_fn = lambda counter=counter: [tff.learning.metrics.NumExamplesCounter()] * counter + [mae()]
+            process = module.build_fed_recon(ns['model_fn'], loss_fn=mse, metrics_fn=metrics_fn)
+            train = process.next(process.initialize(), ns['client_datasets']).metrics['client_work']['train']
+            evaluate = module.build_fed_recon_eval(ns['model_fn'], loss_fn=mse, metrics_fn=metrics_fn)
+            current = evaluate.next(evaluate.initialize(), ns['client_datasets']).metrics['client_work']['eval']
+            names[key, counter] = (list(train), list(current['current_round_metrics']))
+    assert names['ours', False] == names['tff', False] == (['mean_absolute_error', 'loss'],) * 2
+    assert names['ours', True] == names['tff', True]
+
+
+def test_building_fed_recon_calls_model_fn_as_often_as_tff():
+    ns = _run('common')
+    counts = collections.Counter()
+
+    def counting(key):
+        def model_fn():
+            counts[key] += 1
+            return ns['model_fn']()
+
+        return model_fn
+
+    mse = tf.keras.losses.MeanSquaredError
+    tff.learning.algorithms.build_fed_recon(counting('tff'), loss_fn=mse)
+    tff_compat.build_fed_recon(counting('ours'), loss_fn=mse)
+    assert counts['ours'] == counts['tff'], counts
 
 
 def test_building_the_evaluation_calls_model_fn_no_more_than_tff():

@@ -1,6 +1,6 @@
 """The personalization benchmark (PFLlib's leaderboard task) on a small generated partition: every client's test
 accuracy is what a plain Keras forward pass with its own model gives (the global model plus its local layers, its
-personal copy, APFL's mixture), personalized methods beat FedAvg under pathological label skew, the results file
+personal copy, APFL's mixture; FedBABU's after fine-tuning by a plain Keras loop), personalized methods beat FedAvg under pathological label skew, the results file
 and figure are written, and bad flags get a clear error."""
 
 import json
@@ -9,6 +9,7 @@ import re
 
 import numpy as np
 import pytest
+import tensorflow as tf
 import tensorflow_federated as tff
 
 from fedpersonal import backends
@@ -45,7 +46,7 @@ def _keras_accuracy(benchmark, weights, local_layers, private_state):
     return np.array(correct), np.array(total)
 
 
-@pytest.mark.parametrize('name', ['fedper', 'lg_fedavg', 'ditto', 'apfl'])
+@pytest.mark.parametrize('name', ['fedper', 'lg_fedavg', 'ditto', 'apfl', 'furl_head'])
 def test_each_client_is_evaluated_with_its_own_model(benchmark, name):
     spec = pfl_benchmark.METHOD_SPECS[name]
     plan = spec.plan(benchmark.config)
@@ -83,14 +84,88 @@ def test_each_client_is_evaluated_with_its_own_model(benchmark, name):
     assert got['mean_client_accuracy'] == pytest.approx(np.mean(correct / total), abs=1e-6)
 
 
+def test_fine_tuning_before_evaluation_equals_a_keras_loop(benchmark):
+    """FedBABU's evaluation: each client's model (the global body, its initial head) trained by plain SGD on its
+    train batches for `finetune_epochs`, by hand here, then its test accuracy."""
+    config = pfl_benchmark.PflBenchmarkConfig(**SMALL, finetune_epochs=1)
+    benchmark = pfl_benchmark.Benchmark(config, benchmark.data)
+    spec = pfl_benchmark.METHOD_SPECS['fedbabu']
+    plan = spec.plan(config)
+    with backends.use('engine'):
+        process = backends.build_process(
+            plan,
+            pfl_benchmark.model_fn_for(benchmark.data, 0, spec.local_layers),
+            loss_fn=pfl_benchmark._loss_fn,
+            server_optimizer=tff.learning.optimizers.build_sgdm(1.0),
+        )
+    train = [benchmark.train_dataset(benchmark.train[c]) for c in benchmark.client_ids]
+    initial_head = [np.asarray(v) for v in process.initial_private_state().trainable]
+    output = process.run_round(process.initialize(), train, [process.initial_private_state()] * len(train))
+    weights = process.get_model_weights(output.state)
+    for private in output.private_states:  # The head is frozen in training.
+        for got, want in zip(private.trainable, initial_head):
+            np.testing.assert_array_equal(got, want)
+    got = pfl_benchmark.make_evaluation(benchmark, plan, spec.local_layers, finetune=True)(
+        weights, list(output.private_states)
+    )
+
+    tuned = []
+    loss = tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True)
+    for dataset in train:
+        model = image_classifiers.fedavg_cnn(benchmark.data.x.shape[1:], 10)
+        model.set_weights([np.asarray(w) for w in weights.trainable] + initial_head)
+        for batch in dataset:
+            with tf.GradientTape() as tape:
+                value = loss(batch['y'], model(batch['x'], training=True))
+            for variable, gradient in zip(model.trainable_variables, tape.gradient(value, model.trainable_variables)):
+                variable.assign_sub(config.client_learning_rate * gradient)
+        tuned.append([v.numpy() for v in model.weights])
+    correct, total = _keras_accuracy(benchmark, [], 'all', tuned)
+    assert got['accuracy'] == pytest.approx(correct.sum() / total.sum(), abs=1.01 / total.sum())
+    assert got['worst_client_accuracy'] == pytest.approx(np.min(correct / total), abs=1.01 / total.min())
+
+
+def test_per_fedavg_clients_are_evaluated_after_one_sgd_step_on_their_first_train_batch(benchmark):
+    spec = pfl_benchmark.METHOD_SPECS['per_fedavg']
+    plan = spec.plan(benchmark.config)
+    model = image_classifiers.fedavg_cnn(benchmark.data.x.shape[1:], 10, seed=benchmark.config.seed)
+    weights = tff.learning.models.ModelWeights([w.numpy() for w in model.trainable_weights], [])
+    privates = [tff.learning.models.ModelWeights([], [])] * len(benchmark.client_ids)
+    got = pfl_benchmark.make_evaluation(benchmark, plan, spec.local_layers, adapts=True)(weights, privates)
+    states = []
+    for cid in benchmark.client_ids:  # By hand: Keras SGD on the client's first 10 train rows.
+        model = image_classifiers.fedavg_cnn(benchmark.data.x.shape[1:], 10)
+        model.set_weights(weights.trainable)
+        rows = benchmark.data.partition.train[int(cid)][: benchmark.config.batch_size]
+        with tf.GradientTape() as tape:
+            logits = model(benchmark.data.x[rows], training=True)
+            loss = tf.keras.losses.sparse_categorical_crossentropy(benchmark.data.y[rows], logits, from_logits=True)
+            loss = tf.reduce_mean(loss)
+        grads = tape.gradient(loss, model.trainable_weights)
+        lr = benchmark.config.client_learning_rate
+        states.append([(w - lr * g).numpy() for w, g in zip(model.trainable_weights, grads)])
+    correct, total = _keras_accuracy(benchmark, [], 'all', states)
+    assert got['accuracy'] == pytest.approx(correct.sum() / total.sum(), abs=1e-6)
+    assert got['worst_client_accuracy'] == pytest.approx(np.min(correct / total), abs=1e-6)
+    unadapted, _ = _keras_accuracy(benchmark, [], 'all', [weights.trainable] * len(states))
+    assert not np.array_equal(unadapted, correct)  # The step changes predictions: the comparison can fail.
+
+
 def test_personalized_methods_beat_fedavg_under_pathological_skew_and_results_are_written(tmp_path):
     config = pfl_benchmark.PflBenchmarkConfig(
-        **SMALL, methods=('fedavg', 'fedper', 'ditto'), total_rounds=4, rounds_per_eval=2, output_dir=str(tmp_path)
+        **SMALL,
+        methods=('fedavg', 'fedper', 'ditto', 'fedbabu', 'fed_recon'),
+        total_rounds=4,
+        rounds_per_eval=2,
+        finetune_epochs=1,
+        output_dir=str(tmp_path),
     )
     results = pfl_benchmark.run(config)
     rows = {row['method']: row for row in results['rows']}
-    assert rows['fedper']['accuracy'] > rows['fedavg']['accuracy'] + 0.2, rows
-    assert rows['ditto']['accuracy'] > rows['fedavg']['accuracy'] + 0.2, rows
+    for name in ('fedper', 'ditto', 'fedbabu'):
+        assert rows[name]['accuracy'] > rows['fedavg']['accuracy'] + 0.2, rows
+    # ReconEval (a head reconstructed from its initializer on each client's support half) far above chance (0.1).
+    assert rows['fed_recon']['accuracy'] > 0.4, rows
     for row in rows.values():
         assert row['rounds'] == 4 and [r for r, _ in row['curve']] == [2, 4]
         assert row['best_accuracy'] == max(a for _, a in row['curve'])

@@ -1,14 +1,17 @@
 """HPFL, its ablations and its baselines on the fast simulation engine equal the per-silo TFF path."""
 
+import logging
+
 import numpy as np
 import pytest
 import tensorflow as tf
 import tensorflow_federated as tff
 
-from fedpersonal import errors
+from fedpersonal import backends
 from fedpersonal.algorithms import hpfl
 from fedpersonal.data import user_modeling as um
 from fedpersonal.models import gum
+from fedpersonal.simulation import silo_engine
 
 K, H = 3, 2
 
@@ -94,17 +97,15 @@ def test_engine_equals_the_per_silo_path(method):
     expected_state, expected_states, expected_metrics = _rounds(reference, 2)
     _assert_close(metrics, expected_metrics, 'metrics')
     _assert_close(state.global_model_weights, expected_state.global_model_weights, 'global weights')
-    _assert_close(state.centres, expected_state.centres, 'centres')
-    _assert_close(state.finalizer, expected_state.finalizer, 'server optimizer state')
-    assert int(state.round_num) == int(expected_state.round_num) == 2
+    _assert_close(state.aggregator.centres, expected_state.aggregator.centres, 'centres')
+    _assert_close(state.aggregator.finalizer, expected_state.aggregator.finalizer, 'server optimizer state')
+    assert int(state.distributor) == int(expected_state.distributor) == 2  # Rounds run.
     _assert_close(states, expected_states, 'client states')
     assert metrics[-1]['client_work']['num_train_examples'] > 0
 
 
 def test_table_cuts_use_at_most_a_third_more_rows_than_needed():
-    from fedpersonal.algorithms.hpfl import engine as hpfl_engine
-
-    cuts = {n: hpfl_engine._rows(n, 10_745) for n in (1, 16, 17, 24, 25, 33, 48, 49, 4_100, 6_145, 10_000)}
+    cuts = {n: silo_engine.rows(n, 10_745) for n in (1, 16, 17, 24, 25, 33, 48, 49, 4_100, 6_145, 10_000)}
     assert cuts == {
         1: 16,
         16: 16,
@@ -123,10 +124,8 @@ def test_table_cuts_use_at_most_a_third_more_rows_than_needed():
 @pytest.mark.parametrize('method', ['hpfl', 'fedavg'])
 def test_cutting_each_silo_tables_to_its_own_rows_is_exact(monkeypatch, method):
     """The tiny silos have fewer items than the smallest cut; cut them to exactly their items (7, 9 and 4 of 9)."""
-    from fedpersonal.algorithms.hpfl import engine as hpfl_engine
-
     cut_to = []
-    monkeypatch.setattr(hpfl_engine, '_rows', lambda count, capacity: cut_to.append(int(count)) or int(count))
+    monkeypatch.setattr(silo_engine, 'rows', lambda count, capacity: cut_to.append(int(count)) or int(count))
     kwargs = dict(client_optimizer=tff.learning.optimizers.build_adam(0.02), max_clients=len(IDS), kmeans_iterations=3)
     state, states, metrics = _rounds(hpfl.build_method(method, CONFIG, simulation='engine', **kwargs), 2)
     assert sorted(set(cut_to)) == [4, 7, 9]
@@ -136,12 +135,24 @@ def test_cutting_each_silo_tables_to_its_own_rows_is_exact(monkeypatch, method):
     _assert_close(metrics, expected[2], 'metrics')
 
 
-def test_engine_refuses_what_it_would_not_apply_per_silo():
-    with pytest.raises(errors.ConfigError, match="row_updates='lazy'"):
-        hpfl.build_hpfl(CONFIG, row_updates='lazy')
-    with pytest.raises(errors.ConfigError, match='public_sum_factory'):
-        hpfl.build_hpfl(CONFIG, public_sum_factory=tff.aggregators.SumFactory())
-    hpfl.build_hpfl(CONFIG, row_updates='lazy', simulation='per_client')
+def test_what_the_engine_would_not_apply_per_silo_runs_on_the_per_client_backend(caplog):
+    """Lazy row updates (tf.unique: no XLA kernel) and aggregators acting on each silo's upload fall back, logged."""
+    noised = tff.aggregators.DifferentiallyPrivateFactory.gaussian_fixed(
+        noise_multiplier=0.1, clients_per_round=3.0, clip=1.0
+    )
+    cases = (
+        (dict(row_updates='lazy'), "row_updates='lazy'"),
+        (dict(public_sum_factory=noised), 'public_sum_factory=DifferentiallyPrivateFactory'),
+    )
+    for kwargs, reason in cases:
+        caplog.clear()
+        with caplog.at_level(logging.INFO, logger='absl'):
+            assert hpfl.build_hpfl(CONFIG, **kwargs).simulation == 'per_client'
+        assert any(reason in r.getMessage() and 'per-client backend' in r.getMessage() for r in caplog.records)
+    assert hpfl.build_hpfl(CONFIG, public_sum_factory=tff.aggregators.SumFactory()).simulation == 'engine'
+    with backends.use('per_client'):
+        assert hpfl.build_hpfl(CONFIG).simulation == 'per_client'
+        assert hpfl.build_hpfl(CONFIG, simulation='engine').simulation == 'engine'  # The deprecated alias.
 
 
 def test_batches_are_materialized_in_the_order_tff_iterates_them():

@@ -7,12 +7,12 @@ be. HPFL is the package's one round with a server-side step after aggregation; i
 baselines are configurations of the same builder (`process.build_process(config, RoundSpec(...))`;
 `baselines.round_spec(method)` names them). One round of HPFL's ``next``:
 
-1. **Client upload phase** (`process.client_train`, TF): the client trains its own (personalized) GUM for
+1. **Client upload phase** (``process.parts['client_update']``, TF): the client trains its own (personalized) GUM for
    ``client_epochs`` local epochs on its train split with a `tff.learning.optimizers` optimizer inside a
    `Dataset.reduce` loop (`training.local_training`), then measures on its **validation** split (not test: the
    authors' code measures on test, a leak) the accuracy Acc_ki of the records of each attribute k, its overall
    accuracy Acc_i, and counts I_ki, the number of training records involving attribute k that the round processed
-   (records x epochs). Then (`process.client_centres`, TF) it runs k-means on its user embeddings theta and on
+   (records x epochs). Then (``process.parts['client_centres']``, TF) it runs k-means on its user embeddings theta and on
    its item difficulties b (rows of its real users/items only), with ``min(n // local_cluster_divisor + 1,
    max_local_clusters)`` clusters (about n/5 + 1, as in the authors' code; padded to the static
    ``max_local_clusters`` with a mask).
@@ -30,7 +30,7 @@ baselines are configurations of the same builder (`process.build_process(config,
    max_global_clusters)`` global centres Theta^g (about total/10) with the same deterministic TF k-means as the
    clients (`clustering.kmeans`: maximin initialization from the point nearest the mean, then Lloyd iterations;
    an empty cluster keeps its centre; TFF's mini-batch `build_fed_kmeans` does not fit, see `clustering`).
-4. **Client update phase** (`process.client_update`, TF), fine-grained personalized update:
+4. **Client update phase** (``process.parts['post_aggregation']``, TF), fine-grained personalized update:
    ``c_ki <- c_ki Acc_ki + c_k^g (1 - Acc_ki)`` (public, `aggregation.personalize_public`) and, for every real
    user (item) row, ``Emb^g = sum_n w_n Theta_n / sum_m w_m`` and ``Emb_ji <- Emb_ji Acc_i + Emb^g (1 - Acc_i)``
    (`aggregation.personalize_embeddings`), with ``w_n = ||Emb_ji - Theta_n||`` as published (farther centres
@@ -44,24 +44,26 @@ Distributed (local-only) baseline.
 
 **Private state.** Each client's `ClientState` (its GUM weights -- public copy and private tables -- and its real
 numbers of users and items) is the `fedpersonal.core.PersonalizedProcess`'s CLIENTS-placed private state, input
-and output of `next`, as in FURL; nothing in the SERVER state (`HpflState`) is per-client. Silos of different
+and output of `next`, as in FURL; nothing in the SERVER state (its `ServerState`) is per-client. Silos of different
 sizes share one static type: user/item tables are padded to the largest silo (`gum.GumConfig.for_data`), the
 item attribute table to ``max_items`` rows; the real sizes in the state mask padded rows out of clustering and of
 the embedding update (padded rows are never indexed by the data). Client data is a `ClientData` (train and
 validation datasets, the attribute table, a seed) built by `client_data` / `federated_data`.
 
 **Privacy audit** (`fedpersonal.privacy.audit`): `next` decomposes into the client computations above and
-`process.round_from_uploads(state, trained_states, reports, centres)`, whose explicit ``centres`` argument is the
-only way the trained tables reach the server; see tests/algorithms/hpfl_test.py.
+``process.parts['round_from_uploads'](state, centres, reports, trained_states)``, whose explicit ``centres``
+argument is the only way the trained tables reach the server; see tests/algorithms/hpfl_test.py.
 
-Modules: `types` (the structures), `data` (client data, checks, initial states), `training` (local epochs,
-FedSGD's gradient pass, validation statistics), `clustering` (k-means), `aggregation` (formulas, FedAtt's
-aggregator), `server` (HPFL's server-side steps), `spec` (`RoundSpec`), `process` (`build_process`, `build_hpfl`),
-`baselines` (named configurations), `evaluation` (`predict_silos`).
+Modules: `types` (the structures), `data` (client data, checks, initial states, a silo cut to its rows),
+`training` (local epochs, FedSGD's gradient pass, validation statistics), `clustering` (k-means), `aggregation`
+(formulas, FedAtt's aggregator), `server` (HPFL's server-side building blocks), `spec` (`RoundSpec`), `parts`
+(distributor, client work, client step after aggregation), `server_step` (the round's server step), `process`
+(`build_process`, `build_hpfl`), `baselines` (named configurations), `evaluation` (`predict_silos`). No module
+names a backend: `build_process` gives the round to `fedpersonal.backends`.
 
-    initialize: ( -> HpflState@SERVER)
-    next: (<HpflState@SERVER, {ClientData}@CLIENTS, {ClientState}@CLIENTS> ->
-           ProcessOutput<state=HpflState@SERVER, metrics@SERVER, private_states={ClientState}@CLIENTS>)
+    initialize: ( -> LearningAlgorithmState@SERVER)
+    next: (<LearningAlgorithmState@SERVER, {ClientData}@CLIENTS, {ClientState}@CLIENTS> ->
+           ProcessOutput<state=LearningAlgorithmState@SERVER, metrics@SERVER, private_states={ClientState}@CLIENTS>)
 """
 
 from fedpersonal.algorithms.hpfl.aggregation import AttentionMeanFactory
@@ -92,7 +94,6 @@ from fedpersonal.algorithms.hpfl.data import initial_client_state
 from fedpersonal.algorithms.hpfl.data import initial_client_states
 from fedpersonal.algorithms.hpfl.data import split_dataset
 from fedpersonal.algorithms.hpfl.evaluation import predict_silos
-from fedpersonal.algorithms.hpfl.hpfl_process import HpflProcess
 from fedpersonal.algorithms.hpfl.process import build_hpfl
 from fedpersonal.algorithms.hpfl.process import build_process
 from fedpersonal.algorithms.hpfl.spec import RoundSpec
@@ -112,8 +113,9 @@ from fedpersonal.algorithms.hpfl.types import ClientState
 from fedpersonal.algorithms.hpfl.types import GlobalCentres
 from fedpersonal.algorithms.hpfl.types import GlobalComponents
 from fedpersonal.algorithms.hpfl.types import HpflDataError
-from fedpersonal.algorithms.hpfl.types import HpflState
+from fedpersonal.algorithms.hpfl.types import ServerState
 from fedpersonal.algorithms.hpfl.types import SiloPredictions
+from fedpersonal.algorithms.hpfl.types import global_components
 
 __all__ = [
     'BASELINES',
@@ -129,9 +131,8 @@ __all__ = [
     'GlobalCentres',
     'GlobalComponents',
     'HpflDataError',
-    'HpflProcess',
-    'HpflState',
     'RoundSpec',
+    'ServerState',
     'SiloPredictions',
     'batch_type',
     'build_baseline',
@@ -150,6 +151,7 @@ __all__ = [
     'client_state_type',
     'federated_data',
     'finalize_metrics',
+    'global_components',
     'global_embedding',
     'gradient_round',
     'initial_client_state',

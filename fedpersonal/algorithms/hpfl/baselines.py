@@ -33,9 +33,9 @@ from typing import Any
 
 import tensorflow_federated as tff
 
-from fedpersonal.algorithms.hpfl.hpfl_process import HpflProcess
 from fedpersonal.algorithms.hpfl.process import build_process
 from fedpersonal.algorithms.hpfl.spec import RoundSpec
+from fedpersonal.core.process import PersonalizedProcess
 from fedpersonal.models import gum
 
 BASELINES = ('distributed', 'fedsgd', 'fedavg', 'fednoise', 'fedprox', 'fedatt')
@@ -101,7 +101,7 @@ def build_method(
     accuracy_threshold: float = 0.5,
     center_weighting: str = 'distance',
     **kwargs,
-) -> HpflProcess:
+) -> PersonalizedProcess:
     """`build_process` with the `round_spec` of `method`; other keyword arguments go to `build_process`."""
     for name, value in (
         ('proximal_strength', proximal_strength),
@@ -134,7 +134,7 @@ def build_baseline(
     attention_step: float = 1.0,
     public_seed: int = 0,
     row_updates: str = 'dense',
-) -> HpflProcess:
+) -> PersonalizedProcess:
     """Builds one of `BASELINES` (see the module docstring).
 
     Args:
@@ -154,7 +154,7 @@ def build_baseline(
         either way).
 
     Returns:
-      An `HpflProcess`: the same round as HPFL's, configured by `round_spec(method)` (no private aggregation).
+      A `PersonalizedProcess`: the same round as HPFL's, configured by `round_spec(method)` (no private aggregation).
 
     Example:
 
@@ -162,7 +162,7 @@ def build_baseline(
     >>> from fedpersonal.models import gum
     >>> config = gum.GumConfig(num_attributes=3, max_users=5, max_items=4, hidden_dim=2)
     >>> process = hpfl.build_baseline('fedprox', config, proximal_strength=0.1)
-    >>> process.spec.proximal_strength, process.spec.public_aggregation
+    >>> process.parts['spec'].proximal_strength, process.parts['spec'].public_aggregation
     (0.1, 'mean')
     """
     if method not in BASELINES:
@@ -182,31 +182,31 @@ def build_baseline(
     )
 
 
-def build_distributed(config: gum.GumConfig, **kwargs) -> HpflProcess:
+def build_distributed(config: gum.GumConfig, **kwargs) -> PersonalizedProcess:
     """Local training only (no communication)."""
     return build_baseline('distributed', config, **kwargs)
 
 
-def build_fedsgd(config: gum.GumConfig, **kwargs) -> HpflProcess:
+def build_fedsgd(config: gum.GumConfig, **kwargs) -> PersonalizedProcess:
     """FedSGD on the public components; private components stay local."""
     return build_baseline('fedsgd', config, **kwargs)
 
 
-def build_fedavg(config: gum.GumConfig, **kwargs) -> HpflProcess:
+def build_fedavg(config: gum.GumConfig, **kwargs) -> PersonalizedProcess:
     """FedAvg on the public components; private components stay local."""
     return build_baseline('fedavg', config, **kwargs)
 
 
-def build_fednoise(config: gum.GumConfig, **kwargs) -> HpflProcess:
+def build_fednoise(config: gum.GumConfig, **kwargs) -> PersonalizedProcess:
     """FedAvg with Gaussian noise on every client upload; private components stay local."""
     return build_baseline('fednoise', config, **kwargs)
 
 
-def build_fedprox(config: gum.GumConfig, **kwargs) -> HpflProcess:
+def build_fedprox(config: gum.GumConfig, **kwargs) -> PersonalizedProcess:
     """FedProx (proximal local loss) on the public components; private components stay local."""
     return build_baseline('fedprox', config, **kwargs)
 
 
-def build_fedatt(config: gum.GumConfig, **kwargs) -> HpflProcess:
+def build_fedatt(config: gum.GumConfig, **kwargs) -> PersonalizedProcess:
     """FedAtt (layer-wise attentive aggregation) on the public components; private components stay local."""
     return build_baseline('fedatt', config, **kwargs)

@@ -89,31 +89,28 @@ class GlobalComponents(NamedTuple):
     item_mask: Any
 
 
-class HpflState(NamedTuple):
-    """Server state of every process of the family (HPFL, its ablations, the baselines).
+class ServerState(NamedTuple):
+    """The state of the family's server step: the ``aggregator`` of the process state.
+
+    The process state is TFF's ``LearningAlgorithmState`` (`fedpersonal.core.compose_personalized_process`):
+    ``global_model_weights`` are the global public components as ``ModelWeights(trainable=[skill_W, know_W,
+    relative_M], non_trainable=[])`` (for HPFL c^g, which keeps its initial value without public aggregation; for
+    the FedAvg family the server model), ``distributor`` is the int32 number of rounds run, ``aggregator`` this.
 
     Attributes:
-      global_model_weights: The global public components as ``ModelWeights(trainable=[skill_W, know_W,
-        relative_M], non_trainable=[])`` (what `get_model_weights` returns). For HPFL: c^g, which keeps its initial
-        value without public aggregation; for the FedAvg family: the server model.
       centres: The global centres Theta^g (all masked out without clustered private aggregation).
-      distributor: State of TFF's broadcast process (clients that start from the global model), else ``()``.
-      aggregator: State of the public aggregation's `tff.aggregators` process, else ``()``.
+      aggregation: State of the public sum's or the update aggregation's `tff.aggregators` process, else ``()``.
       finalizer: State of TFF's apply-optimizer finalizer (update aggregations), else ``()``.
-      round_num: int32, rounds run.
     """
 
-    global_model_weights: Any
     centres: Any
-    distributor: Any
-    aggregator: Any
+    aggregation: Any
     finalizer: Any
-    round_num: Any
 
-    @property
-    def global_components(self) -> GlobalComponents:
-        """c^g and Theta^g together (Python values only, not inside a computation)."""
-        return GlobalComponents(gum.PublicWeights(*self.global_model_weights.trainable), *self.centres)
+
+def global_components(state: Any) -> GlobalComponents:
+    """c^g and Theta^g of a process state (Python values, not inside a computation)."""
+    return GlobalComponents(gum.PublicWeights(*state.global_model_weights.trainable), *state.aggregator.centres)
 
 
 class SiloPredictions(NamedTuple):

@@ -1,0 +1,73 @@
+"""FedBABU (Oh et al., "FedBABU: Toward Enhanced Representation for Federated Image Classification", ICLR 2022).
+
+The model is a body and a head. The head is randomly initialized once, the same on every client, and never updated
+during federated training: every round each sampled client trains only the body on its data (the head frozen at its
+initial values), and the server averages the bodies by examples (Algorithm 1 of the paper). Personalization happens
+at evaluation: each client fine-tunes the trained model on its own training data for a few epochs before it
+predicts; the paper's default fine-tunes the whole model (body and head; Section 4, "fine-tuning" of Algorithm 1).
+
+Here the head is the model's local layers and the plan's local weights start from their initial values every round
+(`ClientPlan.local_start='initial'`, seeded initializers: identical on every client): a stateless process whose one
+phase trains only the global body, run by every backend (`fedpersonal.backends`). `finetune_plan` is the
+evaluation-time fine-tuning (also FedAvg + fine-tuning's): a plan over a model whose weights are all the client's own.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import tensorflow_federated as tff
+
+from fedpersonal import backends
+from fedpersonal.core import client_plan
+from fedpersonal.core import client_work
+from fedpersonal.core import process as process_lib
+
+
+def fedbabu_plan(*, client_epochs: int, client_optimizer: tff.learning.optimizers.Optimizer) -> client_plan.ClientPlan:
+    """FedBABU's client work: the body trained for `client_epochs` epochs, the head at its initial values."""
+    phase = client_plan.Phase((client_plan.GLOBAL,), client_epochs, client_optimizer)
+    return client_plan.ClientPlan((phase,), local_start=client_plan.INITIAL)
+
+
+def finetune_plan(*, epochs: int, optimizer: tff.learning.optimizers.Optimizer) -> client_plan.ClientPlan:
+    """Fine-tuning before evaluation: every weight trained for `epochs` epochs on the client's data. Run it over a
+    model whose weights are all local (nothing global to upload), each client's private state its full model."""
+    return client_plan.ClientPlan((client_plan.Phase((client_plan.GLOBAL, client_plan.LOCAL), epochs, optimizer),))
+
+
+def build_fedbabu(
+    model_fn: Callable[[], tff.learning.models.ReconstructionModel],
+    *,
+    loss_fn: client_work.LossFn,
+    metrics_fn: client_work.MetricsFn | None = None,
+    client_optimizer: tff.learning.optimizers.Optimizer,
+    server_optimizer: tff.learning.optimizers.Optimizer,
+    client_epochs: int = 1,
+    model_aggregator: Any = None,
+) -> process_lib.PersonalizedProcess:
+    """Builds FedBABU's federated training on the context's backend.
+
+    Args:
+      model_fn: No-arg function returning a new partially local model: global body, local head (its initializers
+        seeded, so that every client's head starts the same).
+      loss_fn: No-arg function returning the Keras loss.
+      metrics_fn: Optional no-arg function returning Keras metrics.
+      client_optimizer: The body's local optimizer (fresh state every round).
+      server_optimizer: Applied to the averaged body update.
+      client_epochs: Local epochs per round.
+      model_aggregator: A weighted `tff.aggregators` factory for the body update (default: example-weighted mean).
+
+    Returns:
+      A stateless `PersonalizedProcess` (nothing is kept on the clients; the head is the model's initial one).
+    """
+    return backends.build_process(
+        fedbabu_plan(client_epochs=client_epochs, client_optimizer=client_optimizer),
+        model_fn,
+        loss_fn=loss_fn,
+        metrics_fn=metrics_fn,
+        server_optimizer=server_optimizer,
+        model_aggregator=model_aggregator,
+        name='FedBABU',
+    )

@@ -1,0 +1,87 @@
+"""FedBN (Li et al., "FedBN: Federated Learning on Non-IID Features via Local Batch Normalization", ICLR 2021).
+
+FedAvg in which every batch normalization layer stays on its client: its scale and offset (trained) and its moving
+mean and variance (updated by the client's training steps) are the client's own, kept between rounds; the other
+layers are trained with them and averaged by examples on the server (Algorithm 1 of the paper). Here the batch norm
+layers are the model's local layers (`fedbn_model_fn` declares them), the process's CLIENTS-placed private state;
+the client work is FedPer's plan (`fedpersonal.algorithms.fedper.fedper_plan`: both parts step together), run by
+every backend (`fedpersonal.backends`; the engine carries each client's moving statistics through its steps).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import tensorflow as tf
+import tensorflow_federated as tff
+
+from fedpersonal import backends
+from fedpersonal import models
+from fedpersonal.algorithms import fedper
+from fedpersonal.core import client_work
+from fedpersonal.core import process as process_lib
+
+
+def batch_norm_layers(keras_model: tf.keras.Model) -> list[tf.keras.layers.Layer]:
+    """The model's batch normalization layers (nested ones included), in order."""
+    return [layer for layer in keras_model.submodules if isinstance(layer, tf.keras.layers.BatchNormalization)]
+
+
+def fedbn_model_fn(
+    keras_model_fn: Callable[[], tf.keras.Model], *, input_spec: Any
+) -> Callable[[], tff.learning.models.ReconstructionModel]:
+    """A model function whose batch normalization layers are local and whose other weights are global.
+
+    Raises (when called):
+      ValueError: The Keras model has no batch normalization layer (FedBN would be FedAvg).
+    """
+
+    def model_fn() -> tff.learning.models.ReconstructionModel:
+        keras_model = keras_model_fn()
+        local = batch_norm_layers(keras_model)
+        if not local:
+            raise ValueError(f'FedBN needs a model with BatchNormalization layers; {keras_model.name} has none.')
+        local_ids = {id(v) for layer in local for v in layer.weights}
+        shared = [v for v in keras_model.weights if id(v) not in local_ids]
+        return models.from_keras_model(keras_model, input_spec=input_spec, global_variables=shared, local_layers=local)
+
+    return model_fn
+
+
+def build_fedbn(
+    model_fn: Callable[[], tff.learning.models.ReconstructionModel],
+    *,
+    loss_fn: client_work.LossFn,
+    metrics_fn: client_work.MetricsFn | None = None,
+    client_optimizer: tff.learning.optimizers.Optimizer,
+    server_optimizer: tff.learning.optimizers.Optimizer,
+    client_epochs: int = 1,
+    model_aggregator: Any = None,
+) -> process_lib.PersonalizedProcess:
+    """Builds FedBN on the context's backend.
+
+    Args:
+      model_fn: No-arg function returning a new partially local model whose local layers are its batch
+        normalization layers (`fedbn_model_fn`).
+      loss_fn: No-arg function returning the Keras loss.
+      metrics_fn: Optional no-arg function returning Keras metrics.
+      client_optimizer: The local optimizer (fresh state every round).
+      server_optimizer: Applied to the averaged update of the other layers.
+      client_epochs: Local epochs per round.
+      model_aggregator: A weighted `tff.aggregators` factory for the global update (default: example-weighted
+        mean).
+
+    Returns:
+      A stateful `PersonalizedProcess` whose private state is the client's batch normalization weights
+      (trainable: scale and offset; non-trainable: moving mean and variance).
+    """
+    return backends.build_process(
+        fedper.fedper_plan(client_epochs=client_epochs, client_optimizer=client_optimizer),
+        model_fn,
+        loss_fn=loss_fn,
+        metrics_fn=metrics_fn,
+        server_optimizer=server_optimizer,
+        model_aggregator=model_aggregator,
+        name='FedBN',
+    )

@@ -1,0 +1,111 @@
+"""Per-FedAvg (Fallah, Mokhtari and Ozdaglar, "Personalized Federated Learning with Theoretical Guarantees: A
+Model-Agnostic Meta-Learning Approach", NeurIPS 2020).
+
+The global model w is meta-learned so that one local gradient step personalizes it. Each local step takes a batch
+of twice the batch size (three times, Hessian-free): a trial step ``w' = w - alpha * grad f(w; D)`` on its first
+part, then ``w <- w - beta * grad f(w'; D')`` with the gradient of its second part at the trial weights (the
+first-order variant, PFLlib's ``clientperavg.py``, beta = alpha = the learning rate there), or with that gradient
+corrected by a Hessian-vector product on a third part, ``(I - alpha * H(w; D'')) grad f(w'; D')`` (the paper's
+Hessian-free variant). The server averages w's change as FedAvg; a client predicts with w after one step of alpha on
+one batch of its own data (`adapt`).
+
+The client work is one phase of a `ClientPlan` with the step kind `fedpersonal.core.step_kinds.MetaStep`, on the
+client's data rebatched to 2 (3) x `batch_size` (a `DataSplit`; a last batch too small to cut is dropped). The
+per-client backend runs it; the engine does not run step kinds yet, so `fedpersonal.backends` falls back to the
+per-client backend with a log line.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import tensorflow as tf
+import tensorflow_federated as tff
+
+from fedpersonal import backends
+from fedpersonal.core import client_plan
+from fedpersonal.core import client_work
+from fedpersonal.core import process as process_lib
+from fedpersonal.core import step_kinds
+
+
+def per_fedavg_plan(
+    *,
+    batch_size: int,
+    inner_learning_rate: float,
+    outer_optimizer: tff.learning.optimizers.Optimizer,
+    client_epochs: int = 1,
+    hessian_free: bool = False,
+) -> client_plan.ClientPlan:
+    """Per-FedAvg's client work: meta steps on batches of `parts` x `batch_size` (the client's data is rebatched)."""
+    step = step_kinds.MetaStep(inner_learning_rate, hessian_free)
+    size = step.parts * batch_size
+
+    def rebatch(dataset: tf.data.Dataset) -> tuple[tf.data.Dataset]:
+        batches = dataset.unbatch().batch(size)
+        return (batches.filter(lambda b: tf.shape(tf.nest.flatten(b)[0])[0] >= step.parts),)
+
+    phase = client_plan.Phase((client_plan.GLOBAL,), client_epochs, outer_optimizer, data='meta', step=step)
+    return client_plan.ClientPlan((phase,), split=client_plan.DataSplit(('meta',), rebatch))
+
+
+def adapt(
+    model_fn: Callable[[], tff.learning.models.ReconstructionModel],
+    weights: tff.learning.models.ModelWeights,
+    batch: Any,
+    learning_rate: float,
+    loss_fn: client_work.LossFn,
+) -> tff.learning.models.ModelWeights:
+    """The weights a client predicts with: the global `weights` after one SGD step of `learning_rate` on `batch`
+    (eager; PFLlib's ``train_one_step`` before each evaluation)."""
+    model = model_fn()
+    client_work.assign_weights(client_work.global_weights(model), weights)
+    variables = list(model.global_trainable_variables)
+    with tf.GradientTape() as tape:
+        output = model.forward_pass(batch, training=True)
+        loss = loss_fn()(output.labels, output.predictions)
+    client_work.assign(variables, [v - learning_rate * g for v, g in zip(variables, tape.gradient(loss, variables))])
+    return tff.learning.models.ModelWeights(
+        [v.numpy() for v in variables], [v.numpy() for v in model.global_non_trainable_variables]
+    )
+
+
+def build_per_fedavg(
+    model_fn: Callable[[], tff.learning.models.ReconstructionModel],
+    *,
+    loss_fn: client_work.LossFn,
+    metrics_fn: client_work.MetricsFn | None = None,
+    batch_size: int,
+    inner_learning_rate: float,
+    outer_optimizer: tff.learning.optimizers.Optimizer,
+    server_optimizer: tff.learning.optimizers.Optimizer,
+    client_epochs: int = 1,
+    hessian_free: bool = False,
+) -> process_lib.PersonalizedProcess:
+    """Builds Per-FedAvg on the context's backend.
+
+    Args:
+      model_fn: No-arg function returning a new model (`fedpersonal.models.from_keras_model`, all layers global).
+      loss_fn: No-arg function returning the Keras loss.
+      metrics_fn: Optional no-arg function returning Keras metrics (of the second parts at the trial weights).
+      batch_size: The size of each part of a meta step's batch (PFLlib: the batch size).
+      inner_learning_rate: alpha, the trial step's learning rate.
+      outer_optimizer: The meta step's optimizer (PFLlib: SGD of beta = alpha).
+      server_optimizer: Applied to the averaged update.
+      client_epochs: Passes over the client's data per round.
+      hessian_free: The Hessian-free variant (three parts per batch) instead of the first-order one.
+
+    Returns:
+      A `PersonalizedProcess` (its private state is the model's local weights, none for an all-global model).
+    """
+    plan = per_fedavg_plan(
+        batch_size=batch_size,
+        inner_learning_rate=inner_learning_rate,
+        outer_optimizer=outer_optimizer,
+        client_epochs=client_epochs,
+        hessian_free=hessian_free,
+    )
+    return backends.build_process(
+        plan, model_fn, loss_fn=loss_fn, metrics_fn=metrics_fn, server_optimizer=server_optimizer, name='Per-FedAvg'
+    )

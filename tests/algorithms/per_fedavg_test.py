@@ -1,0 +1,150 @@
+"""Per-FedAvg, one client plan (a `MetaStep` phase): the round equals a plain eager loop written here (the trial step
+on a batch's first part, the gradient of its second part there; Hessian-free: less alpha times the Hessian-vector
+product on a third part), on both backends (the engine falls back to the per-client backend, logged); nothing
+private reaches the server; one adaptation step on the meta-learned model fits the clients' permuted labels."""
+
+import collections
+from unittest import mock
+
+import numpy as np
+import pytest
+import tensorflow as tf
+import tensorflow_federated as tff
+
+from fedpersonal import backends
+from fedpersonal import models
+from fedpersonal.algorithms import per_fedavg
+from fedpersonal.privacy import audit
+from tests.algorithms.fedper_fedrep_test import client_arrays
+from tests.algorithms.fedper_fedrep_test import datasets
+
+DIM, HIDDEN, NUM_CLASSES = 6, 8, 3
+ALPHA, BETA, BATCH = 0.05, 0.1, 5
+SPEC = collections.OrderedDict(x=tf.TensorSpec([None, DIM], tf.float32), y=tf.TensorSpec([None], tf.int32))
+
+
+def model_fn():
+    init = tf.keras.initializers.GlorotUniform
+    keras_model = tf.keras.Sequential(
+        [
+            tf.keras.Input([DIM]),
+            tf.keras.layers.Dense(HIDDEN, 'relu', kernel_initializer=init(seed=1)),
+            tf.keras.layers.Dense(NUM_CLASSES, kernel_initializer=init(seed=2)),
+        ]
+    )
+    return models.from_keras_model(keras_model, input_spec=SPEC, global_layers=keras_model.layers, local_layers=[])
+
+
+def loss_fn():
+    return tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True)
+
+
+def build(backend, hessian_free=False):
+    with backends.use(backend):
+        return per_fedavg.build_per_fedavg(
+            model_fn,
+            loss_fn=loss_fn,
+            batch_size=BATCH,
+            inner_learning_rate=ALPHA,
+            outer_optimizer=tff.learning.optimizers.build_sgdm(BETA),
+            server_optimizer=tff.learning.optimizers.build_sgdm(1.0),
+            hessian_free=hessian_free,
+        )
+
+
+# ------------------------------------------------------------------ the reference: a plain eager loop, by hand
+def _loss(weights, x, y):
+    w1, b1, w2, b2 = weights
+    logits = tf.matmul(tf.nn.relu(tf.matmul(x, w1) + b1), w2) + b2
+    return tf.reduce_mean(tf.nn.sparse_softmax_cross_entropy_with_logits(labels=y, logits=logits))
+
+
+def _grad(weights, x, y):
+    weights = [tf.constant(w) for w in weights]
+    with tf.GradientTape() as tape:
+        tape.watch(weights)
+        loss = _loss(weights, x, y)
+    return tape.gradient(loss, weights)
+
+
+def _hessian_vector(weights, x, y, vector):
+    weights = [tf.constant(w) for w in weights]
+    with tf.GradientTape() as outer:
+        outer.watch(weights)
+        with tf.GradientTape() as inner:
+            inner.watch(weights)
+            loss = _loss(weights, x, y)
+        product = tf.add_n([tf.reduce_sum(g * v) for g, v in zip(inner.gradient(loss, weights), vector)])
+    return outer.gradient(product, weights)
+
+
+def reference_round(weights, arrays, hessian_free):
+    parts = 3 if hessian_free else 2
+    trained, counts = [], []
+    for x, y in arrays:
+        w = [np.array(v) for v in weights]
+        size = parts * BATCH
+        for s in range(0, len(x), size):
+            xb, yb = x[s : s + size], y[s : s + size]
+            if len(xb) < parts:
+                continue
+            cut = -(-len(xb) // parts)
+            pieces = [(xb[k * cut : (k + 1) * cut], yb[k * cut : (k + 1) * cut]) for k in range(parts)]
+            trial = [v - ALPHA * g.numpy() for v, g in zip(w, _grad(w, *pieces[0]))]
+            direction = [g.numpy() for g in _grad(trial, *pieces[1])]
+            if hessian_free:
+                hv = _hessian_vector(w, *pieces[2], direction)
+                direction = [d - ALPHA * h.numpy() for d, h in zip(direction, hv)]
+            w = [v - BETA * d for v, d in zip(w, direction)]
+        trained.append(w)
+        counts.append(sum(len(x[s : s + size]) for s in range(0, len(x), size) if len(x[s : s + size]) >= parts))
+    total = float(sum(counts))
+    return [sum(c * t[k] for c, t in zip(counts, trained)) / total for k in range(4)]
+
+
+@pytest.mark.parametrize('hessian_free', [False, True])
+def test_a_round_equals_the_two_batch_meta_step_by_hand_on_both_backends(hessian_free):
+    arrays = client_arrays(sizes=(23, 30, 17, 41))
+    for backend in ('engine', 'per_client'):
+        with mock.patch.object(backends.logging, 'info') as log:
+            process = build(backend, hessian_free)
+        if backend == 'engine':  # The logged fallback: the per-client backend's process, checked below.
+            (message, *args), _ = log.call_args
+            assert 'does not run the step kind MetaStep' in message % tuple(args)
+            assert process.packer is None
+            continue
+        state = process.initialize()
+        initial = process.get_model_weights(state).trainable
+        output = process.run_round(state, datasets(arrays), [process.initial_private_state()] * len(arrays))
+        expected = reference_round(initial, arrays, hessian_free)
+        for got, want in zip(process.get_model_weights(output.state).trainable, expected):
+            np.testing.assert_allclose(got, want, atol=2e-5)
+
+
+def test_the_hessian_free_step_differs_from_the_first_order_one():
+    arrays = client_arrays(sizes=(30,))
+    weights = [v.numpy() for v in model_fn().global_trainable_variables]
+    first, second = reference_round(weights, arrays, False), reference_round(weights, arrays, True)
+    assert not np.allclose(first[0], second[0])  # The reference itself is not degenerate.
+
+
+def test_nothing_private_reaches_the_server():
+    process = build('per_client')
+    assert audit.audit_private_dataflow(process.next, private_parameter_index=2) == []
+
+
+def test_one_adaptation_step_personalizes_the_meta_learned_model():
+    arrays = client_arrays(seed=1, sizes=(60,) * 4)
+    process = build('per_client')
+    state, privates = process.initialize(), [process.initial_private_state()] * 4
+    for _ in range(20):
+        output = process.run_round(state, datasets(arrays), privates)
+        state, privates = output.state, list(output.private_states)
+    weights = process.get_model_weights(state)
+    before, after = [], []
+    for x, y in arrays:
+        batch = collections.OrderedDict(x=x[: BATCH * 2], y=y[: BATCH * 2])
+        adapted = per_fedavg.adapt(model_fn, weights, batch, ALPHA, loss_fn)
+        before.append(float(_loss([tf.constant(w) for w in weights.trainable], x, y)))
+        after.append(float(_loss([tf.constant(w) for w in adapted.trainable], x, y)))
+    assert np.mean(after) < np.mean(before), (before, after)
