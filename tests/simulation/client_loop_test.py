@@ -14,6 +14,7 @@ from fedpersonal.simulation import options
 from tests.algorithms import apfl_test
 from tests.algorithms import fed_avg_test
 from tests.algorithms import fed_recon_test
+from tests.algorithms import fedbn_fedbabu_test
 from tests.algorithms import fedper_fedrep_test
 from tests.simulation import ditto_engine_test
 from tests.simulation import furl_engine_test
@@ -96,6 +97,29 @@ def test_fed_recon_with_a_learned_local_default_equals_the_per_client_path(pinne
         weights[backend] = process.get_model_weights(state)
     for a, b in zip(weights['engine'].trainable, weights['per_client'].trainable):
         np.testing.assert_allclose(a, b, atol=1e-5)
+
+
+def test_fedbn_and_fedbabu_equal_a_plain_loop(pinned):
+    fedbn_fedbabu_test.test_fedbabu_equals_a_plain_loop_with_the_head_frozen_at_its_initial_values('engine')
+    # FedBN as its test runs it, compared to float32 precision: the moving variances reach ~40 (rtol 1e-6).
+    test = fedbn_fedbabu_test
+    arrays = test.client_arrays()
+    process = test.build('fedbn', 'engine')
+    state = process.initialize()
+    initial = process.initial_private_state()
+    shared = [np.asarray(v) for v in process.get_model_weights(state).trainable]
+    bns = [([np.asarray(v) for v in initial.trainable], [np.asarray(v) for v in initial.non_trainable])]
+    bns *= test.NUM_CLIENTS
+    privates = [initial] * test.NUM_CLIENTS
+    for _ in range(2):
+        output = process.run_round(state, test.datasets(arrays), privates)
+        state, privates = output.state, list(output.private_states)
+        shared, bns = test.fedbn_reference_round(shared, bns, arrays)
+    for got, want in zip(process.get_model_weights(state).trainable, shared):
+        np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-5)
+    for got, (want_trainable, want_statistics) in zip(privates, bns):
+        for g, w in zip(list(got.trainable) + list(got.non_trainable), want_trainable + want_statistics):
+            np.testing.assert_allclose(g, w, rtol=1e-6, atol=1e-5)
 
 
 def test_unknown_strategy_is_refused():
