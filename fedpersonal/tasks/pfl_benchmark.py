@@ -414,7 +414,7 @@ def run(config: PflBenchmarkConfig) -> dict[str, Any]:
     )
     benchmark = Benchmark(config, data)
     rows, histories = [], {}
-    for name in config.methods:
+    for name in config.configurations:
         outputs = program.ExperimentOutputs(config.output_dir, name)
         started = time.time()
         row = run_method(benchmark, outputs, name)

@@ -6,7 +6,7 @@ except the rounds (2000 there; see docs/RESULTS.md for the budget here).
 
 Example:
 
->>> config = PflBenchmarkConfig(dataset='synthetic', partition='dirichlet', methods=('fedavg', 'fedper'))
+>>> config = PflBenchmarkConfig(dataset='synthetic', partition='dirichlet', configurations=('fedavg', 'fedper'))
 >>> config.num_clients, config.batch_size, config.client_learning_rate
 (20, 10, 0.005)
 """
@@ -83,7 +83,9 @@ class PflBenchmarkConfig(
     train_ratio: float = parts.option(0.75, "Each client's train share (the rest is its test data).")
     partition_seed: int = parts.option(1, "The partition's seed (PFLlib's: 1, which reproduces its partition).")
     synthetic_examples: int = parts.option(4000, 'Synthetic data: pooled images.')
-    methods: tuple[str, ...] = parts.option(METHODS, f'Rows to run, a subset of {METHODS}.')
+    configurations: tuple[str, ...] = parts.option(
+        METHODS, f'Rows (methods) to run, a subset of {METHODS}.', aliases=('methods',)
+    )
     total_rounds: int = 100
     batch_size: int = 10
     rounds_per_eval: int = 5
@@ -115,9 +117,9 @@ class PflBenchmarkConfig(
         for field, allowed in (('dataset', DATASETS), ('partition', PARTITIONS)):
             if getattr(self, field) not in allowed:
                 raise errors.ConfigError(f'{field} must be one of {allowed}, got {getattr(self, field)!r}.')
-        unknown = [m for m in self.methods if m not in METHODS]
-        if unknown or not self.methods:
-            raise errors.ConfigError(f'methods must be a non-empty subset of {METHODS}; unknown: {unknown}.')
+        unknown = [m for m in self.configurations if m not in METHODS]
+        if unknown or not self.configurations:
+            raise errors.ConfigError(f'configurations must be a non-empty subset of {METHODS}; unknown: {unknown}.')
         if self.dataset == 'mnist' and not self.data_dir and self.tfds_data_dir is None:
             raise errors.ConfigError("dataset 'mnist' needs --data_dir (or --tfds_data_dir).")
         if self.furl_private_norm < 0:

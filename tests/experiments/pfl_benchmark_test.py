@@ -154,7 +154,7 @@ def test_per_fedavg_clients_are_evaluated_after_one_sgd_step_on_their_first_trai
 def test_personalized_methods_beat_fedavg_under_pathological_skew_and_results_are_written(tmp_path):
     config = pfl_benchmark.PflBenchmarkConfig(
         **SMALL,
-        methods=('fedavg', 'fedper', 'ditto', 'fedbabu', 'fed_recon'),
+        configurations=('fedavg', 'fedper', 'ditto', 'fedbabu', 'fed_recon'),
         total_rounds=4,
         rounds_per_eval=2,
         finetune_epochs=1,
@@ -189,7 +189,7 @@ def test_summary_reads_the_runs_rows():
     'flags, message',
     [
         (dict(partition='stripes'), 'partition must be one of'),
-        (dict(methods=('fedavg', 'fedsgd')), "unknown: ['fedsgd']"),
+        (dict(configurations=('fedavg', 'fedsgd')), "unknown: ['fedsgd']"),
         (dict(apfl_alpha=1.5), 'apfl_alpha must be in [0, 1]'),
     ],
 )

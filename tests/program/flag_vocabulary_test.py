@@ -15,13 +15,15 @@ from fedpersonal.tasks import furl_personalization_config
 from fedpersonal.tasks import hpfl_user_modeling_config
 from fedpersonal.tasks import movielens_mf_config
 from fedpersonal.tasks import next_word_prediction_config
+from fedpersonal.tasks import pfl_benchmark_config
 
 Feddva = feddva_config.FeddvaConfig
 Furl = furl_personalization_config.FurlConfig
 Hpfl = hpfl_user_modeling_config.HpflConfig
 MovieLens = movielens_mf_config.MovieLensMFConfig
 Nwp = next_word_prediction_config.NextWordPredictionConfig
-CONFIGS = (Feddva, Furl, Hpfl, MovieLens, Nwp)
+Pfl = pfl_benchmark_config.PflBenchmarkConfig
+CONFIGS = (Feddva, Furl, Hpfl, MovieLens, Nwp, Pfl)
 
 
 def _config(config_cls, argv):
@@ -41,7 +43,7 @@ def _absl_warnings_reach_caplog(caplog):
 def test_shared_names_mean_the_same_in_every_binary(config_cls):
     names = {f.name for f in dataclasses.fields(config_cls)}
     assert {'dataset', 'data_dir', 'total_rounds', 'configurations', 'output_dir'} <= names
-    assert ('clients_per_round' in names) == (config_cls is not Hpfl)  # Cross-silo: every client every round.
+    assert ('clients_per_round' in names) == (config_cls not in (Hpfl, Pfl))  # Every client every round.
     for name in ('total_rounds', 'clients_per_round', 'output_dir'):  # HPFL's data_dir help lists its files.
         if name in names:
             assert config_parts.help_text(config_cls, name) == config_parts.help_text(
@@ -140,7 +142,7 @@ def test_records_under_old_names_compare_under_new_ones():
 
 
 _REPO = pathlib.Path(__file__).resolve().parents[2]
-_FLAGFILE_CONFIGS = {'feddva': Feddva, 'furl': Furl, 'hpfl': Hpfl, 'movielens': MovieLens, 'nwp': Nwp}
+_FLAGFILE_CONFIGS = {'feddva': Feddva, 'furl': Furl, 'hpfl': Hpfl, 'movielens': MovieLens, 'nwp': Nwp, 'pfllib': Pfl}
 
 
 @pytest.mark.parametrize('flagfile', sorted(p.name for p in (_REPO / 'configs').glob('*.flags')))
