@@ -16,7 +16,8 @@ Workloads (rows ``<name>_engine``, ``<name>_pfl``, ``<name>_tff``):
 
 Rows, each in its own process, from the same initial weights on the same clients' batches in the same order:
 ``engine`` (`fedpersonal.algorithms.build_fed_avg` on the engine: `process.run_round`, every client packed before
-round 0, the strategy chosen by measurement in the first rounds and reported), ``pfl`` (pfl-research's
+round 0, under ``--engine_strategy``: by default ``auto``, the engine's fixed rule; ``measure`` times the
+strategies in the first rounds; the strategy that ran is reported), ``pfl`` (pfl-research's
 `FederatedAveraging` with its PyTorch model and `SimulatedBackend`, `benchmarks/peer_pfl_row.py`, run in a virtual
 environment of its own, built on first use: ``--pfl_venv`` with ``--pfl_requirements``, never the package's),
 ``tff`` (TFF 0.87's `tff.learning.algorithms.build_weighted_fed_avg`, `next`; one client at a time: the per-client
@@ -61,7 +62,12 @@ _CNN_ROUNDS = flags.DEFINE_integer('cnn_rounds', 2, 'Timed rounds per row proces
 _CNN_REPEATS = flags.DEFINE_integer('cnn_repeats', 2, 'Processes per cnn row (the rounds take ~20 s).')
 _CNN_THREADS = flags.DEFINE_list('cnn_threads', None, 'Thread settings of the cnn rows (default: --threads).')
 _TFF_REPEATS = flags.DEFINE_integer('tff_repeats', 1, 'Processes per TFF row (the reference; slow).')
-_WARMUP = flags.DEFINE_integer('warmup', 6, 'Untimed rounds first (the engine measures its strategies in 4-6).')
+_WARMUP = flags.DEFINE_integer(
+    'warmup', 4, 'Untimed rounds first (with --engine_strategy=measure the engine measures in its first 4-6).'
+)
+_ENGINE_STRATEGY = flags.DEFINE_string(
+    'engine_strategy', 'auto', "The engine rows' strategy (fedpersonal.backends.use(..., strategy=...))."
+)
 _PFL_VENV = flags.DEFINE_string(
     'pfl_venv', os.path.expanduser('~/.cache/fedpersonal-benchmarks/pfl-0.6.0'), "pfl-research's virtual environment."
 )
@@ -170,6 +176,7 @@ def _row_engine(data, kind: str, warmup: int):
     import tensorflow_federated as tff  # pylint: disable=g-import-not-at-top
 
     from fedpersonal import algorithms  # pylint: disable=g-import-not-at-top
+    from fedpersonal import backends  # pylint: disable=g-import-not-at-top
     from fedpersonal import models  # pylint: disable=g-import-not-at-top
     from fedpersonal import runtime  # pylint: disable=g-import-not-at-top
 
@@ -179,7 +186,7 @@ def _row_engine(data, kind: str, warmup: int):
         keras = keras_model(kind)
         return models.from_keras_model(keras, input_spec=spec, global_variables=keras.variables)
 
-    with runtime.LocalRuntime():  # Its TFF worker (initialize) ends with the row.
+    with runtime.LocalRuntime(), backends.use('engine', strategy=_ENGINE_STRATEGY.value):  # Its worker ends here.
         process = algorithms.build_fed_avg(
             model_fn,
             loss_fn=lambda: tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True),
@@ -204,7 +211,8 @@ def _row_engine(data, kind: str, warmup: int):
             seconds.append(time.perf_counter() - t)
             cpu.append(time.process_time() - c)
         choice = process._round_runner.choice  # pylint: disable=protected-access
-        info = dict(prepare_s=prepare_s, strategy=choice.chosen, strategy_seconds=choice.seconds, cpu_seconds=cpu)
+        info = dict(prepare_s=prepare_s, strategy=process.engine_strategy, cpu_seconds=cpu)
+        info.update(engine_strategy=_ENGINE_STRATEGY.value, strategy_seconds=choice.seconds)
         if choice.chosen is None or len(choice.seconds) * 2 > warmup:
             info['note'] = 'the strategy was still being measured in timed rounds'
         return process.get_model_weights(state).trainable, seconds, info
@@ -333,7 +341,8 @@ def spawn(row: str, path: str | None, work_dir: str, tag: str, threads: int) -> 
         cmd = [pfl_python(), script, f'--workload={path}', f'--threads={threads}', f'--result={result}']
     else:
         cmd = [sys.executable, os.path.abspath(__file__), f'--_row={row}', f'--_result={result}']
-        cmd += [f'--warmup={_WARMUP.value}'] + ([f'--_file={path}'] if path else [])
+        cmd += [f'--warmup={_WARMUP.value}', f'--engine_strategy={_ENGINE_STRATEGY.value}']
+        cmd += [f'--_file={path}'] if path else []
     started = time.time()
     with open(log, 'w') as out:  # A file, never a pipe: TFF's worker keeps inherited descriptors open.
         rc = subprocess.run(cmd, stdout=out, stderr=out, cwd=_REPO, env=_env(threads)).returncode
@@ -390,7 +399,7 @@ def summarize(name, runs, warmup: int, flops: float, gflops: float, threads: int
         if 'cpu_seconds_per_round' in out:
             out['cpu_bound_ratio'] = out['cpu_seconds_per_round'] / threads / out['compute_bound_s']
         out['round_seconds'] = [r['round_seconds'] for r in ok[row]]
-        for key in ('strategy', 'strategy_seconds'):
+        for key in ('strategy', 'engine_strategy', 'strategy_seconds'):
             if key in last:
                 out[key] = [r[key] for r in ok[row]]
         for key in ('prepare_s', 'versions', 'note'):

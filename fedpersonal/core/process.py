@@ -152,6 +152,12 @@ class PersonalizedProcess(tff.templates.IterativeProcess):
         """``'engine'`` when a TFF client slot carries a packed group of logical clients, else ``'per_client'``."""
         return 'per_client' if self.packer is None else 'engine'
 
+    @property
+    def engine_strategy(self) -> str | None:
+        """How the engine's round runner runs a group's client work (e.g. ``'client_loop'``; its ``strategy``), or
+        None without one, or while it is still measuring (``engine_strategy='measure'``)."""
+        return getattr(self._round_runner, 'strategy', None)
+
     def pack(self, client_data: Sequence[Any], *, client_ids: Sequence[str] | None = None) -> list[Any]:
         """The `next` input for a round's client datasets.
 

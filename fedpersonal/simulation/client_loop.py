@@ -8,8 +8,8 @@ copy of the weights shaped as the model's (same loss, penalty, optimizer, metric
 so a weight the caller does not need per client (``keep_trained=False``: FedAvg's globals) never exists per
 client. For a dense model with per-client weights this keeps each client's weights in the CPU cache and runs
 plain matrix products instead of batched ones of stacked copies; for an embedding table, or a model whose
-clients' steps batch well, the lockstep wins. Which strategy runs a workload is measured, not guessed
-(`fedpersonal.simulation.driver.GroupRoundRunner` with several group works): `STRATEGIES` names them.
+clients' steps batch well, the lockstep wins. `STRATEGIES` names the two; `runs` says which runs a workload
+(a fixed rule by default, `auto_strategy`; measured on the first rounds on request).
 """
 
 from __future__ import annotations
@@ -23,12 +23,43 @@ import tensorflow_federated as tff
 from fedpersonal.models import partially_local_model
 from fedpersonal.simulation import functional
 from fedpersonal.simulation import lockstep
+from fedpersonal.simulation import options
 
 LOCKSTEP, CLIENT_LOOP = 'lockstep', 'client_loop'
 STRATEGIES = (LOCKSTEP, CLIENT_LOOP)
 # Compiled with XLA, a phase of at most this many (padded) steps runs them unrolled, a padded step keeping the
 # client's values (measured on the dense FedAvg round: the loop over 4 steps cost 25% more than the steps).
 UNROLL_STEPS = 8
+
+
+def auto_strategy(model: Any) -> str:
+    """``engine_strategy='auto'``'s fixed rule (measured: docs/RESULTS.md, "Engine strategies"): the client loop for
+    a model whose client step multiplies matrices (dense, convolutional, recurrent layers), the lockstep for one of
+    embedding lookups and elementwise products only (matrix factorization), whose tiny steps batch well."""
+    return CLIENT_LOOP if getattr(model, 'multiplies_matrices', True) else LOCKSTEP
+
+
+def runs(strategy: str, model: Any, *, parts: int, splittable: bool) -> list[tuple[str, int]]:
+    """The ``(group work, parts)`` runs of `strategy` (`options.ENGINE_STRATEGIES`) for the round runner
+    (`fedpersonal.simulation.driver.GroupRoundRunner`): one, except for ``'measure'``, which times them all.
+
+    Args:
+      strategy: ``'auto'``, ``'lockstep'``, ``'client_loop'``, ``'spread'`` or ``'measure'``.
+      model: The `functional.FunctionalModel` the groups train.
+      parts: The cores a round may use (`options.parallel_parts`): a spread group is split into this many parts.
+      splittable: Whether a group may be split (not under a DP aggregator, whose noise depends on the groups).
+
+    Raises:
+      fedpersonal.errors.ConfigError: An unknown strategy.
+    """
+    options.check_engine_strategy(strategy)
+    spread = [(CLIENT_LOOP, parts)] if parts > 1 and splittable else []
+    if strategy == options.MEASURE:
+        return [(LOCKSTEP, 1), (CLIENT_LOOP, 1)] + spread
+    if strategy == options.SPREAD:
+        return spread or [(CLIENT_LOOP, 1)]
+    chosen = auto_strategy(model) if strategy == options.AUTO else strategy
+    return (spread or [(CLIENT_LOOP, 1)]) if chosen == CLIENT_LOOP and strategy == options.AUTO else [(chosen, 1)]
 
 
 def phase_steps(

@@ -46,7 +46,6 @@ from absl import logging
 
 from fedpersonal.core import process as process_lib
 from fedpersonal.core.compose import apply_update as apply_update
-from fedpersonal.simulation import options
 from fedpersonal.simulation import packing
 from fedpersonal.simulation.packing import group_clients as group_clients
 from fedpersonal.simulation.packing import stack_per_group as stack_per_group
@@ -103,8 +102,7 @@ class GroupRoundRunner:
     Args:
       group_work: ``(ModelWeights, group) -> (ClientResult, unfinalized metrics)``, a `tf.function` (the
         function the process's TFF client computation wraps), or several such functions by name: strategies
-        that compute the same (e.g. `fedpersonal.simulation.client_loop.STRATEGIES`), of which the fastest
-        runs the rounds (`StrategyChoice`).
+        that compute the same (e.g. `fedpersonal.simulation.client_loop.STRATEGIES`).
       server_optimizer: The process's TFF server optimizer.
       finalize_metrics: The clients' summed unfinalized metrics -> the round's metrics (e.g.
         `KerasMetricsFinalizer`).
@@ -112,10 +110,11 @@ class GroupRoundRunner:
         measured broadcast and aggregator do (`metrics['distributor']`, `metrics['aggregator']`; see above).
       aggregation: The process's weighted `tff.templates.AggregationProcess` of the groups' updates when it is not
         a plain weighted mean (its state is the process state's ``aggregator``); None: `MeanFactory`'s mean.
-      spread: Names of group works also tried with each group's clients split into `parallel` parts run at once,
-        one program per core (each program then runs on one core: e.g. a compiled loop over clients); not with
-        an `aggregation`.
-      parallel: The parts of a spread group (default `options.parallel_parts()`).
+      runs: The ways a round may run, ``(group work name, parts)``: the work on each group whole (1 part), or on
+        each group's clients split into that many parts run at once, one program per core (each program then
+        runs on one core: e.g. a compiled loop over clients; never with an `aggregation`, whose DP noise and
+        denominator depend on the number of groups). Several: the fastest on the first rounds runs the rest
+        (`StrategyChoice`; not bit-reproducible). Default: each group work whole.
     """
 
     def __init__(
@@ -125,16 +124,14 @@ class GroupRoundRunner:
         finalize_metrics: Callable[[Any], Any],
         measure_communication: bool = False,
         aggregation: tff.templates.AggregationProcess | None = None,
-        spread: Sequence[str] = (),
-        parallel: int | None = None,
+        runs: Sequence[tuple[str, int]] | None = None,
     ):
         works = dict(group_work) if isinstance(group_work, Mapping) else {'': group_work}
         self._works = works
-        parts = parallel or options.parallel_parts()
-        # A DP aggregator's noise and denominator depend on the number of groups: they are never split.
-        runs = [(name, 1) for name in works]
-        runs += [(name, parts) for name in works if name in spread and parts > 1 and aggregation is None]
-        self._runs = {name if k == 1 else f'{name} x{k}': (name, k) for name, k in runs}
+        runs = list(runs) if runs is not None else [(name, 1) for name in works]
+        if aggregation is not None and any(k > 1 for _, k in runs):
+            raise ValueError('A group is split into parts only with the mean aggregator.')
+        self._runs = {run_name(name, k): (name, k) for name, k in runs}
         self.choice = StrategyChoice(list(self._runs))
         self._pool: concurrent.futures.ThreadPoolExecutor | None = None
         self._aggregation = aggregation
@@ -160,6 +157,11 @@ class GroupRoundRunner:
             ),
             jit_compile=True,
         )
+
+    @property
+    def strategy(self) -> str | None:
+        """The run that runs the rounds (`run_name`), None while several are still being measured."""
+        return self.choice.chosen
 
     @property
     def traces(self) -> int:
@@ -261,6 +263,11 @@ class GroupRoundRunner:
         return process_lib.ProcessOutput(state=new_state, metrics=metrics, private_states=())
 
 
+def run_name(work: str, parts: int) -> str:
+    """A run's name, as `StrategyChoice` reports it: the group work's, with ``x<parts>`` when split."""
+    return work if parts == 1 else f'{work} x{parts}'
+
+
 class StrategyChoice:
     """Which of several equivalent group works runs the rounds: each runs whole rounds in turn, its first round
     untimed (it compiles), its second timed; then the fastest runs every later round, logged once. The candidates
@@ -268,8 +275,8 @@ class StrategyChoice:
     that was chosen, so that a choice does not follow the noise of a shared machine.
 
     Every round's result is exact whichever strategy computes it (they agree to float rounding, not bit for bit),
-    so measuring costs no work, only the slower strategy's time for a few rounds. Pin one strategy (a single group
-    work) for bit-identical reruns.
+    so measuring costs no work, only the slower strategy's time for a few rounds; but which one wins depends on
+    the machine's load, so reruns need not be bit-identical. With one candidate it is chosen from the start.
 
     Attributes:
       chosen: The strategy that runs the rounds, once measured (None before).

@@ -10,6 +10,10 @@ import numpy as np
 from fedpersonal import errors
 
 SIMULATIONS = ('engine', 'per_client')
+# How the engine runs a group's client work (`fedpersonal.simulation.plan_engine`): 'auto' picks one of the three
+# fixed strategies from the workload's shape (`client_loop.auto_strategy`), 'measure' times them on the first rounds.
+AUTO, LOCKSTEP, CLIENT_LOOP, SPREAD, MEASURE = 'auto', 'lockstep', 'client_loop', 'spread', 'measure'
+ENGINE_STRATEGIES = (AUTO, LOCKSTEP, CLIENT_LOOP, SPREAD, MEASURE)
 DEFAULT_MEMORY_BUDGET_BYTES = 1 << 30  # Per group: the per-client copies of the trained weights.
 MAX_GROUP_SIZE = 128
 
@@ -17,6 +21,12 @@ MAX_GROUP_SIZE = 128
 def check_simulation(simulation: str) -> None:
     if simulation not in SIMULATIONS:
         raise errors.ConfigError(f'simulation must be one of {SIMULATIONS}, got {simulation!r}.')
+
+
+def check_engine_strategy(strategy: str) -> None:
+    """Raises `ConfigError` for a strategy not in `ENGINE_STRATEGIES`."""
+    if strategy not in ENGINE_STRATEGIES:
+        raise errors.ConfigError(f'engine_strategy must be one of {ENGINE_STRATEGIES}, got {strategy!r}.')
 
 
 def default_group_size(

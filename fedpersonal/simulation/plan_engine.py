@@ -1,6 +1,7 @@
 """The grouped engine's backend of a `fedpersonal.core.client_plan.ClientPlan`: a group of clients runs the plan's
-phases as one compiled program (per phase `lockstep.lockstep_steps`, or `client_loop.client_loop_steps`: the
-faster one for the workload, measured by the round runner), and the driver applies the
+phases as one compiled program (per phase `lockstep.lockstep_steps`, or `client_loop.client_loop_steps`, possibly
+spread over the cores: chosen by `strategy`, by default a fixed rule from the model, `client_loop.runs`), and the
+driver applies the
 groups' mean update in its own runtime (`driver.GroupRoundRunner`). Same arithmetic as the per-client backend
 (`client_plan.build_client_update`), to float precision; the process's ``next`` maps the same group program over
 TFF's CLIENTS, so the placements the privacy audit reads are unchanged.
@@ -15,6 +16,7 @@ from typing import Any
 import numpy as np
 import tensorflow as tf
 import tensorflow_federated as tff
+from absl import logging
 
 from fedpersonal import errors
 from fedpersonal.core import client_plan
@@ -95,13 +97,14 @@ def build_engine_process(
     client_weighting: Any = tff.learning.ClientWeighting.NUM_EXAMPLES,
     group_size: int | None = None,
     measure_communication: bool = False,
-    strategy: str | None = None,
+    strategy: str = simulation_options.AUTO,
+    name: str = 'plan',
 ) -> process_lib.PersonalizedProcess:
     """The plan as a process whose `run_round` runs groups of clients on the engine (check `unsupported` first).
     Under a fixed-clip DP aggregator (`fedpersonal.privacy.dp`) each logical client's update is clipped in the
     group, as the per-client backend clips it. `measure_communication`: `run_round` also reports each logical
     client's download and upload (`simulation.driver`). `strategy`: how a group runs its phases
-    (`fedpersonal.simulation.client_loop.STRATEGIES`); None: measured on the first rounds (`driver.GroupRoundRunner`)."""
+    (`simulation_options.ENGINE_STRATEGIES`, `client_loop.runs`; logged once under `name`)."""
     dp_clip = group_lib.per_client_clip(model_aggregator)
     initial = client_plan.plan_initial_weights(plan, model_fn)
     # Batch norm's moving statistics are carried per client through the phases (FedBN keeps them local).
@@ -279,13 +282,19 @@ def build_engine_process(
 
     # A slot is a group: under a fixed DP clip its record is the sum of up to group_size clipped updates.
     aggregator = compose.weighted_aggregator(group_lib.slot_aggregator(model_aggregator, group_size), client_weighting)
+    parts = simulation_options.parallel_parts()
+    runs = client_loop.runs(strategy, model, parts=parts, splittable=dp_clip is None)
+    if len(runs) == 1:
+        logging.info(
+            '%s: engine strategy %s (engine_strategy=%s, %d core(s)).', name, driver.run_name(*runs[0]), strategy, parts
+        )
     runner = driver.GroupRoundRunner(
-        {s: build_group_work({}, now=True, strategy=s) for s in ([strategy] if strategy else client_loop.STRATEGIES)},
+        {work: build_group_work({}, now=True, strategy=work) for work in dict(runs)},
         server_optimizer,
         driver.KerasMetricsFinalizer(finalized_metrics),
         measure_communication=measure_communication,
         aggregation=None if dp_clip is None else aggregator.create(weights_type.trainable, tff.TensorType(np.float32)),
-        spread=() if strategy else (client_loop.CLIENT_LOOP,),
+        runs=runs,
     )
     return compose.compose_personalized_process(
         initial_global_weights=initial.global_weights,

@@ -310,7 +310,7 @@ def make_evaluation(
     if finetune:
         if local_layers not in ((), image_classifiers.HEAD):  # The full model is the globals, then the locals.
             raise ValueError(f'fine-tuning needs the head or nothing local, got {local_layers}.')
-        with backends.use(config.simulation):
+        with backends.use(config.simulation, strategy=config.engine_strategy):
             tune = backends.build_process(
                 fedbabu.finetune_plan(epochs=config.finetune_epochs, optimizer=_sgd(config)),
                 model_fn,
@@ -347,7 +347,7 @@ def run_method(benchmark: Benchmark, outputs: program.ExperimentOutputs, name: s
     """Trains one method on every client every round; its row (accuracy at the last round, best, slope, clients)."""
     config, spec = benchmark.config, METHOD_SPECS[name]
     plan = spec.plan(config)
-    with backends.use(config.simulation):
+    with backends.use(config.simulation, strategy=config.engine_strategy):
         process = backends.build_process(
             plan,
             # A personal copy is of a model whose weights are all global; its evaluation model has them all local.

@@ -1,13 +1,18 @@
 """The engine's compiled loop over clients (`client_loop`), alone and spread over cores, runs every client plan as
 the other backends do: the plan tests' own references (plain eager loops written there, the per-client backend)
-with the engine pinned to it; and the round runner's measured choice of a strategy."""
+with the engine pinned to it (``engine_strategy``); the fixed rule of ``'auto'`` and its bit-identical reruns; and the
+round runner's measured choice of a strategy (``'measure'``)."""
 
+import collections
 from unittest import mock
 
 import numpy as np
 import pytest
 
 from fedpersonal import backends
+from fedpersonal import errors
+from fedpersonal import models
+from fedpersonal.program import config_parts
 from fedpersonal.simulation import client_loop
 from fedpersonal.simulation import driver
 from fedpersonal.simulation import options
@@ -20,22 +25,24 @@ from tests.simulation import ditto_engine_test
 from tests.simulation import furl_engine_test
 
 
-@pytest.fixture(params=['client_loop', 'client_loop x2'])
+@pytest.fixture(params=['client_loop', 'spread'])
 def pinned(request):
-    """Every engine process built in the test runs its rounds with the client loop (over 2 threads: 'x2')."""
-    original, built = driver.StrategyChoice.__init__, []
+    """Every engine process built in the test runs its rounds with the client loop (spread: over 2 cores, 'x2')."""
+    original, ran = driver.GroupRoundRunner.__call__, []
 
-    def only(self, names):
-        original(self, names)
-        built.append(names)
-        self.chosen = request.param if request.param in names else 'client_loop'  # DP groups are never split.
+    def run(self, *args, **kwargs):
+        ran.append(self.strategy)
+        return original(self, *args, **kwargs)
 
     with (
         mock.patch.object(options, 'parallel_parts', return_value=2),
-        mock.patch.object(driver.StrategyChoice, '__init__', only),
+        mock.patch.object(driver.GroupRoundRunner, '__call__', run),
+        backends.use('engine', strategy=request.param),
     ):
         yield request.param
-    assert built  # An engine process was built, and ran with the pinned strategy.
+    # An engine round ran, with the pinned strategy (DP groups are never split).
+    assert ran and set(ran) <= {'client_loop', 'client_loop x2' if request.param == 'spread' else 'client_loop'}
+    assert request.param == 'client_loop' or 'client_loop x2' in ran
 
 
 @pytest.mark.parametrize('name', ['fedper', 'fedrep'])
@@ -125,6 +132,107 @@ def test_fedbn_and_fedbabu_equal_a_plain_loop(pinned):
 def test_unknown_strategy_is_refused():
     with pytest.raises(ValueError, match='strategy must be one of'):
         client_loop.phase_steps('sideways', None, None, [], None, None)
+    with pytest.raises(ValueError, match='strategy must be one of'), backends.use('engine', strategy='sideways'):
+        pass
+    with pytest.raises(errors.ConfigError, match='engine_strategy must be one of'):
+        client_loop.runs('fastest', None, parts=1, splittable=True)
+
+
+def test_the_config_names_the_engine_strategies():
+    assert config_parts.ENGINE_STRATEGIES == options.ENGINE_STRATEGIES
+
+
+def test_auto_is_a_fixed_rule_of_the_model_and_the_cores():
+    dense = mock.Mock(multiplies_matrices=True)
+    lookups = mock.Mock(multiplies_matrices=False)
+    runs = lambda strategy, model, parts=1, splittable=True: client_loop.runs(
+        strategy, model, parts=parts, splittable=splittable
+    )
+    assert runs('auto', dense) == [('client_loop', 1)]
+    assert runs('auto', dense, parts=2) == [('client_loop', 2)]
+    assert runs('auto', dense, parts=2, splittable=False) == [('client_loop', 1)]  # Under a DP aggregator.
+    assert runs('auto', lookups, parts=2) == [('lockstep', 1)]
+    assert runs('lockstep', dense, parts=2) == [('lockstep', 1)]
+    assert runs('client_loop', lookups, parts=2) == [('client_loop', 1)]
+    assert runs('spread', lookups, parts=2) == [('client_loop', 2)]
+    assert runs('spread', lookups) == [('client_loop', 1)]
+    assert runs('measure', dense, parts=2) == [('lockstep', 1), ('client_loop', 1), ('client_loop', 2)]
+
+
+def test_model_kinds_the_rule_reads():
+    import tensorflow as tf  # pylint: disable=g-import-not-at-top
+
+    from fedpersonal.models import matrix_factorization as mf  # pylint: disable=g-import-not-at-top
+    from fedpersonal.simulation import functional  # pylint: disable=g-import-not-at-top
+
+    assert not functional.FunctionalModel(mf.personal_model_fn(num_items=4, num_latent_factors=2)).multiplies_matrices
+    for make in (
+        lambda: tf.keras.layers.Dense(2),
+        lambda: tf.keras.layers.Conv1D(2, 2),
+        lambda: tf.keras.layers.LSTM(2),
+    ):
+        model = functional.FunctionalModel(lambda make=make: tf.keras.Sequential([tf.keras.Input([3, 2]), make()]))
+        assert model.multiplies_matrices
+
+
+def test_auto_reruns_are_bit_identical_and_equal_a_float64_loop(parts=2):
+    """Two processes built alike under 'auto' (here spread over 2 cores: parts run at once on a thread pool) give the
+    same bits, round after round."""
+    import tensorflow as tf  # pylint: disable=g-import-not-at-top
+    import tensorflow_federated as tff  # pylint: disable=g-import-not-at-top
+
+    from fedpersonal import algorithms  # pylint: disable=g-import-not-at-top
+
+    spec = collections.OrderedDict(x=tf.TensorSpec([None, 5], tf.float32), y=tf.TensorSpec([None], tf.int32))
+
+    def model_fn():
+        init = tf.keras.initializers.GlorotUniform
+        keras = tf.keras.Sequential(
+            [tf.keras.Input([5]), tf.keras.layers.Dense(3, kernel_initializer=init(1), bias_initializer='ones')]
+        )
+        return models.from_keras_model(keras, input_spec=spec, global_variables=keras.variables)
+
+    rng = np.random.default_rng(1)
+    arrays = [(rng.normal(size=[n, 5]).astype(np.float32), rng.integers(0, 3, n).astype(np.int32)) for n in (7, 4, 9)]
+    data = [tf.data.Dataset.from_tensor_slices(collections.OrderedDict(x=x, y=y)).batch(3) for x, y in arrays]
+    runs = []
+    with mock.patch.object(options, 'parallel_parts', return_value=parts):
+        for _ in range(2):
+            with backends.use('engine', strategy='auto'):
+                process = algorithms.build_fed_avg(
+                    model_fn,
+                    loss_fn=lambda: tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+                    client_optimizer=tff.learning.optimizers.build_sgdm(0.3),
+                )
+            assert process.engine_strategy == ('client_loop' if parts == 1 else 'client_loop x2')
+            state, weights = process.initialize(), []
+            initial = [np.asarray(w, np.float64) for w in process.get_model_weights(state).trainable]
+            for _ in range(3):
+                state = process.run_round(state, data).state
+                weights.append([np.asarray(w) for w in process.get_model_weights(state).trainable])
+            runs.append(weights)
+    for first, second in zip(*runs):
+        for a, b in zip(first, second):
+            np.testing.assert_array_equal(a, b)
+    # The rounds by hand in float64: softmax cross-entropy, 0.3 SGD per batch, example-weighted mean of deltas.
+    server = initial
+    for r in range(3):
+        total, sums = 0, [np.zeros_like(v) for v in server]
+        for x, y in arrays:
+            w = [v.copy() for v in server]
+            for s in range(0, len(x), 3):
+                xb, yb = x[s : s + 3].astype(np.float64), y[s : s + 3]
+                logits = xb @ w[0] + w[1]
+                p = np.exp(logits - logits.max(1, keepdims=True))
+                p /= p.sum(1, keepdims=True)
+                p[np.arange(len(yb)), yb] -= 1.0
+                p /= len(yb)
+                w = [w[0] - 0.3 * xb.T @ p, w[1] - 0.3 * p.sum(0)]
+            sums = [t + len(x) * (a - b) for t, a, b in zip(sums, server, w)]
+            total += len(x)
+        server = [a - t / total for a, t in zip(server, sums)]
+        for got, want in zip(runs[0][r], server):
+            np.testing.assert_allclose(got, want, atol=1e-6)
 
 
 def test_each_strategy_is_timed_on_its_second_round_and_a_clearly_faster_one_runs_the_rest():
