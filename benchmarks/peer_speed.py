@@ -1,7 +1,10 @@
 """Seconds per FedAvg round beside peers: the engine, pfl-research (PyTorch) and TFF on identical work, in one run.
 
   python benchmarks/peer_speed.py [--workloads dense,cnn] [--rows engine,pfl,tff] [--repeats 3] [--threads 1,2]
-      [--rounds 10] [--cnn_rounds 3] [--warmup 6] [--pfl_venv DIR] [--output docs/results/simulation_speed_peers.json]
+      [--rounds 10] [--cnn_rounds 2] [--warmup 4] [--engine_strategy auto] [--pfl_venv DIR] [--output FILE]
+
+Normally run as the ``peers`` workload of `benchmarks/simulation_speed.py` (``--workloads=peers``), which passes
+its pinned arguments and writes these rows into ``docs/results/simulation_speed.json``.
 
 Workloads (rows ``<name>_engine``, ``<name>_pfl``, ``<name>_tff``):
 
@@ -76,7 +79,11 @@ _PFL_REQUIREMENTS = flags.DEFINE_list(
     ['pfl==0.6.0', 'torch==2.13.0'],
     'Installed into --pfl_venv (torch: a CPU build where pip has one).',
 )
-_OUTPUT = flags.DEFINE_string('output', 'docs/results/simulation_speed_peers.json', 'JSON file written.')
+_OUTPUT = flags.DEFINE_string(
+    'output',
+    os.path.join(tempfile.gettempdir(), 'peer_speed.json'),
+    'JSON file written (simulation_speed.py: its rows).',
+)
 _ROW = flags.DEFINE_string('_row', None, 'Internal: run this row.')
 _FILE = flags.DEFINE_string('_file', None, 'Internal: the workload file.')
 _RESULT = flags.DEFINE_string('_result', None, 'Internal: the result JSON.')

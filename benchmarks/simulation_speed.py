@@ -343,16 +343,18 @@ def run_peers(work_dir: str) -> list[dict[str, Any]]:
     return [dict(row, workload=PEERS, peer_run=run) for row in report['rows']]
 
 
-def _earlier_rows(path: str, names: list[str]) -> list[dict[str, Any]]:
-    """The rows of `path` (an earlier report) of workloads not in `names`, each naming the run that measured it."""
+def _earlier(path: str, names: list[str]) -> tuple[list[dict[str, Any]], dict[str, str], list[dict[str, Any]]]:
+    """The rows, workload descriptions and skips of `path` (an earlier report) of workloads not in `names`; each
+    row names the run that measured it (``earlier_run``)."""
     if not os.path.exists(path):
-        return []
+        return [], {}, []
     with open(path) as f:
         earlier = json.load(f)
     run = dict(command=earlier.get('command'), commit=earlier.get('machine', {}).get('commit'))
-    return [
-        dict(r, earlier_run=r.get('earlier_run', run)) for r in earlier.get('rows', []) if r['workload'] not in names
-    ]
+    kept = lambda workload: workload not in names
+    rows = [dict(r, earlier_run=r.get('earlier_run', run)) for r in earlier.get('rows', []) if kept(r['workload'])]
+    workloads = {w: d for w, d in earlier.get('workloads', {}).items() if kept(w)}
+    return rows, workloads, [s for s in earlier.get('skipped', []) if kept(s['workload'])]
 
 
 def main() -> None:
@@ -391,10 +393,11 @@ def main() -> None:
             rows += workload_rows
     command = 'python ' + ' '.join(shlex.quote(a) for a in [os.path.relpath(sys.argv[0], _REPO)] + sys.argv[1:])
     output = os.path.join(_REPO, _OUTPUT.value)  # Relative to the repository; an absolute path stays as is.
-    rows += _earlier_rows(output, names)
+    earlier_rows, descriptions, earlier_skipped = _earlier(output, names)
+    rows += earlier_rows
     report = dict(command=command, machine=_machine(), flop_rate_gflops=gflops, rounds=rounds, rows=rows)
-    descriptions = {n: WORKLOADS[n].description if n in WORKLOADS else 'benchmarks/peer_speed.py' for n in names}
-    report.update(skipped=skipped, workloads=descriptions, wall_s=time.time() - started)
+    descriptions |= {n: WORKLOADS[n].description if n in WORKLOADS else 'benchmarks/peer_speed.py' for n in names}
+    report.update(skipped=skipped + earlier_skipped, workloads=descriptions, wall_s=time.time() - started)
     report.update(load_average_before=load_before, load_average_after=os.getloadavg())
     os.makedirs(os.path.dirname(output), exist_ok=True)
     with open(output, 'w') as f:
