@@ -30,7 +30,7 @@ timed round includes them.
 (each with the ``earlier_run`` that measured it), so ``--workloads=peers`` adds or refreshes those rows alone.
 
 The ``peers`` workload (issue 43 item 5) runs `benchmarks/peer_speed.py` with `PEER_ARGS` (one intra-op thread
-for TensorFlow and PyTorch alike): FedAvg rounds of the engine beside pfl-research (PyTorch, in its own virtual
+for TensorFlow and PyTorch alike; ``--peer_args`` replaces them): FedAvg rounds of the engine beside pfl-research (PyTorch, in its own virtual
 environment) and TFF on identical work; its rows ``dense_fedavg_engine``, ``dense_fedavg_pfl``,
 ``dense_fedavg_tff``, ``pfl_benchmark_cnn_engine``, ``pfl_benchmark_cnn_pfl``, ``pfl_benchmark_cnn_tff`` carry
 ``seconds_per_round``, ``speedup_vs_pfl``, ``speedup_vs_tff``, ``compute_bound_s`` and
@@ -77,6 +77,9 @@ _RESULT = flags.DEFINE_string('_result', None, 'Internal: JSON file --_row write
 PEERS = 'peers'
 # As docs/RESULTS.md's peer table was measured: 1 thread each (a shared 2-core machine), 3 dense and 2 CNN processes.
 PEER_ARGS = ('--threads=1', '--warmup=4', '--repeats=3', '--cnn_repeats=2')
+_PEER_ARGS = flags.DEFINE_list(
+    'peer_args', list(PEER_ARGS), 'Arguments of benchmarks/peer_speed.py for the peers workload (default: pinned).'
+)
 
 ROW_DESCRIPTIONS = {
     'tff': 'TFF 0.87 tff.learning.algorithms.build_fed_recon',
@@ -334,7 +337,7 @@ def _machine() -> dict[str, Any]:
 def run_peers(work_dir: str) -> list[dict[str, Any]]:
     """The ``peers`` workload's rows: `benchmarks/peer_speed.py` with `PEER_ARGS`, each row with its run's details."""
     output = os.path.join(work_dir, 'peers.json')
-    cmd = [sys.executable, os.path.join(_REPO, 'benchmarks', 'peer_speed.py'), *PEER_ARGS, f'--output={output}']
+    cmd = [sys.executable, os.path.join(_REPO, 'benchmarks', 'peer_speed.py'), *_PEER_ARGS.value, f'--output={output}']
     subprocess.run(cmd, cwd=_REPO, check=True)
     with open(output) as f:
         report = json.load(f)
@@ -373,7 +376,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix='simulation_speed_') as work_dir:
         for name in names:
             if name == PEERS:
-                print(f'[{PEERS}] benchmarks/peer_speed.py {" ".join(PEER_ARGS)} ...', flush=True)
+                print(f'[{PEERS}] benchmarks/peer_speed.py {" ".join(_PEER_ARGS.value)} ...', flush=True)
                 rows += run_peers(work_dir)
                 continue
             workload = WORKLOADS[name]
