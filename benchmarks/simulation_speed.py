@@ -30,8 +30,8 @@ timed round includes them.
 (each with the ``earlier_run`` that measured it), so ``--workloads=peers`` adds or refreshes those rows alone.
 
 The ``peers`` workload (issue 43 item 5) runs `benchmarks/peer_speed.py` with `PEER_ARGS` (one intra-op thread
-for TensorFlow and PyTorch alike; ``--peer_args`` replaces them): FedAvg rounds of the engine beside pfl-research (PyTorch, in its own virtual
-environment) and TFF on identical work; its rows ``dense_fedavg_engine``, ``dense_fedavg_pfl``,
+for TensorFlow and PyTorch alike; ``--peer_args`` replaces them): FedAvg rounds of the engine beside pfl-research
+(PyTorch, in its own virtual environment) and TFF on identical work; its rows ``dense_fedavg_engine``, ``dense_fedavg_pfl``,
 ``dense_fedavg_tff``, ``pfl_benchmark_cnn_engine``, ``pfl_benchmark_cnn_pfl``, ``pfl_benchmark_cnn_tff`` carry
 ``seconds_per_round``, ``speedup_vs_pfl``, ``speedup_vs_tff``, ``compute_bound_s`` and
 ``max_abs_diff_vs_per_client`` (vs TFF's per-client FedAvg) where defined, and the peer run's details.
