@@ -204,7 +204,7 @@ def _row_engine(data, kind: str, warmup: int):
         schedule = data['schedule']
         started = time.perf_counter()
         clients = sorted({int(c) for c in schedule.reshape(-1)})
-        process.pack([dataset(c) for c in clients], client_ids=[str(c) for c in clients])
+        process.backend.pack([dataset(c) for c in clients], client_ids=[str(c) for c in clients])
         prepare_s = time.perf_counter() - started
         state = process.initialize()
         initial = [data[f'w{i}'] for i in range(int(data['num_weights']))]
@@ -217,7 +217,7 @@ def _row_engine(data, kind: str, warmup: int):
             state = process.run_round(state, datasets, client_ids=[str(c) for c in ids]).state
             seconds.append(time.perf_counter() - t)
             cpu.append(time.process_time() - c)
-        choice = process._round_runner.choice  # pylint: disable=protected-access
+        choice = process.backend.round_runner.choice
         info = dict(prepare_s=prepare_s, strategy=process.engine_strategy, cpu_seconds=cpu)
         info.update(engine_strategy=_ENGINE_STRATEGY.value, strategy_seconds=choice.seconds)
         if choice.chosen is None or len(choice.seconds) * 2 > warmup:
