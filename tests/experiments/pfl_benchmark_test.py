@@ -214,9 +214,9 @@ def test_personalized_methods_beat_fedavg_under_pathological_skew_and_results_ar
         assert json.load(f)['partition'] == 'pathological'
     # How the engine ran each method ('auto': the CNN runs the client loop, spread where several cores are allowed).
     recorded = {}
-    for path in tmp_path.glob('*/engine_strategy.json'):
+    for path in tmp_path.rglob('engine_strategy.json'):
         with open(path) as f:
-            recorded[path.parent.name] = json.load(f)
+            recorded[str(path.parent.relative_to(tmp_path))] = json.load(f)
     assert len(recorded) == 5 and all(r['engine_strategy'].startswith('client_loop') for r in recorded.values())
     assert os.path.getsize(tmp_path / 'accuracy_by_round.png') > 0
 
