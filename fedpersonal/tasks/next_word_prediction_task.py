@@ -8,6 +8,7 @@ one job.
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -273,9 +274,28 @@ class NextWordPredictionTask:
         )
 
 
-def train(task: NextWordPredictionTask, process, name: str, outputs, num_oov_buckets: int, eval_fn):
-    """Trains `process`; with an evaluation, early-stopped on validation accuracy (without OOV and EOS targets) and
-    returning the best validation round's state."""
+def train(
+    task: NextWordPredictionTask,
+    process: Any,
+    name: str,
+    outputs: program.ExperimentOutputs,
+    num_oov_buckets: int,
+    eval_fn: Callable[[Any], dict[str, Any]] | None,
+) -> tuple[Any, dict[str, Any]]:
+    """Trains `process` on the task's training clients (resuming from `outputs`' checkpoints).
+
+    Args:
+      task: The task (its config gives the rounds, sampling and early stopping).
+      process: A learning process (FedRecon's or FedAvg's).
+      name: The run's name in log lines.
+      outputs: Where the rounds' metrics and checkpoints go.
+      num_oov_buckets: The OOV buckets of the training data's token ids.
+      eval_fn: Validation metrics of the model weights, or None (no evaluation, no early stopping).
+
+    Returns:
+      ``(state, summary)``: the state of the best validation round (of the last round without `eval_fn`) and the
+      training summary (``seconds_per_round``, ``rounds``, the best round and the median communication).
+    """
     cfg = task.config
     stopping = None
     if eval_fn is not None:
