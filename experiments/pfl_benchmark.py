@@ -1,8 +1,13 @@
 r"""The classic personalization family on PFLlib's benchmark (label-skewed Fashion-MNIST, 20 clients, its 4-layer
-CNN): FedAvg, FedProx, Ditto, APFL, FedPer, FedRep, LG-FedAvg, each a client plan on the fast engine.
+CNN): FedAvg, FedProx, Ditto, APFL, FedPer, FedRep, LG-FedAvg, ..., each a client plan on the fast engine.
 
-Writes each method's metrics, checkpoints and client states to --output_dir/<method>, and results.json plus
-accuracy_by_round.png to --output_dir. Data: Fashion-MNIST from /usr/share/datasets/fashion-mnist (Debian package
+Every method runs once per seed of --seeds (default 0,1,2): each run's metrics, checkpoints, client states and row
+(results.json) go to --output_dir/<method>/seed<k>; results.json (the rows as mean and std over the seeds) and
+accuracy_by_round.png (mean over seeds, band +- 1 std) to --output_dir. A rerun resumes: finished runs are read
+back, an interrupted one continues from its last checkpoint, and --configurations or --seeds may grow.
+benchmarks/pfl_benchmark_table.py turns the two partitions' directories into docs/results/pfl_benchmark.json.
+
+Data: Fashion-MNIST from /usr/share/datasets/fashion-mnist (Debian package
 dataset-fashion-mnist) or --data_dir, or a prepared TFDS directory (--tfds_data_dir); --dataset=synthetic needs no
 data. The leaderboard's two settings are configs/pfllib_fmnist_pathological.flags and
 configs/pfllib_fmnist_dirichlet.flags.
@@ -19,10 +24,9 @@ from fedpersonal.tasks import pfl_benchmark_config
 def report(results: dict[str, Any], config: Any) -> str:
     """The table printed at the end of the run."""
     del config
-    from fedpersonal.tasks import pfl_benchmark  # pylint: disable=g-import-not-at-top  # TensorFlow, once parsed.
+    from fedpersonal.tasks import pfl_benchmark_results  # pylint: disable=g-import-not-at-top
 
-    header = f'{results["dataset"]}, {results["partition"]} partition, {results["clients"]} clients\n'
-    return header + pfl_benchmark.format_table(results)
+    return pfl_benchmark_results.markdown_table(pfl_benchmark_results.docs_rows(results))
 
 
 main = experiment_main.define_main(

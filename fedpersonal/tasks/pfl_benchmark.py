@@ -24,20 +24,27 @@ FedAvg.
 * ``pfedme``: the global model and each client's personalized theta, the model it is evaluated with
   (`fedpersonal.algorithms.pfedme`; PFLlib's pFedMeOptimizer weight decay mu = 0.001; server beta = 1).
 
+Seeds: every method runs once per seed of `seeds` (``<output_dir>/<method>/seed<k>/``); a seed sets the model's
+initial weights and the order of each client's train examples (a permutation of its partition rows, drawn from the
+seed; the partition itself is `partition_seed`'s). A row is the mean and standard deviation over the seeds
+(`fedpersonal.tasks.pfl_benchmark_results`). A run killed at any point resumes from its checkpoints; a finished one
+(its ``results.json``) is read back on a rerun, which may add methods or seeds.
+
 Evaluation is PFLlib's: each client's test data with the model it predicts with (the global model, or its personal
 one: `client_plan.personalized_weights`), accuracy = correct test predictions over all test examples, plus the mean
 and the worst client's accuracy. Every `rounds_per_eval` rounds and after the last; a row reports the accuracy at
 the last round, the best one so far (PFLlib's leaderboard number is that best, taken on test) and the slope of
 the last 10% of rounds.
 
-Where this differs from PFLlib: a client's batches come in the same order every round (its train rows as the
-partition saved them, already shuffled; PFLlib reshuffles every epoch and drops a last partial batch).
+Where this differs from PFLlib: a client's batches come in the same order every round (its train rows in the
+seed's order; PFLlib reshuffles every epoch). As PFLlib, a last partial train batch is dropped.
 """
 
 from __future__ import annotations
 
 import collections
 import dataclasses
+import json
 import os
 import time
 from collections.abc import Callable
@@ -53,6 +60,7 @@ from fedpersonal import client_state
 from fedpersonal import evaluation
 from fedpersonal import models
 from fedpersonal import program
+from fedpersonal import progress
 from fedpersonal.algorithms import apfl
 from fedpersonal.algorithms import dataset_split
 from fedpersonal.algorithms import ditto
@@ -65,14 +73,17 @@ from fedpersonal.algorithms import furl
 from fedpersonal.algorithms import per_fedavg
 from fedpersonal.algorithms import pfedme
 from fedpersonal.core import client_plan
+from fedpersonal.data import client_data as client_data_lib
 from fedpersonal.data import federated_images
 from fedpersonal.data import pfllib
 from fedpersonal.models import image_classifiers
 from fedpersonal.program import run_record
 from fedpersonal.program import training_loop
+from fedpersonal.tasks import pfl_benchmark_results
 from fedpersonal.tasks.pfl_benchmark_config import METHOD_NAMES
 from fedpersonal.tasks.pfl_benchmark_config import METHODS as METHODS
 from fedpersonal.tasks.pfl_benchmark_config import PflBenchmarkConfig as PflBenchmarkConfig
+from fedpersonal.tasks.pfl_benchmark_results import summarize as summarize
 
 EVAL_BATCH = 100
 ModelWeights = tff.learning.models.ModelWeights
@@ -233,32 +244,24 @@ def model_fn_for(data: pfllib.PfllibImageData, seed: int, local_layers: tuple[st
 
 
 class Benchmark:
-    """One partition's clients, batched as the methods train and evaluate on them."""
+    """One partition's clients, batched as the methods train and evaluate on them; each client's train examples in
+    the order of ``config.seed`` (`train_rows`: a permutation of its partition rows)."""
 
     def __init__(self, config: PflBenchmarkConfig, data: pfllib.PfllibImageData):
         self.config, self.data = config, data
         self.client_ids = data.client_ids
-        train, test = data.client_data('train'), data.client_data('test')
+        rng = np.random.default_rng(config.seed)
+        self.train_rows = [rng.permutation(rows) for rows in data.partition.train]
+        pooled = collections.OrderedDict(x=data.x, y=data.y)
+        train = client_data_lib.from_partition(pooled, self.train_rows, self.client_ids)
         self.train = {c: train.create_tf_dataset_for_client(c) for c in self.client_ids}
-        self._test = test
+        self._test = data.client_data('test')
 
     def train_dataset(self, dataset: tf.data.Dataset) -> tf.data.Dataset:
-        return dataset.batch(self.config.batch_size)
+        return dataset.batch(self.config.batch_size, drop_remainder=True)  # As PFLlib's DataLoader (drop_last).
 
     def test_dataset(self, client_id: str) -> tf.data.Dataset:
         return self._test.create_tf_dataset_for_client(client_id).batch(EVAL_BATCH)
-
-
-def _last_slope(curve: list[tuple[int, float]]) -> float | None:
-    """Least-squares slope (accuracy per round) over the evaluations of the last 10% of rounds (at least 2)."""
-    if len(curve) < 2:
-        return None
-    last = curve[-1][0]
-    tail = [(r, a) for r, a in curve if r >= last - max(1, round(0.1 * last))] or curve[-2:]
-    if len(tail) < 2:
-        tail = curve[-2:]
-    rounds, accuracies = np.array(tail, dtype=np.float64).T
-    return float(np.polyfit(rounds, accuracies, 1)[0])
 
 
 def _accuracies(result: Any) -> dict[str, float]:
@@ -364,7 +367,7 @@ def run_method(benchmark: Benchmark, outputs: program.ExperimentOutputs, name: s
         client_data=benchmark.train,
         dataset_fn=benchmark.train_dataset,
         evaluation_name='test',
-        name=name,
+        name=f'{name} seed {config.seed}',
     )
     if not plan.stateful:  # FedRecon: nothing kept on the clients.
         program.run_process(process, config, evaluation_fn=evaluate, **common)
@@ -378,31 +381,24 @@ def run_method(benchmark: Benchmark, outputs: program.ExperimentOutputs, name: s
     return summarize(outputs.read_metrics(), seconds_per_round=outputs.median_round_seconds())
 
 
-def summarize(rows: list[dict[str, float]], *, seconds_per_round: float | None) -> dict[str, Any]:
-    """A method's row from its metric rows: the last evaluation, the best accuracy so far, the tail's slope."""
-    evaluated = [r for r in rows if 'test/accuracy' in r]
-    if not evaluated:
-        raise ValueError('the run has no evaluation (rounds_per_eval > total_rounds?)')
-    curve = [(int(r['round']), float(r['test/accuracy'])) for r in evaluated]
-    best = max(evaluated, key=lambda r: r['test/accuracy'])
-    last = evaluated[-1]
-    return {
-        'rounds': int(last['round']),
-        'accuracy': float(last['test/accuracy']),
-        'best_accuracy': float(best['test/accuracy']),
-        'best_round': int(best['round']),
-        'slope_last_10pct': _last_slope(curve),
-        'mean_client_accuracy': float(last['test/mean_client_accuracy']),
-        'worst_client_accuracy': float(last['test/worst_client_accuracy']),
-        'seconds_per_round': seconds_per_round,
-        'curve': curve,
-    }
+def _run_path(name: str, seed: int) -> str:
+    """The directory of one method's run with one seed."""
+    return os.path.join(name, f'seed{seed}')
+
+
+def _finished(config: PflBenchmarkConfig, name: str, seed: int) -> dict[str, Any] | None:
+    """The row of a run that finished earlier (its ``results.json``, written last), else None."""
+    path = os.path.join(config.output_dir, _run_path(name, seed), 'results.json')
+    if not os.path.exists(path):
+        return None
+    with open(path) as f:
+        return json.load(f)
 
 
 def run(config: PflBenchmarkConfig) -> dict[str, Any]:
-    """Runs every configured method on the partition; writes results.json and accuracy_by_round.png."""
+    """Runs every configured method with every seed on the partition (runs that finished earlier are read back);
+    writes each run's row, results.json (the rows over seeds) and accuracy_by_round.png."""
     run_record.check_output_dir(config)
-    tf.random.set_seed(config.seed)
     program.write_json(os.path.join(config.output_dir, 'config.json'), dataclasses.asdict(config))
     data = load_data(config)
     statistics = data.statistics()
@@ -412,45 +408,48 @@ def run(config: PflBenchmarkConfig) -> dict[str, Any]:
         data.name,
         {k: v for k, v in statistics.items() if k != 'label_counts'},
     )
-    benchmark = Benchmark(config, data)
-    rows, histories = [], {}
+    runs: dict[tuple[str, int], dict[str, Any]] = {}
+    pending = []
     for name in config.configurations:
-        outputs = program.ExperimentOutputs(config.output_dir, name)
+        for seed in config.seeds:
+            row = _finished(config, name, seed)
+            if row is None:
+                pending.append((name, seed))
+            else:
+                logging.info('[%s seed %d] finished earlier: its row is read back', name, seed)
+                runs[(name, seed)] = row
+    benchmarks: dict[int, Benchmark] = {}
+    description = f'[pfl_benchmark] runs (method x seed; {len(runs)} finished earlier)'
+    for name, seed in progress.logged(pending, len(pending), description, delay=0.0, interval=1.0):
+        if seed not in benchmarks:
+            benchmarks[seed] = Benchmark(dataclasses.replace(config, seed=seed), data)
+        tf.random.set_seed(seed)  # Op-level seeds combine with the same graph-level seed whatever ran before.
+        outputs = program.ExperimentOutputs(config.output_dir, _run_path(name, seed))
         started = time.time()
-        row = run_method(benchmark, outputs, name)
+        row = {'name': METHOD_NAMES[name], 'method': name, 'seed': seed}
+        row.update(run_method(benchmarks[seed], outputs, name))
+        outputs.write_json('results.json', row)  # Written last: the run is finished.
+        runs[(name, seed)] = row
         logging.info(
-            '[%s] accuracy %.4f (best %.4f) in %.0fs',
+            '[%s seed %d] accuracy %.4f (best %.4f) in %.0fs',
             name,
+            seed,
             row['accuracy'],
             row['best_accuracy'],
             time.time() - started,
         )
-        rows.append({'name': METHOD_NAMES[name], 'method': name, **row})
-        histories[METHOD_NAMES[name]] = outputs.read_metrics()
-    figure = program.plot_curves(
-        histories,
-        ['test/accuracy', 'test/worst_client_accuracy'],
-        os.path.join(config.output_dir, 'accuracy_by_round.png'),
-        title=f'{data.name}, {config.partition} partition, {config.num_clients} clients: test accuracy',
-    )
-    results = {
+    results: dict[str, Any] = {
         'dataset': data.name,
         'partition': config.partition,
         'clients': config.num_clients,
+        'seeds': list(config.seeds),
         'statistics': statistics,
-        'rows': rows,
-        'figures': {'accuracy_by_round': figure},
+        'rows': [
+            pfl_benchmark_results.over_seeds([runs[(name, seed)] for seed in config.seeds], config.seeds)
+            for name in config.configurations
+        ],
     }
+    figure = pfl_benchmark_results.plot_by_round(results, os.path.join(config.output_dir, 'accuracy_by_round.png'))
+    results['figures'] = {'accuracy_by_round': figure}
     program.write_json(os.path.join(config.output_dir, 'results.json'), results)
     return results
-
-
-def format_table(results: dict[str, Any]) -> str:
-    """The rows as a text table."""
-    lines = [f'{"method":<10} {"rounds":>6} {"accuracy":>9} {"best":>9} {"worst client":>12} {"s/round":>8}']
-    for row in results['rows']:
-        lines.append(
-            f'{row["name"]:<10} {row["rounds"]:>6} {row["accuracy"]:>9.4f} {row["best_accuracy"]:>9.4f} '
-            f'{row["worst_client_accuracy"]:>12.4f} {row["seconds_per_round"] or float("nan"):>8.3f}'
-        )
-    return '\n'.join(lines)

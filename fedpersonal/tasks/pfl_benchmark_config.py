@@ -84,7 +84,19 @@ class PflBenchmarkConfig(
     partition_seed: int = parts.option(1, "The partition's seed (PFLlib's: 1, which reproduces its partition).")
     synthetic_examples: int = parts.option(4000, 'Synthetic data: pooled images.')
     configurations: tuple[str, ...] = parts.option(
-        METHODS, f'Rows (methods) to run, a subset of {METHODS}.', aliases=('methods',)
+        METHODS,
+        f'Rows (methods) to run, a subset of {METHODS}; may change when a run resumes (finished runs are read '
+        'back, the others run).',
+        aliases=('methods',),
+        may_change_on_resume=True,
+    )
+    seeds: tuple[int, ...] = parts.option(
+        (0, 1, 2),
+        'Seeds: every method runs once per seed (its own directory <output_dir>/<method>/seed<k>), a row is the mean '
+        "and standard deviation over them. A seed sets the initial weights and the order of each client's train "
+        'examples; the partition stays the one of --partition_seed. May change when a run resumes (finished runs '
+        'are read back, the others run). Replaces --seed, which is set per run.',
+        may_change_on_resume=True,
     )
     total_rounds: int = 100
     batch_size: int = 10
@@ -120,6 +132,10 @@ class PflBenchmarkConfig(
         unknown = [m for m in self.configurations if m not in METHODS]
         if unknown or not self.configurations:
             raise errors.ConfigError(f'configurations must be a non-empty subset of {METHODS}; unknown: {unknown}.')
+        if not self.seeds or len(set(self.seeds)) != len(self.seeds) or min(self.seeds) < 0:
+            raise errors.ConfigError(f'seeds must be distinct non-negative integers, got {list(self.seeds)}.')
+        if self.seed != 0 and self.seed not in self.seeds:  # Each run sets --seed to one of --seeds.
+            raise errors.ConfigError(f'--seed={self.seed} is not one of --seeds={list(self.seeds)}; pass --seeds.')
         if self.dataset == 'mnist' and not self.data_dir and self.tfds_data_dir is None:
             raise errors.ConfigError("dataset 'mnist' needs --data_dir (or --tfds_data_dir).")
         if self.furl_private_norm < 0:

@@ -84,7 +84,7 @@ def test_a_round_equals_the_inner_problem_and_local_update_by_hand_on_both_backe
         if backend == 'engine':  # The logged fallback: the per-client backend's process, checked below.
             (message, *args), _ = log.call_args
             assert 'does not run the step kind InnerProblem' in message % tuple(args)
-            assert process.packer is None
+            assert process.simulation == 'per_client'
             continue
         state = process.initialize()
         initial = process.get_model_weights(state).trainable

@@ -1,9 +1,13 @@
 """The personalization benchmark (PFLlib's leaderboard task) on a small generated partition: every client's test
 accuracy is what a plain Keras forward pass with its own model gives (the global model plus its local layers, its
-personal copy, APFL's mixture; FedBABU's after fine-tuning by a plain Keras loop), personalized methods beat FedAvg under pathological label skew, the results file
-and figure are written, and bad flags get a clear error."""
+personal copy, APFL's mixture; FedBABU's after fine-tuning by a plain Keras loop), personalized methods beat FedAvg
+under pathological label skew, the results file and figure are written, a row is the mean and std over its seeds
+(against a hand computation), a rerun runs only the (method, seed) runs that did not finish, a seed sets the
+initial weights and each client's train order, and bad flags get a clear error."""
 
+import dataclasses
 import json
+import math
 import os
 import re
 
@@ -19,7 +23,12 @@ from fedpersonal.models import image_classifiers
 from fedpersonal.tasks import pfl_benchmark
 
 SMALL = dict(
-    dataset='synthetic', synthetic_examples=1200, num_clients=5, state_store='memory', client_learning_rate=0.05
+    dataset='synthetic',
+    synthetic_examples=1200,
+    num_clients=5,
+    state_store='memory',
+    client_learning_rate=0.05,
+    seeds=(0,),
 )
 
 
@@ -136,7 +145,7 @@ def test_per_fedavg_clients_are_evaluated_after_one_sgd_step_on_their_first_trai
     for cid in benchmark.client_ids:  # By hand: Keras SGD on the client's first 10 train rows.
         model = image_classifiers.fedavg_cnn(benchmark.data.x.shape[1:], 10)
         model.set_weights(weights.trainable)
-        rows = benchmark.data.partition.train[int(cid)][: benchmark.config.batch_size]
+        rows = benchmark.train_rows[int(cid)][: benchmark.config.batch_size]
         with tf.GradientTape() as tape:
             logits = model(benchmark.data.x[rows], training=True)
             loss = tf.keras.losses.sparse_categorical_crossentropy(benchmark.data.y[rows], logits, from_logits=True)
@@ -167,8 +176,8 @@ def test_personalized_methods_beat_fedavg_under_pathological_skew_and_results_ar
     # ReconEval (a head reconstructed from its initializer on each client's support half) far above chance (0.1).
     assert rows['fed_recon']['accuracy'] > 0.4, rows
     for row in rows.values():
-        assert row['rounds'] == 4 and [r for r, _ in row['curve']] == [2, 4]
-        assert row['best_accuracy'] == max(a for _, a in row['curve'])
+        assert row['rounds'] == 4 and [r for r, _, _ in row['curve']] == [2, 4]
+        assert row['best_accuracy'] == max(a for _, a, _ in row['curve'])
         assert 0.0 <= row['worst_client_accuracy'] <= row['mean_client_accuracy'] <= 1.0
     with open(tmp_path / 'results.json') as f:
         assert json.load(f)['partition'] == 'pathological'
@@ -191,6 +200,8 @@ def test_summary_reads_the_runs_rows():
         (dict(partition='stripes'), 'partition must be one of'),
         (dict(configurations=('fedavg', 'fedsgd')), "unknown: ['fedsgd']"),
         (dict(apfl_alpha=1.5), 'apfl_alpha must be in [0, 1]'),
+        (dict(seeds=(0, 0)), 'seeds must be distinct non-negative integers, got [0, 0]'),
+        (dict(seeds=(1, 2), seed=5), '--seed=5 is not one of --seeds=[1, 2]'),
     ],
 )
 def test_bad_flags_name_the_problem(flags, message):
@@ -202,3 +213,75 @@ def test_personalized_weights_of_a_plan_without_a_copy_are_its_local_weights():
     plan = pfl_benchmark.METHOD_SPECS['fedper'].plan(pfl_benchmark.PflBenchmarkConfig(**SMALL))
     state = client_plan.ModelWeights([np.ones(2, np.float32)], [])
     assert np.array_equal(client_plan.personalized_weights(plan, None, state).trainable[0], np.ones(2))
+
+
+# The final accuracies a stubbed method reaches with seeds 0, 1, 2 (and 3, added on a rerun).
+STUB_FINAL = {'fedavg': (0.5, 0.6, 0.9, 0.7), 'fedper': (0.8, 0.8, 0.95, 0.85)}
+
+
+def _stub_run_method(calls):
+    """`run_method` without training: metric rows whose last accuracy is `STUB_FINAL[name][seed]`, read as the
+    real runs' are (`summarize`)."""
+
+    def run_method(benchmark, outputs, name):
+        seed = benchmark.config.seed
+        calls.append((name, seed, outputs.directory))
+        final = STUB_FINAL[name][seed]
+        rows = [
+            {'round': 2, 'test/accuracy': 0.4, 'test/mean_client_accuracy': 0.4, 'test/worst_client_accuracy': 0.1},
+            {'round': 4, 'test/accuracy': final, 'test/mean_client_accuracy': final, 'test/worst_client_accuracy': 0.2},
+        ]
+        return pfl_benchmark.summarize(rows, seconds_per_round=1.0 + seed)
+
+    return run_method
+
+
+def test_rows_are_means_over_seeds_and_a_rerun_runs_only_what_did_not_finish(tmp_path, monkeypatch):
+    calls = []
+    monkeypatch.setattr(pfl_benchmark, 'run_method', _stub_run_method(calls))
+    config = pfl_benchmark.PflBenchmarkConfig(
+        **{**SMALL, 'seeds': (0, 1, 2)}, configurations=('fedavg', 'fedper'), output_dir=str(tmp_path)
+    )
+    results = pfl_benchmark.run(config)
+    assert [(n, s) for n, s, _ in calls] == [(n, s) for n in ('fedavg', 'fedper') for s in (0, 1, 2)]
+    assert {d for _, _, d in calls} == {str(tmp_path / n / f'seed{s}') for n in ('fedavg', 'fedper') for s in (0, 1, 2)}
+    fedavg = results['rows'][0]
+    # By hand: 0.5, 0.6, 0.9 -> mean 2/3, sample std sqrt(((1/6)^2 + (1/15)^2 + (7/30)^2) / 2).
+    assert fedavg['name'] == 'FedAvg' and fedavg['seeds'] == [0, 1, 2] and fedavg['rounds'] == 4
+    assert 'seed' not in fedavg
+    assert fedavg['accuracy'] == pytest.approx(2 / 3)
+    assert fedavg['accuracy_std'] == pytest.approx(math.sqrt(((1 / 6) ** 2 + (1 / 15) ** 2 + (7 / 30) ** 2) / 2))
+    assert fedavg['best_accuracy'] == pytest.approx((0.5 + 0.6 + 0.9) / 3)  # Each seed's best is its last here.
+    assert fedavg['worst_client_accuracy'] == pytest.approx(0.2)
+    assert fedavg['worst_client_accuracy_std'] == pytest.approx(0.0, abs=1e-12)
+    assert fedavg['seconds_per_round'] == pytest.approx(2.0)  # 1, 2 and 3 s.
+    assert fedavg['slope_last_10pct'] == pytest.approx(((0.5 - 0.4) + (0.6 - 0.4) + (0.9 - 0.4)) / 3 / 2)
+    assert [r for r, _, _ in fedavg['curve']] == [2, 4]
+    assert [m for _, m, _ in fedavg['curve']] == pytest.approx([0.4, 2 / 3])
+    assert [s for _, _, s in fedavg['curve']] == pytest.approx([0.0, fedavg['accuracy_std']])
+
+    # A rerun with a seed more runs only that seed; a run whose row is missing (killed before it finished) reruns.
+    os.remove(tmp_path / 'fedper' / 'seed1' / 'results.json')
+    calls.clear()
+    results = pfl_benchmark.run(dataclasses.replace(config, seeds=(0, 1, 2, 3)))
+    assert [(n, s) for n, s, _ in calls] == [('fedavg', 3), ('fedper', 1), ('fedper', 3)]
+    fedper = results['rows'][1]
+    assert fedper['seeds'] == [0, 1, 2, 3] and fedper['accuracy'] == pytest.approx((0.8 + 0.8 + 0.95 + 0.85) / 4)
+    with open(tmp_path / 'results.json') as f:
+        assert json.load(f)['rows'][0]['accuracy'] == pytest.approx((0.5 + 0.6 + 0.9 + 0.7) / 4)
+
+
+def test_a_seed_sets_each_clients_train_order_and_the_partition_stays(benchmark):
+    other = pfl_benchmark.Benchmark(dataclasses.replace(benchmark.config, seed=1, seeds=(1,)), benchmark.data)
+    again = pfl_benchmark.Benchmark(benchmark.config, benchmark.data)
+    for rows, mine, same, theirs in zip(
+        benchmark.data.partition.train, benchmark.train_rows, again.train_rows, other.train_rows
+    ):
+        assert sorted(mine) == sorted(theirs) == sorted(rows)
+        np.testing.assert_array_equal(mine, same)
+    assert any(not np.array_equal(a, b) for a, b in zip(benchmark.train_rows, other.train_rows))
+    first = next(iter(benchmark.train_dataset(benchmark.train['0'])))
+    np.testing.assert_array_equal(first['y'], benchmark.data.y[benchmark.train_rows[0][: benchmark.config.batch_size]])
+    # And the initial weights (notebooks/04 checks two trained seeds end to end).
+    weights = [pfl_benchmark.model_fn_for(benchmark.data, seed, ())().keras_model.weights[0].numpy() for seed in (0, 1)]
+    assert not np.array_equal(*weights)
