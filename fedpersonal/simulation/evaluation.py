@@ -266,7 +266,10 @@ def _query_predictions(model: functional.FunctionalModel, weights: functional.Pa
             return tf.nest.map_structure(lambda t: tf.reshape(t, tf.concat([[steps, batch], tf.shape(t)[1:]], 0)), out)
 
         predictions = lockstep.for_each_client(
-            client_predictions, ([weights[g][i] for g, i in own], x), pfor_loops=model.pfor_loops
+            client_predictions,
+            ([weights[g][i] for g, i in own], x),
+            vectorize=getattr(model, 'vectorizes', True),
+            pfor_loops=model.pfor_loops,
         )
     flat = lambda t: _flatten_examples(t, 2)
     batch_loss = tf.reshape(

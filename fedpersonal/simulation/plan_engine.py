@@ -28,6 +28,7 @@ from fedpersonal.simulation import lockstep
 from fedpersonal.simulation import options as simulation_options
 from fedpersonal.simulation import packing
 from fedpersonal.simulation import round_backend
+from fedpersonal.simulation import step_kind_engine
 
 
 def unsupported(
@@ -39,9 +40,11 @@ def unsupported(
     model_distributor: Any = None,
 ) -> str | None:
     """Why the engine cannot run `plan` with these parts, or None if it can (every engine check, in one place)."""
-    steps = [type(p.step).__name__ for p in plan.phases if p.step is not None]
-    if steps:  # Not yet in `lockstep.lockstep_steps`.
-        return f'The fast simulation engine does not run the step kind {steps[0]} yet'
+    if plan.local_aggregation is not None:  # Not yet in `lockstep`: per-client epoch counts and data slices.
+        return (
+            'The fast simulation engine does not run adaptive local aggregation yet (each client learns its '
+            'aggregation weights for a number of epochs its own losses decide, on a random slice of its data)'
+        )
     try:
         for i, phase in enumerate(plan.phases):
             lockstep.check_optimizer(phase.optimizer, f'the optimizer of phase {i}')
@@ -115,6 +118,7 @@ def build_engine_process(
     initial = client_plan.plan_initial_weights(plan, model_fn)
     # Batch norm's moving statistics are carried per client through the phases (FedBN keeps them local).
     model = functional.FunctionalModel(model_fn, batch_norm=True)
+    step_kind_engine.check(plan.phases, model)
     base = model.initial_weights
     num_global = len(base.global_trainable)
     learned = plan.local_start == client_plan.LEARNED
@@ -177,6 +181,22 @@ def build_engine_process(
                         train_slots = train_slots + [(functional.GLOBAL_TRAINABLE, len(slots[client_plan.GLOBAL]))]
                     examples = tf.reduce_sum(group[name]['mask'], axis=[1, 2])
                     client_weight = group_lib.client_weights(client_weighting, examples)
+                    if phase.step is not None:  # Per-FedAvg's, pFedMe's (theta: the personal copy's weights).
+                        weights, theta, phase_steps = step_kind_engine.step_kind_steps(
+                            model,
+                            phase.step,
+                            weights,
+                            train_slots,
+                            group[name],
+                            phase.optimizer,
+                            loss,
+                            metrics=metrics[phase.metrics_prefix] if phase.reports_metrics else (),
+                        )
+                        if theta is not None:
+                            personal = functional.Parts(theta, weights.global_non_trainable, [], [])
+                        if i == plan.global_phase:
+                            weight, steps = client_weight, phase_steps
+                        continue
                     stepped, phase_steps = lockstep.lockstep_steps(
                         stepped_model,
                         personal if client_plan.PERSONAL in parts else weights,
