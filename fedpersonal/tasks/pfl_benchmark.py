@@ -404,6 +404,8 @@ def run(config: PflBenchmarkConfig) -> dict[str, Any]:
     run_record.check_output_dir(config)
     program.write_json(os.path.join(config.output_dir, 'config.json'), dataclasses.asdict(config))
     data: Any
+    make_benchmark: Callable[..., Any]
+    run_one: Callable[..., dict[str, Any]]
     if config.dataset in MOVIELENS_DATASETS:
         data = pfl_benchmark_movielens.load_data(config)
         partition, metric = data.partition, pfl_benchmark_movielens.METRIC

@@ -154,7 +154,9 @@ class PflBenchmarkConfig(
                 f'{unknown}.'
             )
         if self.dataset == 'movielens' and not self.data_dir:
-            raise errors.ConfigError("dataset 'movielens' needs --data_dir (a directory holding MovieLens 100K's u.data).")
+            raise errors.ConfigError(
+                "dataset 'movielens' needs --data_dir (a directory holding MovieLens 100K's u.data)."
+            )
         if not self.seeds or len(set(self.seeds)) != len(self.seeds) or min(self.seeds) < 0:
             raise errors.ConfigError(f'seeds must be distinct non-negative integers, got {list(self.seeds)}.')
         if self.seed != 0 and self.seed not in self.seeds:  # Each run sets --seed to one of --seeds.

@@ -185,9 +185,7 @@ def plan_for(name: str, benchmark: MovieLensBenchmark) -> client_plan.ClientPlan
 
 def _rmse_metrics(result: Any) -> dict[str, float]:
     """RMSE over every test rating, each client's (mean, worst) and the rating accuracy over every test rating."""
-    per_client = metrics_lib.summarize_per_client(
-        {k: np.asarray(v) for k, v in result['per_client'].items()}
-    )['rmse']
+    per_client = metrics_lib.summarize_per_client({k: np.asarray(v) for k, v in result['per_client'].items()})['rmse']
     return {
         'rmse': float(result['eval']['rmse']),
         'accuracy': float(result['eval']['accuracy']),

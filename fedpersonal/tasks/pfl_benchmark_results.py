@@ -73,6 +73,8 @@ def std_keys(metric: str = 'accuracy') -> tuple[str, ...]:
 def _check_metric(metric: str) -> None:
     if metric not in METRICS:
         raise ValueError(f'metric must be one of {tuple(METRICS)}, got {metric!r}.')
+
+
 CURVES = ('curve', 'worst_client_curve')  # ``[[round, value], ...]`` per seed; ``[[round, mean, std], ...]`` over.
 # The keys of a row of docs/results/pfl_benchmark.json, then those only a method on the leaderboard has.
 DOCS_KEYS = (

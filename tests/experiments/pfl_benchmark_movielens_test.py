@@ -5,6 +5,8 @@ training round: no user embedding, nor a client's or the clients' sum or mean of
 persistent private user embedding beats the mean-rating baseline; the block's results are rows by RMSE that the
 results table reads; bad flags get a clear error."""
 
+from typing import Any
+
 import numpy as np
 import pytest
 import tensorflow_federated as tff
@@ -15,7 +17,7 @@ from fedpersonal.tasks import pfl_benchmark
 from fedpersonal.tasks import pfl_benchmark_movielens as ml
 from fedpersonal.tasks import pfl_benchmark_results as results_lib
 
-SMALL = dict(
+SMALL: dict[str, Any] = dict(
     dataset='movielens_synthetic',
     synthetic_users=10,
     synthetic_items=12,
@@ -142,7 +144,10 @@ def test_ditto_global_model_never_depends_on_the_personal_copies(benchmark):
             shapes = [np.shape(w) for w in process.initial_private_state().trainable]
             out.append(
                 ModelWeights(
-                    [value_audit.canary_pattern(s, client=c, base=base + 1000 * k) / 8192 for k, s in enumerate(shapes)],
+                    [
+                        value_audit.canary_pattern(s, client=c, base=base + 1000 * k) / 8192
+                        for k, s in enumerate(shapes)
+                    ],
                     [],
                 )
             )
