@@ -67,7 +67,7 @@ def _run(setup, rounds: int, use_next: bool) -> dict:
     process, _ = setup.build_fedpersonal('engine')
     # Every sampled client's data materialized once before round 0 (as simulation_speed.py's engine rows).
     clients = sorted({c for r in range(rounds + 1) for c in setup.sample(r)})
-    process.pack([setup.dataset_fn(c) for c in clients], client_ids=clients)
+    process.backend.pack([setup.dataset_fn(c) for c in clients], client_ids=clients)
     t0 = time.perf_counter()
     state = process.initialize()
     seconds = []
@@ -75,7 +75,7 @@ def _run(setup, rounds: int, use_next: bool) -> dict:
         ids = setup.sample(r)
         datasets = [setup.dataset_fn(c) for c in ids]
         if use_next:
-            data = process.pack(datasets, client_ids=ids)
+            data = process.backend.pack(datasets, client_ids=ids)
             t = time.perf_counter()
             state = process.next(state, data).state
         else:

@@ -122,7 +122,7 @@ def _row_process(setup: Setup, rounds: int, build: Callable[[], tuple[Any, dict]
                 # timed apart as prepare_s, not per round.
                 t = time.perf_counter()
                 clients = sorted({c for r in range(rounds + 1) for c in setup.sample(r)})
-                process.pack([setup.dataset_fn(c) for c in clients], client_ids=clients)
+                process.backend.pack([setup.dataset_fn(c) for c in clients], client_ids=clients)
                 holder['info']['prepare_s'] = time.perf_counter() - t
             return process.initialize()
 
@@ -149,7 +149,11 @@ def _row_process(setup: Setup, rounds: int, build: Callable[[], tuple[Any, dict]
             return output.state, seconds, 0.0
 
         state, info = _run_rounds(setup, rounds, start, step)
-        info.update(holder['info'], has_pack=hasattr(holder['process'], 'pack'), peak_rss_mb_worker=_worker_peak_mb())
+        info.update(
+            holder['info'],
+            has_pack=hasattr(getattr(holder['process'], 'backend', None), 'pack'),
+            peak_rss_mb_worker=_worker_peak_mb(),
+        )
         return holder['process'].get_model_weights(state), info
 
 

@@ -12,8 +12,8 @@ the backend of the current context:
 A plan whose phases name losses its model defines (`fedpersonal.core.model_loss_plan`, e.g. FedDVA's) runs on
 `fedpersonal.simulation.model_loss_engine` or `fedpersonal.core.model_loss_plan`'s per-client backend.
 
-A round stated as `fedpersonal.core.RoundFunctions` (HPFL) gets its engine parts from `silo_engine_parts`: the silo
-engine (`fedpersonal.simulation.silo_engine`), each client one compiled program.
+A round stated as `fedpersonal.core.RoundFunctions` (HPFL) gets its engine backend from `silo_engine_backend`: the
+silo engine (`fedpersonal.simulation.silo_engine`), each client one compiled program.
 
 Where the engine cannot run a configuration (an aggregator that needs each client's own update, a client optimizer
 that is not a functional TFF optimizer, a custom distributor), the process is built on the per-client backend, with
@@ -200,18 +200,18 @@ def build_process(
     return per_client()
 
 
-def silo_engine_parts(functions: round_functions.RoundFunctions, *, name: str) -> tuple[Any, Any]:
-    """``(packer, round_runner)`` for `compose_personalized_process` to run `functions` (the round its other parts
-    compute) on the context's backend: the silo engine (`fedpersonal.simulation.silo_engine`: each client one
-    compiled program), or ``(None, None)`` on the per-client backend and where the engine cannot run them (logged).
+def silo_engine_backend(functions: round_functions.RoundFunctions, *, name: str) -> process_lib.RoundBackend | None:
+    """The backend for `compose_personalized_process` to run `functions` (the round its other parts compute) on
+    the context's backend: the silo engine (`fedpersonal.simulation.silo_engine`: each client one compiled
+    program), or None (TFF's `next`) on the per-client backend and where the engine cannot run them (logged).
     """
     if current() != ENGINE:
-        return None, None
+        return None
     reason = silo_engine.unsupported(functions)
     if reason is None:
         return silo_engine.build(functions)
     logging.info('%s runs on the per-client backend: %s', name, reason.rstrip('.') + '.')
-    return None, None
+    return None
 
 
 def build_classifier_process(

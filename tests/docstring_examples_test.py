@@ -15,6 +15,8 @@ MODULES = (
     'fedpersonal.algorithms.fedprox',
     'fedpersonal.backends',
     'fedpersonal.core.client_plan',
+    'fedpersonal.core.eval_plan',
+    'fedpersonal.core.step_kinds',
     'fedpersonal.models.image_classifiers',
     'fedpersonal.algorithms.feddva',
     'fedpersonal.algorithms.hpfl.process',

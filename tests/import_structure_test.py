@@ -21,6 +21,9 @@ PACKAGE = 'fedpersonal'
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 # What `fedpersonal.core` must never import: every layer above it.
 ABOVE_CORE = ('fedpersonal.simulation', 'fedpersonal.algorithms', 'fedpersonal.tasks', 'fedpersonal.program')
+# What an algorithm must never import: the engine (a backend runs the algorithm's definition; `fedpersonal.backends`
+# binds them).
+NOT_IN_ALGORITHMS = ('fedpersonal.simulation', 'fedpersonal.tasks')
 
 
 def _modules(root: pathlib.Path = ROOT, package: str = PACKAGE) -> dict[str, pathlib.Path]:
@@ -113,15 +116,25 @@ def test_the_package_has_no_import_cycle():
     assert not found, 'import cycles:\n' + '\n'.join(' <-> '.join(c) for c in found)
 
 
-def test_core_imports_nothing_above_it():
-    modules = _modules()
-    offending = sorted(
+def _offending(package: str, forbidden: tuple[str, ...], root: pathlib.Path = ROOT) -> list[str]:
+    """Every import, by a module of `package`, of a module in `forbidden` (or of one of those packages)."""
+    modules = _modules(root)
+    return sorted(
         f'{module} imports {name}'
         for module, path in modules.items()
-        if module.startswith(f'{PACKAGE}.core')
+        if module == package or module.startswith(package + '.')
         for name in _imported_names(module, path, modules)
-        if any(name == layer or name.startswith(layer + '.') for layer in ABOVE_CORE)
+        if any(name == layer or name.startswith(layer + '.') for layer in forbidden)
     )
+
+
+def test_core_imports_nothing_above_it():
+    offending = _offending(f'{PACKAGE}.core', ABOVE_CORE)
+    assert not offending, '\n'.join(offending)
+
+
+def test_algorithms_import_no_engine():
+    offending = _offending(f'{PACKAGE}.algorithms', NOT_IN_ALGORITHMS)
     assert not offending, '\n'.join(offending)
 
 
@@ -138,3 +151,15 @@ def test_the_check_finds_a_cycle_through_a_function_level_and_a_type_checking_im
     graph = import_graph(_modules(tmp_path))
     assert graph['fedpersonal.c'] == {'fedpersonal.a', 'fedpersonal.sub.b'}
     assert cycles(graph) == [['fedpersonal.a', 'fedpersonal.sub.b']]
+
+
+def test_the_layer_check_finds_a_function_level_import_of_the_engine(tmp_path):
+    package = tmp_path / PACKAGE
+    for sub in ('algorithms', 'simulation'):
+        (package / sub).mkdir(parents=True)
+        (package / sub / '__init__.py').write_text('')
+    (package / '__init__.py').write_text('')
+    (package / 'simulation' / 'driver.py').write_text('')
+    (package / 'algorithms' / 'fedx.py').write_text('def f():\n    from fedpersonal.simulation import driver\n')
+    found = _offending(f'{PACKAGE}.algorithms', NOT_IN_ALGORITHMS, tmp_path)
+    assert found == ['fedpersonal.algorithms.fedx imports fedpersonal.simulation.driver']

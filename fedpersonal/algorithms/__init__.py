@@ -17,7 +17,7 @@ Every builder returns a `fedpersonal.core.PersonalizedProcess` (`initialize`, `n
   and averaged with the head frozen at its initial values), each a client plan run by every backend;
 * `build_per_fedavg`: Per-FedAvg (a meta-learned global model, first-order or Hessian-free) and `build_pfedme`:
   pFedMe (personalized theta solving a proximal inner problem per batch), plans with a step kind
-  (`fedpersonal.core.step_kinds`), on the per-client backend;
+  (`fedpersonal.core.step_kinds`) run by every backend;
 * `build_feddva`: FedDVA (shared dual encoders, private decoders and heads);
 * `build_hpfl`, `build_hpfl_baseline`: HPFL and its federated baselines on the GUM;
 * `compose_personalized_process`: the composer for a new method (see docs/ARCHITECTURE.md).

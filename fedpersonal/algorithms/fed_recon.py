@@ -18,11 +18,13 @@ aggregator as the global update (so secure or DP aggregation applies to it too).
 
 The client work is a `fedpersonal.core.client_plan.ClientPlan` (`fed_recon_plan`): two phases on the support and
 query parts of the split, local weights started afresh every round; every backend runs it (`fedpersonal.backends`),
-with TFF's broadcast, any `tff.aggregators` factory and TFF's apply-optimizer finalizer around it.
+with TFF's broadcast, any `tff.aggregators` factory and TFF's apply-optimizer finalizer around it. ReconEval's
+client work is a `fedpersonal.core.eval_plan.EvalPlan` (`recon_eval_plan`), run by `fedpersonal.evaluation`.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 from collections.abc import Callable
 from typing import Any
@@ -35,6 +37,7 @@ from fedpersonal import backends
 from fedpersonal.algorithms import dataset_split as dataset_split_lib
 from fedpersonal.algorithms import tff_names
 from fedpersonal.core import client_plan
+from fedpersonal.core import eval_plan
 from fedpersonal.core import process as process_lib
 from fedpersonal.models import partially_local_model
 
@@ -59,6 +62,22 @@ def resolve_split_fn(dataset_split: SplitArg) -> dataset_split_lib.DatasetSplitF
     if callable(dataset_split):
         return dataset_split
     raise TypeError(f'dataset_split must be a ReconstructionSplit or a split function, got {dataset_split!r}.')
+
+
+def data_split(dataset_split: SplitArg, *, query_once: bool = False) -> client_plan.DataSplit:
+    """FedRecon's support and query parts of a client's dataset: a `ReconstructionSplit`'s (with `query_once` the
+    query set in one plain pass, as `fedpersonal.evaluation.build_recon_eval` scores it), or a TFF-style split
+    function's two datasets as they are."""
+    if not isinstance(dataset_split, dataset_split_lib.ReconstructionSplit):
+        return client_plan.DataSplit(('support', 'query'), resolve_split_fn(dataset_split))
+    if query_once:
+        dataset_fn = dataset_split_lib.build_support_only_fn(dataset_split)
+        dataset_split = dataclasses.replace(dataset_split, post_recon_epochs=1, post_recon_steps_max=None)
+    else:
+        dataset_fn = dataset_split_lib.build_dataset_split_fn(dataset_split)
+    return client_plan.DataSplit(
+        ('support', 'query'), dataset_fn, functools.partial(dataset_split_lib.split_batches, split=dataset_split)
+    )
 
 
 def global_weights_with_local_default(model: ReconstructionModel, learn_local_init: bool) -> ModelWeights:
@@ -89,13 +108,7 @@ def fed_recon_plan(
     globals (and with `jointly_train_locals` the locals) updated on the query set; the locals start from their
     initial values, or from the learned default (`learn_local_init`, whose displacement is uploaded too), and are
     never kept. Without `reconstruct` (a model without local trainable weights, e.g. FedAvg's) only the update."""
-    split = client_plan.DataSplit(
-        ('support', 'query'),
-        resolve_split_fn(dataset_split),
-        functools.partial(dataset_split_lib.split_batches, split=dataset_split)
-        if isinstance(dataset_split, dataset_split_lib.ReconstructionSplit)
-        else None,
-    )
+    split = data_split(dataset_split)
     trains = (client_plan.GLOBAL, client_plan.LOCAL) if jointly_train_locals else (client_plan.GLOBAL,)
     phases: tuple[client_plan.Phase, ...] = (client_plan.Phase(trains, 1, client_optimizer, data='query'),)
     if reconstruct:
@@ -105,6 +118,30 @@ def fed_recon_plan(
         phases = (recon,) + phases
     local_start = client_plan.LEARNED if learn_local_init else client_plan.INITIAL
     return client_plan.ClientPlan(phases, split=split, local_start=local_start)
+
+
+def recon_eval_plan(
+    *,
+    reconstruction_optimizer: OptimizerArg,
+    dataset_split: SplitArg,
+    finetune_optimizer: OptimizerArg | None = None,
+    learn_local_init: bool = False,
+    query_once: bool = True,
+) -> eval_plan.EvalPlan:
+    """ReconEval's client work (paper Section 4.1): the locals reconstructed on the support set from their initial
+    values (or the learned default), the globals frozen; with `finetune_optimizer` the globals then trained on the
+    support set too (FedRecon+Finetune); the metrics computed on the query set (with `query_once` in one plain pass;
+    else as the split iterates it, as TFF's `build_fed_recon_eval`)."""
+    support = functools.partial(client_plan.Phase, data='support', reports_metrics=False)
+    phases: tuple[client_plan.Phase, ...] = (support((client_plan.LOCAL,), 1, reconstruction_optimizer),)
+    if finetune_optimizer is not None:
+        phases += (support((client_plan.GLOBAL,), 1, finetune_optimizer),)
+    return eval_plan.EvalPlan(
+        phases,
+        data_split(dataset_split, query_once=query_once),
+        scores='query',
+        local_start=client_plan.LEARNED if learn_local_init else client_plan.INITIAL,
+    )
 
 
 def build_fed_recon(
@@ -162,7 +199,7 @@ def build_fed_recon(
         per-client backend).
       metrics_aggregator: As in TFF (default, and None: `sum_then_finalize`).
       simulation: Deprecated alias of `fedpersonal.backends.use`: ``'engine'`` (default): a round's clients run
-        in groups, each group as one compiled program; `process.pack(datasets)` makes `next`'s input.
+        in groups, each group as one compiled program; `process.backend.pack(datasets)` makes `next`'s input.
         ``'per_client'``: one TFF client computation per client, `next` takes the datasets. None takes the
         context's backend. Same results to float precision; what the engine cannot run (a Keras optimizer, a
         custom distributor, an aggregator that needs each client's own update, ...) runs on the per-client

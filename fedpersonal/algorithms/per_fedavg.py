@@ -10,9 +10,9 @@ Hessian-free variant). The server averages w's change as FedAvg; a client predic
 one batch of its own data (`adapt`).
 
 The client work is one phase of a `ClientPlan` with the step kind `fedpersonal.core.step_kinds.MetaStep`, on the
-client's data rebatched to 2 (3) x `batch_size` (a `DataSplit`; a last batch too small to cut is dropped). The
-per-client backend runs it; the engine does not run step kinds yet, so `fedpersonal.backends` falls back to the
-per-client backend with a log line.
+client's data rebatched to 2 (3) x `batch_size` (a `DataSplit`; a last batch too small to cut is dropped), on every
+backend: the per-client one and the grouped engine (`fedpersonal.simulation.step_kind_engine`) compute the step with
+the same functions (`step_kinds.meta_direction`).
 """
 
 from __future__ import annotations
@@ -20,6 +20,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+import numpy as np
 import tensorflow as tf
 import tensorflow_federated as tff
 
@@ -46,8 +47,16 @@ def per_fedavg_plan(
         batches = dataset.unbatch().batch(size)
         return (batches.filter(lambda b: tf.shape(tf.nest.flatten(b)[0])[0] >= step.parts),)
 
+    def rebatch_arrays(batches: list[Any]) -> tuple[list[Any]]:  # The same, on batches in memory (the engine's).
+        if not batches:
+            return ([],)
+        whole = tf.nest.map_structure(lambda *leaves: np.concatenate(leaves), *batches)
+        n = len(tf.nest.flatten(whole)[0])
+        cut = [tf.nest.map_structure(lambda a: a[s : s + size], whole) for s in range(0, n, size)]
+        return ([b for b in cut if len(tf.nest.flatten(b)[0]) >= step.parts],)
+
     phase = client_plan.Phase((client_plan.GLOBAL,), client_epochs, outer_optimizer, data='meta', step=step)
-    return client_plan.ClientPlan((phase,), split=client_plan.DataSplit(('meta',), rebatch))
+    return client_plan.ClientPlan((phase,), split=client_plan.DataSplit(('meta',), rebatch, rebatch_arrays))
 
 
 def adapt(

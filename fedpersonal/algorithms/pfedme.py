@@ -12,8 +12,8 @@ averaging). As PFLlib's ``clientpFedMe.py``/``pFedMeOptimizer``: theta's steps i
 (``mu`` = 0.001 there), and a client predicts with its last theta, its CLIENTS-placed private state.
 
 The client work is one phase of a `ClientPlan` whose step kind is `fedpersonal.core.step_kinds.InnerProblem`, with
-the plan's personal copy as theta. The per-client backend runs it; the engine does not run step kinds yet, so
-`fedpersonal.backends` falls back to the per-client backend with a log line.
+the plan's personal copy as theta, on every backend: the per-client one and the grouped engine
+(`fedpersonal.simulation.step_kind_engine`) compute the step with the same function (`step_kinds.inner_problem`).
 """
 
 from __future__ import annotations

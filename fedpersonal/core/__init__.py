@@ -1,6 +1,7 @@
 """The core every algorithm is built on: one process protocol, one composer, one client-work library.
 
-* `process`: `PersonalizedProcess` and `ProcessOutput`, the protocol of every algorithm.
+* `process`: `PersonalizedProcess` and `ProcessOutput`, the protocol of every algorithm, and `RoundBackend`,
+  what runs its rounds (`PerClientBackend`: TFF's `next`; the simulation engine implements another).
 * `compose`: `compose_personalized_process`, TFF's broadcast / aggregator / finalizer around an algorithm's
   client work, optionally with a server step of its own (`ServerStep`) and a client step after aggregation
   (`PostAggregation`).
@@ -19,15 +20,19 @@ from fedpersonal.core.compose import compose_personalized_process
 from fedpersonal.core.compose import keras_metrics
 from fedpersonal.core.compose import ratio_metrics
 from fedpersonal.core.compose import weighted_aggregator
+from fedpersonal.core.process import PerClientBackend
 from fedpersonal.core.process import PersonalizedProcess
 from fedpersonal.core.process import ProcessOutput
+from fedpersonal.core.process import RoundBackend
 from fedpersonal.core.process import from_learning_process
 from fedpersonal.core.round_functions import RoundFunctions
 
 __all__ = [
+    'PerClientBackend',
     'PersonalizedProcess',
     'PostAggregation',
     'ProcessOutput',
+    'RoundBackend',
     'RoundFunctions',
     'ServerStep',
     'client_work',

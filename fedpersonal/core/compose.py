@@ -192,9 +192,7 @@ def compose_personalized_process(
     initial_private_state: tff.Computation | None = None,
     model_distributor: tff.learning.templates.DistributionProcess | None = None,
     parts: dict[str, Any] | None = None,
-    packer: Any = None,
-    round_runner: Callable[..., Any] | None = None,
-    group_private_state_type: tff.Type | None = None,
+    backend: process_lib.RoundBackend | None = None,
     post_aggregation: PostAggregation | None = None,
     server_step: ServerStep | None = None,
     client_metrics_key: str | None = 'train',
@@ -205,8 +203,10 @@ def compose_personalized_process(
       initial_global_weights: No-arg TF computation returning the initial server `ModelWeights`.
       client_update: The client work as a TF computation: ``(weights, dataset) -> (ClientResult, metrics)``,
         or, with `initial_private_state`, ``(weights, dataset, private) -> (ClientResult, metrics, private)``.
-        With a `round_runner` it may be a no-arg function building that computation: it is then built (traced)
-        with `process.next`, on its first use, which `process.run_round` never needs.
+        With a `backend` it may be a no-arg function building that computation: it is then built (traced) with
+        `process.next`, on its first use, which such a backend's `run_round` may never need. Its private-state
+        argument may be of another type than `initial_private_state`'s (one client's): `next` takes what it takes
+        per client slot (e.g. a group's stacked states).
       aggregate_metrics: Python function from CLIENTS-placed client metrics to SERVER-placed metrics, called
         while tracing (`keras_metrics` or `ratio_metrics`).
       server_optimizer: Applied to the aggregated update (TFF's apply-optimizer finalizer); unused with a
@@ -218,14 +218,10 @@ def compose_personalized_process(
         stateful.
       model_distributor: Default `tff.learning.templates.build_broadcast_process`; the client work takes its result.
       parts: Extra named building blocks recorded in `process.parts`.
-      packer: For group client work (the fast simulation engine): the `fedpersonal.simulation.packing`
-        packer whose groups `client_update` takes (`process.pack`).
-      round_runner: For the engine: runs a round in the driver's runtime (`process.run_round`).
-      group_private_state_type: For a stateful engine process: the type of a group's stacked private states
-        (what `client_update` and `next` take per client slot); `initial_private_state` stays one client's.
+      backend: The `process_lib.RoundBackend` running `process.run_round` (default: `next` in TFF's runtime).
       post_aggregation: A client step after the server step (stateful client work only): `next` broadcasts
         ``post_aggregation.server_value(new global weights)`` and maps ``post_aggregation.client_update`` over
-        the clients' new private states and client metrics. A `round_runner` does its own rounds (not this).
+        the clients' new private states and client metrics. A `backend` may run its own rounds (not this).
       server_step: The server's step in place of `model_aggregator`, `server_optimizer` and TFF's finalizer
         (stateful client work only; see `ServerStep`): it takes the client work's first result as uploads.
       client_metrics_key: The key of the aggregated client metrics in the ``client_work`` metrics (TFF's client
@@ -262,13 +258,10 @@ def compose_personalized_process(
             learning_process = tff.learning.templates.compose_learning_process(
                 initial_global_weights, distributor, client_work, aggregator, finalizer
             )
-            return process_lib.from_learning_process(
-                learning_process, parts=parts, packer=packer, round_runner=round_runner
-            )
+            return process_lib.from_learning_process(learning_process, parts=parts, backend=backend)
     # Stateful client work, or client data that is not a sequence (the engine's packed groups, which TFF's
     # ClientWorkProcess does not accept): the same composition written out.
     private_type = initial_private_state.type_signature.result if initial_private_state is not None else None
-    slot_private_type = group_private_state_type or private_type
 
     @tff.federated_computation
     def initialize():
@@ -323,6 +316,9 @@ def compose_personalized_process(
     def build_next(update: tff.Computation) -> tff.Computation:
         """The round as a federated computation mapping `update` (the client work) over CLIENTS."""
         dataset_type = update.type_signature.parameter[1]
+        slot_private_type = private_type
+        if stateful and not update.type_signature.parameter[2].is_equivalent_to(private_type):
+            slot_private_type = update.type_signature.parameter[2]  # E.g. a group's stacked private states.
 
         def round_fn(state, client_data, private_states):
             distributed = distributor.next(state.distributor, state.global_model_weights)
@@ -366,7 +362,6 @@ def compose_personalized_process(
         private_state_type=private_type,
         initial_private_state_fn=initial_private_state,
         parts=parts,
-        packer=packer,
-        round_runner=round_runner,
+        backend=backend,
     )
     return process

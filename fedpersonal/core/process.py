@@ -14,6 +14,10 @@ rounds the states live in a `fedpersonal.client_state` store (see `fedpersonal.p
 Nothing derived only from private states reaches a SERVER-placed value (`fedpersonal.privacy.audit`).
 
 `get_model_weights(state)` returns the server's model weights (the global variables) from a state.
+
+`run_round` (what training loops call) is run by the process's `RoundBackend`: by default `PerClientBackend`,
+which calls `next` in TFF's runtime; a simulation backend (e.g. `fedpersonal.simulation.round_backend`'s grouped
+engine) may run the same round another way, with the same result. The process knows only this protocol.
 """
 
 from __future__ import annotations
@@ -22,6 +26,7 @@ from collections.abc import Callable
 from collections.abc import Sequence
 from typing import Any
 from typing import NamedTuple
+from typing import Protocol
 
 import tensorflow_federated as tff
 
@@ -31,9 +36,9 @@ from fedpersonal import errors
 class LazyDatasets(Sequence):
     """Clients' datasets (or any per-client inputs), each built when indexed: what `run_round` may take.
 
-    The engine reads only the datasets of clients it has not materialized before (`ClientPacker.pack` with client
-    ids), and building a client's tf.data pipeline costs ~10 ms, more than a whole engine round's client work on
-    MovieLens. (Also importable as `fedpersonal.simulation.packing.LazyDatasets`.)
+    A backend may read only the datasets of clients it has not materialized before (given their ids), and building
+    a client's tf.data pipeline costs ~10 ms, more than a whole engine round's client work on MovieLens. (Also
+    importable as `fedpersonal.simulation.packing.LazyDatasets`.)
     """
 
     def __init__(self, client_ids: Sequence[str], make: Callable[[str], Any]):
@@ -63,6 +68,53 @@ class ProcessOutput(NamedTuple):
     private_states: Any
 
 
+class RoundBackend(Protocol):
+    """What runs a `PersonalizedProcess`'s rounds (`PersonalizedProcess.run_round`); the process holds one.
+
+    `PerClientBackend` (the default) runs `next` in TFF's runtime. A simulation backend may run the round another
+    way (e.g. groups of clients compiled by XLA in the driver, `fedpersonal.simulation.round_backend`) with the
+    same result, and may use `process.run_next` for TFF's `next` (e.g. under a distributed runtime).
+    """
+
+    @property
+    def name(self) -> str:
+        """The backend's name: ``'per_client'``, ``'engine'``, ... (`PersonalizedProcess.simulation`)."""
+        ...
+
+    def run_round(
+        self,
+        process: PersonalizedProcess,
+        state: Any,
+        client_data: Sequence[Any],
+        private_states: Sequence[Any] | None,
+        *,
+        client_ids: Sequence[str] | None,
+    ) -> ProcessOutput:
+        """One round of `process`, as `PersonalizedProcess.run_round` documents it."""
+        ...
+
+
+class PerClientBackend:
+    """The per-client backend: a round is `next` in TFF's runtime, the clients' datasets as they are."""
+
+    name = 'per_client'
+
+    def run_round(
+        self,
+        process: PersonalizedProcess,
+        state: Any,
+        client_data: Sequence[Any],
+        private_states: Sequence[Any] | None,
+        *,
+        client_ids: Sequence[str] | None,
+    ) -> ProcessOutput:
+        del client_ids  # TFF reads every client's dataset each round.
+        return process.run_next(state, list(client_data), private_states)
+
+
+PER_CLIENT = PerClientBackend()
+
+
 class PersonalizedProcess(tff.templates.IterativeProcess):
     """A personalized federated learning process: the package's one process protocol.
 
@@ -73,12 +125,7 @@ class PersonalizedProcess(tff.templates.IterativeProcess):
         `tff.learning.templates.LearningProcess` it wraps (usable with TFF's own tooling); otherwise None.
       parts: Named building blocks of the process (client work, aggregations, ...) for tests, audits and
         analyses; their meaning is documented by each builder.
-      packer: None for the per-client path; for a simulation engine's process, the object that turns a round's
-        client datasets into `next`'s client inputs (e.g. `fedpersonal.simulation.packing.ClientPacker`):
-        ``pack(client_data, client_ids)``; ``packs_next_input = False`` when its output is for the round runner
-        only; and, when `next` takes the private states stacked per packed group,
-        ``stack_private_states(groups, private_states)`` and ``unstack_private_states(groups, stacked,
-        num_clients)``. The process only calls these, so `fedpersonal.core` needs nothing from the engine.
+      backend: The `RoundBackend` running `run_round` (default `PerClientBackend`).
     """
 
     def __init__(
@@ -92,14 +139,14 @@ class PersonalizedProcess(tff.templates.IterativeProcess):
         initial_private_state_fn: Callable[[], Any] | None = None,
         learning_process: tff.learning.templates.LearningProcess | None = None,
         parts: dict[str, Any] | None = None,
-        packer: Any = None,
-        round_runner: Callable[..., ProcessOutput] | None = None,
+        backend: RoundBackend | None = None,
     ):
         """Args: `initialize_fn` and `next_fn` as TFF's `IterativeProcess` takes them, the rest as the attributes.
 
-        With a `round_runner`, `next_fn` may also be a no-arg function building the `next` computation: it is
-        built (and checked) on first use of `next`, which `run_round` does not need; so an engine process traces
-        TFF's copy of its client work only when something uses `next` (the privacy audit, another runtime).
+        With a `backend` of its own, `next_fn` may also be a no-arg function building the `next` computation: it
+        is built (and checked) on first use of `next`, which such a backend's `run_round` may not need; so an
+        engine process traces TFF's copy of its client work only when something uses `next` (the privacy audit,
+        another runtime).
         """
         if (private_state_type is None) != (initial_private_state_fn is None):
             raise TypeError('private_state_type and initial_private_state_fn go together.')
@@ -108,8 +155,8 @@ class PersonalizedProcess(tff.templates.IterativeProcess):
             self._build_next: Callable[[], tff.Computation] | None = None
             self._set_next(initialize_fn, next_fn)
         else:
-            if round_runner is None:
-                raise TypeError('next_fn must be a tff.Computation unless a round_runner runs the rounds (run_round).')
+            if backend is None:
+                raise TypeError('next_fn must be a tff.Computation unless a backend runs the rounds (run_round).')
             if initialize_fn.type_signature.parameter is not None:
                 raise TypeError(f'initialize_fn takes no argument, got {initialize_fn.type_signature.parameter}.')
             self._initialize_fn = initialize_fn
@@ -121,8 +168,7 @@ class PersonalizedProcess(tff.templates.IterativeProcess):
         self._initial_private_state_fn = initial_private_state_fn
         self.learning_process = learning_process
         self.parts = dict(parts or {})
-        self.packer = packer
-        self._round_runner = round_runner
+        self.backend: RoundBackend = backend if backend is not None else PER_CLIENT
         self._secure: bool | None = None
 
     def _set_next(self, initialize_fn: tff.Computation, next_fn: tff.Computation) -> None:
@@ -149,19 +195,8 @@ class PersonalizedProcess(tff.templates.IterativeProcess):
 
     @property
     def simulation(self) -> str:
-        """``'engine'`` when a TFF client slot carries a packed group of logical clients, else ``'per_client'``."""
-        return 'per_client' if self.packer is None else 'engine'
-
-    def pack(self, client_data: Sequence[Any], *, client_ids: Sequence[str] | None = None) -> list[Any]:
-        """The `next` input for a round's client datasets.
-
-        The per-client path takes the datasets as they are; the fast simulation engine takes them packed into
-        fixed-shape groups of logical clients (`fedpersonal.simulation.packing`), materialized once per client
-        id when `client_ids` are given.
-        """
-        if self.packer is None:
-            return list(client_data)
-        return self.packer.pack(client_data, client_ids)
+        """The backend's name: ``'engine'`` when a simulation engine runs the rounds, else ``'per_client'``."""
+        return self.backend.name
 
     def run_round(
         self,
@@ -173,30 +208,25 @@ class PersonalizedProcess(tff.templates.IterativeProcess):
     ) -> ProcessOutput:
         """One round on the clients' datasets, the fastest way this process has; what training loops call.
 
-        Packs the datasets (`pack`) and runs the round: with the fast simulation engine, the groups' client
-        work compiled by XLA in this process and TFF's aggregation and server step
-        (`fedpersonal.simulation.driver`); otherwise `next` in TFF's runtime. Both give the same result.
+        The process's `backend` runs it: `next` in TFF's runtime (`PerClientBackend`), or, with the fast
+        simulation engine, the clients' work compiled by XLA in this process and TFF's aggregation and server
+        step (`fedpersonal.simulation.round_backend`). Both give the same result.
 
         Args:
           state: The server state.
           client_data: The sampled clients' datasets (any sequence, e.g. a `LazyDatasets` building each when read).
           private_states: A stateful process's private states of those clients.
-          client_ids: The clients' ids (the engine then materializes each client's data once).
+          client_ids: The clients' ids (a backend may then materialize each client's data once).
         """
-        from fedpersonal.runtime import distributed  # pylint: disable=g-import-not-at-top
+        return self.backend.run_round(self, state, client_data, private_states, client_ids=client_ids)
 
-        data = self.pack(client_data, client_ids=client_ids)
-        if self._round_runner is not None and not distributed.active():
-            private = list(private_states or []) if self.stateful else None
-            return self._round_runner(state, data, private, num_clients=len(client_data))
-        if not getattr(self.packer, 'packs_next_input', True):  # Packed for the round runner only.
-            data = list(client_data)
+    def run_next(self, state: Any, client_data: Sequence[Any], private_states: Sequence[Any] | None = None) -> Any:
+        """`next` in the current TFF runtime on these client inputs (and a stateful process's private states),
+        with a clear error where TFF's local runtime cannot run the process's secure aggregation."""
         try:
-            if self._private_states_per_group:  # The engine's `next` takes private states stacked per group.
-                return self._next_of_groups(state, data, list(private_states or []))
             if self.stateful:
-                return self.next(state, data, list(private_states or []))
-            return self.next(state, data)
+                return self.next(state, client_data, list(private_states or []))
+            return self.next(state, client_data)
         except Exception as error:  # pylint: disable=broad-except
             if 'Cannot embed a federated value' in str(error) and self.uses_secure_aggregation:
                 raise errors.ConfigError(
@@ -205,19 +235,6 @@ class PersonalizedProcess(tff.templates.IterativeProcess):
                     'fedpersonal.runtime.LocalRuntime(secure_sum_in_the_clear=True).'
                 ) from None
             raise
-
-    def _next_of_groups(self, state: Any, groups: Sequence[Any], private_states: Sequence[Any]) -> ProcessOutput:
-        """`next` of a stateful engine process: the clients' private states stacked per group (by the packer,
-        which owns the groups' layout), and back."""
-        output = self.next(state, groups, self.packer.stack_private_states(groups, private_states))
-        unstacked = self.packer.unstack_private_states(groups, output.private_states, len(private_states))
-        return ProcessOutput(output.state, output.metrics, unstacked)
-
-    @property
-    def _private_states_per_group(self) -> bool:
-        if not self.stateful or self.packer is None:
-            return False
-        return not self.next.type_signature.parameter[2].member.is_equivalent_to(self.private_state_type)
 
     @property
     def uses_secure_aggregation(self) -> bool:
@@ -252,8 +269,7 @@ def from_learning_process(
     learning_process: tff.learning.templates.LearningProcess,
     *,
     parts: dict[str, Any] | None = None,
-    packer: Any = None,
-    round_runner: Callable[..., ProcessOutput] | None = None,
+    backend: RoundBackend | None = None,
 ) -> PersonalizedProcess:
     """A stateless `PersonalizedProcess` running a TFF `LearningProcess` (e.g. one built by TFF itself).
 
@@ -273,6 +289,5 @@ def from_learning_process(
         global_weights_type=learning_process.get_model_weights.type_signature.result,
         learning_process=learning_process,
         parts=parts,
-        packer=packer,
-        round_runner=round_runner,
+        backend=backend,
     )

@@ -5,9 +5,10 @@ shape, composed from TFF's templates as TFF composes it: `initialize()`, `set_mo
 `get_model_weights(state)`, and `next(state, client_datasets)` whose metrics are
 ``metrics['client_work']['eval']['current_round_metrics' | 'total_rounds_metrics']`` (TFF's
 `SumThenFinalizeFactory` accumulating over calls), with `distributor`, `aggregator` and `finalizer` entries; the
-model weights never change. The client work is `fedpersonal.evaluation.build_recon_eval`'s (reconstruct the
-local variables on the first dataset of the split, optionally fine-tune, evaluate on the second), so the two
-builders agree on a client's metrics.
+model weights never change. The client work is `fedpersonal.evaluation.build_recon_eval`'s evaluation plan
+(`fedpersonal.core.eval_plan.EvalPlan`: reconstruct the local variables on the first dataset of the split,
+optionally fine-tune, evaluate on the second, iterated as the split iterates it), so the two builders agree on a
+client's metrics.
 
 Differences from TFF, on purpose (docs/MIGRATING.md): the default split is fedpersonal's `ReconstructionSplit()`
 (hash-based, disjoint support and query examples), not TFF's even/odd batches; `num_examples` is always reported
@@ -26,6 +27,7 @@ from tensorflow_federated.python.learning.templates import finalizers
 from fedpersonal.algorithms import dataset_split as dataset_split_lib
 from fedpersonal.algorithms import fed_recon
 from fedpersonal.algorithms import tff_names
+from fedpersonal.core import eval_plan
 from fedpersonal.evaluation import federated_evaluation
 from fedpersonal.models import partially_local_model
 
@@ -98,7 +100,13 @@ def build_fed_recon_eval(
         dataset_split_fn,
         dataset_split_lib.ReconstructionSplit(),
     )
-    split_fn = federated_evaluation.eval_split_fn(split, query_once=False)
+    plan = federated_evaluation.evaluation_plan(
+        dataset_split=split,
+        reconstruction_optimizer=reconstruction_optimizer,
+        finetune_optimizer=finetune_optimizer,
+        learn_local_init=learn_local_init,
+        query_once=False,
+    )
     if metrics_aggregation_process is not None and not isinstance(
         metrics_aggregation_process, tff.templates.AggregationProcess
     ):
@@ -118,15 +126,8 @@ def build_fed_recon_eval(
     )
     weights_type = initial_weights.type_signature.result
     metric_finalizers: collections.OrderedDict = collections.OrderedDict()
-    client_eval_fn = federated_evaluation.build_client_eval_fn(
-        model_fn,
-        loss_fn=loss_fn,
-        metrics_fn=metrics_fn,
-        split_fn=split_fn,
-        reconstruction_optimizer=reconstruction_optimizer,
-        finetune_optimizer=finetune_optimizer,
-        learn_local_init=learn_local_init,
-        metric_finalizers=metric_finalizers,
+    client_eval_fn = eval_plan.build_client_eval_fn(
+        plan, model_fn, loss_fn=loss_fn, metrics_fn=metrics_fn, metric_finalizers=metric_finalizers
     )
 
     @tff.tensorflow.computation(weights_type, tff.SequenceType(element_type))

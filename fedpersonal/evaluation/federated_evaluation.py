@@ -35,7 +35,9 @@ from fedpersonal import progress
 from fedpersonal.algorithms import dataset_split as dataset_split_lib
 from fedpersonal.algorithms import fed_recon
 from fedpersonal.algorithms import tff_names
+from fedpersonal.core import client_plan
 from fedpersonal.core import client_work
+from fedpersonal.core import eval_plan
 from fedpersonal.core.process import LazyDatasets
 from fedpersonal.simulation import options as simulation_options
 
@@ -55,16 +57,46 @@ def eval_split_fn(
     Raises:
       TypeError: `dataset_split` is neither.
     """
-    if isinstance(dataset_split, dataset_split_lib.ReconstructionSplit):
-        if query_once:
-            return dataset_split_lib.build_support_only_fn(dataset_split)
-        return dataset_split_lib.build_dataset_split_fn(dataset_split)
-    if callable(dataset_split):
+    split_fn: Any = fed_recon.data_split(_checked_split(dataset_split), query_once=query_once).dataset_fn
+    return split_fn
+
+
+def _checked_split(dataset_split: Any) -> fed_recon.SplitArg:
+    if isinstance(dataset_split, dataset_split_lib.ReconstructionSplit) or callable(dataset_split):
         return dataset_split
     raise TypeError(
         'dataset_split must be a ReconstructionSplit or a split function dataset -> (reconstruction dataset, '
         f'evaluation dataset), got {dataset_split!r}.'
     )
+
+
+def evaluation_plan(
+    *,
+    dataset_split: fed_recon.SplitArg | None,
+    reconstruction_optimizer: Any,
+    finetune_optimizer: Any,
+    learn_local_init: bool,
+    with_private_states: bool = False,
+    query_once: bool = True,
+) -> eval_plan.EvalPlan:
+    """The client evaluation every backend runs: ReconEval's (`fed_recon.recon_eval_plan`) with a split, else
+    StandardEval's (the whole dataset scored, the locals from their initial values, the learned default, or each
+    client's private state with `with_private_states`).
+
+    Raises:
+      TypeError: `dataset_split` is neither a `ReconstructionSplit` nor a split function.
+    """
+    if dataset_split is not None:
+        return fed_recon.recon_eval_plan(
+            reconstruction_optimizer=reconstruction_optimizer,
+            dataset_split=_checked_split(dataset_split),
+            finetune_optimizer=finetune_optimizer,
+            learn_local_init=learn_local_init,
+            query_once=query_once,
+        )
+    if with_private_states:
+        return eval_plan.EvalPlan(local_start=client_plan.KEPT)
+    return eval_plan.EvalPlan(local_start=client_plan.LEARNED if learn_local_init else client_plan.INITIAL)
 
 
 def build_client_eval_fn(
@@ -83,47 +115,18 @@ def build_client_eval_fn(
 
     With `split_fn`, the local variables are reconstructed on its first dataset (and the globals fine-tuned there
     with `finetune_optimizer`, if given) and the metrics computed on its second; without, on the whole dataset.
-    `metric_finalizers` is filled while tracing.
+    `metric_finalizers` is filled while tracing. The `evaluation_plan` of these arguments, run by
+    `fedpersonal.core.eval_plan.build_client_eval_fn`.
     """
-
-    @tf.function
-    def client_eval_fn(server_weights, dataset, private_state):
-        with tf.init_scope():
-            model = client_work.construct(model_fn)
-            metrics = client_work.build_metrics(metrics_fn, loss_fn, metric_finalizers)
-            loss = client_work.construct(loss_fn)
-            recon_opt = finetune_opt = None
-            if split_fn is not None:
-                recon_opt = client_work.prepare_optimizer(reconstruction_optimizer, model.local_trainable_variables)
-                if finetune_optimizer is not None:
-                    finetune_opt = client_work.prepare_optimizer(finetune_optimizer, model.global_trainable_variables)
-
-        global_trainable = list(model.global_trainable_variables)
-        num_global = len(global_trainable)
-        client_work.assign(global_trainable, server_weights.trainable[:num_global])
-        client_work.assign(model.global_non_trainable_variables, server_weights.non_trainable)
-        if learn_local_init:
-            client_work.assign(model.local_trainable_variables, server_weights.trainable[num_global:])
-        if private_state is not None:
-            client_work.assign_weights(client_work.local_weights(model), private_state)
-
-        if split_fn is not None:
-            support, query = split_fn(dataset)
-            client_work.reconstruct(model, support, recon_opt, loss)
-            if finetune_opt is not None:
-                client_work.optimizer_steps(
-                    global_trainable, support, finetune_opt, client_work.model_batch_loss(model, loss)
-                )
-        else:
-            query = dataset
-        client_work.evaluate_batches(model, query, metrics)
-        unfinalized = client_work.read_metrics(metrics)
-        finalized = collections.OrderedDict(
-            (name, tf.cast(metric_finalizers[name](value), tf.float32)) for name, value in unfinalized.items()
-        )
-        return unfinalized, finalized
-
-    return client_eval_fn
+    plan = evaluation_plan(
+        dataset_split=split_fn,
+        reconstruction_optimizer=reconstruction_optimizer,
+        finetune_optimizer=finetune_optimizer,
+        learn_local_init=learn_local_init,
+    )
+    return eval_plan.build_client_eval_fn(
+        plan, model_fn, loss_fn=loss_fn, metrics_fn=metrics_fn, metric_finalizers=metric_finalizers
+    )
 
 
 def initial_weights_and_element_type(
@@ -164,20 +167,22 @@ def _build_evaluation(
     group_size: int | None = None,
 ) -> Evaluation:
     simulation_options.check_simulation(simulation)
-    split_fn = eval_split_fn(dataset_split, query_once=True) if dataset_split is not None else None
+    plan = evaluation_plan(
+        dataset_split=dataset_split,
+        reconstruction_optimizer=reconstruction_optimizer,
+        finetune_optimizer=finetune_optimizer,
+        learn_local_init=learn_local_init,
+        with_private_states=with_private_states,
+    )
     if simulation == 'engine':
         from fedpersonal.simulation import evaluation as engine_evaluation  # pylint: disable=g-import-not-at-top
 
         simulation_options.check_engine_parts(metrics_aggregator=metrics_aggregator)
         return engine_evaluation.GroupEvaluation(
+            plan,
             model_fn,
             loss_fn=loss_fn,
             metrics_fn=metrics_fn,
-            dataset_split=dataset_split,
-            reconstruction_optimizer=reconstruction_optimizer,
-            finetune_optimizer=finetune_optimizer,
-            learn_local_init=learn_local_init,
-            with_private_states=with_private_states,
             per_client_sample_size=per_client_sample_size,
             group_size=group_size,
         )
@@ -185,15 +190,8 @@ def _build_evaluation(
     weights_type = initial_weights.type_signature.result
     dataset_type = tff.SequenceType(element_type)
     metric_finalizers: collections.OrderedDict = collections.OrderedDict()
-    client_eval_fn = build_client_eval_fn(
-        model_fn,
-        loss_fn=loss_fn,
-        metrics_fn=metrics_fn,
-        split_fn=split_fn,
-        reconstruction_optimizer=reconstruction_optimizer,
-        finetune_optimizer=finetune_optimizer,
-        learn_local_init=learn_local_init,
-        metric_finalizers=metric_finalizers,
+    client_eval_fn = eval_plan.build_client_eval_fn(
+        plan, model_fn, loss_fn=loss_fn, metrics_fn=metrics_fn, metric_finalizers=metric_finalizers
     )
 
     def aggregate_results(unfinalized, per_client):

@@ -7,6 +7,8 @@
   what a group can pre-aggregate;
 * `silo_engine`: cross-silo rounds (HPFL) from their `fedpersonal.core.RoundFunctions`, each client one compiled
   program in the driver.
+* `round_backend`: `EngineBackend`, an engine process's `fedpersonal.core.RoundBackend` (its packer and round
+  runner: what `process.run_round` runs).
 
 `plan_engine` composes these into the group client work of a `fedpersonal.core.client_plan.ClientPlan` (FedRecon,
 FedAvg, FURL, Ditto, FedPer, ...; FedDVA and HPFL still compose their own); one TFF client slot then carries a

@@ -1,17 +1,17 @@
 """Federated evaluation on the fast simulation engine: many clients' evaluation as compiled groups.
 
-`GroupEvaluation` is the engine twin of the per-client TFF computations of `fedpersonal.evaluation`
-(`build_recon_eval`, `build_standard_eval`, `build_private_state_eval`), with the same inputs and outputs
-and the same client work, step for step:
+`GroupEvaluation` is the engine's backend of a client evaluation plan (`fedpersonal.core.eval_plan.EvalPlan`), the
+plan the per-client TFF computations of `fedpersonal.evaluation` (`build_recon_eval`, `build_standard_eval`,
+`build_private_state_eval`) run with `eval_plan.build_client_eval_fn`; same inputs and outputs:
 
-1. each client's dataset is packed once per cache key (`fedpersonal.simulation.packing`): ReconEval's support
-   set (its reconstruction epochs and step cap) and query set (one plain pass), as
-   `dataset_split.build_support_only_fn` iterates them, else the whole dataset as the query;
+1. each client's data is packed once per cache key (`plan_engine.split_packer`): every part of the plan's split
+   that a phase or the scoring reads (ReconEval's support set with its reconstruction epochs and step cap, its
+   query set in one plain pass), as the per-client backend iterates them, else the whole dataset;
 2. a group's clients start from the server's global weights and their local weights: a learned or seeded
-   initial default, or each client's own private state;
-3. ReconEval reconstructs the local weights on the support set (`lockstep.lockstep_steps`, the clients in
-   lockstep, XLA where it pays) and, for FedRecon+Finetune, then trains the globals on the support set too;
-4. every query batch's inference-mode predictions, vectorized over the group (one model call when no client
+   initial default, or each client's own private state (`EvalPlan.local_start`);
+3. the plan's phases train their weights on their parts (`lockstep.lockstep_steps`, the clients in lockstep,
+   XLA where it pays): ReconEval's reconstruction of the locals, FedRecon+Finetune's globals;
+4. every scored batch's inference-mode predictions, vectorized over the group (one model call when no client
    has weights of its own);
 5. each client's Keras metrics are updated with its own batches, as `client_work.evaluate_batches` updates
    them, in a compiled loop over the group's clients: per-client unfinalized values (summed over clients and
@@ -24,8 +24,6 @@ became most of an experiment's time (e.g. FURL's evaluation of all 2,380 ASSISTm
 from __future__ import annotations
 
 import collections
-import dataclasses
-import functools
 from collections.abc import Callable
 from collections.abc import Sequence
 from typing import Any
@@ -35,14 +33,16 @@ import tensorflow as tf
 import tensorflow_federated as tff
 
 from fedpersonal import progress
-from fedpersonal.algorithms import dataset_split as dataset_split_lib
+from fedpersonal.core import client_plan
 from fedpersonal.core import client_work
+from fedpersonal.core import eval_plan
 from fedpersonal.models import partially_local_model
 from fedpersonal.simulation import driver
 from fedpersonal.simulation import functional
 from fedpersonal.simulation import lockstep
 from fedpersonal.simulation import options
 from fedpersonal.simulation import packing
+from fedpersonal.simulation import plan_engine
 
 PREDICTIONS_BUDGET_BYTES = 1 << 30  # Per group: its query predictions, float32, with 2 more copies in the loss.
 
@@ -54,76 +54,53 @@ class GroupEvaluation:
     `build_private_state_eval` (``simulation='engine'``, their default).
 
     Args:
+      plan: The client evaluation (`fedpersonal.core.eval_plan.EvalPlan`), as the per-client backend runs it
+        (`eval_plan.build_client_eval_fn`).
       model_fn: No-arg function returning the `ReconstructionModel` (as for the per-client computations).
-      loss_fn: The loss (reconstruction, fine-tuning, and the reported `loss` metric).
+      loss_fn: The loss (the plan's phases, and the reported `loss` metric).
       metrics_fn: The Keras metrics (`loss` and `num_examples` are added).
-      dataset_split: ReconEval's split (a `ReconstructionSplit`, or a TFF-style split function whose two datasets
-        are the support set and the evaluated query set), or None (StandardEval, private-state evaluation).
-      reconstruction_optimizer: ReconEval's reconstruction optimizer.
-      finetune_optimizer: Optional: the globals also train on the support set (FedRecon+Finetune).
-      learn_local_init: The weights carry learned local defaults after the globals.
-      with_private_states: Each client evaluates with its own private state (FURL).
       per_client_sample_size: The most clients whose own metrics are returned (a seeded uniform sample beyond).
       group_size: The most clients per compiled group (default: within the engine's memory budget).
     """
 
     def __init__(
         self,
+        plan: eval_plan.EvalPlan,
         model_fn: Callable[[], Any],
         *,
         loss_fn: Callable[[], tf.keras.losses.Loss],
         metrics_fn: Callable[[], list[tf.keras.metrics.Metric]] | None,
-        dataset_split: dataset_split_lib.ReconstructionSplit | dataset_split_lib.DatasetSplitFn | None,
-        reconstruction_optimizer: tff.learning.optimizers.Optimizer | None,
-        finetune_optimizer: tff.learning.optimizers.Optimizer | None,
-        learn_local_init: bool,
-        with_private_states: bool,
         per_client_sample_size: int,
         group_size: int | None = None,
     ):
-        for role, optimizer in (
-            ('reconstruction_optimizer', reconstruction_optimizer),
-            ('finetune_optimizer', finetune_optimizer),
-        ):
-            if optimizer is not None:
-                lockstep.check_optimizer(optimizer, role)
+        for phase in plan.phases:
+            lockstep.check_optimizer(phase.optimizer, f"the evaluation's {'/'.join(phase.trains)} optimizer")
         self._model = model = functional.FunctionalModel(model_fn)
         initial = model.initial_weights
         self._num_global = len(initial.global_trainable)
-        self._reconstruct = dataset_split is not None
-        self._with_private_states = with_private_states
+        self._with_private_states = plan.local_start == client_plan.KEPT
         self._per_client_sample_size = per_client_sample_size
-        local_slots = [(functional.LOCAL_TRAINABLE, i) for i in range(len(initial.local_trainable))]
-        global_slots = [(functional.GLOBAL_TRAINABLE, i) for i in range(self._num_global)]
+        slots = {
+            client_plan.GLOBAL: [(functional.GLOBAL_TRAINABLE, i) for i in range(self._num_global)],
+            client_plan.LOCAL: [(functional.LOCAL_TRAINABLE, i) for i in range(len(initial.local_trainable))],
+        }
         per_client: list[np.ndarray] = []
-        if self._reconstruct or with_private_states:
+        if plan.phases or self._with_private_states:
             per_client += list(initial.local_trainable) + list(initial.local_non_trainable)
-        if finetune_optimizer is not None:
+        if plan.trains(client_plan.GLOBAL):
             per_client += list(initial.global_trainable)
-        phase_fn: packing.PhaseFn | None = None
-        batch_phase_fn: packing.BatchPhaseFn | None
-        if isinstance(dataset_split, dataset_split_lib.ReconstructionSplit):
-            # The query set is one plain pass (`build_support_only_fn`); the support set keeps epochs and cap.
-            query_once = dataclasses.replace(dataset_split, post_recon_epochs=1, post_recon_steps_max=None)
-            phase_names: tuple[str, ...] = ('support', 'query')
-            batch_phase_fn = functools.partial(dataset_split_lib.split_batches, split=query_once)
-        elif dataset_split is not None:  # A TFF-style split function, its two datasets iterated as they are.
-            phase_names, phase_fn, batch_phase_fn = ('support', 'query'), dataset_split, None
-        else:
-            phase_names = ('query',)
-            batch_phase_fn = lambda batches: (batches,)
+        # Each distinct (part, passes) the plan reads is packed once, e.g. FedRecon+Finetune's support set.
+        uses = list(dict.fromkeys([(p.data, p.epochs) for p in plan.phases] + [(plan.scores, 1)]))
+        names = tuple(f'{data or "dataset"}_x{epochs}' for data, epochs in uses)
+        phase_names = [names[uses.index((p.data, p.epochs))] for p in plan.phases]
+        self._scored = scored = names[uses.index((plan.scores, 1))]
         element_spec = model.input_spec  # From the functional model's model_fn call (None: a plain Keras model).
         if element_spec is None:
             with tf.Graph().as_default():
                 element_spec = model_fn().input_spec
-        self._packer = packing.ClientPacker(
-            phase_fn,
-            phase_names,
-            element_spec,
-            group_size or options.default_group_size(per_client),
-            batch_phase_fn=batch_phase_fn,
+        self._packer = plan_engine.split_packer(
+            plan.split, uses, names, element_spec, group_size or options.default_group_size(per_client)
         )
-        self._finalizers: collections.OrderedDict = collections.OrderedDict()
         self._finalize = driver.KerasMetricsFinalizer(
             lambda: client_work.build_metrics(metrics_fn, loss_fn, collections.OrderedDict())
         )
@@ -131,28 +108,25 @@ class GroupEvaluation:
 
         @tf.function(jit_compile=model.xla)
         def predict(received, non_trainable, group, local_trainable, local_non_trainable):
-            """Reconstruction (and fine-tuning), then every query batch's predictions and batch loss."""
+            """The plan's phases, then every scored batch's predictions and batch loss."""
             weights = functional.Parts(
                 received[: self._num_global], non_trainable, local_trainable, local_non_trainable
             )
-            if self._reconstruct:
-                weights, _ = lockstep.lockstep_steps(
-                    model, weights, local_slots, group['support'], reconstruction_optimizer, loss
-                )
-                if finetune_optimizer is not None:
-                    weights, _ = lockstep.lockstep_steps(
-                        model, weights, global_slots, group['support'], finetune_optimizer, loss
-                    )
-            return _query_predictions(model, weights, group['query'], loss)
+            for phase, name in zip(plan.phases, phase_names):
+                trained = [
+                    s for part in (client_plan.GLOBAL, client_plan.LOCAL) if part in phase.trains for s in slots[part]
+                ]
+                weights, _ = lockstep.lockstep_steps(model, weights, trained, group[name], phase.optimizer, loss)
+            return _query_predictions(model, weights, group[scored], loss)
 
         self._metrics: list[tf.keras.metrics.Metric] = []  # Built eagerly before the first call (`__call__`).
-        self._build_metrics = lambda: client_work.build_metrics(metrics_fn, loss_fn, self._finalizers)
+        self._build_metrics = lambda: client_work.build_metrics(metrics_fn, loss_fn, collections.OrderedDict())
 
         @tf.function
         def group_eval(received, non_trainable, group, local_trainable, local_non_trainable, num_real):
             metrics = self._metrics
             predictions, batch_loss = predict(received, non_trainable, group, local_trainable, local_non_trainable)
-            query = group['query']
+            query = group[scored]
             labels = partially_local_model.split_batch(query['batch'])[1]
             return _per_client_metrics(metrics, loss, labels, predictions, query['mask'], batch_loss, num_real)
 
@@ -163,7 +137,7 @@ class GroupEvaluation:
     def _group_size_within_budget(self, groups: Sequence[Any]) -> int:
         """The largest group size whose query predictions (and the loss's copies of them, 3 in all) fit the
         memory budget, e.g. a next-word model's ``[examples, length, vocabulary]`` logits."""
-        mask = groups[0]['query']['mask']  # [clients, steps, batch]
+        mask = groups[0][self._scored]['mask']  # [clients, steps, batch]
         per_client = 3 * 4 * int(np.prod(mask.shape[1:])) * self._output_elements
         return int(max(1, min(self._packer.group_size, PREDICTIONS_BUDGET_BYTES // max(per_client, 1))))
 
@@ -292,7 +266,10 @@ def _query_predictions(model: functional.FunctionalModel, weights: functional.Pa
             return tf.nest.map_structure(lambda t: tf.reshape(t, tf.concat([[steps, batch], tf.shape(t)[1:]], 0)), out)
 
         predictions = lockstep.for_each_client(
-            client_predictions, ([weights[g][i] for g, i in own], x), pfor_loops=model.pfor_loops
+            client_predictions,
+            ([weights[g][i] for g, i in own], x),
+            vectorize=getattr(model, 'vectorizes', True),
+            pfor_loops=model.pfor_loops,
         )
     flat = lambda t: _flatten_examples(t, 2)
     batch_loss = tf.reshape(

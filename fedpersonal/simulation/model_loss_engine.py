@@ -41,6 +41,7 @@ from fedpersonal.simulation import group as group_lib
 from fedpersonal.simulation import lockstep
 from fedpersonal.simulation import options as simulation_options
 from fedpersonal.simulation import packing
+from fedpersonal.simulation import round_backend
 
 
 def _groups(model: model_loss_plan.PhasedModel) -> tuple[Sequence[tf.Variable], ...]:
@@ -176,9 +177,7 @@ def build_engine_process(
         model_aggregator=tff.aggregators.MeanFactory(),
         server_optimizer=server_optimizer,
         aggregate_metrics=compose.ratio_metrics(),
-        packer=packer,
-        round_runner=runner,
-        group_private_state_type=group_private_type,
+        backend=round_backend.EngineBackend(packer, runner, stacks_private_states=group_private_type is not None),
     )
 
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import collections
 from collections.abc import Callable
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
@@ -26,6 +27,8 @@ from fedpersonal.simulation import group as group_lib
 from fedpersonal.simulation import lockstep
 from fedpersonal.simulation import options as simulation_options
 from fedpersonal.simulation import packing
+from fedpersonal.simulation import round_backend
+from fedpersonal.simulation import step_kind_engine
 
 
 def unsupported(
@@ -37,9 +40,6 @@ def unsupported(
     model_distributor: Any = None,
 ) -> str | None:
     """Why the engine cannot run `plan` with these parts, or None if it can (every engine check, in one place)."""
-    steps = [type(p.step).__name__ for p in plan.phases if p.step is not None]
-    if steps:  # Not yet in `lockstep.lockstep_steps`.
-        return f'The fast simulation engine does not run the step kind {steps[0]} yet'
     try:
         for i, phase in enumerate(plan.phases):
             lockstep.check_optimizer(phase.optimizer, f'the optimizer of phase {i}')
@@ -57,27 +57,38 @@ def unsupported(
 
 def _packer(plan: client_plan.ClientPlan, element_spec: Any, group_size: int) -> packing.ClientPacker:
     """Packs each phase's batches (its part of the plan's split, or the whole dataset; `Phase.epochs` passes), as
-    the per-client backend iterates them; with the split's `batches_fn` from the client's batches in memory."""
+    the per-client backend iterates them."""
     names = tuple(f'phase_{i}' for i in range(len(plan.phases)))
-    split = plan.split
+    return split_packer(plan.split, [(p.data, p.epochs) for p in plan.phases], names, element_spec, group_size)
 
-    def part(phase: client_plan.Phase, whole: Any, parts: Any) -> Any:
-        if phase.data is None or split is None:
+
+def split_packer(
+    split: client_plan.DataSplit | None,
+    uses: Sequence[tuple[str | None, int]],
+    names: Sequence[str],
+    element_spec: Any,
+    group_size: int,
+) -> packing.ClientPacker:
+    """Packs, under each of `names`, the batches of a use ``(part of split or None: the whole dataset, passes)`` as
+    the per-client backend iterates them; with the split's `batches_fn` from the client's batches in memory."""
+
+    def part(data: str | None, whole: Any, parts: Any) -> Any:
+        if data is None or split is None:
             return whole
-        return parts[split.names.index(phase.data)]
+        return parts[split.names.index(data)]
 
     if split is None or split.batches_fn is not None:
         batches_fn = split.batches_fn if split is not None else None
 
         def batch_phases(batches: list[Any]) -> tuple[list[Any], ...]:
             parts = batches_fn(batches) if batches_fn is not None else ()
-            return tuple(list(part(p, batches, parts)) * p.epochs for p in plan.phases)
+            return tuple(list(part(data, batches, parts)) * epochs for data, epochs in uses)
 
         return packing.ClientPacker(None, names, element_spec, group_size, batch_phase_fn=batch_phases)
 
     def dataset_phases(dataset: tf.data.Dataset) -> tuple[tf.data.Dataset, ...]:
         parts = split.dataset_fn(dataset)
-        return tuple(part(p, dataset, parts).repeat(p.epochs) for p in plan.phases)
+        return tuple(part(data, dataset, parts).repeat(epochs) for data, epochs in uses)
 
     return packing.ClientPacker(dataset_phases, names, element_spec, group_size)
 
@@ -102,6 +113,7 @@ def build_engine_process(
     initial = client_plan.plan_initial_weights(plan, model_fn)
     # Batch norm's moving statistics are carried per client through the phases (FedBN keeps them local).
     model = functional.FunctionalModel(model_fn, batch_norm=True)
+    step_kind_engine.check(plan.phases, model)
     base = model.initial_weights
     num_global = len(base.global_trainable)
     learned = plan.local_start == client_plan.LEARNED
@@ -164,6 +176,22 @@ def build_engine_process(
                         train_slots = train_slots + [(functional.GLOBAL_TRAINABLE, len(slots[client_plan.GLOBAL]))]
                     examples = tf.reduce_sum(group[name]['mask'], axis=[1, 2])
                     client_weight = group_lib.client_weights(client_weighting, examples)
+                    if phase.step is not None:  # Per-FedAvg's, pFedMe's (theta: the personal copy's weights).
+                        weights, theta, phase_steps = step_kind_engine.step_kind_steps(
+                            model,
+                            phase.step,
+                            weights,
+                            train_slots,
+                            group[name],
+                            phase.optimizer,
+                            loss,
+                            metrics=metrics[phase.metrics_prefix] if phase.reports_metrics else (),
+                        )
+                        if theta is not None:
+                            personal = functional.Parts(theta, weights.global_non_trainable, [], [])
+                        if i == plan.global_phase:
+                            weight, steps = client_weight, phase_steps
+                        continue
                     stepped, phase_steps = lockstep.lockstep_steps(
                         stepped_model,
                         personal if client_plan.PERSONAL in parts else weights,
@@ -280,9 +308,7 @@ def build_engine_process(
         model_aggregator=aggregator,
         server_optimizer=server_optimizer,
         aggregate_metrics=compose.keras_metrics(finalizers, tff.learning.metrics.sum_then_finalize),
-        packer=packer,
-        round_runner=runner,
-        group_private_state_type=group_private_type,
+        backend=round_backend.EngineBackend(packer, runner, stacks_private_states=group_private_type is not None),
     )
 
 

@@ -42,6 +42,7 @@ from fedpersonal.core import process as process_lib
 from fedpersonal.core.round_functions import RoundFunctions
 from fedpersonal.simulation import group as group_lib
 from fedpersonal.simulation import packing
+from fedpersonal.simulation import round_backend
 
 _MIN_ROWS = 16  # Smallest table cut (fewer compiled shapes).
 
@@ -64,9 +65,12 @@ def unsupported(functions: RoundFunctions) -> str | None:
     return None
 
 
-def build(functions: RoundFunctions) -> tuple[SiloPacker, SiloRoundRunner]:
-    """The packer and round runner of a process running `functions` on the engine (check `unsupported` first)."""
-    return SiloPacker(repeats=functions.dataset_repeats), SiloRoundRunner(functions)
+def build(functions: RoundFunctions) -> round_backend.EngineBackend:
+    """The backend of a process running `functions` on the engine (check `unsupported` first): its packer and
+    round runner; the process's TFF `next` takes the clients' data as they are."""
+    return round_backend.EngineBackend(
+        SiloPacker(repeats=functions.dataset_repeats), SiloRoundRunner(functions), next_takes_packed=False
+    )
 
 
 def _pow2(n: int) -> int:
@@ -88,9 +92,6 @@ class SiloPacker:
     Args:
       repeats: How often each dataset field is iterated (its batches repeated, in the order TFF iterates them).
     """
-
-    # Its clients are for the round runner only: the process's TFF `next` takes the datasets as they are.
-    packs_next_input = False
 
     def __init__(self, *, repeats: Mapping[str, int]):
         self._repeats = dict(repeats)

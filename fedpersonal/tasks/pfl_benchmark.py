@@ -37,7 +37,7 @@ the last round, the best one so far (PFLlib's leaderboard number is that best, t
 the last 10% of rounds.
 
 Where this differs from PFLlib: a client's batches come in the same order every round (its train rows in the
-seed's order; PFLlib reshuffles every epoch and drops a last partial batch).
+seed's order; PFLlib reshuffles every epoch). As PFLlib, a last partial train batch is dropped.
 """
 
 from __future__ import annotations
@@ -260,7 +260,7 @@ class Benchmark:
         self._test = data.client_data('test')
 
     def train_dataset(self, dataset: tf.data.Dataset) -> tf.data.Dataset:
-        return dataset.batch(self.config.batch_size)
+        return dataset.batch(self.config.batch_size, drop_remainder=True)  # As PFLlib's DataLoader (drop_last).
 
     def test_dataset(self, client_id: str) -> tf.data.Dataset:
         return self._test.create_tf_dataset_for_client(client_id).batch(EVAL_BATCH)

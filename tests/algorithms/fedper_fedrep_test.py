@@ -155,7 +155,7 @@ def initial():
 def test_every_backend_equals_a_plain_loop(initial, name, backend):
     arrays = client_arrays()
     process = build(name, backend)
-    assert (process.packer is not None) == (backend == 'engine')
+    assert process.simulation == backend
     state = process.initialize()
     body, head = initial
     np.testing.assert_allclose(process.get_model_weights(state).trainable[0], body[0])
@@ -225,7 +225,7 @@ def test_an_aggregator_the_engine_cannot_run_falls_back_to_the_per_client_backen
     aggregator = tff.learning.robust_aggregator(zeroing=True, clipping=False)
     with mock.patch.object(backends.logging, 'info') as log:
         process = build('fedper', 'engine', model_aggregator=aggregator)
-    assert process.packer is None
+    assert process.simulation == 'per_client'
     (message, *args), _ = log.call_args
     assert (message % tuple(args)).startswith('FedPer runs on the per-client backend: The fast simulation engine')
     arrays = client_arrays()

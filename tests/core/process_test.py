@@ -1,4 +1,5 @@
-"""The process protocol's checks, for a `next` given as a computation and for one built on first use."""
+"""The process protocol's checks, for a `next` given as a computation and for one built on first use, and the
+`RoundBackend` that runs its rounds."""
 
 import numpy as np
 import pytest
@@ -25,8 +26,23 @@ def bare_next(state, data):
     return state, tff.federated_mean(data)
 
 
-def process(next_fn, round_runner=lambda *args, **kwargs: None):
-    return core.PersonalizedProcess(initialize, next_fn, get_model_weights=lambda s: s, round_runner=round_runner)
+class RecordingBackend:
+    """A backend that records its calls and answers with a fixed output."""
+
+    name = 'recording'
+
+    def __init__(self):
+        self.calls = []
+
+    def run_round(self, process, state, client_data, private_states, *, client_ids):
+        self.calls.append((process, state, client_data, private_states, client_ids))
+        return core.ProcessOutput(state=state, metrics='recorded', private_states=())
+
+
+def process(next_fn, backend=None):
+    return core.PersonalizedProcess(
+        initialize, next_fn, get_model_weights=lambda s: s, backend=RecordingBackend() if backend is None else backend
+    )
 
 
 def test_next_built_on_first_use_is_built_once_and_checked_like_a_given_one():
@@ -53,6 +69,23 @@ def test_next_that_is_not_a_process_round_is_refused_given_or_built():
             _ = lazy.next
 
 
-def test_next_built_on_first_use_needs_a_round_runner():
-    with pytest.raises(TypeError, match='unless a round_runner'):
-        process(lambda: good_next, round_runner=None)
+def test_next_built_on_first_use_needs_a_backend_of_its_own():
+    with pytest.raises(TypeError, match='unless a backend runs the rounds'):
+        core.PersonalizedProcess(initialize, lambda: good_next, get_model_weights=lambda s: s)
+
+
+def test_the_default_backend_runs_next_in_tff():
+    default = core.PersonalizedProcess(initialize, good_next, get_model_weights=lambda s: s)
+    assert isinstance(default.backend, core.PerClientBackend) and default.simulation == 'per_client'
+    output = default.run_round(np.float32(1.0), (np.float32(2.0), np.float32(6.0)), client_ids=['a', 'b'])
+    assert output.state == pytest.approx(1.0) and output.metrics == pytest.approx(4.0)
+
+
+def test_run_round_is_the_backends_round():
+    backend = RecordingBackend()
+    recorded = process(good_next, backend)
+    assert recorded.simulation == 'recording'
+    data = [np.float32(2.0)]
+    output = recorded.run_round(np.float32(1.0), data, client_ids=['a'])
+    assert output.metrics == 'recorded'
+    assert backend.calls == [(recorded, np.float32(1.0), data, None, ['a'])]

@@ -51,7 +51,7 @@ def bn_model_fn():
 
 def run(simulation, data, *, tff_next=False, model=model_fn, **kwargs):
     """Three rounds; with `tff_next`, an engine process runs them with its TFF `next` instead of its round runner
-    (as in a distributed runtime: the private states stacked per group by its packer, and back)."""
+    (as in a distributed runtime: the private states stacked per group by its backend's packer, and back)."""
     process = ditto.build_ditto(
         model,
         element_spec=SPEC,
@@ -61,16 +61,17 @@ def run(simulation, data, *, tff_next=False, model=model_fn, **kwargs):
         simulation=simulation,
         **kwargs,
     )
-    if tff_next:
-        process._round_runner = None  # pylint: disable=protected-access
+    run_round = process.run_round
+    if tff_next:  # What the engine backend runs under a distributed runtime.
+        run_round = lambda *args: process.backend.run_next(process, *args)
     state = process.initialize()
     personal = {c: process.initial_private_state() for c in range(len(data))}
     for cohort in ([0, 1, 2, 3], [2, 0], [3, 1, 0]):
-        out = process.run_round(state, [data[c] for c in cohort], [personal[c] for c in cohort])
+        out = run_round(state, [data[c] for c in cohort], [personal[c] for c in cohort])
         state = out.state
         personal.update(zip(cohort, out.private_states))
     if simulation == 'engine' and not tff_next:
-        assert process._round_runner.traces == 1  # Traced once for the experiment, not per round or group.
+        assert process.backend.round_runner.traces == 1  # Traced once for the experiment, not per round or group.
     return process.get_model_weights(state), out.metrics['client_work']['train'], personal
 
 
@@ -124,7 +125,7 @@ def test_a_model_the_engine_cannot_run_falls_back_to_the_per_client_backend_sayi
 
     with mock.patch.object(backends.logging, 'info') as log:
         process = ditto.build_ditto(bn_model, element_spec=SPEC)
-    assert process.packer is None  # The per-client backend.
+    assert process.simulation == 'per_client'
     (message, *args), _ = log.call_args
     assert 'Ditto runs on the per-client backend' in message % tuple(args)
     assert 'plain BatchNormalization only' in message % tuple(args)

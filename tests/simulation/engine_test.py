@@ -75,7 +75,7 @@ def run(process, rounds, datasets, through_tff=False):
     state, ids = process.initialize(), [str(i) for i in range(len(datasets))]
     for _ in range(rounds):
         if through_tff:  # `next` in TFF's runtime (no XLA there), instead of the driver's compiled round.
-            output = process.next(state, process.pack(datasets, client_ids=ids))
+            output = process.next(state, process.backend.pack(datasets, client_ids=ids))
         else:
             output = process.run_round(state, datasets, client_ids=ids)
         state = output.state
@@ -101,7 +101,7 @@ def test_engine_equals_per_client_path(name):
     process = build(CONFIGS[name], 'engine', group_size=4)
     engine = run(process, 3, datasets)  # Two groups, the last padded.
     assert_same(*engine, *reference)
-    assert process._round_runner.traces == 1  # Traced once for the experiment, not per round or group.
+    assert process.backend.round_runner.traces == 1  # Traced once for the experiment, not per round or group.
     initial = reference_process.initialize().global_model_weights.trainable[0]
     assert not np.allclose(reference[0].trainable[0], initial)  # The rounds trained something.
 

@@ -66,7 +66,7 @@ def test_furl_engine_equals_per_client_path(name):
     reference = run(build(name, 'per_client'), cohorts, data)
     process = build(name, 'engine', group_size=2)
     engine = run(process, cohorts, data)
-    assert process._round_runner.traces == 1  # Traced once for the experiment: cohorts of 5, 2 and 4 clients.
+    assert process.backend.round_runner.traces == 1  # Traced once for the experiment: cohorts of 5, 2 and 4 clients.
     for a, b in zip(tf.nest.flatten(engine[0]), tf.nest.flatten(reference[0])):
         np.testing.assert_allclose(a, b, atol=1e-5)
     for c in reference[2]:

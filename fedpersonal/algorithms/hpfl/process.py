@@ -171,7 +171,7 @@ def build_process(
         else None,
     )
     with backends.use(simulation or backends.current()):
-        packer, round_runner = backends.silo_engine_parts(functions, name=name)
+        backend = backends.silo_engine_backend(functions, name=name)
 
     @tff.tensorflow.computation(work.report_type)
     def client_metric_sums(report):
@@ -194,8 +194,7 @@ def build_process(
         post_aggregation=stage if spec.personalizes else None,
         client_metrics_key=None,
         parts=dict(spec=spec, name=name, config=config, functions=functions),
-        packer=packer,
-        round_runner=round_runner,
+        backend=backend,
     )
     process.parts.update(_named_parts(process, types, work, server))
     return process
