@@ -18,6 +18,9 @@ Every builder returns a `fedpersonal.core.PersonalizedProcess` (`initialize`, `n
 * `build_per_fedavg`: Per-FedAvg (a meta-learned global model, first-order or Hessian-free) and `build_pfedme`:
   pFedMe (personalized theta solving a proximal inner problem per batch), plans with a step kind
   (`fedpersonal.core.step_kinds`) run by every backend;
+* `build_fedala`: FedALA (each client's model aggregated element-wise with the global one by learned weights at
+  the start of its round; per-client backend) and `build_fedrod`: FedRoD (a shared body and balanced-softmax
+  generic head, a personal head as private state; a plan of model-defined losses, every backend);
 * `build_feddva`: FedDVA (shared dual encoders, private decoders and heads);
 * `build_hpfl`, `build_hpfl_baseline`: HPFL and its federated baselines on the GUM;
 * `compose_personalized_process`: the composer for a new method (see docs/ARCHITECTURE.md).
@@ -32,12 +35,14 @@ from fedpersonal.algorithms.dataset_split import build_dataset_split_fn
 from fedpersonal.algorithms.ditto import build_ditto
 from fedpersonal.algorithms.fed_avg import build_fed_avg
 from fedpersonal.algorithms.fed_recon import build_fed_recon
+from fedpersonal.algorithms.fedala import build_fedala
 from fedpersonal.algorithms.fedbabu import build_fedbabu
 from fedpersonal.algorithms.fedbn import build_fedbn
 from fedpersonal.algorithms.feddva import build_feddva
 from fedpersonal.algorithms.fedper import build_fedper
 from fedpersonal.algorithms.fedprox import build_fedprox
 from fedpersonal.algorithms.fedrep import build_fedrep
+from fedpersonal.algorithms.fedrod import build_fedrod
 from fedpersonal.algorithms.furl import build_furl
 from fedpersonal.algorithms.hpfl import build_baseline as build_hpfl_baseline
 from fedpersonal.algorithms.hpfl import build_hpfl
@@ -53,12 +58,14 @@ __all__ = [
     'build_ditto',
     'build_fed_avg',
     'build_fed_recon',
+    'build_fedala',
     'build_fedbabu',
     'build_fedbn',
     'build_feddva',
     'build_fedper',
     'build_fedprox',
     'build_fedrep',
+    'build_fedrod',
     'build_furl',
     'build_hpfl',
     'build_hpfl_baseline',

@@ -40,6 +40,7 @@ import tensorflow_federated as tff
 
 from fedpersonal.core import client_work
 from fedpersonal.core import compose
+from fedpersonal.core import local_aggregation as aggregation_lib
 from fedpersonal.core import process as process_lib
 from fedpersonal.core import step_kinds
 from fedpersonal.models import partially_local_model
@@ -180,7 +181,13 @@ class ClientPlan:
 
     Phases with model-defined losses (`Phase.loss`: all of a plan's phases or none) may train the global weights in
     several phases or none; with `counts_participations` the client increments the model's ``participations``
-    counter (a local non-trainable variable, e.g. seeding noise per round) after its phases.
+    counter (a local non-trainable variable, e.g. seeding noise per round) after its phases; with `counts_labels`
+    it sets the model's ``label_counts`` (a local non-trainable float vector, e.g. FedRoD's label prior) to the
+    counts of its dataset's labels before them.
+
+    `local_aggregation` (FedALA, `fedpersonal.core.local_aggregation.AdaptiveLocalAggregation`): the personal copy
+    is the model the client trained last, and the global phase starts from its element-wise aggregation with the
+    received weights instead of the received weights.
 
     Example:
 
@@ -197,13 +204,17 @@ class ClientPlan:
     split: DataSplit | None = None
     local_start: str = KEPT
     counts_participations: bool = False
+    counts_labels: bool = False
+    local_aggregation: aggregation_lib.AdaptiveLocalAggregation | None = None
 
     def __post_init__(self):
         if self.model_losses:
             _check_model_loss_plan(self)
             return
-        if self.counts_participations:
-            raise ValueError('counts_participations needs phases with model-defined losses.')
+        if self.counts_participations or self.counts_labels:
+            raise ValueError('counts_participations and counts_labels need phases with model-defined losses.')
+        if self.local_aggregation is not None:
+            self.local_aggregation.check(self)
         if self.local_start not in LOCAL_STARTS:
             raise ValueError(f'ClientPlan.local_start must be one of {LOCAL_STARTS}, got {self.local_start!r}.')
         if self.local_start != KEPT and self.personal_copy:
@@ -256,10 +267,12 @@ def _check_model_loss_plan(plan: ClientPlan) -> None:
     """A plan of model-defined losses: every phase has one, no personal copy; distinct metric names."""
     if any(p.loss is None for p in plan.phases):
         raise ValueError("A plan's phases either all use the Keras loss or all name a model-defined Phase.loss.")
-    if plan.personal_copy or plan.initial_alpha is not None or plan.local_start != KEPT:
+    if plan.personal_copy or plan.initial_alpha is not None or plan.local_start != KEPT or plan.local_aggregation:
         raise ValueError("A plan with model-defined losses keeps the model's local weights (no personal copy).")
     if plan.split is not None or any(p.data is not None or not p.reports_metrics for p in plan.phases):
         raise ValueError('The phases of a plan with model-defined losses train on the whole dataset and report.')
+    if plan.counts_labels and not any(p.epochs for p in plan.phases):
+        raise ValueError('counts_labels needs a phase that iterates the data (epochs >= 1).')
     prefixes = [p.metrics_prefix or p.loss for p in plan.phases]
     if len(set(prefixes)) != len(prefixes):
         raise ValueError(
@@ -297,11 +310,13 @@ def initial_weights(
     initial_alpha: float | None = None,
     local_start: str = KEPT,
     stateful: bool = True,
+    local_aggregation: aggregation_lib.AdaptiveLocalAggregation | None = None,
 ) -> Initial:
     """`Initial` of the partially local model `model_fn` builds; with `personal`, the private state is a copy of
-    its global weights (and, with `initial_alpha`, the mixing weight after its trainable weights); the global
-    weights are `server_weights` for `local_start`. Calls `model_fn` once (twice if `stateful`), as TFF's builders
-    count their calls."""
+    its global weights (and, with `initial_alpha`, the mixing weight after its trainable weights; with
+    `local_aggregation`, its weights W, ones, after them and its count of aggregations, 0, after the non-trainable
+    ones); the global weights are `server_weights` for `local_start`. Calls `model_fn` once (twice if `stateful`),
+    as TFF's builders count their calls."""
     input_specs = []
 
     @tff.tensorflow.computation
@@ -319,6 +334,10 @@ def initial_weights(
             if not personal:
                 return client_work.local_weights(model)
             weights = client_work.global_weights(model)
+            if local_aggregation is not None:
+                k = local_aggregation.count(len(weights.trainable))
+                mixing = [tf.ones_like(v) for v in weights.trainable[-k:]]
+                return ModelWeights(list(weights.trainable) + mixing, list(weights.non_trainable) + [tf.constant(0)])
             if initial_alpha is None:
                 return weights
             alpha = tf.constant(initial_alpha, tf.float32)
@@ -335,6 +354,7 @@ def plan_initial_weights(plan: ClientPlan, model_fn: Callable[[], tff.learning.m
         initial_alpha=plan.initial_alpha,
         local_start=plan.local_start,
         stateful=plan.stateful,
+        local_aggregation=plan.local_aggregation,
     )
 
 
@@ -360,7 +380,8 @@ def build_client_update(
     def work(received, dataset, private):
         with tf.init_scope():
             model = client_work.construct(model_fn)
-            personal = client_work.construct(model_fn) if plan.personal else None
+            ala = plan.local_aggregation
+            personal = client_work.construct(model_fn) if plan.personal and ala is None else None
             mixing = plan.initial_alpha is not None
             alpha = tf.Variable(0.0, name='alpha') if mixing else None
             mixed_model = client_work.construct(model_fn) if mixing else None
@@ -377,8 +398,18 @@ def build_client_update(
             trained = [[v for part in phase.trains for v in parts[part]] for phase in plan.phases]
             trained = [t + [alpha] if phase.mixed else t for t, phase in zip(trained, plan.phases)]
             optimizers = [client_work.prepare_optimizer(p.optimizer, v) for p, v in zip(plan.phases, trained)]
+            if ala is not None:  # FedALA's W and its count of aggregations.
+                k = ala.count(len(parts[GLOBAL]))
+                ala_weights = [tf.Variable(tf.zeros_like(v), name='mixing') for v in parts[GLOBAL][-k:]]
+                aggregations = tf.Variable(0, name='aggregations')
         client_work.assign_weights(client_work.global_weights(model), received)
-        if personal is not None and alpha is not None:
+        if ala is not None:
+            aggregation_lib.aggregate_locally(
+                ala, model, private, received, dataset, loss_fn(), ala_weights, aggregations
+            )
+            own = client_work.global_weights(model)  # Kept after training: the model the client trained last.
+            kept = ModelWeights(list(own.trainable) + ala_weights, list(own.non_trainable) + [aggregations])
+        elif personal is not None and alpha is not None:
             client_work.assign(personal.global_trainable_variables, private.trainable[:-1])
             client_work.assign(personal.global_non_trainable_variables, private.non_trainable)
             alpha.assign(private.trainable[-1])
@@ -534,9 +565,10 @@ def personalized_weights(plan: ClientPlan, global_weights: Any, private_state: A
     """The weights a client predicts with after its rounds, as numpy arrays.
 
     With a personal copy (Ditto), the copy; with a mixing weight (APFL), ``a * v + (1 - a) * w`` of the copy v and
-    the global weights w (a = alpha clipped to [0, 1], the copy's non-trainable weights); else the client's local
-    weights, which it predicts with beside `global_weights`. Evaluate the first two with a model whose variables are
-    all local and no global weights, the last with the training model.
+    the global weights w (a = alpha clipped to [0, 1], the copy's non-trainable weights); with local aggregation
+    (FedALA), the start of its next round without learning W further (w below, ``v + (w - v) * W`` above); else
+    the client's local weights, which it predicts with beside `global_weights`. Evaluate the first three with a
+    model whose variables are all local and no global weights, the last with the training model.
 
     >>> import numpy as np
     >>> sgd = tff.learning.optimizers.build_sgdm(0.1)
@@ -548,6 +580,12 @@ def personalized_weights(plan: ClientPlan, global_weights: Any, private_state: A
     """
     trainable = [np.asarray(v) for v in private_state.trainable]
     non_trainable = [np.asarray(v) for v in private_state.non_trainable]
+    if plan.local_aggregation is not None:  # FedALA's start, with the client's W (not learned further here).
+        received = [np.asarray(v) for v in global_weights.trainable]
+        k = len(trainable) - len(received)
+        own, mixing = trainable[:-k], trainable[-k:]
+        upper = [v + (w - v) * m for v, w, m in zip(own[-k:], received[-k:], mixing)]
+        return ModelWeights(received[:-k] + upper, non_trainable[:-1])
     if plan.initial_alpha is not None:
         *trainable, alpha = trainable
         a = float(np.clip(alpha, 0.0, 1.0))

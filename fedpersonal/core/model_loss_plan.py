@@ -18,7 +18,9 @@ phase counted over its epochs. It reports ratio metrics (numerator, denominator;
 * ``num_examples``: the examples of one pass over the dataset (summed over clients), also the update's weight
   under ``NUM_EXAMPLES``.
 
-With `ClientPlan.counts_participations` the model's ``participations`` counter grows by one after the phases. A
+With `ClientPlan.counts_labels` the model's ``label_counts`` are set to the client's label counts (one pass over
+its dataset) before the phases. With `ClientPlan.counts_participations` the model's ``participations`` counter
+grows by one after the phases. A
 non-finite update is dropped (weight 0) and the previous private state kept. The grouped engine's backend of such
 plans is `fedpersonal.simulation.model_loss_engine`; `fedpersonal.backends.build_process` chooses.
 """
@@ -46,7 +48,8 @@ class PhasedModel(Protocol):
 
     Its variables are in a partially local model's four groups (global/local x trainable/not); a plan with
     `ClientPlan.counts_participations` also needs a ``participations`` int64 variable among the local non-trainable
-    ones. Batches are ``(x, y)`` pairs or ``{'x', 'y'}`` mappings.
+    ones, and one with `ClientPlan.counts_labels` a float32 ``label_counts`` vector (one entry per class) there.
+    Batches are ``(x, y)`` pairs or ``{'x', 'y'}`` mappings.
     """
 
     @property
@@ -101,6 +104,9 @@ def run_phases(
     sums: collections.OrderedDict = collections.OrderedDict()
     num_examples = tf.constant(0.0)
     previous: list[tf.Tensor] = []
+    if plan.counts_labels:
+        counts = model.label_counts  # type: ignore[attr-defined]
+        previous = [counts.assign(label_counts(dataset, counts.shape[0]))]
     for i, phase in enumerate(plan.phases):
         optimizer = phase.optimizer if optimizers is None else optimizers[i]
         # In plan order: which phase opens a reshuffling dataset first decides which order each sees.
@@ -117,6 +123,16 @@ def run_phases(
         with tf.control_dependencies([num_examples]):
             model.participations.assign_add(1)  # type: ignore[attr-defined]  # The next round draws fresh noise.
     return sums
+
+
+def label_counts(dataset: tf.data.Dataset, num_classes: int) -> tf.Tensor:
+    """How many examples of each class the batches of `dataset` hold (float32 ``[num_classes]``)."""
+
+    def add(counts, batch):
+        _, y = partially_local_model.split_batch(batch)
+        return counts + tf.reduce_sum(tf.one_hot(tf.reshape(tf.cast(y, tf.int32), [-1]), num_classes), 0)
+
+    return dataset.reduce(tf.zeros([num_classes]), add)
 
 
 def _phase_steps(

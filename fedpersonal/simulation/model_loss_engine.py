@@ -72,6 +72,7 @@ def build_engine_process(
     base = model.initial_weights
     phase_slots = [model.slots_of(functools.partial(model_loss_plan.trained_variables, phase=p)) for p in plan.phases]
     counter = model.slots_of(lambda m: [m.participations])[0] if plan.counts_participations else None
+    label_slot = model.slots_of(lambda m: [m.label_counts])[0] if plan.counts_labels else None
     names = tuple(f'phase_{i}' for i in range(len(plan.phases)))
     per_client_arrays = [w for part in base for w in part]
     packer = packing.ClientPacker(
@@ -113,6 +114,8 @@ def build_engine_process(
             received, list(server_weights.non_trainable), private_trainable, private_non_trainable
         )
         clients = tf.shape(group[names[0]]['mask'])[0]
+        if label_slot is not None:  # Each client's label counts, from one pass of the first phase that has one.
+            weights = _with_label_counts(weights, label_slot, plan, names, group)
         sums: collections.OrderedDict = collections.OrderedDict()
         zeros = tf.zeros([clients])
         num_examples = zeros
@@ -179,6 +182,22 @@ def build_engine_process(
         aggregate_metrics=compose.ratio_metrics(),
         backend=round_backend.EngineBackend(packer, runner, stacks_private_states=group_private_type is not None),
     )
+
+
+def _with_label_counts(
+    weights: functional.Parts, slot: functional.Slot, plan: client_plan.ClientPlan, names: Sequence[str], group: Any
+) -> functional.Parts:
+    """`weights` with the slot of the model's ``label_counts`` set to each client's label counts (as
+    `model_loss_plan.label_counts`): a phase's real examples over its epochs."""
+    index = next(i for i, p in enumerate(plan.phases) if p.epochs > 0)  # The plan has one (`ClientPlan`).
+    data = group[names[index]]
+    _, y = partially_local_model.split_batch(data['batch'])
+    num_classes = weights[slot[0]][slot[1]].shape[-1]
+    one_hot = tf.one_hot(tf.cast(y, tf.int32), num_classes) * data['mask'][..., tf.newaxis]
+    counts = tf.reduce_sum(one_hot, axis=[1, 2]) / float(plan.phases[index].epochs)
+    groups = [list(g) for g in weights]
+    groups[slot[0]][slot[1]] = counts
+    return functional.Parts(*groups)
 
 
 def phases_as_tff_sees(element_spec: Any, epochs: Sequence[int]) -> Callable[[tf.data.Dataset], tuple]:

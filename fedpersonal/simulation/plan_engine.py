@@ -40,6 +40,11 @@ def unsupported(
     model_distributor: Any = None,
 ) -> str | None:
     """Why the engine cannot run `plan` with these parts, or None if it can (every engine check, in one place)."""
+    if plan.local_aggregation is not None:  # Not yet in `lockstep`: per-client epoch counts and data slices.
+        return (
+            'The fast simulation engine does not run adaptive local aggregation yet (each client learns its '
+            'aggregation weights for a number of epochs its own losses decide, on a random slice of its data)'
+        )
     try:
         for i, phase in enumerate(plan.phases):
             lockstep.check_optimizer(phase.optimizer, f'the optimizer of phase {i}')

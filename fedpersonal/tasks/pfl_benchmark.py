@@ -23,6 +23,11 @@ FedAvg.
   ``evaluate_one_step``; PFLlib takes a random batch);
 * ``pfedme``: the global model and each client's personalized theta, the model it is evaluated with
   (`fedpersonal.algorithms.pfedme`; PFLlib's pFedMeOptimizer weight decay mu = 0.001; server beta = 1).
+* ``fedala``: each client's own model, the head (``layer_idx`` 2) aggregated element-wise with the global one at the
+  start of its rounds (`fedpersonal.algorithms.fedala`); evaluated with that aggregation of its current weights W
+  (PFLlib evaluates after one more epoch of W's learning);
+* ``fedrod``: the body and a generic head (balanced softmax) global, a personal head local
+  (`fedpersonal.algorithms.fedrod`); evaluated with the sum of both heads' logits.
 
 Seeds: every method runs once per seed of `seeds` (``<output_dir>/<method>/seed<k>/``); a seed sets the model's
 initial weights and the order of each client's train examples (a permutation of its partition rows, drawn from the
@@ -65,14 +70,17 @@ from fedpersonal.algorithms import apfl
 from fedpersonal.algorithms import dataset_split
 from fedpersonal.algorithms import ditto
 from fedpersonal.algorithms import fed_recon
+from fedpersonal.algorithms import fedala
 from fedpersonal.algorithms import fedbabu
 from fedpersonal.algorithms import fedper
 from fedpersonal.algorithms import fedprox
 from fedpersonal.algorithms import fedrep
+from fedpersonal.algorithms import fedrod
 from fedpersonal.algorithms import furl
 from fedpersonal.algorithms import per_fedavg
 from fedpersonal.algorithms import pfedme
 from fedpersonal.core import client_plan
+from fedpersonal.core import local_aggregation
 from fedpersonal.data import client_data as client_data_lib
 from fedpersonal.data import federated_images
 from fedpersonal.data import pfllib
@@ -99,6 +107,8 @@ class Method:
     local_layers: tuple[str, ...] = ()
     finetune: bool = False  # Each client fine-tunes its whole model on its train data before evaluation.
     adapts: bool = False  # Evaluated after one local step (`per_fedavg.adapt`).
+    # A plan with model-defined losses (FedRoD): its model, from the data and the seed.
+    phased_model: Callable[[pfllib.PfllibImageData, int], Callable[[], Any]] | None = None
 
 
 def _sgd(config: PflBenchmarkConfig) -> tff.learning.optimizers.Optimizer:
@@ -119,6 +129,30 @@ def _per_fedavg(config: PflBenchmarkConfig, *, hessian_free: bool) -> client_pla
         outer_optimizer=_sgd(config),  # PFLlib: beta = the learning rate.
         client_epochs=config.client_epochs,
         hessian_free=hessian_free,
+    )
+
+
+def _fedala(config: PflBenchmarkConfig) -> client_plan.ClientPlan:
+    aggregation = local_aggregation.AdaptiveLocalAggregation(
+        layer_idx=config.fedala_layer_idx,
+        eta=config.fedala_eta,
+        rand_percent=config.fedala_rand_percent,
+        batch_size=config.batch_size,
+        threshold=config.fedala_threshold,
+        num_pre_loss=config.fedala_num_pre_loss,
+        max_epochs=config.fedala_max_epochs,
+        seed=config.seed,
+    )
+    return fedala.fedala_plan(
+        client_epochs=config.client_epochs, client_optimizer=_sgd(config), aggregation=aggregation
+    )
+
+
+def fedrod_model_fn(data: pfllib.PfllibImageData, seed: int) -> Callable[[], fedrod.FedRodModel]:
+    """FedRoD's model of the benchmark's CNN: its ``fc`` the generic head and, copied, the personal one."""
+    height, width, channels = data.x.shape[1:]
+    return lambda: fedrod.FedRodModel(
+        image_classifiers.fedavg_cnn((height, width, channels), data.num_classes, seed=seed), data.num_classes
     )
 
 
@@ -195,6 +229,12 @@ METHOD_SPECS: dict[str, Method] = {
             mu=0.001,
         )
     ),
+    'fedala': Method(_fedala),
+    'fedrod': Method(
+        lambda c: fedrod.fedrod_plan(client_epochs=c.client_epochs, client_optimizer=_sgd(c)),
+        image_classifiers.HEAD,
+        phased_model=fedrod_model_fn,
+    ),
 }
 
 
@@ -227,11 +267,16 @@ def _metrics_fn() -> list[tf.keras.metrics.Metric]:
     return [tf.keras.metrics.SparseCategoricalAccuracy(name='accuracy')]
 
 
-def model_fn_for(data: pfllib.PfllibImageData, seed: int, local_layers: tuple[str, ...] | str) -> Callable[[], Any]:
-    """A partially local CNN: `local_layers` (names, or ``'all'``) on the clients, the others global."""
-    spec = collections.OrderedDict(
+def element_spec(data: pfllib.PfllibImageData) -> collections.OrderedDict:
+    """The element spec of the clients' batches."""
+    return collections.OrderedDict(
         x=tf.TensorSpec([None, *data.x.shape[1:]], tf.float32), y=tf.TensorSpec([None], tf.int32)
     )
+
+
+def model_fn_for(data: pfllib.PfllibImageData, seed: int, local_layers: tuple[str, ...] | str) -> Callable[[], Any]:
+    """A partially local CNN: `local_layers` (names, or ``'all'``) on the clients, the others global."""
+    spec = element_spec(data)
 
     height, width, channels = data.x.shape[1:]
 
@@ -282,13 +327,34 @@ def make_evaluation(
     *,
     finetune: bool = False,
     adapts: bool = False,
+    phased_model: Callable[[], Any] | None = None,
 ) -> Callable[..., dict[str, float]]:
     """``(global weights, every client's private state) -> metrics`` on every client's test data, each client with
     the model it predicts with (first fine-tuned on its train data with `finetune`): accuracy over all test
     examples, the mean and the worst client's accuracy. A stateless plan (FedRecon): ``global weights -> metrics``
     by ReconEval on each client's test data. `adapts`: each client predicts with the global model after one SGD
-    step on its first train batch."""
+    step on its first train batch. `phased_model`: the model of a plan with model-defined losses (FedRoD's),
+    which predicts with its `fedrod.prediction_model_fn`."""
     config = benchmark.config
+    if plan.model_losses:
+        if phased_model is None:
+            raise ValueError('A plan with model-defined losses is evaluated with its model: give phased_model.')
+        predict = evaluation.build_private_state_eval(
+            fedrod.prediction_model_fn(phased_model, element_spec(benchmark.data)),
+            loss_fn=_loss_fn,
+            metrics_fn=_metrics_fn,
+            simulation=config.simulation,
+        )
+        return lambda weights, private_states: _accuracies(
+            evaluation.evaluate_clients(
+                predict,
+                weights,
+                benchmark.client_ids,
+                benchmark.test_dataset,
+                [fedrod.prediction_state(p) for p in private_states],
+                cache_key='test',
+            )
+        )
     if not plan.stateful:
         recon_eval = evaluation.build_recon_eval(
             model_fn_for(benchmark.data, config.seed, local_layers),
@@ -352,18 +418,29 @@ def run_method(benchmark: Benchmark, outputs: program.ExperimentOutputs, name: s
     """Trains one method on every client every round; its row (accuracy at the last round, best, slope, clients)."""
     config, spec = benchmark.config, METHOD_SPECS[name]
     plan = spec.plan(config)
+    phased_model = spec.phased_model(benchmark.data, config.seed) if spec.phased_model is not None else None
+    common_parts: dict[str, Any] = dict(
+        server_optimizer=tff.learning.optimizers.build_sgdm(learning_rate=1.0),
+        group_size=config.group_size,
+        name=METHOD_NAMES[name],
+    )
     with backends.use(config.simulation):
-        process = backends.build_process(
-            plan,
-            # A personal copy is of a model whose weights are all global; its evaluation model has them all local.
-            model_fn_for(benchmark.data, config.seed, () if plan.personal else spec.local_layers),
-            loss_fn=_loss_fn,
-            metrics_fn=_metrics_fn,
-            server_optimizer=tff.learning.optimizers.build_sgdm(learning_rate=1.0),
-            group_size=config.group_size,
-            name=METHOD_NAMES[name],
-        )
-    evaluate = make_evaluation(benchmark, plan, spec.local_layers, finetune=spec.finetune, adapts=spec.adapts)
+        if phased_model is not None:  # Its loss and metrics are the model's.
+            process = backends.build_process(
+                plan, phased_model, element_spec=element_spec(benchmark.data), **common_parts
+            )
+        else:
+            process = backends.build_process(
+                plan,
+                # A personal copy is of a model whose weights are all global; its evaluation model has them all local.
+                model_fn_for(benchmark.data, config.seed, () if plan.personal else spec.local_layers),
+                loss_fn=_loss_fn,
+                metrics_fn=_metrics_fn,
+                **common_parts,
+            )
+    evaluate = make_evaluation(
+        benchmark, plan, spec.local_layers, finetune=spec.finetune, adapts=spec.adapts, phased_model=phased_model
+    )
     common: dict[str, Any] = dict(
         outputs=outputs,
         client_data=benchmark.train,

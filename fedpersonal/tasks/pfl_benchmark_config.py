@@ -38,6 +38,8 @@ METHODS = (
     'per_fedavg',
     'per_fedavg_hf',
     'pfedme',
+    'fedala',
+    'fedrod',
 )
 METHOD_NAMES = {
     'fedavg': 'FedAvg',
@@ -55,6 +57,8 @@ METHOD_NAMES = {
     'per_fedavg': 'Per-FedAvg',
     'per_fedavg_hf': 'Per-FedAvg (HF)',
     'pfedme': 'pFedMe',
+    'fedala': 'FedALA',
+    'fedrod': 'FedRoD',
 }
 
 
@@ -133,6 +137,20 @@ class PflBenchmarkConfig(
     )
     synthetic_users: int = parts.option(943, 'movielens_synthetic: users (clients).')
     synthetic_items: int = parts.option(1682, 'movielens_synthetic: items.')
+    # FedALA: PFLlib's defaults (system/main.py: eta, rand_percent, layer_idx; system/utils/ALA.py: threshold,
+    # num_pre_loss); the cap on the first weight learning is ours (PFLlib has none).
+    fedala_eta: float = parts.option(1.0, "FedALA's learning rate of the aggregation weights W (PFLlib's --eta).")
+    fedala_rand_percent: int = parts.option(
+        80, "FedALA: the share (%) of a client's train data W learns on (PFLlib's --rand_percent)."
+    )
+    fedala_layer_idx: int = parts.option(
+        2, "FedALA: the last trainable tensors aggregated element-wise, 0 all (PFLlib's --layer_idx; 2: the head)."
+    )
+    fedala_threshold: float = parts.option(
+        0.1, "FedALA: W first learns until the std of its last losses is below this (PFLlib's ALA threshold)."
+    )
+    fedala_num_pre_loss: int = parts.option(10, 'FedALA: how many last losses that std is over (PFLlib: 10).')
+    fedala_max_epochs: int = parts.option(100, "FedALA: the most epochs of W's first learning (PFLlib: no limit).")
     state_store: str = parts.option(
         'sqlite',
         "Where each client's private state lives between rounds: 'sqlite' (in the run's output directory, so an "
@@ -175,6 +193,7 @@ class PflBenchmarkConfig(
             'num_latent_factors',
             'synthetic_users',
             'synthetic_items',
+            'fedala_num_pre_loss',
         ):
             if getattr(self, name) < 1:
                 raise errors.ConfigError(f'{name} must be >= 1, got {getattr(self, name)}.')
@@ -190,5 +209,9 @@ class PflBenchmarkConfig(
             raise errors.ConfigError(f'apfl_alpha must be in [0, 1], got {self.apfl_alpha}.')
         if self.fedrep_head_epochs < 1:
             raise errors.ConfigError(f'fedrep_head_epochs must be >= 1, got {self.fedrep_head_epochs}.')
+        if self.fedala_eta <= 0 or not 0 < self.fedala_rand_percent <= 100 or self.fedala_layer_idx < 0:
+            raise errors.ConfigError('fedala_eta must be > 0, fedala_rand_percent in (0, 100], fedala_layer_idx >= 0.')
+        if self.fedala_threshold < 0 or self.fedala_max_epochs <= self.fedala_num_pre_loss:
+            raise errors.ConfigError('fedala_threshold must be >= 0 and fedala_max_epochs > fedala_num_pre_loss.')
         if self.state_store not in ('sqlite', 'memory'):
             raise errors.ConfigError(f"state_store must be 'sqlite' or 'memory', got {self.state_store!r}.")

@@ -1,9 +1,9 @@
 """The personalization benchmark (PFLlib's leaderboard task) on a small generated partition: every client's test
 accuracy is what a plain Keras forward pass with its own model gives (the global model plus its local layers, its
-personal copy, APFL's mixture; FedBABU's after fine-tuning by a plain Keras loop), personalized methods beat FedAvg
-under pathological label skew, the results file and figure are written, a row is the mean and std over its seeds
-(against a hand computation), a rerun runs only the (method, seed) runs that did not finish, a seed sets the
-initial weights and each client's train order, and bad flags get a clear error."""
+personal copy, APFL's mixture, FedRoD's two heads; FedBABU's after fine-tuning by a plain Keras loop), personalized
+methods beat FedAvg under pathological label skew, the results file and figure are written, a row is the mean and std
+over its seeds (against a hand computation), a rerun runs only the (method, seed) runs that did not finish, a seed
+sets the initial weights and each client's train order, and bad flags get a clear error."""
 
 import dataclasses
 import json
@@ -91,6 +91,37 @@ def test_each_client_is_evaluated_with_its_own_model(benchmark, name):
     assert got['accuracy'] == pytest.approx(correct.sum() / total.sum(), abs=1e-6)
     assert got['worst_client_accuracy'] == pytest.approx(np.min(correct / total), abs=1e-6)
     assert got['mean_client_accuracy'] == pytest.approx(np.mean(correct / total), abs=1e-6)
+
+
+def test_fedrod_clients_predict_with_the_sum_of_both_heads(benchmark):
+    spec = pfl_benchmark.METHOD_SPECS['fedrod']
+    plan = spec.plan(benchmark.config)
+    model_fn = pfl_benchmark.fedrod_model_fn(benchmark.data, 0)
+    with backends.use('engine'):
+        process = backends.build_process(
+            plan,
+            model_fn,
+            server_optimizer=tff.learning.optimizers.build_sgdm(1.0),
+            element_spec=pfl_benchmark.element_spec(benchmark.data),
+        )
+    train = [benchmark.train_dataset(benchmark.train[c]) for c in benchmark.client_ids]
+    output = process.run_round(process.initialize(), train, [process.initial_private_state()] * len(train))
+    weights, privates = process.get_model_weights(output.state), list(output.private_states)
+    got = pfl_benchmark.make_evaluation(benchmark, plan, spec.local_layers, phased_model=model_fn)(weights, privates)
+
+    correct, total = [], []
+    for cid, private in zip(benchmark.client_ids, privates):
+        model = image_classifiers.fedavg_cnn(benchmark.data.x.shape[1:], 10)
+        model.set_weights([np.asarray(w) for w in weights.trainable])
+        features = tf.keras.Model(model.inputs, model.get_layer('fc1').output)
+        rows = benchmark.data.partition.test[int(cid)]
+        x = benchmark.data.x[rows]
+        kernel, bias = [np.asarray(v) for v in private.trainable]
+        logits = model(x).numpy() + features(x).numpy() @ kernel + bias
+        correct.append(int(np.sum(np.argmax(logits, -1) == benchmark.data.y[rows])))
+        total.append(len(rows))
+    assert got['accuracy'] == pytest.approx(sum(correct) / sum(total), abs=1e-6)
+    assert got['worst_client_accuracy'] == pytest.approx(np.min(np.array(correct) / total), abs=1e-6)
 
 
 def test_fine_tuning_before_evaluation_equals_a_keras_loop(benchmark):

@@ -1,0 +1,188 @@
+"""FedALA, one client plan: on every backend (the engine falls back to the per-client one, logged) it equals a plain
+eager loop written here (ALA.py's weight learning by hand), its element-wise weights stay within [0, 1] and move,
+the client's model and weights never reach the server, and the aggregated models fit per-client label permutations
+that the global model cannot."""
+
+import collections
+import logging
+
+import numpy as np
+import pytest
+import tensorflow as tf
+import tensorflow_federated as tff
+
+from fedpersonal import backends
+from fedpersonal.algorithms import fedala
+from fedpersonal.core import client_plan
+from fedpersonal.core import local_aggregation
+from fedpersonal.privacy import audit
+from tests.algorithms.fedper_fedrep_test import client_arrays
+from tests.algorithms.fedper_fedrep_test import datasets
+
+NUM_CLASSES, DIM, HIDDEN, LR = 3, 6, 8, 0.1
+SPEC = collections.OrderedDict(x=tf.TensorSpec([None, DIM], tf.float32), y=tf.TensorSpec([None], tf.int32))
+# A threshold at which the clients' first weight learning settles after more than the minimum 11 epochs, or runs
+# to the cap (checked in the test).
+ALA = local_aggregation.AdaptiveLocalAggregation(
+    eta=2.0, rand_percent=80, batch_size=10, threshold=0.02, max_epochs=15, seed=3
+)
+
+
+def model_fn():
+    init = tf.keras.initializers.GlorotUniform
+    return tf.keras.Sequential(
+        [
+            tf.keras.Input([DIM]),
+            tf.keras.layers.Dense(HIDDEN, 'relu', kernel_initializer=init(seed=1)),
+            tf.keras.layers.Dense(NUM_CLASSES, kernel_initializer=init(seed=2)),
+        ]
+    )
+
+
+def build(backend, aggregation=ALA, epochs=1):
+    with backends.use(backend):
+        return fedala.build_fedala(
+            model_fn,
+            element_spec=SPEC,
+            client_optimizer=tff.learning.optimizers.build_sgdm(LR),
+            server_optimizer=tff.learning.optimizers.build_sgdm(1.0),
+            client_epochs=epochs,
+            aggregation=aggregation,
+        )
+
+
+def run(process, arrays, rounds):
+    state, privates = process.initialize(), [process.initial_private_state()] * len(arrays)
+    for _ in range(rounds):
+        output = process.run_round(state, datasets(arrays), privates)
+        state, privates = output.state, list(output.private_states)
+    return state, privates
+
+
+# ------------------------------------------------------------------ the reference: a plain eager loop, by hand
+def _loss_and_grads(weights, x, y):
+    weights = [tf.constant(w) for w in weights]
+    with tf.GradientTape() as tape:
+        tape.watch(weights)
+        w1, b1, w2, b2 = weights
+        logits = tf.matmul(tf.nn.relu(tf.matmul(x, w1) + b1), w2) + b2
+        loss = tf.reduce_mean(tf.nn.sparse_softmax_cross_entropy_with_logits(labels=y, logits=logits))
+    return float(loss), [g.numpy() for g in tape.gradient(loss, weights)]
+
+
+FIRST_EPOCHS = []  # The epochs of each reference client's first weight learning, as it goes.
+
+
+def reference_ala(ala, own, mixing, count, received, x, y):
+    """ALA.py's adaptive_local_aggregation: the start and the new W (the lower tensors take the received ones)."""
+    if not np.any(own[0] != received[0]):
+        return list(received), mixing, count
+    n = len(x)
+    size = n * ala.rand_percent // 100
+    start = int(tf.random.stateless_uniform([], [ala.seed, count], 0, n - size + 1, dtype=tf.int64))
+    xs, ys = x[start : start + size], y[start : start + size]
+    k = len(mixing)
+    v, w = own[-k:], received[-k:]
+    model = list(received[:-k]) + [vi + (wi - vi) * m for vi, wi, m in zip(v, w, mixing)]
+    losses = []
+    while True:
+        for s in range(0, len(xs), ala.batch_size):
+            last, g = _loss_and_grads(model, xs[s : s + ala.batch_size], ys[s : s + ala.batch_size])
+            mixing = [np.clip(m - ala.eta * gi * (wi - vi), 0, 1) for m, gi, wi, vi in zip(mixing, g[-k:], w, v)]
+            model = model[:-k] + [vi + (wi - vi) * m for vi, wi, m in zip(v, w, mixing)]
+        losses.append(last)
+        if count > 0 or len(losses) >= ala.max_epochs:
+            break
+        if len(losses) > ala.num_pre_loss and np.std(losses[-ala.num_pre_loss :]) < ala.threshold:
+            break
+    if count == 0:
+        FIRST_EPOCHS.append(len(losses))
+    return model, mixing, count + 1
+
+
+def reference_round(ala, server, privates, arrays, epochs=1, batch=10):
+    trained, examples, new_privates = [], [], []
+    for (x, y), (own, mixing, count) in zip(arrays, privates):
+        weights, mixing, count = reference_ala(ala, own, mixing, count, server, x, y)
+        for _ in range(epochs):
+            for s in range(0, len(x), batch):
+                _, g = _loss_and_grads(weights, x[s : s + batch], y[s : s + batch])
+                weights = [wi - LR * gi for wi, gi in zip(weights, g)]
+        trained.append(weights)
+        examples.append(len(x) * epochs)
+        new_privates.append((weights, mixing, count))
+    total = float(sum(examples))
+    return [sum(n * t[k] for n, t in zip(examples, trained)) / total for k in range(len(server))], new_privates
+
+
+def test_the_engine_falls_back_to_the_per_client_backend_and_says_why(caplog):
+    with caplog.at_level(logging.INFO):
+        process = build('engine')
+    assert process.simulation == 'per_client'
+    assert 'FedALA runs on the per-client backend' in caplog.text and 'adaptive local aggregation' in caplog.text
+
+
+def test_it_equals_a_plain_loop():
+    arrays = client_arrays(sizes=(23, 30, 17))
+    process = build('per_client')
+    state = process.initialize()
+    privates = [process.initial_private_state()] * len(arrays)
+    server = [np.asarray(w) for w in process.get_model_weights(state).trainable]
+    expected = [(list(server), [np.ones_like(server[2]), np.ones_like(server[3])], 0)] * len(arrays)
+    for _ in range(3):  # No aggregation before a client's first round, then learning until settled, then one pass.
+        output = process.run_round(state, datasets(arrays), privates)
+        state, privates = output.state, list(output.private_states)
+        server, expected = reference_round(ALA, server, expected, arrays)
+    for got, want in zip(process.get_model_weights(state).trainable, server):
+        np.testing.assert_allclose(got, want, atol=1e-5)
+    for got, (own, mixing, count) in zip(privates, expected):
+        for g, w in zip(got.trainable, own + mixing):
+            np.testing.assert_allclose(g, w, atol=1e-5)
+        assert int(got.non_trainable[-1]) == count == 2
+    first = FIRST_EPOCHS[-len(arrays) :]  # Both ends of the first learning: settled, and stopped at the cap.
+    assert ALA.num_pre_loss + 1 < min(first) < max(first) == ALA.max_epochs, first
+
+
+def test_the_weights_stay_within_0_and_1_move_and_make_the_prediction():
+    arrays = client_arrays(seed=1, sizes=(40,) * 3)
+    process = build('per_client')
+    state, privates = run(process, arrays, 3)
+    weights = process.get_model_weights(state)
+    mixing = np.concatenate([np.ravel(t) for p in privates for t in p.trainable[4:]])
+    assert np.all((mixing >= 0.0) & (mixing <= 1.0)), mixing
+    assert np.any(mixing < 1.0) and np.any(mixing == 0.0), mixing  # Learned away from their start; some clipped.
+    plan = fedala.fedala_plan(client_epochs=1, client_optimizer=tff.learning.optimizers.build_sgdm(LR), aggregation=ALA)
+    predicting = client_plan.personalized_weights(plan, weights, privates[0]).trainable
+    own, w = [np.asarray(t) for t in privates[0].trainable], [np.asarray(t) for t in weights.trainable]
+    np.testing.assert_allclose(predicting[0], w[0])  # The lower layer: the global one; the head: aggregated.
+    np.testing.assert_allclose(predicting[2], own[2] + (w[2] - own[2]) * own[4], rtol=1e-6)
+
+
+def test_the_model_and_its_weights_never_reach_the_server():
+    process = build('per_client')  # The engine's process is this one (it falls back).
+    assert audit.audit_private_dataflow(process.next, private_parameter_index=2) == []
+    assert process.next.type_signature.result.private_states.placement is tff.CLIENTS
+
+
+def test_aggregated_models_fit_what_the_global_model_cannot():
+    arrays = client_arrays(seed=2, sizes=(60,) * 4)
+    process = build('per_client')
+    state, privates = run(process, arrays, 12)
+    weights = process.get_model_weights(state)
+
+    def accuracy(trainable, x, y):
+        w1, b1, w2, b2 = [np.asarray(t) for t in trainable]
+        return float(np.mean(np.argmax(np.maximum(x @ w1 + b1, 0) @ w2 + b2, -1) == y))
+
+    plan = fedala.fedala_plan(client_epochs=1, client_optimizer=tff.learning.optimizers.build_sgdm(LR), aggregation=ALA)
+    personal = [client_plan.personalized_weights(plan, weights, p).trainable for p in privates]
+    personalized = np.mean([accuracy(m, x, y) for m, (x, y) in zip(personal, arrays)])
+    shared = np.mean([accuracy(weights.trainable, x, y) for x, y in arrays])
+    assert personalized > 0.8 and personalized > shared + 0.3, (personalized, shared)
+
+
+def test_bad_configurations_are_refused():
+    with pytest.raises(ValueError, match='rand_percent'):
+        local_aggregation.AdaptiveLocalAggregation(rand_percent=0)
+    with pytest.raises(ValueError, match='layer_idx 5 exceeds'):
+        build('per_client', aggregation=local_aggregation.AdaptiveLocalAggregation(layer_idx=5))
