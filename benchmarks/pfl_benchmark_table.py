@@ -4,12 +4,15 @@ Reads finished runs of experiments/pfl_benchmark.py (one --output_dir per partit
 
   python experiments/pfl_benchmark.py --flagfile=configs/pfllib_fmnist_pathological.flags --output_dir=output/pfl_pat
   python experiments/pfl_benchmark.py --flagfile=configs/pfllib_fmnist_dirichlet.flags --output_dir=output/pfl_dir
-  python benchmarks/pfl_benchmark_table.py --runs=output/pfl_pat,output/pfl_dir \
+  python experiments/pfl_benchmark.py --flagfile=configs/pfl_movielens_100k.flags --data_dir=/tmp/ml-100k \
+      --output_dir=output/pfl_ml
+  python benchmarks/pfl_benchmark_table.py --runs=output/pfl_pat,output/pfl_dir,output/pfl_ml \
       --output=docs/results/pfl_benchmark.json --explanations=explanations.json
 
 and writes the rows (`fedpersonal.tasks.pfl_benchmark_results.docs_rows`: name, dataset, partition, clients, rounds,
 accuracy and its std over seeds, best so far, slope of the last 10% of rounds, seeds, worst client, seconds per
-round, and PFLlib's number with an explanation where its leaderboard has the method), the accuracy by round of
+round, and PFLlib's number with an explanation where its leaderboard has the method; the MovieLens block's rows
+(dataset movielens_100k, partition by_user) by RMSE, with the rating accuracy), the accuracy (RMSE) by round of
 each partition next to the JSON (``<output stem>_<partition>.png``, mean over seeds with a +- 1 std band), and
 prints the markdown table for docs/RESULTS.md.
 

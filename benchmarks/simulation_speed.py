@@ -1,7 +1,8 @@
 """Seconds per simulated round of every algorithm, per-client path against engine, on identical work, in one run.
 
-  python benchmarks/simulation_speed.py [--quick] [--rounds 10] [--workloads mf,mf_table1,nwp,furl,hpfl,feddva]
-      [--rows tff,per_client,engine,limit] [--data_dir DIR_WITH_ML100K_u.data] [--output FILE]
+  python benchmarks/simulation_speed.py [--quick] [--rounds 10]
+      [--workloads mf,mf_table1,nwp,furl,hpfl,feddva,peers] [--rows tff,per_client,engine,limit]
+      [--data_dir DIR_WITH_ML100K_u.data] [--output FILE] [--warmup 1]
 
 Rows: ``tff`` (TFF 0.87's own ``tff.learning.algorithms.build_fed_recon``, same model, split and optimizers; MF
 workloads), ``per_client`` and ``engine`` (the workload's fedpersonal builder with ``simulation=...``; per_client
@@ -9,12 +10,13 @@ leaves the argument out if the builder does not take it: ``simulation_arg``), ``
 hand-written XLA-compiled function per round, ``../shared/reference/limit_fedrecon_mf.py`` on the same data, split
 batches, initial weights). The workloads and their FLOP counts are in `simulation_workloads.py`.
 
-Each row runs in its own process from the same initial weights: 1 warm-up round, then ``--rounds`` timed rounds
-on the same seeded client samples. ``seconds_per_round``: median timed round, ``process.run_round(state,
+Each row runs in its own process from the same initial weights: ``--warmup`` untimed rounds (the first compiles;
+the engine runs the strategy of its default ``engine_strategy='auto'``, recorded as the row's ``engine_strategy``),
+then ``--rounds`` timed rounds on the same seeded client samples. ``seconds_per_round``: median timed round, ``process.run_round(state,
 datasets[, private states], client_ids=ids)`` (fedpersonal: packs, then its fastest round) or ``next`` (TFF);
 building the clients' lazy tf.data pipelines is not timed, and the engine rows materialize every sampled client's
 data once before round 0 (``prepare_s``, as the limit prepares its arrays). ``compile_s``: build + initialize +
-warm-up round - ``seconds_per_round`` (without the one-off ``prepare_s``). ``peak_rss_mb``: the row process'
+first round - ``seconds_per_round`` (without the one-off ``prepare_s``). ``peak_rss_mb``: the row process'
 ``ru_maxrss`` + its TFF ``worker_binary``'s VmHWM (TFF computations run there), also given apart.
 ``max_abs_diff_vs_per_client``: final server weights vs the per-client row's (``max_abs_weight``: the row's largest
 weight, for scale). ``compute_bound_s``: the round's analytic FLOPs / a float32 matmul's measured FLOP rate. A
@@ -24,7 +26,15 @@ timed round includes them.
 
 ``--quick`` (2 timed rounds of ``QUICK_WORKLOADS``: ``mf`` and the cheapest other workload, ``furl``, unless
 ``--workloads``) takes ~4 minutes on 2 cores. Writes ``--output`` (``command``, ``machine``, ``flop_rate_gflops``,
-``rows``, ``skipped``) and prints a Markdown table.
+``rows``, ``skipped``) and prints a Markdown table; rows of workloads not run this time are kept from the file
+(each with the ``earlier_run`` that measured it), so ``--workloads=peers`` adds or refreshes those rows alone.
+
+The ``peers`` workload (issue 43 item 5) runs `benchmarks/peer_speed.py` with `PEER_ARGS` (one intra-op thread
+for TensorFlow and PyTorch alike; ``--peer_args`` replaces them): FedAvg rounds of the engine beside pfl-research
+(PyTorch, in its own virtual environment) and TFF on identical work; its rows ``dense_fedavg_engine``, ``dense_fedavg_pfl``,
+``dense_fedavg_tff``, ``pfl_benchmark_cnn_engine``, ``pfl_benchmark_cnn_pfl``, ``pfl_benchmark_cnn_tff`` carry
+``seconds_per_round``, ``speedup_vs_pfl``, ``speedup_vs_tff``, ``compute_bound_s`` and
+``max_abs_diff_vs_per_client`` (vs TFF's per-client FedAvg) where defined, and the peer run's details.
 """
 
 from __future__ import annotations
@@ -55,13 +65,21 @@ from simulation_workloads import Workload
 _REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 _OUTPUT = flags.DEFINE_string('output', 'docs/results/simulation_speed.json', 'JSON file written.')
 _QUICK = flags.DEFINE_bool('quick', False, 'Quick run: 2 timed rounds, workloads mf and furl (unless --workloads).')
-_ROUNDS = flags.DEFINE_integer('rounds', None, 'Timed rounds per row, after 1 warm-up round (default 10; quick 2).')
-_WORKLOADS = flags.DEFINE_list('workloads', None, 'Workloads to run (default: all; quick: mf, furl).')
+_ROUNDS = flags.DEFINE_integer('rounds', None, 'Timed rounds per row, after the warm-up rounds (default 10; quick 2).')
+_WARMUP = flags.DEFINE_integer('warmup', 1, 'Untimed rounds first, in every row (the first compiles).')
+_WORKLOADS = flags.DEFINE_list('workloads', None, 'Workloads to run (default: all and peers; quick: mf, furl).')
 _ROWS = flags.DEFINE_list('rows', None, 'Rows to run (default: every row of each workload).')
 _ROW_TIMEOUT = flags.DEFINE_integer('row_timeout', 1800, 'Seconds before a row process is stopped.')
 _ROW = flags.DEFINE_string('_row', None, 'Internal: run this row in this process.')
 _WORKLOAD = flags.DEFINE_string('_workload', None, 'Internal: workload of --_row.')
 _RESULT = flags.DEFINE_string('_result', None, 'Internal: JSON file --_row writes (weights next to it, .npz).')
+
+PEERS = 'peers'
+# As docs/RESULTS.md's peer table was measured: 1 thread each (a shared 2-core machine), 3 dense and 2 CNN processes.
+PEER_ARGS = ('--threads=1', '--warmup=4', '--repeats=3', '--cnn_repeats=2')
+_PEER_ARGS = flags.DEFINE_list(
+    'peer_args', list(PEER_ARGS), 'Arguments of benchmarks/peer_speed.py for the peers workload (default: pinned).'
+)
 
 ROW_DESCRIPTIONS = {
     'tff': 'TFF 0.87 tff.learning.algorithms.build_fed_recon',
@@ -86,15 +104,15 @@ def _worker_peak_mb() -> float:
 
 
 def _run_rounds(setup: Setup, rounds: int, start: Callable[[], Any], step: Callable[[Any, list[str]], Any]):
-    """start() -> state; then 1 warm-up + `rounds` timed rounds of step(state, ids) -> (state, seconds, pack s)."""
+    """start() -> state; then `--warmup` + `rounds` timed rounds of step(state, ids) -> (state, seconds, pack s)."""
     t0 = time.perf_counter()
     state = start()
     info: dict[str, Any] = dict(build_s=time.perf_counter() - t0, round_seconds=[], pack_seconds=[])
-    for r in range(rounds + 1):
+    for r in range(_WARMUP.value + rounds):
         state, seconds, pack_s = step(state, setup.sample(r))
         if r == 0:
             info['first_round_s'] = seconds
-        else:
+        if r >= _WARMUP.value:
             info['round_seconds'].append(seconds)
             info['pack_seconds'].append(pack_s)
         print(f'round {r}: {seconds:.4f} s (pack {pack_s:.4f} s)', flush=True)
@@ -121,7 +139,7 @@ def _row_process(setup: Setup, rounds: int, build: Callable[[], tuple[Any, dict]
                 # Each sampled client's data is materialized once per run (as the limit row prepares its arrays):
                 # timed apart as prepare_s, not per round.
                 t = time.perf_counter()
-                clients = sorted({c for r in range(rounds + 1) for c in setup.sample(r)})
+                clients = sorted({c for r in range(_WARMUP.value + rounds) for c in setup.sample(r)})
                 process.backend.pack([setup.dataset_fn(c) for c in clients], client_ids=clients)
                 holder['info']['prepare_s'] = time.perf_counter() - t
             return process.initialize()
@@ -154,6 +172,8 @@ def _row_process(setup: Setup, rounds: int, build: Callable[[], tuple[Any, dict]
             has_pack=hasattr(getattr(holder['process'], 'backend', None), 'pack'),
             peak_rss_mb_worker=_worker_peak_mb(),
         )
+        if getattr(holder['process'], 'engine_strategy', None) is not None:
+            info['engine_strategy'] = holder['process'].engine_strategy
         return holder['process'].get_model_weights(state), info
 
 
@@ -164,7 +184,7 @@ def _row_limit(setup: Setup, rounds: int):
 
     def start():  # Each sampled client's split and step arrays, prepared once before round 0 (prepare_s).
         t = time.perf_counter()
-        for c in {c for r in range(rounds + 1) for c in setup.sample(r)}:
+        for c in {c for r in range(_WARMUP.value + rounds) for c in setup.sample(r)}:
             limit.client_arrays(c)
         prepare_s.append(time.perf_counter() - t)
         return tuple(tf.constant(w) for w in limit.initial_weights())
@@ -209,7 +229,9 @@ def run_row(row: str, workload: str, rounds: int, result_path: str) -> None:
             weights=result_path + '.npz',
         )
         if setup.round_flops is not None:
-            result['round_flops'] = float(np.mean([setup.round_flops(setup.sample(r)) for r in range(1, rounds + 1)]))
+            result['round_flops'] = float(
+                np.mean([setup.round_flops(setup.sample(r)) for r in range(_WARMUP.value, _WARMUP.value + rounds)])
+            )
     except Exception as e:  # pylint: disable=broad-except
         traceback.print_exc()
         result['error'] = f'{type(e).__name__}: {e}'.strip()[:2000]
@@ -236,7 +258,7 @@ def measure_flop_rate() -> float:
 def _spawn(row: str, workload: str, rounds: int, work_dir: str) -> dict[str, Any]:
     result, log = (os.path.join(work_dir, f'{workload}.{row}.{ext}') for ext in ('json', 'log'))
     cmd = [sys.executable, os.path.abspath(__file__), f'--_row={row}', f'--_workload={workload}', f'--_result={result}']
-    cmd += [f'--rounds={rounds}'] + (
+    cmd += [f'--rounds={rounds}', f'--warmup={_WARMUP.value}'] + (
         [f'--data_dir={simulation_workloads.DATA_DIR.value}'] if simulation_workloads.DATA_DIR.value else []
     )
     env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL=os.environ.get('TF_CPP_MIN_LOG_LEVEL', '2'))
@@ -294,8 +316,8 @@ def markdown(rows: list[dict[str, Any]]) -> str:
         speedup = r.get('speedup_vs_tff', r.get('speedup_vs_per_client'))
         lines.append(
             f'| {r["workload"]} | {r["name"]} | {_fmt(r["seconds_per_round"], ".4f")} | {_fmt(speedup, ".1f")}{"x" if speedup else ""} | '
-            f'{_fmt(r["compile_s"], ".1f")} | {_fmt(r["pack_s"], ".4f")} | {_fmt(r["peak_rss_mb"], ".0f")} | '
-            f'{_fmt(r["max_abs_diff_vs_per_client"], ".2e")} | {_fmt(r["compute_bound_s"], ".2e")} |'
+            f'{_fmt(r.get("compile_s"), ".1f")} | {_fmt(r.get("pack_s"), ".4f")} | {_fmt(r.get("peak_rss_mb"), ".0f")} | '
+            f'{_fmt(r.get("max_abs_diff_vs_per_client"), ".2e")} | {_fmt(r.get("compute_bound_s"), ".2e")} |'
         )
     return '\n'.join(lines)
 
@@ -316,20 +338,51 @@ def _machine() -> dict[str, Any]:
     )
 
 
+def run_peers(work_dir: str) -> list[dict[str, Any]]:
+    """The ``peers`` workload's rows: `benchmarks/peer_speed.py` with `PEER_ARGS`, each row with its run's details."""
+    output = os.path.join(work_dir, 'peers.json')
+    cmd = [sys.executable, os.path.join(_REPO, 'benchmarks', 'peer_speed.py'), *_PEER_ARGS.value, f'--output={output}']
+    subprocess.run(cmd, cwd=_REPO, check=True)
+    with open(output) as f:
+        report = json.load(f)
+    keys = ('command', 'threads', 'flop_rate_gflops', 'warmup', 'load_average_before', 'load_average_after', 'wall_s')
+    run = {k: report[k] for k in keys} | {'workloads': report['workloads']}
+    return [dict(row, workload=PEERS, peer_run=run) for row in report['rows']]
+
+
+def _earlier(path: str, names: list[str]) -> tuple[list[dict[str, Any]], dict[str, str], list[dict[str, Any]]]:
+    """The rows, workload descriptions and skips of `path` (an earlier report) of workloads not in `names`; each
+    row names the run that measured it (``earlier_run``)."""
+    if not os.path.exists(path):
+        return [], {}, []
+    with open(path) as f:
+        earlier = json.load(f)
+    run = dict(command=earlier.get('command'), commit=earlier.get('machine', {}).get('commit'))
+    kept = lambda workload: workload not in names
+    rows = [dict(r, earlier_run=r.get('earlier_run', run)) for r in earlier.get('rows', []) if kept(r['workload'])]
+    workloads = {w: d for w, d in earlier.get('workloads', {}).items() if kept(w)}
+    return rows, workloads, [s for s in earlier.get('skipped', []) if kept(s['workload'])]
+
+
 def main() -> None:
     rounds = _ROUNDS.value or (2 if _QUICK.value else 10)
     if _ROW.value:
         return run_row(_ROW.value, _WORKLOAD.value, rounds, _RESULT.value)
-    names = _WORKLOADS.value or (list(QUICK_WORKLOADS) if _QUICK.value else list(WORKLOADS))
-    unknown = [w for w in names if w not in WORKLOADS] + [r for r in _ROWS.value or [] if r not in ROW_RUNNERS]
+    names = _WORKLOADS.value or (list(QUICK_WORKLOADS) if _QUICK.value else [*WORKLOADS, PEERS])
+    unknown = [w for w in names if w not in WORKLOADS and w != PEERS]
+    unknown += [r for r in _ROWS.value or [] if r not in ROW_RUNNERS]
     if unknown:
-        sys.exit(f'unknown workloads/rows {unknown}; workloads: {list(WORKLOADS)}, rows: {list(ROW_RUNNERS)}')
-    started = time.time()
+        sys.exit(f'unknown workloads/rows {unknown}; workloads: {[*WORKLOADS, PEERS]}, rows: {list(ROW_RUNNERS)}')
+    started, load_before = time.time(), os.getloadavg()
     gflops = measure_flop_rate()
     print(f'float32 matmul: {gflops:.1f} GFLOP/s', flush=True)
     rows, skipped = [], []
     with tempfile.TemporaryDirectory(prefix='simulation_speed_') as work_dir:
         for name in names:
+            if name == PEERS:
+                print(f'[{PEERS}] benchmarks/peer_speed.py {" ".join(_PEER_ARGS.value)} ...', flush=True)
+                rows += run_peers(work_dir)
+                continue
             workload = WORKLOADS[name]
             reason = workload.skip_reason()
             if reason:
@@ -346,9 +399,13 @@ def main() -> None:
             finish_workload(workload_rows, workload, gflops)
             rows += workload_rows
     command = 'python ' + ' '.join(shlex.quote(a) for a in [os.path.relpath(sys.argv[0], _REPO)] + sys.argv[1:])
-    report = dict(command=command, machine=_machine(), flop_rate_gflops=gflops, rounds=rounds, rows=rows)
-    report.update(skipped=skipped, workloads={n: WORKLOADS[n].description for n in names}, wall_s=time.time() - started)
     output = os.path.join(_REPO, _OUTPUT.value)  # Relative to the repository; an absolute path stays as is.
+    earlier_rows, descriptions, earlier_skipped = _earlier(output, names)
+    rows += earlier_rows
+    report = dict(command=command, machine=_machine(), flop_rate_gflops=gflops, rounds=rounds, rows=rows)
+    descriptions |= {n: WORKLOADS[n].description if n in WORKLOADS else 'benchmarks/peer_speed.py' for n in names}
+    report.update(skipped=skipped + earlier_skipped, workloads=descriptions, wall_s=time.time() - started)
+    report.update(load_average_before=load_before, load_average_after=os.getloadavg())
     os.makedirs(os.path.dirname(output), exist_ok=True)
     with open(output, 'w') as f:
         json.dump(report, f, indent=1)

@@ -10,7 +10,9 @@ benchmarks/pfl_benchmark_table.py turns the two partitions' directories into doc
 Data: Fashion-MNIST from /usr/share/datasets/fashion-mnist (Debian package
 dataset-fashion-mnist) or --data_dir, or a prepared TFDS directory (--tfds_data_dir); --dataset=synthetic needs no
 data. The leaderboard's two settings are configs/pfllib_fmnist_pathological.flags and
-configs/pfllib_fmnist_dirichlet.flags.
+configs/pfllib_fmnist_dirichlet.flags. --dataset=movielens (MovieLens 100K from --data_dir, e.g. /tmp/ml-100k) runs the
+rating block (fedpersonal/tasks/pfl_benchmark_movielens.py: matrix factorization, one client per user, rows by RMSE):
+configs/pfl_movielens_100k.flags; --dataset=movielens_synthetic generates MovieLens-shaped ratings.
 
   python experiments/pfl_benchmark.py --flagfile=configs/pfllib_fmnist_dirichlet.flags --output_dir=/tmp/pfl
 """

@@ -19,14 +19,25 @@ Where the engine cannot run a configuration (an aggregator that needs each clien
 that is not a functional TFF optimizer, a custom distributor), the process is built on the per-client backend, with
 one log line saying why: something TFF supports never gives an error for it.
 
+The context also says how the engine runs a plan's groups (``strategy``, `fedpersonal.simulation.options`
+``ENGINE_STRATEGIES``): ``'auto'`` (default) picks the vectorized lockstep, the compiled loop over clients, or that
+loop spread over the cores by a fixed rule from the workload's shape (`fedpersonal.simulation.client_loop.auto_strategy`),
+so a rerun computes the same numbers bit for bit; ``'lockstep'``, ``'client_loop'`` and ``'spread'`` pin one;
+``'measure'`` times them on the first rounds and keeps the fastest (the strategies agree to float rounding only,
+so which one wins, and the last bits of the results, may differ between runs). The choice is logged once.
+
 Example:
 
 >>> from fedpersonal import backends
->>> backends.current()
-'engine'
+>>> backends.current(), backends.current_strategy()
+('engine', 'auto')
 >>> with backends.use('per_client'):
 ...     backends.current()
 'per_client'
+>>> with backends.use('engine', strategy='client_loop'):
+...     with backends.use('engine'):  # An inner context without a strategy keeps the outer one.
+...         backends.current_strategy()
+'client_loop'
 """
 
 from __future__ import annotations
@@ -52,12 +63,16 @@ from fedpersonal.core import per_client_plan
 from fedpersonal.core import process as process_lib
 from fedpersonal.core import round_functions
 from fedpersonal.simulation import model_loss_engine
+from fedpersonal.simulation import options as simulation_options
 from fedpersonal.simulation import plan_engine
 from fedpersonal.simulation import silo_engine
 
 ENGINE, PER_CLIENT = 'engine', 'per_client'
 BACKENDS = (ENGINE, PER_CLIENT)
 _backend: contextvars.ContextVar[str] = contextvars.ContextVar('fedpersonal_backend', default=ENGINE)
+_strategy: contextvars.ContextVar[str] = contextvars.ContextVar(
+    'fedpersonal_engine_strategy', default=simulation_options.AUTO
+)
 _SUM_THEN_FINALIZE = tff.learning.metrics.sum_then_finalize
 
 
@@ -66,19 +81,33 @@ def current() -> str:
     return _backend.get()
 
 
+def current_strategy() -> str:
+    """The engine strategy of the current context (``'auto'`` unless `use` says otherwise)."""
+    return _strategy.get()
+
+
 @contextlib.contextmanager
-def use(backend: str) -> Iterator[None]:
+def use(backend: str, *, strategy: str | None = None) -> Iterator[None]:
     """Builds processes on `backend` (``'engine'`` or ``'per_client'``) inside the ``with`` block.
 
+    Args:
+      backend: ``'engine'`` or ``'per_client'``.
+      strategy: How the engine runs a plan's groups (see the module docstring); None keeps the context's.
+
     Raises:
-      ValueError: An unknown backend.
+      ValueError: An unknown backend or strategy.
     """
     if backend not in BACKENDS:
         raise ValueError(f'backend must be one of {BACKENDS}, got {backend!r}.')
+    if strategy is not None and strategy not in simulation_options.ENGINE_STRATEGIES:
+        raise ValueError(f'strategy must be one of {simulation_options.ENGINE_STRATEGIES}, got {strategy!r}.')
     token = _backend.set(backend)
+    strategy_token = _strategy.set(strategy) if strategy is not None else None
     try:
         yield
     finally:
+        if strategy_token is not None:
+            _strategy.reset(strategy_token)
         _backend.reset(token)
 
 
@@ -173,6 +202,8 @@ def build_process(
             model_fn,
             group_size=group_size,
             measure_communication=measure_communication,
+            strategy=current_strategy(),
+            name=name,
             **common,
             **parts,
         )

@@ -34,6 +34,7 @@ MODULES = (
     'fedpersonal.program.participation',
     'fedpersonal.program.task_runner',
     'fedpersonal.progress',
+    'fedpersonal.privacy.accounting',
     'fedpersonal.privacy.dp',
     'fedpersonal.tasks.feddva_config',
     'fedpersonal.tasks.furl_personalization_config',

@@ -15,13 +15,12 @@ evaluation-time fine-tuning (also FedAvg + fine-tuning's): a plan over a model w
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
+from typing import Unpack
 
 import tensorflow_federated as tff
 
-from fedpersonal import backends
+from fedpersonal.algorithms import fedper
 from fedpersonal.core import client_plan
-from fedpersonal.core import client_work
 from fedpersonal.core import process as process_lib
 
 
@@ -38,36 +37,17 @@ def finetune_plan(*, epochs: int, optimizer: tff.learning.optimizers.Optimizer) 
 
 
 def build_fedbabu(
-    model_fn: Callable[[], tff.learning.models.ReconstructionModel],
-    *,
-    loss_fn: client_work.LossFn,
-    metrics_fn: client_work.MetricsFn | None = None,
-    client_optimizer: tff.learning.optimizers.Optimizer,
-    server_optimizer: tff.learning.optimizers.Optimizer,
-    client_epochs: int = 1,
-    model_aggregator: Any = None,
+    model_fn: Callable[[], tff.learning.models.ReconstructionModel], **options: Unpack[fedper.Options]
 ) -> process_lib.PersonalizedProcess:
     """Builds FedBABU's federated training on the context's backend.
 
     Args:
       model_fn: No-arg function returning a new partially local model: global body, local head (its initializers
         seeded, so that every client's head starts the same).
-      loss_fn: No-arg function returning the Keras loss.
-      metrics_fn: Optional no-arg function returning Keras metrics.
-      client_optimizer: The body's local optimizer (fresh state every round).
-      server_optimizer: Applied to the averaged body update.
-      client_epochs: Local epochs per round.
-      model_aggregator: A weighted `tff.aggregators` factory for the body update (default: example-weighted mean).
+      **options: FedPer's (`fedpersonal.algorithms.fedper.Options`; ``loss_fn``, ``client_optimizer`` (the
+        body's) and ``server_optimizer`` required).
 
     Returns:
       A stateless `PersonalizedProcess` (nothing is kept on the clients; the head is the model's initial one).
     """
-    return backends.build_process(
-        fedbabu_plan(client_epochs=client_epochs, client_optimizer=client_optimizer),
-        model_fn,
-        loss_fn=loss_fn,
-        metrics_fn=metrics_fn,
-        server_optimizer=server_optimizer,
-        model_aggregator=model_aggregator,
-        name='FedBABU',
-    )
+    return fedper.build_with_plan(fedbabu_plan, model_fn, name='FedBABU', **options)

@@ -12,14 +12,13 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from typing import Any
+from typing import Unpack
 
 import tensorflow as tf
 import tensorflow_federated as tff
 
-from fedpersonal import backends
 from fedpersonal import models
 from fedpersonal.algorithms import fedper
-from fedpersonal.core import client_work
 from fedpersonal.core import process as process_lib
 
 
@@ -50,38 +49,18 @@ def fedbn_model_fn(
 
 
 def build_fedbn(
-    model_fn: Callable[[], tff.learning.models.ReconstructionModel],
-    *,
-    loss_fn: client_work.LossFn,
-    metrics_fn: client_work.MetricsFn | None = None,
-    client_optimizer: tff.learning.optimizers.Optimizer,
-    server_optimizer: tff.learning.optimizers.Optimizer,
-    client_epochs: int = 1,
-    model_aggregator: Any = None,
+    model_fn: Callable[[], tff.learning.models.ReconstructionModel], **options: Unpack[fedper.Options]
 ) -> process_lib.PersonalizedProcess:
     """Builds FedBN on the context's backend.
 
     Args:
       model_fn: No-arg function returning a new partially local model whose local layers are its batch
         normalization layers (`fedbn_model_fn`).
-      loss_fn: No-arg function returning the Keras loss.
-      metrics_fn: Optional no-arg function returning Keras metrics.
-      client_optimizer: The local optimizer (fresh state every round).
-      server_optimizer: Applied to the averaged update of the other layers.
-      client_epochs: Local epochs per round.
-      model_aggregator: A weighted `tff.aggregators` factory for the global update (default: example-weighted
-        mean).
+      **options: FedPer's (`fedpersonal.algorithms.fedper.Options`; ``loss_fn``, ``client_optimizer`` and
+        ``server_optimizer`` required).
 
     Returns:
       A stateful `PersonalizedProcess` whose private state is the client's batch normalization weights
       (trainable: scale and offset; non-trainable: moving mean and variance).
     """
-    return backends.build_process(
-        fedper.fedper_plan(client_epochs=client_epochs, client_optimizer=client_optimizer),
-        model_fn,
-        loss_fn=loss_fn,
-        metrics_fn=metrics_fn,
-        server_optimizer=server_optimizer,
-        model_aggregator=model_aggregator,
-        name='FedBN',
-    )
+    return fedper.build_with_plan(fedper.fedper_plan, model_fn, name='FedBN', **options)

@@ -198,6 +198,12 @@ class PersonalizedProcess(tff.templates.IterativeProcess):
         """The backend's name: ``'engine'`` when a simulation engine runs the rounds, else ``'per_client'``."""
         return self.backend.name
 
+    @property
+    def engine_strategy(self) -> str | None:
+        """How the engine's round runner runs a group's client work (e.g. ``'client_loop'``; its ``strategy``), or
+        None without one, or while it is still measuring (``engine_strategy='measure'``)."""
+        return getattr(getattr(self.backend, 'round_runner', None), 'strategy', None)
+
     def run_round(
         self,
         state: Any,

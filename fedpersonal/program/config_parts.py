@@ -44,6 +44,8 @@ from fedpersonal import errors
 # The names `fedpersonal.algorithms.optimizers.build_optimizer` accepts (kept here so that defining flags imports
 # neither TensorFlow nor TFF; tests/program/config_parts_test.py checks the two agree).
 OPTIMIZERS = ('sgd', 'sgdm', 'adam', 'adagrad', 'yogi')
+# `fedpersonal.simulation.options.ENGINE_STRATEGIES`, named here without importing TensorFlow (a test keeps them equal).
+ENGINE_STRATEGIES = ('auto', 'lockstep', 'client_loop', 'spread', 'measure')
 
 
 def build_optimizer(name: str, learning_rate: float) -> Any:
@@ -475,6 +477,14 @@ class SimulationConfig:
     group_size: int | None = option(
         None, "Engine: most clients per compiled group ('none': as many as fit 1 GiB of per-client weights)."
     )
+    engine_strategy: str = option(
+        'auto',
+        "Engine: how a group's clients run. 'auto': a fixed rule from the model (a compiled loop over clients for "
+        "dense, convolutional and recurrent models, spread over the allowed cores; 'lockstep' for embedding-only "
+        "models); 'lockstep' (every client's step at once, vectorized), 'client_loop', 'spread' (the loop over "
+        "clients, split over the cores) pin one; 'measure' times them on the first rounds and keeps the fastest "
+        '(not bit-reproducible: the strategies agree to float rounding). Same results to float precision.',
+    )
 
     def __post_init__(self):
         _require(
@@ -482,6 +492,10 @@ class SimulationConfig:
             f"simulation must be 'engine' or 'per_client', got {self.simulation!r}.",
         )
         _require(self.group_size is None or self.group_size >= 1, f'group_size must be >= 1, got {self.group_size}.')
+        _require(
+            self.engine_strategy in ENGINE_STRATEGIES,
+            f'engine_strategy must be one of {ENGINE_STRATEGIES}, got {self.engine_strategy!r}.',
+        )
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)

@@ -20,7 +20,8 @@ returned `main` builds the config from the parsed flags, checks the output
 directory (`run_record.check_output_dir`), runs the task inside
 `fedpersonal.runtime.LocalRuntime()` (so no TFF worker outlives the run), or
 with ``--workers=host:port,...`` inside `fedpersonal.runtime.DistributedRuntime`
-on those running workers, and prints the report and the output directory. A
+on those running workers (with a config's ``engine_strategy`` in `fedpersonal.backends.use`), and prints the
+report and the output directory. A
 worker that fails mid-run stops the binary with a one-line error naming it
 (exit status 3, `fedpersonal.errors.WorkerError`); rerunning resumes from the
 last checkpoint. Only the user's mistakes become an
@@ -229,10 +230,13 @@ class ExperimentMain(Generic[ConfigT]):
                 try:
                     run_record.check_output_dir(config, fresh_start=flags.FLAGS.fresh_start)
                     # TensorFlow and TFF are imported here, once the flags are parsed and the config is valid.
+                    from fedpersonal import backends  # pylint: disable=g-import-not-at-top
                     from fedpersonal import runtime  # pylint: disable=g-import-not-at-top
 
                     run = load(self._run)
-                    with runtime.for_workers(flags.FLAGS.workers):
+                    # The engine strategy reaches every process the task builds (`backends.use`).
+                    strategy = getattr(config, 'engine_strategy', None)
+                    with runtime.for_workers(flags.FLAGS.workers), backends.use(backends.current(), strategy=strategy):
                         results = run(config)
                 except errors.InputError:
                     # A failed start leaves nothing behind: not even the record of a configuration that never ran.

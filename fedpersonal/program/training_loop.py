@@ -22,7 +22,8 @@ for ``total_rounds`` rounds and owns, once for every binary:
 * **the config guard** (``config``): the run's configuration is recorded next to its checkpoints at a fresh start
   and a resume under another configuration is refused (`ConfigMismatchError`);
 * **metrics**: every round's metrics (plus ``round_seconds`` and, every ``rounds_per_evaluation`` rounds and after
-  the last, the evaluation) go to ``metrics.csv`` and TensorBoard (`ExperimentOutputs.release_metrics`);
+  the last, the evaluation) go to ``metrics.csv`` and TensorBoard (`ExperimentOutputs.release_metrics`); how the
+  engine ran the rounds (`PersonalizedProcess.engine_strategy`) to ``engine_strategy.json``, once it is known;
 * **model selection** (``selection``): the private states of the evaluation round with the lowest validation
   metric are kept in the store (ids ``'best/<client id>'``) and the best round and value in the checkpoint;
 * **early stopping** (``stopping``): the server state of the best evaluation round is kept in the checkpoint and
@@ -79,6 +80,8 @@ from fedpersonal.program.run_record import RUN_CONFIG_FILE
 from fedpersonal.program.run_record import ConfigMismatchError
 from fedpersonal.program.selection import EarlyStopping
 from fedpersonal.program.selection import ModelSelection
+
+ENGINE_STRATEGY_FILE = 'engine_strategy.json'
 
 EvaluationFn = Callable[[Any], dict[str, Any]]
 ClientEvaluationFn = Callable[[Any, list[Any]], dict[str, Any]]
@@ -369,6 +372,7 @@ def run_learning_process(
                 culprits.append(client_id)
         return culprits
 
+    recorded_strategy = None
     per_round = clients_per_round or 0  # Checked >= 1 for sampled participation.
     history = []
     train_seconds: list[float] = []
@@ -401,6 +405,10 @@ def run_learning_process(
             else [unflatten_private_state(s, template) for s in client_state_store.get(participants)]
         )
         result = run_clients(state, participants, private)
+        strategy = getattr(process, 'engine_strategy', None)
+        if strategy is not None and strategy != recorded_strategy:
+            outputs.write_json(ENGINE_STRATEGY_FILE, {'engine_strategy': strategy, 'from_round': round_num})
+            recorded_strategy = strategy
         train = _train_metrics(result.metrics, train_metrics_fn)
         bad_losses = non_finite_losses(train)
         if bad_losses:

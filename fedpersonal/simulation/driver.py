@@ -32,6 +32,8 @@ that `process.run_round` (this runner) and `process.next` give the same state an
 from __future__ import annotations
 
 import collections
+import concurrent.futures
+import time
 from collections.abc import Callable
 from collections.abc import Mapping
 from collections.abc import Sequence
@@ -40,6 +42,7 @@ from typing import Any
 import numpy as np
 import tensorflow as tf
 import tensorflow_federated as tff
+from absl import logging
 
 from fedpersonal.core import process as process_lib
 from fedpersonal.core.compose import apply_update as apply_update
@@ -98,7 +101,8 @@ class GroupRoundRunner:
 
     Args:
       group_work: ``(ModelWeights, group) -> (ClientResult, unfinalized metrics)``, a `tf.function` (the
-        function the process's TFF client computation wraps).
+        function the process's TFF client computation wraps), or several such functions by name: strategies
+        that compute the same (e.g. `fedpersonal.simulation.client_loop.STRATEGIES`).
       server_optimizer: The process's TFF server optimizer.
       finalize_metrics: The clients' summed unfinalized metrics -> the round's metrics (e.g.
         `KerasMetricsFinalizer`).
@@ -106,6 +110,11 @@ class GroupRoundRunner:
         measured broadcast and aggregator do (`metrics['distributor']`, `metrics['aggregator']`; see above).
       aggregation: The process's weighted `tff.templates.AggregationProcess` of the groups' updates when it is not
         a plain weighted mean (its state is the process state's ``aggregator``); None: `MeanFactory`'s mean.
+      runs: The ways a round may run, ``(group work name, parts)``: the work on each group whole (1 part), or on
+        each group's clients split into that many parts run at once, one program per core (each program then
+        runs on one core: e.g. a compiled loop over clients; never with an `aggregation`, whose DP noise and
+        denominator depend on the number of groups). Several: the fastest on the first rounds runs the rest
+        (`StrategyChoice`; not bit-reproducible). Default: each group work whole.
     """
 
     def __init__(
@@ -115,8 +124,16 @@ class GroupRoundRunner:
         finalize_metrics: Callable[[Any], Any],
         measure_communication: bool = False,
         aggregation: tff.templates.AggregationProcess | None = None,
+        runs: Sequence[tuple[str, int]] | None = None,
     ):
-        self._group_work = group_work
+        works = dict(group_work) if isinstance(group_work, Mapping) else {'': group_work}
+        self._works = works
+        runs = list(runs) if runs is not None else [(name, 1) for name in works]
+        if aggregation is not None and any(k > 1 for _, k in runs):
+            raise ValueError('A group is split into parts only with the mean aggregator.')
+        self._runs = {run_name(name, k): (name, k) for name, k in runs}
+        self.choice = StrategyChoice(list(self._runs))
+        self._pool: concurrent.futures.ThreadPoolExecutor | None = None
         self._aggregation = aggregation
         if aggregation is not None and measure_communication:
             raise ValueError('measure_communication is only supported with the mean aggregator.')
@@ -142,9 +159,15 @@ class GroupRoundRunner:
         )
 
     @property
+    def strategy(self) -> str | None:
+        """The run that runs the rounds (`run_name`), None while several are still being measured."""
+        return self.choice.chosen
+
+    @property
     def traces(self) -> int:
-        """How often the group work has been traced: once per experiment, as groups are padded to fixed shapes."""
-        return self._group_work.experimental_get_tracing_count()
+        """How often a group work has been traced (the most of any strategy): once per experiment, as groups are
+        padded to fixed shapes."""
+        return max(work.experimental_get_tracing_count() for work in self._works.values())
 
     def __call__(
         self,
@@ -166,15 +189,37 @@ class GroupRoundRunner:
             non_trainable=[tf.convert_to_tensor(w) for w in weights.non_trainable],
         )
         results, metric_sums, new_private = [], None, []
+        strategy = self.choice.next()
+        (name, parts), started = self._runs[strategy], time.perf_counter()
+        pieces, private_pieces, order = [], [], []
         for g, group in enumerate(groups):
-            group = packing.as_tensors(group)
-            if stacked is None:
-                result, metrics = self._group_work(model_weights, group)
-            else:
-                result, metrics, private = self._group_work(model_weights, group, stacked[g])
-                new_private.extend(unstack(private, group_clients(group)))
+            split: list[tuple[Any, np.ndarray | None]] = [(group, None)]
+            if parts > 1:
+                split = list(packing.split_group(group, parts))
+            pieces += [piece for piece, _ in split]
+            offset = sum(group_clients(previous) for previous in groups[:g])
+            order += [offset + (np.arange(group_clients(piece)) if i is None else i) for piece, i in split]
+            if stacked is not None:
+                take = lambda a, i: a if i is None else np.take(np.asarray(a), i, axis=0)
+                private_pieces += [tf.nest.map_structure(lambda a, i=i: take(a, i), stacked[g]) for _, i in split]
+
+        def run(k: int) -> Any:
+            args = (model_weights, packing.as_tensors(pieces[k]))
+            return self._works[name](*args) if stacked is None else self._works[name](*args, private_pieces[k])
+
+        if len(pieces) > 1 and parts > 1:
+            self._pool = self._pool or concurrent.futures.ThreadPoolExecutor(parts)
+            outputs = list(self._pool.map(run, range(len(pieces))))
+        else:
+            outputs = [run(k) for k in range(len(pieces))]
+        by_slot: dict[int, Any] = {}
+        for piece, slots, (result, metrics, *private) in zip(pieces, order, outputs):
+            if stacked is not None:
+                by_slot.update(zip(slots.tolist(), unstack(private[0], group_clients(piece))))
             results.append(result)
             metric_sums = metrics if metric_sums is None else tf.nest.map_structure(tf.add, metric_sums, metrics)
+        new_private = [by_slot[k] for k in sorted(by_slot)]
+        self.choice.record(strategy, time.perf_counter() - started)
         aggregator_state, aggregator_metrics = state.aggregator, collections.OrderedDict(mean_value=(), mean_weight=())
         if self._aggregation is None:
             optimizer_state, trainable, measurements = self._server_step(
@@ -216,6 +261,55 @@ class GroupRoundRunner:
         if private_states is not None:
             return process_lib.ProcessOutput(new_state, metrics, new_private[: len(private_states)])
         return process_lib.ProcessOutput(state=new_state, metrics=metrics, private_states=())
+
+
+def run_name(work: str, parts: int) -> str:
+    """A run's name, as `StrategyChoice` reports it: the group work's, with ``x<parts>`` when split."""
+    return work if parts == 1 else f'{work} x{parts}'
+
+
+class StrategyChoice:
+    """Which of several equivalent group works runs the rounds: each runs whole rounds in turn, its first round
+    untimed (it compiles), its second timed; then the fastest runs every later round, logged once. The candidates
+    are in order of preference: a later one is chosen only if it is `MARGIN` times faster than the one before it
+    that was chosen, so that a choice does not follow the noise of a shared machine.
+
+    Every round's result is exact whichever strategy computes it (they agree to float rounding, not bit for bit),
+    so measuring costs no work, only the slower strategy's time for a few rounds; but which one wins depends on
+    the machine's load, so reruns need not be bit-identical. With one candidate it is chosen from the start.
+
+    Attributes:
+      chosen: The strategy that runs the rounds, once measured (None before).
+      seconds: The timed round's client work (seconds) of each strategy measured so far.
+    """
+
+    MARGIN = 1.2
+
+    def __init__(self, names: Sequence[str]):
+        self._names = list(names)
+        self._calls = dict.fromkeys(self._names, 0)
+        self.seconds: dict[str, float] = {}
+        self.chosen: str | None = self._names[0] if len(self._names) == 1 else None
+
+    def next(self) -> str:
+        """The strategy of the next round."""
+        if self.chosen is not None:
+            return self.chosen
+        return next(n for n in self._names if self._calls[n] < 2)
+
+    def record(self, name: str, seconds: float) -> None:
+        """Records a round's client work time; chooses once every strategy has a timed round."""
+        self._calls[name] += 1
+        if self.chosen is not None or self._calls[name] < 2:
+            return
+        self.seconds[name] = seconds
+        if len(self.seconds) == len(self._names):
+            self.chosen = self._names[0]
+            for candidate in self._names[1:]:  # A later strategy must be clearly faster: noise flips no choice.
+                if self.seconds[candidate] * self.MARGIN < self.seconds[self.chosen]:
+                    self.chosen = candidate
+            measured = ', '.join(f'{n} {s:.4g} s' for n, s in self.seconds.items())
+            logging.info('Engine strategy: %s runs the rounds (client work of one round: %s).', self.chosen, measured)
 
 
 def _payload(structure: Any) -> tuple[float, float]:

@@ -108,6 +108,7 @@ _BATCH_NORM = tf.keras.layers.BatchNormalization.__mro__[1]  # Keras' BatchNorma
 # pfor has no converter for a convolution whose filters differ per client (it logs an error and falls back to a loop).
 _CONV_LAYERS = (tf.keras.layers.Conv1D, tf.keras.layers.Conv2D, tf.keras.layers.Conv3D)
 _NO_XLA_LAYERS = (tf.keras.layers.RNN, *_CONV_LAYERS)
+_MATMUL_LAYERS = (tf.keras.layers.Dense, tf.keras.layers.EinsumDense, *_NO_XLA_LAYERS)
 
 
 class FunctionalModel:
@@ -135,6 +136,8 @@ class FunctionalModel:
         for convolutions, whose per-client filters pfor cannot batch (their clients loop in the program instead).
       pfor_loops: Whether the model has fused LSTMs, which `tf.vectorized_map` runs client after client in a
         parallel loop inside a vectorized step (`fedpersonal.simulation.lockstep.for_each_client`).
+      multiplies_matrices: Whether a client step multiplies matrices of weights: dense, convolutional or recurrent
+        layers (not a model of embedding lookups and elementwise products, e.g. matrix factorization).
       stateful_slots: The slots of the weights the model's layers update in training mode (batch norm moving
         statistics), in a fixed order.
       template: The model object built once in a scratch graph (for its structure and attributes, e.g. sizes;
@@ -198,6 +201,7 @@ class FunctionalModel:
             self.xla = not any(isinstance(layer, _NO_XLA_LAYERS) for layer in layers)
             self.vectorizes = not any(isinstance(layer, _CONV_LAYERS) for layer in layers)
             self.pfor_loops = fuse_lstms and any(fused_lstm.fusable(layer) for layer in layers)
+            self.multiplies_matrices = any(isinstance(layer, _MATMUL_LAYERS) for layer in layers)
             self.input_spec = getattr(model, 'input_spec', None) if not self._is_keras else None
         self._model_fn = model_fn
         self.template = model

@@ -140,8 +140,16 @@ def update_after_steps(
 ) -> tuple[tff.learning.templates.ClientResult, tf.Tensor]:
     """`weighted_update` of the first ``len(received)`` slots a `lockstep_steps` call trained (with
     ``delta_weights=weights``), and each client's finiteness ``[clients]`` (e.g. to keep its previous private state).
+
+    Trained weights that came back shared (`client_loop.client_loop_steps` with ``keep_trained=False``) have only
+    their accumulated deltas, which leave out the clients whose update is not finite: the update is their sum over
+    the weight of the finite clients.
     """
     accumulated = list(steps.weighted_deltas[: len(received)])
+    if all(t.shape.rank == r.shape.rank for t, r in zip(trained, received)):
+        total = tf.reduce_sum(tf.where(steps.finite, weights, 0.0))
+        update = [tf.math.divide_no_nan(a, total) for a in accumulated]
+        return tff.learning.templates.ClientResult(update=update, update_weight=total), steps.finite
     if all(a is not None for a in accumulated):
         finite = steps.finite
     else:

@@ -108,7 +108,8 @@ def per_client(value: tf.Tensor, base: Any, clients: tf.Tensor) -> tf.Tensor:
     return tf.broadcast_to(value[tf.newaxis], tf.concat([[clients], tf.shape(value)], 0))
 
 
-def _replace(parts: functional.Parts, slots: Sequence[Slot], values: Sequence[Any]) -> functional.Parts:
+def replace_slots(parts: functional.Parts, slots: Sequence[Slot], values: Sequence[Any]) -> functional.Parts:
+    """`parts` with the weights at `slots` replaced by `values`."""
     groups = [list(g) for g in parts]
     for (g, i), v in zip(slots, values):
         groups[g][i] = v
@@ -254,8 +255,8 @@ def lockstep_steps(
     ] = []  # Per trained weight: is its gradient applied as sparse rows (set while tracing client_step).
 
     def client_parts(values, frozen, carried_values):
-        parts = _replace(_replace(weights, frozen_per_client, frozen), stateful, carried_values)
-        return _replace(parts, train, values)
+        parts = replace_slots(replace_slots(weights, frozen_per_client, frozen), stateful, carried_values)
+        return replace_slots(parts, train, values)
 
     def client_step(args):
         values, frozen, carried_values, centre_values, batch, mask, extra = args
@@ -263,23 +264,9 @@ def lockstep_steps(
         full_centre = list(centre)
         for k, c in zip(centre_per_client, centre_values):
             full_centre[k] = c
-        with tf.GradientTape() as tape:
-            tape.watch(values)
-            n = tf.reduce_sum(mask)
-            if client_loss is not None:
-                batch_loss, updates = client_loss(parts, batch, mask, extra)
-                predictions, total = tf.zeros([]), batch_loss
-            else:
-                x, y = partially_local_model.split_batch(batch)
-                predictions, regularization, updates = model.apply(
-                    parts, x, training=True, example_mask=mask if stateful else None
-                )
-                batch_loss = masked_loss(loss, y, predictions, mask)
-                total = batch_loss + regularization
-            if penalty is not None:
-                total += penalty(values, full_centre)
-            total *= tf.cast(n > 0, total.dtype)
-        gradients = tape.gradient(total, values, unconnected_gradients=tf.UnconnectedGradients.ZERO)
+        batch_loss, n, predictions, gradients, updates = client_gradients(
+            model, parts, values, batch, mask, extra, loss, client_loss, penalty, full_centre, bool(stateful)
+        )
         # Sparse rows leave as (values, indices) only when their count is static: a count that depends on the data
         # (an embedding looked up on a batch whose padding the model trims, e.g. FURL's `TrimPadding`) differs
         # between clients, which a loop over clients cannot stack; such a gradient is applied dense.
@@ -400,8 +387,48 @@ def lockstep_steps(
     )
     remaining = iter(deltas)
     weighted_deltas = [next(remaining) if a else None for a in accumulate]
-    weights = _replace(_replace(weights, train, trained), stateful, carried)
+    weights = replace_slots(replace_slots(weights, train, trained), stateful, carried)
     return weights, GroupSteps(num_examples, loss_sum, weighted_deltas, finite, stats)
+
+
+def client_gradients(
+    model: functional.FunctionalModel,
+    parts: functional.Parts,
+    values: list[tf.Tensor],
+    batch: Any,
+    mask: tf.Tensor,
+    extra: Any,
+    loss: tf.keras.losses.Loss | None,
+    client_loss: ClientLoss | None,
+    penalty: Penalty | None,
+    centre: list[Any],
+    mask_batch_norm: bool,
+) -> tuple[tf.Tensor, tf.Tensor, Any, list[Any], dict[Slot, tf.Tensor]]:
+    """One client's step before the optimizer: ``(batch loss, examples, predictions, gradients, updates)``.
+
+    The gradients are those of the batch loss (plus the model's regularization and the `penalty` at `centre`)
+    with respect to `values`, the trained weights inside `parts`; zero for a batch without examples. `updates`
+    are the new values of the model's stateful weights (batch norm statistics, over the real examples when
+    `mask_batch_norm`). Shared by `lockstep_steps` and `fedpersonal.simulation.client_loop`.
+    """
+    with tf.GradientTape() as tape:
+        tape.watch(values)
+        n = tf.reduce_sum(mask)
+        if client_loss is not None:
+            batch_loss, updates = client_loss(parts, batch, mask, extra)
+            predictions, total = tf.zeros([]), batch_loss
+        else:
+            x, y = partially_local_model.split_batch(batch)
+            predictions, regularization, updates = model.apply(
+                parts, x, training=True, example_mask=mask if mask_batch_norm else None
+            )
+            batch_loss = masked_loss(loss, y, predictions, mask)
+            total = batch_loss + regularization
+        if penalty is not None:
+            total += penalty(values, centre)
+        total *= tf.cast(n > 0, total.dtype)
+    gradients = tape.gradient(total, values, unconnected_gradients=tf.UnconnectedGradients.ZERO)
+    return batch_loss, n, predictions, gradients, updates
 
 
 def for_each_client(

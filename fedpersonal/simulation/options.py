@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from collections.abc import Sequence
 
 import numpy as np
@@ -9,6 +10,10 @@ import numpy as np
 from fedpersonal import errors
 
 SIMULATIONS = ('engine', 'per_client')
+# How the engine runs a group's client work (`fedpersonal.simulation.plan_engine`): 'auto' picks one of the three
+# fixed strategies from the workload's shape (`client_loop.auto_strategy`), 'measure' times them on the first rounds.
+AUTO, LOCKSTEP, CLIENT_LOOP, SPREAD, MEASURE = 'auto', 'lockstep', 'client_loop', 'spread', 'measure'
+ENGINE_STRATEGIES = (AUTO, LOCKSTEP, CLIENT_LOOP, SPREAD, MEASURE)
 DEFAULT_MEMORY_BUDGET_BYTES = 1 << 30  # Per group: the per-client copies of the trained weights.
 MAX_GROUP_SIZE = 128
 
@@ -16,6 +21,12 @@ MAX_GROUP_SIZE = 128
 def check_simulation(simulation: str) -> None:
     if simulation not in SIMULATIONS:
         raise errors.ConfigError(f'simulation must be one of {SIMULATIONS}, got {simulation!r}.')
+
+
+def check_engine_strategy(strategy: str) -> None:
+    """Raises `ConfigError` for a strategy not in `ENGINE_STRATEGIES`."""
+    if strategy not in ENGINE_STRATEGIES:
+        raise errors.ConfigError(f'engine_strategy must be one of {ENGINE_STRATEGIES}, got {strategy!r}.')
 
 
 def default_group_size(
@@ -44,3 +55,14 @@ def check_engine_parts(*, model_distributor: object = None, metrics_aggregator: 
             'The fast simulation engine finalizes metrics as tff.learning.metrics.sum_then_finalize; a custom '
             "metrics_aggregator needs simulation='per_client'."
         )
+
+
+def parallel_parts() -> int:
+    """How many compiled group programs a round may run at once (one per core): the CPUs this process may use, at
+    most TensorFlow's intra-op threads where they are pinned (``tf.config.threading`` or ``TF_NUM_INTRAOP_THREADS``),
+    so a run pinned to one thread stays on one core."""
+    import tensorflow as tf  # Lazy: options are read before TensorFlow is imported.
+
+    cpus = len(os.sched_getaffinity(0)) if hasattr(os, 'sched_getaffinity') else os.cpu_count() or 1
+    pinned = tf.config.threading.get_intra_op_parallelism_threads() or int(os.environ.get('TF_NUM_INTRAOP_THREADS', 0))
+    return max(1, min(cpus, pinned) if pinned > 0 else cpus)

@@ -284,6 +284,23 @@ class ClientPacker:
         return group
 
 
+def split_group(group: Any, parts: int) -> list[tuple[Any, np.ndarray]]:
+    """A packed group as up to `parts` packed groups of its client slots, with each part's slot indices: equal
+    numbers of slots (the first parts one more), the slots dealt longest first to the part with the fewest steps so
+    far, so that parts run for about as long (and their shapes stay those of a contiguous split)."""
+    size = group_clients(group)
+    parts = max(1, min(parts, size))
+    steps = np.sum([np.asarray(phase['steps'], np.int64) for phase in group.values()], axis=0)
+    room = [size // parts + (k < size % parts) for k in range(parts)]
+    load, members = [0] * parts, [[] for _ in range(parts)]  # type: list[int], list[list[int]]
+    for c in sorted(range(size), key=lambda c: -int(steps[c])):
+        k = min((k for k in range(parts) if len(members[k]) < room[k]), key=lambda k: load[k])
+        members[k].append(c)
+        load[k] += int(steps[c])
+    indices = [np.sort(np.asarray(m, np.int64)) for m in members]
+    return [(tf.nest.map_structure(lambda a, i=i: np.take(np.asarray(a), i, axis=0), group), i) for i in indices]
+
+
 def group_clients(group: Any) -> int:
     """The number of client slots of a packed group (real and padding)."""
     return int(next(iter(group.values()))['steps'].shape[0])

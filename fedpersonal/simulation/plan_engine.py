@@ -1,5 +1,7 @@
 """The grouped engine's backend of a `fedpersonal.core.client_plan.ClientPlan`: a group of clients runs the plan's
-phases in lockstep, as one compiled program (`lockstep.lockstep_steps` per phase), and the driver applies the
+phases as one compiled program (per phase `lockstep.lockstep_steps`, or `client_loop.client_loop_steps`, possibly
+spread over the cores: chosen by `strategy`, by default a fixed rule from the model, `client_loop.runs`), and the
+driver applies the
 groups' mean update in its own runtime (`driver.GroupRoundRunner`). Same arithmetic as the per-client backend
 (`per_client_plan.build_client_update`), to float precision; the process's ``next`` maps the same group program over
 TFF's CLIENTS, so the placements the privacy audit reads are unchanged.
@@ -15,12 +17,14 @@ from typing import Any
 import numpy as np
 import tensorflow as tf
 import tensorflow_federated as tff
+from absl import logging
 
 from fedpersonal import errors
 from fedpersonal.core import client_plan
 from fedpersonal.core import client_work
 from fedpersonal.core import compose
 from fedpersonal.core import process as process_lib
+from fedpersonal.simulation import client_loop
 from fedpersonal.simulation import driver
 from fedpersonal.simulation import functional
 from fedpersonal.simulation import group as group_lib
@@ -109,11 +113,14 @@ def build_engine_process(
     client_weighting: Any = tff.learning.ClientWeighting.NUM_EXAMPLES,
     group_size: int | None = None,
     measure_communication: bool = False,
+    strategy: str = simulation_options.AUTO,
+    name: str = 'plan',
 ) -> process_lib.PersonalizedProcess:
     """The plan as a process whose `run_round` runs groups of clients on the engine (check `unsupported` first).
     Under a fixed-clip DP aggregator (`fedpersonal.privacy.dp`) each logical client's update is clipped in the
     group, as the per-client backend clips it. `measure_communication`: `run_round` also reports each logical
-    client's download and upload (`simulation.driver`)."""
+    client's download and upload (`simulation.driver`). `strategy`: how a group runs its phases
+    (`simulation_options.ENGINE_STRATEGIES`, `client_loop.runs`; logged once under `name`)."""
     dp_clip = group_lib.per_client_clip(model_aggregator)
     initial = client_plan.plan_initial_weights(plan, model_fn)
     # Batch norm's moving statistics are carried per client through the phases (FedBN keeps them local).
@@ -139,7 +146,17 @@ def build_engine_process(
     if initial.local_weights is not None:
         group_private_type = packing.stacked_type(initial.local_weights.type_signature.result)
 
-    def build_group_work(raw_finalizers: dict[str | None, collections.OrderedDict], *, now: bool):
+    # The trained globals are needed per client after the global phase only to clip them, or for a later phase
+    # that trains on them; else only their weighted sum leaves the client loop.
+    keep_globals = (
+        dp_clip is not None
+        or learned
+        or any(client_plan.PERSONAL not in p.trains for p in plan.phases[plan.global_phase + 1 :])
+    )
+
+    def build_group_work(
+        raw_finalizers: dict[str | None, collections.OrderedDict], *, now: bool, strategy: str = client_loop.LOCKSTEP
+    ):
         metric_sets = {
             prefix: group_lib.metrics_and_loss(
                 metrics_fn, loss_fn, raw_finalizers.setdefault(prefix, collections.OrderedDict()), now=now
@@ -197,7 +214,8 @@ def build_engine_process(
                         if i == plan.global_phase:
                             weight, steps = client_weight, phase_steps
                         continue
-                    stepped, phase_steps = lockstep.lockstep_steps(
+                    stepped, phase_steps = client_loop.phase_steps(
+                        strategy,
                         stepped_model,
                         personal if client_plan.PERSONAL in parts else weights,
                         train_slots,
@@ -208,6 +226,7 @@ def build_engine_process(
                         penalty=_penalty(phase, parts, slots),
                         centre=received if isinstance(phase.penalty, client_plan.ProximalPenalty) else (),
                         delta_weights=client_weight if i == plan.global_phase else None,
+                        keep_trained=keep_globals or i != plan.global_phase,
                     )
                     if phase.mixed:  # Alpha projected onto [0, 1] once the phase ends, as the per-client backend.
                         trainable = list(stepped.global_trainable)
@@ -221,18 +240,15 @@ def build_engine_process(
                     if i == plan.global_phase:
                         weight, steps = client_weight, phase_steps
                 clients = tf.shape(weight)[0]
-                trained = [
-                    lockstep.per_client(v, b, clients)
-                    for v, b in zip(
-                        list(weights.global_trainable) + (list(weights.local_trainable) if learned else []),
-                        list(base.global_trainable) + (list(base.local_trainable) if learned else []),
-                    )
-                ]
+                values = list(weights.global_trainable) + (list(weights.local_trainable) if learned else [])
+                bases = list(base.global_trainable) + (list(base.local_trainable) if learned else [])
+                trained = [lockstep.per_client(v, b, clients) for v, b in zip(values, bases)]
                 if dp_clip is not None:
                     result = group_lib.clipped_sum_update(uploaded_start, trained, weight, dp_clip)
                     finite = group_lib.client_finite(uploaded_start, trained)
                 elif steps is not None and len(steps.weighted_deltas) >= len(trained):  # Trained first in their phase.
-                    result, finite = group_lib.update_after_steps(uploaded_start, trained, weight, steps)
+                    # As trained: globals the client loop returned shared have only their weighted sum.
+                    result, finite = group_lib.update_after_steps(uploaded_start, values, weight, steps)
                 else:  # A learned local default's displacement includes the reconstruction: from each client's copy.
                     result, finite = group_lib.weighted_update(uploaded_start, trained, weight), None
                 if not plan.stateful:
@@ -299,12 +315,19 @@ def build_engine_process(
 
     # A slot is a group: under a fixed DP clip its record is the sum of up to group_size clipped updates.
     aggregator = compose.weighted_aggregator(group_lib.slot_aggregator(model_aggregator, group_size), client_weighting)
+    parts = simulation_options.parallel_parts()
+    runs = client_loop.runs(strategy, model, parts=parts, splittable=dp_clip is None)
+    if len(runs) == 1:
+        logging.info(
+            '%s: engine strategy %s (engine_strategy=%s, %d core(s)).', name, driver.run_name(*runs[0]), strategy, parts
+        )
     runner = driver.GroupRoundRunner(
-        build_group_work({}, now=True),
+        {work: build_group_work({}, now=True, strategy=work) for work in dict(runs)},
         server_optimizer,
         driver.KerasMetricsFinalizer(finalized_metrics),
         measure_communication=measure_communication,
         aggregation=None if dp_clip is None else aggregator.create(weights_type.trainable, tff.TensorType(np.float32)),
+        runs=runs,
     )
     return compose.compose_personalized_process(
         initial_global_weights=initial.global_weights,

@@ -13,7 +13,7 @@ Methods (all evaluated as the example-weighted accuracy over every client's own 
 * `feddva_tuned`: the same, but the head phase also tunes both encoders through the classification loss (the
   paper's classification protocol: "we tune the dual encoders along with a classification head"), at the
   paper's single learning rate (`learning_rate`; `head_learning_rate` is the frozen-encoder head's);
-* `fedavg`: TFF's weighted FedAvg of the CNN classifier (`feddva_models.build_cnn_classifier`);
+* `fedavg`: TFF's weighted FedAvg of the CNN classifier (`feddva_networks.build_cnn_classifier`);
 * `fedavg_ft`: the FedAvg model fine-tuned on each client's training data (`finetune_epochs`, fresh Adam);
 * `ditto`: `fedpersonal.algorithms.build_ditto`, the personal models' accuracy.
 

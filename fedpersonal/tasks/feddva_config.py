@@ -21,7 +21,7 @@ from fedpersonal.program import config_parts as parts
 from fedpersonal.program import dataset_inference
 
 if TYPE_CHECKING:
-    from fedpersonal.models import feddva_models
+    from fedpersonal.models import feddva_networks
 
 DATASETS = ('synthetic', 'mnist', 'fashion_mnist', 'cifar10')
 # Deprecated --dataset values (kept for one release): the generated data is 'synthetic' in every binary.
@@ -38,15 +38,15 @@ DATA_LAYOUTS = {
 }
 
 
-def architectures() -> dict[str, feddva_models.DvaArchitecture]:
-    """The model sizes `--architecture` names (imports `fedpersonal.models.feddva_models`, hence TensorFlow).
+def architectures() -> dict[str, feddva_networks.DvaArchitecture]:
+    """The model sizes `--architecture` names (imports `fedpersonal.models.feddva_networks`, hence TensorFlow).
 
     Returns:
       {name: architecture} for every name of `ARCHITECTURE_NAMES`: 'paper' (the paper's sizes) and 'scaled'.
     """
-    from fedpersonal.models import feddva_models  # pylint: disable=g-import-not-at-top  # TensorFlow.
+    from fedpersonal.models import feddva_networks  # pylint: disable=g-import-not-at-top  # TensorFlow.
 
-    return {'paper': feddva_models.PAPER, 'scaled': feddva_models.SCALED}
+    return {'paper': feddva_networks.PAPER, 'scaled': feddva_networks.SCALED}
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -159,7 +159,7 @@ class FeddvaConfig(
         """`dataset` as `fedpersonal.data.federated_images.load_source` names it (the synthetic data 'generated')."""
         return 'generated' if self.dataset == 'synthetic' else self.dataset
 
-    def dva_architecture(self, image_shape: tuple[int, int, int], num_classes: int) -> feddva_models.DvaArchitecture:
+    def dva_architecture(self, image_shape: tuple[int, int, int], num_classes: int) -> feddva_networks.DvaArchitecture:
         """The `--architecture` sizes with this config's latent dimensions and head, for the given data.
 
         Args:

@@ -16,6 +16,7 @@ from fedpersonal import errors
 from fedpersonal import program
 from fedpersonal.data import federated_images
 from fedpersonal.models import feddva_models
+from fedpersonal.models import feddva_networks
 from fedpersonal.tasks.feddva_config import FeddvaConfig
 
 SETTING_NAMES = {'heterogeneous_inputs': 'heterogeneous inputs', 'heterogeneous_outputs': 'heterogeneous outputs'}
@@ -61,7 +62,7 @@ class FeddvaTask:
 
     def cnn_fn(self) -> tf.keras.Model:
         cfg = self.config
-        return feddva_models.build_cnn_classifier(
+        return feddva_networks.build_cnn_classifier(
             self.data.image_shape, tuple(cfg.cnn_channels), cfg.cnn_dense, self.data.num_classes, seed=cfg.seed
         )
 

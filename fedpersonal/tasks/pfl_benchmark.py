@@ -30,6 +30,7 @@ import dataclasses
 import json
 import os
 import time
+from collections.abc import Callable
 from typing import Any
 
 import tensorflow as tf
@@ -44,9 +45,11 @@ from fedpersonal.data import federated_images
 from fedpersonal.data import pfllib
 from fedpersonal.program import run_record
 from fedpersonal.program import training_loop
+from fedpersonal.tasks import pfl_benchmark_movielens
 from fedpersonal.tasks import pfl_benchmark_results
 from fedpersonal.tasks.pfl_benchmark_config import METHOD_NAMES
 from fedpersonal.tasks.pfl_benchmark_config import METHODS as METHODS
+from fedpersonal.tasks.pfl_benchmark_config import MOVIELENS_DATASETS
 from fedpersonal.tasks.pfl_benchmark_config import PflBenchmarkConfig as PflBenchmarkConfig
 from fedpersonal.tasks.pfl_benchmark_evaluation import Benchmark
 from fedpersonal.tasks.pfl_benchmark_evaluation import make_evaluation
@@ -89,7 +92,7 @@ def run_method(benchmark: Benchmark, outputs: program.ExperimentOutputs, name: s
         group_size=config.group_size,
         name=METHOD_NAMES[name],
     )
-    with backends.use(config.simulation):
+    with backends.use(config.simulation, strategy=config.engine_strategy):
         if phased_model is not None:  # Its loss and metrics are the model's.
             process = backends.build_process(
                 plan, phased_model, element_spec=element_spec(benchmark.data), **common_parts
@@ -141,14 +144,24 @@ def _finished(config: PflBenchmarkConfig, name: str, seed: int) -> dict[str, Any
 
 def run(config: PflBenchmarkConfig) -> dict[str, Any]:
     """Runs every configured method with every seed on the partition (runs that finished earlier are read back);
-    writes each run's row, results.json (the rows over seeds) and accuracy_by_round.png."""
+    writes each run's row, results.json (the rows over seeds) and accuracy_by_round.png. MovieLens
+    (`MOVIELENS_DATASETS`): the rating block of `fedpersonal.tasks.pfl_benchmark_movielens`, rows by RMSE."""
     run_record.check_output_dir(config)
     program.write_json(os.path.join(config.output_dir, 'config.json'), dataclasses.asdict(config))
-    data = load_data(config)
+    data: Any
+    make_benchmark: Callable[..., Any]
+    run_one: Callable[..., dict[str, Any]]
+    if config.dataset in MOVIELENS_DATASETS:
+        data = pfl_benchmark_movielens.load_data(config)
+        partition, metric = data.partition, pfl_benchmark_movielens.METRIC
+        make_benchmark, run_one = pfl_benchmark_movielens.MovieLensBenchmark, pfl_benchmark_movielens.run_method
+    else:
+        data = load_data(config)
+        partition, metric, make_benchmark, run_one = config.partition, 'accuracy', Benchmark, run_method
     statistics = data.statistics()
     logging.info(
-        'PFLlib %s partition of %s: %s',
-        config.partition,
+        '%s partition of %s: %s',
+        partition,
         data.name,
         {k: v for k, v in statistics.items() if k != 'label_counts'},
     )
@@ -162,38 +175,40 @@ def run(config: PflBenchmarkConfig) -> dict[str, Any]:
             else:
                 logging.info('[%s seed %d] finished earlier: its row is read back', name, seed)
                 runs[(name, seed)] = row
-    benchmarks: dict[int, Benchmark] = {}
+    benchmarks: dict[int, Any] = {}
     description = f'[pfl_benchmark] runs (method x seed; {len(runs)} finished earlier)'
     for name, seed in progress.logged(pending, len(pending), description, delay=0.0, interval=1.0):
         if seed not in benchmarks:
-            benchmarks[seed] = Benchmark(dataclasses.replace(config, seed=seed), data)
+            benchmarks[seed] = make_benchmark(dataclasses.replace(config, seed=seed), data)
         tf.random.set_seed(seed)  # Op-level seeds combine with the same graph-level seed whatever ran before.
         outputs = program.ExperimentOutputs(config.output_dir, _run_path(name, seed))
         started = time.time()
         row = {'name': METHOD_NAMES[name], 'method': name, 'seed': seed}
-        row.update(run_method(benchmarks[seed], outputs, name))
+        row.update(run_one(benchmarks[seed], outputs, name))
         outputs.write_json('results.json', row)  # Written last: the run is finished.
         runs[(name, seed)] = row
         logging.info(
-            '[%s seed %d] accuracy %.4f (best %.4f) in %.0fs',
+            '[%s seed %d] %s %.4f (best %.4f) in %.0fs',
             name,
             seed,
-            row['accuracy'],
-            row['best_accuracy'],
+            metric,
+            row[metric],
+            row[f'best_{metric}'],
             time.time() - started,
         )
     results: dict[str, Any] = {
         'dataset': data.name,
-        'partition': config.partition,
-        'clients': config.num_clients,
+        'partition': partition,
+        'clients': len(data.client_ids),
+        'metric': metric,
         'seeds': list(config.seeds),
         'statistics': statistics,
         'rows': [
-            pfl_benchmark_results.over_seeds([runs[(name, seed)] for seed in config.seeds], config.seeds)
+            pfl_benchmark_results.over_seeds([runs[(name, seed)] for seed in config.seeds], config.seeds, metric)
             for name in config.configurations
         ],
     }
-    figure = pfl_benchmark_results.plot_by_round(results, os.path.join(config.output_dir, 'accuracy_by_round.png'))
-    results['figures'] = {'accuracy_by_round': figure}
+    figure = pfl_benchmark_results.plot_by_round(results, os.path.join(config.output_dir, f'{metric}_by_round.png'))
+    results['figures'] = {f'{metric}_by_round': figure}
     program.write_json(os.path.join(config.output_dir, 'results.json'), results)
     return results

@@ -18,7 +18,10 @@ import dataclasses
 from fedpersonal import errors
 from fedpersonal.program import config_parts as parts
 
-DATASETS = ('fashion_mnist', 'mnist', 'synthetic')
+DATASETS = ('fashion_mnist', 'mnist', 'synthetic', 'movielens', 'movielens_synthetic')
+# The MovieLens block (`fedpersonal.tasks.pfl_benchmark_movielens`): matrix factorization, its own methods.
+MOVIELENS_DATASETS = ('movielens', 'movielens_synthetic')
+MOVIELENS_METHODS = ('fedavg', 'fedavg_ft', 'fed_recon', 'fedper', 'furl', 'ditto')
 PARTITIONS = ('pathological', 'dirichlet', 'iid')  # Those of `fedpersonal.data.pfllib.SETTINGS`.
 METHODS = (
     'fedavg',
@@ -50,6 +53,7 @@ METHOD_NAMES = {
     'fedbabu': 'FedBABU',
     'fed_recon': 'FedRecon',
     'furl_head': 'FURL-head',
+    'furl': 'FURL',
     'per_fedavg': 'Per-FedAvg',
     'per_fedavg_hf': 'Per-FedAvg (HF)',
     'pfedme': 'pFedMe',
@@ -73,7 +77,9 @@ class PflBenchmarkConfig(
     dataset: str = parts.option(
         'fashion_mnist',
         f'One of {DATASETS}: fashion_mnist (--data_dir, default /usr/share/datasets/fashion-mnist from the Debian '
-        'package dataset-fashion-mnist, or a prepared TFDS directory), mnist (--data_dir), synthetic (generated).',
+        'package dataset-fashion-mnist, or a prepared TFDS directory), mnist (--data_dir), synthetic (generated); '
+        'movielens (MovieLens 100K, --data_dir holding u.data) and movielens_synthetic (generated MovieLens-shaped '
+        f'ratings): the rating block, methods {MOVIELENS_METHODS}.',
     )
     tfds_data_dir: str | None = parts.option(
         None,
@@ -89,7 +95,7 @@ class PflBenchmarkConfig(
     synthetic_examples: int = parts.option(4000, 'Synthetic data: pooled images.')
     configurations: tuple[str, ...] = parts.option(
         METHODS,
-        f'Rows (methods) to run, a subset of {METHODS}; may change when a run resumes (finished runs are read '
+        f'Rows (methods) to run, a subset of {METHODS} (MovieLens: of {MOVIELENS_METHODS}, all by default); may change when a run resumes (finished runs are read '
         'back, the others run).',
         aliases=('methods',),
         may_change_on_resume=True,
@@ -122,6 +128,15 @@ class PflBenchmarkConfig(
     pfedme_personal_learning_rate: float = parts.option(
         0.01, "pFedMe's theta learning rate (PFLlib's --p_learning_rate)."
     )
+    num_latent_factors: int = parts.option(50, 'MovieLens: embedding dimension.')
+    max_examples_per_client: int | None = parts.option(
+        300, "MovieLens: ratings kept per user, the earliest ('none': all)."
+    )
+    reconstruction_learning_rate: float = parts.option(
+        0.1, "MovieLens FedRecon: SGD learning rate of the user embedding's reconstruction."
+    )
+    synthetic_users: int = parts.option(943, 'movielens_synthetic: users (clients).')
+    synthetic_items: int = parts.option(1682, 'movielens_synthetic: items.')
     # FedALA: PFLlib's defaults (system/main.py: eta, rand_percent, layer_idx; system/utils/ALA.py: threshold,
     # num_pre_loss); the cap on the first weight learning is ours (PFLlib has none).
     fedala_eta: float = parts.option(1.0, "FedALA's learning rate of the aggregation weights W (PFLlib's --eta).")
@@ -147,9 +162,19 @@ class PflBenchmarkConfig(
         for field, allowed in (('dataset', DATASETS), ('partition', PARTITIONS)):
             if getattr(self, field) not in allowed:
                 raise errors.ConfigError(f'{field} must be one of {allowed}, got {getattr(self, field)!r}.')
-        unknown = [m for m in self.configurations if m not in METHODS]
+        methods = MOVIELENS_METHODS if self.dataset in MOVIELENS_DATASETS else METHODS
+        if methods is MOVIELENS_METHODS and self.configurations == METHODS:  # The default: every MovieLens method.
+            object.__setattr__(self, 'configurations', MOVIELENS_METHODS)
+        unknown = [m for m in self.configurations if m not in methods]
         if unknown or not self.configurations:
-            raise errors.ConfigError(f'configurations must be a non-empty subset of {METHODS}; unknown: {unknown}.')
+            raise errors.ConfigError(
+                f'configurations of dataset {self.dataset!r} must be a non-empty subset of {methods}; unknown: '
+                f'{unknown}.'
+            )
+        if self.dataset == 'movielens' and not self.data_dir:
+            raise errors.ConfigError(
+                "dataset 'movielens' needs --data_dir (a directory holding MovieLens 100K's u.data)."
+            )
         if not self.seeds or len(set(self.seeds)) != len(self.seeds) or min(self.seeds) < 0:
             raise errors.ConfigError(f'seeds must be distinct non-negative integers, got {list(self.seeds)}.')
         if self.seed != 0 and self.seed not in self.seeds:  # Each run sets --seed to one of --seeds.
@@ -165,6 +190,9 @@ class PflBenchmarkConfig(
             'personal_epochs',
             'pfedme_k',
             'finetune_epochs',
+            'num_latent_factors',
+            'synthetic_users',
+            'synthetic_items',
             'fedala_num_pre_loss',
         ):
             if getattr(self, name) < 1:

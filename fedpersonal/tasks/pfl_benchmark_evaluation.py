@@ -122,7 +122,7 @@ def make_evaluation(
     if finetune:
         if local_layers not in ((), image_classifiers.HEAD):  # The full model is the globals, then the locals.
             raise ValueError(f'fine-tuning needs the head or nothing local, got {local_layers}.')
-        with backends.use(config.simulation):
+        with backends.use(config.simulation, strategy=config.engine_strategy):
             tune = backends.build_process(
                 fedbabu.finetune_plan(epochs=config.finetune_epochs, optimizer=methods.sgd(config)),
                 model_fn,

@@ -59,8 +59,22 @@ LEADERBOARD: dict[tuple[str, str], tuple[float, float]] = {
 }
 LEADERBOARD_DATASET = 'fashion_mnist'
 
-STD_KEYS = ('accuracy', 'best_accuracy', 'worst_client_accuracy')  # Also get ``<key>_std`` over the seeds.
-PER_SEED_KEYS = ('best_round', 'slope_last_10pct', 'mean_client_accuracy', 'seconds_per_round')
+# A row's metric -> whether higher is better: classification accuracy (the image block), RMSE of predicted ratings
+# (the MovieLens block, `fedpersonal.tasks.pfl_benchmark_movielens`; its rows also carry the rating accuracy).
+METRICS = {'accuracy': True, 'rmse': False}
+
+
+def std_keys(metric: str = 'accuracy') -> tuple[str, ...]:
+    """The keys of a row that also get ``<key>_std`` over the seeds (`STD_KEYS` for accuracy)."""
+    _check_metric(metric)
+    return (metric, f'best_{metric}', f'worst_client_{metric}')
+
+
+def _check_metric(metric: str) -> None:
+    if metric not in METRICS:
+        raise ValueError(f'metric must be one of {tuple(METRICS)}, got {metric!r}.')
+
+
 CURVES = ('curve', 'worst_client_curve')  # ``[[round, value], ...]`` per seed; ``[[round, mean, std], ...]`` over.
 # The keys of a row of docs/results/pfl_benchmark.json, then those only a method on the leaderboard has.
 DOCS_KEYS = (
@@ -80,6 +94,8 @@ DOCS_KEYS = (
     'seconds_per_round',
 )
 LEADERBOARD_KEYS = ('pfllib_accuracy', 'explanation')
+# Then those of a row whose metric is RMSE (the MovieLens block; its ``accuracy`` is the rating accuracy).
+RMSE_KEYS = ('metric', 'rmse', 'rmse_std', 'best_rmse', 'best_rmse_std', 'worst_client_rmse')
 PENDING = '(explanation pending)'  # The markdown cell of a leaderboard row whose explanation is not written yet.
 
 
@@ -95,27 +111,42 @@ def _last_slope(curve: list[tuple[int, float]]) -> float | None:
     return float(np.polyfit(rounds, accuracies, 1)[0])
 
 
-def summarize(rows: Sequence[Mapping[str, float]], *, seconds_per_round: float | None) -> dict[str, Any]:
-    """A method's row from its metric rows: the last evaluation, the best accuracy so far, the tail's slope."""
-    evaluated = [r for r in rows if 'test/accuracy' in r]
+def summarize(
+    rows: Sequence[Mapping[str, float]], *, seconds_per_round: float | None, metric: str = 'accuracy'
+) -> dict[str, Any]:
+    """A method's row from its metric rows: the last evaluation, the best `metric` so far (the highest accuracy,
+    the lowest RMSE: `METRICS`), the tail's slope; an RMSE row also has the rating ``accuracy`` at the last round.
+
+    >>> rows = [{'round': 1, 'test/rmse': 1.2, 'test/worst_client_rmse': 2.0, 'test/mean_client_rmse': 1.3,
+    ...          'test/accuracy': 0.3}, {'round': 2, 'test/rmse': 1.1, 'test/worst_client_rmse': 1.9,
+    ...          'test/mean_client_rmse': 1.2, 'test/accuracy': 0.35}]
+    >>> row = summarize(rows, seconds_per_round=None, metric='rmse')
+    >>> row['rmse'], row['best_rmse'], row['best_round'], row['worst_client_rmse'], row['accuracy']
+    (1.1, 1.1, 2, 1.9, 0.35)
+    """
+    _check_metric(metric)
+    key = f'test/{metric}'
+    evaluated = [r for r in rows if key in r]
     if not evaluated:
         raise ValueError('the run has no evaluation (rounds_per_eval > total_rounds?)')
-    curve = [(int(r['round']), float(r['test/accuracy'])) for r in evaluated]
-    worst = [(int(r['round']), float(r['test/worst_client_accuracy'])) for r in evaluated]
-    best = max(evaluated, key=lambda r: r['test/accuracy'])
+    curve = [(int(r['round']), float(r[key])) for r in evaluated]
+    worst = [(int(r['round']), float(r[f'test/worst_client_{metric}'])) for r in evaluated]
+    sign = 1.0 if METRICS[metric] else -1.0
+    best = max(evaluated, key=lambda r: sign * r[key])
     last = evaluated[-1]
-    return {
+    row: dict[str, Any] = {
         'rounds': int(last['round']),
-        'accuracy': float(last['test/accuracy']),
-        'best_accuracy': float(best['test/accuracy']),
+        metric: float(last[key]),
+        f'best_{metric}': float(best[key]),
         'best_round': int(best['round']),
         'slope_last_10pct': _last_slope(curve),
-        'mean_client_accuracy': float(last['test/mean_client_accuracy']),
-        'worst_client_accuracy': float(last['test/worst_client_accuracy']),
-        'seconds_per_round': seconds_per_round,
-        'curve': curve,
-        'worst_client_curve': worst,
+        f'mean_client_{metric}': float(last[f'test/mean_client_{metric}']),
+        f'worst_client_{metric}': float(last[f'test/worst_client_{metric}']),
     }
+    if metric != 'accuracy' and 'test/accuracy' in last:
+        row['accuracy'] = float(last['test/accuracy'])
+    row.update(seconds_per_round=seconds_per_round, curve=curve, worst_client_curve=worst)
+    return row
 
 
 def _mean_curve(curves: Sequence[Sequence[Sequence[float]]]) -> list[list[float]]:
@@ -128,8 +159,9 @@ def _mean_curve(curves: Sequence[Sequence[Sequence[float]]]) -> list[list[float]
     return [[r, float(m), float(s)] for r, m, s in zip(rounds[0], values.mean(axis=0), std)]
 
 
-def over_seeds(runs: Sequence[Mapping[str, Any]], seeds: Sequence[int]) -> dict[str, Any]:
-    """One method's row from its runs, one per seed (in the order of `seeds`); see the module docstring.
+def over_seeds(runs: Sequence[Mapping[str, Any]], seeds: Sequence[int], metric: str = 'accuracy') -> dict[str, Any]:
+    """One method's row from its runs, one per seed (in the order of `seeds`); see the module docstring. `metric`
+    names the row's keys with a std over the seeds (`std_keys`); an RMSE row's rating accuracy gets one too.
 
     Raises:
       ValueError: The runs have different numbers of rounds or evaluation rounds, or are not one per seed.
@@ -137,7 +169,9 @@ def over_seeds(runs: Sequence[Mapping[str, Any]], seeds: Sequence[int]) -> dict[
     if len({int(r['rounds']) for r in runs}) > 1:
         raise ValueError(f'the seeds ran different rounds: {[r["rounds"] for r in runs]}')
     scalars = [{k: v for k, v in r.items() if k not in (*CURVES, 'seed')} for r in runs]
-    row = seeds_lib.mean_over_seeds(scalars, seeds, std_keys=STD_KEYS, per_seed_keys=PER_SEED_KEYS)
+    keys = std_keys(metric) + (('accuracy',) if metric != 'accuracy' and all('accuracy' in r for r in runs) else ())
+    per_seed = ('best_round', 'slope_last_10pct', f'mean_client_{metric}', 'seconds_per_round')
+    row = seeds_lib.mean_over_seeds(scalars, seeds, std_keys=keys, per_seed_keys=per_seed)
     row['rounds'] = int(runs[0]['rounds'])
     for key in CURVES:
         if all(key in r for r in runs):
@@ -166,10 +200,12 @@ def docs_rows(results: Mapping[str, Any], explanations: Mapping[str, Any] | None
     """
     explanations = explanations or {}
     partition, dataset = results['partition'], results['dataset']
+    metric = results.get('metric', 'accuracy')
+    keys = DOCS_KEYS if metric == 'accuracy' else DOCS_KEYS + RMSE_KEYS
     rows = []
     for row in results['rows']:
-        out = {'dataset': dataset, 'partition': partition, 'clients': results['clients'], **row}
-        out = {key: out.get(key) for key in DOCS_KEYS}
+        out = {'dataset': dataset, 'partition': partition, 'clients': results['clients'], 'metric': metric, **row}
+        out = {key: out.get(key) for key in keys}
         reference = LEADERBOARD.get((partition, row.get('method', ''))) if dataset == LEADERBOARD_DATASET else None
         if reference is not None:
             out['pfllib_accuracy'] = reference[0]
@@ -184,8 +220,37 @@ def _percent(value: Any, std: Any = None) -> str:
     return f'{100 * value:.2f}' + ('' if std is None else f' +- {100 * std:.2f}')
 
 
+def _rmse_table(group: Sequence[Mapping[str, Any]]) -> list[str]:
+    """The rows of an RMSE partition (the MovieLens block): RMSE (lower is better) and the rating accuracy."""
+    first = group[0]
+    seeds = ', '.join(str(s) for s in first['seeds'])
+    lines = [
+        f'{first["dataset"]}, {first["partition"]} partition, {first["clients"]} clients, {first["rounds"]} rounds, '
+        f'mean +- std over seeds {seeds}; RMSE of the predicted ratings over all test ratings (lower is better), '
+        'rating accuracy in % (predictions within the threshold of the rating):',
+        '',
+        '| method | RMSE at last round | best so far | slope of last 10% (RMSE/100 rounds) | worst client RMSE '
+        '| rating accuracy | s/round |',
+        '|---|---|---|---|---|---|---|',
+    ]
+    for r in group:
+        slope, seconds = r.get('slope_last_10pct'), r['seconds_per_round']
+
+        def number(value: Any, std: Any = None) -> str:
+            return '-' if value is None else f'{value:.4f}' + ('' if std is None else f' +- {std:.4f}')
+
+        lines.append(
+            f'| {r["name"]} | {number(r["rmse"], r.get("rmse_std"))} '
+            f'| {number(r.get("best_rmse"), r.get("best_rmse_std"))} '
+            f'| {"-" if slope is None else f"{100 * slope:+.4f}"} | {number(r.get("worst_client_rmse"))} '
+            f'| {_percent(r.get("accuracy"), r.get("accuracy_std"))} | {"-" if seconds is None else f"{seconds:.3f}"} |'
+        )
+    return lines
+
+
 def markdown_table(rows: Sequence[Mapping[str, Any]]) -> str:
-    """`docs_rows` (any partitions) as markdown, one table per partition, accuracies in %."""
+    """`docs_rows` (any partitions) as markdown, one table per partition, accuracies in % (RMSE partitions:
+    `_rmse_table`)."""
     lines: list[str] = []
     for partition in dict.fromkeys(r['partition'] for r in rows):
         group = [r for r in rows if r['partition'] == partition]
@@ -193,6 +258,9 @@ def markdown_table(rows: Sequence[Mapping[str, Any]]) -> str:
         seeds = ', '.join(str(s) for s in first['seeds'])
         if lines:
             lines.append('')
+        if first.get('metric', 'accuracy') != 'accuracy':
+            lines += _rmse_table(group)
+            continue
         lines += [
             f'{first["dataset"]}, {partition} partition, {first["clients"]} clients, {first["rounds"]} rounds, '
             f'mean +- std over seeds {seeds}; accuracy in % (correct test predictions over all test examples):',
@@ -216,13 +284,15 @@ def markdown_table(rows: Sequence[Mapping[str, Any]]) -> str:
 
 
 def plot_by_round(results: Mapping[str, Any], path: str) -> str | None:
-    """Test accuracy and the worst client's by round, each method's mean over seeds with a band of +- one std."""
+    """Test accuracy (or the results' ``metric``) and the worst client's by round, each method's mean over seeds
+    with a band of +- one std."""
     from fedpersonal import program  # pylint: disable=g-import-not-at-top  # TFF: only to plot.
 
     rows = [r for r in results['rows'] if r.get('curve')]
     if not rows:
         return None
-    panels = (('curve', 'test accuracy (all clients)'), ('worst_client_curve', "worst client's test accuracy"))
+    metric = {'accuracy': 'accuracy', 'rmse': 'RMSE'}[results.get('metric', 'accuracy')]
+    panels = (('curve', f'test {metric} (all clients)'), ('worst_client_curve', f"worst client's test {metric}"))
     fig, axes = program.new_figure(1, len(panels), figsize=(4.6 * len(panels) + 2.2, 3.6), squeeze=False)
     colours = program.colormap('tab10' if len(rows) <= 10 else 'tab20', 10 if len(rows) <= 10 else 20).colors
     for ax, (key, label) in zip(axes[0], panels):

@@ -46,6 +46,21 @@ def _assert_close(actual, expected, rtol=1e-5, atol=1e-6):
         )
 
 
+def _counting_model_fns(model_fn):
+    """`(counts, counting)`: ``counting(key)`` is a model function that calls `model_fn` and counts the calls in
+    ``counts[key]``."""
+    counts = collections.Counter()
+
+    def counting(key):
+        def counted():
+            counts[key] += 1
+            return model_fn()
+
+        return counted
+
+    return counts, counting
+
+
 def _initial_weights(model_fn):
     variables = tff.learning.models.ReconstructionModel.get_global_variables(model_fn())
     return tf.nest.map_structure(lambda v: v.numpy(), variables)
@@ -187,16 +202,7 @@ def test_tff_compat_reports_tffs_metric_names():
 
 
 def test_building_fed_recon_calls_model_fn_as_often_as_tff():
-    ns = _run('common')
-    counts = collections.Counter()
-
-    def counting(key):
-        def model_fn():
-            counts[key] += 1
-            return ns['model_fn']()
-
-        return model_fn
-
+    counts, counting = _counting_model_fns(_run('common')['model_fn'])
     mse = tf.keras.losses.MeanSquaredError
     tff.learning.algorithms.build_fed_recon(counting('tff'), loss_fn=mse)
     tff_compat.build_fed_recon(counting('ours'), loss_fn=mse)
@@ -204,16 +210,7 @@ def test_building_fed_recon_calls_model_fn_as_often_as_tff():
 
 
 def test_building_the_evaluation_calls_model_fn_no_more_than_tff():
-    ns = _run('common')
-    counts = collections.Counter()
-
-    def counting(key):
-        def model_fn():
-            counts[key] += 1
-            return ns['model_fn']()
-
-        return model_fn
-
+    counts, counting = _counting_model_fns(_run('common')['model_fn'])
     mse = tf.keras.losses.MeanSquaredError
     tff.learning.algorithms.build_fed_recon_eval(counting('tff'), loss_fn=mse)
     evaluation.build_fed_recon_eval(counting('process'), loss_fn=mse)

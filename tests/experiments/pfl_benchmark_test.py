@@ -216,6 +216,12 @@ def test_personalized_methods_beat_fedavg_under_pathological_skew_and_results_ar
         assert 0.0 <= row['worst_client_accuracy'] <= row['mean_client_accuracy'] <= 1.0
     with open(tmp_path / 'results.json') as f:
         assert json.load(f)['partition'] == 'pathological'
+    # How the engine ran each method ('auto': the CNN runs the client loop, spread where several cores are allowed).
+    recorded = {}
+    for path in tmp_path.rglob('engine_strategy.json'):
+        with open(path) as f:
+            recorded[str(path.parent.relative_to(tmp_path))] = json.load(f)
+    assert len(recorded) == 5 and all(r['engine_strategy'].startswith('client_loop') for r in recorded.values())
     assert os.path.getsize(tmp_path / 'accuracy_by_round.png') > 0
 
 
@@ -235,6 +241,7 @@ def test_summary_reads_the_runs_rows():
         (dict(partition='stripes'), 'partition must be one of'),
         (dict(configurations=('fedavg', 'fedsgd')), "unknown: ['fedsgd']"),
         (dict(apfl_alpha=1.5), 'apfl_alpha must be in [0, 1]'),
+        (dict(engine_strategy='fastest'), 'engine_strategy must be one of'),
         (dict(seeds=(0, 0)), 'seeds must be distinct non-negative integers, got [0, 0]'),
         (dict(seeds=(1, 2), seed=5), '--seed=5 is not one of --seeds=[1, 2]'),
     ],

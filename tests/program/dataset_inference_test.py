@@ -17,7 +17,7 @@ from fedpersonal import errors
 from fedpersonal.data import assistments
 from fedpersonal.data import hpfl_movielens
 from fedpersonal.data import image_datasets
-from fedpersonal.data import movielens
+from fedpersonal.data import movielens_files
 from fedpersonal.data import movielens_likes
 from fedpersonal.data import shakespeare
 from fedpersonal.data import stackoverflow
@@ -230,9 +230,9 @@ def test_the_layouts_are_the_files_the_loaders_read(tmp_path):
         (assistments._RECORD_FILE, tuple(assistments._RECORD_HEADER.split(','))),
         (assistments._ITEM_FILE, tuple(assistments._ITEM_HEADER.split(','))),
     )
-    assert i.MOVIELENS_LIKES.files == ((movielens._FILE_100K,), (movielens_likes._ITEM_FILE,))
+    assert i.MOVIELENS_LIKES.files == ((movielens_files._FILE_100K,), (movielens_likes._ITEM_FILE,))
     assert i.MOVIELENS_USERS.files == i.MOVIELENS_LIKES.files + ((hpfl_movielens._USER_FILE,),)
-    assert i.MOVIELENS_RATINGS.files == ((movielens._FILE_100K, movielens._FILE_1M),)
+    assert i.MOVIELENS_RATINGS.files == ((movielens_files._FILE_100K, movielens_files._FILE_1M),)
     assert i.SHAKESPEARE.files == (shakespeare._FILE_NAMES,)
     assert i.STACKOVERFLOW.files == ((stackoverflow.SQLITE_FILE,),)
     assert i.FASHION_MNIST.files == i.MNIST.files

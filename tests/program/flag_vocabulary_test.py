@@ -142,7 +142,15 @@ def test_records_under_old_names_compare_under_new_ones():
 
 
 _REPO = pathlib.Path(__file__).resolve().parents[2]
-_FLAGFILE_CONFIGS = {'feddva': Feddva, 'furl': Furl, 'hpfl': Hpfl, 'movielens': MovieLens, 'nwp': Nwp, 'pfllib': Pfl}
+_FLAGFILE_CONFIGS = {
+    'feddva': Feddva,
+    'furl': Furl,
+    'hpfl': Hpfl,
+    'movielens': MovieLens,
+    'nwp': Nwp,
+    'pfllib': Pfl,
+    'pfl': Pfl,
+}
 
 
 @pytest.mark.parametrize('flagfile', sorted(p.name for p in (_REPO / 'configs').glob('*.flags')))
