@@ -19,6 +19,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Sequence
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
@@ -137,9 +138,9 @@ WORKLOADS = {
 }
 
 
-def run(tree: str, argv: list[str], out: str) -> None:
+def run(tree: str, argv: list[str], out: str, extra: Sequence[str] = ()) -> None:
     env = {**os.environ, 'PYTHONPATH': tree, 'TF_NUM_INTRAOP_THREADS': '1'}
-    command = [sys.executable, os.path.join(tree, 'experiments', argv[0]), *argv[1:], f'--output_dir={out}']
+    command = [sys.executable, os.path.join(tree, 'experiments', argv[0]), *argv[1:], *extra, f'--output_dir={out}']
     done = subprocess.run(command, cwd=tree, env=env, capture_output=True, text=True, check=False)
     if done.returncode:
         raise RuntimeError(f'{" ".join(command)} failed:\n{done.stderr[-3000:]}')
@@ -151,8 +152,14 @@ def main() -> None:
     parser.add_argument('--workloads', default=','.join(WORKLOADS))
     parser.add_argument('--output', default=os.path.join(ROOT, 'docs', 'results', 'redesign_equivalence.json'))
     parser.add_argument('--notes', default='{}', help='JSON {workload: note} explaining a difference.')
+    parser.add_argument(
+        '--after_args', default='', help="Flags for the after runs only, e.g. '--engine_strategy=lockstep'."
+    )
+    parser.add_argument('--name_suffix', default='', help="Appended to each row's name (e.g. '@lockstep').")
+    parser.add_argument('--append', action='store_true', help="Keep --output's rows (other than this run's).")
     args = parser.parse_args()
     notes = json.loads(args.notes)
+    after_args = args.after_args.split()
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
         before = os.path.join(tmp, 'before')
@@ -162,18 +169,18 @@ def main() -> None:
                 argv, description = WORKLOADS[name]
                 started = time.time()
                 run(before, argv, os.path.join(tmp, f'{name}_before'))
-                run(ROOT, argv, os.path.join(tmp, f'{name}_after'))
+                run(ROOT, argv, os.path.join(tmp, f'{name}_after'), after_args)
                 compared = core_equivalence.compare_runs(
                     os.path.join(tmp, f'{name}_before'), os.path.join(tmp, f'{name}_after'), tolerance=1e-6
                 )
                 rows.append(
                     {
-                        'name': name,
-                        'workload': description,
+                        'name': name + args.name_suffix,
+                        'workload': description + (f' (after: {args.after_args})' if after_args else ''),
                         'values_compared': compared.count - len(compared.only_one_side),
                         'max_abs_diff': compared.max_abs_both_sides,
                         'metric_keys_only_in_one': sorted({w.rsplit('/', 1)[-1] for w in compared.only_one_side}),
-                        'note': notes.get(name, ''),
+                        'note': notes.get(name + args.name_suffix, notes.get(name, '')),
                         'seconds': round(time.time() - started, 1),
                     }
                 )
@@ -181,8 +188,15 @@ def main() -> None:
         finally:
             subprocess.run(['git', '-C', ROOT, 'worktree', 'remove', '--force', before], check=False)
     command = ' '.join(['python', 'benchmarks/redesign_equivalence.py', *sys.argv[1:]])
+    commands = [command]
+    if args.append and os.path.exists(args.output):
+        with open(args.output) as f:
+            earlier = json.load(f)
+        names = {row['name'] for row in rows}
+        rows = [row for row in earlier['rows'] if row['name'] not in names] + rows
+        commands = earlier.get('commands', [earlier['command']]) + commands
     with open(args.output, 'w') as f:
-        json.dump({'command': command, 'before': args.before, 'rows': rows}, f, indent=1)
+        json.dump({'command': commands[0], 'commands': commands, 'before': args.before, 'rows': rows}, f, indent=1)
         f.write('\n')
 
 
