@@ -20,6 +20,7 @@ from typing import Any
 import tensorflow as tf
 import tensorflow_federated as tff
 
+from fedpersonal import errors
 from fedpersonal.models import partially_local_model
 from fedpersonal.simulation import functional
 from fedpersonal.simulation import lockstep
@@ -53,13 +54,17 @@ def runs(strategy: str, model: Any, *, parts: int, splittable: bool) -> list[tup
       fedpersonal.errors.ConfigError: An unknown strategy.
     """
     options.check_engine_strategy(strategy)
-    spread = [(CLIENT_LOOP, parts)] if parts > 1 and splittable else []
-    if strategy == options.MEASURE:
-        return [(LOCKSTEP, 1), (CLIENT_LOOP, 1)] + spread
+    del parts, splittable  # Used by the spread, disabled below.
     if strategy == options.SPREAD:
-        return spread or [(CLIENT_LOOP, 1)]
-    chosen = auto_strategy(model) if strategy == options.AUTO else strategy
-    return (spread or [(CLIENT_LOOP, 1)]) if chosen == CLIENT_LOOP and strategy == options.AUTO else [(chosen, 1)]
+        # Disabled: on two cores, a split group's Ditto and FURL rounds differ from the per-client path (metrics by
+        # up to 0.04, tests/simulation/client_loop_test.py); not yet found. Never silently different results.
+        raise errors.ConfigError(
+            "engine_strategy='spread' is disabled: split groups of stateful plans (Ditto, FURL) do not yet equal the "
+            "per-client path; use 'client_loop' or 'auto'."
+        )
+    if strategy == options.MEASURE:
+        return [(LOCKSTEP, 1), (CLIENT_LOOP, 1)]
+    return [(auto_strategy(model) if strategy == options.AUTO else strategy, 1)]
 
 
 def phase_steps(

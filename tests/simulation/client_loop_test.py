@@ -25,7 +25,7 @@ from tests.simulation import ditto_engine_test
 from tests.simulation import furl_engine_test
 
 
-@pytest.fixture(params=['client_loop', 'spread'])
+@pytest.fixture(params=['client_loop'])  # 'spread' is disabled (refused: test_the_spread_is_refused).
 def pinned(request):
     """Every engine process built in the test runs its rounds with the client loop (spread: over 2 cores, 'x2')."""
     original, ran = driver.GroupRoundRunner.__call__, []
@@ -150,14 +150,13 @@ def test_auto_is_a_fixed_rule_of_the_model_and_the_cores():
         strategy, model, parts=parts, splittable=splittable
     )
     assert runs('auto', dense) == [('client_loop', 1)]
-    assert runs('auto', dense, parts=2) == [('client_loop', 2)]
-    assert runs('auto', dense, parts=2, splittable=False) == [('client_loop', 1)]  # Under a DP aggregator.
+    assert runs('auto', dense, parts=2) == [('client_loop', 1)]  # The spread is disabled.
     assert runs('auto', lookups, parts=2) == [('lockstep', 1)]
     assert runs('lockstep', dense, parts=2) == [('lockstep', 1)]
     assert runs('client_loop', lookups, parts=2) == [('client_loop', 1)]
-    assert runs('spread', lookups, parts=2) == [('client_loop', 2)]
-    assert runs('spread', lookups) == [('client_loop', 1)]
-    assert runs('measure', dense, parts=2) == [('lockstep', 1), ('client_loop', 1), ('client_loop', 2)]
+    assert runs('measure', dense, parts=2) == [('lockstep', 1), ('client_loop', 1)]
+    with pytest.raises(errors.ConfigError, match="'spread' is disabled"):
+        runs('spread', lookups, parts=2)
 
 
 def test_model_kinds_the_rule_reads():
@@ -205,7 +204,7 @@ def test_auto_reruns_are_bit_identical_and_equal_a_float64_loop(parts=2):
                     loss_fn=lambda: tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True),
                     client_optimizer=tff.learning.optimizers.build_sgdm(0.3),
                 )
-            assert process.engine_strategy == ('client_loop' if parts == 1 else 'client_loop x2')
+            assert process.engine_strategy == 'client_loop'  # Never spread (disabled), whatever the cores.
             state, weights = process.initialize(), []
             initial = [np.asarray(w, np.float64) for w in process.get_model_weights(state).trainable]
             for _ in range(3):
