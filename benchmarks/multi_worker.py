@@ -1,30 +1,34 @@
-"""Seconds per FedRecon MovieLens round on TFF's multi-worker runtime: 1, 2 and 4 loopback workers against local.
+"""Seconds per FedRecon MovieLens round on one core, on engine workers (one core each) and on TFF's workers.
 
-  python benchmarks/multi_worker.py [--rounds 5] [--workers 1,2,4] [--group_size 25] [--output FILE]
+  python benchmarks/multi_worker.py [--rounds 5] [--clients_per_round 100] [--tff_workers 1,2] [--output FILE]
 
-The round is `simulation_workloads.mf_setup`'s (the reference's MovieLens-shaped MF FedRecon round: 100 clients,
-dim 50, 3,700 items, 50 + 10 SGD steps of batch 5), on the fast simulation engine with ``--group_size`` clients per
-group (100 / 25 = 4 groups: every worker gets a share). Rows, each from the same initial weights on the same
-seeded client samples (every sampled client's data materialized once before round 0, not timed; 1 warm-up
-round, then ``--rounds`` timed, median):
+The round is `simulation_workloads.mf_setup`'s (the reference's MovieLens-shaped MF FedRecon round, dim 50, 3,700
+items, 50 + 10 SGD steps of batch 5) with ``--clients_per_round`` clients and ``--group_size`` clients per engine
+group. This process is pinned to core 0 with one TensorFlow thread (so is every process below: one core, one
+compute thread). Every row starts from the same initial weights and runs the same seeded client samples: the
+rounds once untimed (every sampled client's data materialized where it is trained, the programs compiled), then
+the same rounds again from the initial state, timed (median); ``max_abs_diff_vs_local``: final server weights
+against ``engine_local_1core``'s.
 
-* ``local_engine``: `process.run_round` in the local runtime, the default path (groups XLA-compiled in the driver);
-* ``local_tff``: `process.next` in TFF's local runtime (one local worker_binary; the groups run in TFF's runtime,
-  no XLA), the reference of the distributed rows (``max_abs_diff_vs_local``: final server weights);
-* ``workers_N``: `process.run_round` inside `fedpersonal.runtime.DistributedRuntime` on N workers started by
-  ``scripts/start_workers.sh N`` on this machine (the round's groups split over them, partial aggregates merged).
+* ``engine_local_1core``: `process.run_round` in this process (the engine's groups XLA-compiled, one core);
+* ``engine_workers_2``: the same inside `fedpersonal.runtime.engine_workers.EngineWorkers` with two Ray workers
+  pinned to cores 0 and 1 (each loads its clients by id and runs its share's groups compiled as locally; the
+  partial aggregates merged by a tree, the server step here);
+* ``tff_local``: `process.next` in TFF's local runtime (its worker_binary: the groups without XLA);
+* ``tff_workers_N``: `process.run_round` inside `fedpersonal.runtime.DistributedRuntime` on N TFF workers
+  (`scripts/start_workers.sh`), worker k pinned to core k mod 2.
 
-Writes ``--output`` (``rows``: ``name``, ``workers``, ``seconds_per_round``, ``first_round_s``,
-``max_abs_diff_vs_local``; ``model``: a fit of the distributed rows, below) and prints a Markdown table.
-
-The model (``model``, `_model`): 100 workers with 10,000 clients per round from the measured one-worker round
-time and the measured cost of each extra worker. On this 2-core machine every loopback worker shares the same two
-cores, so adding workers cannot speed a round up here; the model assumes one machine per worker.
+``model``: the engine workers' round as per-worker compute plus fixed costs, measured in the
+``engine_workers_2`` row (`EngineWorkers.last_timings`: the workers' own share seconds, the driver's submit, the
+tree's merges), predicting 100 workers and 10,000 clients per round against linear scaling of one core.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import functools
 import json
+import math
 import os
 import shlex
 import signal
@@ -37,13 +41,34 @@ from absl import flags
 
 _REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 _OUTPUT = flags.DEFINE_string('output', 'docs/results/multi_worker.json', 'JSON file written.')
-_ROUNDS = flags.DEFINE_integer('rounds', 5, 'Timed rounds per row, after 1 warm-up round.')
-_WORKERS = flags.DEFINE_list('workers', ['1', '2', '4'], 'Worker counts of the distributed rows.')
-_GROUP_SIZE = flags.DEFINE_integer('group_size', 25, 'Clients per engine group (groups are what is distributed).')
-_BASE_PORT = flags.DEFINE_integer('base_port', 18200, 'First port of the loopback workers.')
+_ROUNDS = flags.DEFINE_integer('rounds', 5, 'Timed rounds per row (after the same rounds once untimed).')
+_CLIENTS = flags.DEFINE_integer('clients_per_round', 100, 'Clients per round (of 1,000).')
+_GROUP_SIZE = flags.DEFINE_integer('group_size', 25, 'Clients per engine group.')
+_TFF_WORKERS = flags.DEFINE_list('tff_workers', ['1', '2'], "Worker counts of the TFF-worker rows ('' for none).")
+_BASE_PORT = flags.DEFINE_integer('base_port', 18200, 'First port of the loopback TFF workers.')
 
 
-def _start_workers(n: int, port: int) -> tuple[subprocess.Popen, list[str]]:
+def _setup():
+    sys.path.insert(0, os.path.join(_REPO, 'benchmarks'))
+    import simulation_workloads
+
+    setup = simulation_workloads.mf_setup(group_size=_GROUP_SIZE.value)
+    return dataclasses.replace(setup, clients_per_round=_CLIENTS.value)
+
+
+def _recipe(clients: int, group_size: int):
+    """What every engine worker builds (module-level, so that Ray pickles it by reference)."""
+    from fedpersonal.runtime import engine_workers
+
+    sys.path.insert(0, os.path.join(_REPO, 'benchmarks'))
+    import simulation_workloads
+
+    setup = simulation_workloads.mf_setup(group_size=group_size)
+    process, _ = setup.build_fedpersonal('engine')
+    return engine_workers.WorkerSetup(process, setup.dataset_fn)
+
+
+def _start_tff_workers(n: int, port: int) -> tuple[subprocess.Popen, list[str]]:
     proc = subprocess.Popen(
         [os.path.join(_REPO, 'scripts', 'start_workers.sh'), str(n), str(port)],
         stdout=subprocess.PIPE,
@@ -53,6 +78,9 @@ def _start_workers(n: int, port: int) -> tuple[subprocess.Popen, list[str]]:
     line = proc.stdout.readline()
     if not line.startswith('workers: '):
         raise RuntimeError(f'scripts/start_workers.sh {n} {port} did not start: {line!r}')
+    children = subprocess.run(['pgrep', '-P', str(proc.pid)], capture_output=True, text=True).stdout.split()
+    for k, pid in enumerate(int(c) for c in children):  # Worker k on core k mod 2, one process per core.
+        subprocess.run(['taskset', '-a', '-p', '-c', str(k % 2), str(pid)], capture_output=True, check=False)
     return proc, line.split(': ', 1)[1].strip().split(',')
 
 
@@ -61,96 +89,121 @@ def _stop(proc: subprocess.Popen) -> None:
     proc.wait(30)
 
 
-def _run(setup, rounds: int, use_next: bool) -> dict:
+def _run(setup, rounds: int, use_next: bool, workers=None) -> dict:
     import tensorflow as tf
 
+    from fedpersonal.core import process as process_lib
+
     process, _ = setup.build_fedpersonal('engine')
-    # Every sampled client's data materialized once before round 0 (as simulation_speed.py's engine rows).
-    clients = sorted({c for r in range(rounds + 1) for c in setup.sample(r)})
-    process.backend.pack([setup.dataset_fn(c) for c in clients], client_ids=clients)
-    t0 = time.perf_counter()
-    state = process.initialize()
-    seconds = []
-    for r in range(rounds + 1):
-        ids = setup.sample(r)
-        datasets = [setup.dataset_fn(c) for c in ids]
-        if use_next:
-            data = process.backend.pack(datasets, client_ids=ids)
-            t = time.perf_counter()
-            state = process.next(state, data).state
-        else:
-            t = time.perf_counter()
-            state = process.run_round(state, datasets, client_ids=ids).state
-        seconds.append(time.perf_counter() - t)
-        if r == 0:
-            first = time.perf_counter() - t0
-        print(f'  round {r}: {seconds[-1]:.3f} s', flush=True)
+    seconds, timings = [], []
+    for timed in (False, True):  # The rounds once untimed (data materialized, programs compiled), then timed.
+        state = process.initialize()
+        for r in range(rounds):
+            ids = setup.sample(r)
+            datasets = process_lib.LazyDatasets(ids, setup.dataset_fn)
+            if use_next:
+                data = process.backend.pack(datasets, client_ids=ids)
+                t = time.perf_counter()
+                state = process.next(state, data).state
+            else:
+                t = time.perf_counter()
+                state = process.run_round(state, datasets, client_ids=ids).state
+            if timed:
+                seconds.append(time.perf_counter() - t)
+                if workers is not None:
+                    timings.append(workers.last_timings)
+                print(f'  round {r}: {seconds[-1]:.4f} s', flush=True)
     weights = [np.asarray(w) for w in tf.nest.flatten(process.get_model_weights(state).trainable)]
-    return dict(seconds_per_round=float(np.median(seconds[1:])), first_round_s=float(first), weights=weights)
+    row = dict(seconds_per_round=float(np.median(seconds)), seconds=seconds, weights=weights)
+    if timings:
+        row['timings'] = {
+            key: float(np.median([np.max(t[key]) for t in timings]))
+            for key in ('round_s', 'submit_s', 'shares_s', 'wait_s', 'finish_s')
+        }
+        row['timings']['merge_level_s'] = workers.merge_seconds(workers.last_partial)
+    return row
 
 
-def _model(rows: list[dict]) -> dict:
-    """t(W, N) ~= t1 * (N / W) / 100 + h * (W - 1): each of W workers runs N / W clients at the measured one-worker
-    rate (t1 for 100 clients, its fixed costs included: an overestimate for large shares), and every extra worker
-    adds h, the slope of the 1/2/4-worker rows (its share's RPCs and one more partial aggregate merged in the
-    driver, in order; measured on one machine, so it includes the workers' contention for its 2 cores)."""
-    by = {r['workers']: r['seconds_per_round'] for r in rows if r['workers'] > 0}
-    w = np.array(sorted(by), float)
-    h = float(np.polyfit(w, [by[k] for k in sorted(by)], 1)[0]) if len(w) > 1 else 0.0
-    t1 = by.get(1, min(by.values()))
-    local = {r['name']: r['seconds_per_round'] for r in rows}
+def _model(rows: dict, clients: int) -> dict:
+    """t(W, N) = c * N / W + W * d + ceil(log2 W) * m + f + g, from the engine_workers_2 row's median timings:
+    c the workers' compute seconds per client (their own share seconds / share size), d the driver's submit cost
+    per worker, m one merge level (two partials moved to a worker and added there, the result fetched: measured
+    alone), f the server step, g the rest of the round (Ray's transport of the shares' results, less the one
+    merge level inside it); linear scaling: one core's seconds for N clients / W."""
+    timings = rows['engine_workers_2']['timings']
+    c = timings['shares_s'] / (clients / 2)
+    d = timings['submit_s'] / 2
+    m, f = timings['merge_level_s'], timings['finish_s']
+    g = max(timings['round_s'] - timings['shares_s'] - timings['submit_s'] - m - f, 0.0)
+    predict = lambda w, n: c * n / w + w * d + math.ceil(math.log2(w)) * m + f + g
+    one_core_per_client = rows['engine_local_1core']['seconds_per_round'] / clients
+    predicted, linear = predict(100, 10_000), one_core_per_client * 10_000 / 100
     return dict(
-        formula='t(W, N) = t1 * (N / W) / 100 + h * (W - 1)',
-        t1_one_worker_100_clients_s=t1,
-        h_per_extra_worker_s=h,
-        predicted_100_workers_10000_clients_s=t1 + h * 99,
-        predicted_1_worker_10000_clients_s=100 * t1,
-        local_engine_10000_clients_s=100 * local.get('local_engine', float('nan')),
+        formula='t(W, N) = c * N / W + W * d + ceil(log2 W) * m + f + g',
+        c_per_client_s=c,
+        d_submit_per_worker_s=d,
+        m_merge_level_s=m,
+        f_server_step_s=f,
+        g_rest_s=g,
+        predicted_2_workers_s=predict(2, clients),
+        measured_2_workers_s=rows['engine_workers_2']['seconds_per_round'],
+        predicted_100_workers_10000_clients_s=predicted,
+        linear_100_workers_10000_clients_s=linear,
+        ratio_to_linear=predicted / linear,
+        one_core_10000_clients_s=one_core_per_client * 10_000,
     )
 
 
 def main(argv):
     del argv
-    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-    import simulation_workloads
-
+    os.sched_setaffinity(0, {0})  # Before TensorFlow starts its threads: this process on core 0.
     from fedpersonal import runtime
+    from fedpersonal.runtime import engine_workers
 
-    setup = simulation_workloads.mf_setup(group_size=_GROUP_SIZE.value)
-    rows = []
-    print('local_engine', flush=True)
+    setup, rows = _setup(), {}
+    print('engine_local_1core', flush=True)
     with runtime.LocalRuntime():
-        rows.append(dict(name='local_engine', workers=0, **_run(setup, _ROUNDS.value, use_next=False)))
-    print('local_tff', flush=True)
+        rows['engine_local_1core'] = dict(workers=0, **_run(setup, _ROUNDS.value, use_next=False))
+    print('engine_workers_2', flush=True)
+    recipe = functools.partial(_recipe, _CLIENTS.value, _GROUP_SIZE.value)
+    with runtime.LocalRuntime(), engine_workers.EngineWorkers(recipe, workers=2, cores=[0, 1]) as workers:
+        rows['engine_workers_2'] = dict(workers=2, **_run(setup, _ROUNDS.value, use_next=False, workers=workers))
+    print('tff_local', flush=True)
     with runtime.LocalRuntime():
-        rows.append(dict(name='local_tff', workers=0, **_run(setup, _ROUNDS.value, use_next=True)))
-    for n in [int(x) for x in _WORKERS.value]:
-        print(f'workers_{n}', flush=True)
-        proc, addresses = _start_workers(n, _BASE_PORT.value)
+        rows['tff_local'] = dict(workers=0, **_run(setup, _ROUNDS.value, use_next=True))
+    for n in [int(x) for x in _TFF_WORKERS.value if x]:
+        print(f'tff_workers_{n}', flush=True)
+        proc, addresses = _start_tff_workers(n, _BASE_PORT.value)
         try:
             with runtime.DistributedRuntime(addresses):
-                rows.append(dict(name=f'workers_{n}', workers=n, **_run(setup, _ROUNDS.value, use_next=False)))
+                rows[f'tff_workers_{n}'] = dict(workers=n, **_run(setup, _ROUNDS.value, use_next=False))
         finally:
             _stop(proc)
-    reference = rows[1]['weights']
-    for row in rows:
+    reference = rows['engine_local_1core']['weights']
+    for row in rows.values():
         weights = row.pop('weights')
         row['max_abs_diff_vs_local'] = float(max(np.max(np.abs(a - b)) for a, b in zip(weights, reference)))
+    local = rows['engine_local_1core']['seconds_per_round']
+    for row in rows.values():
+        row['throughput_vs_1core'] = local / row['seconds_per_round']
     result = dict(
         command='python benchmarks/multi_worker.py ' + ' '.join(shlex.quote(a) for a in sys.argv[1:]),
-        workload=f'mf (simulation_workloads.mf_setup): 100 clients per round, engine groups of {_GROUP_SIZE.value}',
+        workload=(
+            f'mf (simulation_workloads.mf_setup): {_CLIENTS.value} clients per round, engine groups of '
+            f'{_GROUP_SIZE.value}; every process on one core with one TensorFlow thread'
+        ),
         machine=f'{os.cpu_count()} cores',
-        rows=rows,
-        model=_model(rows),
+        rows=[dict(name=name, **row) for name, row in rows.items()],
+        model=_model(rows, _CLIENTS.value),
     )
     os.makedirs(os.path.dirname(_OUTPUT.value) or '.', exist_ok=True)
     with open(_OUTPUT.value, 'w') as f:
         json.dump(result, f, indent=1)
-    print('| row | workers | s/round | first round s | max abs diff vs local |')
+    print('| row | workers | s/round | throughput vs 1 core | max abs diff vs local |')
     print('|---|---:|---:|---:|---:|')
-    for r in rows:
+    for r in result['rows']:
         print(
-            f'| {r["name"]} | {r["workers"]} | {r["seconds_per_round"]:.3f} | {r["first_round_s"]:.1f} | '
+            f'| {r["name"]} | {r["workers"]} | {r["seconds_per_round"]:.4f} | {r["throughput_vs_1core"]:.2f} | '
             f'{r["max_abs_diff_vs_local"]:.2e} |'
         )
     print(json.dumps(result['model'], indent=1))
@@ -160,4 +213,6 @@ if __name__ == '__main__':
     # Flags parsed without `absl.app.run`: under `app.run` the engine's first `run_round` in this script failed with
     # "<tf.Tensor 'total:0'> is out of scope" (a Keras metric variable created in a graph by `tf.init_scope`); the
     # same calls with the flags parsed directly pass. Not yet understood (the experiment binaries are not affected).
+    os.environ.setdefault('TF_NUM_INTRAOP_THREADS', '1')
+    os.environ.setdefault('TF_NUM_INTEROP_THREADS', '1')
     main(flags.FLAGS(sys.argv))

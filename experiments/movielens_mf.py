@@ -31,6 +31,7 @@ main = experiment_main.define_main(
     'fedpersonal.tasks.movielens_mf:run',
     report,
     default_output_dir='output/movielens_mf',
+    engine_workers=True,  # The FedRecon row's rounds on --engine_workers (movielens_mf.fedrecon_worker_setup).
 )
 
 if __name__ == '__main__':

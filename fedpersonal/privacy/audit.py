@@ -26,6 +26,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
+import tensorflow as tf
 import tensorflow_federated as tff
 from tensorflow_federated.python.core.impl.compiler import building_blocks
 from tensorflow_federated.python.tensorflow_libs import serialization_utils
@@ -389,6 +390,38 @@ def audit_private_dataflow(computation: tff.Computation, private_parameter_index
                 Violation(where=f'result {name or ""}', detail='the SERVER-placed result contains a private-only value')
             )
     return interpreter.violations
+
+
+def audit_tf_function(concrete_function: Any, private_inputs: Any, server_outputs: Any) -> list[Violation]:
+    """The same audit on one traced TensorFlow function: is a server-bound output derived only from private inputs?
+
+    For code that runs a round's client work outside a TFF computation, e.g. an engine worker
+    (`fedpersonal.runtime.engine_workers`), which runs a process's group program and sends its results towards
+    the merge: the program's private-state inputs are labelled `private`, every other input (weights, data,
+    captured variables) `other`, and each of `server_outputs` must not be derived from private inputs alone.
+
+    Args:
+      concrete_function: A `tf.function`'s concrete function (``fn.get_concrete_function(...)``).
+      private_inputs: The structure of its graph's input tensors that are private (e.g. the placeholders of
+        the private-state argument: ``tf.nest.flatten`` of them in ``concrete_function.inputs``).
+      server_outputs: The structure of its output tensors that leave the client's side.
+
+    Returns:
+      The violations (empty: nothing server-bound is derived from private inputs only).
+    """
+    private = {t.name for t in tf.nest.flatten(private_inputs)}
+    inputs = {
+        _node_name(t.name): frozenset({PRIVATE}) if t.name in private else frozenset({OTHER})
+        for t in concrete_function.inputs
+    }
+    outputs = tf.nest.flatten(server_outputs)
+    analysis = _GraphAnalysis(concrete_function.graph.as_graph_def())
+    taints = analysis.output_taints(inputs, [t.name for t in outputs])
+    return [
+        Violation(where=f'output {t.name}', detail='a server-bound output is derived only from private inputs')
+        for t, taint in zip(outputs, taints)
+        if taint == frozenset({PRIVATE})
+    ]
 
 
 def tensor_shapes(*type_specs: tff.Type) -> set[tuple[int | None, ...]]:

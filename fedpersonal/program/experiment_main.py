@@ -97,6 +97,15 @@ WORKERS_HELP = (
     "them): each round's clients (the engine's groups) are split over the workers. Empty: TFF's local runtime. "
     'Results equal a local run to float tolerance; a run may resume on another set of workers.'
 )
+ENGINE_WORKERS_HELP = (
+    "Run the engine's compiled rounds on this many engine workers (Ray worker processes, each loading its clients "
+    'by id and running its share of the groups; fedpersonal.runtime.engine_workers). 0: in this process. '
+    'Results equal a local run to float tolerance.'
+)
+RAY_ADDRESS_HELP = (
+    "The Ray cluster of --engine_workers (HEAD:6379, after 'ray start --head' there and 'ray start "
+    "--address=HEAD:6379' on each other machine). Empty: local workers started for the run."
+)
 WORKER_ERROR_STATUS = 3  # A remote worker failed or went away (fedpersonal.errors.WorkerError).
 TF_LOG_LEVEL_VARIABLE = 'TF_CPP_MIN_LOG_LEVEL'
 QUIET_TF_LOG_LEVEL = '3'  # TensorFlow's C++ logs below FATAL off: the CUDA/cuDNN lines are ERROR level.
@@ -180,6 +189,8 @@ class ExperimentMain(Generic[ConfigT]):
     Attributes:
       config_cls: The task's config dataclass (one flag per field).
       default_output_dir: The `--output_dir` default of this binary.
+      engine_workers: Whether the task runs rounds on engine workers (`engine_workers.serve`): defines
+        ``--engine_workers`` and ``--ray_address``.
     """
 
     def __init__(
@@ -189,6 +200,7 @@ class ExperimentMain(Generic[ConfigT]):
         report: Callable[[dict[str, Any], ConfigT], str] | str,
         *,
         default_output_dir: str,
+        engine_workers: bool = False,
     ):
         _check_target(run, 'run')
         _check_target(report, 'report')
@@ -202,8 +214,15 @@ class ExperimentMain(Generic[ConfigT]):
             flags.DEFINE_bool('fresh_start', False, FRESH_START_HELP)
         if 'workers' not in flags.FLAGS:
             flags.DEFINE_string('workers', '', WORKERS_HELP)
+        self.engine_workers = engine_workers
+        names = ['fresh_start', 'workers', 'verbosity']
+        if engine_workers:
+            if 'engine_workers' not in flags.FLAGS:
+                flags.DEFINE_integer('engine_workers', 0, ENGINE_WORKERS_HELP, lower_bound=0)
+                flags.DEFINE_string('ray_address', '', RAY_ADDRESS_HELP)
+            names += ['engine_workers', 'ray_address']
         module = config_flags.help_module(config_cls)
-        for name in ('fresh_start', 'workers', 'verbosity'):  # Listed by --help with the config's flags.
+        for name in names:  # Listed by --help with the config's flags.
             flags.FLAGS.register_key_flag_for_module(module, flags.FLAGS[name])
 
     def __call__(self, argv: Sequence[str]) -> None:
@@ -236,7 +255,14 @@ class ExperimentMain(Generic[ConfigT]):
                     run = load(self._run)
                     # The engine strategy reaches every process the task builds (`backends.use`).
                     strategy = getattr(config, 'engine_strategy', None)
-                    with runtime.for_workers(flags.FLAGS.workers), backends.use(backends.current(), strategy=strategy):
+                    from fedpersonal.runtime import engine_workers  # pylint: disable=g-import-not-at-top
+
+                    request = self._engine_workers_request()
+                    with (
+                        runtime.for_workers(flags.FLAGS.workers),
+                        engine_workers.requested(request),
+                        backends.use(backends.current(), strategy=strategy),
+                    ):
                         results = run(config)
                 except errors.InputError:
                     # A failed start leaves nothing behind: not even the record of a configuration that never ran.
@@ -259,6 +285,16 @@ class ExperimentMain(Generic[ConfigT]):
         print()
         print(load(self._report)(results, config))
         print(f'\nOutputs: {config.output_dir}')
+
+    def _engine_workers_request(self) -> Any:
+        """``--engine_workers``/``--ray_address`` as an `engine_workers.Request` (None without engine workers)."""
+        from fedpersonal.runtime import engine_workers  # pylint: disable=g-import-not-at-top
+
+        if not self.engine_workers or not flags.FLAGS.engine_workers:
+            return None
+        if flags.FLAGS.workers:
+            raise errors.ConfigError('--engine_workers and --workers: give one (engine workers or TFF workers).')
+        return engine_workers.Request(flags.FLAGS.engine_workers, flags.FLAGS.ray_address or None)
 
     def usage(self, doc: str | None = None) -> str:
         """The binary's help: `doc` (its usage) and every flag of its config with its help text and default.
@@ -287,6 +323,7 @@ def define_main(
     report: Callable[[dict[str, Any], ConfigT], str] | str,
     *,
     default_output_dir: str,
+    engine_workers: bool = False,
 ) -> ExperimentMain[ConfigT]:
     """Defines the config's flags and returns an absl `main` for the binary.
 
@@ -297,6 +334,8 @@ def define_main(
       report: Formats `(results, config)` as the text printed at the end (a callable or a 'module:attribute'
         string, as `run`).
       default_output_dir: The `--output_dir` default of this binary.
+      engine_workers: Whether the task runs rounds on engine workers (`engine_workers.serve`): defines
+        ``--engine_workers`` and ``--ray_address``.
 
     Returns:
       `main(argv)` for `run` (or `absl.app.run`).
@@ -304,7 +343,7 @@ def define_main(
     Raises:
       ValueError: `run` or `report` is neither a callable nor a 'module:attribute' string.
     """
-    return ExperimentMain(config_cls, run, report, default_output_dir=default_output_dir)
+    return ExperimentMain(config_cls, run, report, default_output_dir=default_output_dir, engine_workers=engine_workers)
 
 
 def wants_help(argv: Sequence[str]) -> bool:

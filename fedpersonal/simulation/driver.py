@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import collections
 import concurrent.futures
+import functools
 import time
 from collections.abc import Callable
 from collections.abc import Mapping
@@ -158,6 +159,11 @@ class GroupRoundRunner:
             jit_compile=True,
         )
 
+    @staticmethod
+    def merge(a: dict, b: dict) -> dict:
+        """Two shares' partial aggregates as one (the module's `merge`)."""
+        return merge(a, b)
+
     @property
     def strategy(self) -> str | None:
         """The run that runs the rounds (`run_name`), None while several are still being measured."""
@@ -220,24 +226,130 @@ class GroupRoundRunner:
             metric_sums = metrics if metric_sums is None else tf.nest.map_structure(tf.add, metric_sums, metrics)
         new_private = [by_slot[k] for k in sorted(by_slot)]
         self.choice.record(strategy, time.perf_counter() - started)
-        aggregator_state, aggregator_metrics = state.aggregator, collections.OrderedDict(mean_value=(), mean_weight=())
         if self._aggregation is None:
-            optimizer_state, trainable, measurements = self._server_step(
+            server = self._server_step(
                 state.finalizer,
                 list(model_weights.trainable),
                 [list(r.update) for r in results],
                 [tf.cast(r.update_weight, tf.float32) for r in results],
             )
+            aggregated = (state.aggregator, _MEAN_METRICS, *server)
         else:
-            aggregated = self._aggregation.next(
+            aggregated = self._aggregate(state, model_weights, [(r.update, r.update_weight) for r in results])
+        if num_clients is None and self._measure_communication:
+            num_clients = len(private_states) if private_states is not None else _real_clients(groups)
+        private = new_private[: len(private_states)] if private_states is not None else None
+        return self._output(state, model_weights, aggregated, metric_sums, results[0].update, num_clients, private)
+
+    def share(self, weights: Any, groups: Sequence[Any], private_states: Sequence[Any] | None = None) -> dict:
+        """One worker's share of a round (`fedpersonal.runtime.engine_workers`): its groups' work, summed.
+
+        The same group work as a local round, on whole groups; what the worker sends back is a partial aggregate
+        that `merge` combines with the other shares' and `finish` turns into the round's output.
+
+        Args:
+          weights: The round's global `ModelWeights` (as the server broadcasts them).
+          groups: This share's packed groups.
+          private_states: A stateful process's private states of this share's clients (in client order).
+
+        Returns:
+          ``{'update': [sum_g w_g * u_g per trainable tensor], 'weight': sum_g w_g, 'metrics': the summed
+          unfinalized metrics}`` (numpy; with an `aggregation`, ``'results'``: every group's ``(u_g, w_g)`` in
+          order, instead of the two sums), and ``'private'``: the new private states of this share's clients
+          (None for a stateless process), which go to the driver's client store only.
+        """
+        stacked = stack_per_group(groups, private_states) if private_states is not None else None
+        model_weights = tff.learning.models.ModelWeights(
+            trainable=[tf.convert_to_tensor(w) for w in weights.trainable],
+            non_trainable=[tf.convert_to_tensor(w) for w in weights.non_trainable],
+        )
+        name, _ = self._runs[self.choice.next()]
+        started, metric_sums, outputs, private = time.perf_counter(), None, [], []
+        for g, group in enumerate(groups):
+            args = (model_weights, packing.as_tensors(group))
+            result, metrics, *new = (
+                self._works[name](*args) if stacked is None else self._works[name](*args, stacked[g])
+            )
+            outputs.append((_numpy(list(result.update)), np.float32(_numpy(result.update_weight))))
+            metric_sums = metrics if metric_sums is None else tf.nest.map_structure(tf.add, metric_sums, metrics)
+            if stacked is not None:
+                private += unstack(new[0], group_clients(group))
+        self.choice.record(self.choice.next(), time.perf_counter() - started)
+        partial: dict[str, Any] = {'metrics': _numpy(metric_sums)}
+        if self._aggregation is not None:
+            partial['results'] = outputs
+        else:
+            # Pairwise in group order, each tensor keeping its dtype (a Python sum would start from an int).
+            partial['update'] = [
+                functools.reduce(np.add, [np.asarray(u[k] * w, u[k].dtype) for u, w in outputs])
+                for k in range(len(outputs[0][0]))
+            ]
+            partial['weight'] = functools.reduce(np.add, [w for _, w in outputs])
+        partial['private'] = private[: len(private_states)] if private_states is not None else None
+        return partial
+
+    def audit_share(self, weights: Any, group: Any, private_states: Sequence[Any]) -> list:
+        """The privacy audit (`fedpersonal.privacy.audit.audit_tf_function`) of the group program a share runs,
+        traced on `group`: its private-state input labelled private, its update, weight and metrics (what goes
+        to the merge) checked; a stateful process's new private states go only to the clients' store."""
+        from fedpersonal.privacy import audit  # pylint: disable=g-import-not-at-top
+
+        name, _ = self._runs[self.choice.next()]
+        model_weights = tff.learning.models.ModelWeights(
+            trainable=[tf.convert_to_tensor(w) for w in weights.trainable],
+            non_trainable=[tf.convert_to_tensor(w) for w in weights.non_trainable],
+        )
+        args = (model_weights, packing.as_tensors(group), stack_per_group([group], private_states)[0])
+        concrete = self._works[name].get_concrete_function(*args)
+        first = len(tf.nest.flatten(args[:2]))
+        private_inputs = concrete.inputs[first : first + len(tf.nest.flatten(args[2]))]
+        result, metrics, _ = concrete.structured_outputs
+        return audit.audit_tf_function(concrete, private_inputs, (result, metrics))
+
+    def finish(
+        self, state: Any, partial: dict, private_states: Sequence[Any] | None, *, num_clients: int
+    ) -> process_lib.ProcessOutput:
+        """The round's output from every share's merged partial aggregate (`share`, `merge`): the server step,
+        as a local round's, on the shares' summed updates (equal to a local round to float reassociation)."""
+        weights = state.global_model_weights
+        model_weights = tff.learning.models.ModelWeights(
+            trainable=[tf.convert_to_tensor(w) for w in weights.trainable],
+            non_trainable=[tf.convert_to_tensor(w) for w in weights.non_trainable],
+        )
+        if self._aggregation is None:
+            mean = [tf.math.divide(tf.convert_to_tensor(u), partial['weight']) for u in partial['update']]
+            aggregated = (
                 state.aggregator,
-                [list(_numpy(r.update)) for r in results],
-                [np.float32(_numpy(r.update_weight)) for r in results],
+                _MEAN_METRICS,
+                *self._apply_update(state.finalizer, list(model_weights.trainable), mean),
             )
-            aggregator_state, aggregator_metrics = aggregated.state, aggregated.measurements
-            optimizer_state, trainable, measurements = self._apply_update(
-                state.finalizer, list(model_weights.trainable), [tf.convert_to_tensor(u) for u in aggregated.result]
-            )
+            sample = partial['update']
+        else:
+            aggregated = self._aggregate(state, model_weights, partial['results'])
+            sample = partial['results'][0][0]
+        return self._output(state, model_weights, aggregated, partial['metrics'], sample, num_clients, private_states)
+
+    def _aggregate(self, state: Any, model_weights: Any, results: Sequence[tuple[Any, Any]]) -> tuple:
+        assert self._aggregation is not None
+        aggregated = self._aggregation.next(
+            state.aggregator, [list(_numpy(u)) for u, _ in results], [np.float32(_numpy(w)) for _, w in results]
+        )
+        server = self._apply_update(
+            state.finalizer, list(model_weights.trainable), [tf.convert_to_tensor(u) for u in aggregated.result]
+        )
+        return (aggregated.state, aggregated.measurements, *server)
+
+    def _output(
+        self,
+        state: Any,
+        model_weights: Any,
+        aggregated: tuple,
+        metric_sums: Any,
+        update: Any,
+        num_clients: int | None,
+        private_states: Sequence[Any] | None,
+    ) -> process_lib.ProcessOutput:
+        aggregator_state, aggregator_metrics, optimizer_state, trainable, measurements = aggregated
         new_state = tff.learning.templates.LearningAlgorithmState(
             global_model_weights=tff.learning.models.ModelWeights(
                 trainable=_numpy(trainable), non_trainable=_numpy(list(model_weights.non_trainable))
@@ -247,20 +359,32 @@ class GroupRoundRunner:
             aggregator=aggregator_state,
             finalizer=_numpy(optimizer_state),
         )
-        train = self._finalize_metrics(metric_sums)
         metrics = collections.OrderedDict(
             distributor=(),
-            client_work=collections.OrderedDict(train=train),
+            client_work=collections.OrderedDict(train=self._finalize_metrics(metric_sums)),
             aggregator=aggregator_metrics,
             finalizer=_numpy(measurements),
         )
         if self._measure_communication:
-            if num_clients is None:
-                num_clients = len(private_states) if private_states is not None else _real_clients(groups)
-            metrics.update(_communication(model_weights, results[0], num_clients))
+            metrics.update(_communication(model_weights, list(update), num_clients or 0))
         if private_states is not None:
-            return process_lib.ProcessOutput(new_state, metrics, new_private[: len(private_states)])
+            return process_lib.ProcessOutput(new_state, metrics, list(private_states))
         return process_lib.ProcessOutput(state=new_state, metrics=metrics, private_states=())
+
+
+def merge(a: dict, b: dict) -> dict:
+    """Two shares' partial aggregates (`GroupRoundRunner.share`, without their private states) as one: sums
+    added, per-group results concatenated in order (a tree of these is the round's merge)."""
+    merged: dict[str, Any] = {'metrics': tf.nest.map_structure(np.add, a['metrics'], b['metrics'])}
+    if 'results' in a:
+        merged['results'] = list(a['results']) + list(b['results'])
+    else:
+        merged['update'] = [np.add(x, y, dtype=np.asarray(x).dtype) for x, y in zip(a['update'], b['update'])]
+        merged['weight'] = np.float32(a['weight'] + b['weight'])
+    return merged
+
+
+_MEAN_METRICS = collections.OrderedDict(mean_value=(), mean_weight=())
 
 
 def run_name(work: str, parts: int) -> str:
@@ -327,14 +451,14 @@ def _payload(structure: Any) -> tuple[float, float]:
     return float(scalars), float(num_bytes)
 
 
-def _communication(received: Any, group_result: Any, num_clients: int) -> collections.OrderedDict:
+def _communication(received: Any, update: Any, num_clients: int) -> collections.OrderedDict:
     """The measured broadcast's and `MeasuredAggregationFactory`'s metrics for a round of identical payloads.
 
     Every logical client receives the server weights and sends an update shaped as its group's (the weighted
     mean of its clients' updates) plus one aggregation weight; their per-client means are those sizes.
     """
     scalars_down, bytes_down = _payload(received)
-    scalars_up, bytes_up = _payload([list(group_result.update), group_result.update_weight])
+    scalars_up, bytes_up = _payload([list(update), np.float32(0)])
     return collections.OrderedDict(
         distributor=collections.OrderedDict(
             scalars_down_per_client=np.float64(scalars_down),

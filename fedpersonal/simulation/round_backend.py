@@ -19,6 +19,7 @@ from typing import Any
 
 from fedpersonal.core import process as process_lib
 from fedpersonal.runtime import distributed
+from fedpersonal.runtime import engine_workers
 
 
 class EngineBackend:
@@ -62,7 +63,13 @@ class EngineBackend:
         *,
         client_ids: Sequence[str] | None,
     ) -> process_lib.ProcessOutput:
-        """The round by the round runner, or under a distributed runtime by `run_next`."""
+        """The round by the round runner, on the engine workers of an `EngineWorkers` block (each loads its
+        clients by id: `client_ids` needed), or under TFF's distributed runtime by `run_next`."""
+        workers = engine_workers.active()
+        if workers is not None:
+            if client_ids is None:
+                raise ValueError('Engine workers load their clients by id: run_round needs client_ids.')
+            return workers.run_round(process, state, client_ids, private_states)
         if distributed.active():
             return self.run_next(process, state, client_data, private_states, client_ids=client_ids)
         private = list(private_states or []) if process.stateful else None

@@ -29,6 +29,7 @@ seed to `seed`, so the op-level seeds combine with the same graph-level seed wha
 from __future__ import annotations
 
 import dataclasses
+import functools
 import time
 from collections.abc import Callable
 from typing import Any
@@ -45,6 +46,7 @@ from fedpersonal.algorithms import centralized
 from fedpersonal.models import matrix_factorization as mf
 from fedpersonal.privacy import dp as dp_lib
 from fedpersonal.program import run_record
+from fedpersonal.runtime import engine_workers
 from fedpersonal.tasks.movielens_mf_config import CONFIGURATIONS as CONFIGURATIONS
 from fedpersonal.tasks.movielens_mf_config import DATASETS as DATASETS
 from fedpersonal.tasks.movielens_mf_config import MovieLensMFConfig as MovieLensMFConfig
@@ -112,19 +114,34 @@ def _run_fedrecon(
     dp = task.differential_privacy(prepared.user_train)
     process = task.build_fed_recon(dp)
     eval_fn = lambda w: task.periodic_metrics('recon', w, prepared.user_val, task.personal_dataset_fn)
-    state, selection, row['seconds_per_round'] = train_process(
-        task,
-        process,
-        name,
-        outputs,
-        prepared.user_train,
-        task.personal_dataset_fn,
-        eval_fn,
-        validate_fn=_validate_personal(mf.personal_input_spec()),
-        dp=dp,
-    )
+    # With --engine_workers, every worker builds this process and reads its clients itself (the same recipe).
+    with engine_workers.serve(functools.partial(fedrecon_worker_setup, task.config)):
+        state, selection, row['seconds_per_round'] = train_process(
+            task,
+            process,
+            name,
+            outputs,
+            prepared.user_train,
+            task.personal_dataset_fn,
+            eval_fn,
+            validate_fn=_validate_personal(mf.personal_input_spec()),
+            dp=dp,
+        )
     row.update(selection)
     return task.evaluate('recon', process.get_model_weights(state), prepared.user_test, task.personal_dataset_fn)
+
+
+def fedrecon_worker_setup(config: MovieLensMFConfig) -> engine_workers.WorkerSetup:
+    """What an engine worker builds for the FedRecon row: the same data (read where the worker runs), split and
+    process as `_run_fedrecon`'s, and each training client's dataset by id."""
+    tf.random.set_seed(config.seed)
+    prepared = load_data(config)
+    task = MovieLensMFTask(config, prepared)
+    process = task.build_fed_recon(task.differential_privacy(prepared.user_train))
+    train = prepared.user_train
+    return engine_workers.WorkerSetup(
+        process, lambda cid: task.personal_dataset_fn(train.create_tf_dataset_for_client(cid))
+    )
 
 
 def _run_fedavg(

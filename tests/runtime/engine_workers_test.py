@@ -1,0 +1,193 @@
+"""Engine workers (Ray actors running the engine's compiled group programs): same results as the local engine,
+private states back to their own clients, a dead worker named, the worker's program audited."""
+
+import os
+import signal
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from fedpersonal import errors
+from fedpersonal import runtime
+from fedpersonal.algorithms import furl
+from fedpersonal.core import process as process_lib
+from fedpersonal.privacy import audit
+from fedpersonal.runtime import engine_workers
+from tests.algorithms import furl_test
+from tests.simulation import communication_engine_test as mf_setup
+
+pytest.importorskip('ray')
+
+_SIZES = (8, 3, 6, 5, 7)  # Three groups of two (the last padded): shares of two groups and one.
+_FURL_ROUNDS = ([0, 1, 2], [1, 2, 3], [2, 3, 1])  # Groups of one: shares of two clients and one.
+
+
+def _max_diff(a, b):
+    return max(
+        float(np.max(np.abs(np.asarray(x) - np.asarray(y)))) for x, y in zip(tf.nest.flatten(a), tf.nest.flatten(b))
+    )
+
+
+def _fed_recon_setup():
+    datasets = mf_setup._datasets(_SIZES)
+    process = mf_setup._build('engine', measure=False, group_size=2)
+    return engine_workers.WorkerSetup(process, lambda cid: datasets[int(cid)])
+
+
+def _furl_setup():
+    process = furl.build_furl(
+        furl_test.furl_model_fn, loss_fn=tf.keras.losses.MeanSquaredError, simulation='engine', group_size=1
+    )
+    return engine_workers.WorkerSetup(process, lambda cid: furl_test.furl_dataset(int(cid)))
+
+
+def _fed_recon_rounds(setup):
+    ids = [str(i) for i in range(len(_SIZES))]
+    state = setup.process.initialize()
+    for _ in range(3):
+        output = setup.process.run_round(state, process_lib.LazyDatasets(ids, setup.dataset_fn), client_ids=ids)
+        state = output.state
+    return setup.process.get_model_weights(state), output.metrics
+
+
+def _furl_rounds(setup):
+    process = setup.process
+    state = process.initialize()
+    private = {u: process.initial_private_state() for u in range(4)}
+    for users in _FURL_ROUNDS:
+        ids = [str(u) for u in users]
+        datasets = process_lib.LazyDatasets(ids, setup.dataset_fn)
+        output = process.run_round(state, datasets, [private[u] for u in users], client_ids=ids)
+        state = output.state
+        private.update(zip(users, output.private_states))
+    return process.get_model_weights(state), private, output.metrics
+
+
+def test_fed_recon_on_two_engine_workers_equals_the_local_engine():
+    with runtime.LocalRuntime():
+        local_weights, local_metrics = _fed_recon_rounds(_fed_recon_setup())
+        setup = _fed_recon_setup()
+        with engine_workers.EngineWorkers(_fed_recon_setup, workers=2) as workers:
+            assert engine_workers.active() is workers
+            weights, metrics = _fed_recon_rounds(setup)
+            assert workers.last_timings['workers'] == 2  # Both workers had a share.
+        assert engine_workers.active() is None
+    assert _max_diff(weights, local_weights) <= 1e-6
+    assert _max_diff(metrics['client_work'], local_metrics['client_work']) <= 1e-6
+    assert _max_diff(weights, mf_setup._build('engine', measure=False).initialize().global_model_weights) > 1e-3
+
+
+def test_furl_private_states_on_engine_workers_come_back_to_their_own_clients():
+    with runtime.LocalRuntime():
+        local_weights, local_private, _ = _furl_rounds(_furl_setup())
+        setup = _furl_setup()
+        with engine_workers.EngineWorkers(_furl_setup, workers=2):
+            weights, private, _ = _furl_rounds(setup)
+    assert _max_diff(weights, local_weights) <= 1e-6
+    for user in range(4):
+        assert _max_diff(private[user], local_private[user]) <= 1e-6, user
+    # The states differ between users, so a mix-up would show.
+    assert _max_diff(local_private[0], local_private[3]) > 1e-4
+
+
+def test_a_killed_engine_worker_stops_the_round_naming_it():
+    with runtime.LocalRuntime():
+        setup = _fed_recon_setup()
+        with engine_workers.EngineWorkers(_fed_recon_setup, workers=2) as workers:
+            state = setup.process.initialize()
+            ids = [str(i) for i in range(len(_SIZES))]
+            setup.process.run_round(state, process_lib.LazyDatasets(ids, setup.dataset_fn), client_ids=ids)
+            pid = int(workers.names[1].split('pid ')[1].split(' ')[0])
+            os.kill(pid, signal.SIGKILL)
+            with pytest.raises(errors.WorkerError, match=f'engine worker 1 \\(pid {pid} on'):
+                setup.process.run_round(state, process_lib.LazyDatasets(ids, setup.dataset_fn), client_ids=ids)
+
+
+def _failing_recipe():
+    raise FileNotFoundError('no ratings file at /data/u.data on this machine')
+
+
+def test_a_recipe_that_fails_on_a_worker_is_named():
+    expected = 'engine worker 0.*could not start.*FileNotFoundError.*no ratings file at /data/u.data'
+    with pytest.raises(errors.ConfigError, match=expected), engine_workers.EngineWorkers(_failing_recipe, workers=1):
+        pass
+
+
+def test_engine_workers_need_client_ids():
+    with runtime.LocalRuntime():
+        setup = _fed_recon_setup()
+        with engine_workers.EngineWorkers(_fed_recon_setup, workers=1), pytest.raises(ValueError, match='client_ids'):
+            setup.process.run_round(setup.process.initialize(), mf_setup._datasets(_SIZES))
+
+
+def test_what_an_engine_worker_sends_to_the_merge_carries_no_private_only_value():
+    """The group program a worker runs (FURL: private user embeddings as input) passes the audit for everything
+    that goes to the merge; the control: a program whose metrics sum the private states is caught."""
+    setup = _furl_setup()
+    runner = setup.process.backend.round_runner
+    ids = ['0', '1']
+    groups = setup.process.backend.pack(process_lib.LazyDatasets(ids, setup.dataset_fn), client_ids=ids)
+    state = setup.process.initialize()
+    private = [setup.process.initial_private_state() for _ in groups]
+    assert runner.audit_share(state.global_model_weights, groups[0], private[:1]) == []
+
+    @tf.function
+    def leaky(weights, private):
+        update = [w + 1.0 for w in weights]
+        return update, tf.reduce_sum(tf.square(private))  # A metric of the private state alone.
+
+    spec = [tf.TensorSpec([3]), tf.TensorSpec([2])]
+    concrete = leaky.get_concrete_function(spec, tf.TensorSpec([4]))
+    update, metric = concrete.structured_outputs
+    violations = audit.audit_tf_function(concrete, concrete.inputs[2:3], (update, metric))
+    assert [v.where for v in violations] == [f'output {metric.name}']
+    assert audit.audit_tf_function(concrete, concrete.inputs[2:3], update) == []
+
+
+def test_shares_cover_every_client_once_in_whole_groups():
+    for n in range(1, 40):
+        for workers in (1, 2, 3, 5):
+            slices = engine_workers.shares([str(i) for i in range(n)], workers, 4)
+            assert slices[0][0] == 0 and slices[-1][1] == n and len(slices) <= workers
+            assert all(a < b for a, b in slices) and all(s[1] == t[0] for s, t in zip(slices, slices[1:]))
+            assert all((b - a) % 4 == 0 for a, b in slices[:-1])
+
+
+def test_binary_engine_worker_killed_mid_run_is_named_then_the_rerun_resumes_to_the_local_results(
+    tmp_path, monkeypatch, capsys
+):
+    """The MovieLens binary's FedRecon row with --engine_workers=2 (each worker builds the row's data and process
+    from the same configuration): a worker killed in round 3 stops the run naming it (exit status 3); the rerun
+    resumes from the round-2 checkpoint and ends with the local run's results."""
+    from fedpersonal import faults
+    from tests.runtime import distributed_test
+
+    local = str(tmp_path / 'local')
+    distributed_test._run_binary(distributed_test.ML_FLAGS + [f'--output_dir={local}'])
+    out = str(tmp_path / 'workers')
+    argv = distributed_test.ML_FLAGS + [f'--output_dir={out}', '--engine_workers=2']
+    point, rounds, killed = faults.point, [], []
+
+    def kill_in_round_3(name):
+        point(name)
+        if name == 'round':
+            rounds.append(name)
+            if len(rounds) == 2:  # Before round 3 runs: a worker dies, the round finds it gone.
+                name_1 = engine_workers.active().names[1]
+                killed.append(name_1)
+                os.kill(int(name_1.split('pid ')[1].split(' ')[0]), signal.SIGKILL)
+
+    monkeypatch.setattr(faults, 'point', kill_in_round_3)
+    with pytest.raises(SystemExit) as stopped:
+        distributed_test._run_binary(argv)
+    assert stopped.value.code == 3
+    assert f'error: {killed[0]} stopped while' in capsys.readouterr().err
+    monkeypatch.undo()
+    distributed_test._run_binary(argv)  # Resumes on two new workers.
+    resumed, reference = distributed_test._rows(out), distributed_test._rows(local)
+    assert set(resumed) == set(reference)
+    for name, row in reference.items():
+        for key, value in row.items():
+            if isinstance(value, float) and 'second' not in key:
+                assert resumed[name][key] == pytest.approx(value, rel=1e-5, abs=1e-6), (name, key)
