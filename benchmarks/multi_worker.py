@@ -125,21 +125,22 @@ def _run(setup, rounds: int, use_next: bool, workers=None) -> dict:
 
 
 def _model(rows: dict, clients: int) -> dict:
-    """t(W, N) = c * N / W + W * d + ceil(log2 W) * m + f + g, from the engine_workers_2 row's median timings:
-    c the workers' compute seconds per client (their own share seconds / share size), d the driver's submit cost
-    per worker, m one merge level (two partials moved to a worker and added there, the result fetched: measured
-    alone), f the server step, g the rest of the round (Ray's transport of the shares' results, less the one
-    merge level inside it); linear scaling: one core's seconds for N clients / W."""
+    """t(W, N) = c * N / W + W * d + (ceil(log2 W) - 1) * m + f + g, from the engine_workers_2 row's median
+    timings: c the workers' compute seconds per client (their own share seconds / share size), d the driver's
+    submit cost per worker, m one level of the merge tree below its root (two partials moved to a worker and added
+    there, the result fetched: measured alone), f the server step, g the rest of the round (Ray's transport of the
+    top two partials and the private states, the root's merge in the driver); linear scaling: one core's seconds
+    for N clients / W."""
     timings = rows['engine_workers_2']['timings']
     c = timings['shares_s'] / (clients / 2)
     d = timings['submit_s'] / 2
     m, f = timings['merge_level_s'], timings['finish_s']
-    g = max(timings['round_s'] - timings['shares_s'] - timings['submit_s'] - m - f, 0.0)
-    predict = lambda w, n: c * n / w + w * d + math.ceil(math.log2(w)) * m + f + g
+    g = max(timings['round_s'] - timings['shares_s'] - timings['submit_s'] - f, 0.0)
+    predict = lambda w, n: c * n / w + w * d + max(math.ceil(math.log2(w)) - 1, 0) * m + f + g
     one_core_per_client = rows['engine_local_1core']['seconds_per_round'] / clients
     predicted, linear = predict(100, 10_000), one_core_per_client * 10_000 / 100
     return dict(
-        formula='t(W, N) = c * N / W + W * d + ceil(log2 W) * m + f + g',
+        formula='t(W, N) = c * N / W + W * d + (ceil(log2 W) - 1) * m + f + g',
         c_per_client_s=c,
         d_submit_per_worker_s=d,
         m_merge_level_s=m,

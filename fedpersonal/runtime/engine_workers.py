@@ -12,8 +12,9 @@ round (`EngineWorkers.run_round`, what `process.run_round` does inside the ``wit
    each client's data is materialized once and kept there), packs them into groups as a local round does, runs
    them (`GroupRoundRunner.share`) and returns a partial aggregate and, separately, its clients' new private
    states;
-3. the partial aggregates are merged by a tree, log2(W) levels: at each level worker i merges its partial with
-   worker i + step's (`GroupRoundRunner.merge`; the partials travel worker to worker, not through the driver);
+3. the partial aggregates are merged by a tree: while more than two are left, pairs are merged on the first one's
+   worker (`GroupRoundRunner.merge`; the partials travel worker to worker, not through the driver), and the driver
+   merges the last two (ceil(log2 W) levels in all);
 4. the driver applies the server step to the merged partial (`GroupRoundRunner.finish`). The private states
    reach the driver only as the clients' outputs, as on the local engine (they are never part of a partial).
 
@@ -43,7 +44,6 @@ import contextlib
 import contextvars
 import dataclasses
 import os
-import sys
 import time
 from collections.abc import Callable
 from collections.abc import Iterator
@@ -195,8 +195,10 @@ class EngineWorkers:
             if self._threads is not None:
                 env = {'TF_NUM_INTRAOP_THREADS': str(self._threads), 'TF_NUM_INTEROP_THREADS': str(self._threads)}
             env.setdefault('TF_CPP_MIN_LOG_LEVEL', os.environ.get('TF_CPP_MIN_LOG_LEVEL', '3'))
-            if self._address is None:  # Local workers import what the driver imports (e.g. a test's modules).
-                env['PYTHONPATH'] = os.pathsep.join(p for p in sys.path if p and os.path.isdir(p))
+            if self._address is None:  # Local workers import this package from where the driver does.
+                package_root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+                inherited = [p for p in os.environ.get('PYTHONPATH', '').split(os.pathsep) if p]
+                env['PYTHONPATH'] = os.pathsep.join(dict.fromkeys([package_root, *inherited]))
             actor = ray.remote(num_cpus=1, max_restarts=0)(_Worker)
             for i in range(self.num_workers):
                 core = self._cores[i % len(self._cores)] if self._cores else None
@@ -301,26 +303,33 @@ class EngineWorkers:
             .remote(weights, list(client_ids[a:b]), None if private_states is None else list(private_states[a:b]))
             for w, (a, b) in enumerate(slices)
         ]
-        partials = [p for p, _, _ in outputs]
-        step = 1
-        while step < len(partials):  # The tree: level by level, worker i merges worker i + step's partial.
-            for i in range(0, len(partials) - step, 2 * step):
-                partials[i] = self._actors[i].merge.remote(partials[i], partials[i + step])
-            step *= 2
+        partials, owners = [p for p, _, _ in outputs], list(range(len(outputs)))
+        while len(partials) > 2:  # The tree: pairs merged on the first one's worker, level by level.
+            pairs = range(0, len(partials), 2)
+            merged_refs = [
+                self._actors[owners[j]].merge.remote(partials[j], partials[j + 1])
+                if j + 1 < len(partials)
+                else partials[j]
+                for j in pairs
+            ]
+            partials, owners = merged_refs, [owners[j] for j in pairs]
         submitted = time.perf_counter()
-        refs = [s for _, _, s in outputs] + [q for _, q, _ in outputs] + [partials[0]]
+        refs = [s for _, _, s in outputs] + [q for _, q, _ in outputs] + partials
         try:  # One wait for every result (a get per result costs a round trip each).
             values = ray.get(refs)
         except Exception:  # pylint: disable=broad-except
             self._get([s for _, _, s in outputs], 'running its share of the round')  # Names the worker.
             self._get([q for _, q, _ in outputs], "returning its clients' private states")
-            self._get([partials[0]], 'merging the shares', workers=[0])
+            self._get(partials, 'merging the shares', workers=owners)
             raise
-        share_seconds, new_private, merged = values[: len(slices)], values[len(slices) : -1], values[-1]
+        n = len(slices)
+        share_seconds, new_private, tops = values[:n], values[n : 2 * n], values[2 * n :]
+        runner = process.backend.round_runner
+        merged = tops[0] if len(tops) == 1 else runner.merge(tops[0], tops[1])  # The root: here.
         self.last_partial = merged
         shared = got = time.perf_counter()
         private = [s for share in new_private for s in share] if private_states is not None else None
-        output = process.backend.round_runner.finish(state, merged, private, num_clients=len(client_ids))
+        output = runner.finish(state, merged, private, num_clients=len(client_ids))
         done = time.perf_counter()
         self.last_timings = dict(
             round_s=done - started,

@@ -33,7 +33,6 @@ from __future__ import annotations
 
 import collections
 import concurrent.futures
-import functools
 import time
 from collections.abc import Callable
 from collections.abc import Mapping
@@ -152,6 +151,14 @@ class GroupRoundRunner:
             return apply_update(server_optimizer, optimizer_state, trainable, mean)
 
         self._server_step = server_step
+
+        @tf.function(jit_compile=True)
+        def weighted_sum(updates, weights):
+            return [tf.add_n([u[k] * w for u, w in zip(updates, weights)]) for k in range(len(updates[0]))], tf.add_n(
+                weights
+            )
+
+        self._weighted_sum = weighted_sum
         self._apply_update = tf.function(
             lambda optimizer_state, trainable, update: apply_update(
                 server_optimizer, optimizer_state, trainable, update
@@ -270,21 +277,17 @@ class GroupRoundRunner:
             result, metrics, *new = (
                 self._works[name](*args) if stacked is None else self._works[name](*args, stacked[g])
             )
-            outputs.append((_numpy(list(result.update)), np.float32(_numpy(result.update_weight))))
+            outputs.append((list(result.update), tf.cast(result.update_weight, tf.float32)))
             metric_sums = metrics if metric_sums is None else tf.nest.map_structure(tf.add, metric_sums, metrics)
             if stacked is not None:
                 private += unstack(new[0], group_clients(group))
         self.choice.record(self.choice.next(), time.perf_counter() - started)
         partial: dict[str, Any] = {'metrics': _numpy(metric_sums)}
         if self._aggregation is not None:
-            partial['results'] = outputs
-        else:
-            # Pairwise in group order, each tensor keeping its dtype (a Python sum would start from an int).
-            partial['update'] = [
-                functools.reduce(np.add, [np.asarray(u[k] * w, u[k].dtype) for u, w in outputs])
-                for k in range(len(outputs[0][0]))
-            ]
-            partial['weight'] = functools.reduce(np.add, [w for _, w in outputs])
+            partial['results'] = [(_numpy(u), np.float32(_numpy(w))) for u, w in outputs]
+        else:  # Summed in one compiled program, as the local round's server step sums the groups.
+            update, weight = self._weighted_sum([u for u, _ in outputs], [w for _, w in outputs])
+            partial['update'], partial['weight'] = _numpy(update), np.float32(_numpy(weight))
         partial['private'] = private[: len(private_states)] if private_states is not None else None
         return partial
 
