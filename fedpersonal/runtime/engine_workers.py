@@ -108,7 +108,7 @@ class _Worker:
             setup = recipe()
             self._dataset_fn = setup.dataset_fn
             self._backend = setup.process.backend
-            self._runner = getattr(self._backend, 'round_runner', None)
+            self._runner: Any = getattr(self._backend, 'round_runner', None)
             if not hasattr(self._runner, 'share'):
                 raise errors.ConfigError(
                     f'--engine_workers: this process ({setup.process.simulation} backend) has no engine group program '
