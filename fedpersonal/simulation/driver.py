@@ -89,6 +89,14 @@ class KerasMetricsFinalizer:
         return collections.OrderedDict((k, v.numpy()) for k, v in self._finalize(unfinalized).items())
 
 
+def _as_tensors(weights: Any) -> tff.learning.models.ModelWeights:
+    """Model weights (numpy, as the server state holds them) as tensors, as the group programs take them."""
+    return tff.learning.models.ModelWeights(
+        trainable=[tf.convert_to_tensor(w) for w in weights.trainable],
+        non_trainable=[tf.convert_to_tensor(w) for w in weights.non_trainable],
+    )
+
+
 def finalize_ratios(sums: Any) -> collections.OrderedDict:
     """`fedpersonal.core.compose.ratio_metrics`' finalization of summed ``[numerator, denominator]`` pairs."""
     return collections.OrderedDict(
@@ -196,11 +204,7 @@ class GroupRoundRunner:
         it the count is that of the private states, else inferred from the packed groups (`_real_clients`).
         """
         stacked = stack_per_group(groups, private_states) if private_states is not None else None
-        weights = state.global_model_weights
-        model_weights = tff.learning.models.ModelWeights(
-            trainable=[tf.convert_to_tensor(w) for w in weights.trainable],
-            non_trainable=[tf.convert_to_tensor(w) for w in weights.non_trainable],
-        )
+        model_weights = _as_tensors(state.global_model_weights)
         results, metric_sums, new_private = [], None, []
         strategy = self.choice.next()
         (name, parts), started = self._runs[strategy], time.perf_counter()
@@ -266,10 +270,7 @@ class GroupRoundRunner:
           (None for a stateless process), which go to the driver's client store only.
         """
         stacked = stack_per_group(groups, private_states) if private_states is not None else None
-        model_weights = tff.learning.models.ModelWeights(
-            trainable=[tf.convert_to_tensor(w) for w in weights.trainable],
-            non_trainable=[tf.convert_to_tensor(w) for w in weights.non_trainable],
-        )
+        model_weights = _as_tensors(weights)
         name, _ = self._runs[self.choice.next()]
         started, metric_sums, outputs, private = time.perf_counter(), None, [], []
         for g, group in enumerate(groups):
@@ -298,10 +299,7 @@ class GroupRoundRunner:
         from fedpersonal.privacy import audit  # pylint: disable=g-import-not-at-top
 
         name, _ = self._runs[self.choice.next()]
-        model_weights = tff.learning.models.ModelWeights(
-            trainable=[tf.convert_to_tensor(w) for w in weights.trainable],
-            non_trainable=[tf.convert_to_tensor(w) for w in weights.non_trainable],
-        )
+        model_weights = _as_tensors(weights)
         args = (model_weights, packing.as_tensors(group), stack_per_group([group], private_states)[0])
         concrete = self._works[name].get_concrete_function(*args)
         first = len(tf.nest.flatten(args[:2]))
@@ -314,11 +312,7 @@ class GroupRoundRunner:
     ) -> process_lib.ProcessOutput:
         """The round's output from every share's merged partial aggregate (`share`, `merge`): the server step,
         as a local round's, on the shares' summed updates (equal to a local round to float reassociation)."""
-        weights = state.global_model_weights
-        model_weights = tff.learning.models.ModelWeights(
-            trainable=[tf.convert_to_tensor(w) for w in weights.trainable],
-            non_trainable=[tf.convert_to_tensor(w) for w in weights.non_trainable],
-        )
+        model_weights = _as_tensors(state.global_model_weights)
         if self._aggregation is None:
             mean = [tf.math.divide(tf.convert_to_tensor(u), partial['weight']) for u in partial['update']]
             aggregated = (
