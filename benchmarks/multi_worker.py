@@ -11,16 +11,17 @@ the same rounds again from the initial state, timed (median); ``max_abs_diff_vs_
 against ``engine_local_1core``'s.
 
 * ``engine_local_1core``: `process.run_round` in this process (the engine's groups XLA-compiled, one core);
-* ``engine_workers_2``: the same inside `fedpersonal.runtime.engine_workers.EngineWorkers` with two Ray workers
-  pinned to cores 0 and 1 (each loads its clients by id and runs its share's groups compiled as locally; the
-  partial aggregates merged by a tree, the server step here);
+* ``engine_workers_1`` / ``engine_workers_2``: the same inside `fedpersonal.runtime.engine_workers.EngineWorkers`
+  with one Ray worker on core 1 / two on cores 0 and 1 (each loads its clients by id and runs its share's groups
+  compiled as locally; the round one Ray compiled graph, the partials merged by a tree on the workers, the server
+  step here);
 * ``tff_local``: `process.next` in TFF's local runtime (its worker_binary: the groups without XLA);
 * ``tff_workers_N``: `process.run_round` inside `fedpersonal.runtime.DistributedRuntime` on N TFF workers
   (`scripts/start_workers.sh`), worker k pinned to core k mod 2.
 
-``model``: the engine workers' round as per-worker compute plus fixed costs, measured in the
-``engine_workers_2`` row (`EngineWorkers.last_timings`: the workers' own share seconds, the driver's submit, the
-tree's merges), predicting 100 workers and 10,000 clients per round against linear scaling of one core.
+``model``: the engine workers' round as per-worker compute plus fixed costs, measured in the engine-worker rows
+(`EngineWorkers.last_timings`: the workers' own share seconds, the driver's sending, the rest; see `_model`),
+predicting 100 workers and 10,000 clients per round against linear scaling of one core.
 """
 
 from __future__ import annotations
@@ -120,29 +121,32 @@ def _run(setup, rounds: int, use_next: bool, workers=None) -> dict:
             key: float(np.median([np.max(t[key]) for t in timings]))
             for key in ('round_s', 'submit_s', 'shares_s', 'wait_s', 'finish_s')
         }
-        row['timings']['merge_level_s'] = workers.merge_seconds(workers.last_partial)
     return row
 
 
 def _model(rows: dict, clients: int) -> dict:
-    """t(W, N) = c * N / W + W * d + (ceil(log2 W) - 1) * m + f + g, from the engine_workers_2 row's median
-    timings: c the workers' compute seconds per client (their own share seconds / share size), d the driver's
-    submit cost per worker, m one level of the merge tree below its root (two partials moved to a worker and added
-    there, the result fetched: measured alone), f the server step, g the rest of the round (Ray's transport of the
-    top two partials and the private states, the root's merge in the driver); linear scaling: one core's seconds
-    for N clients / W."""
-    timings = rows['engine_workers_2']['timings']
-    c = timings['shares_s'] / (clients / 2)
-    d = timings['submit_s'] / 2
-    m, f = timings['merge_level_s'], timings['finish_s']
-    g = max(timings['round_s'] - timings['shares_s'] - timings['submit_s'] - f, 0.0)
-    predict = lambda w, n: c * n / w + w * d + max(math.ceil(math.log2(w)) - 1, 0) * m + f + g
+    """t(W, N) = c * N / W + s * N + W * d + ceil(log2 W) * m + f + g, from the engine-worker rows' median
+    timings: c the workers' compute seconds per client (the two-worker row's slower share / its size); s the
+    driver's sending of the round (the one-worker row's `execute` seconds, all of it counted per client: an upper
+    bound); d the driver's cost per extra worker (the two-worker row's sending less the one-worker row's); m one
+    level of the merge tree (two partials sent to a worker and added, plus one more worker's outputs read by the
+    driver: the rest of the two-worker round less the rest of the one-worker round, which has no merge); f the
+    server step; g the rest of a round without merges (the one-worker row: Ray's transport of the partial and the
+    private states). Linear scaling: one core's seconds for N clients / W."""
+    one, two = rows['engine_workers_1']['timings'], rows['engine_workers_2']['timings']
+    rest = lambda t: max(t['round_s'] - t['shares_s'] - t['submit_s'] - t['finish_s'], 0.0)
+    c = two['shares_s'] / (clients / 2)
+    s = one['submit_s'] / clients
+    d = max(two['submit_s'] - one['submit_s'], 0.0)
+    m, f, g = max(rest(two) - rest(one), 0.0), two['finish_s'], rest(one)
+    predict = lambda w, n: c * n / w + s * n + w * d + math.ceil(math.log2(w)) * m + f + g
     one_core_per_client = rows['engine_local_1core']['seconds_per_round'] / clients
     predicted, linear = predict(100, 10_000), one_core_per_client * 10_000 / 100
     return dict(
-        formula='t(W, N) = c * N / W + W * d + (ceil(log2 W) - 1) * m + f + g',
+        formula='t(W, N) = c * N / W + s * N + W * d + ceil(log2 W) * m + f + g',
         c_per_client_s=c,
-        d_submit_per_worker_s=d,
+        s_send_per_client_s=s,
+        d_per_worker_s=d,
         m_merge_level_s=m,
         f_server_step_s=f,
         g_rest_s=g,
@@ -165,10 +169,11 @@ def main(argv):
     print('engine_local_1core', flush=True)
     with runtime.LocalRuntime():
         rows['engine_local_1core'] = dict(workers=0, **_run(setup, _ROUNDS.value, use_next=False))
-    print('engine_workers_2', flush=True)
     recipe = functools.partial(_recipe, _CLIENTS.value, _GROUP_SIZE.value)
-    with runtime.LocalRuntime(), engine_workers.EngineWorkers(recipe, workers=2, cores=[0, 1]) as workers:
-        rows['engine_workers_2'] = dict(workers=2, **_run(setup, _ROUNDS.value, use_next=False, workers=workers))
+    for n, cores in ((1, [1]), (2, [0, 1])):
+        print(f'engine_workers_{n}', flush=True)
+        with runtime.LocalRuntime(), engine_workers.EngineWorkers(recipe, workers=n, cores=cores) as workers:
+            rows[f'engine_workers_{n}'] = dict(workers=n, **_run(setup, _ROUNDS.value, use_next=False, workers=workers))
     print('tff_local', flush=True)
     with runtime.LocalRuntime():
         rows['tff_local'] = dict(workers=0, **_run(setup, _ROUNDS.value, use_next=True))

@@ -2,19 +2,20 @@
 
 Each worker is a Ray actor (one process; pinned to one core when asked) that builds the *same* process as the
 driver from a recipe, a picklable zero-argument callable returning `WorkerSetup` (the process and the dataset it
-reads clients from), so its groups run the engine's compiled (XLA) group program exactly as a local run does. A
-round (`EngineWorkers.run_round`, what `process.run_round` does inside the ``with`` block):
+reads clients from), so its groups run the engine's compiled (XLA) group program exactly as a local run does. The
+round is one Ray compiled graph (built once per ``with`` block: each round then costs tens of microseconds of Ray
+per hop instead of a task submission each, docs/RESULTS.md "Engine workers"). A round (`EngineWorkers.run_round`,
+what `process.run_round` does inside the ``with`` block):
 
 1. the driver splits the round's client ids into one contiguous share per worker, aligned to the engine's group
-   size, and sends each worker its share's ids, the round's global weights (put once in Ray's object store and
-   read by every worker) and, for a stateful process, its clients' private states;
+   size, and sends the round's global weights with every worker's share of ids and, for a stateful process, of
+   private states (one message, read by every worker);
 2. each worker loads its clients by id from its own dataset (the recipe's ``dataset_fn``, built on the worker;
    each client's data is materialized once and kept there), packs them into groups as a local round does, runs
    them (`GroupRoundRunner.share`) and returns a partial aggregate and, separately, its clients' new private
-   states;
-3. the partial aggregates are merged by a tree: while more than two are left, pairs are merged on the first one's
-   worker (`GroupRoundRunner.merge`; the partials travel worker to worker, not through the driver), and the driver
-   merges the last two (ceil(log2 W) levels in all);
+   states (to the driver directly);
+3. the partial aggregates are merged by a tree on the workers (`GroupRoundRunner.merge`, pairs level by level,
+   ceil(log2 W) levels; the partials travel worker to worker, not through the driver);
 4. the driver applies the server step to the merged partial (`GroupRoundRunner.finish`). The private states
    reach the driver only as the clients' outputs, as on the local engine (they are never part of a partial).
 
@@ -43,6 +44,7 @@ from __future__ import annotations
 import contextlib
 import contextvars
 import dataclasses
+import logging
 import os
 import time
 from collections.abc import Callable
@@ -98,7 +100,10 @@ def _set_affinity(core: int) -> None:
 class _Worker:
     """The actor: builds the recipe's process and runs its shares (see the module docstring)."""
 
-    def __init__(self, recipe: Callable[[], WorkerSetup], core: int | None):
+    def __init__(self, recipe: Callable[[], WorkerSetup], core: int | None, index: int):
+        import socket  # pylint: disable=g-import-not-at-top
+
+        self.name = f'engine worker {index} (pid {os.getpid()} on {socket.gethostname()})'
         # A failing recipe is kept and raised by `describe`: the driver then gets the error itself (a creation
         # task's error reaches it only as the actor's death).
         self._error: BaseException | None = None
@@ -117,28 +122,78 @@ class _Worker:
         except Exception as error:  # pylint: disable=broad-except
             self._error = error
 
-    def describe(self) -> tuple[int, str]:
-        import socket  # pylint: disable=g-import-not-at-top
-
+    def describe(self) -> str:
         if self._error is not None:
             raise self._error
-        return os.getpid(), socket.gethostname()
+        return self.name
 
     def group_size(self) -> int:
         return int(self._backend.packer.group_size)
 
-    def run_share(self, weights: Any, client_ids: Sequence[str], private_states: Sequence[Any] | None) -> tuple:
+    def run_share(self, weights: Any, share: tuple[Sequence[str], Sequence[Any] | None]) -> tuple:
+        """This worker's share (its client ids and their private states) of a round: its partial aggregate (None
+        for no clients), its clients' new private states and its seconds."""
         started = time.perf_counter()
         from fedpersonal.core import process as process_lib  # pylint: disable=g-import-not-at-top
 
-        # Lazy: a client's pipeline is built only the first time it is packed here (then its data is kept).
-        datasets = process_lib.LazyDatasets(client_ids, self._dataset_fn)
-        groups = self._backend.pack(datasets, client_ids=list(client_ids))
-        partial = self._runner.share(weights, groups, private_states)
+        client_ids, private_states = share
+        if not client_ids:
+            return None, [] if private_states is not None else None, 0.0
+        try:
+            # The graph's inputs are read in place from its channel, which the next round overwrites: copied.
+            weights = _copied(weights)
+            # Lazy: a client's pipeline is built only the first time it is packed here (then its data is kept).
+            datasets = process_lib.LazyDatasets(client_ids, self._dataset_fn)
+            groups = self._backend.pack(datasets, client_ids=list(client_ids))
+            partial = self._runner.share(weights, groups, _copied(private_states))
+        except errors.ConfigError as error:  # E.g. a client's data malformed: named with the worker.
+            raise errors.ConfigError(f'{self.name}: {error}') from None
+        except Exception as error:  # pylint: disable=broad-except
+            raise RuntimeError(
+                f'{self.name} failed while running its share of the round: {type(error).__name__}: {error}'
+            ) from error
         return partial, partial.pop('private'), time.perf_counter() - started
 
-    def merge(self, a: dict, b: dict) -> dict:
+    def merge(self, a: dict | None, b: dict | None) -> dict | None:
+        if a is None or b is None:
+            return b if a is None else a
         return self._runner.merge(a, b)
+
+
+def _copied(value: Any) -> Any:
+    """`value` with every numpy array in it copied (compiled-graph messages are read in place)."""
+    import numpy as np  # pylint: disable=g-import-not-at-top
+    import tensorflow as tf  # pylint: disable=g-import-not-at-top
+
+    return tf.nest.map_structure(lambda v: np.array(v) if isinstance(v, np.ndarray) else v, value)
+
+
+def _quiet_cancellations(record: logging.LogRecord) -> bool:
+    """Drops Ray's traceback of each worker task cancelled when a worker died (the run's own error names it)."""
+    return not record.getMessage().startswith('Error cancelling worker task')
+
+
+def _round_graph(actors: Sequence[Any]) -> Any:
+    """The round as a Ray compiled graph: input ``(weights, share_0, ..., share_{W-1})``; worker w runs
+    ``run_share(weights, share_w)``; the partials merged by a tree on the workers; outputs ``[merged partial,
+    private_0 .. private_{W-1}, seconds_0 .. seconds_{W-1}]``."""
+    from ray.dag import InputNode  # pylint: disable=g-import-not-at-top
+    from ray.dag import MultiOutputNode  # pylint: disable=g-import-not-at-top
+
+    with InputNode() as inputs:
+        outputs = [
+            actor.run_share.options(num_returns=3).bind(inputs[0], inputs[1 + w]) for w, actor in enumerate(actors)
+        ]
+        partials, owners = [p for p, _, _ in outputs], list(range(len(actors)))
+        while len(partials) > 1:  # Pairs merged on the first one's worker, level by level.
+            pairs = range(0, len(partials), 2)
+            partials = [
+                actors[owners[j]].merge.bind(partials[j], partials[j + 1]) if j + 1 < len(partials) else partials[j]
+                for j in pairs
+            ]
+            owners = [owners[j] for j in pairs]
+        graph = MultiOutputNode([partials[0], *[q for _, q, _ in outputs], *[s for _, _, s in outputs]])
+    return graph.experimental_compile()
 
 
 class EngineWorkers:
@@ -174,8 +229,8 @@ class EngineWorkers:
         self._started_ray = False
         self._token: contextvars.Token | None = None
         self._group_size = 0
+        self._graph: Any = None
         self.last_timings: dict[str, Any] = {}
-        self.last_partial: dict | None = None
 
     def __enter__(self) -> EngineWorkers:
         try:
@@ -203,10 +258,11 @@ class EngineWorkers:
             for i in range(self.num_workers):
                 core = self._cores[i % len(self._cores)] if self._cores else None
                 options = actor.options(runtime_env={'env_vars': env}, name=None)
-                self._actors.append(options.remote(self._recipe, core))
-            described = self._get([a.describe.remote() for a in self._actors], 'starting')
-            self.names = [f'engine worker {i} (pid {pid} on {host})' for i, (pid, host) in enumerate(described)]
-            self._group_size = self._get([self._actors[0].group_size.remote()], 'starting')[0]
+                self._actors.append(options.remote(self._recipe, core, i))
+            self.names = self._started([a.describe.remote() for a in self._actors])
+            self._group_size = self._started([self._actors[0].group_size.remote()])[0]
+            logging.getLogger('ray.dag.compiled_dag_node').addFilter(_quiet_cancellations)
+            self._graph = _round_graph(self._actors)
         except BaseException:
             self._close()
             raise
@@ -222,6 +278,11 @@ class EngineWorkers:
     def _close(self) -> None:
         import ray  # pylint: disable=g-import-not-at-top
 
+        if self._graph is not None:
+            with contextlib.suppress(Exception):
+                self._graph.teardown()
+            self._graph = None
+        logging.getLogger('ray.dag.compiled_dag_node').removeFilter(_quiet_cancellations)
         for actor in self._actors:
             with contextlib.suppress(Exception):
                 ray.kill(actor)
@@ -230,51 +291,49 @@ class EngineWorkers:
             ray.shutdown()
             self._started_ray = False
 
-    def _get(self, refs: Sequence[Any], what: str, workers: Sequence[int] | None = None) -> list[Any]:
-        """`ray.get` of one reference per worker, a worker's failure raised naming it."""
+    def _started(self, refs: Sequence[Any]) -> list[Any]:
+        """`ray.get` of one start-up reference per worker; a worker that could not start raised naming it."""
         import ray  # pylint: disable=g-import-not-at-top
 
         values = []
-        for k, ref in enumerate(refs):
-            i = workers[k] if workers is not None else k
-            name = self.names[i] if i < len(self.names) else f'engine worker {i}'
+        for i, ref in enumerate(refs):
+            name = f'engine worker {i}'
             try:
                 values.append(ray.get(ref))
-            except ray.exceptions.RayTaskError as error:  # The worker's own code raised: its error, named.
+            except ray.exceptions.RayTaskError as error:  # The recipe failed there (e.g. its data is not there).
                 cause = error.cause if hasattr(error, 'cause') else error
                 if isinstance(cause, errors.ConfigError):
                     raise errors.ConfigError(f'{name}: {cause}') from None
-                if what == 'starting':  # The recipe failed there (e.g. its data is not on that machine).
-                    raise errors.ConfigError(
-                        f'--engine_workers: {name} could not start: {type(cause).__name__}: {cause}'
-                    ) from None
-                raise RuntimeError(f'{name} failed while {what}: {type(cause).__name__}: {cause}') from cause
+                raise errors.ConfigError(
+                    f'--engine_workers: {name} could not start: {type(cause).__name__}: {cause}'
+                ) from None
             except (ray.exceptions.RayActorError, ray.exceptions.ObjectLostError) as error:
-                if what == 'starting':  # E.g. the recipe could not be unpickled there (a module it needs).
-                    lines = [ln.strip() for ln in str(error).splitlines() if 'Error' in ln and ln.strip()]
-                    raise errors.ConfigError(
-                        f'--engine_workers: {name} could not start: {lines[-1] if lines else type(error).__name__}'
-                    ) from None
-                raise errors.WorkerError(
-                    name,
-                    f'{name} stopped while {what} ({type(error).__name__}). Check the machine it ran on; rerun the '
-                    'same command to resume from the last checkpoint.',
-                    str(error).splitlines()[0] if str(error) else type(error).__name__,
+                # E.g. the recipe could not be unpickled there (a module it needs).
+                lines = [ln.strip() for ln in str(error).splitlines() if 'Error' in ln and ln.strip()]
+                raise errors.ConfigError(
+                    f'--engine_workers: {name} could not start: {lines[-1] if lines else type(error).__name__}'
                 ) from None
         return values
 
-    def merge_seconds(self, partial: dict, repeats: int = 5) -> float:
-        """The median seconds of one level of the merge tree: `partial` (e.g. a round's merged partial aggregate)
-        put in Ray's object store twice, moved to a worker and merged there, the result fetched (a diagnostic for
-        cost models, benchmarks/multi_worker.py)."""
+    def _failed(self, error: BaseException) -> BaseException:
+        """The error to raise for a round that failed with `error`: a worker's own error, named; or, when the
+        compiled graph stopped (a worker died), a `WorkerError` naming the worker that no longer answers."""
         import ray  # pylint: disable=g-import-not-at-top
 
-        seconds = []
-        for _ in range(repeats):
-            started = time.perf_counter()
-            ray.get(self._actors[0].merge.remote(ray.put(partial), ray.put(partial)))
-            seconds.append(time.perf_counter() - started)
-        return sorted(seconds)[len(seconds) // 2]
+        if isinstance(error, ray.exceptions.RayTaskError):  # The worker's own code raised (its name in it).
+            cause = error.cause if hasattr(error, 'cause') else error
+            return cause if isinstance(cause, (errors.ConfigError, RuntimeError)) else error
+        for name, actor in zip(self.names, self._actors):
+            try:
+                ray.get(actor.describe.remote(), timeout=30)
+            except Exception as probe:  # pylint: disable=broad-except
+                return errors.WorkerError(
+                    name,
+                    f'{name} stopped during the round ({type(probe).__name__}). Check the machine it ran on; rerun '
+                    'the same command to resume from the last checkpoint.',
+                    str(error).splitlines()[0] if str(error) else type(error).__name__,
+                )
+        return error
 
     def run_round(
         self, process: Any, state: Any, client_ids: Sequence[str], private_states: Sequence[Any] | None = None
@@ -290,54 +349,42 @@ class EngineWorkers:
         Raises:
           WorkerError: A worker stopped during the round (named).
         """
-        import ray  # pylint: disable=g-import-not-at-top
-
         if process.stateful and private_states is None:
             raise ValueError("A stateful process needs the clients' private states.")
+        if self._graph is None:
+            raise errors.ConfigError('--engine_workers: the engine workers were stopped (a worker died); rerun.')
         started = time.perf_counter()
         slices = shares(list(client_ids), self.num_workers, self._group_size)
-        weights = ray.put(state.global_model_weights)
-        outputs = [
-            self._actors[w]
-            .run_share.options(num_returns=3)
-            .remote(weights, list(client_ids[a:b]), None if private_states is None else list(private_states[a:b]))
-            for w, (a, b) in enumerate(slices)
+        slices += [(len(client_ids), len(client_ids))] * (self.num_workers - len(slices))
+        assignments = [
+            (list(client_ids[a:b]), None if private_states is None else list(private_states[a:b])) for a, b in slices
         ]
-        partials, owners = [p for p, _, _ in outputs], list(range(len(outputs)))
-        while len(partials) > 2:  # The tree: pairs merged on the first one's worker, level by level.
-            pairs = range(0, len(partials), 2)
-            merged_refs = [
-                self._actors[owners[j]].merge.remote(partials[j], partials[j + 1])
-                if j + 1 < len(partials)
-                else partials[j]
-                for j in pairs
-            ]
-            partials, owners = merged_refs, [owners[j] for j in pairs]
-        submitted = time.perf_counter()
-        refs = [s for _, _, s in outputs] + [q for _, q, _ in outputs] + partials
-        try:  # One wait for every result (a get per result costs a round trip each).
-            values = ray.get(refs)
-        except Exception:  # pylint: disable=broad-except
-            self._get([s for _, _, s in outputs], 'running its share of the round')  # Names the worker.
-            self._get([q for _, q, _ in outputs], "returning its clients' private states")
-            self._get(partials, 'merging the shares', workers=owners)
-            raise
-        n = len(slices)
-        share_seconds, new_private, tops = values[:n], values[n : 2 * n], values[2 * n :]
-        runner = process.backend.round_runner
-        merged = tops[0] if len(tops) == 1 else runner.merge(tops[0], tops[1])  # The root: here.
-        self.last_partial = merged
-        shared = got = time.perf_counter()
-        private = [s for share in new_private for s in share] if private_states is not None else None
-        output = runner.finish(state, merged, private, num_clients=len(client_ids))
+        import ray  # pylint: disable=g-import-not-at-top
+
+        try:
+            references = self._graph.execute(state.global_model_weights, *assignments)
+            submitted = time.perf_counter()
+            values = ray.get(references, timeout=-1)  # No limit: a round takes what it takes; a death ends it.
+        except Exception as error:  # pylint: disable=broad-except
+            failure = self._failed(error)
+            if isinstance(failure, errors.WorkerError):
+                self._close()  # The graph is torn down with a dead worker: the block's workers are done.
+            raise failure from None
+        got = time.perf_counter()
+        w = self.num_workers
+        # Copied out of the graph's channels (read in place; the next round writes there).
+        merged, new_private, share_seconds = _copied(values[0]), values[1 : 1 + w], list(values[1 + w :])
+        private = [s for share in new_private for s in _copied(share)] if private_states is not None else None
+        del values
+        output = process.backend.round_runner.finish(state, merged, private, num_clients=len(client_ids))
         done = time.perf_counter()
         self.last_timings = dict(
             round_s=done - started,
             submit_s=submitted - started,
             shares_s=share_seconds,
-            wait_s=shared - submitted,
+            wait_s=got - submitted,
             finish_s=done - got,
-            workers=len(slices),
+            workers=sum(1 for a, b in slices if b > a),
         )
         return output
 
