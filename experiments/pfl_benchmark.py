@@ -36,6 +36,7 @@ main = experiment_main.define_main(
     'fedpersonal.tasks.pfl_benchmark:run',
     report,
     default_output_dir='output/pfl_benchmark',
+    engine_workers=True,  # Every method on the engine runs its rounds on --engine_workers (pfl_benchmark.worker_setup).
 )
 
 if __name__ == '__main__':

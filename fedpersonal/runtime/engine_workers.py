@@ -54,6 +54,8 @@ from typing import Any
 
 from fedpersonal import errors
 
+_ROUND_TIMEOUT_S = 7 * 24 * 3600
+
 _active: contextvars.ContextVar[EngineWorkers | None] = contextvars.ContextVar(
     'fedpersonal_engine_workers', default=None
 )
@@ -364,7 +366,9 @@ class EngineWorkers:
         try:
             references = self._graph.execute(state.global_model_weights, *assignments)
             submitted = time.perf_counter()
-            values = ray.get(references, timeout=-1)  # No limit: a round takes what it takes; a death ends it.
+            # No practical limit: a round takes what it takes and a death ends it. (Not -1, "none": Ray 2.40 turns
+            # it into an immediate timeout when a channel grows for a message larger than its buffer.)
+            values = ray.get(references, timeout=_ROUND_TIMEOUT_S)
         except Exception as error:  # pylint: disable=broad-except
             failure = self._failed(error)
             if isinstance(failure, errors.WorkerError):
@@ -412,13 +416,19 @@ def requested(request: Request | None) -> Iterator[None]:
         _requested.reset(token)
 
 
+def request() -> Request | None:
+    """The engine workers a binary requested (`requested`), None when none were."""
+    request = _requested.get()
+    return request if request is not None and request.workers > 0 else None
+
+
 @contextlib.contextmanager
 def serve(recipe: Callable[[], WorkerSetup]) -> Iterator[EngineWorkers | None]:
     """The rounds of the recipe's process on engine workers when a binary requested them (`requested`), else
     nothing: a task wraps its training in this, with the recipe that builds what it trains."""
-    request = _requested.get()
-    if request is None or request.workers <= 0:
+    wanted = request()
+    if wanted is None:
         yield None
         return
-    with EngineWorkers(recipe, request.workers, address=request.address) as workers:
+    with EngineWorkers(recipe, wanted.workers, address=wanted.address) as workers:
         yield workers

@@ -27,6 +27,7 @@ seed's order; PFLlib reshuffles every epoch). As PFLlib, a last partial train ba
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 import os
 import time
@@ -39,12 +40,14 @@ from absl import logging
 
 from fedpersonal import backends
 from fedpersonal import client_state
+from fedpersonal import errors
 from fedpersonal import program
 from fedpersonal import progress
 from fedpersonal.data import federated_images
 from fedpersonal.data import pfllib
 from fedpersonal.program import run_record
 from fedpersonal.program import training_loop
+from fedpersonal.runtime import engine_workers
 from fedpersonal.tasks import pfl_benchmark_movielens
 from fedpersonal.tasks import pfl_benchmark_results
 from fedpersonal.tasks.pfl_benchmark_config import METHOD_NAMES
@@ -82,8 +85,8 @@ def load_data(config: PflBenchmarkConfig) -> pfllib.PfllibImageData:
     )
 
 
-def run_method(benchmark: Benchmark, outputs: program.ExperimentOutputs, name: str) -> dict[str, Any]:
-    """Trains one method on every client every round; its row (accuracy at the last round, best, slope, clients)."""
+def build_method_process(benchmark: Benchmark, name: str) -> Any:
+    """Method `name`'s process on `benchmark`'s data (its config's simulation backend and strategy)."""
     config, spec = benchmark.config, METHOD_SPECS[name]
     plan = spec.plan(config)
     phased_model = spec.phased_model(benchmark.data, config.seed) if spec.phased_model is not None else None
@@ -94,18 +97,32 @@ def run_method(benchmark: Benchmark, outputs: program.ExperimentOutputs, name: s
     )
     with backends.use(config.simulation, strategy=config.engine_strategy):
         if phased_model is not None:  # Its loss and metrics are the model's.
-            process = backends.build_process(
-                plan, phased_model, element_spec=element_spec(benchmark.data), **common_parts
-            )
-        else:
-            process = backends.build_process(
-                plan,
-                # A personal copy is of a model whose weights are all global; its evaluation model has them all local.
-                model_fn_for(benchmark.data, config.seed, () if plan.personal else spec.local_layers),
-                loss_fn=loss_fn,
-                metrics_fn=metrics_fn,
-                **common_parts,
-            )
+            return backends.build_process(plan, phased_model, element_spec=element_spec(benchmark.data), **common_parts)
+        return backends.build_process(
+            plan,
+            # A personal copy is of a model whose weights are all global; its evaluation model has them all local.
+            model_fn_for(benchmark.data, config.seed, () if plan.personal else spec.local_layers),
+            loss_fn=loss_fn,
+            metrics_fn=metrics_fn,
+            **common_parts,
+        )
+
+
+def worker_setup(config: PflBenchmarkConfig, name: str) -> engine_workers.WorkerSetup:
+    """What an engine worker (``--engine_workers``) builds for method `name`: the same partition (read where the
+    worker runs), process and clients' training datasets by id as `run_method`'s."""
+    tf.random.set_seed(config.seed)
+    benchmark = Benchmark(config, load_data(config))
+    process = build_method_process(benchmark, name)
+    return engine_workers.WorkerSetup(process, lambda cid: benchmark.train_dataset(benchmark.train[cid]))
+
+
+def run_method(benchmark: Benchmark, outputs: program.ExperimentOutputs, name: str) -> dict[str, Any]:
+    """Trains one method on every client every round; its row (accuracy at the last round, best, slope, clients)."""
+    config, spec = benchmark.config, METHOD_SPECS[name]
+    plan = spec.plan(config)
+    process = build_method_process(benchmark, name)
+    phased_model = spec.phased_model(benchmark.data, config.seed) if spec.phased_model is not None else None
     evaluate = make_evaluation(
         benchmark, plan, spec.local_layers, finetune=spec.finetune, adapts=spec.adapts, phased_model=phased_model
     )
@@ -116,15 +133,17 @@ def run_method(benchmark: Benchmark, outputs: program.ExperimentOutputs, name: s
         evaluation_name='test',
         name=f'{name} seed {config.seed}',
     )
-    if not plan.stateful:  # FedRecon: nothing kept on the clients.
-        program.run_process(process, config, evaluation_fn=evaluate, **common)
-        return summarize(outputs.read_metrics(), seconds_per_round=outputs.median_round_seconds())
-    initial = training_loop.from_model_weights(process.initial_private_state())
-    store = program.open_store(
-        config.state_store, outputs, client_state.spec_of(initial), lambda client_id: [a.copy() for a in initial]
-    )
-    with store:
-        program.run_process(process, config, client_evaluation_fn=evaluate, client_state_store=store, **common)
+    # With --engine_workers, every worker builds this process and reads its clients itself (the same recipe).
+    with engine_workers.serve(functools.partial(worker_setup, config, name)):
+        if not plan.stateful:  # FedRecon: nothing kept on the clients.
+            program.run_process(process, config, evaluation_fn=evaluate, **common)
+            return summarize(outputs.read_metrics(), seconds_per_round=outputs.median_round_seconds())
+        initial = training_loop.from_model_weights(process.initial_private_state())
+        store = program.open_store(
+            config.state_store, outputs, client_state.spec_of(initial), lambda client_id: [a.copy() for a in initial]
+        )
+        with store:
+            program.run_process(process, config, client_evaluation_fn=evaluate, client_state_store=store, **common)
     return summarize(outputs.read_metrics(), seconds_per_round=outputs.median_round_seconds())
 
 
@@ -152,6 +171,11 @@ def run(config: PflBenchmarkConfig) -> dict[str, Any]:
     make_benchmark: Callable[..., Any]
     run_one: Callable[..., dict[str, Any]]
     if config.dataset in MOVIELENS_DATASETS:
+        if engine_workers.request() is not None:
+            raise errors.ConfigError(
+                f'--engine_workers: the {config.dataset} rating block runs in this process only (the image '
+                'datasets run on engine workers).'
+            )
         data = pfl_benchmark_movielens.load_data(config)
         partition, metric = data.partition, pfl_benchmark_movielens.METRIC
         make_benchmark, run_one = pfl_benchmark_movielens.MovieLensBenchmark, pfl_benchmark_movielens.run_method

@@ -193,3 +193,35 @@ def test_binary_engine_worker_killed_mid_run_is_named_then_the_rerun_resumes_to_
         for key, value in row.items():
             if isinstance(value, float) and 'second' not in key:
                 assert resumed[name][key] == pytest.approx(value, rel=1e-5, abs=1e-6), (name, key)
+
+
+def test_pfl_benchmark_methods_on_engine_workers_equal_this_process(tmp_path):
+    """The PFLlib binary's task with --engine_workers=2 (a stateless and a stateful method, shares of two groups
+    and one): the same rows and training losses as in this process."""
+    import dataclasses  # pylint: disable=g-import-not-at-top
+    import json  # pylint: disable=g-import-not-at-top
+
+    from fedpersonal.tasks import pfl_benchmark  # pylint: disable=g-import-not-at-top
+    from tests.experiments import pfl_benchmark_test  # pylint: disable=g-import-not-at-top
+
+    config = pfl_benchmark.PflBenchmarkConfig(
+        **pfl_benchmark_test.SMALL, configurations=('fedavg', 'ditto'), total_rounds=2, rounds_per_eval=1, group_size=2
+    )
+    runs = {}
+    for where, request in (('here', None), ('workers', engine_workers.Request(2))):
+        out = tmp_path / where
+        with runtime.LocalRuntime(), engine_workers.requested(request):
+            runs[where] = pfl_benchmark.run(dataclasses.replace(config, output_dir=str(out)))
+        for name in config.configurations:
+            with open(out / name / 'seed0' / 'metrics.csv') as f:
+                runs[where][name] = f.read().splitlines()
+    for here, there in zip(runs['here']['rows'], runs['workers']['rows']):
+        assert here['accuracy'] == pytest.approx(there['accuracy'], abs=1e-6)
+        assert json.dumps(here['curve']) == json.dumps(there['curve'])
+    for name in config.configurations:  # Every train and test metric of every round.
+        header = runs['here'][name][0].split(',')
+        columns = [i for i, key in enumerate(header) if '/' in key]
+        assert len(runs['here'][name]) == 3 and any(header[i].startswith('train/') for i in columns)
+        for a, b in zip(runs['here'][name][1:], runs['workers'][name][1:]):
+            a, b = a.split(','), b.split(',')
+            assert [float(a[i]) for i in columns] == pytest.approx([float(b[i]) for i in columns], rel=1e-5), name
