@@ -3,7 +3,7 @@
 A run's metric rows become its row (`summarize`: the accuracy at the last evaluation, the best so far, the slope
 of the last 10% of rounds, the worst client's); a method's runs (one such row per seed) become one row
 (`over_seeds`): the mean and standard deviation over the seeds of the accuracy at the last round, of the best
-accuracy so far and of the worst client's accuracy, the mean slope of the last 10% of rounds and seconds per
+accuracy so far and of the worst client's accuracy, the mean slope of the last 10% of rounds, the median seconds per
 round, and the accuracy by round as mean and standard deviation (`curve`, `worst_client_curve`: ``[round, mean,
 std]``). `docs_rows` turns a partition's results into the rows of ``docs/results/pfl_benchmark.json`` (with PFLlib's
 number where its leaderboard has the method), `markdown_table` into the table of ``docs/RESULTS.md``, and
@@ -172,6 +172,9 @@ def over_seeds(runs: Sequence[Mapping[str, Any]], seeds: Sequence[int], metric: 
     keys = std_keys(metric) + (('accuracy',) if metric != 'accuracy' and all('accuracy' in r for r in runs) else ())
     per_seed = ('best_round', 'slope_last_10pct', f'mean_client_{metric}', 'seconds_per_round')
     row = seeds_lib.mean_over_seeds(scalars, seeds, std_keys=keys, per_seed_keys=per_seed)
+    # The median over seeds: on a shared machine, other work only ever adds to a run's seconds.
+    seconds = [r['seconds_per_round'] for r in runs if r.get('seconds_per_round') is not None]
+    row['seconds_per_round'] = float(np.median(seconds)) if seconds else None
     row['rounds'] = int(runs[0]['rounds'])
     for key in CURVES:
         if all(key in r for r in runs):
