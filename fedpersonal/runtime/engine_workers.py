@@ -19,7 +19,9 @@ what `process.run_round` does inside the ``with`` block):
 4. the driver applies the server step to the merged partial (`GroupRoundRunner.finish`). The private states
    reach the driver only as the clients' outputs, as on the local engine (they are never part of a partial).
 
-A round equals the local engine's to float reassociation of the shares' sums (tested to 1e-6). A worker that dies
+A waiting worker shows as a busy core (Ray's compiled-graph channels poll, yielding the core to any other work
+there: a loop beside an idle worker on its core ran at full speed). A round equals the local engine's to float
+reassociation of the shares' sums (tested to 1e-6). A worker that dies
 stops the run with `fedpersonal.errors.WorkerError` naming it; a binary rerun resumes from its last checkpoint.
 
 Ray is the distributed engine (pip ``ray``; docs/RESULTS.md, "Engine workers", says why it and not TFF's worker
