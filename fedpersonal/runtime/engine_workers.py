@@ -118,11 +118,7 @@ class _Worker:
             self._dataset_fn = setup.dataset_fn
             self._backend = setup.process.backend
             self._runner: Any = getattr(self._backend, 'round_runner', None)
-            if not hasattr(self._runner, 'share'):
-                raise errors.ConfigError(
-                    f'--engine_workers: this process ({setup.process.simulation} backend) has no engine group program '
-                    'that engine workers can run: build it on the engine backend (plan or model-loss engine).'
-                )
+            check_runs_on_workers(setup.process)
         except Exception as error:  # pylint: disable=broad-except
             self._error = error
 
@@ -162,6 +158,16 @@ class _Worker:
         if a is None or b is None:
             return b if a is None else a
         return self._runner.merge(a, b)
+
+
+def check_runs_on_workers(process: Any, name: str = 'this process') -> None:
+    """Raises `ConfigError` (naming `name` and ``--engine_workers``) unless `process` has an engine group program
+    that engine workers can run (`GroupRoundRunner.share`)."""
+    if not hasattr(getattr(process.backend, 'round_runner', None), 'share'):
+        raise errors.ConfigError(
+            f'--engine_workers: {name} runs on the {process.simulation} backend, which has no engine group program '
+            'that engine workers can run (the plan and model-loss engines have one): run it without --engine_workers.'
+        )
 
 
 def _copied(value: Any) -> Any:
@@ -425,12 +431,23 @@ def request() -> Request | None:
 
 
 @contextlib.contextmanager
-def serve(recipe: Callable[[], WorkerSetup]) -> Iterator[EngineWorkers | None]:
+def serve(
+    recipe: Callable[[], WorkerSetup], process: Any = None, name: str = 'this process'
+) -> Iterator[EngineWorkers | None]:
     """The rounds of the recipe's process on engine workers when a binary requested them (`requested`), else
-    nothing: a task wraps its training in this, with the recipe that builds what it trains."""
+    nothing: a task wraps its training in this, with the recipe that builds what it trains.
+
+    Args:
+      recipe: What every worker builds (`EngineWorkers`).
+      process: The driver's own build of the recipe's process: checked before any worker starts
+        (`check_runs_on_workers`, naming `name`).
+      name: What the error names (e.g. the method).
+    """
     wanted = request()
     if wanted is None:
         yield None
         return
+    if process is not None:
+        check_runs_on_workers(process, name)
     with EngineWorkers(recipe, wanted.workers, address=wanted.address) as workers:
         yield workers

@@ -115,7 +115,7 @@ def _run_fedrecon(
     process = task.build_fed_recon(dp)
     eval_fn = lambda w: task.periodic_metrics('recon', w, prepared.user_val, task.personal_dataset_fn)
     # With --engine_workers, every worker builds this process and reads its clients itself (the same recipe).
-    with engine_workers.serve(functools.partial(fedrecon_worker_setup, task.config)):
+    with engine_workers.serve(functools.partial(fedrecon_worker_setup, task.config), process, 'FedRecon'):
         state, selection, row['seconds_per_round'] = train_process(
             task,
             process,

@@ -134,7 +134,7 @@ def run_method(benchmark: Benchmark, outputs: program.ExperimentOutputs, name: s
         name=f'{name} seed {config.seed}',
     )
     # With --engine_workers, every worker builds this process and reads its clients itself (the same recipe).
-    with engine_workers.serve(functools.partial(worker_setup, config, name)):
+    with engine_workers.serve(functools.partial(worker_setup, config, name), process, METHOD_NAMES[name]):
         if not plan.stateful:  # FedRecon: nothing kept on the clients.
             program.run_process(process, config, evaluation_fn=evaluate, **common)
             return summarize(outputs.read_metrics(), seconds_per_round=outputs.median_round_seconds())

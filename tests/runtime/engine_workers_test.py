@@ -196,8 +196,8 @@ def test_binary_engine_worker_killed_mid_run_is_named_then_the_rerun_resumes_to_
 
 
 def test_pfl_benchmark_methods_on_engine_workers_equal_this_process(tmp_path):
-    """The PFLlib binary's task with --engine_workers=2 (a stateless and a stateful method, shares of two groups
-    and one): the same rows and training losses as in this process."""
+    """The PFLlib binary's task with --engine_workers=2 (a stateless method, a stateful one and a step kind's,
+    shares of two groups and one): the same rows and every metric as in this process."""
     import dataclasses  # pylint: disable=g-import-not-at-top
     import json  # pylint: disable=g-import-not-at-top
 
@@ -205,7 +205,11 @@ def test_pfl_benchmark_methods_on_engine_workers_equal_this_process(tmp_path):
     from tests.experiments import pfl_benchmark_test  # pylint: disable=g-import-not-at-top
 
     config = pfl_benchmark.PflBenchmarkConfig(
-        **pfl_benchmark_test.SMALL, configurations=('fedavg', 'ditto'), total_rounds=2, rounds_per_eval=1, group_size=2
+        **pfl_benchmark_test.SMALL,
+        configurations=('fedavg', 'ditto', 'per_fedavg'),
+        total_rounds=2,
+        rounds_per_eval=1,
+        group_size=2,
     )
     runs = {}
     for where, request in (('here', None), ('workers', engine_workers.Request(2))):
@@ -225,3 +229,19 @@ def test_pfl_benchmark_methods_on_engine_workers_equal_this_process(tmp_path):
         for a, b in zip(runs['here'][name][1:], runs['workers'][name][1:]):
             a, b = a.split(','), b.split(',')
             assert [float(a[i]) for i in columns] == pytest.approx([float(b[i]) for i in columns], rel=1e-5), name
+
+
+def test_a_method_engine_workers_cannot_run_is_refused_by_name_before_any_worker_starts(tmp_path, monkeypatch):
+    from fedpersonal.tasks import pfl_benchmark  # pylint: disable=g-import-not-at-top
+    from tests.experiments import pfl_benchmark_test  # pylint: disable=g-import-not-at-top
+
+    started = []
+    monkeypatch.setattr(engine_workers.EngineWorkers, '__enter__', lambda self: started.append(self))
+    config = pfl_benchmark.PflBenchmarkConfig(
+        **pfl_benchmark_test.SMALL, configurations=('fedala',), total_rounds=1, output_dir=str(tmp_path)
+    )
+    expected = '--engine_workers: FedALA runs on the per_client backend.*run it without --engine_workers'
+    request = engine_workers.Request(2)
+    with runtime.LocalRuntime(), engine_workers.requested(request), pytest.raises(errors.ConfigError, match=expected):
+        pfl_benchmark.run(config)
+    assert not started
