@@ -18,8 +18,8 @@ prints the markdown table for docs/RESULTS.md.
 
 Explanations (why a row differs from PFLlib's number) are written by a person after the runs, never here:
 ``--explanations`` is a JSON file ``{"pathological": {"FedAvg": "text", ...}, "dirichlet": {...}}`` (row names or
-method keys); without one, the explanations already in --output are kept, and a leaderboard row without any gets
-``"explanation": null`` (listed when the script ends).
+method keys; for each partition it names, it replaces the explanations already in --output); without one, those are
+kept, and a leaderboard row without any gets ``"explanation": null`` (listed when the script ends).
 """
 
 import json
@@ -46,8 +46,8 @@ def main(argv):
     explanations = results_lib.previous_explanations(FLAGS.output)
     if FLAGS.explanations:
         with open(FLAGS.explanations) as f:
-            for partition, texts in json.load(f).items():
-                explanations.setdefault(partition, {}).update(texts)
+            for partition, texts in json.load(f).items():  # The file's texts replace a partition's earlier ones.
+                explanations[partition] = dict(texts)
     contents = results_lib.docs_results(FLAGS.runs, explanations)
     stem = os.path.splitext(FLAGS.output)[0]
     contents['figures'] = {}

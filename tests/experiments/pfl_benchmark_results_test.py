@@ -131,3 +131,9 @@ def test_table_tool_writes_rows_plots_and_keeps_written_explanations(tmp_path):
     rows = results_lib.docs_results([str(tmp_path / 'dir')], kept)['rows']
     assert [r.get('explanation') for r in rows] == ['Seed noise.', None, None]
     assert 'explanation' not in rows[1]
+    # A new file replaces the written ones (keyed by method here, by name in --output: the file still wins).
+    explanations.write_text(json.dumps({'dirichlet': {'fedavg': 'Unfinished training.'}}))
+    done = subprocess.run(command + [f'--explanations={explanations}'], capture_output=True, text=True, env=env)
+    assert done.returncode == 0, done.stderr
+    with open(output) as f:
+        assert json.load(f)['rows'][3]['explanation'] == 'Unfinished training.'
