@@ -359,6 +359,8 @@ class EngineWorkers:
         Raises:
           WorkerError: A worker stopped during the round (named).
         """
+        import ray  # pylint: disable=g-import-not-at-top
+
         if process.stateful and private_states is None:
             raise ValueError("A stateful process needs the clients' private states.")
         if self._graph is None:
@@ -369,8 +371,6 @@ class EngineWorkers:
         assignments = [
             (list(client_ids[a:b]), None if private_states is None else list(private_states[a:b])) for a, b in slices
         ]
-        import ray  # pylint: disable=g-import-not-at-top
-
         try:
             references = self._graph.execute(state.global_model_weights, *assignments)
             submitted = time.perf_counter()

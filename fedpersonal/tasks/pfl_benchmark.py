@@ -85,11 +85,17 @@ def load_data(config: PflBenchmarkConfig) -> pfllib.PfllibImageData:
     )
 
 
-def build_method_process(benchmark: Benchmark, name: str) -> Any:
-    """Method `name`'s process on `benchmark`'s data (its config's simulation backend and strategy)."""
+def method_parts(benchmark: Benchmark, name: str) -> tuple[Any, Any]:
+    """Method `name`'s client plan and, for a plan with model-defined losses, its model (else None)."""
     config, spec = benchmark.config, METHOD_SPECS[name]
-    plan = spec.plan(config)
     phased_model = spec.phased_model(benchmark.data, config.seed) if spec.phased_model is not None else None
+    return spec.plan(config), phased_model
+
+
+def build_method_process(benchmark: Benchmark, name: str, plan: Any, phased_model: Any) -> Any:
+    """Method `name`'s process on `benchmark`'s data (its config's simulation backend and strategy), from its
+    `method_parts`."""
+    config, spec = benchmark.config, METHOD_SPECS[name]
     common_parts: dict[str, Any] = dict(
         server_optimizer=tff.learning.optimizers.build_sgdm(learning_rate=1.0),
         group_size=config.group_size,
@@ -113,16 +119,15 @@ def worker_setup(config: PflBenchmarkConfig, name: str) -> engine_workers.Worker
     worker runs), process and clients' training datasets by id as `run_method`'s."""
     tf.random.set_seed(config.seed)
     benchmark = Benchmark(config, load_data(config))
-    process = build_method_process(benchmark, name)
+    process = build_method_process(benchmark, name, *method_parts(benchmark, name))
     return engine_workers.WorkerSetup(process, lambda cid: benchmark.train_dataset(benchmark.train[cid]))
 
 
 def run_method(benchmark: Benchmark, outputs: program.ExperimentOutputs, name: str) -> dict[str, Any]:
     """Trains one method on every client every round; its row (accuracy at the last round, best, slope, clients)."""
     config, spec = benchmark.config, METHOD_SPECS[name]
-    plan = spec.plan(config)
-    process = build_method_process(benchmark, name)
-    phased_model = spec.phased_model(benchmark.data, config.seed) if spec.phased_model is not None else None
+    plan, phased_model = method_parts(benchmark, name)
+    process = build_method_process(benchmark, name, plan, phased_model)
     evaluate = make_evaluation(
         benchmark, plan, spec.local_layers, finetune=spec.finetune, adapts=spec.adapts, phased_model=phased_model
     )
