@@ -45,6 +45,7 @@ from fedpersonal.simulation import packing
 from fedpersonal.simulation import plan_engine
 
 PREDICTIONS_BUDGET_BYTES = 1 << 30  # Per group: its query predictions, float32, with 2 more copies in the loss.
+EXAMPLES_PER_CALL = 512  # Per model call: bounds its activations' memory (a CNN's are many times its input).
 
 
 class GroupEvaluation:
@@ -238,9 +239,22 @@ def _flatten_examples(t: tf.Tensor, leading: int) -> tf.Tensor:
     return tf.reshape(t, shape)
 
 
+def _steps_per_call(mask: tf.Tensor) -> int | None:
+    """Each client's steps per model call so that one call sees at most `EXAMPLES_PER_CALL` examples (halving the
+    padded steps, a power of two, so that it divides them); None: every step in one call (or shapes unknown)."""
+    clients, steps, batch = mask.shape
+    if None in (clients, steps, batch):
+        return None
+    k = steps
+    while k > 1 and k % 2 == 0 and clients * k * batch > EXAMPLES_PER_CALL:
+        k //= 2
+    return k if k < steps else None
+
+
 def _query_predictions(model: functional.FunctionalModel, weights: functional.Parts, query: Any, loss: Any):
     """Inference-mode predictions ``[clients, steps, batch, ...]`` of every query batch and each batch's mean loss
-    over its real examples ``[clients, steps]``."""
+    over its real examples ``[clients, steps]``; the model called on at most `EXAMPLES_PER_CALL` examples at once
+    (its activations, e.g. a CNN's, take many times its input's memory), a loop over chunks of steps beyond."""
     x, y = partially_local_model.split_batch(query['batch'])
     mask = query['mask']
     clients, steps, batch = tf.shape(mask)[0], tf.shape(mask)[1], tf.shape(mask)[2]
@@ -248,13 +262,12 @@ def _query_predictions(model: functional.FunctionalModel, weights: functional.Pa
     slots = [(g, i) for g in range(4) for i in range(len(base[g]))]
     own = [s for s in slots if lockstep.is_per_client(weights[s[0]][s[1]], base[s[0]][s[1]])]
 
-    def unflatten(t: tf.Tensor) -> tf.Tensor:
-        return tf.reshape(t, tf.concat([[clients, steps, batch], tf.shape(t)[1:]], 0))
-
-    if not own:  # Every client has the same weights: one call on all examples.
-        flat_x = tf.nest.map_structure(lambda t: _flatten_examples(t, 3), x)
-        predictions = tf.nest.map_structure(unflatten, model.apply(weights, flat_x, training=False)[0])
-    else:
+    def predict(x: Any) -> Any:  # [clients, k, batch, ...] inputs -> predictions.
+        k = tf.shape(tf.nest.flatten(x)[0])[1]
+        if not own:  # Every client has the same weights: one call on all examples.
+            flat_x = tf.nest.map_structure(lambda t: _flatten_examples(t, 3), x)
+            unflatten = lambda t: tf.reshape(t, tf.concat([[clients, k, batch], tf.shape(t)[1:]], 0))
+            return tf.nest.map_structure(unflatten, model.apply(weights, flat_x, training=False)[0])
 
         def client_predictions(args):
             values, client_x = args
@@ -263,14 +276,38 @@ def _query_predictions(model: functional.FunctionalModel, weights: functional.Pa
                 groups[g][i] = v
             flat_x = tf.nest.map_structure(lambda t: _flatten_examples(t, 2), client_x)
             out = model.apply(functional.Parts(*groups), flat_x, training=False)[0]
-            return tf.nest.map_structure(lambda t: tf.reshape(t, tf.concat([[steps, batch], tf.shape(t)[1:]], 0)), out)
+            return tf.nest.map_structure(lambda t: tf.reshape(t, tf.concat([[k, batch], tf.shape(t)[1:]], 0)), out)
 
-        predictions = lockstep.for_each_client(
+        return lockstep.for_each_client(
             client_predictions,
             ([weights[g][i] for g, i in own], x),
             vectorize=getattr(model, 'vectorizes', True),
             pfor_loops=model.pfor_loops,
         )
+
+    per_call = _steps_per_call(mask)
+    if per_call is None:
+        predictions = predict(x)
+    else:
+        chunks = mask.shape[1] // per_call
+
+        def split(t: tf.Tensor) -> tf.Tensor:  # [clients, steps, ...] -> [chunks, clients, per_call, ...]
+            t = tf.reshape(t, [t.shape[0], chunks, per_call, *t.shape[2:]])
+            return tf.transpose(t, [1, 0, *range(2, t.shape.rank)])
+
+        def join(t: tf.Tensor) -> tf.Tensor:  # The inverse of `split`.
+            t = tf.transpose(t, [1, 0, *range(2, t.shape.rank)])
+            return tf.reshape(t, tf.concat([[clients, steps], tf.shape(t)[3:]], 0))
+
+        parts = tf.nest.map_structure(split, x)
+        first = predict(tf.nest.map_structure(lambda t: t[0], parts))  # Outside the loop: the outputs' types.
+        rest = tf.map_fn(
+            predict,
+            tf.nest.map_structure(lambda t: t[1:], parts),
+            fn_output_signature=tf.nest.map_structure(lambda t: tf.TensorSpec(t.shape, t.dtype), first),
+            parallel_iterations=1,
+        )
+        predictions = tf.nest.map_structure(lambda a, b: join(tf.concat([a[None], b], 0)), first, rest)
     flat = lambda t: _flatten_examples(t, 2)
     batch_loss = tf.reshape(
         lockstep.batch_mean_loss(

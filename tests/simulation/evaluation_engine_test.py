@@ -145,6 +145,42 @@ def test_private_state_eval_engine_equals_per_client():
     assert not np.allclose(np.sort(changed['per_client']['rmse']), np.sort(reference['per_client']['rmse']))
 
 
+@pytest.mark.parametrize(
+    'case',
+    [test_standard_eval_engine_equals_per_client, test_private_state_eval_engine_equals_per_client],
+    ids=['shared_weights', 'own_weights'],
+)
+def test_evaluation_calling_the_model_on_a_few_steps_at_a_time_equals_per_client(monkeypatch, case):
+    """A group's examples beyond `EXAMPLES_PER_CALL` go through the model in a loop over chunks of steps (its
+    activations' memory bounded): the same metrics as the per-client evaluation, in both prediction branches."""
+    from fedpersonal.simulation import evaluation as engine_evaluation
+
+    monkeypatch.setattr(engine_evaluation, 'EXAMPLES_PER_CALL', 4)
+    chosen, steps_per_call = [], engine_evaluation._steps_per_call  # pylint: disable=protected-access
+    monkeypatch.setattr(
+        engine_evaluation,
+        '_steps_per_call',
+        lambda mask: chosen.append((mask.shape, steps_per_call(mask))) or chosen[-1][1],
+    )
+    case()
+    assert any(k is not None and k < shape[1] for shape, k in chosen)  # The loop ran.
+
+
+@pytest.mark.parametrize('limit', [4, 2048])
+def test_steps_per_call_bounds_a_calls_examples_and_divides_the_steps(monkeypatch, limit):
+    from fedpersonal.simulation import evaluation as engine_evaluation
+
+    monkeypatch.setattr(engine_evaluation, 'EXAMPLES_PER_CALL', limit)
+    for clients, steps, batch in [(20, 512, 10), (5, 8, 3), (1, 1, 10), (3, 6, 2), (2, 64, 1)]:
+        k = engine_evaluation._steps_per_call(tf.zeros([clients, steps, batch]))  # pylint: disable=protected-access
+        if k is None:  # One call: it fits, or no smaller chunk divides the steps.
+            assert clients * steps * batch <= limit or steps % 2 == 1 or steps == 1
+        else:
+            assert steps % k == 0 and k < steps
+            assert clients * k * batch <= limit or k % 2 == 1 or k == 1
+            assert clients * 2 * k * batch > limit  # The largest such chunk.
+
+
 @pytest.mark.parametrize('finetune', [False, True], ids=['recon_eval', 'finetune'])
 def test_next_word_recon_eval_engine_equals_per_client(finetune):
     """An LSTM with local OOV embeddings, a loss and metrics that skip the pad token, padded sequences."""
