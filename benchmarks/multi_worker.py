@@ -1,13 +1,15 @@
 """Seconds per FedRecon MovieLens round on one core, on engine workers (one core each) and on TFF's workers.
 
-  python benchmarks/multi_worker.py [--rounds 5] [--clients_per_round 100] [--tff_workers 1,2] [--output FILE]
+  python benchmarks/multi_worker.py [--rounds 5] [--engine_passes 4] [--clients_per_round 100] [--tff_workers 1,2]
+      [--output FILE]
 
 The round is `simulation_workloads.mf_setup`'s (the reference's MovieLens-shaped MF FedRecon round, dim 50, 3,700
 items, 50 + 10 SGD steps of batch 5) with ``--clients_per_round`` clients and ``--group_size`` clients per engine
 group. This process is pinned to core 0 with one TensorFlow thread (so is every process below: one core, one
 compute thread). Every row starts from the same initial weights and runs the same seeded client samples: the
 rounds once untimed (every sampled client's data materialized where it is trained, the programs compiled), then
-the same rounds again from the initial state, timed (median); ``max_abs_diff_vs_local``: final server weights
+the same rounds again from the initial state, timed (median; the engine rows ``--engine_passes`` times, so that the
+model's millisecond terms are medians over that many rounds); ``max_abs_diff_vs_local``: final server weights
 against ``engine_local_1core``'s.
 
 * ``engine_local_1core``: `process.run_round` in this process (the engine's groups XLA-compiled, one core);
@@ -43,6 +45,9 @@ from absl import flags
 _REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 _OUTPUT = flags.DEFINE_string('output', 'docs/results/multi_worker.json', 'JSON file written.')
 _ROUNDS = flags.DEFINE_integer('rounds', 5, 'Timed rounds per row (after the same rounds once untimed).')
+_ENGINE_PASSES = flags.DEFINE_integer(
+    'engine_passes', 4, 'Timed passes over the rounds of the engine rows (medians over more rounds; same weights).'
+)
 _CLIENTS = flags.DEFINE_integer('clients_per_round', 100, 'Clients per round (of 1,000).')
 _GROUP_SIZE = flags.DEFINE_integer('group_size', 25, 'Clients per engine group.')
 _TFF_WORKERS = flags.DEFINE_list('tff_workers', ['1', '2'], "Worker counts of the TFF-worker rows ('' for none).")
@@ -90,14 +95,15 @@ def _stop(proc: subprocess.Popen) -> None:
     proc.wait(30)
 
 
-def _run(setup, rounds: int, use_next: bool, workers=None) -> dict:
+def _run(setup, rounds: int, use_next: bool, workers=None, passes: int = 1) -> dict:
     import tensorflow as tf
 
     from fedpersonal.core import process as process_lib
 
     process, _ = setup.build_fedpersonal('engine')
     seconds, timings = [], []
-    for timed in (False, True):  # The rounds once untimed (data materialized, programs compiled), then timed.
+    # The rounds once untimed (data materialized, programs compiled), then timed `passes` times from the start.
+    for timed in (False, *[True] * passes):
         state = process.initialize()
         for r in range(rounds):
             ids = setup.sample(r)
@@ -124,21 +130,40 @@ def _run(setup, rounds: int, use_next: bool, workers=None) -> dict:
     return row
 
 
+def _send_per_client(weights) -> float:
+    """The driver's sending per client id: Ray's serializer (what the compiled graph's input write runs) on a
+    round's message with 10,000 ids less with 1,000, per extra id (medians of 20)."""
+    import ray
+
+    context = ray._private.worker.global_worker.get_serialization_context()
+
+    def cost(n: int) -> float:
+        ids, times = [f'{i:06d}' for i in range(n)], []
+        for _ in range(20):
+            started = time.perf_counter()
+            context.serialize((weights, (ids, None)))
+            times.append(time.perf_counter() - started)
+        return float(np.median(times))
+
+    return max(cost(10_000) - cost(1_000), 0.0) / 9_000
+
+
 def _model(rows: dict, clients: int) -> dict:
     """t(W, N) = c * N / W + s * N + W * d + ceil(log2 W) * m + f + g, from the engine-worker rows' median
     timings: c the workers' compute seconds per client (the two-worker row's slower share / its size); s the
-    driver's sending of the round (the one-worker row's `execute` seconds, all of it counted per client: an upper
-    bound); d the driver's cost per extra worker (the two-worker row's sending less the one-worker row's); m one
-    level of the merge tree (two partials sent to a worker and added, plus one more worker's outputs read by the
-    driver: the rest of the two-worker round less the rest of the one-worker round, which has no merge); f the
-    server step; g the rest of a round without merges (the one-worker row: Ray's transport of the partial and the
-    private states). Linear scaling: one core's seconds for N clients / W."""
+    driver's sending per client (`_send_per_client`); d the driver's cost per extra worker (the two-worker row's
+    sending less the one-worker row's); m one level of the merge tree (two partials sent to a worker and added: the
+    rest of the two-worker round less the rest of the one-worker round, which has no merge); f the server step; g
+    the rest of a round (the one-worker row: its sending less s * N, Ray's transport of the partial to the driver).
+    A stateless process's round reads one output, whatever W (a stateful one's also reads each worker's private
+    states: W more reads, not in this model). Linear scaling: one core's seconds for N clients / W."""
     one, two = rows['engine_workers_1']['timings'], rows['engine_workers_2']['timings']
     rest = lambda t: max(t['round_s'] - t['shares_s'] - t['submit_s'] - t['finish_s'], 0.0)
     c = two['shares_s'] / (clients / 2)
-    s = one['submit_s'] / clients
+    s = rows['engine_workers_1']['send_per_client_s']
     d = max(two['submit_s'] - one['submit_s'], 0.0)
-    m, f, g = max(rest(two) - rest(one), 0.0), two['finish_s'], rest(one)
+    m, f = max(rest(two) - rest(one), 0.0), two['finish_s']
+    g = rest(one) + max(one['submit_s'] - s * clients, 0.0)
     predict = lambda w, n: c * n / w + s * n + w * d + math.ceil(math.log2(w)) * m + f + g
     one_core_per_client = rows['engine_local_1core']['seconds_per_round'] / clients
     predicted, linear = predict(100, 10_000), one_core_per_client * 10_000 / 100
@@ -168,12 +193,20 @@ def main(argv):
     setup, rows = _setup(), {}
     print('engine_local_1core', flush=True)
     with runtime.LocalRuntime():
-        rows['engine_local_1core'] = dict(workers=0, **_run(setup, _ROUNDS.value, use_next=False))
+        rows['engine_local_1core'] = dict(
+            workers=0, **_run(setup, _ROUNDS.value, use_next=False, passes=_ENGINE_PASSES.value)
+        )
     recipe = functools.partial(_recipe, _CLIENTS.value, _GROUP_SIZE.value)
     for n, cores in ((1, [1]), (2, [0, 1])):
         print(f'engine_workers_{n}', flush=True)
         with runtime.LocalRuntime(), engine_workers.EngineWorkers(recipe, workers=n, cores=cores) as workers:
-            rows[f'engine_workers_{n}'] = dict(workers=n, **_run(setup, _ROUNDS.value, use_next=False, workers=workers))
+            row = _run(setup, _ROUNDS.value, use_next=False, workers=workers, passes=_ENGINE_PASSES.value)
+            rows[f'engine_workers_{n}'] = dict(workers=n, **row)
+            if n == 1:
+                process, _ = setup.build_fedpersonal('engine')
+                rows['engine_workers_1']['send_per_client_s'] = _send_per_client(
+                    process.initialize().global_model_weights
+                )
     print('tff_local', flush=True)
     with runtime.LocalRuntime():
         rows['tff_local'] = dict(workers=0, **_run(setup, _ROUNDS.value, use_next=True))

@@ -116,6 +116,7 @@ class _Worker:
                 _set_affinity(core)
             setup = recipe()
             self._dataset_fn = setup.dataset_fn
+            self._stateful = setup.process.stateful
             self._backend = setup.process.backend
             self._runner: Any = getattr(self._backend, 'round_runner', None)
             check_runs_on_workers(setup.process)
@@ -127,18 +128,19 @@ class _Worker:
             raise self._error
         return self.name
 
-    def group_size(self) -> int:
-        return int(self._backend.packer.group_size)
+    def layout(self) -> tuple[int, bool]:
+        """The engine's group size and whether the process is stateful (the round graph's shape)."""
+        return int(self._backend.packer.group_size), bool(self._stateful)
 
     def run_share(self, weights: Any, share: tuple[Sequence[str], Sequence[Any] | None]) -> tuple:
         """This worker's share (its client ids and their private states) of a round: its partial aggregate (None
-        for no clients), its clients' new private states and its seconds."""
+        for no clients) with ``'seconds'``, this worker's seconds, and its clients' new private states."""
         started = time.perf_counter()
         from fedpersonal.core import process as process_lib  # pylint: disable=g-import-not-at-top
 
         client_ids, private_states = share
         if not client_ids:
-            return None, [] if private_states is not None else None, 0.0
+            return None, [] if private_states is not None else None
         try:
             # The graph's inputs are read in place from its channel, which the next round overwrites: copied.
             weights = _copied(weights)
@@ -152,12 +154,20 @@ class _Worker:
             raise RuntimeError(
                 f'{self.name} failed while running its share of the round: {type(error).__name__}: {error}'
             ) from error
-        return partial, partial.pop('private'), time.perf_counter() - started
+        private = partial.pop('private')
+        partial['seconds'] = [time.perf_counter() - started]
+        return partial, private
+
+    def run_stateless_share(self, weights: Any, share: tuple[Sequence[str], None]) -> dict | None:
+        """`run_share` of a stateless process: the partial only (the driver then reads one output per round)."""
+        return self.run_share(weights, share)[0]
 
     def merge(self, a: dict | None, b: dict | None) -> dict | None:
         if a is None or b is None:
             return b if a is None else a
-        return self._runner.merge(a, b)
+        merged = self._runner.merge(a, b)
+        merged['seconds'] = a['seconds'] + b['seconds']  # Each worker's seconds, carried to the driver.
+        return merged
 
 
 def check_runs_on_workers(process: Any, name: str = 'this process') -> None:
@@ -183,18 +193,24 @@ def _quiet_cancellations(record: logging.LogRecord) -> bool:
     return not record.getMessage().startswith('Error cancelling worker task')
 
 
-def _round_graph(actors: Sequence[Any]) -> Any:
-    """The round as a Ray compiled graph: input ``(weights, share_0, ..., share_{W-1})``; worker w runs
-    ``run_share(weights, share_w)``; the partials merged by a tree on the workers; outputs ``[merged partial,
-    private_0 .. private_{W-1}, seconds_0 .. seconds_{W-1}]``."""
+def _round_graph(actors: Sequence[Any], stateful: bool) -> Any:
+    """The round as a Ray compiled graph: input ``(weights, share_0, ..., share_{W-1})``; worker w runs its share;
+    the partials (each with its worker's seconds) merged by a tree on the workers; outputs ``[merged partial]``,
+    and for a stateful process each worker's private states after it, ``private_0 .. private_{W-1}`` (straight to
+    the driver, never through the tree)."""
     from ray.dag import InputNode  # pylint: disable=g-import-not-at-top
     from ray.dag import MultiOutputNode  # pylint: disable=g-import-not-at-top
 
     with InputNode() as inputs:
-        outputs = [
-            actor.run_share.options(num_returns=3).bind(inputs[0], inputs[1 + w]) for w, actor in enumerate(actors)
-        ]
-        partials, owners = [p for p, _, _ in outputs], list(range(len(actors)))
+        if stateful:
+            outputs = [
+                actor.run_share.options(num_returns=2).bind(inputs[0], inputs[1 + w]) for w, actor in enumerate(actors)
+            ]
+            partials, privates = [p for p, _ in outputs], [q for _, q in outputs]
+        else:
+            partials = [actor.run_stateless_share.bind(inputs[0], inputs[1 + w]) for w, actor in enumerate(actors)]
+            privates = []
+        owners = list(range(len(actors)))
         while len(partials) > 1:  # Pairs merged on the first one's worker, level by level.
             pairs = range(0, len(partials), 2)
             partials = [
@@ -202,7 +218,7 @@ def _round_graph(actors: Sequence[Any]) -> Any:
                 for j in pairs
             ]
             owners = [owners[j] for j in pairs]
-        graph = MultiOutputNode([partials[0], *[q for _, q, _ in outputs], *[s for _, _, s in outputs]])
+        graph = MultiOutputNode([partials[0], *privates])
     return graph.experimental_compile()
 
 
@@ -238,7 +254,7 @@ class EngineWorkers:
         self.names: list[str] = []
         self._started_ray = False
         self._token: contextvars.Token | None = None
-        self._group_size = 0
+        self._group_size, self._stateful = 0, False
         self._graph: Any = None
         self.last_timings: dict[str, Any] = {}
 
@@ -270,9 +286,9 @@ class EngineWorkers:
                 options = actor.options(runtime_env={'env_vars': env}, name=None)
                 self._actors.append(options.remote(self._recipe, core, i))
             self.names = self._started([a.describe.remote() for a in self._actors])
-            self._group_size = self._started([self._actors[0].group_size.remote()])[0]
+            self._group_size, self._stateful = self._started([self._actors[0].layout.remote()])[0]
             logging.getLogger('ray.dag.compiled_dag_node').addFilter(_quiet_cancellations)
-            self._graph = _round_graph(self._actors)
+            self._graph = _round_graph(self._actors, self._stateful)
         except BaseException:
             self._close()
             raise
@@ -363,6 +379,12 @@ class EngineWorkers:
 
         if process.stateful and private_states is None:
             raise ValueError("A stateful process needs the clients' private states.")
+        if process.stateful != self._stateful:
+            raise errors.ConfigError(
+                f"--engine_workers: the workers' recipe builds a {'stateful' if self._stateful else 'stateless'} "
+                f"process but this round's is {'stateful' if process.stateful else 'stateless'}: give the workers "
+                'the recipe of the process being run.'
+            )
         if self._graph is None:
             raise errors.ConfigError('--engine_workers: the engine workers were stopped (a worker died); rerun.')
         started = time.perf_counter()
@@ -383,10 +405,10 @@ class EngineWorkers:
                 self._close()  # The graph is torn down with a dead worker: the block's workers are done.
             raise failure from None
         got = time.perf_counter()
-        w = self.num_workers
         # Copied out of the graph's channels (read in place; the next round writes there).
-        merged, new_private, share_seconds = _copied(values[0]), values[1 : 1 + w], list(values[1 + w :])
-        private = [s for share in new_private for s in _copied(share)] if private_states is not None else None
+        private = [s for share in values[1:] for s in _copied(share)] if process.stateful else None
+        merged = _copied(values[0])
+        share_seconds = merged.pop('seconds')
         del values
         output = process.backend.round_runner.finish(state, merged, private, num_clients=len(client_ids))
         done = time.perf_counter()

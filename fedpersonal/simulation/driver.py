@@ -167,6 +167,12 @@ class GroupRoundRunner:
             )
 
         self._weighted_sum = weighted_sum
+
+        @tf.function(jit_compile=True)
+        def mean_step(optimizer_state, trainable, update_sum, weight):  # `finish`'s server step: one call.
+            return apply_update(server_optimizer, optimizer_state, trainable, [u / weight for u in update_sum])
+
+        self._mean_step = mean_step
         self._apply_update = tf.function(
             lambda optimizer_state, trainable, update: apply_update(
                 server_optimizer, optimizer_state, trainable, update
@@ -314,11 +320,10 @@ class GroupRoundRunner:
         as a local round's, on the shares' summed updates (equal to a local round to float reassociation)."""
         model_weights = _as_tensors(state.global_model_weights)
         if self._aggregation is None:
-            mean = [tf.math.divide(tf.convert_to_tensor(u), partial['weight']) for u in partial['update']]
             aggregated = (
                 state.aggregator,
                 _MEAN_METRICS,
-                *self._apply_update(state.finalizer, list(model_weights.trainable), mean),
+                *self._mean_step(state.finalizer, list(model_weights.trainable), partial['update'], partial['weight']),
             )
             sample = partial['update']
         else:

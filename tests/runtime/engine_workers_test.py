@@ -1,18 +1,21 @@
 """Engine workers (Ray actors running the engine's compiled group programs): same results as the local engine,
 private states back to their own clients, a dead worker named, the worker's program audited."""
 
+import functools
 import os
 import signal
 
 import numpy as np
 import pytest
 import tensorflow as tf
+import tensorflow_federated as tff
 
 from fedpersonal import errors
 from fedpersonal import runtime
 from fedpersonal.algorithms import furl
 from fedpersonal.core import process as process_lib
 from fedpersonal.privacy import audit
+from fedpersonal.privacy import dp
 from fedpersonal.runtime import engine_workers
 from tests.algorithms import furl_test
 from tests.simulation import communication_engine_test as mf_setup
@@ -29,9 +32,15 @@ def _max_diff(a, b):
     )
 
 
-def _fed_recon_setup():
+def _fed_recon_setup(dp_seed=None):
     datasets = mf_setup._datasets(_SIZES)
-    process = mf_setup._build('engine', measure=False, group_size=2)
+    extra = {}
+    if dp_seed is not None:  # Seeded DP (an aggregation process): reproducible noise.
+        extra['model_aggregator'] = dp.build_dp_aggregator(
+            noise_multiplier=0.5, clients_per_round=len(_SIZES), clip=0.05, noise_seed=dp_seed
+        )
+        extra['client_weighting'] = tff.learning.ClientWeighting.UNIFORM
+    process = mf_setup._build('engine', measure=False, group_size=2, **extra)
     return engine_workers.WorkerSetup(process, lambda cid: datasets[int(cid)])
 
 
@@ -76,6 +85,22 @@ def test_fed_recon_on_two_engine_workers_equals_the_local_engine():
     assert _max_diff(weights, local_weights) <= 1e-6
     assert _max_diff(metrics['client_work'], local_metrics['client_work']) <= 1e-6
     assert _max_diff(weights, mf_setup._build('engine', measure=False).initialize().global_model_weights) > 1e-3
+
+
+def test_seeded_dp_fed_recon_on_engine_workers_equals_the_local_engine():
+    """With an aggregation process (seeded DP: each client clipped, noise on the merged sums; each group's result
+    sent through the tree, not pre-summed): the same weights and metrics as the local engine."""
+    recipe = functools.partial(_fed_recon_setup, dp_seed=3)
+    with runtime.LocalRuntime():
+        local_weights, local_metrics = _fed_recon_rounds(recipe())
+        setup = recipe()
+        with engine_workers.EngineWorkers(recipe, workers=2):
+            weights, metrics = _fed_recon_rounds(setup)
+        noiseless_weights, _ = _fed_recon_rounds(_fed_recon_setup())
+    assert _max_diff(weights, local_weights) <= 1e-6
+    assert _max_diff(metrics['client_work'], local_metrics['client_work']) <= 1e-6
+    assert list(metrics['aggregator']) == list(local_metrics['aggregator']) == ['dp_query_metrics', 'dp']
+    assert _max_diff(weights, noiseless_weights) > 1e-4  # The DP aggregation is there.
 
 
 def test_furl_private_states_on_engine_workers_come_back_to_their_own_clients():
