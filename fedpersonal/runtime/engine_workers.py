@@ -222,6 +222,21 @@ def _round_graph(actors: Sequence[Any], stateful: bool) -> Any:
     return graph.experimental_compile()
 
 
+def _init_ray(ray: Any, address: str | None, kwargs: dict[str, Any], attempts: int = 3) -> None:
+    """`ray.init`; a local start retried when its GCS fails to start: two local Ray starts at the same moment (two
+    runs started together on one machine) can pick the same free port for it."""
+    for attempt in range(attempts):
+        try:
+            ray.init(address=address, **kwargs)
+            return
+        except RuntimeError as error:
+            if address is not None or attempt + 1 == attempts or 'GCS' not in str(error):
+                raise
+            with contextlib.suppress(Exception):
+                ray.shutdown()
+            time.sleep(1.0 + attempt)
+
+
 class EngineWorkers:
     """Engine rounds on Ray worker processes, as a context manager (see the module docstring).
 
@@ -270,7 +285,7 @@ class EngineWorkers:
                 kwargs: dict[str, Any] = dict(include_dashboard=False, log_to_driver=False, configure_logging=False)
                 if self._address is None:
                     kwargs['num_cpus'] = self.num_workers
-                ray.init(address=self._address, **kwargs)
+                _init_ray(ray, self._address, kwargs)
                 self._started_ray = True
             env = {}
             if self._threads is not None:

@@ -170,6 +170,31 @@ def test_what_an_engine_worker_sends_to_the_merge_carries_no_private_only_value(
     assert audit.audit_tf_function(concrete, concrete.inputs[2:3], update) == []
 
 
+def test_a_local_ray_start_whose_gcs_failed_is_retried(monkeypatch):
+    """Two local Ray starts at once can race for the GCS's port ("Failed to start GCS"): retried, not raised; other
+    errors, and a cluster address's, are raised at once."""
+    calls = []
+
+    class FakeRay:
+        @staticmethod
+        def init(address=None, **kwargs):
+            calls.append(address)
+            if len(calls) == 1:
+                raise RuntimeError('Failed to start GCS.  Last 0 lines of error files:')
+
+        @staticmethod
+        def shutdown():
+            calls.append('shutdown')
+
+    monkeypatch.setattr(engine_workers.time, 'sleep', lambda seconds: None)
+    engine_workers._init_ray(FakeRay, None, {})  # pylint: disable=protected-access
+    assert calls == [None, 'shutdown', None]
+    calls.clear()
+    with pytest.raises(RuntimeError, match='GCS'):
+        engine_workers._init_ray(FakeRay, 'head:6379', {})  # pylint: disable=protected-access
+    assert calls == ['head:6379']
+
+
 def test_shares_cover_every_client_once_in_whole_groups():
     for n in range(1, 40):
         for workers in (1, 2, 3, 5):
