@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import collections
 import concurrent.futures
+import functools
 import time
 from collections.abc import Callable
 from collections.abc import Mapping
@@ -149,36 +150,24 @@ class GroupRoundRunner:
         self._measure_communication = measure_communication
         self.compile_seconds: float | None = None
 
-        @tf.function(jit_compile=True)
-        def server_step(optimizer_state, trainable, updates, weights):
-            total = tf.add_n(weights)
-            mean = [
-                tf.math.divide(tf.add_n([u[k] * w for u, w in zip(updates, weights)]), total)
-                for k in range(len(trainable))
-            ]
-            return apply_update(server_optimizer, optimizer_state, trainable, mean)
+        # One definition of the server's arithmetic; compiled as the round (`server_step`), a worker's share
+        # (`weighted_sum`), the merged shares (`mean_step`) and an aggregation process's result (`apply`) need it.
+        def apply(optimizer_state, trainable, update):
+            return apply_update(server_optimizer, optimizer_state, trainable, update)
 
-        self._server_step = server_step
-
-        @tf.function(jit_compile=True)
         def weighted_sum(updates, weights):
-            return [tf.add_n([u[k] * w for u, w in zip(updates, weights)]) for k in range(len(updates[0]))], tf.add_n(
-                weights
-            )
+            total = [tf.add_n([u[k] * w for u, w in zip(updates, weights)]) for k in range(len(updates[0]))]
+            return total, tf.add_n(weights)
 
-        self._weighted_sum = weighted_sum
+        def mean_step(optimizer_state, trainable, update_sum, weight):
+            return apply(optimizer_state, trainable, [u / weight for u in update_sum])
 
-        @tf.function(jit_compile=True)
-        def mean_step(optimizer_state, trainable, update_sum, weight):  # `finish`'s server step: one call.
-            return apply_update(server_optimizer, optimizer_state, trainable, [u / weight for u in update_sum])
+        def server_step(optimizer_state, trainable, updates, weights):
+            return mean_step(optimizer_state, trainable, *weighted_sum(updates, weights))
 
-        self._mean_step = mean_step
-        self._apply_update = tf.function(
-            lambda optimizer_state, trainable, update: apply_update(
-                server_optimizer, optimizer_state, trainable, update
-            ),
-            jit_compile=True,
-        )
+        compiled = functools.partial(tf.function, jit_compile=True)
+        self._server_step, self._weighted_sum = compiled(server_step), compiled(weighted_sum)
+        self._mean_step, self._apply_update = compiled(mean_step), compiled(apply)
 
     @staticmethod
     def merge(a: dict, b: dict) -> dict:
