@@ -42,6 +42,7 @@ main = experiment_main.define_main(
     'fedpersonal.tasks.hpfl_user_modeling:run',
     report,
     default_output_dir='output/hpfl',
+    engine_workers=True,  # Its federated rows run their rounds on --engine_workers (hpfl_user_modeling.worker_setup).
 )
 
 if __name__ == '__main__':

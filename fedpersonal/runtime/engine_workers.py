@@ -19,6 +19,12 @@ what `process.run_round` does inside the ``with`` block):
 4. the driver applies the server step to the merged partial (`GroupRoundRunner.finish`). The private states
    reach the driver only as the clients' outputs, as on the local engine (they are never part of a partial).
 
+A cross-silo round (HPFL's silo engine, whose server step reads every client's upload and whose clients then
+run a second phase on its result) runs as Ray tasks instead: each worker runs its silos' first phase and keeps
+their trained states, the driver runs the server step on the uploads in client order, each worker then runs its
+silos' second phase and returns their private states (`fedpersonal.runtime.worker_actor`). A silo round takes
+seconds, so two task rounds (about a millisecond) do not matter there.
+
 A waiting worker shows as a busy core (Ray's compiled-graph channels poll, yielding the core to any other work
 there: a loop beside an idle worker on its core ran at full speed). A round equals the local engine's to float
 reassociation of the shares' sums (tested to 1e-6). A worker that dies
@@ -55,6 +61,8 @@ from collections.abc import Sequence
 from typing import Any
 
 from fedpersonal import errors
+from fedpersonal.runtime import worker_actor
+from fedpersonal.runtime.worker_actor import check_runs_on_workers  # Part of this module's API.
 
 _ROUND_TIMEOUT_S = 7 * 24 * 3600
 
@@ -94,132 +102,9 @@ def shares(client_ids: Sequence[str], workers: int, group_size: int) -> list[tup
     return [(s, min(s + per_worker, len(client_ids))) for s in range(0, len(client_ids), per_worker)]
 
 
-def _set_affinity(core: int) -> None:
-    """Pins every thread of this process (and the threads they start) to `core`."""
-    for tid in os.listdir('/proc/self/task'):
-        with contextlib.suppress(OSError):
-            os.sched_setaffinity(int(tid), {core})
-
-
-class _Worker:
-    """The actor: builds the recipe's process and runs its shares (see the module docstring)."""
-
-    def __init__(self, recipe: Callable[[], WorkerSetup], core: int | None, index: int):
-        import socket  # pylint: disable=g-import-not-at-top
-
-        self.name = f'engine worker {index} (pid {os.getpid()} on {socket.gethostname()})'
-        # A failing recipe is kept and raised by `describe`: the driver then gets the error itself (a creation
-        # task's error reaches it only as the actor's death).
-        self._error: BaseException | None = None
-        try:
-            if core is not None:
-                _set_affinity(core)
-            setup = recipe()
-            self._dataset_fn = setup.dataset_fn
-            self._stateful = setup.process.stateful
-            self._backend = setup.process.backend
-            self._runner: Any = getattr(self._backend, 'round_runner', None)
-            check_runs_on_workers(setup.process)
-        except Exception as error:  # pylint: disable=broad-except
-            self._error = error
-
-    def describe(self) -> str:
-        if self._error is not None:
-            raise self._error
-        return self.name
-
-    def layout(self) -> tuple[int, bool]:
-        """The engine's group size and whether the process is stateful (the round graph's shape)."""
-        return int(self._backend.packer.group_size), bool(self._stateful)
-
-    def run_share(self, weights: Any, share: tuple[Sequence[str], Sequence[Any] | None]) -> tuple:
-        """This worker's share (its client ids and their private states) of a round: its partial aggregate (None
-        for no clients) with ``'seconds'``, this worker's seconds, and its clients' new private states."""
-        started = time.perf_counter()
-        from fedpersonal.core import process as process_lib  # pylint: disable=g-import-not-at-top
-
-        client_ids, private_states = share
-        if not client_ids:
-            return None, [] if private_states is not None else None
-        try:
-            # The graph's inputs are read in place from its channel, which the next round overwrites: copied.
-            weights = _copied(weights)
-            # Lazy: a client's pipeline is built only the first time it is packed here (then its data is kept).
-            datasets = process_lib.LazyDatasets(client_ids, self._dataset_fn)
-            groups = self._backend.pack(datasets, client_ids=list(client_ids))
-            partial = self._runner.share(weights, groups, _copied(private_states))
-        except errors.ConfigError as error:  # E.g. a client's data malformed: named with the worker.
-            raise errors.ConfigError(f'{self.name}: {error}') from None
-        except Exception as error:  # pylint: disable=broad-except
-            raise RuntimeError(
-                f'{self.name} failed while running its share of the round: {type(error).__name__}: {error}'
-            ) from error
-        private = partial.pop('private')
-        partial['seconds'] = [time.perf_counter() - started]
-        return partial, private
-
-    def run_stateless_share(self, weights: Any, share: tuple[Sequence[str], None]) -> dict | None:
-        """`run_share` of a stateless process: the partial only (the driver then reads one output per round)."""
-        return self.run_share(weights, share)[0]
-
-    def merge(self, a: dict | None, b: dict | None) -> dict | None:
-        if a is None or b is None:
-            return b if a is None else a
-        merged = self._runner.merge(a, b)
-        merged['seconds'] = a['seconds'] + b['seconds']  # Each worker's seconds, carried to the driver.
-        return merged
-
-
-def check_runs_on_workers(process: Any, name: str = 'this process') -> None:
-    """Raises `ConfigError` (naming `name` and ``--engine_workers``) unless `process` has an engine group program
-    that engine workers can run (`GroupRoundRunner.share`)."""
-    if not hasattr(getattr(process.backend, 'round_runner', None), 'share'):
-        raise errors.ConfigError(
-            f'--engine_workers: {name} runs on the {process.simulation} backend, which has no engine group program '
-            'that engine workers can run (the plan and model-loss engines have one): run it without --engine_workers.'
-        )
-
-
-def _copied(value: Any) -> Any:
-    """`value` with every numpy array in it copied (compiled-graph messages are read in place)."""
-    import numpy as np  # pylint: disable=g-import-not-at-top
-    import tensorflow as tf  # pylint: disable=g-import-not-at-top
-
-    return tf.nest.map_structure(lambda v: np.array(v) if isinstance(v, np.ndarray) else v, value)
-
-
 def _quiet_cancellations(record: logging.LogRecord) -> bool:
     """Drops Ray's traceback of each worker task cancelled when a worker died (the run's own error names it)."""
     return not record.getMessage().startswith('Error cancelling worker task')
-
-
-def _round_graph(actors: Sequence[Any], stateful: bool) -> Any:
-    """The round as a Ray compiled graph: input ``(weights, share_0, ..., share_{W-1})``; worker w runs its share;
-    the partials (each with its worker's seconds) merged by a tree on the workers; outputs ``[merged partial]``,
-    and for a stateful process each worker's private states after it, ``private_0 .. private_{W-1}`` (straight to
-    the driver, never through the tree)."""
-    from ray.dag import InputNode  # pylint: disable=g-import-not-at-top
-    from ray.dag import MultiOutputNode  # pylint: disable=g-import-not-at-top
-
-    with InputNode() as inputs:
-        if stateful:
-            outputs = [
-                actor.run_share.options(num_returns=2).bind(inputs[0], inputs[1 + w]) for w, actor in enumerate(actors)
-            ]
-            partials, privates = [p for p, _ in outputs], [q for _, q in outputs]
-        else:
-            partials = [actor.run_stateless_share.bind(inputs[0], inputs[1 + w]) for w, actor in enumerate(actors)]
-            privates = []
-        owners = list(range(len(actors)))
-        while len(partials) > 1:  # Pairs merged on the first one's worker, level by level.
-            pairs = range(0, len(partials), 2)
-            partials = [
-                actors[owners[j]].merge.bind(partials[j], partials[j + 1]) if j + 1 < len(partials) else partials[j]
-                for j in pairs
-            ]
-            owners = [owners[j] for j in pairs]
-        graph = MultiOutputNode([partials[0], *privates])
-    return graph.experimental_compile()
 
 
 def _init_ray(ray: Any, address: str | None, kwargs: dict[str, Any], attempts: int = 3) -> None:
@@ -249,7 +134,7 @@ class EngineWorkers:
 
     Raises:
       ConfigError: (on entering) fewer than one worker, Ray missing, a recipe that fails on a worker or builds a
-        process without an engine group program; the message names ``--engine_workers`` and the worker.
+        process without an engine program; the message names ``--engine_workers`` and the worker.
     """
 
     def __init__(
@@ -269,7 +154,7 @@ class EngineWorkers:
         self.names: list[str] = []
         self._started_ray = False
         self._token: contextvars.Token | None = None
-        self._group_size, self._stateful = 0, False
+        self._program, self._group_size, self._stateful = '', 0, False
         self._graph: Any = None
         self.last_timings: dict[str, Any] = {}
 
@@ -295,15 +180,16 @@ class EngineWorkers:
                 package_root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
                 inherited = [p for p in os.environ.get('PYTHONPATH', '').split(os.pathsep) if p]
                 env['PYTHONPATH'] = os.pathsep.join(dict.fromkeys([package_root, *inherited]))
-            actor = ray.remote(num_cpus=1, max_restarts=0)(_Worker)
+            actor = ray.remote(num_cpus=1, max_restarts=0)(worker_actor.Worker)
             for i in range(self.num_workers):
                 core = self._cores[i % len(self._cores)] if self._cores else None
                 options = actor.options(runtime_env={'env_vars': env}, name=None)
                 self._actors.append(options.remote(self._recipe, core, i))
             self.names = self._started([a.describe.remote() for a in self._actors])
-            self._group_size, self._stateful = self._started([self._actors[0].layout.remote()])[0]
+            self._program, self._group_size, self._stateful = self._started([self._actors[0].layout.remote()])[0]
             logging.getLogger('ray.dag.compiled_dag_node').addFilter(_quiet_cancellations)
-            self._graph = _round_graph(self._actors, self._stateful)
+            if self._program == 'groups':  # A silo round's phases are Ray tasks (`_silo_round`).
+                self._graph = worker_actor.round_graph(self._actors, self._stateful)
         except BaseException:
             self._close()
             raise
@@ -390,8 +276,6 @@ class EngineWorkers:
         Raises:
           WorkerError: A worker stopped during the round (named).
         """
-        import ray  # pylint: disable=g-import-not-at-top
-
         if process.stateful and private_states is None:
             raise ValueError("A stateful process needs the clients' private states.")
         if process.stateful != self._stateful:
@@ -400,7 +284,7 @@ class EngineWorkers:
                 f"process but this round's is {'stateful' if process.stateful else 'stateless'}: give the workers "
                 'the recipe of the process being run.'
             )
-        if self._graph is None:
+        if not self._actors:
             raise errors.ConfigError('--engine_workers: the engine workers were stopped (a worker died); rerun.')
         started = time.perf_counter()
         slices = shares(list(client_ids), self.num_workers, self._group_size)
@@ -408,32 +292,73 @@ class EngineWorkers:
         assignments = [
             (list(client_ids[a:b]), None if private_states is None else list(private_states[a:b])) for a, b in slices
         ]
+        timings: dict[str, Any] = dict(workers=sum(1 for a, b in slices if b > a))
+        if self._program == 'silos':
+            output = self._silo_round(process, state, assignments, timings)
+        else:
+            output = self._group_round(process, state, assignments, timings)
+        self.last_timings = dict(round_s=time.perf_counter() - started, **timings)
+        return output
+
+    def _gather(self, submit: Callable[[], Any]) -> Any:
+        """The values of what `submit` starts on the workers; a failure raised as `_failed` says (a worker's death
+        also ends this block's workers: a compiled graph is torn down with it)."""
+        import ray  # pylint: disable=g-import-not-at-top
+
         try:
-            references = self._graph.execute(state.global_model_weights, *assignments)
-            submitted = time.perf_counter()
             # No practical limit: a round takes what it takes and a death ends it. (Not -1, "none": Ray 2.40 turns
             # it into an immediate timeout when a channel grows for a message larger than its buffer.)
-            values = ray.get(references, timeout=_ROUND_TIMEOUT_S)
+            return ray.get(submit(), timeout=_ROUND_TIMEOUT_S)
         except Exception as error:  # pylint: disable=broad-except
             failure = self._failed(error)
             if isinstance(failure, errors.WorkerError):
-                self._close()  # The graph is torn down with a dead worker: the block's workers are done.
+                self._close()
             raise failure from None
+
+    def _group_round(self, process: Any, state: Any, assignments: list, timings: dict[str, Any]) -> Any:
+        """A group round: the compiled graph (`worker_actor.round_graph`), then the server step here."""
+        started, submitted = time.perf_counter(), []
+
+        def submit() -> Any:
+            references = self._graph.execute(state.global_model_weights, *assignments)
+            submitted.append(time.perf_counter())
+            return references
+
+        values = self._gather(submit)
         got = time.perf_counter()
         # Copied out of the graph's channels (read in place; the next round writes there).
-        private = [s for share in values[1:] for s in _copied(share)] if process.stateful else None
-        merged = _copied(values[0])
-        share_seconds = merged.pop('seconds')
+        private = [s for share in values[1:] for s in worker_actor.copied(share)] if process.stateful else None
+        merged = worker_actor.copied(values[0])
+        timings['shares_s'] = merged.pop('seconds')
         del values
-        output = process.backend.round_runner.finish(state, merged, private, num_clients=len(client_ids))
-        done = time.perf_counter()
-        self.last_timings = dict(
-            round_s=done - started,
-            submit_s=submitted - started,
-            shares_s=share_seconds,
-            wait_s=got - submitted,
-            finish_s=done - got,
-            workers=sum(1 for a, b in slices if b > a),
+        num_clients = sum(len(ids) for ids, _ in assignments)
+        output = process.backend.round_runner.finish(state, merged, private, num_clients=num_clients)
+        timings.update(submit_s=submitted[0] - started, wait_s=got - submitted[0], finish_s=time.perf_counter() - got)
+        return output
+
+    def _silo_round(self, process: Any, state: Any, assignments: list, timings: dict[str, Any]) -> Any:
+        """A silo round (`fedpersonal.runtime.worker_actor`): the clients' first phase on the workers, the server
+        step here on every upload in client order (as a local round's), the second phase on the workers."""
+        import ray  # pylint: disable=g-import-not-at-top
+
+        runner = process.backend.round_runner
+        started = time.perf_counter()
+        received, distributor_state = runner.distribute(state)
+        sent = ray.put(worker_actor.as_numpy(received))  # Serialized once for every worker.
+        firsts = self._gather(lambda: [a.silo_clients.remote(sent, s) for a, s in zip(self._actors, assignments)])
+        clients_done = time.perf_counter()
+        uploads, metrics = [u for f in firsts for u in f[0]], [m for f in firsts for m in f[1]]
+        server = runner.server(state, uploads, metrics)
+        value = None if server[-1] is None else ray.put(worker_actor.as_numpy(server[-1]))
+        server_done = time.perf_counter()
+        updated = self._gather(lambda: [a.silo_update.remote(value) for a in self._actors])
+        private = [s for share in updated for s in worker_actor.copied(share)]  # Ray's arrays are read-only.
+        output = runner.output(state, distributor_state, server, private)
+        timings.update(
+            shares_s=[f[2] for f in firsts],
+            clients_s=clients_done - started,
+            server_s=server_done - clients_done,
+            update_s=time.perf_counter() - server_done,
         )
         return output
 

@@ -126,6 +126,8 @@ class GroupRoundRunner:
         (`StrategyChoice`; not bit-reproducible). Default: each group work whole.
     """
 
+    worker_program = 'groups'  # What engine workers run of it (`fedpersonal.runtime.worker_actor`).
+
     def __init__(
         self,
         group_work: tf.types.experimental.GenericFunction,

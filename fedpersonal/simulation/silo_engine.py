@@ -15,6 +15,10 @@ So a round is three phases:
 2. **server** (one program): the `server_step` on the clients' stacked uploads and metrics -- never a table row;
 3. **post-aggregation** (one compiled program per client), when the round has one.
 
+The phases are methods (`distribute`, `clients`, `server`, `update`, `output`) that `__call__` composes; engine
+workers (`fedpersonal.runtime.engine_workers`) run `clients` and `update` where the silos' data are and the rest
+in the driver, so a round on workers is the same code as here (`audit_clients` audits what a silo sends).
+
 `unsupported` says what the engine cannot run as TFF would (an aggregator other than TFF's default, client work
 XLA cannot compile); `fedpersonal.backends` then builds the process on the per-client backend. `process.next`
 stays the TFF computation (the privacy audit's subject); tests check that `run_round` equals it.
@@ -145,6 +149,10 @@ def _numpy(structure: Any) -> Any:
     return tf.nest.map_structure(lambda t: np.asarray(t), structure)
 
 
+def _tensors(structure: Any) -> Any:
+    return tf.nest.map_structure(tf.convert_to_tensor, structure)  # Numpy scalars as arguments would retrace.
+
+
 def _steps(data: Any) -> int:
     """The steps of a client's first dataset field (HPFL: its training, the costliest part of its work)."""
     return next((int(v.num_steps) for v in data if isinstance(v, client_work.PaddedBatches)), 0)
@@ -152,6 +160,8 @@ def _steps(data: Any) -> int:
 
 class SiloRoundRunner:
     """`process.run_round` of a process on the engine (see the module docstring)."""
+
+    worker_program = 'silos'  # What engine workers run of it (`fedpersonal.runtime.worker_actor`).
 
     def __init__(self, functions: RoundFunctions):
         self._functions = functions
@@ -179,21 +189,45 @@ class SiloRoundRunner:
         self, state: Any, clients: Sequence[Any], private_states: Sequence[Any], *, num_clients: int | None = None
     ) -> process_lib.ProcessOutput:
         del num_clients
-        functions = self._functions
         first = self.compile_seconds is None
         started = time.perf_counter()
-        tensors = lambda structure: tf.nest.map_structure(tf.convert_to_tensor, structure)  # Numpy scalars retrace.
-        weights = tensors(state.global_model_weights)
-        received, distributor_state = functions.distribute(tensors(state.distributor), weights)
+        received, distributor_state = self.distribute(state)
+        uploads, client_metrics, kept = self.clients(received, clients, private_states)
+        client_done = time.perf_counter()
+        server = self.server(state, uploads, client_metrics)
+        server_done = time.perf_counter()
+        new_states = self.update(server[-1], kept)
+        output = self.output(state, distributor_state, server, new_states)
+        done = time.perf_counter()
+        self.phase_seconds = dict(
+            client=client_done - started, server=server_done - client_done, update=done - server_done
+        )
+        if first:
+            self.compile_seconds = done - started
+        return output
+
+    # The round's phases, composed above and run apart by engine workers (`fedpersonal.runtime.engine_workers`:
+    # `clients` and `update` on the worker holding the clients, `distribute`, `server` and `output` here).
+
+    def distribute(self, state: Any) -> tuple[Any, Any]:
+        """What the server sends this round's clients, and the distributor's new state."""
+        weights = _tensors(state.global_model_weights)
+        return self._functions.distribute(_tensors(state.distributor), weights)
+
+    def clients(self, received: Any, clients: Sequence[Any], private_states: Sequence[Any]) -> tuple[list, list, Any]:
+        """Each client's work (phase 1): its upload and metrics (in client order), and what `update` needs (the
+        trained private states, kept on the clients' side)."""
+        functions = self._functions
+        received = _tensors(received)
         if functions.shrink is not None:
             cut = [functions.shrink(data, private, rows) for data, private in zip(clients, private_states)]
         else:
             cut = list(zip(clients, private_states))
 
         def client(data, private):
-            data = tensors(data)
+            data = _tensors(data)
             noise = self._noise(received, data) if self._noise is not None else None
-            return self._client_phase(received, data, tensors(private), noise)
+            return self._client_phase(received, data, _tensors(private), noise)
 
         # Longest client first (by its first dataset's steps): the round waits for its slowest thread (the largest
         # silo has ~30% of the steps).
@@ -201,19 +235,52 @@ class SiloRoundRunner:
         futures = {i: self._pool.submit(client, *cut[i]) for i in order}
         outputs = [futures[i].result() for i in range(len(cut))]
         uploads, client_metrics, trained = ([out[i] for out in outputs] for i in range(3))
-        client_done = time.perf_counter()
+        return uploads, client_metrics, (trained, client_metrics, list(private_states))
+
+    def audit_clients(self, state: Any, client: Any, private_state: Any) -> list:
+        """The privacy audit (`fedpersonal.privacy.audit.audit_tf_function`) of the client program `clients` runs
+        (on an engine worker too), traced on one client: its private-state input labelled private, its upload and
+        metrics (what leaves the client's side) checked; its trained state goes only to the clients' store."""
+        from fedpersonal.privacy import audit  # pylint: disable=g-import-not-at-top
+
+        received, _ = self.distribute(state)
+        data, private = client, private_state
+        if self._functions.shrink is not None:
+            data, private = self._functions.shrink(client, private_state, rows)
+        noise = self._noise(received, _tensors(data)) if self._noise is not None else None
+        args = (_tensors(received), _tensors(data), _tensors(private))
+        concrete = self._client_phase.get_concrete_function(*args, noise)
+        first = len(tf.nest.flatten(args[:2]))
+        private_inputs = concrete.inputs[first : first + len(tf.nest.flatten(args[2]))]
+        uploads, metrics, _ = concrete.structured_outputs
+        return audit.audit_tf_function(concrete, private_inputs, (uploads, metrics))
+
+    def server(self, state: Any, uploads: Sequence[Any], client_metrics: Sequence[Any]) -> tuple:
+        """The server step (phase 2) on every client's upload and metrics, in client order: ``(new weights, server
+        state, train metrics, measurements, the value the clients' update phase reads or None)``."""
         stack = lambda values: tf.nest.map_structure(lambda *t: tf.stack(t), *values)
         new_weights, server_state, train_metrics, measurements = self._server_phase(
-            tensors(state.aggregator), weights, stack(uploads), stack(client_metrics)
+            _tensors(state.aggregator), _tensors(state.global_model_weights), stack(uploads), stack(client_metrics)
         )
-        server_done = time.perf_counter()
-        if functions.post_aggregation is not None:
+        value = None
+        if self._functions.post_aggregation is not None:
             value = self._server_value(new_weights, server_state)
+        return new_weights, server_state, train_metrics, measurements, value
+
+    def update(self, value: Any, kept: Any) -> list:
+        """The clients' new private states (phase 3: the post-aggregation update on the server step's `value`,
+        when the round has one) from what `clients` kept."""
+        trained, client_metrics, private_states = kept
+        if self._functions.post_aggregation is not None:
+            value = _tensors(value)
             trained = list(self._pool.map(lambda t, m: self._update_phase(value, t, m), trained, client_metrics))
-        if functions.restore is not None:
-            new_states = [functions.restore(full, _numpy(t)) for full, t in zip(private_states, trained)]
-        else:
-            new_states = [_numpy(t) for t in trained]
+        if self._functions.restore is not None:
+            return [self._functions.restore(full, _numpy(t)) for full, t in zip(private_states, trained)]
+        return [_numpy(t) for t in trained]
+
+    def output(self, state: Any, distributor_state: Any, server: tuple, new_states: list) -> process_lib.ProcessOutput:
+        """The round's output from the server step's results and the clients' new private states."""
+        new_weights, server_state, train_metrics, measurements, _ = server
         new_state = state._replace(
             global_model_weights=tff.learning.models.ModelWeights(
                 trainable=_numpy(list(new_weights.trainable)), non_trainable=_numpy(list(new_weights.non_trainable))
@@ -222,10 +289,4 @@ class SiloRoundRunner:
             aggregator=_numpy(server_state),
         )
         metrics = collections.OrderedDict(distributor=(), client_work=_numpy(train_metrics), **_numpy(measurements))
-        done = time.perf_counter()
-        self.phase_seconds = dict(
-            client=client_done - started, server=server_done - client_done, update=done - server_done
-        )
-        if first:
-            self.compile_seconds = done - started
         return process_lib.ProcessOutput(state=new_state, metrics=metrics, private_states=new_states)

@@ -54,6 +54,7 @@ Configuration flows one way: flags -> `HpflConfig` -> builders.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 import os
 import time
@@ -74,6 +75,7 @@ from fedpersonal.data import user_modeling
 from fedpersonal.metrics import user_modeling_metrics as um_metrics
 from fedpersonal.models import gum
 from fedpersonal.program import run_record
+from fedpersonal.runtime import engine_workers
 from fedpersonal.tasks import hpfl_centralized
 from fedpersonal.tasks.hpfl_analysis import ROW_NAMES
 from fedpersonal.tasks.hpfl_analysis import evaluate_predictions
@@ -205,6 +207,21 @@ def _build_process(
     )
 
 
+def _client_data(config: HpflConfig, data: user_modeling.UserModelingData, gum_config: gum.GumConfig) -> dict[str, Any]:
+    ids = [silo.client_id for silo in data.silos]
+    return dict(zip(ids, hpfl.federated_data(data, gum_config, batch_size=config.batch_size, seed=config.seed)))
+
+
+def worker_setup(method: str, config: HpflConfig) -> engine_workers.WorkerSetup:
+    """What an engine worker (``--engine_workers``) builds for federated `method`: the same data (read where the
+    worker runs, from `config` with its accuracy threshold set, as `run` passes it) and process."""
+    tf.random.set_seed(config.seed)  # As `run`: the silos' shuffles draw their seeds from it.
+    data = user_modeling.validate(load_data(config))
+    gum_config = gum.GumConfig.for_data(data, hidden_dim=config.hidden_dim)
+    process = _build_process(method, config, gum_config, len(data.silos))
+    return engine_workers.WorkerSetup(process, _client_data(config, data, gum_config).__getitem__)
+
+
 def _stacked_theta(states: Sequence[hpfl.ClientState], data: user_modeling.UserModelingData) -> np.ndarray:
     return np.concatenate(
         [np.asarray(state.model.private.theta)[: silo.num_users] for state, silo in zip(states, data.silos)]
@@ -269,7 +286,7 @@ def _run_federated(
     gum_config = gum.GumConfig.for_data(data, hidden_dim=config.hidden_dim)
     process = _build_process(method, config, gum_config, len(data.silos))
     ids = [silo.client_id for silo in data.silos]
-    client_data = dict(zip(ids, hpfl.federated_data(data, gum_config, batch_size=config.batch_size, seed=config.seed)))
+    client_data = _client_data(config, data, gum_config)
     initial = dict(
         zip(
             ids,
@@ -294,7 +311,9 @@ def _run_federated(
         lambda cid: [a.copy() for a in initial[cid.removeprefix(selection.prefix)]],
         filename=_STATE_STORE,
     )
-    with store:
+    # With --engine_workers, every worker builds this process and reads its silos itself (the same recipe).
+    workers = engine_workers.serve(functools.partial(worker_setup, method, config), process, ROW_NAMES[method])
+    with store, workers:
         # Every silo every round (HpflConfig has no sampling part), so no sampling arguments or seed.
         program.run_process(
             process,

@@ -2,6 +2,7 @@
 private states back to their own clients, a dead worker named, the worker's program audited."""
 
 import functools
+import json
 import os
 import signal
 
@@ -13,6 +14,7 @@ import tensorflow_federated as tff
 from fedpersonal import errors
 from fedpersonal import runtime
 from fedpersonal.algorithms import furl
+from fedpersonal.algorithms import hpfl
 from fedpersonal.core import process as process_lib
 from fedpersonal.privacy import audit
 from fedpersonal.privacy import dp
@@ -116,6 +118,49 @@ def test_furl_private_states_on_engine_workers_come_back_to_their_own_clients():
     assert _max_diff(local_private[0], local_private[3]) > 1e-4
 
 
+def _hpfl_setup(method):
+    from tests.simulation import hpfl_engine_test as silos  # pylint: disable=g-import-not-at-top
+
+    process = hpfl.build_method(
+        method,
+        silos.CONFIG,
+        client_optimizer=tff.learning.optimizers.build_adam(0.02),
+        accuracy_threshold=0.3,
+        max_clients=len(silos.IDS),
+        kmeans_iterations=3,
+        simulation='engine',
+    )
+    return engine_workers.WorkerSetup(process, dict(zip(silos.IDS, silos.CLIENT_DATA)).__getitem__)
+
+
+def test_hpfl_silos_on_engine_workers_equal_the_local_engine():
+    """The silo engine (HPFL: a server step over every silo's upload, then a second client phase on its result) on
+    two workers, shares of two silos and one: the local engine's weights, server state, metrics and every silo's
+    private state."""
+    from tests.simulation import hpfl_engine_test as silos  # pylint: disable=g-import-not-at-top
+
+    recipe = functools.partial(_hpfl_setup, 'hpfl')
+    with runtime.LocalRuntime():
+        local = silos._rounds(recipe().process, 2)
+        setup = recipe()
+        with engine_workers.EngineWorkers(recipe, workers=2) as workers:
+            state, states, metrics = silos._rounds(setup.process, 2)
+            assert workers.last_timings['workers'] == 2 and len(workers.last_timings['shares_s']) == 2
+    assert _max_diff(state.global_model_weights, local[0].global_model_weights) <= 1e-6
+    assert _max_diff(state.aggregator, local[0].aggregator) <= 1e-6
+    assert _max_diff(metrics, local[2]) <= 1e-6
+    assert len(states) == len(silos.IDS)
+    for silo, (got, expected) in enumerate(zip(states, local[1])):
+        assert _max_diff(got, expected) <= 1e-6, silo
+    assert _max_diff(local[1][0].model.public, local[1][1].model.public) > 1e-4  # Personalized: a mix-up shows.
+    assert (
+        _max_diff(
+            local[1][0].model.private, silos.hpfl.initial_client_states(silos.DATA, silos.CONFIG)[0].model.private
+        )
+        > 1e-4
+    )
+
+
 def test_a_killed_engine_worker_stops_the_round_naming_it():
     with runtime.LocalRuntime():
         setup = _fed_recon_setup()
@@ -168,6 +213,29 @@ def test_what_an_engine_worker_sends_to_the_merge_carries_no_private_only_value(
     violations = audit.audit_tf_function(concrete, concrete.inputs[2:3], (update, metric))
     assert [v.where for v in violations] == [f'output {metric.name}']
     assert audit.audit_tf_function(concrete, concrete.inputs[2:3], update) == []
+
+
+def test_what_an_engine_worker_sends_from_a_silo_is_audited():
+    """The silo program a worker runs (the silo's private state as input) audited for its upload and metrics, which
+    go to the server step: HPFL-K (no centres uploaded) has no output derived from the private state alone; HPFL's
+    only such outputs are its centre masks (they depend on the private tables' sizes alone: the known, documented
+    declassification that `process.next`'s audit finds too, tests/algorithms/hpfl_test.py)."""
+    from fedpersonal.simulation import silo_engine  # pylint: disable=g-import-not-at-top
+    from tests.simulation import hpfl_engine_test as silos  # pylint: disable=g-import-not-at-top
+
+    private = silos.hpfl.initial_client_states(silos.DATA, silos.CONFIG)[0]
+    for method in ('hpfl_k', 'hpfl'):
+        process = _hpfl_setup(method).process
+        runner, state = process.backend.round_runner, process.initialize()
+        client = process.backend.pack([silos.CLIENT_DATA[0]])[0]
+        violations = {v.where for v in runner.audit_clients(state, client, private)}
+        if method == 'hpfl_k':
+            assert violations == set()
+            continue
+        cut = runner._functions.shrink(client, private, silo_engine.rows)  # pylint: disable=protected-access
+        args = [tf.nest.map_structure(tf.convert_to_tensor, a) for a in (runner.distribute(state)[0], *cut)]
+        uploads = runner._client_phase.get_concrete_function(*args, None).structured_outputs[0]  # The same trace.
+        assert violations == {f'output {uploads.user_mask.name}', f'output {uploads.item_mask.name}'}
 
 
 def test_a_local_ray_start_whose_gcs_failed_is_retried(monkeypatch):
@@ -279,6 +347,31 @@ def test_pfl_benchmark_methods_on_engine_workers_equal_this_process(tmp_path):
         for a, b in zip(runs['here'][name][1:], runs['workers'][name][1:]):
             a, b = a.split(','), b.split(',')
             assert [float(a[i]) for i in columns] == pytest.approx([float(b[i]) for i in columns], rel=1e-5), name
+
+
+def test_hpfl_binary_on_engine_workers_equals_this_process(tmp_path):
+    """The HPFL binary's HPFL row with --engine_workers=2 (each worker generates the silos and builds the silo
+    engine from the same flags): every round's training and validation metrics (validation reads every silo's
+    private state) and the row's test metrics as in this process."""
+    from fedpersonal import program  # pylint: disable=g-import-not-at-top
+    from tests.experiments import hpfl_user_modeling_test as hpfl_binary  # pylint: disable=g-import-not-at-top
+
+    rows, curves = {}, {}
+    for where, extra in (('here', []), ('workers', ['--engine_workers=2'])):
+        out = tmp_path / where
+        with runtime.LocalRuntime():
+            hpfl_binary._run(hpfl_binary.TINY + ['--configurations=hpfl', f'--output_dir={out}', *extra])
+        with open(out / 'results.json') as f:
+            rows[where] = json.load(f)['rows'][0]
+        curves[where] = program.ExperimentOutputs(str(out), 'hpfl').read_metrics()
+    assert len(curves['here']) == 2 and 'validation/rmse' in curves['here'][0]
+    for here, there in zip(curves['here'], curves['workers']):
+        assert set(here) == set(there)
+        for key in here:
+            if '/' in key and 'second' not in key:
+                assert there[key] == pytest.approx(here[key], rel=1e-5, abs=1e-6), key
+    for key in ('accuracy', 'auc', 'rmse', 'doa', 'ndcg', 'best_validation_rmse'):
+        assert rows['workers'][key] == pytest.approx(rows['here'][key], rel=1e-5, abs=1e-6), key
 
 
 def test_a_method_engine_workers_cannot_run_is_refused_by_name_before_any_worker_starts(tmp_path, monkeypatch):
