@@ -1,24 +1,23 @@
 """Seconds per HPFL cross-silo round on one core, on the silo engine's two threads and on two engine workers.
 
-  python benchmarks/silo_workers.py [--rounds 5] [--silos 8] [--users_per_silo 200] [--output FILE]
+  python benchmarks/silo_workers.py [--rounds 5] [--output FILE]
 
-The round: HPFL (`hpfl.build_method('hpfl')`, the silo engine: each silo one compiled program, the server step over
-every silo's upload, then each silo's post-aggregation phase) on generated user-modeling silos
-(`generate_user_modeling`, ``--silos`` silos of ``--users_per_silo`` users, 20-60 records each), Adam 0.02, two local
-epochs, batch 64. Every row starts from the same state and runs ``--rounds`` rounds once untimed (programs compiled,
-data materialized), then the same rounds again, timed (median); ``max_abs_diff_vs_local``: the final global weights
-and every silo's private state against ``silo_local_1core``'s.
+The round: the fast-simulation table's HPFL workload (`simulation_workloads.hpfl_setup`: HPFL with both
+aggregations on ASSISTments a0910, 40 silos, every silo every round, configs/hpfl_assist.flags) on the silo engine
+(each silo one compiled program, the server step over every silo's upload, then each silo's post-aggregation
+phase). Every row starts from the same state and runs ``--rounds`` rounds once untimed (programs compiled, data
+materialized), then the same rounds again, timed (median); ``max_abs_diff_vs_local``: the final global weights and
+every silo's private state against ``silo_local_1core``'s.
 
-* ``silo_local_1core``: `process.run_round` in this process, pinned to core 0 (one TensorFlow thread);
+* ``silo_local_1core``: `process.run_round` in this process, every thread on core 0 (one TensorFlow thread);
 * ``silo_local_2cores``: the same on both cores (the silo engine runs one silo per core at a time);
-* ``silo_workers_2``: inside `fedpersonal.runtime.engine_workers.EngineWorkers` with two Ray workers, on cores 0 and
-  1, one TensorFlow thread each (each trains its share of the silos; the server step here).
+* ``silo_workers_2``: inside `fedpersonal.runtime.engine_workers.EngineWorkers` with two Ray workers on cores 0 and
+  1, one TensorFlow thread each (each trains its contiguous share of the silos; the server step here).
 """
 
 from __future__ import annotations
 
 import contextlib
-import functools
 import json
 import os
 import shlex
@@ -29,10 +28,9 @@ from typing import Any
 import numpy as np
 from absl import flags
 
+_BENCHMARKS = os.path.dirname(os.path.abspath(__file__))
 _OUTPUT = flags.DEFINE_string('output', 'docs/results/silo_workers.json', 'JSON file written.')
 _ROUNDS = flags.DEFINE_integer('rounds', 5, 'Timed rounds per row (after the same rounds once untimed).')
-_SILOS = flags.DEFINE_integer('silos', 8, 'Silos (every silo every round).')
-_USERS = flags.DEFINE_integer('users_per_silo', 200, 'Users per silo.')
 
 
 def _pin(cores: set[int]) -> None:
@@ -42,51 +40,28 @@ def _pin(cores: set[int]) -> None:
             os.sched_setaffinity(int(tid), cores)
 
 
-def _data(silos: int, users: int):
-    from fedpersonal.data import synthetic_user_modeling
-    from fedpersonal.data import user_modeling
+def _setup():
+    sys.path.insert(0, _BENCHMARKS)
+    import simulation_workloads
 
-    return user_modeling.validate(
-        synthetic_user_modeling.generate_user_modeling(num_clients=silos, users_per_client=users, seed=0)
-    )
+    return simulation_workloads.hpfl_setup()
 
 
-def recipe(silos: int, users: int):
-    """What every engine worker (and this process) builds: the HPFL process and the silos by id."""
-    import tensorflow as tf
-    import tensorflow_federated as tff
-
-    from fedpersonal.algorithms import hpfl
-    from fedpersonal.models import gum
+def recipe():
+    """What every engine worker builds (module-level, so that Ray pickles it by reference): the workload's
+    process on the engine and its silos by id."""
     from fedpersonal.runtime import engine_workers
 
-    tf.random.set_seed(0)  # The silos' shuffles draw their seeds from it: the same in every process.
-    data = _data(silos, users)
-    config = gum.GumConfig.for_data(data, hidden_dim=16)
-    process = hpfl.build_method(
-        'hpfl',
-        config,
-        client_optimizer=tff.learning.optimizers.build_adam(0.02),
-        client_epochs=2,
-        accuracy_threshold=0.5,
-        max_clients=silos,
-        simulation='engine',
-    )
-    client_data = hpfl.federated_data(data, config, batch_size=64)
-    by_id = dict(zip([s.client_id for s in data.silos], client_data))
-    return engine_workers.WorkerSetup(process, by_id.__getitem__)
+    setup = _setup()
+    return engine_workers.WorkerSetup(setup.build_fedpersonal('engine')[0], setup.dataset_fn)
 
 
 def _run(setup, rounds: int, workers=None) -> dict:
     import tensorflow as tf
 
-    from fedpersonal.algorithms import hpfl
-    from fedpersonal.models import gum
-
-    data = _data(_SILOS.value, _USERS.value)
-    initial = hpfl.initial_client_states(data, gum.GumConfig.for_data(data, hidden_dim=16))
-    ids = [s.client_id for s in data.silos]
-    process, seconds, timings = setup.process, [], []
+    ids = list(setup.client_ids)
+    initial = [setup.initial_private_state(i) for i in ids]
+    process, seconds, timings = setup.build_fedpersonal('engine')[0], [], []
     for timed in (False, True):
         state, states = process.initialize(), initial
         for r in range(rounds):
@@ -112,17 +87,16 @@ def main(argv):
     from fedpersonal import runtime
     from fedpersonal.runtime import engine_workers
 
-    build = functools.partial(recipe, _SILOS.value, _USERS.value)
-    rows = {}
+    setup, rows = _setup(), {}
     for name, cores in (('silo_local_1core', {0}), ('silo_local_2cores', {0, 1})):
         print(name, flush=True)
         _pin(cores)
         with runtime.LocalRuntime():
-            rows[name] = dict(workers=0, **_run(build(), _ROUNDS.value))
+            rows[name] = dict(workers=0, **_run(setup, _ROUNDS.value))
     _pin({0})
     print('silo_workers_2', flush=True)
-    with runtime.LocalRuntime(), engine_workers.EngineWorkers(build, workers=2, cores=[0, 1]) as workers:
-        rows['silo_workers_2'] = dict(workers=2, **_run(build(), _ROUNDS.value, workers))
+    with runtime.LocalRuntime(), engine_workers.EngineWorkers(recipe, workers=2, cores=[0, 1]) as workers:
+        rows['silo_workers_2'] = dict(workers=2, **_run(setup, _ROUNDS.value, workers))
     reference = rows['silo_local_1core']['values']
     for row in rows.values():
         values = row.pop('values')
@@ -132,8 +106,8 @@ def main(argv):
     result = dict(
         command='python benchmarks/silo_workers.py ' + ' '.join(shlex.quote(a) for a in sys.argv[1:]),
         workload=(
-            f'HPFL (silo engine) on {_SILOS.value} generated silos of {_USERS.value} users; TensorFlow one thread per '
-            'process'
+            'hpfl (simulation_workloads.hpfl_setup): ASSISTments a0910, 40 silos, every silo every round; one '
+            'TensorFlow thread per process'
         ),
         machine=f'{os.cpu_count()} cores',
         rows=rows_out,

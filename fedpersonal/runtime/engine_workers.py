@@ -169,7 +169,9 @@ class EngineWorkers:
             if not ray.is_initialized():
                 kwargs: dict[str, Any] = dict(include_dashboard=False, log_to_driver=False, configure_logging=False)
                 if self._address is None:
-                    kwargs['num_cpus'] = self.num_workers
+                    # Ray runs its workers at niceness 15 by default: compute workers would yield to every other
+                    # process on their cores (a local round's driver runs at 0).
+                    kwargs.update(num_cpus=self.num_workers, _system_config={'worker_niceness': 0})
                 _init_ray(ray, self._address, kwargs)
                 self._started_ray = True
             env = {}

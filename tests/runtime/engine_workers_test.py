@@ -83,6 +83,9 @@ def test_fed_recon_on_two_engine_workers_equals_the_local_engine():
             assert engine_workers.active() is workers
             weights, metrics = _fed_recon_rounds(setup)
             assert workers.last_timings['workers'] == 2  # Both workers had a share.
+            for name in workers.names:  # At this process's priority (Ray's default for its workers is 15).
+                pid = int(name.split('pid ')[1].split(' ')[0])
+                assert os.getpriority(os.PRIO_PROCESS, pid) == os.getpriority(os.PRIO_PROCESS, 0), name
         assert engine_workers.active() is None
     assert _max_diff(weights, local_weights) <= 1e-6
     assert _max_diff(metrics['client_work'], local_metrics['client_work']) <= 1e-6
