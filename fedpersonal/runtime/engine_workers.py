@@ -23,7 +23,9 @@ A cross-silo round (HPFL's silo engine, whose server step reads every client's u
 run a second phase on its result) runs as Ray tasks instead: each worker runs its silos' first phase and keeps
 their trained states, the driver runs the server step on the uploads in client order, each worker then runs its
 silos' second phase and returns their private states (`fedpersonal.runtime.worker_actor`). A silo round takes
-seconds, so two task rounds (about a millisecond) do not matter there.
+seconds, so two task rounds (about a millisecond) do not matter there. Silos differ in size by up to 60x: after
+the first round (contiguous shares) each round shares them out by their measured seconds (longest first, each to
+the least loaded worker); which worker trains a silo changes none of its numbers.
 
 A waiting worker shows as a busy core (Ray's compiled-graph channels poll, yielding the core to any other work
 there: a loop beside an idle worker on its core ran at full speed). A round equals the local engine's to float
@@ -156,6 +158,7 @@ class EngineWorkers:
         self._token: contextvars.Token | None = None
         self._program, self._group_size, self._stateful = '', 0, False
         self._graph: Any = None
+        self._silo_seconds: dict[str, float] = {}  # Each silo's last seconds on a worker (`_silo_shares`).
         self.last_timings: dict[str, Any] = {}
 
     def __enter__(self) -> EngineWorkers:
@@ -289,14 +292,18 @@ class EngineWorkers:
         if not self._actors:
             raise errors.ConfigError('--engine_workers: the engine workers were stopped (a worker died); rerun.')
         started = time.perf_counter()
-        slices = shares(list(client_ids), self.num_workers, self._group_size)
-        slices += [(len(client_ids), len(client_ids))] * (self.num_workers - len(slices))
-        assignments = [
-            (list(client_ids[a:b]), None if private_states is None else list(private_states[a:b])) for a, b in slices
-        ]
-        timings: dict[str, Any] = dict(workers=sum(1 for a, b in slices if b > a))
         if self._program == 'silos':
-            output = self._silo_round(process, state, assignments, timings)
+            parts = self._silo_shares(list(client_ids))
+        else:
+            slices = shares(list(client_ids), self.num_workers, self._group_size)
+            parts = [list(range(a, b)) for a, b in slices] + [[]] * (self.num_workers - len(slices))
+        assignments = [
+            ([client_ids[i] for i in part], None if private_states is None else [private_states[i] for i in part])
+            for part in parts
+        ]
+        timings: dict[str, Any] = dict(workers=sum(1 for part in parts if part))
+        if self._program == 'silos':
+            output = self._silo_round(process, state, parts, assignments, timings)
         else:
             output = self._group_round(process, state, assignments, timings)
         self.last_timings = dict(round_s=time.perf_counter() - started, **timings)
@@ -338,9 +345,26 @@ class EngineWorkers:
         timings.update(submit_s=submitted[0] - started, wait_s=got - submitted[0], finish_s=time.perf_counter() - got)
         return output
 
-    def _silo_round(self, process: Any, state: Any, assignments: list, timings: dict[str, Any]) -> Any:
+    def _silo_shares(self, client_ids: list[str]) -> list[list[int]]:
+        """The round's silos (indices) per worker: contiguous shares while a silo's seconds are unknown (the first
+        round), then the longest silos first, each to the least loaded worker (silos' sizes differ by up to 60x)."""
+        if any(c not in self._silo_seconds for c in client_ids):
+            slices = shares(client_ids, self.num_workers, 1)
+            return [list(range(a, b)) for a, b in slices] + [[]] * (self.num_workers - len(slices))
+        loads = [0.0] * self.num_workers
+        parts: list[list[int]] = [[] for _ in range(self.num_workers)]
+        for i in sorted(range(len(client_ids)), key=lambda i: -self._silo_seconds[client_ids[i]]):
+            w = min(range(self.num_workers), key=loads.__getitem__)
+            parts[w].append(i)
+            loads[w] += self._silo_seconds[client_ids[i]]
+        return [sorted(part) for part in parts]
+
+    def _silo_round(
+        self, process: Any, state: Any, parts: list[list[int]], assignments: list, timings: dict[str, Any]
+    ) -> Any:
         """A silo round (`fedpersonal.runtime.worker_actor`): the clients' first phase on the workers, the server
-        step here on every upload in client order (as a local round's), the second phase on the workers."""
+        step here on every upload in client order (as a local round's), the second phase on the workers. Which
+        worker trains a silo changes nothing in its numbers."""
         import ray  # pylint: disable=g-import-not-at-top
 
         runner = process.backend.round_runner
@@ -349,14 +373,19 @@ class EngineWorkers:
         sent = ray.put(worker_actor.as_numpy(received))  # Serialized once for every worker.
         firsts = self._gather(lambda: [a.silo_clients.remote(sent, s) for a, s in zip(self._actors, assignments)])
         clients_done = time.perf_counter()
-        uploads, metrics = [u for f in firsts for u in f[0]], [m for f in firsts for m in f[1]]
+        order = [i for part in parts for i in part]  # The workers' outputs' clients, back in client order below.
+        in_order = lambda values: [v for _, v in sorted(zip(order, values), key=lambda pair: pair[0])]
+        uploads, metrics = in_order([u for f in firsts for u in f[0]]), in_order([m for f in firsts for m in f[1]])
+        ids = [c for ids, _ in assignments for c in ids]
+        self._silo_seconds.update(zip(ids, [s for f in firsts for s in f[3]]))
         server = runner.server(state, uploads, metrics)
         value = None if server[-1] is None else ray.put(worker_actor.as_numpy(server[-1]))
         server_done = time.perf_counter()
         updated = self._gather(lambda: [a.silo_update.remote(value) for a in self._actors])
-        private = [s for share in updated for s in worker_actor.copied(share)]  # Ray's arrays are read-only.
+        private = in_order([s for share in updated for s in worker_actor.copied(share)])  # Ray's: read-only.
         output = runner.output(state, distributor_state, server, private)
         timings.update(
+            silos=parts,
             shares_s=[f[2] for f in firsts],
             clients_s=clients_done - started,
             server_s=server_done - clients_done,

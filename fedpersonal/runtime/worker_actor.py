@@ -149,17 +149,19 @@ class Worker:
         merged['seconds'] = a['seconds'] + b['seconds']  # Each worker's seconds, carried to the driver.
         return merged
 
-    def silo_clients(self, received: Any, share: tuple[Sequence[str], Sequence[Any]]) -> tuple[list, list, float]:
-        """A silo round's first client phase on this worker's share: its clients' uploads and metrics (client
-        order) and this worker's seconds; what the second phase needs stays here (`silo_update`)."""
+    def silo_clients(self, received: Any, share: tuple[Sequence[str], Sequence[Any]]) -> tuple[list, list, float, list]:
+        """A silo round's first client phase on this worker's share: its clients' uploads and metrics (in the
+        share's order), this worker's seconds and each client's; what the second phase needs stays here
+        (`silo_update`)."""
         started = time.perf_counter()
         client_ids, private_states = share
         self._kept = None
         if not client_ids:
-            return [], [], 0.0
+            return [], [], 0.0, []
         with self._named():
             uploads, metrics, self._kept = self._runner.clients(received, self._pack(client_ids), private_states)
-        return as_numpy(uploads), as_numpy(metrics), time.perf_counter() - started
+        seconds = time.perf_counter() - started
+        return as_numpy(uploads), as_numpy(metrics), seconds, list(self._runner.client_seconds)
 
     def silo_update(self, value: Any) -> list:
         """A silo round's second client phase (on the server step's `value`): this share's new private states."""

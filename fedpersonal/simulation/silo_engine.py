@@ -183,7 +183,10 @@ class SiloRoundRunner:
             self._server_value = functions.post_aggregation[0]
             self._update_phase = tf.function(functions.post_aggregation[1], jit_compile=True)
         # Clients are independent: one compiled call per core at a time (XLA's fused loops use one core each).
-        self._pool = concurrent.futures.ThreadPoolExecutor(max_workers=max(1, os.cpu_count() or 1))
+        # One thread per core this process may use (an engine worker pinned to one core: one), so that each
+        # client's seconds (`client_seconds`) are its own.
+        self._pool = concurrent.futures.ThreadPoolExecutor(max_workers=max(1, len(os.sched_getaffinity(0))))
+        self.client_seconds: list[float] = []  # The last `clients` call's seconds per client, in client order.
 
     def __call__(
         self, state: Any, clients: Sequence[Any], private_states: Sequence[Any], *, num_clients: int | None = None
@@ -225,15 +228,17 @@ class SiloRoundRunner:
             cut = list(zip(clients, private_states))
 
         def client(data, private):
+            started = time.perf_counter()
             data = _tensors(data)
             noise = self._noise(received, data) if self._noise is not None else None
-            return self._client_phase(received, data, _tensors(private), noise)
+            return self._client_phase(received, data, _tensors(private), noise), time.perf_counter() - started
 
         # Longest client first (by its first dataset's steps): the round waits for its slowest thread (the largest
         # silo has ~30% of the steps).
         order = sorted(range(len(cut)), key=lambda i: -_steps(cut[i][0]))
         futures = {i: self._pool.submit(client, *cut[i]) for i in order}
-        outputs = [futures[i].result() for i in range(len(cut))]
+        results = [futures[i].result() for i in range(len(cut))]
+        outputs, self.client_seconds = [out for out, _ in results], [seconds for _, seconds in results]
         uploads, client_metrics, trained = ([out[i] for out in outputs] for i in range(3))
         return uploads, client_metrics, (trained, client_metrics, list(private_states))
 

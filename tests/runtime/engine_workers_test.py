@@ -138,8 +138,8 @@ def _hpfl_setup(method):
 
 def test_hpfl_silos_on_engine_workers_equal_the_local_engine():
     """The silo engine (HPFL: a server step over every silo's upload, then a second client phase on its result) on
-    two workers, shares of two silos and one: the local engine's weights, server state, metrics and every silo's
-    private state."""
+    two workers, the silos shared out differently in the two rounds: the local engine's weights, server state,
+    metrics and every silo's private state."""
     from tests.simulation import hpfl_engine_test as silos  # pylint: disable=g-import-not-at-top
 
     recipe = functools.partial(_hpfl_setup, 'hpfl')
@@ -149,6 +149,9 @@ def test_hpfl_silos_on_engine_workers_equal_the_local_engine():
         with engine_workers.EngineWorkers(recipe, workers=2) as workers:
             state, states, metrics = silos._rounds(setup.process, 2)
             assert workers.last_timings['workers'] == 2 and len(workers.last_timings['shares_s']) == 2
+            # Round 1's contiguous shares [[0, 1], [2]]; round 2's by the silos' seconds (the largest two apart).
+            second = workers.last_timings['silos']
+            assert sorted(i for part in second for i in part) == [0, 1, 2] and second != [[0, 1], [2]], second
     assert _max_diff(state.global_model_weights, local[0].global_model_weights) <= 1e-6
     assert _max_diff(state.aggregator, local[0].aggregator) <= 1e-6
     assert _max_diff(metrics, local[2]) <= 1e-6
