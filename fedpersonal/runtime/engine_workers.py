@@ -24,8 +24,9 @@ run a second phase on its result) runs as Ray tasks instead: each worker runs it
 their trained states, the driver runs the server step on the uploads in client order, each worker then runs its
 silos' second phase and returns their private states (`fedpersonal.runtime.worker_actor`). A silo round takes
 seconds, so two task rounds (about a millisecond) do not matter there. Silos differ in size by up to 60x: after
-the first round (contiguous shares) each round shares them out by their measured seconds (longest first, each to
-the least loaded worker); which worker trains a silo changes none of its numbers.
+the first round (contiguous shares) they are shared out by their measured seconds (longest first, each to the
+least loaded worker), a plan kept while the round's silos stay the same; which worker trains a silo changes none
+of its numbers.
 
 A waiting worker shows as a busy core (Ray's compiled-graph channels poll, yielding the core to any other work
 there: a loop beside an idle worker on its core ran at full speed). A round equals the local engine's to float
@@ -159,6 +160,7 @@ class EngineWorkers:
         self._program, self._group_size, self._stateful = '', 0, False
         self._graph: Any = None
         self._silo_seconds: dict[str, float] = {}  # Each silo's last seconds on a worker (`_silo_shares`).
+        self._silo_plan: tuple[tuple[str, ...], list[list[int]]] | None = None
         self.last_timings: dict[str, Any] = {}
 
     def __enter__(self) -> EngineWorkers:
@@ -347,7 +349,10 @@ class EngineWorkers:
 
     def _silo_shares(self, client_ids: list[str]) -> list[list[int]]:
         """The round's silos (indices) per worker: contiguous shares while a silo's seconds are unknown (the first
-        round), then the longest silos first, each to the least loaded worker (silos' sizes differ by up to 60x)."""
+        round), then the longest silos first, each to the least loaded worker (silos' sizes differ by up to 60x),
+        kept while the round's silos stay the same (a silo moved to another worker compiles its shapes there)."""
+        if self._silo_plan is not None and self._silo_plan[0] == tuple(client_ids):
+            return self._silo_plan[1]  # Kept while the round's silos are the same: a worker's silos, compiled.
         if any(c not in self._silo_seconds for c in client_ids):
             slices = shares(client_ids, self.num_workers, 1)
             return [list(range(a, b)) for a, b in slices] + [[]] * (self.num_workers - len(slices))
@@ -357,7 +362,8 @@ class EngineWorkers:
             w = min(range(self.num_workers), key=loads.__getitem__)
             parts[w].append(i)
             loads[w] += self._silo_seconds[client_ids[i]]
-        return [sorted(part) for part in parts]
+        self._silo_plan = (tuple(client_ids), [sorted(part) for part in parts])
+        return self._silo_plan[1]
 
     def _silo_round(
         self, process: Any, state: Any, parts: list[list[int]], assignments: list, timings: dict[str, Any]
