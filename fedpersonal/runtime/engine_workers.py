@@ -111,14 +111,16 @@ def _quiet_cancellations(record: logging.LogRecord) -> bool:
 
 
 def _init_ray(ray: Any, address: str | None, kwargs: dict[str, Any], attempts: int = 3) -> None:
-    """`ray.init`; a local start retried when its GCS fails to start: two local Ray starts at the same moment (two
-    runs started together on one machine) can pick the same free port for it."""
+    """`ray.init`; a local start retried when it fails to start: two local Ray starts at the same moment (two runs
+    started together on one machine) can pick the same free port for the GCS ("Failed to start GCS") or time out
+    waiting for each other's processes ("The current node timed out during startup")."""
     for attempt in range(attempts):
         try:
             ray.init(address=address, **kwargs)
             return
-        except RuntimeError as error:
-            if address is not None or attempt + 1 == attempts or 'GCS' not in str(error):
+        except Exception as error:  # pylint: disable=broad-except
+            startup = any(m in str(error) for m in ('GCS', 'timed out during startup', 'failed to startup'))
+            if address is not None or attempt + 1 == attempts or not startup:
                 raise
             with contextlib.suppress(Exception):
                 ray.shutdown()

@@ -244,17 +244,24 @@ def test_what_an_engine_worker_sends_from_a_silo_is_audited():
         assert violations == {f'output {uploads.user_mask.name}', f'output {uploads.item_mask.name}'}
 
 
-def test_a_local_ray_start_whose_gcs_failed_is_retried(monkeypatch):
-    """Two local Ray starts at once can race for the GCS's port ("Failed to start GCS"): retried, not raised; other
-    errors, and a cluster address's, are raised at once."""
+@pytest.mark.parametrize(
+    'failure',
+    [
+        RuntimeError('Failed to start GCS.  Last 0 lines of error files:'),
+        Exception('The current node timed out during startup. This could happen because some of the Ray processes'),
+    ],
+)
+def test_a_local_ray_start_that_failed_to_start_is_retried(monkeypatch, failure):
+    """Two local Ray starts at once can race for the GCS's port or time out waiting for each other's processes:
+    retried, not raised; other errors, and a cluster address's, are raised at once."""
     calls = []
 
     class FakeRay:
         @staticmethod
         def init(address=None, **kwargs):
             calls.append(address)
-            if len(calls) == 1:
-                raise RuntimeError('Failed to start GCS.  Last 0 lines of error files:')
+            if len(calls) == 1 or kwargs.get('bad'):
+                raise failure if not kwargs.get('bad') else ValueError('unknown argument bad')
 
         @staticmethod
         def shutdown():
@@ -264,9 +271,13 @@ def test_a_local_ray_start_whose_gcs_failed_is_retried(monkeypatch):
     engine_workers._init_ray(FakeRay, None, {})  # pylint: disable=protected-access
     assert calls == [None, 'shutdown', None]
     calls.clear()
-    with pytest.raises(RuntimeError, match='GCS'):
+    with pytest.raises(type(failure), match='GCS|startup'):
         engine_workers._init_ray(FakeRay, 'head:6379', {})  # pylint: disable=protected-access
     assert calls == ['head:6379']
+    calls.clear()
+    with pytest.raises(ValueError, match='unknown argument'):
+        engine_workers._init_ray(FakeRay, None, {'bad': True})  # pylint: disable=protected-access
+    assert calls == [None]
 
 
 def test_shares_cover_every_client_once_in_whole_groups():
