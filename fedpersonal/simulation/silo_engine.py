@@ -220,18 +220,12 @@ class SiloRoundRunner:
     def clients(self, received: Any, clients: Sequence[Any], private_states: Sequence[Any]) -> tuple[list, list, Any]:
         """Each client's work (phase 1): its upload and metrics (in client order), and what `update` needs (the
         trained private states, kept on the clients' side)."""
-        functions = self._functions
         received = _tensors(received)
-        if functions.shrink is not None:
-            cut = [functions.shrink(data, private, rows) for data, private in zip(clients, private_states)]
-        else:
-            cut = list(zip(clients, private_states))
+        cut = [self._cut(data, private) for data, private in zip(clients, private_states)]
 
         def client(data, private):
             started = time.perf_counter()
-            data = _tensors(data)
-            noise = self._noise(received, data) if self._noise is not None else None
-            return self._client_phase(received, data, _tensors(private), noise), time.perf_counter() - started
+            return self._client_phase(*self._arguments(received, data, private)), time.perf_counter() - started
 
         # Longest client first (by its first dataset's steps): the round waits for its slowest thread (the largest
         # silo has ~30% of the steps).
@@ -242,19 +236,24 @@ class SiloRoundRunner:
         uploads, client_metrics, trained = ([out[i] for out in outputs] for i in range(3))
         return uploads, client_metrics, (trained, client_metrics, list(private_states))
 
+    def _cut(self, data: Any, private: Any) -> tuple[Any, Any]:
+        """A client's data and private state with its tables cut to the rows it uses (`rows`), when the round cuts."""
+        return self._functions.shrink(data, private, rows) if self._functions.shrink is not None else (data, private)
+
+    def _arguments(self, received: Any, data: Any, private: Any) -> tuple:
+        """The client program's arguments: what it received, its data, private state and upload noise."""
+        data = _tensors(data)
+        noise = self._noise(received, data) if self._noise is not None else None
+        return _tensors(received), data, _tensors(private), noise
+
     def audit_clients(self, state: Any, client: Any, private_state: Any) -> list:
         """The privacy audit (`fedpersonal.privacy.audit.audit_tf_function`) of the client program `clients` runs
         (on an engine worker too), traced on one client: its private-state input labelled private, its upload and
         metrics (what leaves the client's side) checked; its trained state goes only to the clients' store."""
         from fedpersonal.privacy import audit  # pylint: disable=g-import-not-at-top
 
-        received, _ = self.distribute(state)
-        data, private = client, private_state
-        if self._functions.shrink is not None:
-            data, private = self._functions.shrink(client, private_state, rows)
-        noise = self._noise(received, _tensors(data)) if self._noise is not None else None
-        args = (_tensors(received), _tensors(data), _tensors(private))
-        concrete = self._client_phase.get_concrete_function(*args, noise)
+        args = self._arguments(self.distribute(state)[0], *self._cut(client, private_state))
+        concrete = self._client_phase.get_concrete_function(*args)
         first = len(tf.nest.flatten(args[:2]))
         private_inputs = concrete.inputs[first : first + len(tf.nest.flatten(args[2]))]
         uploads, metrics, _ = concrete.structured_outputs
