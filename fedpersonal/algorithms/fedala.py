@@ -12,9 +12,9 @@ As PFLlib (``system/utils/ALA.py``, ``clientala.py``; defaults eta = 1, rand_per
 has no limit), and the slice's start is drawn from a seed and the client's count of aggregations (reproducible).
 
 The client work is a `ClientPlan` whose global phase starts from the aggregation
-(`fedpersonal.core.local_aggregation`), run by the per-client backend; the engine does not run it
-yet (`fedpersonal.backends` falls back with a log line): each client learns W for as many epochs as its own losses
-decide, on a slice of its data drawn each round, where the engine packs every client's steps before the round.
+(`fedpersonal.core.local_aggregation`, its rules defined once), run by every backend: per client over its dataset,
+and on the grouped engine client after client over its packed examples (`fedpersonal.simulation.ala_engine`), since
+each client learns W for as many epochs as its own losses decide.
 """
 
 from __future__ import annotations

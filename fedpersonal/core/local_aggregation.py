@@ -4,8 +4,9 @@
 The client keeps the model it trained last (the plan's personal copy v) and element-wise weights W in [0, 1] for the
 last `layer_idx` trainable tensors; a round starts from the received weights w on the lower tensors and from
 ``v + (w - v) * W`` on those, after W has learned, by projected SGD of learning rate `eta` on a random contiguous
-`rand_percent`% of the client's examples, to lower the loss of that start (`aggregate_locally`, in the per-client
-backend's client computation).
+`rand_percent`% of the client's examples, to lower the loss of that start. The rules (`slice_bounds`, `mix`,
+`mixing_step`, `settled`, `learns`) are defined here once; the per-client backend's loop over the client's dataset is
+`aggregate_locally`, the engine's over its packed examples `fedpersonal.simulation.ala_engine`.
 """
 
 from __future__ import annotations
@@ -77,6 +78,45 @@ class AdaptiveLocalAggregation:
         return self.layer_idx or num_trainable
 
 
+def slice_bounds(ala: AdaptiveLocalAggregation, num_examples: tf.Tensor, aggregations: tf.Tensor):
+    """``(start, size)`` (int64) of the contiguous slice of a client's `num_examples` examples that W learns on, drawn
+    from the seed and the client's count of aggregations."""
+    n = tf.cast(num_examples, tf.int64)
+    size = n * ala.rand_percent // 100
+    seed = tf.stack([tf.constant(ala.seed, tf.int64), tf.cast(aggregations, tf.int64)])
+    return tf.random.stateless_uniform([], seed, 0, n - size + 1, dtype=tf.int64), size
+
+
+def mix(own: Sequence[Any], received: Sequence[Any], mixing: Sequence[Any]) -> list[tf.Tensor]:
+    """The aggregated tensors ``v + (w - v) * W`` of the client's own `v` and the received `w`."""
+    return [v + (w - v) * m for v, w, m in zip(own, received, mixing)]
+
+
+def mixing_step(
+    ala: AdaptiveLocalAggregation, mixing: Sequence[Any], gradients: Sequence[Any], own: Sequence[Any], received
+) -> list[tf.Tensor]:
+    """W after one projected SGD step, from the loss's `gradients` at the aggregated tensors (W's gradient is
+    theirs times ``w - v``)."""
+    return [
+        tf.clip_by_value(m - ala.eta * g * (w - v), 0.0, 1.0) for m, g, w, v in zip(mixing, gradients, received, own)
+    ]
+
+
+def settled(ala: AdaptiveLocalAggregation, losses: tf.Tensor, epoch: tf.Tensor, first: tf.Tensor) -> tf.Tensor:
+    """Whether W's learning stops after `epoch` (from 0) with the epochs' last batch losses `losses`
+    (``[max_epochs]``): after one epoch unless it is the client's `first` aggregation; then once the standard
+    deviation of the last `num_pre_loss` losses is below the threshold (the caller stops at `max_epochs`)."""
+    window = tf.slice(losses, [tf.maximum(epoch + 1 - ala.num_pre_loss, 0)], [ala.num_pre_loss])
+    calm = tf.logical_and(epoch + 1 > ala.num_pre_loss, tf.math.reduce_std(window) < ala.threshold)
+    return tf.logical_or(tf.logical_not(first), calm)
+
+
+def learns(own: Sequence[Any], received: Sequence[Any]) -> tf.Tensor:
+    """Whether a client aggregates: as PFLlib (``sum(w[0] - v[0]) != 0``), not while its copy equals the received
+    weights (before its first round; it then starts from them, W unchanged)."""
+    return tf.reduce_any(tf.not_equal(own[0], received[0]))
+
+
 def aggregate_locally(
     ala: AdaptiveLocalAggregation,
     model: tff.learning.models.ReconstructionModel,
@@ -87,10 +127,10 @@ def aggregate_locally(
     mixing: Sequence[tf.Variable],
     aggregations: tf.Variable,
 ) -> None:
-    """FedALA's start (module docstring), in a client's `tf.function`: `model`'s global weights, holding `received`,
-    become the start; `mixing` (W) and `aggregations` (the client's count of aggregations) are set from `private`
-    (the personal copy's trainable weights then W, its non-trainable ones then the count) and learned. As PFLlib, a
-    client whose copy equals the received weights (before its first round) starts from them, W unchanged."""
+    """FedALA's start (module docstring), in a client's `tf.function` (the per-client backend): `model`'s global
+    weights, holding `received`, become the start; `mixing` (W) and `aggregations` (the client's count of
+    aggregations) are set from `private` (the personal copy's trainable weights then W, its non-trainable ones then
+    the count) and learned."""
     k = len(mixing)
     upper = list(model.global_trainable_variables)[-k:]
     own = list(private.trainable)[:-k]
@@ -103,28 +143,21 @@ def aggregate_locally(
     def step(last: tf.Tensor, batch: Any) -> tf.Tensor:
         with tf.GradientTape() as tape:
             value = batch_loss(batch).loss
-        grads = tape.gradient(value, upper)  # At the start; W's gradient is it times (w - v).
-        weights = [tf.clip_by_value(m - ala.eta * g * (wi - vi), 0.0, 1.0) for m, g, wi, vi in zip(mixing, grads, w, v)]
+        weights = mixing_step(ala, mixing, tape.gradient(value, upper), v, w)
         client_work.assign(mixing, weights)
-        client_work.assign(upper, [vi + (wi - vi) * m for vi, wi, m in zip(v, w, weights)])
+        client_work.assign(upper, mix(v, w, weights))
         return value
 
     def learn() -> tf.Tensor:
         examples = dataset.unbatch()
-        n = examples.reduce(tf.constant(0, tf.int64), lambda c, _: c + 1)
-        size = n * ala.rand_percent // 100
-        seed = tf.stack([tf.constant(ala.seed, tf.int64), tf.cast(aggregations, tf.int64)])
-        start = tf.random.stateless_uniform([], seed, 0, n - size + 1, dtype=tf.int64)
+        start, size = slice_bounds(ala, examples.reduce(tf.constant(0, tf.int64), lambda c, _: c + 1), aggregations)
         subset = examples.skip(start).take(size).batch(ala.batch_size)
-        client_work.assign(upper, [vi + (wi - vi) * m for vi, wi, m in zip(v, w, mixing)])
+        client_work.assign(upper, mix(v, w, mixing))
         first = tf.equal(aggregations, 0)
 
         def epoch(i, losses, done):
-            last = subset.reduce(tf.constant(0.0), step)
-            losses = tf.tensor_scatter_nd_update(losses, [[i]], [last])
-            window = tf.slice(losses, [tf.maximum(i + 1 - ala.num_pre_loss, 0)], [ala.num_pre_loss])
-            settled = tf.logical_and(i + 1 > ala.num_pre_loss, tf.math.reduce_std(window) < ala.threshold)
-            return i + 1, losses, tf.logical_or(tf.logical_not(first), settled)
+            losses = tf.tensor_scatter_nd_update(losses, [[i]], [subset.reduce(tf.constant(0.0), step)])
+            return i + 1, losses, settled(ala, losses, i, first)
 
         i, _, _ = tf.while_loop(
             lambda i, _, done: tf.logical_and(tf.logical_not(done), i < ala.max_epochs),
@@ -134,5 +167,4 @@ def aggregate_locally(
         with tf.control_dependencies([i]):
             return aggregations.assign_add(1)
 
-    differs = tf.reduce_any(tf.not_equal(own[0], received.trainable[0]))  # PFLlib: sum(w[0] - v[0]) != 0.
-    tf.cond(differs, learn, lambda: tf.identity(aggregations))
+    tf.cond(learns(own, received.trainable), learn, lambda: tf.identity(aggregations))

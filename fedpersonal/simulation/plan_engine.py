@@ -24,6 +24,7 @@ from fedpersonal.core import client_plan
 from fedpersonal.core import client_work
 from fedpersonal.core import compose
 from fedpersonal.core import process as process_lib
+from fedpersonal.simulation import ala_engine
 from fedpersonal.simulation import client_loop
 from fedpersonal.simulation import driver
 from fedpersonal.simulation import functional
@@ -44,11 +45,6 @@ def unsupported(
     model_distributor: Any = None,
 ) -> str | None:
     """Why the engine cannot run `plan` with these parts, or None if it can (every engine check, in one place)."""
-    if plan.local_aggregation is not None:  # Not yet in `lockstep`: per-client epoch counts and data slices.
-        return (
-            'The fast simulation engine does not run adaptive local aggregation yet (each client learns its '
-            'aggregation weights for a number of epochs its own losses decide, on a random slice of its data)'
-        )
     try:
         for i, phase in enumerate(plan.phases):
             lockstep.check_optimizer(phase.optimizer, f'the optimizer of phase {i}')
@@ -68,7 +64,10 @@ def _packer(plan: client_plan.ClientPlan, element_spec: Any, group_size: int) ->
     """Packs each phase's batches (its part of the plan's split, or the whole dataset; `Phase.epochs` passes), as
     the per-client backend iterates them."""
     names = tuple(f'phase_{i}' for i in range(len(plan.phases)))
-    return split_packer(plan.split, [(p.data, p.epochs) for p in plan.phases], names, element_spec, group_size)
+    uses = [(p.data, p.epochs) for p in plan.phases]
+    if plan.local_aggregation is not None:  # The examples W learns from: the whole dataset, once.
+        names, uses = names + (ala_engine.PHASE,), uses + [(None, 1)]
+    return split_packer(plan.split, uses, names, element_spec, group_size)
 
 
 def split_packer(
@@ -148,9 +147,11 @@ def build_engine_process(
 
     # The trained globals are needed per client after the global phase only to clip them, or for a later phase
     # that trains on them; else only their weighted sum leaves the client loop.
+    ala = plan.local_aggregation
     keep_globals = (
         dp_clip is not None
         or learned
+        or ala is not None  # The trained model is the client's own.
         or any(client_plan.PERSONAL not in p.trains for p in plan.phases[plan.global_phase + 1 :])
     )
 
@@ -175,7 +176,21 @@ def build_engine_process(
             @tf.function(jit_compile=model.xla, autograph=False)
             def train(uploaded_start, non_trainable, group, private_trainable, private_non_trainable):
                 received = uploaded_start[:num_global]  # With a learned local default, it follows the globals.
-                if plan.personal:  # The model has no local weights: the private state is a copy of its globals.
+                if ala is not None:  # FedALA: the global phase starts from each client's aggregation.
+                    k = ala.count(num_global)
+                    start, statistics, mixing, aggregations = ala_engine.aggregated_starts(
+                        ala,
+                        model,
+                        loss,
+                        received,
+                        private_trainable[:-k],
+                        private_trainable[-k:],
+                        private_non_trainable[-1],
+                        private_non_trainable[:-1],
+                        group[ala_engine.PHASE],
+                    )
+                    weights = functional.Parts(start, statistics, [], [])
+                elif plan.personal:  # The model has no local weights: the private state is a copy of its globals.
                     weights = functional.Parts(received, non_trainable, [], [])
                     # With a mixing weight, alpha is the copy's last trainable entry (see `_Mixed`).
                     personal = functional.Parts(private_trainable, private_non_trainable, [], [])
@@ -256,7 +271,17 @@ def build_engine_process(
                 keep = lambda new, old: tf.where(
                     tf.reshape(finite, [-1] + [1] * (new.shape.rank - 1)), new, tf.cast(old, new.dtype)
                 )
-                if plan.personal:
+                new_trainable: Sequence[Any]
+                new_non_trainable: Sequence[Any]
+                base_non_trainable: Sequence[Any]
+                if ala is not None:  # The trained model, W and the count of aggregations.
+                    new_trainable = [
+                        lockstep.per_client(v, b, clients) for v, b in zip(weights.global_trainable, bases)
+                    ]
+                    new_trainable += mixing
+                    new_non_trainable = list(weights.global_non_trainable) + [aggregations]
+                    base_non_trainable = list(base.global_non_trainable) + [np.int32(0)]
+                elif plan.personal:
                     new_trainable, new_non_trainable = personal.global_trainable, personal.global_non_trainable
                     base_non_trainable = base.global_non_trainable
                 else:

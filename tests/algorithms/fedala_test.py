@@ -1,10 +1,9 @@
-"""FedALA, one client plan: on every backend (the engine falls back to the per-client one, logged) it equals a plain
-eager loop written here (ALA.py's weight learning by hand), its element-wise weights stay within [0, 1] and move,
-the client's model and weights never reach the server, and the aggregated models fit per-client label permutations
-that the global model cannot."""
+"""FedALA, one client plan: on every backend (per-client, the grouped engine with its own weight-learning loop) it
+equals a plain eager loop written here (ALA.py's weight learning by hand), its element-wise weights stay within
+[0, 1] and move, the client's model and weights never reach the server, and the aggregated models fit per-client
+label permutations that the global model cannot."""
 
 import collections
-import logging
 
 import numpy as np
 import pytest
@@ -115,16 +114,14 @@ def reference_round(ala, server, privates, arrays, epochs=1, batch=10):
     return [sum(n * t[k] for n, t in zip(examples, trained)) / total for k in range(len(server))], new_privates
 
 
-def test_the_engine_falls_back_to_the_per_client_backend_and_says_why(caplog):
-    with caplog.at_level(logging.INFO, logger='absl'):  # absl's own level: a binary's test may have raised it.
-        process = build('engine')
-    assert process.simulation == 'per_client'
-    assert 'FedALA runs on the per-client backend' in caplog.text and 'adaptive local aggregation' in caplog.text
+def test_the_engine_runs_it_itself():
+    assert build('engine').simulation == 'engine'
 
 
-def test_it_equals_a_plain_loop():
+@pytest.mark.parametrize('backend', ['per_client', 'engine'])
+def test_it_equals_a_plain_loop(backend):
     arrays = client_arrays(sizes=(23, 30, 17))
-    process = build('per_client')
+    process = build(backend)
     state = process.initialize()
     privates = [process.initial_private_state()] * len(arrays)
     server = [np.asarray(w) for w in process.get_model_weights(state).trainable]
@@ -158,8 +155,9 @@ def test_the_weights_stay_within_0_and_1_move_and_make_the_prediction():
     np.testing.assert_allclose(predicting[2], own[2] + (w[2] - own[2]) * own[4], rtol=1e-6)
 
 
-def test_the_model_and_its_weights_never_reach_the_server():
-    process = build('per_client')  # The engine's process is this one (it falls back).
+@pytest.mark.parametrize('backend', ['per_client', 'engine'])
+def test_the_model_and_its_weights_never_reach_the_server(backend):
+    process = build(backend)
     assert audit.audit_private_dataflow(process.next, private_parameter_index=2) == []
     assert process.next.type_signature.result.private_states.placement is tff.CLIENTS
 

@@ -332,7 +332,8 @@ def test_binary_engine_worker_killed_mid_run_is_named_then_the_rerun_resumes_to_
 
 def test_pfl_benchmark_methods_on_engine_workers_equal_this_process(tmp_path):
     """The PFLlib binary's task with --engine_workers=2 (a stateful method and a step kind's; the stateless path:
-    the FedRecon tests above; shares of two groups and one): the same rows and every metric as in this process."""
+    the FedRecon tests above; FedALA's per-client weight learning; shares of two groups and one): the same rows and
+    every metric as in this process."""
     import dataclasses  # pylint: disable=g-import-not-at-top
     import json  # pylint: disable=g-import-not-at-top
 
@@ -341,7 +342,7 @@ def test_pfl_benchmark_methods_on_engine_workers_equal_this_process(tmp_path):
 
     config = pfl_benchmark.PflBenchmarkConfig(
         **pfl_benchmark_test.SMALL,
-        configurations=('ditto', 'per_fedavg'),
+        configurations=('ditto', 'per_fedavg', 'fedala'),
         total_rounds=2,
         rounds_per_eval=1,
         group_size=2,
@@ -398,9 +399,13 @@ def test_a_method_engine_workers_cannot_run_is_refused_by_name_before_any_worker
     started = []
     monkeypatch.setattr(engine_workers.EngineWorkers, '__enter__', lambda self: started.append(self))
     config = pfl_benchmark.PflBenchmarkConfig(
-        **pfl_benchmark_test.SMALL, configurations=('fedala',), total_rounds=1, output_dir=str(tmp_path)
+        **pfl_benchmark_test.SMALL,
+        configurations=('fedavg',),
+        total_rounds=1,
+        output_dir=str(tmp_path),
+        simulation='per_client',
     )
-    expected = '--engine_workers: FedALA runs on the per_client backend.*run it without --engine_workers'
+    expected = '--engine_workers: FedAvg runs on the per_client backend.*run it without --engine_workers'
     request = engine_workers.Request(2)
     with runtime.LocalRuntime(), engine_workers.requested(request), pytest.raises(errors.ConfigError, match=expected):
         pfl_benchmark.run(config)
