@@ -20,7 +20,6 @@ from typing import Any
 import tensorflow as tf
 import tensorflow_federated as tff
 
-from fedpersonal import errors
 from fedpersonal.models import partially_local_model
 from fedpersonal.simulation import functional
 from fedpersonal.simulation import lockstep
@@ -43,6 +42,9 @@ def auto_strategy(model: Any) -> str:
 def runs(strategy: str, model: Any, *, parts: int, splittable: bool) -> list[tuple[str, int]]:
     """The ``(group work, parts)`` runs of `strategy` (`options.ENGINE_STRATEGIES`) for the round runner
     (`fedpersonal.simulation.driver.GroupRoundRunner`): one, except for ``'measure'``, which times them all.
+    ``'spread'`` (the client loop, a group's clients split over the cores, one program per core) runs only on
+    request or under ``'measure'``: ``'auto'`` never splits, since the client loop given the same cores as threads
+    was as fast (docs/RESULTS.md, "Engine strategies") and a split's sums depend on the number of cores.
 
     Args:
       strategy: ``'auto'``, ``'lockstep'``, ``'client_loop'``, ``'spread'`` or ``'measure'``.
@@ -54,16 +56,11 @@ def runs(strategy: str, model: Any, *, parts: int, splittable: bool) -> list[tup
       fedpersonal.errors.ConfigError: An unknown strategy.
     """
     options.check_engine_strategy(strategy)
-    del parts, splittable  # Used by the spread, disabled below.
+    spread = [(CLIENT_LOOP, parts)] if parts > 1 and splittable else []
     if strategy == options.SPREAD:
-        # Disabled: on two cores, a split group's Ditto and FURL rounds differ from the per-client path (metrics by
-        # up to 0.04, tests/simulation/client_loop_test.py); not yet found. Never silently different results.
-        raise errors.ConfigError(
-            "engine_strategy='spread' is disabled: split groups of stateful plans (Ditto, FURL) do not yet equal the "
-            "per-client path; use 'client_loop' or 'auto'."
-        )
+        return spread or [(CLIENT_LOOP, 1)]
     if strategy == options.MEASURE:
-        return [(LOCKSTEP, 1), (CLIENT_LOOP, 1)]
+        return [(LOCKSTEP, 1), (CLIENT_LOOP, 1)] + spread
     return [(auto_strategy(model) if strategy == options.AUTO else strategy, 1)]
 
 

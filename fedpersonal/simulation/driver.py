@@ -34,6 +34,7 @@ from __future__ import annotations
 import collections
 import concurrent.futures
 import functools
+import queue
 import time
 from collections.abc import Callable
 from collections.abc import Mapping
@@ -111,7 +112,9 @@ class GroupRoundRunner:
     Args:
       group_work: ``(ModelWeights, group) -> (ClientResult, unfinalized metrics)``, a `tf.function` (the
         function the process's TFF client computation wraps), or several such functions by name: strategies
-        that compute the same (e.g. `fedpersonal.simulation.client_loop.STRATEGIES`).
+        that compute the same (e.g. `fedpersonal.simulation.client_loop.STRATEGIES`). A name may map to a list of
+        independent copies (one per part of a split run): the parts of a group run at once, and a work's Keras
+        metrics are variables that one call resets, updates and reads, so two parts never share a copy.
       server_optimizer: The process's TFF server optimizer.
       finalize_metrics: The clients' summed unfinalized metrics -> the round's metrics (e.g.
         `KerasMetricsFinalizer`).
@@ -138,10 +141,21 @@ class GroupRoundRunner:
         runs: Sequence[tuple[str, int]] | None = None,
     ):
         works = dict(group_work) if isinstance(group_work, Mapping) else {'': group_work}
-        self._works = works
+        copies = {name: list(w) if isinstance(w, Sequence) else [w] for name, w in works.items()}
+        self._works = {name: w[0] for name, w in copies.items()}
         runs = list(runs) if runs is not None else [(name, 1) for name in works]
         if aggregation is not None and any(k > 1 for _, k in runs):
             raise ValueError('A group is split into parts only with the mean aggregator.')
+        for name, k in runs:
+            if k > len(copies[name]):
+                raise ValueError(
+                    f'A run of {name!r} in {k} parts needs {k} copies of its group work, got {len(copies[name])}.'
+                )
+        self._free: dict[str, queue.SimpleQueue] = {name: queue.SimpleQueue() for name in copies}
+        for name, w in copies.items():
+            for work in w:
+                self._free[name].put(work)
+        self._copies = copies
         self._runs = {run_name(name, k): (name, k) for name, k in runs}
         self.choice = StrategyChoice(list(self._runs))
         self._pool: concurrent.futures.ThreadPoolExecutor | None = None
@@ -185,7 +199,7 @@ class GroupRoundRunner:
     def traces(self) -> int:
         """How often a group work has been traced (the most of any strategy): once per experiment, as groups are
         padded to fixed shapes."""
-        return max(work.experimental_get_tracing_count() for work in self._works.values())
+        return max(work.experimental_get_tracing_count() for w in self._copies.values() for work in w)
 
     def __call__(
         self,
@@ -219,7 +233,11 @@ class GroupRoundRunner:
 
         def run(k: int) -> Any:
             args = (model_weights, packing.as_tensors(pieces[k]))
-            return self._works[name](*args) if stacked is None else self._works[name](*args, private_pieces[k])
+            work = self._free[name].get()  # A copy no other part is running.
+            try:
+                return work(*args) if stacked is None else work(*args, private_pieces[k])
+            finally:
+                self._free[name].put(work)
 
         if len(pieces) > 1 and parts > 1:
             self._pool = self._pool or concurrent.futures.ThreadPoolExecutor(parts)

@@ -347,7 +347,7 @@ def build_engine_process(
             '%s: engine strategy %s (engine_strategy=%s, %d core(s)).', name, driver.run_name(*runs[0]), strategy, parts
         )
     runner = driver.GroupRoundRunner(
-        {work: build_group_work({}, now=True, strategy=work) for work in dict(runs)},
+        {work: [build_group_work({}, now=True, strategy=work) for _ in range(k)] for work, k in _copies(runs).items()},
         server_optimizer,
         driver.KerasMetricsFinalizer(finalized_metrics),
         measure_communication=measure_communication,
@@ -363,6 +363,14 @@ def build_engine_process(
         aggregate_metrics=compose.keras_metrics(finalizers, tff.learning.metrics.sum_then_finalize),
         backend=round_backend.EngineBackend(packer, runner, stacks_private_states=group_private_type is not None),
     )
+
+
+def _copies(runs: Sequence[tuple[str, int]]) -> dict[str, int]:
+    """How many independent copies of each group work the runs need: one per part of its most split run."""
+    copies: dict[str, int] = {}
+    for work, parts in runs:
+        copies[work] = max(copies.get(work, 1), parts)
+    return copies
 
 
 def _penalty(phase: client_plan.Phase, parts: list[str], slots: dict[str, list[Any]]) -> lockstep.Penalty | None:

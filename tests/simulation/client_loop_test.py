@@ -4,6 +4,8 @@ with the engine pinned to it (``engine_strategy``); the fixed rule of ``'auto'``
 round runner's measured choice of a strategy (``'measure'``)."""
 
 import collections
+import contextlib
+import threading
 from unittest import mock
 
 import numpy as np
@@ -25,7 +27,7 @@ from tests.simulation import ditto_engine_test
 from tests.simulation import furl_engine_test
 
 
-@pytest.fixture(params=['client_loop'])  # 'spread' is disabled (refused: test_the_spread_is_refused).
+@pytest.fixture(params=['client_loop', 'spread'])
 def pinned(request):
     """Every engine process built in the test runs its rounds with the client loop (spread: over 2 cores, 'x2')."""
     original, ran = driver.GroupRoundRunner.__call__, []
@@ -150,13 +152,15 @@ def test_auto_is_a_fixed_rule_of_the_model_and_the_cores():
         strategy, model, parts=parts, splittable=splittable
     )
     assert runs('auto', dense) == [('client_loop', 1)]
-    assert runs('auto', dense, parts=2) == [('client_loop', 1)]  # The spread is disabled.
+    assert runs('auto', dense, parts=2) == [('client_loop', 1)]  # Spread only on request (RESULTS.md).
     assert runs('auto', lookups, parts=2) == [('lockstep', 1)]
     assert runs('lockstep', dense, parts=2) == [('lockstep', 1)]
     assert runs('client_loop', lookups, parts=2) == [('client_loop', 1)]
-    assert runs('measure', dense, parts=2) == [('lockstep', 1), ('client_loop', 1)]
-    with pytest.raises(errors.ConfigError, match="'spread' is disabled"):
-        runs('spread', lookups, parts=2)
+    assert runs('measure', dense, parts=2) == [('lockstep', 1), ('client_loop', 1), ('client_loop', 2)]
+    assert runs('spread', lookups, parts=2) == [('client_loop', 2)]
+    assert (
+        runs('spread', lookups, parts=1) == runs('spread', lookups, parts=2, splittable=False) == [('client_loop', 1)]
+    )
 
 
 def test_model_kinds_the_rule_reads():
@@ -176,8 +180,7 @@ def test_model_kinds_the_rule_reads():
 
 
 def test_auto_reruns_are_bit_identical_and_equal_a_float64_loop(parts=2):
-    """Two processes built alike under 'auto' (here spread over 2 cores: parts run at once on a thread pool) give the
-    same bits, round after round."""
+    """Two processes built alike under 'auto' (with 2 cores allowed) give the same bits, round after round."""
     import tensorflow as tf  # pylint: disable=g-import-not-at-top
     import tensorflow_federated as tff  # pylint: disable=g-import-not-at-top
 
@@ -204,7 +207,7 @@ def test_auto_reruns_are_bit_identical_and_equal_a_float64_loop(parts=2):
                     loss_fn=lambda: tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True),
                     client_optimizer=tff.learning.optimizers.build_sgdm(0.3),
                 )
-            assert process.engine_strategy == 'client_loop'  # Never spread (disabled), whatever the cores.
+            assert process.engine_strategy == 'client_loop'  # 'auto' never spreads, whatever the cores.
             state, weights = process.initialize(), []
             initial = [np.asarray(w, np.float64) for w in process.get_model_weights(state).trainable]
             for _ in range(3):
@@ -233,6 +236,53 @@ def test_auto_reruns_are_bit_identical_and_equal_a_float64_loop(parts=2):
         server = [a - t / total for a, t in zip(server, sums)]
         for got, want in zip(runs[0][r], server):
             np.testing.assert_allclose(got, want, atol=1e-6)
+
+
+def test_parts_that_run_at_once_never_share_a_group_work():
+    """A split group's parts run at once (a thread each); a group work's Keras metrics are variables that a call
+    resets, updates and reads, so two parts sharing one mixed their metrics (Ditto's example counts 8236 for 5640).
+    Here every call waits for a second one to be running, so parts overlap on every round, and each copy of the work
+    must be in one call at a time; the round's metrics equal the unsplit round's."""
+    barrier, busy, shared = threading.Barrier(2, timeout=60), set(), []
+    original = driver.GroupRoundRunner.__init__
+
+    def guarded(work):
+        def call(*args):
+            shared.extend([id(work)] if id(work) in busy else [])
+            busy.add(id(work))
+            try:
+                barrier.wait()  # Both parts inside a work at once.
+                return work(*args)
+            finally:
+                busy.discard(id(work))
+
+        call.experimental_get_tracing_count = work.experimental_get_tracing_count
+        return call
+
+    def init(self, group_work, *args, **kwargs):
+        copies = {name: [guarded(w) for w in works] for name, works in group_work.items()}
+        original(self, copies, *args, **kwargs)
+
+    data = ditto_engine_test.datasets([9, 4, 7, 12, 5, 8], seed=3)
+    metrics = {}
+    for strategy in ('client_loop', 'spread'):
+        patches = [mock.patch.object(options, 'parallel_parts', return_value=2)]
+        if strategy == 'spread':
+            patches.append(mock.patch.object(driver.GroupRoundRunner, '__init__', init))
+        with contextlib.ExitStack() as stack, backends.use('engine', strategy=strategy):
+            for patch in patches:
+                stack.enter_context(patch)
+            process = ditto_engine_test.ditto.build_ditto(
+                ditto_engine_test.model_fn, element_spec=ditto_engine_test.SPEC, lam=0.3, group_size=3
+            )
+            state, personal = process.initialize(), [process.initial_private_state()] * len(data)
+            for _ in range(2):
+                output = process.run_round(state, data, personal)
+                state, personal = output.state, list(output.private_states)
+            metrics[strategy] = output.metrics['client_work']['train']
+            assert process.backend.round_runner.strategy == ('client_loop x2' if strategy == 'spread' else strategy)
+    assert not shared
+    assert metrics['spread'] == pytest.approx(metrics['client_loop'], rel=1e-6)
 
 
 def test_each_strategy_is_timed_on_its_second_round_and_a_clearly_faster_one_runs_the_rest():
