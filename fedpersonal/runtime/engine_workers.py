@@ -52,6 +52,7 @@ with engine_workers.EngineWorkers(recipe, workers=2):
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import contextvars
 import dataclasses
@@ -68,6 +69,7 @@ from fedpersonal.runtime import worker_actor
 from fedpersonal.runtime.worker_actor import check_runs_on_workers  # Part of this module's API.
 
 _ROUND_TIMEOUT_S = 7 * 24 * 3600
+_SILO_PLANS = 4  # Silo plans kept (the round's, a lone silo's rerun's, ...).
 
 _active: contextvars.ContextVar[EngineWorkers | None] = contextvars.ContextVar(
     'fedpersonal_engine_workers', default=None
@@ -162,7 +164,8 @@ class EngineWorkers:
         self._program, self._group_size, self._stateful = '', 0, False
         self._graph: Any = None
         self._silo_seconds: dict[str, float] = {}  # Each silo's last seconds on a worker (`_silo_shares`).
-        self._silo_plan: tuple[tuple[str, ...], list[list[int]]] | None = None
+        # The silo plans of the last few silo sets (a lone silo's rerun does not replace the round's plan).
+        self._silo_plans: collections.OrderedDict[tuple[str, ...], list[list[int]]] = collections.OrderedDict()
         self.last_timings: dict[str, Any] = {}
 
     def __enter__(self) -> EngineWorkers:
@@ -353,8 +356,11 @@ class EngineWorkers:
         """The round's silos (indices) per worker: contiguous shares while a silo's seconds are unknown (the first
         round), then the longest silos first, each to the least loaded worker (silos' sizes differ by up to 60x),
         kept while the round's silos stay the same (a silo moved to another worker compiles its shapes there)."""
-        if self._silo_plan is not None and self._silo_plan[0] == tuple(client_ids):
-            return self._silo_plan[1]  # Kept while the round's silos are the same: a worker's silos, compiled.
+        if (
+            tuple(client_ids) in self._silo_plans
+        ):  # Kept while the round's silos are the same: a worker's silos, compiled.
+            self._silo_plans.move_to_end(tuple(client_ids))
+            return self._silo_plans[tuple(client_ids)]
         if any(c not in self._silo_seconds for c in client_ids):
             slices = shares(client_ids, self.num_workers, 1)
             return [list(range(a, b)) for a, b in slices] + [[]] * (self.num_workers - len(slices))
@@ -364,8 +370,10 @@ class EngineWorkers:
             w = min(range(self.num_workers), key=loads.__getitem__)
             parts[w].append(i)
             loads[w] += self._silo_seconds[client_ids[i]]
-        self._silo_plan = (tuple(client_ids), [sorted(part) for part in parts])
-        return self._silo_plan[1]
+        self._silo_plans[tuple(client_ids)] = [sorted(part) for part in parts]
+        while len(self._silo_plans) > _SILO_PLANS:
+            self._silo_plans.popitem(last=False)
+        return self._silo_plans[tuple(client_ids)]
 
     def _silo_round(
         self, process: Any, state: Any, parts: list[list[int]], assignments: list, timings: dict[str, Any]

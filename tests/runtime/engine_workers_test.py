@@ -289,6 +289,19 @@ def test_shares_cover_every_client_once_in_whole_groups():
             assert all((b - a) % 4 == 0 for a, b in slices[:-1])
 
 
+def test_silos_go_longest_first_to_the_least_loaded_worker_and_a_lone_silo_rerun_keeps_the_plan():
+    workers = engine_workers.EngineWorkers(lambda: None, workers=2)
+    ids = ['a', 'b', 'c', 'd']
+    assert workers._silo_shares(ids) == [[0, 1], [2, 3]]  # No seconds measured yet: contiguous shares.
+    workers._silo_seconds.update(a=4.0, b=1.0, c=3.0, d=2.0)
+    plan = workers._silo_shares(ids)
+    assert plan == [[0, 1], [2, 3]]  # a (4) to worker 0, c (3) and d (2) to worker 1, b (1) to worker 0.
+    workers._silo_seconds.update(a=100.0, b=0.5)
+    assert workers._silo_shares(['c']) == [[0], []]  # A lone silo's rerun (the non-finite check) ...
+    assert workers._silo_shares(ids) == plan  # ... keeps the round's plan: its silos stay where they compiled.
+    assert workers._silo_shares(ids[:3]) == [[0], [1, 2]]  # Another set of silos: planned from the new seconds.
+
+
 def test_binary_engine_worker_killed_mid_run_is_named_then_the_rerun_resumes_to_the_local_results(
     tmp_path, monkeypatch, capsys
 ):
