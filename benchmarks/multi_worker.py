@@ -1,7 +1,8 @@
-"""Seconds per FedRecon MovieLens round on one core, on engine workers (one core each) and on TFF's workers.
+"""Seconds per FedRecon MovieLens round on one core, on engine workers (one core each) and on TFF's workers; and a
+stateful round (FURL) on one core and on two engine workers.
 
   python benchmarks/multi_worker.py [--rounds 5] [--engine_passes 4] [--clients_per_round 100] [--tff_workers 1,2]
-      [--output FILE]
+      [--workloads mf,furl] [--furl_clients_per_round 100] [--output FILE]
 
 The round is `simulation_workloads.mf_setup`'s (the reference's MovieLens-shaped MF FedRecon round, dim 50, 3,700
 items, 50 + 10 SGD steps of batch 5) with ``--clients_per_round`` clients and ``--group_size`` clients per engine
@@ -20,6 +21,12 @@ against ``engine_local_1core``'s.
 * ``tff_local``: `process.next` in TFF's local runtime (its worker_binary: the groups without XLA);
 * ``tff_workers_N``: `process.run_round` inside `fedpersonal.runtime.DistributedRuntime` on N TFF workers
   (`scripts/start_workers.sh`), worker k pinned to core k mod 2.
+
+``furl_engine_local_1core`` / ``furl_engine_workers_2``: FURL's round (`simulation_workloads.furl_setup`: the FURL
+task's ASSISTments configuration, ``--furl_clients_per_round`` of its users in groups of ``--group_size``), a
+stateful process: every client's private
+state (its user embedding) goes to the worker that trains it and comes back to this process's store each round;
+``max_abs_diff_vs_local`` then also covers every private state the rounds produced.
 
 ``model``: the engine workers' round as per-worker compute plus fixed costs, measured in the engine-worker rows
 (`EngineWorkers.last_timings`: the workers' own share seconds, the driver's sending, the rest; see `_model`),
@@ -52,24 +59,33 @@ _CLIENTS = flags.DEFINE_integer('clients_per_round', 100, 'Clients per round (of
 _GROUP_SIZE = flags.DEFINE_integer('group_size', 25, 'Clients per engine group.')
 _TFF_WORKERS = flags.DEFINE_list('tff_workers', ['1', '2'], "Worker counts of the TFF-worker rows ('' for none).")
 _BASE_PORT = flags.DEFINE_integer('base_port', 18200, 'First port of the loopback TFF workers.')
+_FURL_CLIENTS = flags.DEFINE_integer('furl_clients_per_round', 100, "Clients per FURL round (of ASSISTments' users).")
+_WORKLOADS = flags.DEFINE_list('workloads', ['mf', 'furl'], 'Workloads: mf (every row, the model), furl (stateful).')
 
 
-def _setup():
+def _setup(workload: str = 'mf'):
     sys.path.insert(0, os.path.join(_REPO, 'benchmarks'))
     import simulation_workloads
 
+    if workload == 'furl':
+        setup = simulation_workloads.furl_setup(group_size=_GROUP_SIZE.value)
+        return dataclasses.replace(setup, clients_per_round=_FURL_CLIENTS.value)
     setup = simulation_workloads.mf_setup(group_size=_GROUP_SIZE.value)
     return dataclasses.replace(setup, clients_per_round=_CLIENTS.value)
 
 
-def _recipe(clients: int, group_size: int):
+def _recipe(clients: int, group_size: int, workload: str = 'mf'):
     """What every engine worker builds (module-level, so that Ray pickles it by reference)."""
     from fedpersonal.runtime import engine_workers
 
     sys.path.insert(0, os.path.join(_REPO, 'benchmarks'))
     import simulation_workloads
 
-    setup = simulation_workloads.mf_setup(group_size=group_size)
+    del clients
+    if workload == 'furl':
+        setup = simulation_workloads.furl_setup(group_size=group_size)
+    else:
+        setup = simulation_workloads.mf_setup(group_size=group_size)
     process, _ = setup.build_fedpersonal('engine')
     return engine_workers.WorkerSetup(process, setup.dataset_fn)
 
@@ -102,31 +118,40 @@ def _run(setup, rounds: int, use_next: bool, workers=None, passes: int = 1) -> d
 
     process, _ = setup.build_fedpersonal('engine')
     seconds, timings = [], []
+    private: dict = {}  # A stateful process's private states by client id (this process's store).
     # The rounds once untimed (data materialized, programs compiled), then timed `passes` times from the start.
     for timed in (False, *[True] * passes):
-        state = process.initialize()
+        state, private = process.initialize(), {}
         for r in range(rounds):
             ids = setup.sample(r)
             datasets = process_lib.LazyDatasets(ids, setup.dataset_fn)
+            states = [private.get(c) or process.initial_private_state() for c in ids] if process.stateful else None
             if use_next:
                 data = process.backend.pack(datasets, client_ids=ids)
                 t = time.perf_counter()
                 state = process.next(state, data).state
             else:
                 t = time.perf_counter()
-                state = process.run_round(state, datasets, client_ids=ids).state
+                output = process.run_round(state, datasets, states, client_ids=ids)
+                state = output.state
+                if process.stateful:
+                    private.update(zip(ids, output.private_states))
             if timed:
                 seconds.append(time.perf_counter() - t)
                 if workers is not None:
                     timings.append(workers.last_timings)
                 print(f'  round {r}: {seconds[-1]:.4f} s', flush=True)
     weights = [np.asarray(w) for w in tf.nest.flatten(process.get_model_weights(state).trainable)]
+    for c in sorted(private):  # Every private state the last pass left, in client order.
+        weights += [np.asarray(w) for w in tf.nest.flatten(private[c])]
     row = dict(seconds_per_round=float(np.median(seconds)), seconds=seconds, weights=weights)
     if timings:
         row['timings'] = {
             key: float(np.median([np.max(t[key]) for t in timings]))
             for key in ('round_s', 'submit_s', 'shares_s', 'wait_s', 'finish_s')
         }
+        # The faster worker's share: with the slower one's, how evenly whole groups shared the round's work.
+        row['timings']['fastest_share_s'] = float(np.median([np.min(t['shares_s']) for t in timings]))
     return row
 
 
@@ -191,49 +216,64 @@ def main(argv):
     from fedpersonal.runtime import engine_workers
 
     setup, rows = _setup(), {}
-    print('engine_local_1core', flush=True)
-    with runtime.LocalRuntime():
-        rows['engine_local_1core'] = dict(
-            workers=0, **_run(setup, _ROUNDS.value, use_next=False, passes=_ENGINE_PASSES.value)
-        )
-    recipe = functools.partial(_recipe, _CLIENTS.value, _GROUP_SIZE.value)
-    for n, cores in ((1, [1]), (2, [0, 1])):
-        print(f'engine_workers_{n}', flush=True)
-        with runtime.LocalRuntime(), engine_workers.EngineWorkers(recipe, workers=n, cores=cores) as workers:
-            row = _run(setup, _ROUNDS.value, use_next=False, workers=workers, passes=_ENGINE_PASSES.value)
-            rows[f'engine_workers_{n}'] = dict(workers=n, **row)
-            if n == 1:
-                process, _ = setup.build_fedpersonal('engine')
-                rows['engine_workers_1']['send_per_client_s'] = _send_per_client(
-                    process.initialize().global_model_weights
-                )
-    print('tff_local', flush=True)
-    with runtime.LocalRuntime():
-        rows['tff_local'] = dict(workers=0, **_run(setup, _ROUNDS.value, use_next=True))
-    for n in [int(x) for x in _TFF_WORKERS.value if x]:
-        print(f'tff_workers_{n}', flush=True)
-        proc, addresses = _start_tff_workers(n, _BASE_PORT.value)
-        try:
-            with runtime.DistributedRuntime(addresses):
-                rows[f'tff_workers_{n}'] = dict(workers=n, **_run(setup, _ROUNDS.value, use_next=False))
-        finally:
-            _stop(proc)
-    reference = rows['engine_local_1core']['weights']
-    for row in rows.values():
-        weights = row.pop('weights')
+    if 'mf' in _WORKLOADS.value:
+        print('engine_local_1core', flush=True)
+        with runtime.LocalRuntime():
+            rows['engine_local_1core'] = dict(
+                workers=0, **_run(setup, _ROUNDS.value, use_next=False, passes=_ENGINE_PASSES.value)
+            )
+        recipe = functools.partial(_recipe, _CLIENTS.value, _GROUP_SIZE.value)
+        for n, cores in ((1, [1]), (2, [0, 1])):
+            print(f'engine_workers_{n}', flush=True)
+            with runtime.LocalRuntime(), engine_workers.EngineWorkers(recipe, workers=n, cores=cores) as workers:
+                row = _run(setup, _ROUNDS.value, use_next=False, workers=workers, passes=_ENGINE_PASSES.value)
+                rows[f'engine_workers_{n}'] = dict(workers=n, **row)
+                if n == 1:
+                    process, _ = setup.build_fedpersonal('engine')
+                    rows['engine_workers_1']['send_per_client_s'] = _send_per_client(
+                        process.initialize().global_model_weights
+                    )
+        print('tff_local', flush=True)
+        with runtime.LocalRuntime():
+            rows['tff_local'] = dict(workers=0, **_run(setup, _ROUNDS.value, use_next=True))
+        for n in [int(x) for x in _TFF_WORKERS.value if x]:
+            print(f'tff_workers_{n}', flush=True)
+            proc, addresses = _start_tff_workers(n, _BASE_PORT.value)
+            try:
+                with runtime.DistributedRuntime(addresses):
+                    rows[f'tff_workers_{n}'] = dict(workers=n, **_run(setup, _ROUNDS.value, use_next=False))
+            finally:
+                _stop(proc)
+    if 'furl' in _WORKLOADS.value:
+        furl = _setup('furl')
+        print('furl_engine_local_1core', flush=True)
+        with runtime.LocalRuntime():
+            rows['furl_engine_local_1core'] = dict(
+                workers=0, **_run(furl, _ROUNDS.value, use_next=False, passes=_ENGINE_PASSES.value)
+            )
+        print('furl_engine_workers_2', flush=True)
+        recipe = functools.partial(_recipe, _CLIENTS.value, _GROUP_SIZE.value, 'furl')
+        with runtime.LocalRuntime(), engine_workers.EngineWorkers(recipe, workers=2, cores=[0, 1]) as workers:
+            row = _run(furl, _ROUNDS.value, use_next=False, workers=workers, passes=_ENGINE_PASSES.value)
+            rows['furl_engine_workers_2'] = dict(workers=2, **row)
+    for name, row in rows.items():  # Against the local row of the same workload.
+        local = rows['furl_engine_local_1core' if name.startswith('furl') else 'engine_local_1core']
+        weights, reference = row['weights'], local['weights']
+        assert len(weights) == len(reference), name
         row['max_abs_diff_vs_local'] = float(max(np.max(np.abs(a - b)) for a, b in zip(weights, reference)))
-    local = rows['engine_local_1core']['seconds_per_round']
+        row['throughput_vs_1core'] = local['seconds_per_round'] / row['seconds_per_round']
     for row in rows.values():
-        row['throughput_vs_1core'] = local / row['seconds_per_round']
+        del row['weights']
     result = dict(
         command='python benchmarks/multi_worker.py ' + ' '.join(shlex.quote(a) for a in sys.argv[1:]),
         workload=(
             f'mf (simulation_workloads.mf_setup): {_CLIENTS.value} clients per round, engine groups of '
-            f'{_GROUP_SIZE.value}; every process on one core with one TensorFlow thread'
+            f"{_GROUP_SIZE.value}; furl rows: simulation_workloads.furl_setup (the FURL task's ASSISTments "
+            f'configuration, {_FURL_CLIENTS.value} users per round in the same groups); every process on one core with one TensorFlow thread'
         ),
         machine=f'{os.cpu_count()} cores',
         rows=[dict(name=name, **row) for name, row in rows.items()],
-        model=_model(rows, _CLIENTS.value),
+        model=_model(rows, _CLIENTS.value) if 'engine_workers_1' in rows else None,
     )
     os.makedirs(os.path.dirname(_OUTPUT.value) or '.', exist_ok=True)
     with open(_OUTPUT.value, 'w') as f:
@@ -245,7 +285,8 @@ def main(argv):
             f'| {r["name"]} | {r["workers"]} | {r["seconds_per_round"]:.4f} | {r["throughput_vs_1core"]:.2f} | '
             f'{r["max_abs_diff_vs_local"]:.2e} |'
         )
-    print(json.dumps(result['model'], indent=1))
+    if result['model'] is not None:
+        print(json.dumps(result['model'], indent=1))
 
 
 if __name__ == '__main__':

@@ -257,8 +257,9 @@ def furl_config():
     return _assist_config(furl_personalization.FurlConfig, 'furl_assistments.flags')
 
 
-def furl_setup() -> Setup:
-    """FURL (personalized FL row of the FURL task) on its ASSISTments configuration."""
+def furl_setup(group_size: int | None = None) -> Setup:
+    """FURL (personalized FL row of the FURL task) on its ASSISTments configuration (`group_size`: the engine's
+    clients per group, default the configuration's)."""
     from fedpersonal.algorithms import furl
     from fedpersonal.algorithms import optimizers
     from fedpersonal.tasks import furl_personalization
@@ -277,7 +278,7 @@ def furl_setup() -> Setup:
             server_optimizer=optimizers.build_optimizer(config.server_optimizer, config.server_learning_rate),
             client_epochs=config.client_epochs,
             private_norm_regularization=config.private_norm_regularization,
-            group_size=config.group_size,
+            group_size=group_size or config.group_size,
         )
         return furl.build_furl(model_fn, simulation=simulation, **kwargs), {'simulation_arg': True}
 
