@@ -28,9 +28,17 @@ from typing import Any
 from typing import NamedTuple
 from typing import Protocol
 
+import numpy as np
+import tensorflow as tf
 import tensorflow_federated as tff
 
 from fedpersonal import errors
+
+
+def as_numpy(structure: Any) -> Any:
+    """`structure` with every tensor (and array-like leaf) as a numpy array: what a backend returns to the caller and
+    what travels between processes."""
+    return tf.nest.map_structure(np.asarray, structure)
 
 
 class LazyDatasets(Sequence):

@@ -51,10 +51,9 @@ def copied(value: Any) -> Any:
 
 def as_numpy(value: Any) -> Any:
     """`value` with every tensor in it as a numpy array (what travels between driver and workers)."""
-    import numpy as np  # pylint: disable=g-import-not-at-top
-    import tensorflow as tf  # pylint: disable=g-import-not-at-top
+    from fedpersonal.core import process  # pylint: disable=g-import-not-at-top
 
-    return tf.nest.map_structure(np.asarray, value)
+    return process.as_numpy(value)
 
 
 def _set_affinity(core: int) -> None:

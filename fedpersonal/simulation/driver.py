@@ -54,10 +54,6 @@ from fedpersonal.simulation.packing import stack_per_group as stack_per_group
 from fedpersonal.simulation.packing import unstack as unstack
 
 
-def _numpy(structure: Any) -> Any:
-    return tf.nest.map_structure(lambda t: t.numpy() if hasattr(t, 'numpy') else np.asarray(t), structure)
-
-
 class KerasMetricsFinalizer:
     """`tff.learning.metrics.sum_then_finalize`'s finalization of summed Keras metric variables, run eagerly.
 
@@ -102,7 +98,8 @@ def _as_tensors(weights: Any) -> tff.learning.models.ModelWeights:
 def finalize_ratios(sums: Any) -> collections.OrderedDict:
     """`fedpersonal.core.compose.ratio_metrics`' finalization of summed ``[numerator, denominator]`` pairs."""
     return collections.OrderedDict(
-        (k, _numpy(v[0] if k == 'num_examples' else v[0] / tf.maximum(v[1], 1.0))) for k, v in sums.items()
+        (k, process_lib.as_numpy(v[0] if k == 'num_examples' else v[0] / tf.maximum(v[1], 1.0)))
+        for k, v in sums.items()
     )
 
 
@@ -298,12 +295,15 @@ class GroupRoundRunner:
             if stacked is not None:
                 private += unstack(new[0], group_clients(group))
         self.choice.record(self.choice.next(), time.perf_counter() - started)
-        partial: dict[str, Any] = {'metrics': _numpy(metric_sums)}
+        partial: dict[str, Any] = {'metrics': process_lib.as_numpy(metric_sums)}
         if self._aggregation is not None:
-            partial['results'] = [(_numpy(u), np.float32(_numpy(w))) for u, w in outputs]
+            partial['results'] = [(process_lib.as_numpy(u), np.float32(process_lib.as_numpy(w))) for u, w in outputs]
         else:  # Summed in one compiled program, as the local round's server step sums the groups.
             update, weight = self._weighted_sum([u for u, _ in outputs], [w for _, w in outputs])
-            partial['update'], partial['weight'] = _numpy(update), np.float32(_numpy(weight))
+            partial['update'], partial['weight'] = (
+                process_lib.as_numpy(update),
+                np.float32(process_lib.as_numpy(weight)),
+            )
         partial['private'] = private[: len(private_states)] if private_states is not None else None
         return partial
 
@@ -343,7 +343,9 @@ class GroupRoundRunner:
     def _aggregate(self, state: Any, model_weights: Any, results: Sequence[tuple[Any, Any]]) -> tuple:
         assert self._aggregation is not None
         aggregated = self._aggregation.next(
-            state.aggregator, [list(_numpy(u)) for u, _ in results], [np.float32(_numpy(w)) for _, w in results]
+            state.aggregator,
+            [list(process_lib.as_numpy(u)) for u, _ in results],
+            [np.float32(process_lib.as_numpy(w)) for _, w in results],
         )
         server = self._apply_update(
             state.finalizer, list(model_weights.trainable), [tf.convert_to_tensor(u) for u in aggregated.result]
@@ -363,18 +365,19 @@ class GroupRoundRunner:
         aggregator_state, aggregator_metrics, optimizer_state, trainable, measurements = aggregated
         new_state = tff.learning.templates.LearningAlgorithmState(
             global_model_weights=tff.learning.models.ModelWeights(
-                trainable=_numpy(trainable), non_trainable=_numpy(list(model_weights.non_trainable))
+                trainable=process_lib.as_numpy(trainable),
+                non_trainable=process_lib.as_numpy(list(model_weights.non_trainable)),
             ),
             distributor=state.distributor,
             client_work=state.client_work,
             aggregator=aggregator_state,
-            finalizer=_numpy(optimizer_state),
+            finalizer=process_lib.as_numpy(optimizer_state),
         )
         metrics = collections.OrderedDict(
             distributor=(),
             client_work=collections.OrderedDict(train=self._finalize_metrics(metric_sums)),
             aggregator=aggregator_metrics,
-            finalizer=_numpy(measurements),
+            finalizer=process_lib.as_numpy(measurements),
         )
         if self._measure_communication:
             metrics.update(_communication(model_weights, list(update), num_clients or 0))

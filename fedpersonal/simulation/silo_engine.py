@@ -145,10 +145,6 @@ def _padded(batches: list[Any], spec: Any, steps: int, batch: int) -> client_wor
     return client_work.PaddedBatches(arrays, np.int32(len(batches)))
 
 
-def _numpy(structure: Any) -> Any:
-    return tf.nest.map_structure(lambda t: np.asarray(t), structure)
-
-
 def _tensors(structure: Any) -> Any:
     return tf.nest.map_structure(tf.convert_to_tensor, structure)  # Numpy scalars as arguments would retrace.
 
@@ -279,18 +275,21 @@ class SiloRoundRunner:
             value = _tensors(value)
             trained = list(self._pool.map(lambda t, m: self._update_phase(value, t, m), trained, client_metrics))
         if self._functions.restore is not None:
-            return [self._functions.restore(full, _numpy(t)) for full, t in zip(private_states, trained)]
-        return [_numpy(t) for t in trained]
+            return [self._functions.restore(full, process_lib.as_numpy(t)) for full, t in zip(private_states, trained)]
+        return [process_lib.as_numpy(t) for t in trained]
 
     def output(self, state: Any, distributor_state: Any, server: tuple, new_states: list) -> process_lib.ProcessOutput:
         """The round's output from the server step's results and the clients' new private states."""
         new_weights, server_state, train_metrics, measurements, _ = server
         new_state = state._replace(
             global_model_weights=tff.learning.models.ModelWeights(
-                trainable=_numpy(list(new_weights.trainable)), non_trainable=_numpy(list(new_weights.non_trainable))
+                trainable=process_lib.as_numpy(list(new_weights.trainable)),
+                non_trainable=process_lib.as_numpy(list(new_weights.non_trainable)),
             ),
-            distributor=_numpy(distributor_state),
-            aggregator=_numpy(server_state),
+            distributor=process_lib.as_numpy(distributor_state),
+            aggregator=process_lib.as_numpy(server_state),
         )
-        metrics = collections.OrderedDict(distributor=(), client_work=_numpy(train_metrics), **_numpy(measurements))
+        metrics = collections.OrderedDict(
+            distributor=(), client_work=process_lib.as_numpy(train_metrics), **process_lib.as_numpy(measurements)
+        )
         return process_lib.ProcessOutput(state=new_state, metrics=metrics, private_states=new_states)
