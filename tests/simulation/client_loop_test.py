@@ -27,8 +27,7 @@ from tests.simulation import ditto_engine_test
 from tests.simulation import furl_engine_test
 
 
-@pytest.fixture(params=['client_loop', 'spread'])
-def pinned(request):
+def _pinned(request):
     """Every engine process built in the test runs its rounds with the client loop (spread: over 2 cores, 'x2')."""
     original, ran = driver.GroupRoundRunner.__call__, []
 
@@ -42,14 +41,19 @@ def pinned(request):
         backends.use('engine', strategy=request.param),
     ):
         yield request.param
-    # An engine round ran, with the pinned strategy (DP groups are never split).
+    # An engine round ran, with the pinned strategy.
     assert ran and set(ran) <= {'client_loop', 'client_loop x2' if request.param == 'spread' else 'client_loop'}
-    dp = request.node.name.startswith('test_fixed_clip_dp')  # Its groups are never split.
-    assert request.param == 'client_loop' or dp or 'client_loop x2' in ran
+    assert request.param == 'client_loop' or 'client_loop x2' in ran
+
+
+# Split groups (the spread) where the parts' results are reassembled per client: stateful plans and FedAvg's sums.
+pinned = pytest.fixture(params=['client_loop', 'spread'], name='pinned')(_pinned)
+# The client loop alone (the plan's arithmetic; a DP aggregator's groups are never split).
+pinned_loop = pytest.fixture(params=['client_loop'], name='pinned_loop')(_pinned)
 
 
 @pytest.mark.parametrize('name', ['fedper', 'fedrep'])
-def test_fedper_and_fedrep_equal_a_plain_loop(pinned, name):
+def test_fedper_and_fedrep_equal_a_plain_loop(pinned_loop, name):
     model = fedper_fedrep_test.model_fn()
     initial = (
         [v.numpy() for v in model.global_trainable_variables],
@@ -75,7 +79,7 @@ def test_a_non_finite_client_is_dropped_and_keeps_its_private_state(pinned):
     furl_engine_test.test_non_finite_client_keeps_its_previous_private_state_and_is_dropped()
 
 
-def test_fixed_clip_dp_clips_each_client(pinned):
+def test_fixed_clip_dp_clips_each_client(pinned_loop):
     furl_engine_test.test_fixed_clip_dp_clips_each_logical_client_like_the_per_client_path()
 
 
@@ -83,12 +87,12 @@ def test_fed_avg_equals_tff(pinned):
     fed_avg_test.test_fed_avg_equals_tff_weighted_fed_avg('engine')
 
 
-def test_fed_recon_equals_tff_and_algorithm_1_by_hand(pinned):
+def test_fed_recon_equals_tff_and_algorithm_1_by_hand(pinned_loop):
     fed_recon_test.test_round_matches_tff_reference_implementation('engine')
     fed_recon_test.test_one_round_matches_algorithm_1_by_hand()
 
 
-def test_fed_recon_with_a_learned_local_default_equals_the_per_client_path(pinned):
+def test_fed_recon_with_a_learned_local_default_equals_the_per_client_path(pinned_loop):
     users, items = fed_recon_test.true_factors(4, shared_user=True)
     data = [fed_recon_test.client_dataset(users[i], items) for i in range(4)]
     weights = {}
@@ -109,7 +113,7 @@ def test_fed_recon_with_a_learned_local_default_equals_the_per_client_path(pinne
         np.testing.assert_allclose(a, b, atol=1e-5)
 
 
-def test_fedbn_and_fedbabu_equal_a_plain_loop(pinned):
+def test_fedbn_and_fedbabu_equal_a_plain_loop(pinned_loop):
     fedbn_fedbabu_test.test_fedbabu_equals_a_plain_loop_with_the_head_frozen_at_its_initial_values('engine')
     # FedBN as its test runs it, compared to float32 precision: the moving variances reach ~40 (rtol 1e-6).
     test = fedbn_fedbabu_test
