@@ -140,6 +140,45 @@ def test_it_equals_a_plain_loop(backend):
     assert ALA.num_pre_loss + 1 < min(first) < max(first) == ALA.max_epochs, first
 
 
+def test_batch_norm_statistics_learn_on_through_the_aggregation_on_both_backends_alike():
+    """Batch norm's moving statistics update on every weight-learning step (training mode), then in training: the
+    engine carries them per client through both, as the per-client backend's variables hold them."""
+
+    def bn_model():
+        init = tf.keras.initializers.GlorotUniform
+        return tf.keras.Sequential(
+            [
+                tf.keras.Input([DIM]),
+                tf.keras.layers.Dense(HIDDEN, use_bias=False, kernel_initializer=init(seed=1)),
+                tf.keras.layers.BatchNormalization(momentum=0.5),
+                tf.keras.layers.ReLU(),
+                tf.keras.layers.Dense(NUM_CLASSES, kernel_initializer=init(seed=2)),
+            ]
+        )
+
+    arrays = client_arrays(sizes=(23, 30, 17))
+    runs = {}
+    for backend in ('per_client', 'engine'):
+        with backends.use(backend):
+            process = fedala.build_fedala(
+                bn_model,
+                element_spec=SPEC,
+                client_optimizer=tff.learning.optimizers.build_sgdm(LR),
+                server_optimizer=tff.learning.optimizers.build_sgdm(1.0),
+                aggregation=ALA,
+            )
+        assert process.simulation == backend
+        state, privates = run(process, arrays, 3)
+        weights = process.get_model_weights(state)
+        runs[backend] = list(weights.trainable) + [
+            t for p in privates for t in list(p.trainable) + list(p.non_trainable)
+        ]
+    moved = runs['engine'][-2]  # A client's moving variance, learned away from its initial ones.
+    assert not np.allclose(moved, 1.0)
+    for a, b in zip(runs['per_client'], runs['engine']):
+        np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-5)
+
+
 def test_the_weights_stay_within_0_and_1_move_and_make_the_prediction():
     arrays = client_arrays(seed=1, sizes=(40,) * 3)
     process = build('per_client')
