@@ -481,8 +481,8 @@ class SimulationConfig:
         'auto',
         "Engine: how a group's clients run. 'auto': a fixed rule from the model (a compiled loop over clients for "
         "dense, convolutional and recurrent models; 'lockstep' for embedding-only "
-        "models); 'lockstep' (every client's step at once, vectorized), 'client_loop' pin one ('spread', the loop "
-        "split over the cores, is disabled: refused); 'measure' times them on the first rounds and keeps the fastest "
+        "models); 'lockstep' (every client's step at once, vectorized), 'client_loop', 'spread' (the loop, a group's "
+        "clients split over the cores) pin one; 'measure' times them on the first rounds and keeps the fastest "
         '(not bit-reproducible: the strategies agree to float rounding). Same results to float precision.',
     )
 
