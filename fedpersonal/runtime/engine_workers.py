@@ -356,11 +356,10 @@ class EngineWorkers:
         """The round's silos (indices) per worker: contiguous shares while a silo's seconds are unknown (the first
         round), then the longest silos first, each to the least loaded worker (silos' sizes differ by up to 60x),
         kept while the round's silos stay the same (a silo moved to another worker compiles its shapes there)."""
-        if (
-            tuple(client_ids) in self._silo_plans
-        ):  # Kept while the round's silos are the same: a worker's silos, compiled.
-            self._silo_plans.move_to_end(tuple(client_ids))
-            return self._silo_plans[tuple(client_ids)]
+        key = tuple(client_ids)
+        if key in self._silo_plans:  # Kept while the round's silos are the same: a worker's silos, compiled.
+            self._silo_plans.move_to_end(key)
+            return self._silo_plans[key]
         if any(c not in self._silo_seconds for c in client_ids):
             slices = shares(client_ids, self.num_workers, 1)
             return [list(range(a, b)) for a, b in slices] + [[]] * (self.num_workers - len(slices))
@@ -370,10 +369,10 @@ class EngineWorkers:
             w = min(range(self.num_workers), key=loads.__getitem__)
             parts[w].append(i)
             loads[w] += self._silo_seconds[client_ids[i]]
-        self._silo_plans[tuple(client_ids)] = [sorted(part) for part in parts]
+        self._silo_plans[key] = [sorted(part) for part in parts]
         while len(self._silo_plans) > _SILO_PLANS:
             self._silo_plans.popitem(last=False)
-        return self._silo_plans[tuple(client_ids)]
+        return self._silo_plans[key]
 
     def _silo_round(
         self, process: Any, state: Any, parts: list[list[int]], assignments: list, timings: dict[str, Any]
