@@ -20,10 +20,11 @@ that is not a functional TFF optimizer, a custom distributor), the process is bu
 one log line saying why: something TFF supports never gives an error for it.
 
 The context also says how the engine runs a plan's groups (``strategy``, `fedpersonal.simulation.options`
-``ENGINE_STRATEGIES``): ``'auto'`` (default) picks the vectorized lockstep or the compiled loop over clients by a
-fixed rule from the workload's shape (`fedpersonal.simulation.client_loop.auto_strategy`), so a rerun computes the
-same numbers bit for bit; ``'lockstep'``, ``'client_loop'`` and ``'spread'`` (the loop, a group's clients split
-over the cores, one program each) pin one; ``'measure'`` times them on the first rounds and keeps the fastest (the strategies agree to float rounding only,
+``ENGINE_STRATEGIES``): ``'auto'`` (default) picks the vectorized lockstep, the compiled loop over clients or the
+low-rank steps of a dense model by a fixed rule from the workload's shape
+(`fedpersonal.simulation.client_loop.auto_strategy`), so a rerun computes the same numbers bit for bit;
+``'lockstep'``, ``'client_loop'``, ``'low_rank'`` (`fedpersonal.simulation.low_rank`) and ``'spread'`` (the loop, a
+group's clients split over the cores, one program each) pin one; ``'measure'`` times them on the first rounds and keeps the fastest (the strategies agree to float rounding only,
 so which one wins, and the last bits of the results, may differ between runs). The choice is logged once.
 
 Example:

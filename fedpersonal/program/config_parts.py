@@ -45,7 +45,7 @@ from fedpersonal import errors
 # neither TensorFlow nor TFF; tests/program/config_parts_test.py checks the two agree).
 OPTIMIZERS = ('sgd', 'sgdm', 'adam', 'adagrad', 'yogi')
 # `fedpersonal.simulation.options.ENGINE_STRATEGIES`, named here without importing TensorFlow (a test keeps them equal).
-ENGINE_STRATEGIES = ('auto', 'lockstep', 'client_loop', 'spread', 'measure')
+ENGINE_STRATEGIES = ('auto', 'lockstep', 'client_loop', 'low_rank', 'spread', 'measure')
 
 
 def build_optimizer(name: str, learning_rate: float) -> Any:
@@ -479,10 +479,11 @@ class SimulationConfig:
     )
     engine_strategy: str = option(
         'auto',
-        "Engine: how a group's clients run. 'auto': a fixed rule from the model (a compiled loop over clients for "
-        "dense, convolutional and recurrent models; 'lockstep' for embedding-only "
-        "models); 'lockstep' (every client's step at once, vectorized), 'client_loop', 'spread' (the loop, a group's "
-        "clients split over the cores) pin one; 'measure' times them on the first rounds and keeps the fastest "
+        "Engine: how a group's clients run. 'auto': a fixed rule from the model ('low_rank' for models of dense "
+        "layers, a compiled loop over clients for convolutional and recurrent models, 'lockstep' for embedding-only "
+        "models); 'lockstep' (every client's step at once, vectorized), 'client_loop', 'low_rank' (a dense model's "
+        "few plain SGD steps as the shared weights' products plus low-rank updates; other phases run the loop), "
+        "'spread' (the loop, a group's clients split over the cores) pin one; 'measure' times them on the first rounds and keeps the fastest "
         '(not bit-reproducible: the strategies agree to float rounding). Same results to float precision.',
     )
 

@@ -23,19 +23,24 @@ import tensorflow_federated as tff
 from fedpersonal.models import partially_local_model
 from fedpersonal.simulation import functional
 from fedpersonal.simulation import lockstep
+from fedpersonal.simulation import low_rank
 from fedpersonal.simulation import options
 
-LOCKSTEP, CLIENT_LOOP = 'lockstep', 'client_loop'
-STRATEGIES = (LOCKSTEP, CLIENT_LOOP)
+LOCKSTEP, CLIENT_LOOP, LOW_RANK = 'lockstep', 'client_loop', 'low_rank'
+STRATEGIES = (LOCKSTEP, CLIENT_LOOP, LOW_RANK)
 # Compiled with XLA, a phase of at most this many (padded) steps runs them unrolled, a padded step keeping the
 # client's values (measured on the dense FedAvg round: the loop over 4 steps cost 25% more than the steps).
 UNROLL_STEPS = 8
 
 
 def auto_strategy(model: Any) -> str:
-    """``engine_strategy='auto'``'s fixed rule (measured: docs/RESULTS.md, "Engine strategies"): the client loop for
-    a model whose client step multiplies matrices (dense, convolutional, recurrent layers), the lockstep for one of
-    embedding lookups and elementwise products only (matrix factorization), whose tiny steps batch well."""
+    """``engine_strategy='auto'``'s fixed rule (measured: docs/RESULTS.md, "Engine strategies"): the low-rank
+    steps for a model of dense layers (`low_rank`; its phases that do not fit it run the client loop), the client
+    loop for another model whose client step multiplies matrices (convolutional, recurrent layers), the lockstep
+    for one of embedding lookups and elementwise products only (matrix factorization), whose tiny steps batch
+    well."""
+    if low_rank.dense_layers(model):
+        return LOW_RANK
     return CLIENT_LOOP if getattr(model, 'multiplies_matrices', True) else LOCKSTEP
 
 
@@ -60,7 +65,7 @@ def runs(strategy: str, model: Any, *, parts: int, splittable: bool) -> list[tup
     if strategy == options.SPREAD:
         return spread or [(CLIENT_LOOP, 1)]
     if strategy == options.MEASURE:
-        return [(LOCKSTEP, 1), (CLIENT_LOOP, 1)] + spread
+        return [(LOCKSTEP, 1), (CLIENT_LOOP, 1)] + spread + ([(LOW_RANK, 1)] if low_rank.dense_layers(model) else [])
     return [(auto_strategy(model) if strategy == options.AUTO else strategy, 1)]
 
 
@@ -76,7 +81,9 @@ def phase_steps(
     keep_trained: bool = True,
     **kwargs: Any,
 ) -> tuple[functional.Parts, lockstep.GroupSteps]:
-    """`lockstep.lockstep_steps` (``strategy='lockstep'``) or `client_loop_steps` (``'client_loop'``) of a phase.
+    """`lockstep.lockstep_steps` (``strategy='lockstep'``), `client_loop_steps` (``'client_loop'``) or
+    `low_rank.low_rank_steps` (``'low_rank'``, for a phase that `low_rank.fits`; the client loop for another) of a
+    phase.
 
     `keep_trained` is read by the client loop only (the lockstep keeps every trained weight per client).
 
@@ -85,6 +92,14 @@ def phase_steps(
     """
     if strategy == LOCKSTEP:
         return lockstep.lockstep_steps(model, weights, train, phase, optimizer, loss, **kwargs)
+    if strategy == LOW_RANK:
+        if low_rank.fits(model, weights, train, phase, optimizer, loss, keep_trained=keep_trained, **kwargs):
+            return low_rank.low_rank_steps(model, weights, train, phase, optimizer, loss, **kwargs)
+        # The group program around the low-rank steps may be a plain TF graph: the loop is compiled on its own.
+        loop = lambda: client_loop_steps(
+            model, weights, train, phase, optimizer, loss, keep_trained=keep_trained, **kwargs
+        )
+        return tf.function(loop, jit_compile=getattr(model, 'xla', False), autograph=False)()
     if strategy == CLIENT_LOOP:
         return client_loop_steps(model, weights, train, phase, optimizer, loss, keep_trained=keep_trained, **kwargs)
     raise ValueError(f'strategy must be one of {STRATEGIES}, got {strategy!r}.')

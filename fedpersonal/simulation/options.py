@@ -10,10 +10,17 @@ import numpy as np
 from fedpersonal import errors
 
 SIMULATIONS = ('engine', 'per_client')
-# How the engine runs a group's client work (`fedpersonal.simulation.plan_engine`): 'auto' picks one of the three
-# fixed strategies from the workload's shape (`client_loop.auto_strategy`), 'measure' times them on the first rounds.
-AUTO, LOCKSTEP, CLIENT_LOOP, SPREAD, MEASURE = 'auto', 'lockstep', 'client_loop', 'spread', 'measure'
-ENGINE_STRATEGIES = (AUTO, LOCKSTEP, CLIENT_LOOP, SPREAD, MEASURE)
+# How the engine runs a group's client work (`fedpersonal.simulation.plan_engine`): 'auto' picks one of the fixed
+# strategies from the workload's shape (`client_loop.auto_strategy`), 'measure' times them on the first rounds.
+AUTO, LOCKSTEP, CLIENT_LOOP, LOW_RANK, SPREAD, MEASURE = (
+    'auto',
+    'lockstep',
+    'client_loop',
+    'low_rank',
+    'spread',
+    'measure',
+)
+ENGINE_STRATEGIES = (AUTO, LOCKSTEP, CLIENT_LOOP, LOW_RANK, SPREAD, MEASURE)
 DEFAULT_MEMORY_BUDGET_BYTES = 1 << 30  # Per group: the per-client copies of the trained weights.
 MAX_GROUP_SIZE = 128
 

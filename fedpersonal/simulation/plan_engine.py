@@ -155,6 +155,18 @@ def build_engine_process(
         or any(client_plan.PERSONAL not in p.trains for p in plan.phases[plan.global_phase + 1 :])
     )
 
+    # A plan of one phase training the shared globals by plain steps, whose weighted deltas are all that leaves it
+    # (FedAvg's) may run as the low-rank steps, which TF's graph kernels run faster than XLA's (docs/RESULTS.md,
+    # "Dense rows"); a phase they cannot run (`low_rank.fits`) then runs the client loop compiled by XLA on its own.
+    low_rank_plan = (
+        len(plan.phases) == 1
+        and plan.phases[0].trains == (client_plan.GLOBAL,)
+        and plan.phases[0].step is None
+        and not plan.phases[0].mixed
+        and not plan.stateful
+        and not keep_globals
+    )
+
     def build_group_work(
         raw_finalizers: dict[str | None, collections.OrderedDict], *, now: bool, strategy: str = client_loop.LOCKSTEP
     ):
@@ -173,7 +185,9 @@ def build_engine_process(
             for metric in [m for ms in metrics.values() for m in ms]:
                 metric.reset_state()
 
-            @tf.function(jit_compile=model.xla, autograph=False)
+            @tf.function(
+                jit_compile=model.xla and not (strategy == client_loop.LOW_RANK and low_rank_plan), autograph=False
+            )
             def train(uploaded_start, non_trainable, group, private_trainable, private_non_trainable):
                 received = uploaded_start[:num_global]  # With a learned local default, it follows the globals.
                 if ala is not None:  # FedALA: the global phase starts from each client's aggregation.

@@ -1,0 +1,191 @@
+"""The low-rank steps of a dense model (`low_rank`): TFF's own FedAvg and the client loop compute the same rounds,
+a non-finite client is dropped as there, and the phases it cannot run are left to the client loop."""
+
+import collections
+from unittest import mock
+
+import numpy as np
+import pytest
+import tensorflow as tf
+import tensorflow_federated as tff
+
+from fedpersonal import algorithms
+from fedpersonal import backends
+from fedpersonal import models
+from fedpersonal.simulation import client_loop
+from fedpersonal.simulation import functional
+from fedpersonal.simulation import low_rank
+
+SPEC = collections.OrderedDict(x=tf.TensorSpec([None, 40], tf.float32), y=tf.TensorSpec([None], tf.int32))
+SGD = tff.learning.optimizers.build_sgdm
+
+
+def _keras():
+    init = lambda seed: tf.keras.initializers.GlorotUniform(seed)
+    return tf.keras.Sequential(
+        [
+            tf.keras.Input([40]),
+            tf.keras.layers.Dense(30, activation='relu', kernel_initializer=init(1), bias_initializer='ones'),
+            tf.keras.layers.Dense(20, activation='tanh', kernel_initializer=init(2)),
+            tf.keras.layers.Dense(3, activation='softmax', kernel_initializer=init(3), bias_initializer='ones'),
+        ]
+    )
+
+
+def model_fn():
+    keras = _keras()
+    return models.from_keras_model(keras, input_spec=SPEC, global_variables=keras.variables)
+
+
+def _arrays(sizes=(7, 4, 12, 2), seed=0):
+    rng = np.random.default_rng(seed)
+    return [(rng.normal(size=[n, 40]).astype(np.float32), rng.integers(0, 3, n).astype(np.int32)) for n in sizes]
+
+
+def _datasets(arrays):
+    # Batches of 3: unequal clients (1 to 4 steps, last batches partial). The layers are large enough beside the
+    # batches for the corrections to cost less than the products (`low_rank.fits`).
+    return [tf.data.Dataset.from_tensor_slices(collections.OrderedDict(x=x, y=y)).batch(3) for x, y in arrays]
+
+
+def _fed_avg(strategy, momentum=None):
+    with backends.use('engine', strategy=strategy):
+        return algorithms.build_fed_avg(
+            model_fn,
+            loss_fn=tf.keras.losses.SparseCategoricalCrossentropy,
+            metrics_fn=lambda: [tf.keras.metrics.SparseCategoricalAccuracy()],
+            client_optimizer=SGD(0.5, momentum=momentum),
+            server_optimizer=SGD(1.0),
+        )
+
+
+def _run(process, data, rounds=3):
+    state, metrics = process.initialize(), []
+    for r in range(rounds):
+        output = process.run_round(state, data[r % 2 :])
+        state = output.state
+        metrics.append(output.metrics['client_work']['train'])
+    return [np.asarray(w) for w in process.get_model_weights(state).trainable], metrics
+
+
+@pytest.fixture(name='calls')
+def _calls():
+    """How many traced phases the low-rank steps ran."""
+    original, calls = low_rank.low_rank_steps, []
+
+    def spy(*args, **kwargs):
+        calls.append(1)
+        return original(*args, **kwargs)
+
+    with mock.patch.object(low_rank, 'low_rank_steps', spy):
+        yield calls
+
+
+def test_auto_runs_a_dense_model_low_rank_equal_to_tff_and_the_client_loop(calls):
+    data = _datasets(_arrays())
+    process = _fed_avg('auto')
+    assert process.engine_strategy == 'low_rank'
+    got, got_metrics = _run(process, data)
+    assert calls  # The phase fits: the low-rank steps ran it.
+    looped, loop_metrics = _run(_fed_avg('client_loop'), data)
+    reference = tff.learning.algorithms.build_weighted_fed_avg(
+        lambda: tff.learning.models.from_keras_model(
+            _keras(), loss=tf.keras.losses.SparseCategoricalCrossentropy(), input_spec=SPEC
+        ),
+        client_optimizer_fn=SGD(0.5),
+        server_optimizer_fn=SGD(1.0),
+    )
+    state = reference.initialize()
+    start = [np.asarray(w) for w in reference.get_model_weights(state).trainable]
+    for r in range(3):
+        state = reference.next(state, data[r % 2 :]).state
+    want = reference.get_model_weights(state).trainable
+    assert max(float(np.abs(a - b).max()) for a, b in zip(want, start)) > 0.1  # The rounds moved the weights.
+    for g, loop, w in zip(got, looped, want):
+        np.testing.assert_allclose(g, w, atol=2e-6)
+        np.testing.assert_allclose(g, loop, atol=2e-6)
+    for g, loop in zip(got_metrics, loop_metrics):
+        assert g['num_examples'] == loop['num_examples']
+        np.testing.assert_allclose(g['loss'], loop['loss'], rtol=1e-5)
+        np.testing.assert_allclose(g['sparse_categorical_accuracy'], loop['sparse_categorical_accuracy'], rtol=1e-6)
+
+
+def test_a_non_finite_client_is_left_out_as_by_the_client_loop(calls):
+    arrays = _arrays()
+    arrays[1] = (np.full_like(arrays[1][0], np.inf), arrays[1][1])
+    data = _datasets(arrays)
+    got, _ = _run(_fed_avg('low_rank'), data, rounds=2)
+    assert calls
+    looped, _ = _run(_fed_avg('client_loop'), data, rounds=2)
+    without, _ = _run(_fed_avg('client_loop'), _datasets(arrays[:1] + arrays[2:]), rounds=1)
+    for g, loop in zip(got, looped):
+        assert np.isfinite(g).all()
+        np.testing.assert_allclose(g, loop, atol=2e-6)
+    # Round 2 (clients 1-3) differs from a run without client 1 only by round 1's cohort; check round 1 alone.
+    one, _ = _run(_fed_avg('low_rank'), data, rounds=1)
+    for g, w in zip(one, without):
+        np.testing.assert_allclose(g, w, atol=2e-6)
+
+
+def test_phases_it_cannot_run_are_left_to_the_client_loop(calls):
+    data = _datasets(_arrays())
+    got, _ = _run(_fed_avg('low_rank', momentum=0.9), data, rounds=1)  # Not plain SGD.
+    want, _ = _run(_fed_avg('client_loop', momentum=0.9), data, rounds=1)
+    assert not calls
+    for g, w in zip(got, want):
+        np.testing.assert_array_equal(g, w)
+
+
+def _phase(steps, batch, clients=2):
+    return {'mask': tf.zeros([clients, steps, batch]), 'batch': ()}
+
+
+def test_fits_reads_the_model_the_optimizer_and_the_phase():
+    model = functional.FunctionalModel(model_fn, batch_norm=True)
+    assert low_rank.dense_layers(model) == [((0, 0), (0, 1)), ((0, 2), (0, 3)), ((0, 4), (0, 5))]
+    assert client_loop.auto_strategy(model) == 'low_rank'
+    weights = functional.Parts(*[[tf.constant(v) for v in g] for g in model.initial_weights])
+    train = [(0, i) for i in range(6)]
+    loss = tf.keras.losses.SparseCategoricalCrossentropy()
+    fits = lambda **kw: low_rank.fits(
+        model,
+        kw.pop('weights', weights),
+        kw.pop('train', train),
+        kw.pop('phase', _phase(4, 3)),
+        kw.pop('optimizer', SGD(0.1)),
+        kw.pop('loss', loss),
+        **{'keep_trained': False, 'delta_weights': tf.ones([2]), **kw},
+    )
+    assert fits()
+    assert not fits(keep_trained=True)  # Each client's trained weights wanted.
+    assert not fits(delta_weights=None)
+    assert not fits(optimizer=SGD(0.1, momentum=0.5))
+    assert not fits(penalty=lambda v, c: 0.0)  # FedProx's.
+    assert not fits(phase=_phase(low_rank.MAX_STEPS + 1, 3))
+    assert not fits(phase=_phase(8, 64))  # Corrections would cost more than the products.
+    per_client = weights._replace(global_trainable=[tf.stack([weights[0][0]] * 2)] + list(weights[0][1:]))
+    assert not fits(weights=per_client)
+    # Models: a convolution, a subclassed model, a regularized kernel, an embedding.
+    for layers in (
+        [tf.keras.Input([6, 1]), tf.keras.layers.Conv1D(2, 2), tf.keras.layers.Flatten(), tf.keras.layers.Dense(2)],
+        [tf.keras.Input([6]), tf.keras.layers.Dense(2, kernel_regularizer='l2')],
+        [tf.keras.Input([6]), tf.keras.layers.Embedding(6, 2), tf.keras.layers.Flatten(), tf.keras.layers.Dense(2)],
+    ):
+        other = functional.FunctionalModel(lambda layers=layers: tf.keras.Sequential(layers))
+        assert low_rank.dense_layers(other) is None
+        assert client_loop.auto_strategy(other) != 'low_rank'
+
+    class Subclassed(tf.keras.Model):
+        def __init__(self):
+            super().__init__()
+            self.dense = tf.keras.layers.Dense(2)
+
+        def call(self, x):
+            return self.dense(x - tf.reduce_mean(x, axis=0))  # Mixes the examples of a batch.
+
+    def subclassed():
+        m = Subclassed()
+        m(tf.zeros([1, 6]))
+        return m
+
+    assert low_rank.dense_layers(functional.FunctionalModel(subclassed)) is None
