@@ -10,6 +10,16 @@
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 source scripts/env.sh
+# Fashion-MNIST, which the PFLlib benchmark's data tests read (else they skip): Debian's dataset-fashion-mnist,
+# installed on request (CI: FEDPERSONAL_DATA_INSTALL=1) where apt-get can.
+FASHION_MNIST=/usr/share/datasets/fashion-mnist
+if [ "${FEDPERSONAL_DATA_INSTALL:-0}" = 1 ] && [ ! -d "$FASHION_MNIST" ] && command -v apt-get >/dev/null 2>&1; then
+  SUDO=""
+  [ "$(id -u)" = 0 ] || SUDO="sudo -n"
+  echo "[test] installing dataset-fashion-mnist (apt-get)"
+  { $SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq dataset-fashion-mnist; } \
+    >/tmp/fedpersonal-data-apt.log 2>&1 || echo "[test] apt-get failed (/tmp/fedpersonal-data-apt.log): its tests skip"
+fi
 bash scripts/lint.sh
 if [ -x scripts/check_build.sh ]; then bash scripts/check_build.sh; fi
 if [ "${FP_TEST_WORKERS:-auto}" != 0 ]; then
