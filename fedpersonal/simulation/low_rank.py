@@ -24,6 +24,7 @@ not finite is left out of the sum, as there.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Sequence
 from typing import Any
 
@@ -202,9 +203,7 @@ def low_rank_steps(
         n = tf.reduce_sum(step_mask, axis=1)
         with tape:
             predictions = keras_model(tf.nest.map_structure(lambda a, t=t: flat(a[:, t]), x), training=True)
-            predictions = tf.nest.map_structure(
-                lambda p: tf.reshape(p, tf.concat([[clients, batch], tf.shape(p)[1:]], 0)), predictions
-            )
+            predictions = tf.nest.map_structure(functools.partial(_per_client, clients, batch), predictions)
             batch_loss = _client_losses(loss, labels, predictions, step_mask)
             total = tf.reduce_sum(batch_loss * tf.cast(n > 0, batch_loss.dtype))
         gradients = tape.gradient(total, outputs, unconnected_gradients=tf.UnconnectedGradients.ZERO)
@@ -246,6 +245,16 @@ def low_rank_steps(
     finite = tf.cond(all_finite, lambda: tf.ones([clients], tf.bool), client_finite)
     deltas = tf.cond(all_finite, lambda: deltas, lambda: weighted_deltas(finite))
     return weights, lockstep.GroupSteps(num_examples, loss_sum, deltas, finite)
+
+
+def _per_client(clients: tf.Tensor, batch: int, predictions: tf.Tensor) -> tf.Tensor:
+    """``[clients x batch, ...]`` predictions as ``[clients, batch, ...]``, keeping the logits Keras attaches to a
+    softmax's or sigmoid's output, from which its cross-entropy losses are computed (exactly, unclipped)."""
+    shaped = tf.reshape(predictions, tf.concat([[clients, batch], tf.shape(predictions)[1:]], 0))
+    logits = getattr(predictions, '_keras_logits', None)
+    if logits is not None:
+        shaped._keras_logits = tf.reshape(logits, tf.shape(shaped))  # pylint: disable=protected-access
+    return shaped
 
 
 def _slot(model: functional.FunctionalModel, variable: Any) -> Slot:

@@ -48,10 +48,10 @@ def _datasets(arrays):
     return [tf.data.Dataset.from_tensor_slices(collections.OrderedDict(x=x, y=y)).batch(3) for x, y in arrays]
 
 
-def _fed_avg(strategy, momentum=None):
+def _fed_avg(strategy, momentum=None, model=model_fn):
     with backends.use('engine', strategy=strategy):
         return algorithms.build_fed_avg(
-            model_fn,
+            model,
             loss_fn=tf.keras.losses.SparseCategoricalCrossentropy,
             metrics_fn=lambda: [tf.keras.metrics.SparseCategoricalAccuracy()],
             client_optimizer=SGD(0.5, momentum=momentum),
@@ -189,3 +189,29 @@ def test_fits_reads_the_model_the_optimizer_and_the_phase():
         return m
 
     assert low_rank.dense_layers(functional.FunctionalModel(subclassed)) is None
+
+
+def _saturating_model_fn():
+    init = tf.keras.initializers.GlorotUniform
+    keras = tf.keras.Sequential(
+        [
+            tf.keras.Input([40]),
+            tf.keras.layers.Dense(30, activation='relu', kernel_initializer=init(4)),
+            tf.keras.layers.Dense(3, activation='softmax', kernel_initializer=init(5)),
+        ]
+    )
+    return models.from_keras_model(keras, input_spec=SPEC, global_variables=keras.variables)
+
+
+def test_a_saturated_softmax_trains_from_its_logits_as_the_client_loop(calls):
+    # Inputs 30x as large: logits of hundreds, probabilities below the loss's clipping, whose gradient is zero.
+    data = _datasets([(30 * x, y) for x, y in _arrays()])
+    weights = {}
+    for strategy in ('low_rank', 'client_loop'):
+        process = _fed_avg(strategy, model=_saturating_model_fn)
+        start = [np.asarray(w) for w in process.get_model_weights(process.initialize()).trainable]
+        weights[strategy], _ = _run(process, data, rounds=1)
+    assert calls
+    assert max(float(np.abs(a - b).max()) for a, b in zip(weights['client_loop'], start)) > 1.0
+    for g, w in zip(weights['low_rank'], weights['client_loop']):
+        np.testing.assert_allclose(g, w, rtol=1e-5, atol=1e-4)
