@@ -74,7 +74,7 @@ def dense_layers(model: Any) -> list[DenseSlots] | None:
         if isinstance(layer, tf.keras.Model):
             if not getattr(layer, '_is_graph_network', False):  # A subclassed model's call may mix examples.
                 return None
-        elif not isinstance(layer, _ROW_WISE):
+        elif not isinstance(layer, _ROW_WISE) or 0 in _axes(layer):  # Axis 0 is the examples'.
             return None
         elif isinstance(layer, tf.keras.layers.Dense):
             shape = getattr(layer, 'input_shape', None)
@@ -255,6 +255,16 @@ def _per_client(clients: tf.Tensor, batch: int, predictions: tf.Tensor) -> tf.Te
     if logits is not None:
         shaped._keras_logits = tf.reshape(logits, tf.shape(shaped))  # pylint: disable=protected-access
     return shaped
+
+
+def _axes(layer: Any) -> list[int]:
+    """The axes a concatenation or softmax layer works along (none for other layers)."""
+    axis = (
+        getattr(layer, 'axis', None)
+        if isinstance(layer, (tf.keras.layers.Concatenate, tf.keras.layers.Softmax))
+        else None
+    )
+    return [] if axis is None else list(axis) if isinstance(axis, (list, tuple)) else [axis]
 
 
 def _slot(model: functional.FunctionalModel, variable: Any) -> Slot:

@@ -165,11 +165,12 @@ def test_fits_reads_the_model_the_optimizer_and_the_phase():
     assert not fits(phase=_phase(8, 64))  # Corrections would cost more than the products.
     per_client = weights._replace(global_trainable=[tf.stack([weights[0][0]] * 2)] + list(weights[0][1:]))
     assert not fits(weights=per_client)
-    # Models: a convolution, a subclassed model, a regularized kernel, an embedding.
+    # Models: a convolution, a regularized kernel, an embedding, a softmax over the batch, a subclassed model.
     for layers in (
         [tf.keras.Input([6, 1]), tf.keras.layers.Conv1D(2, 2), tf.keras.layers.Flatten(), tf.keras.layers.Dense(2)],
         [tf.keras.Input([6]), tf.keras.layers.Dense(2, kernel_regularizer='l2')],
         [tf.keras.Input([6]), tf.keras.layers.Embedding(6, 2), tf.keras.layers.Flatten(), tf.keras.layers.Dense(2)],
+        [tf.keras.Input([6]), tf.keras.layers.Dense(2), tf.keras.layers.Softmax(axis=0)],  # Across the examples.
     ):
         other = functional.FunctionalModel(lambda layers=layers: tf.keras.Sequential(layers))
         assert low_rank.dense_layers(other) is None
