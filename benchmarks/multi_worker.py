@@ -1,7 +1,7 @@
 """Seconds per FedRecon MovieLens round on one core, on engine workers (one core each) and on TFF's workers; and a
 stateful round (FURL) on one core and on two engine workers.
 
-  python benchmarks/multi_worker.py [--rounds 5] [--engine_passes 4] [--clients_per_round 100] [--tff_workers 1,2]
+  python benchmarks/multi_worker.py [--rounds 5] [--engine_passes 4] [--blocks 3] [--clients_per_round 100] [--tff_workers 1,2]
       [--workloads mf,furl] [--furl_clients_per_round 100] [--output FILE]
 
 The round is `simulation_workloads.mf_setup`'s (the reference's MovieLens-shaped MF FedRecon round, dim 50, 3,700
@@ -10,8 +10,9 @@ group. This process is pinned to core 0 with one TensorFlow thread (so is every 
 compute thread). Every row starts from the same initial weights and runs the same seeded client samples: the
 rounds once untimed (every sampled client's data materialized where it is trained, the programs compiled), then
 the same rounds again from the initial state, timed (median; the engine rows ``--engine_passes`` times, so that the
-model's millisecond terms are medians over that many rounds); ``max_abs_diff_vs_local``: final server weights
-against ``engine_local_1core``'s.
+model's millisecond terms are medians over that many rounds). The three MF engine rows run in turn ``--blocks``
+times (new workers each time), each row's median over all its blocks' rounds, so that a shared host's drifting load
+falls on every row alike. ``max_abs_diff_vs_local``: final server weights against ``engine_local_1core``'s.
 
 * ``engine_local_1core``: `process.run_round` in this process (the engine's groups XLA-compiled, one core);
 * ``engine_workers_1`` / ``engine_workers_2``: the same inside `fedpersonal.runtime.engine_workers.EngineWorkers`
@@ -35,6 +36,7 @@ predicting 100 workers and 10,000 clients per round against linear scaling of on
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import functools
 import json
@@ -54,6 +56,9 @@ _OUTPUT = flags.DEFINE_string('output', 'docs/results/multi_worker.json', 'JSON 
 _ROUNDS = flags.DEFINE_integer('rounds', 5, 'Timed rounds per row (after the same rounds once untimed).')
 _ENGINE_PASSES = flags.DEFINE_integer(
     'engine_passes', 4, 'Timed passes over the rounds of the engine rows (medians over more rounds; same weights).'
+)
+_BLOCKS = flags.DEFINE_integer(
+    'blocks', 3, 'Times the three engine rows run in turn (each row: its rounds untimed, then --engine_passes timed).'
 )
 _CLIENTS = flags.DEFINE_integer('clients_per_round', 100, 'Clients per round (of 1,000).')
 _GROUP_SIZE = flags.DEFINE_integer('group_size', 25, 'Clients per engine group.')
@@ -144,11 +149,28 @@ def _run(setup, rounds: int, use_next: bool, workers=None, passes: int = 1) -> d
     weights = [np.asarray(w) for w in tf.nest.flatten(process.get_model_weights(state).trainable)]
     for c in sorted(private):  # Every private state the last pass left, in client order.
         weights += [np.asarray(w) for w in tf.nest.flatten(private[c])]
-    row = dict(seconds_per_round=float(np.median(seconds)), seconds=seconds, weights=weights)
+    return dict(seconds=seconds, weights=weights, round_timings=timings)
+
+
+def _summary(runs: list[dict]) -> dict:
+    """One row from one or more `_run`s of it (the last run's weights; medians over every timed round)."""
+    seconds = [t for run in runs for t in run['seconds']]
+    timings = [t for run in runs for t in run['round_timings']]
+    row = dict(seconds_per_round=float(np.median(seconds)), seconds=seconds, weights=runs[-1]['weights'])
     if timings:
         row['timings'] = {
-            key: float(np.median([np.max(t[key]) for t in timings]))
-            for key in ('round_s', 'submit_s', 'shares_s', 'wait_s', 'finish_s')
+            key: float(np.median([np.max(t[key]) if np.size(t[key]) else 0.0 for t in timings]))
+            for key in (
+                'round_s',
+                'submit_s',
+                'shares_s',
+                'wait_s',
+                'finish_s',
+                'start_delays_s',
+                'merges_s',
+                'transport_s',
+            )
+            if all(key in t for t in timings)
         }
         # The faster worker's share: with the slower one's, how evenly whole groups shared the round's work.
         row['timings']['fastest_share_s'] = float(np.median([np.min(t['shares_s']) for t in timings]))
@@ -177,9 +199,13 @@ def _model(rows: dict, clients: int) -> dict:
     """t(W, N) = c * N / W + s * N + W * d + ceil(log2 W) * m + f + g, from the engine-worker rows' median
     timings: c the workers' compute seconds per client (the two-worker row's slower share / its size); s the
     driver's sending per client (`_send_per_client`); d the driver's cost per extra worker (the two-worker row's
-    sending less the one-worker row's); m one level of the merge tree (two partials sent to a worker and added: the
-    rest of the two-worker round less the rest of the one-worker round, which has no merge); f the server step; g
-    the rest of a round (the one-worker row: its sending less s * N, Ray's transport of the partial to the driver).
+    sending less the one-worker row's); m one level of the merge tree (two partials sent to a worker and added),
+    measured on the workers' clock: from the later of the two partials being ready to the merged one being ready
+    (`EngineWorkers.last_timings['merges_s']`); f the server step; g the rest of a round (the one-worker row: its
+    sending less s * N, the share's start after the graph's input was written, Ray's transport of the partial to
+    the driver). ``merge_level_by_difference_s``: m as earlier runs estimated it, the rest of the two-worker round
+    less the rest of the one-worker round (which also holds the later start of the worker beside the driver on
+    this host's core 0); ``predicted_2_workers_s`` less the measured row is what the model leaves out at W = 2.
     A stateless process's round reads one output, whatever W (a stateful one's also reads each worker's private
     states: W more reads, not in this model). Linear scaling: one core's seconds for N clients / W."""
     one, two = rows['engine_workers_1']['timings'], rows['engine_workers_2']['timings']
@@ -187,7 +213,8 @@ def _model(rows: dict, clients: int) -> dict:
     c = two['shares_s'] / (clients / 2)
     s = rows['engine_workers_1']['send_per_client_s']
     d = max(two['submit_s'] - one['submit_s'], 0.0)
-    m, f = max(rest(two) - rest(one), 0.0), two['finish_s']
+    by_difference, f = max(rest(two) - rest(one), 0.0), two['finish_s']
+    m = two['merges_s']
     g = rest(one) + max(one['submit_s'] - s * clients, 0.0)
     predict = lambda w, n: c * n / w + s * n + w * d + math.ceil(math.log2(w)) * m + f + g
     one_core_per_client = rows['engine_local_1core']['seconds_per_round'] / clients
@@ -198,6 +225,7 @@ def _model(rows: dict, clients: int) -> dict:
         s_send_per_client_s=s,
         d_per_worker_s=d,
         m_merge_level_s=m,
+        merge_level_by_difference_s=by_difference,
         f_server_step_s=f,
         g_rest_s=g,
         predicted_2_workers_s=predict(2, clients),
@@ -217,31 +245,39 @@ def main(argv):
 
     setup, rows = _setup(), {}
     if 'mf' in _WORKLOADS.value:
-        print('engine_local_1core', flush=True)
-        with runtime.LocalRuntime():
-            rows['engine_local_1core'] = dict(
-                workers=0, **_run(setup, _ROUNDS.value, use_next=False, passes=_ENGINE_PASSES.value)
-            )
         recipe = functools.partial(_recipe, _CLIENTS.value, _GROUP_SIZE.value)
-        for n, cores in ((1, [1]), (2, [0, 1])):
-            print(f'engine_workers_{n}', flush=True)
-            with runtime.LocalRuntime(), engine_workers.EngineWorkers(recipe, workers=n, cores=cores) as workers:
-                row = _run(setup, _ROUNDS.value, use_next=False, workers=workers, passes=_ENGINE_PASSES.value)
-                rows[f'engine_workers_{n}'] = dict(workers=n, **row)
-                if n == 1:
-                    process, _ = setup.build_fedpersonal('engine')
-                    rows['engine_workers_1']['send_per_client_s'] = _send_per_client(
-                        process.initialize().global_model_weights
+        runs: dict[str, list[dict]] = collections.defaultdict(list)
+        send_per_client = []
+        # The engine rows in turn, `--blocks` times: a shared host's load drifts over minutes, and each row then
+        # sees the same drift (one row after the other once gave two workers 1.15x one core, the next run 1.64x).
+        for block in range(_BLOCKS.value):
+            print(f'engine_local_1core (block {block})', flush=True)
+            with runtime.LocalRuntime():
+                runs['engine_local_1core'].append(
+                    _run(setup, _ROUNDS.value, use_next=False, passes=_ENGINE_PASSES.value)
+                )
+            for n, cores in ((1, [1]), (2, [0, 1])):
+                print(f'engine_workers_{n} (block {block})', flush=True)
+                with runtime.LocalRuntime(), engine_workers.EngineWorkers(recipe, workers=n, cores=cores) as workers:
+                    runs[f'engine_workers_{n}'].append(
+                        _run(setup, _ROUNDS.value, use_next=False, workers=workers, passes=_ENGINE_PASSES.value)
                     )
+                    if n == 1:
+                        process, _ = setup.build_fedpersonal('engine')
+                        send_per_client.append(_send_per_client(process.initialize().global_model_weights))
+        rows['engine_local_1core'] = dict(workers=0, **_summary(runs['engine_local_1core']))
+        for n in (1, 2):
+            rows[f'engine_workers_{n}'] = dict(workers=n, **_summary(runs[f'engine_workers_{n}']))
+        rows['engine_workers_1']['send_per_client_s'] = float(np.median(send_per_client))
         print('tff_local', flush=True)
         with runtime.LocalRuntime():
-            rows['tff_local'] = dict(workers=0, **_run(setup, _ROUNDS.value, use_next=True))
+            rows['tff_local'] = dict(workers=0, **_summary([_run(setup, _ROUNDS.value, use_next=True)]))
         for n in [int(x) for x in _TFF_WORKERS.value if x]:
             print(f'tff_workers_{n}', flush=True)
             proc, addresses = _start_tff_workers(n, _BASE_PORT.value)
             try:
                 with runtime.DistributedRuntime(addresses):
-                    rows[f'tff_workers_{n}'] = dict(workers=n, **_run(setup, _ROUNDS.value, use_next=False))
+                    rows[f'tff_workers_{n}'] = dict(workers=n, **_summary([_run(setup, _ROUNDS.value, use_next=False)]))
             finally:
                 _stop(proc)
     if 'furl' in _WORKLOADS.value:
@@ -249,12 +285,12 @@ def main(argv):
         print('furl_engine_local_1core', flush=True)
         with runtime.LocalRuntime():
             rows['furl_engine_local_1core'] = dict(
-                workers=0, **_run(furl, _ROUNDS.value, use_next=False, passes=_ENGINE_PASSES.value)
+                workers=0, **_summary([_run(furl, _ROUNDS.value, use_next=False, passes=_ENGINE_PASSES.value)])
             )
         print('furl_engine_workers_2', flush=True)
         recipe = functools.partial(_recipe, _CLIENTS.value, _GROUP_SIZE.value, 'furl')
         with runtime.LocalRuntime(), engine_workers.EngineWorkers(recipe, workers=2, cores=[0, 1]) as workers:
-            row = _run(furl, _ROUNDS.value, use_next=False, workers=workers, passes=_ENGINE_PASSES.value)
+            row = _summary([_run(furl, _ROUNDS.value, use_next=False, workers=workers, passes=_ENGINE_PASSES.value)])
             rows['furl_engine_workers_2'] = dict(workers=2, **row)
     for name, row in rows.items():  # Against the local row of the same workload.
         local = rows['furl_engine_local_1core' if name.startswith('furl') else 'engine_local_1core']

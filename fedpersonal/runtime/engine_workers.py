@@ -58,6 +58,7 @@ import contextvars
 import dataclasses
 import logging
 import os
+import socket
 import time
 from collections.abc import Callable
 from collections.abc import Iterator
@@ -138,6 +139,13 @@ class EngineWorkers:
       address: A running Ray cluster's address (``HEAD:6379``); None starts a local one for the block.
       cores: With local workers, the core each worker is pinned to (``cores[i % len(cores)]``); None: unpinned.
       threads: TensorFlow's intra- and inter-op threads in each worker (None: TensorFlow's default).
+
+    Attributes:
+      last_timings: The last round's seconds: ``round_s``, ``submit_s`` (the driver's sending), ``wait_s`` (until
+        the merged partial arrived), ``finish_s`` (the server step), ``shares_s`` (each worker's own); when the
+        workers run on the driver's host, also their timeline on its clock: ``start_delays_s`` (each share's start
+        after the sending), ``merges_s`` (each merge, from the later of its two partials to the merged one) and
+        ``transport_s`` (from the merged partial to the driver). A silo round has its own (`_silo_round`).
 
     Raises:
       ConfigError: (on entering) fewer than one worker, Ray missing, a recipe that fails on a worker or builds a
@@ -346,10 +354,17 @@ class EngineWorkers:
         private = [s for share in values[1:] for s in worker_actor.copied(share)] if process.stateful else None
         merged = worker_actor.copied(values[0])
         timings['shares_s'] = merged.pop('seconds')
+        clock = merged.pop('clock')
         del values
         num_clients = sum(len(ids) for ids, _ in assignments)
         output = process.backend.round_runner.finish(state, merged, private, num_clients=num_clients)
         timings.update(submit_s=submitted[0] - started, wait_s=got - submitted[0], finish_s=time.perf_counter() - got)
+        if clock['host'] == socket.gethostname():  # The workers' timeline on this host's clock.
+            timings.update(
+                start_delays_s=[s - submitted[0] for s in clock['started']],
+                merges_s=clock['merges'],
+                transport_s=got - clock['ready'],
+            )
         return output
 
     def _silo_shares(self, client_ids: list[str]) -> list[list[int]]:

@@ -134,7 +134,9 @@ class Worker:
             # The graph's inputs are read in place from its channel, which the next round overwrites: copied.
             partial = self._runner.share(copied(weights), self._pack(client_ids), copied(private_states))
         private = partial.pop('private')
-        partial['seconds'] = [time.perf_counter() - started]
+        ready = time.perf_counter()
+        partial['seconds'] = [ready - started]
+        partial['clock'] = _clock(started, ready)
         return partial, private
 
     def run_stateless_share(self, weights: Any, share: tuple[Sequence[str], None]) -> dict | None:
@@ -146,6 +148,7 @@ class Worker:
             return b if a is None else a
         merged = self._runner.merge(a, b)
         merged['seconds'] = a['seconds'] + b['seconds']  # Each worker's seconds, carried to the driver.
+        merged['clock'] = _merged_clock(a['clock'], b['clock'], time.perf_counter())
         return merged
 
     def silo_clients(self, received: Any, share: tuple[Sequence[str], Sequence[Any]]) -> tuple[list, list, float, list]:
@@ -169,6 +172,30 @@ class Worker:
             return []
         with self._named():
             return self._runner.update(value, kept)
+
+
+def _clock(started: float, ready: float) -> dict:
+    """A share's timeline on this host's monotonic clock (`time.perf_counter`, comparable between the processes
+    of one host only): when it started and when its partial was ready, for the driver's timings."""
+    import socket  # pylint: disable=g-import-not-at-top
+
+    return {'host': socket.gethostname(), 'started': [started], 'ready': ready, 'merges': []}
+
+
+def _merged_clock(a: dict, b: dict, ready: float) -> dict:
+    """Two partials' timelines merged at `ready` (this host's clock): a merge's cost is the time from the later of
+    its two partials being ready to the merged one being ready (None when they come from other hosts, whose
+    clocks are not this one's)."""
+    import socket  # pylint: disable=g-import-not-at-top
+
+    host = socket.gethostname()
+    cost = ready - max(a['ready'], b['ready']) if a['host'] == b['host'] == host else None
+    return {
+        'host': host,
+        'started': a['started'] + b['started'],
+        'ready': ready,
+        'merges': a['merges'] + b['merges'] + [cost],
+    }
 
 
 def round_graph(actors: Sequence[Any], stateful: bool) -> Any:

@@ -82,7 +82,11 @@ def test_fed_recon_on_two_engine_workers_equals_the_local_engine():
         with engine_workers.EngineWorkers(_fed_recon_setup, workers=2) as workers:
             assert engine_workers.active() is workers
             weights, metrics = _fed_recon_rounds(setup)
-            assert workers.last_timings['workers'] == 2  # Both workers had a share.
+            timings = workers.last_timings
+            assert timings['workers'] == 2  # Both workers had a share.
+            # The workers' timeline (one host's clock): one merge, after both shares, before the driver got it.
+            assert len(timings['merges_s']) == 1 and 0 <= timings['merges_s'][0] <= timings['wait_s']
+            assert len(timings['start_delays_s']) == 2 and 0 <= timings['transport_s'] <= timings['wait_s']
             for name in workers.names:  # At this process's priority (Ray's default for its workers is 15).
                 pid = int(name.split('pid ')[1].split(' ')[0])
                 assert os.getpriority(os.PRIO_PROCESS, pid) == os.getpriority(os.PRIO_PROCESS, 0), name
