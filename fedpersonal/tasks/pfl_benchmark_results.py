@@ -115,7 +115,8 @@ def summarize(
     rows: Sequence[Mapping[str, float]], *, seconds_per_round: float | None, metric: str = 'accuracy'
 ) -> dict[str, Any]:
     """A method's row from its metric rows: the last evaluation, the best `metric` so far (the highest accuracy,
-    the lowest RMSE: `METRICS`), the tail's slope; an RMSE row also has the rating ``accuracy`` at the last round.
+    the lowest RMSE: `METRICS`; of the finite evaluations), the tail's slope; an RMSE row also has the rating
+    ``accuracy`` at the last round.
 
     >>> rows = [{'round': 1, 'test/rmse': 1.2, 'test/worst_client_rmse': 2.0, 'test/mean_client_rmse': 1.3,
     ...          'test/accuracy': 0.3}, {'round': 2, 'test/rmse': 1.1, 'test/worst_client_rmse': 1.9,
@@ -132,7 +133,9 @@ def summarize(
     curve = [(int(r['round']), float(r[key])) for r in evaluated]
     worst = [(int(r['round']), float(r[f'test/worst_client_{metric}'])) for r in evaluated]
     sign = 1.0 if METRICS[metric] else -1.0
-    best = max(evaluated, key=lambda r: sign * r[key])
+    # A diverged evaluation (not finite) is never the best (`max` would keep a NaN met first).
+    finite = [r for r in evaluated if np.isfinite(float(r[key]))] or evaluated
+    best = max(finite, key=lambda r: sign * r[key])
     last = evaluated[-1]
     row: dict[str, Any] = {
         'rounds': int(last['round']),

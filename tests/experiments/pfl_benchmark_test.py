@@ -235,6 +235,17 @@ def test_summary_reads_the_runs_rows():
     assert row['slope_last_10pct'] == pytest.approx(0.002)  # Rounds 40 and 50: 0.02 over 10 rounds.
 
 
+def test_a_diverged_evaluation_is_never_the_best():
+    # An RMSE run whose first evaluation was not finite (FedAvg+FT fine-tuning an untrained MovieLens model):
+    # the best so far is the lowest finite RMSE, not the NaN met first (`max` keeps it).
+    rows = [
+        {'round': r, 'test/rmse': v, 'test/mean_client_rmse': v, 'test/worst_client_rmse': v}
+        for r, v in ((20, float('nan')), (40, 2.5), (60, 1.2), (80, 1.3))
+    ]
+    row = pfl_benchmark.summarize(rows, seconds_per_round=None, metric='rmse')
+    assert (row['rmse'], row['best_rmse'], row['best_round']) == (1.3, 1.2, 60)
+
+
 @pytest.mark.parametrize(
     'flags, message',
     [
