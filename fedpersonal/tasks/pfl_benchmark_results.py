@@ -291,7 +291,7 @@ def markdown_table(rows: Sequence[Mapping[str, Any]]) -> str:
 
 def plot_by_round(results: Mapping[str, Any], path: str) -> str | None:
     """Test accuracy (or the results' ``metric``) and the worst client's by round, each method's mean over seeds
-    with a band of +- one std."""
+    with a band of +- one std; a panel whose values span more than 100x (a diverged evaluation) on a log scale."""
     from fedpersonal import program  # pylint: disable=g-import-not-at-top  # TFF: only to plot.
 
     rows = [r for r in results['rows'] if r.get('curve')]
@@ -312,6 +312,10 @@ def plot_by_round(results: Mapping[str, Any], path: str) -> str | None:
         ax.set_xlabel('round')
         ax.set_ylabel(label)
         ax.grid(alpha=0.3)
+        values = np.array([v for row in rows for _, v, _ in row.get(key) or []], dtype=np.float64)
+        values = values[np.isfinite(values) & (values > 0)]
+        if values.size and values.max() > 100 * values.min():  # A diverged evaluation would flatten the rest.
+            ax.set_yscale('log')
     seeds = ', '.join(str(s) for s in rows[0].get('seeds', []))
     title = (
         f'{results["dataset"]}, {results["partition"]} partition, {results["clients"]} clients: '
