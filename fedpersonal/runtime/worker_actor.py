@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import socket
 import time
 from collections.abc import Callable
 from collections.abc import Iterator
@@ -73,8 +74,6 @@ class Worker:
     """
 
     def __init__(self, recipe: Callable[[], Any], core: int | None, index: int):
-        import socket  # pylint: disable=g-import-not-at-top
-
         self.name = f'engine worker {index} (pid {os.getpid()} on {socket.gethostname()})'
         # A failing recipe is kept and raised by `describe`: the driver then gets the error itself (a creation
         # task's error reaches it only as the actor's death).
@@ -177,8 +176,6 @@ class Worker:
 def _clock(started: float, ready: float) -> dict:
     """A share's timeline on this host's monotonic clock (`time.perf_counter`, comparable between the processes
     of one host only): when it started and when its partial was ready, for the driver's timings."""
-    import socket  # pylint: disable=g-import-not-at-top
-
     return {'host': socket.gethostname(), 'started': [started], 'ready': ready, 'merges': []}
 
 
@@ -186,8 +183,6 @@ def _merged_clock(a: dict, b: dict, ready: float) -> dict:
     """Two partials' timelines merged at `ready` (this host's clock): a merge's cost is the time from the later of
     its two partials being ready to the merged one being ready (None when they come from other hosts, whose
     clocks are not this one's)."""
-    import socket  # pylint: disable=g-import-not-at-top
-
     host = socket.gethostname()
     cost = ready - max(a['ready'], b['ready']) if a['host'] == b['host'] == host else None
     return {
