@@ -29,6 +29,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import json
+import math
 import os
 import time
 from collections.abc import Callable
@@ -152,24 +153,54 @@ def run_method(benchmark: Benchmark, outputs: program.ExperimentOutputs, name: s
     return summarize(outputs.read_metrics(), seconds_per_round=outputs.median_round_seconds())
 
 
-def _run_path(name: str, seed: int) -> str:
-    """The directory of one method's run with one seed."""
-    return os.path.join(name, f'seed{seed}')
+def _run_path(name: str, seed: int, rate: float | None = None) -> str:
+    """The directory of one method's run with one seed (and a client learning rate of a selection)."""
+    return os.path.join(name, f'seed{seed}') if rate is None else os.path.join(name, f'lr{rate:g}', f'seed{seed}')
 
 
-def _finished(config: PflBenchmarkConfig, name: str, seed: int) -> dict[str, Any] | None:
+def _finished(config: PflBenchmarkConfig, name: str, seed: int, rate: float | None = None) -> dict[str, Any] | None:
     """The row of a run that finished earlier (its ``results.json``, written last), else None."""
-    path = os.path.join(config.output_dir, _run_path(name, seed), 'results.json')
+    path = os.path.join(config.output_dir, _run_path(name, seed, rate), 'results.json')
     if not os.path.exists(path):
         return None
     with open(path) as f:
         return json.load(f)
 
 
+Run = tuple[str, int, float | None]  # (method, seed, client learning rate of a selection; None: the config's).
+
+
+def _schedule(config: PflBenchmarkConfig, runs: dict[Run, Any], chosen: dict[str, float], metric: str):
+    """The runs in order: every method with every seed; with ``client_learning_rates``, first the first seed with
+    each rate, the rate of the best validation `metric` (recorded in `chosen`, read from `runs` as they finish),
+    then the other seeds with it."""
+    rates, (first, *others) = config.client_learning_rates, config.seeds
+    sign = 1.0 if pfl_benchmark_results.METRICS[metric] else -1.0
+    for name in config.configurations:
+        if not rates:
+            yield from ((name, seed, None) for seed in config.seeds)
+            continue
+        yield from ((name, first, rate) for rate in rates)
+
+        def score(rate: float) -> float:  # A diverged run (None: not finite in JSON) is never chosen.
+            value = runs[(name, first, rate)].get(f'validation_{metric}')
+            return sign * value if value is not None and math.isfinite(value) else -math.inf
+
+        if all(score(rate) == -math.inf for rate in rates):
+            raise errors.InputError(
+                f'{name}: training diverged with every client learning rate of --client_learning_rates={list(rates)} '
+                f'(first seed {first}; see {os.path.join(config.output_dir, name)}); give smaller ones.'
+            )
+        chosen[name] = max(rates, key=score)
+        logging.info('[%s] client learning rate %g selected on validation among %s', name, chosen[name], rates)
+        yield from ((name, seed, chosen[name]) for seed in others)
+
+
 def run(config: PflBenchmarkConfig) -> dict[str, Any]:
     """Runs every configured method with every seed on the partition (runs that finished earlier are read back);
     writes each run's row, results.json (the rows over seeds) and accuracy_by_round.png. MovieLens
-    (`MOVIELENS_DATASETS`): the rating block of `fedpersonal.tasks.pfl_benchmark_movielens`, rows by RMSE."""
+    (`MOVIELENS_DATASETS`): the rating block of `fedpersonal.tasks.pfl_benchmark_movielens`, rows by RMSE, each
+    method's client learning rate selected on validation among ``client_learning_rates`` (if given)."""
     run_record.check_output_dir(config)
     program.write_json(os.path.join(config.output_dir, 'config.json'), dataclasses.asdict(config))
     data: Any
@@ -194,37 +225,64 @@ def run(config: PflBenchmarkConfig) -> dict[str, Any]:
         data.name,
         {k: v for k, v in statistics.items() if k != 'label_counts'},
     )
-    runs: dict[tuple[str, int], dict[str, Any]] = {}
-    pending = []
-    for name in config.configurations:
-        for seed in config.seeds:
-            row = _finished(config, name, seed)
-            if row is None:
-                pending.append((name, seed))
-            else:
-                logging.info('[%s seed %d] finished earlier: its row is read back', name, seed)
-                runs[(name, seed)] = row
-    benchmarks: dict[int, Any] = {}
-    description = f'[pfl_benchmark] runs (method x seed; {len(runs)} finished earlier)'
-    for name, seed in progress.logged(pending, len(pending), description, delay=0.0, interval=1.0):
-        if seed not in benchmarks:
-            benchmarks[seed] = make_benchmark(dataclasses.replace(config, seed=seed), data)
+    runs: dict[Run, dict[str, Any]] = {}
+    chosen: dict[str, float] = {}
+    rates = config.client_learning_rates
+    total = len(config.configurations) * (len(rates) + len(config.seeds) - 1 if rates else len(config.seeds))
+    benchmarks: dict[tuple[int, float | None], Any] = {}
+    description = '[pfl_benchmark] runs (method x seed' + (' x learning rate)' if rates else ')')
+    for name, seed, rate in progress.logged(
+        _schedule(config, runs, chosen, metric), total, description, delay=0.0, interval=1.0
+    ):
+        finished = _finished(config, name, seed, rate)
+        if finished is not None:
+            logging.info('[%s seed %d] finished earlier: its row is read back', name, seed)
+            runs[(name, seed, rate)] = finished
+            continue
+        if (seed, rate) not in benchmarks:
+            run_config = dataclasses.replace(config, seed=seed)
+            if rate is not None:
+                run_config = dataclasses.replace(run_config, client_learning_rate=rate)
+            benchmarks[(seed, rate)] = make_benchmark(run_config, data)
         tf.random.set_seed(seed)  # Op-level seeds combine with the same graph-level seed whatever ran before.
-        outputs = program.ExperimentOutputs(config.output_dir, _run_path(name, seed))
+        outputs = program.ExperimentOutputs(config.output_dir, _run_path(name, seed, rate))
         started = time.time()
         row = {'name': METHOD_NAMES[name], 'method': name, 'seed': seed}
-        row.update(run_one(benchmarks[seed], outputs, name))
+        try:
+            row.update(run_one(benchmarks[(seed, rate)], outputs, name))
+        except program.NonFiniteLossError as error:
+            if rate is None or seed != config.seeds[0]:  # Not a candidate of a selection: the run fails.
+                raise
+            logging.warning('[%s lr %g] diverged, not a candidate: %s', name, rate, error)
+            row.update({'diverged': str(error), 'client_learning_rate': rate})
+            outputs.write_json('results.json', row)
+            runs[(name, seed, rate)] = row
+            continue
         outputs.write_json('results.json', row)  # Written last: the run is finished.
-        runs[(name, seed)] = row
+        runs[(name, seed, rate)] = row
         logging.info(
-            '[%s seed %d] %s %.4f (best %.4f) in %.0fs',
+            '[%s seed %d%s] %s %.4f (%s %.4f) in %.0fs',
             name,
             seed,
+            '' if rate is None else f' lr {rate:g}',
             metric,
             row[metric],
-            row[f'best_{metric}'],
+            f'validation {metric}' if f'validation_{metric}' in row else 'best',
+            row.get(f'validation_{metric}', row.get(f'best_{metric}')),
             time.time() - started,
         )
+    rows = []
+    for name in config.configurations:
+        row = pfl_benchmark_results.over_seeds(
+            [runs[(name, seed, chosen.get(name))] for seed in config.seeds], config.seeds, metric
+        )
+        if rates:
+            first = config.seeds[0]
+            row['client_learning_rate'] = chosen[name]
+            row['learning_rate_selection'] = {
+                f'{r:g}': runs[(name, first, r)].get(f'validation_{metric}') for r in rates
+            }
+        rows.append(row)
     results: dict[str, Any] = {
         'dataset': data.name,
         'partition': partition,
@@ -232,11 +290,10 @@ def run(config: PflBenchmarkConfig) -> dict[str, Any]:
         'metric': metric,
         'seeds': list(config.seeds),
         'statistics': statistics,
-        'rows': [
-            pfl_benchmark_results.over_seeds([runs[(name, seed)] for seed in config.seeds], config.seeds, metric)
-            for name in config.configurations
-        ],
+        'rows': rows,
     }
+    if config.dataset in MOVIELENS_DATASETS:
+        results['curve_split'] = 'validation'
     figure = pfl_benchmark_results.plot_by_round(results, os.path.join(config.output_dir, f'{metric}_by_round.png'))
     results['figures'] = {f'{metric}_by_round': figure}
     program.write_json(os.path.join(config.output_dir, 'results.json'), results)

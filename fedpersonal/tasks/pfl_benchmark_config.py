@@ -112,6 +112,13 @@ class PflBenchmarkConfig(
     batch_size: int = 10
     rounds_per_eval: int = 5
     client_learning_rate: float = parts.option(0.005, 'SGD learning rate of every local model (PFLlib: 0.005).')
+    client_learning_rates: tuple[float, ...] = parts.option(
+        (),
+        'MovieLens: client learning rates to select from, per method, on the validation ratings (the 10% between '
+        'train and test) with the first of --seeds; the other seeds run with the selected one (default: only '
+        '--client_learning_rate). May change when a run resumes (finished runs are read back).',
+        may_change_on_resume=True,
+    )
     fedprox_mu: float = parts.option(0.01, "FedProx's proximal weight mu.")
     ditto_lambda: float = parts.option(0.1, "Ditto's lambda (PFLlib's --mu).")
     personal_epochs: int = parts.option(
@@ -170,6 +177,16 @@ class PflBenchmarkConfig(
             raise errors.ConfigError(
                 f'configurations of dataset {self.dataset!r} must be a non-empty subset of {methods}; unknown: '
                 f'{unknown}.'
+            )
+        if self.client_learning_rates and self.dataset not in MOVIELENS_DATASETS:
+            raise errors.ConfigError(
+                '--client_learning_rates: only the MovieLens block has a validation split to select on (the image '
+                "block's partitions are PFLlib's train/test split); pass --client_learning_rate."
+            )
+        rates = self.client_learning_rates
+        if min(rates, default=1.0) <= 0 or len(set(rates)) != len(rates) or self.client_learning_rate <= 0:
+            raise errors.ConfigError(
+                f'client_learning_rate(s) must be positive and distinct, got {self.client_learning_rate}, {list(rates)}.'
             )
         if self.dataset == 'movielens' and not self.data_dir:
             raise errors.ConfigError(

@@ -3,8 +3,12 @@
 The methods of the benchmark that apply to matrix factorization, on the task of `fedpersonal.tasks.movielens_mf`
 (reused, not restated: its data loading and per-user time split, its personal model with the user embedding local
 and the items global, its table model, MSE loss and rating metrics, its FedRecon split and reconstruction). Every
-user is a client and trains every round on the first 80% of its ratings by time; the evaluation is on the last 10%
-(`movielens_mf.load_data`'s time split; the 10% between is unused). Rows:
+user is a client and trains every round on the first 80% of its ratings by time (`movielens_mf.load_data`'s time
+split). Every `rounds_per_eval` rounds the row is evaluated on the next 10% (validation); the model of the best
+validation round (the server state and, for a stateful method, every client's private state of that round: early
+stopping's restore-best, `program.EarlyStopping`) is tested once, on the last 10%. With `client_learning_rates`, each
+method's client learning rate is selected among them on the validation RMSE of the first seed
+(`fedpersonal.tasks.pfl_benchmark`). Rows:
 
 * ``fedavg``: FedAvg of the table model, every weight global (the user embeddings stored on the server, footnote 4
   of the FedRecon paper: movielens_mf's ``fedavg_standard``), StandardEval;
@@ -24,7 +28,8 @@ with a schedule and LG-FedAvg is FedPer. FedBN: the model has no batch normaliza
 FedProx may be added the same way (their plans take any model).
 
 The metric is RMSE over all test ratings (lower is better), with each client's RMSE (mean and worst) and the rating
-accuracy of `movielens_mf` (a prediction within `accuracy_threshold` 0.5 of the rating). A seed sets the models'
+accuracy of `movielens_mf` (a prediction within `accuracy_threshold` 0.5 of the rating); a row's curves are the
+validation RMSE by round. A seed sets the models'
 initial weights; the data, its cap of ratings per user and the split are `partition_seed`'s. A client's batches come
 in time order every round.
 """
@@ -62,6 +67,7 @@ from fedpersonal.tasks.pfl_benchmark_results import summarize
 
 PARTITION = 'by_user'
 METRIC = 'rmse'
+SPLITS = ('validation', 'test')  # The evaluation splits: the periodic one (selection), then the test (once).
 ModelWeights = tff.learning.models.ModelWeights
 
 
@@ -104,16 +110,17 @@ class MovieLensData:
 
 def load_data(config: PflBenchmarkConfig) -> MovieLensData:
     """MovieLens 100K from ``config.data_dir`` (or generated ratings), split by time per user; the clients are the
-    users with train and test ratings."""
+    users with train, validation and test ratings."""
     prepared = movielens_mf.load_data(mf_config(config, config.partition_seed))
-    test = set(prepared.time_test.client_ids)
-    clients = [c for c in prepared.time_train.client_ids if c in test]
+    evaluated = set(prepared.time_val.client_ids) & set(prepared.time_test.client_ids)
+    clients = [c for c in prepared.time_train.client_ids if c in evaluated]
     name = 'movielens_synthetic' if config.dataset == 'movielens_synthetic' else 'movielens_100k'
     return MovieLensData(prepared, name, clients)
 
 
 class MovieLensBenchmark:
-    """One seed's models and the clients' train and test datasets (the `movielens_mf` task with that seed)."""
+    """One seed's models and the clients' train, validation and test datasets (the `movielens_mf` task with that
+    seed and the config's client learning rate)."""
 
     def __init__(self, config: PflBenchmarkConfig, data: MovieLensData):
         self.config, self.data = config, data
@@ -121,7 +128,7 @@ class MovieLensBenchmark:
         self.task = movielens_mf.MovieLensMFTask(mf_config(config, config.seed), data.prepared)
         train = data.prepared.time_train
         self.train = {c: train.create_tf_dataset_for_client(c) for c in self.client_ids}
-        self._test = data.prepared.time_test
+        self._evaluated = dict(zip(SPLITS, (data.prepared.time_val, data.prepared.time_test)))
 
     def model_fn(self, local: str) -> Callable[[], Any]:
         """The personal model: ``'user'`` local (the task's), ``'none'`` or ``'all'`` (a personal copy)."""
@@ -143,8 +150,9 @@ class MovieLensBenchmark:
 
         return model_fn
 
-    def test_dataset(self, client_id: str, table: bool = False) -> tf.data.Dataset:
-        dataset = self._test.create_tf_dataset_for_client(client_id)
+    def eval_dataset(self, split: str, client_id: str, table: bool = False) -> tf.data.Dataset:
+        """A client's ratings of `split` (one of `SPLITS`), for the table model or the personal one."""
+        dataset = self._evaluated[split].create_tf_dataset_for_client(client_id)
         return self.task.table_dataset_fn_eval(dataset) if table else self.task.personal_dataset_fn(dataset)
 
 
@@ -194,24 +202,35 @@ def _rmse_metrics(result: Any) -> dict[str, float]:
     }
 
 
-def make_evaluation(benchmark: MovieLensBenchmark, name: str, plan: client_plan.ClientPlan) -> Callable[..., Any]:
-    """The row's evaluation on every client's test ratings: ``global weights -> metrics`` (FedAvg: StandardEval of
-    the table model; FedRecon: ReconEval), else ``(global weights, private states) -> metrics``, each client with
-    the model it predicts with."""
+def make_evaluation(
+    benchmark: MovieLensBenchmark, name: str, plan: client_plan.ClientPlan, split: str
+) -> Callable[..., Any]:
+    """The row's evaluation on every client's ratings of `split`: ``global weights -> metrics`` (FedAvg:
+    StandardEval of the table model; FedRecon: ReconEval), else ``(global weights, private states) -> metrics``,
+    each client with the model it predicts with."""
     task, ids = benchmark.task, benchmark.client_ids
+    cache = split  # One cache of prepared datasets per split and model kind (the table's, the personal one's).
     if name == 'fedavg':
 
         def standard(weights: Any, private_states: Any = None) -> dict[str, float]:
             del private_states  # The table model has no local weights (the plan's private states are empty).
             result = evaluation.evaluate_clients(
-                task.standard_eval(), weights, ids, lambda c: benchmark.test_dataset(c, table=True), cache_key='t'
+                task.standard_eval(),
+                weights,
+                ids,
+                lambda c: benchmark.eval_dataset(split, c, table=True),
+                cache_key=f'{cache}:table',
             )
             return _rmse_metrics(result)
 
         return standard
+
+    def split_dataset(client_id: str) -> tf.data.Dataset:
+        return benchmark.eval_dataset(split, client_id)
+
     if name == 'fed_recon':
         return lambda weights: _rmse_metrics(
-            evaluation.evaluate_clients(task.recon_eval(), weights, ids, benchmark.test_dataset, cache_key='p')
+            evaluation.evaluate_clients(task.recon_eval(), weights, ids, split_dataset, cache_key=f'{cache}:personal')
         )
     own = name in ('ditto', 'fedavg_ft')
     evaluate = evaluation.build_private_state_eval(
@@ -221,20 +240,28 @@ def make_evaluation(benchmark: MovieLensBenchmark, name: str, plan: client_plan.
         simulation=benchmark.config.simulation,
     )
     if name == 'fedavg_ft':
-        return _finetuned_evaluation(benchmark, evaluate)
+        return _finetuned_evaluation(benchmark, evaluate, split)
 
     def client_evaluation(weights: Any, private_states: list[Any]) -> dict[str, float]:
         states = [client_plan.personalized_weights(plan, weights, p) for p in private_states]
         result = evaluation.evaluate_clients(
-            evaluate, ModelWeights([], []) if own else weights, ids, benchmark.test_dataset, states, cache_key='p'
+            evaluate,
+            ModelWeights([], []) if own else weights,
+            ids,
+            split_dataset,
+            states,
+            cache_key=f'{cache}:personal',
         )
         return _rmse_metrics(result)
 
     return client_evaluation
 
 
-def _finetuned_evaluation(benchmark: MovieLensBenchmark, evaluate: Any) -> Callable[[Any], dict[str, float]]:
-    """FedAvg+FT: each client's personal model (the table's items and its own row) fine-tuned on its train ratings."""
+def _finetuned_evaluation(
+    benchmark: MovieLensBenchmark, evaluate: Any, split: str
+) -> Callable[[Any], dict[str, float]]:
+    """FedAvg+FT: each client's personal model (the table's items and its own row) fine-tuned on its train ratings,
+    then evaluated on `split`."""
     config, task = benchmark.config, benchmark.task
     with backends.use(config.simulation):
         tune = backends.build_process(
@@ -258,7 +285,12 @@ def _finetuned_evaluation(benchmark: MovieLensBenchmark, evaluate: Any) -> Calla
         train = [task.personal_dataset_fn(benchmark.train[c]) for c in benchmark.client_ids]
         tuned = list(tune.run_round(tune.initialize(), train, states).private_states)
         result = evaluation.evaluate_clients(
-            evaluate, ModelWeights([], []), benchmark.client_ids, benchmark.test_dataset, tuned, cache_key='p'
+            evaluate,
+            ModelWeights([], []),
+            benchmark.client_ids,
+            lambda c: benchmark.eval_dataset(split, c),
+            tuned,
+            cache_key=f'{split}:personal',
         )
         return _rmse_metrics(result)
 
@@ -283,27 +315,49 @@ def build_process(benchmark: MovieLensBenchmark, name: str, plan: client_plan.Cl
 
 
 def run_method(benchmark: MovieLensBenchmark, outputs: program.ExperimentOutputs, name: str) -> dict[str, Any]:
-    """Trains one row on every client every round; its row (`summarize` by RMSE)."""
+    """Trains one row on every client every round, evaluated on the validation ratings; tests the model of its best
+    validation round once. Its row: the test metrics of that model, the best round and its validation RMSE, the
+    validation curves (`summarize` of the validation evaluations)."""
     config, task = benchmark.config, benchmark.task
     plan = plan_for(name, benchmark)
     process = build_process(benchmark, name, plan)
-    evaluate = make_evaluation(benchmark, name, plan)
+    validate, test = (make_evaluation(benchmark, name, plan, split) for split in SPLITS)
     table = name in ('fedavg', 'fedavg_ft')
-    dataset_fn = task.table_dataset_fn if table else task.personal_dataset_fn
+    # Restore-best only (no patience): every seed runs the same rounds, so its curves average over seeds.
+    stopping = program.EarlyStopping(METRIC, keep_client_states=plan.stateful)
     common: dict[str, Any] = dict(
         outputs=outputs,
         client_data=benchmark.train,
-        dataset_fn=dataset_fn,
-        evaluation_name='test',
+        dataset_fn=task.table_dataset_fn if table else task.personal_dataset_fn,
+        evaluation_name='validation',
+        stopping=stopping,
         name=f'{name} seed {config.seed}',
     )
     if not plan.stateful:
-        program.run_process(process, config, evaluation_fn=evaluate, **common)
+        state, _ = program.run_process(process, config, evaluation_fn=validate, **common)
+        tested = test(process.get_model_weights(stopping.best_state if stopping.best_round else state))
     else:
-        initial = training_loop.from_model_weights(process.initial_private_state())
+        template = process.initial_private_state()
+        initial = training_loop.from_model_weights(template)
         store = program.open_store(
             config.state_store, outputs, client_state.spec_of(initial), lambda client_id: [a.copy() for a in initial]
         )
         with store:
-            program.run_process(process, config, client_evaluation_fn=evaluate, client_state_store=store, **common)
-    return summarize(outputs.read_metrics(), seconds_per_round=outputs.median_round_seconds(), metric=METRIC)
+            state, _ = program.run_process(
+                process, config, client_evaluation_fn=validate, client_state_store=store, **common
+            )
+            best = stopping.best_client_states(store, benchmark.client_ids)
+            states = [training_loop.unflatten_private_state(s, template) for s in best]
+        tested = test(process.get_model_weights(stopping.best_state if stopping.best_round else state), states)
+    row = summarize(
+        outputs.read_metrics(), seconds_per_round=outputs.median_round_seconds(), metric=METRIC, split='validation'
+    )
+    row.update(tested)
+    row.update(
+        {
+            'best_round': stopping.best_round,
+            f'validation_{METRIC}': stopping.best_value,
+            'client_learning_rate': config.client_learning_rate,
+        }
+    )
+    return row

@@ -7,7 +7,9 @@ accuracy so far and of the worst client's accuracy, the mean slope of the last 1
 round, and the accuracy by round as mean and standard deviation (`curve`, `worst_client_curve`: ``[round, mean,
 std]``). `docs_rows` turns a partition's results into the rows of ``docs/results/pfl_benchmark.json`` (with PFLlib's
 number where its leaderboard has the method), `markdown_table` into the table of ``docs/RESULTS.md``, and
-`plot_by_round` draws the accuracy by round, the mean over seeds with a band of one standard deviation.
+`plot_by_round` draws the accuracy by round, the mean over seeds with a band of one standard deviation. A row
+tested once on the model of its best validation round (the MovieLens block, by RMSE) has its validation value
+(``validation_rmse``) where the others have the best test value so far, and validation curves.
 
 Example:
 
@@ -64,10 +66,11 @@ LEADERBOARD_DATASET = 'fashion_mnist'
 METRICS = {'accuracy': True, 'rmse': False}
 
 
-def std_keys(metric: str = 'accuracy') -> tuple[str, ...]:
-    """The keys of a row that also get ``<key>_std`` over the seeds (`STD_KEYS` for accuracy)."""
+def std_keys(metric: str = 'accuracy', selected_on_validation: bool = False) -> tuple[str, ...]:
+    """The keys of a row that also get ``<key>_std`` over the seeds: the metric, the best one so far on test (or,
+    for a row whose model was selected on validation, its validation value) and the worst client's."""
     _check_metric(metric)
-    return (metric, f'best_{metric}', f'worst_client_{metric}')
+    return (metric, f'validation_{metric}' if selected_on_validation else f'best_{metric}', f'worst_client_{metric}')
 
 
 def _check_metric(metric: str) -> None:
@@ -94,8 +97,20 @@ DOCS_KEYS = (
     'seconds_per_round',
 )
 LEADERBOARD_KEYS = ('pfllib_accuracy', 'explanation')
-# Then those of a row whose metric is RMSE (the MovieLens block; its ``accuracy`` is the rating accuracy).
-RMSE_KEYS = ('metric', 'rmse', 'rmse_std', 'best_rmse', 'best_rmse_std', 'worst_client_rmse')
+# Then those of a row whose metric is RMSE (the MovieLens block; its ``accuracy`` is the rating accuracy): test
+# metrics of the model of the best validation round, that round and its validation RMSE, the client learning rate
+# (and, selected among several, each one's validation RMSE with the first seed).
+RMSE_KEYS = (
+    'metric',
+    'rmse',
+    'rmse_std',
+    'validation_rmse',
+    'validation_rmse_std',
+    'best_round',
+    'worst_client_rmse',
+    'client_learning_rate',
+    'learning_rate_selection',
+)
 PENDING = '(explanation pending)'  # The markdown cell of a leaderboard row whose explanation is not written yet.
 
 
@@ -112,11 +127,17 @@ def _last_slope(curve: list[tuple[int, float]]) -> float | None:
 
 
 def summarize(
-    rows: Sequence[Mapping[str, float]], *, seconds_per_round: float | None, metric: str = 'accuracy'
+    rows: Sequence[Mapping[str, float]],
+    *,
+    seconds_per_round: float | None,
+    metric: str = 'accuracy',
+    split: str = 'test',
 ) -> dict[str, Any]:
     """A method's row from its metric rows: the last evaluation, the best `metric` so far (the highest accuracy,
     the lowest RMSE: `METRICS`; of the finite evaluations), the tail's slope; an RMSE row also has the rating
-    ``accuracy`` at the last round.
+    ``accuracy`` at the last round. With ``split='validation'`` (a row tested once on the model of its best
+    validation round, the caller's to add) only the rounds, the slope and the curves, all of the validation
+    evaluations.
 
     >>> rows = [{'round': 1, 'test/rmse': 1.2, 'test/worst_client_rmse': 2.0, 'test/mean_client_rmse': 1.3,
     ...          'test/accuracy': 0.3}, {'round': 2, 'test/rmse': 1.1, 'test/worst_client_rmse': 1.9,
@@ -126,12 +147,20 @@ def summarize(
     (1.1, 1.1, 2, 1.9, 0.35)
     """
     _check_metric(metric)
-    key = f'test/{metric}'
+    key = f'{split}/{metric}'
     evaluated = [r for r in rows if key in r]
     if not evaluated:
-        raise ValueError('the run has no evaluation (rounds_per_eval > total_rounds?)')
+        raise ValueError(f'the run has no {split} evaluation (rounds_per_eval > total_rounds?)')
     curve = [(int(r['round']), float(r[key])) for r in evaluated]
-    worst = [(int(r['round']), float(r[f'test/worst_client_{metric}'])) for r in evaluated]
+    worst = [(int(r['round']), float(r[f'{split}/worst_client_{metric}'])) for r in evaluated]
+    if split != 'test':
+        return {
+            'rounds': int(evaluated[-1]['round']),
+            'slope_last_10pct': _last_slope(curve),
+            'seconds_per_round': seconds_per_round,
+            'curve': curve,
+            'worst_client_curve': worst,
+        }
     sign = 1.0 if METRICS[metric] else -1.0
     # A diverged evaluation (not finite) is never the best (`max` would keep a NaN met first).
     finite = [r for r in evaluated if np.isfinite(float(r[key]))] or evaluated
@@ -172,7 +201,9 @@ def over_seeds(runs: Sequence[Mapping[str, Any]], seeds: Sequence[int], metric: 
     if len({int(r['rounds']) for r in runs}) > 1:
         raise ValueError(f'the seeds ran different rounds: {[r["rounds"] for r in runs]}')
     scalars = [{k: v for k, v in r.items() if k not in (*CURVES, 'seed')} for r in runs]
-    keys = std_keys(metric) + (('accuracy',) if metric != 'accuracy' and all('accuracy' in r for r in runs) else ())
+    selected = all(f'validation_{metric}' in r for r in runs)
+    keys = std_keys(metric, selected)
+    keys += ('accuracy',) if metric != 'accuracy' and all('accuracy' in r for r in runs) else ()
     per_seed = ('best_round', 'slope_last_10pct', f'mean_client_{metric}', 'seconds_per_round')
     row = seeds_lib.mean_over_seeds(scalars, seeds, std_keys=keys, per_seed_keys=per_seed)
     # The median over seeds: on a shared machine, other work only ever adds to a run's seconds.
@@ -227,27 +258,35 @@ def _percent(value: Any, std: Any = None) -> str:
 
 
 def _rmse_table(group: Sequence[Mapping[str, Any]]) -> list[str]:
-    """The rows of an RMSE partition (the MovieLens block): RMSE (lower is better) and the rating accuracy."""
+    """The rows of an RMSE partition (the MovieLens block): the test RMSE (lower is better) and rating accuracy of
+    each seed's model of its best validation round, that round and its validation RMSE, the learning rate."""
     first = group[0]
     seeds = ', '.join(str(s) for s in first['seeds'])
     lines = [
         f'{first["dataset"]}, {first["partition"]} partition, {first["clients"]} clients, {first["rounds"]} rounds, '
-        f'mean +- std over seeds {seeds}; RMSE of the predicted ratings over all test ratings (lower is better), '
-        'rating accuracy in % (predictions within the threshold of the rating):',
+        f'mean +- std over seeds {seeds}; each seed tested once with its model of the best validation round: RMSE '
+        'of the predicted ratings over all test ratings (lower is better), rating accuracy in % (predictions within '
+        'the threshold of the rating):',
         '',
-        '| method | RMSE at last round | best so far | slope of last 10% (RMSE/100 rounds) | worst client RMSE '
-        '| rating accuracy | s/round |',
-        '|---|---|---|---|---|---|---|',
+        '| method | test RMSE | validation RMSE | best round (mean) | client learning rate (validation RMSE, first '
+        'seed) | slope of last 10% (validation RMSE/100 rounds) | worst client test RMSE | rating accuracy | s/round |',
+        '|---|---|---|---|---|---|---|---|---|',
     ]
     for r in group:
-        slope, seconds = r.get('slope_last_10pct'), r['seconds_per_round']
+        slope, seconds, best_round = r.get('slope_last_10pct'), r['seconds_per_round'], r.get('best_round')
 
         def number(value: Any, std: Any = None) -> str:
             return '-' if value is None else f'{value:.4f}' + ('' if std is None else f' +- {std:.4f}')
 
+        rates = r.get('learning_rate_selection') or {}
+        chosen = r.get('client_learning_rate')
+        rate = '-' if chosen is None else f'**{chosen:g}**' if rates else f'{chosen:g}'
+        if rates:
+            rate += ' (' + ', '.join(f'{float(k):g}: {number(v)}' for k, v in rates.items()) + ')'
         lines.append(
             f'| {r["name"]} | {number(r["rmse"], r.get("rmse_std"))} '
-            f'| {number(r.get("best_rmse"), r.get("best_rmse_std"))} '
+            f'| {number(r.get("validation_rmse"), r.get("validation_rmse_std"))} '
+            f'| {"-" if best_round is None else f"{best_round:.0f}"} | {rate} '
             f'| {"-" if slope is None else f"{100 * slope:+.4f}"} | {number(r.get("worst_client_rmse"))} '
             f'| {_percent(r.get("accuracy"), r.get("accuracy_std"))} | {"-" if seconds is None else f"{seconds:.3f}"} |'
         )
@@ -290,7 +329,8 @@ def markdown_table(rows: Sequence[Mapping[str, Any]]) -> str:
 
 
 def plot_by_round(results: Mapping[str, Any], path: str) -> str | None:
-    """Test accuracy (or the results' ``metric``) and the worst client's by round, each method's mean over seeds
+    """Test accuracy (or the results' ``metric``, on its ``curve_split``) and the worst client's by round, each
+    method's mean over seeds
     with a band of +- one std; a panel whose values span more than 100x (a diverged evaluation) on a log scale."""
     from fedpersonal import program  # pylint: disable=g-import-not-at-top  # TFF: only to plot.
 
@@ -298,7 +338,8 @@ def plot_by_round(results: Mapping[str, Any], path: str) -> str | None:
     if not rows:
         return None
     metric = {'accuracy': 'accuracy', 'rmse': 'RMSE'}[results.get('metric', 'accuracy')]
-    panels = (('curve', f'test {metric} (all clients)'), ('worst_client_curve', f"worst client's test {metric}"))
+    split = results.get('curve_split', 'test')  # The MovieLens block's curves are its validation evaluations.
+    panels = (('curve', f'{split} {metric} (all clients)'), ('worst_client_curve', f"worst client's {split} {metric}"))
     fig, axes = program.new_figure(1, len(panels), figsize=(4.6 * len(panels) + 2.2, 3.6), squeeze=False)
     colours = program.colormap('tab10' if len(rows) <= 10 else 'tab20', 10 if len(rows) <= 10 else 20).colors
     for ax, (key, label) in zip(axes[0], panels):

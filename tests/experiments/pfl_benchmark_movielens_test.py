@@ -2,9 +2,11 @@
 rating accuracy are those of a numpy computation written here (each client predicting with its own user embedding,
 its personal copy, or its row of FedAvg's table); the user embedding is never aggregated (privacy audit of a
 training round: no user embedding, nor a client's or the clients' sum or mean of them, in any server output); a
-persistent private user embedding beats the mean-rating baseline; the block's results are rows by RMSE that the
-results table reads; bad flags get a clear error."""
+persistent private user embedding beats the mean-rating baseline; each method's learning rate and round are
+selected on the validation ratings and tested once; the block's results are rows by RMSE that the results table
+reads; bad flags get a clear error."""
 
+import json
 from typing import Any
 
 import numpy as np
@@ -78,7 +80,7 @@ def _one_round(benchmark, name):
 @pytest.mark.parametrize('name', ['fedper', 'ditto', 'fedavg'])
 def test_each_client_is_scored_with_its_own_user_embedding_as_numpy_scores_it(benchmark, name):
     plan, weights, privates = _one_round(benchmark, name)
-    got = ml.make_evaluation(benchmark, name, plan)(weights, privates)
+    got = ml.make_evaluation(benchmark, name, plan, 'test')(weights, privates)
     ids = [int(c) for c in benchmark.client_ids]
     if name == 'fedper':  # The global items, each client's own user row.
         items = np.asarray(weights.trainable[0])
@@ -160,18 +162,20 @@ def test_ditto_global_model_never_depends_on_the_personal_copies(benchmark):
     assert not any(path.startswith('state/') for path in report.changed), report.changed
 
 
-def test_a_private_user_embedding_beats_the_mean_rating_and_the_rows_are_by_rmse(tmp_path):
+def test_the_learning_rate_and_round_are_selected_on_validation_and_tested_once(tmp_path):
+    """Each method's client learning rate is the one of the lowest validation RMSE with the first seed (the other
+    seeds run only with it); each run tests the model of its best validation round: the same test RMSE as a run
+    stopped at that round. A persistent private user embedding beats predicting the mean training rating."""
+    small = {**SMALL, 'synthetic_users': 30, 'synthetic_items': 40, 'num_latent_factors': 8}
     config = pfl_benchmark.PflBenchmarkConfig(
-        **{**SMALL, 'synthetic_users': 30, 'synthetic_items': 40, 'num_latent_factors': 8},
+        **{**small, 'seeds': (0, 1)},
         configurations=('fedper',),
+        client_learning_rates=(0.3, 0.003, 100.0),  # 100 diverges: never chosen, the others go on.
         total_rounds=30,
-        rounds_per_eval=10,
-        output_dir=str(tmp_path),
+        rounds_per_eval=5,
+        output_dir=str(tmp_path / 'selection'),
     )
     results = pfl_benchmark.run(config)
-    prepared = ml.load_data(config).prepared
-    train, test = prepared.time_split_ratings['train'], prepared.time_split_ratings['test']
-    baseline = float(np.sqrt(np.mean((test.rating.to_numpy() - train.rating.mean()) ** 2)))
     (row,) = results['rows']
     assert (results['dataset'], results['partition'], results['metric'], results['clients']) == (
         'movielens_synthetic',
@@ -179,12 +183,41 @@ def test_a_private_user_embedding_beats_the_mean_rating_and_the_rows_are_by_rmse
         'rmse',
         30,
     )
+    selection = row['learning_rate_selection']
+    assert set(selection) == {'0.3', '0.003', '100'} and row['client_learning_rate'] == 0.3
+    assert selection['0.3'] < selection['0.003'] and selection['100'] is None, selection
+    diverged = json.loads((tmp_path / 'selection' / 'fedper' / 'lr100' / 'seed0' / 'results.json').read_text())
+    assert 'non-finite training loss' in diverged['diverged'], diverged
+    assert not (tmp_path / 'selection' / 'fedper' / 'lr0.003' / 'seed1').exists()  # Seed 1 runs the chosen rate only.
+    assert row['validation_rmse'] == pytest.approx(np.mean([min(v for _, v in c) for c in _seed_curves(tmp_path)]))
+    prepared = ml.load_data(config).prepared
+    train, test = prepared.time_split_ratings['train'], prepared.time_split_ratings['test']
+    baseline = float(np.sqrt(np.mean((test.rating.to_numpy() - train.rating.mean()) ** 2)))
     assert row['rmse'] < 0.85 * baseline, (row['rmse'], baseline)
-    assert row['best_rmse'] == min(v for _, v, _ in row['curve'])  # Lower is better.
-    docs = results_lib.docs_results([str(tmp_path)])
+    # Seed 1's best validation round comes before its last: its test RMSE is that of a run stopped there.
+    seed1 = row['per_seed'][1]
+    assert seed1['best_round'] < 30, seed1
+    stopped = pfl_benchmark.PflBenchmarkConfig(
+        **{**small, 'seeds': (1,), 'client_learning_rate': 0.3},
+        configurations=('fedper',),
+        total_rounds=seed1['best_round'],
+        rounds_per_eval=seed1['best_round'],
+        output_dir=str(tmp_path / 'stopped'),
+    )
+    (stopped_row,) = pfl_benchmark.run(stopped)['rows']
+    assert stopped_row['rmse'] == pytest.approx(seed1['rmse'], rel=1e-5)
+    docs = results_lib.docs_results([str(tmp_path / 'selection')])
     (doc_row,) = docs['rows']
     assert doc_row['metric'] == 'rmse' and doc_row['rmse'] == row['rmse'] and 'pfllib_accuracy' not in doc_row
-    assert 'RMSE' in results_lib.markdown_table(docs['rows']) and 'FedPer' in results_lib.markdown_table(docs['rows'])
+    assert doc_row['learning_rate_selection'] == selection
+    table = results_lib.markdown_table(docs['rows'])
+    assert 'validation RMSE' in table and '**0.3** (0.3: ' in table and 'FedPer' in table
+
+
+def _seed_curves(tmp_path):
+    """The validation RMSE curve of each seed's run with the chosen rate (read from their rows)."""
+    runs = [tmp_path / 'selection' / 'fedper' / 'lr0.3' / f'seed{s}' / 'results.json' for s in (0, 1)]
+    return [json.loads(path.read_text())['curve'] for path in runs]
 
 
 @pytest.mark.parametrize(
@@ -193,6 +226,8 @@ def test_a_private_user_embedding_beats_the_mean_rating_and_the_rows_are_by_rmse
         (dict(dataset='movielens_synthetic', configurations=('fedrep',)), 'fedrep'),
         (dict(dataset='movielens'), '--data_dir'),
         (dict(dataset='movielens_synthetic', num_latent_factors=0), 'num_latent_factors'),
+        (dict(dataset='synthetic', client_learning_rates=(0.1, 0.2)), 'validation split'),
+        (dict(dataset='movielens_synthetic', client_learning_rates=(0.1, 0.1)), 'distinct'),
     ],
 )
 def test_bad_flags_name_the_problem(flags, message):
@@ -209,7 +244,7 @@ def test_fedavg_fine_tuning_equals_a_numpy_sgd_loop(benchmark):
     """FedAvg+FT: each client's personal model (the table's items and its own row) trained by plain SGD on its train
     ratings in time order (batches of `batch_size`, MSE, `finetune_epochs` epochs) by hand here, then scored."""
     plan, weights, privates = _one_round(benchmark, 'fedavg')
-    got = ml.make_evaluation(benchmark, 'fedavg_ft', plan)(weights, privates)
+    got = ml.make_evaluation(benchmark, 'fedavg_ft', plan, 'test')(weights, privates)
     config, num_items = benchmark.config, benchmark.task.num_items
     (items,) = [np.asarray(w, np.float64) for w in weights.trainable if np.shape(w)[0] == num_items]
     (table,) = [np.asarray(w, np.float64) for w in weights.trainable if np.shape(w)[0] == benchmark.task.num_users]
