@@ -263,7 +263,7 @@ def _finetuned_evaluation(
     """FedAvg+FT: each client's personal model (the table's items and its own row) fine-tuned on its train ratings,
     then evaluated on `split`."""
     config, task = benchmark.config, benchmark.task
-    with backends.use(config.simulation):
+    with backends.use(config.simulation, strategy=config.engine_strategy):
         tune = backends.build_process(
             fedbabu.finetune_plan(epochs=config.finetune_epochs, optimizer=_sgd(config.client_learning_rate)),
             benchmark.model_fn('all'),
@@ -302,7 +302,7 @@ def build_process(benchmark: MovieLensBenchmark, name: str, plan: client_plan.Cl
     with every weight global, its copy kept by the plan; the others: the user embedding local)."""
     config, task = benchmark.config, benchmark.task
     table = name in ('fedavg', 'fedavg_ft')
-    with backends.use(config.simulation):
+    with backends.use(config.simulation, strategy=config.engine_strategy):
         return backends.build_process(
             plan,
             task.table_model_fn if table else benchmark.model_fn('none' if plan.personal else 'user'),

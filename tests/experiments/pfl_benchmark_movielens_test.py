@@ -200,12 +200,18 @@ def test_the_learning_rate_and_round_are_selected_on_validation_and_tested_once(
     stopped = pfl_benchmark.PflBenchmarkConfig(
         **{**small, 'seeds': (1,), 'client_learning_rate': 0.3},
         configurations=('fedper',),
+        engine_strategy='client_loop',  # The block's processes take --engine_strategy (auto: the lockstep here).
         total_rounds=seed1['best_round'],
         rounds_per_eval=seed1['best_round'],
         output_dir=str(tmp_path / 'stopped'),
     )
     (stopped_row,) = pfl_benchmark.run(stopped)['rows']
     assert stopped_row['rmse'] == pytest.approx(seed1['rmse'], rel=1e-5)
+    strategies = [
+        json.loads((tmp_path / d / 'fedper' / p / 'engine_strategy.json').read_text())
+        for d, p in (('selection', 'lr0.3/seed1'), ('stopped', 'seed1'))
+    ]
+    assert [s['engine_strategy'] for s in strategies] == ['lockstep', 'client_loop']
     docs = results_lib.docs_results([str(tmp_path / 'selection')])
     (doc_row,) = docs['rows']
     assert doc_row['metric'] == 'rmse' and doc_row['rmse'] == row['rmse'] and 'pfllib_accuracy' not in doc_row
