@@ -236,7 +236,12 @@ def run(config: PflBenchmarkConfig) -> dict[str, Any]:
     ):
         finished = _finished(config, name, seed, rate)
         if finished is not None:
-            logging.info('[%s seed %d] finished earlier: its row is read back', name, seed)
+            logging.info(
+                '[%s seed %d%s] finished earlier: its row is read back',
+                name,
+                seed,
+                '' if rate is None else f' lr {rate:g}',
+            )
             runs[(name, seed, rate)] = finished
             continue
         if (seed, rate) not in benchmarks:

@@ -282,7 +282,8 @@ def _rmse_table(group: Sequence[Mapping[str, Any]]) -> list[str]:
         chosen = r.get('client_learning_rate')
         rate = '-' if chosen is None else f'**{chosen:g}**' if rates else f'{chosen:g}'
         if rates:
-            rate += ' (' + ', '.join(f'{float(k):g}: {number(v)}' for k, v in rates.items()) + ')'
+            shown = (f'{float(k):g}: {"diverged" if v is None else number(v)}' for k, v in rates.items())
+            rate += ' (' + ', '.join(shown) + ')'
         lines.append(
             f'| {r["name"]} | {number(r["rmse"], r.get("rmse_std"))} '
             f'| {number(r.get("validation_rmse"), r.get("validation_rmse_std"))} '

@@ -217,7 +217,7 @@ def test_the_learning_rate_and_round_are_selected_on_validation_and_tested_once(
     assert doc_row['metric'] == 'rmse' and doc_row['rmse'] == row['rmse'] and 'pfllib_accuracy' not in doc_row
     assert doc_row['learning_rate_selection'] == selection
     table = results_lib.markdown_table(docs['rows'])
-    assert 'validation RMSE' in table and '**0.3** (0.3: ' in table and 'FedPer' in table
+    assert 'validation RMSE' in table and '**0.3** (0.3: ' in table and '100: diverged)' in table and 'FedPer' in table
 
 
 def _seed_curves(tmp_path):
