@@ -129,6 +129,13 @@ class MovieLensBenchmark:
         train = data.prepared.time_train
         self.train = {c: train.create_tf_dataset_for_client(c) for c in self.client_ids}
         self._evaluated = dict(zip(SPLITS, (data.prepared.time_val, data.prepared.time_test)))
+        self._built: dict[str, Any] = {}
+
+    def built(self, key: str, build: Callable[[], Any]) -> Any:
+        """`build()` once per benchmark (a computation both splits' evaluations and several rows use)."""
+        if key not in self._built:
+            self._built[key] = build()
+        return self._built[key]
 
     def model_fn(self, local: str) -> Callable[[], Any]:
         """The personal model: ``'user'`` local (the task's), ``'none'`` or ``'all'`` (a personal copy)."""
@@ -233,11 +240,14 @@ def make_evaluation(
             evaluation.evaluate_clients(task.recon_eval(), weights, ids, split_dataset, cache_key=f'{cache}:personal')
         )
     own = name in ('ditto', 'fedavg_ft')
-    evaluate = evaluation.build_private_state_eval(
-        benchmark.model_fn('all' if own else 'user'),
-        loss_fn=task.loss_fn,
-        metrics_fn=task.metrics_fn,
-        simulation=benchmark.config.simulation,
+    evaluate = benchmark.built(
+        f'evaluation:{own}',
+        lambda: evaluation.build_private_state_eval(
+            benchmark.model_fn('all' if own else 'user'),
+            loss_fn=task.loss_fn,
+            metrics_fn=task.metrics_fn,
+            simulation=benchmark.config.simulation,
+        ),
     )
     if name == 'fedavg_ft':
         return _finetuned_evaluation(benchmark, evaluate, split)
@@ -263,15 +273,19 @@ def _finetuned_evaluation(
     """FedAvg+FT: each client's personal model (the table's items and its own row) fine-tuned on its train ratings,
     then evaluated on `split`."""
     config, task = benchmark.config, benchmark.task
-    with backends.use(config.simulation, strategy=config.engine_strategy):
-        tune = backends.build_process(
-            fedbabu.finetune_plan(epochs=config.finetune_epochs, optimizer=_sgd(config.client_learning_rate)),
-            benchmark.model_fn('all'),
-            loss_fn=task.loss_fn,
-            server_optimizer=_sgd(1.0),
-            group_size=config.group_size,
-            name='fine-tuning',
-        )
+
+    def build_tuning() -> Any:
+        with backends.use(config.simulation, strategy=config.engine_strategy):
+            return backends.build_process(
+                fedbabu.finetune_plan(epochs=config.finetune_epochs, optimizer=_sgd(config.client_learning_rate)),
+                benchmark.model_fn('all'),
+                loss_fn=task.loss_fn,
+                server_optimizer=_sgd(1.0),
+                group_size=config.group_size,
+                name='fine-tuning',
+            )
+
+    tune = benchmark.built('fine-tuning', build_tuning)
     users = [int(c) for c in benchmark.client_ids]  # A client id is its user's row of the table.
 
     def finetuned(weights: Any, private_states: Any = None) -> dict[str, float]:
