@@ -2,8 +2,8 @@
 
 Values are kept encoded (one `bytes` blob per client, the arrays' raw bytes in
 spec order), which costs about 4x less memory than lists of small arrays: ~0.3 KB
-per client for a 32-float embedding. Committed values live in one dict; writes
-since the last commit live in a second dict of per-round versions, so `commit`
+per client for a 32-float embedding. Committed values live in one dict; each
+client's latest write since the last commit lives in a second one, so `commit`
 and `rollback` cost time proportional to the clients written since the last
 commit, never to the number of registered clients. Nothing survives the process.
 """
@@ -29,7 +29,7 @@ class InMemoryClientStateStore(store_lib.ClientStateStore):
         """
         super().__init__(spec, default_fn)
         self._committed: dict[str, bytes] = {}
-        self._pending: dict[str, dict[int, bytes]] = {}  # client id -> {round: blob}, rounds > committed.
+        self._pending: dict[str, tuple[int, bytes]] = {}  # client id -> (round, blob), its latest write.
         self._pending_only = 0  # Clients in _pending but not in _committed.
         self._committed_round = 0
         self._closed = False
@@ -39,10 +39,11 @@ class InMemoryClientStateStore(store_lib.ClientStateStore):
             raise ValueError('the client state store is closed')
 
     def _blob(self, client_id: str) -> bytes | None:
-        versions = self._pending.get(client_id)
-        if versions:
-            return versions[max(versions)]
-        return self._committed.get(client_id)
+        pending = self._pending.get(client_id)
+        return pending[1] if pending is not None else self._committed.get(client_id)
+
+    def _latest_pending(self) -> int | None:
+        return max((r for r, _ in self._pending.values()), default=None)
 
     def get(self, client_ids: Sequence[str]) -> list[store_lib.State]:
         self._check_open()
@@ -69,12 +70,9 @@ class InMemoryClientStateStore(store_lib.ClientStateStore):
         store_lib.check_distinct(client_ids, 'put')
         blobs = [self._codec.encode(cid, state) for cid, state in zip(client_ids, states)]  # Validate all first.
         for cid, blob in zip(client_ids, blobs):
-            versions = self._pending.get(cid)
-            if versions is None:
-                if cid not in self._committed:
-                    self._pending_only += 1
-                versions = self._pending[cid] = {}
-            versions[round_num] = blob
+            if cid not in self._pending and cid not in self._committed:
+                self._pending_only += 1
+            self._pending[cid] = (round_num, blob)
 
     def register(self, client_ids: Sequence[str], states: Sequence[store_lib.State] | None = None) -> None:
         self._check_open()
@@ -98,31 +96,19 @@ class InMemoryClientStateStore(store_lib.ClientStateStore):
     def commit(self, round_num: int) -> None:
         self._check_open()
         round_num = store_lib.check_round(round_num, self._committed_round, 'commit')
-        for cid in list(self._pending):
-            versions = self._pending[cid]
-            done = [r for r in versions if r <= round_num]
-            if not done:
-                continue
-            if cid not in self._committed:
-                self._pending_only -= 1
-            self._committed[cid] = versions[max(done)]
-            for r in done:
-                del versions[r]
-            if not versions:
-                del self._pending[cid]
+        store_lib.check_pending(round_num, self._committed_round, self._latest_pending(), 'commit')
+        self._committed.update((cid, blob) for cid, (_, blob) in self._pending.items())
+        self._pending, self._pending_only = {}, 0
         self._committed_round = round_num
 
     def rollback(self, round_num: int) -> None:
         self._check_open()
         round_num = store_lib.check_round(round_num, self._committed_round, 'rollback')
-        for cid in list(self._pending):
-            versions = self._pending[cid]
-            for r in [r for r in versions if r > round_num]:
-                del versions[r]
-            if not versions:
-                del self._pending[cid]
-                if cid not in self._committed:
-                    self._pending_only -= 1
+        store_lib.check_pending(round_num, self._committed_round, self._latest_pending(), 'rollback')
+        for cid in [cid for cid, (r, _) in self._pending.items() if r > round_num]:
+            del self._pending[cid]
+            if cid not in self._committed:
+                self._pending_only -= 1
 
     def committed_round(self) -> int:
         self._check_open()

@@ -8,7 +8,9 @@ Schema (one SQLite file):
 * `states(client_id PRIMARY KEY, round, blob) WITHOUT ROWID`: each registered
   client's committed value and the round that wrote it (0: `register`).
 * `pending(client_id, round, blob, PRIMARY KEY (client_id, round)) WITHOUT ROWID`:
-  the versions written by `put` since the last commit, one per (client, round).
+  each client's latest write by `put` since the last commit (a write deletes the
+  client's earlier pending row: one per client; files of earlier versions may
+  hold several, which `commit` and `rollback` still read correctly).
 
 A blob is a state's arrays' raw C-order bytes concatenated in spec order; its
 length is checked on every read (`CorruptStateError` names the client).
@@ -18,8 +20,9 @@ leaves either all or none of it):
 
 * `get(ids)`: indexed `IN (...)` lookups in `pending` (latest round wins), then
   in `states`: O(k log N) for k clients among N.
-* `put(ids, states, r)`: `INSERT OR REPLACE` of k rows into `pending`
-  (`executemany`) plus the `num_clients` update: O(k log N).
+* `put(ids, states, r)`: `INSERT OR REPLACE` of k rows into `pending` and
+  deletion of the clients' earlier pending rows (`executemany`) plus the
+  `num_clients` update: O(k log N).
 * `commit(r)`: copies each client's latest pending version with round <= r over
   its row in `states` (garbage-collecting the superseded committed value), deletes
   those pending versions and records `committed_round = r`: O(P log N) for the P
@@ -187,6 +190,9 @@ class SqliteClientStateStore(store_lib.ClientStateStore):
                 )
         return blobs
 
+    def _latest_pending(self) -> int | None:
+        return self._db().execute('SELECT MAX(round) FROM pending').fetchone()[0]
+
     def _existing(self, conn: sqlite3.Connection, client_ids: Sequence[str]) -> set[str]:
         """The stored clients among `client_ids`."""
         found: set[str] = set()
@@ -241,6 +247,7 @@ class SqliteClientStateStore(store_lib.ClientStateStore):
         def body(conn: sqlite3.Connection) -> int:
             new = len(client_ids) - len(self._existing(conn, client_ids))
             conn.executemany('INSERT OR REPLACE INTO pending (client_id, round, blob) VALUES (?, ?, ?)', rows)
+            conn.executemany('DELETE FROM pending WHERE client_id = ? AND round < ?', [r[:2] for r in rows])
             if new:
                 conn.execute("UPDATE meta SET value = value + ? WHERE key = 'num_clients'", (new,))
             return new
@@ -281,6 +288,7 @@ class SqliteClientStateStore(store_lib.ClientStateStore):
     def commit(self, round_num: int) -> None:
         self._db()
         round_num = store_lib.check_round(round_num, self._committed_round, 'commit')
+        store_lib.check_pending(round_num, self._committed_round, self._latest_pending(), 'commit')
 
         def body(conn: sqlite3.Connection) -> None:
             conn.execute(
@@ -299,6 +307,7 @@ class SqliteClientStateStore(store_lib.ClientStateStore):
     def rollback(self, round_num: int) -> None:
         self._db()
         round_num = store_lib.check_round(round_num, self._committed_round, 'rollback')
+        store_lib.check_pending(round_num, self._committed_round, self._latest_pending(), 'rollback')
 
         def body(conn: sqlite3.Connection) -> int:
             (removed,) = conn.execute(

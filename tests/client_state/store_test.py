@@ -159,41 +159,77 @@ def test_commit_then_rollback_restores_committed_values(make_store):
     assert len(store) == 4
 
 
-def test_rounds_between_commits_and_garbage_collection(make_store):
+def test_rounds_between_commits_keep_only_the_latest_write(make_store):
     store = make_store()
     store.put(['a'], [_state(1)], 1)
     store.commit(1)
     store.put(['a', 'b'], [_state(2), _state(2.5)], 2)
     store.put(['a'], [_state(3)], 3)
-    store.put(['a', 'c'], [_state(4), _state(4.5)], 4)
-    assert len(store) == 3
+    assert len(store) == 2
 
-    store.rollback(3)  # A server checkpoint of round 3 exists but commit(3) was never called.
+    store.rollback(3)  # A server checkpoint of round 3 exists but commit(3) was never called: nothing to discard.
     assert store.committed_round() == 1
     _assert_state_equal(store.get(['a'])[0], _state(3))
     _assert_state_equal(store.get(['b'])[0], _state(2.5))
-    assert not store.contains('c') and len(store) == 2
 
-    store.commit(3)
-    assert store.committed_round() == 3
-    _assert_state_equal(store.get(['a'])[0], _state(3))
-    with pytest.raises(ValueError, match='cannot go back before round 3'):
-        store.rollback(2)  # Round 2's version of 'a' was garbage-collected at commit(3).
-    with pytest.raises(ValueError, match='cannot go back before round 3'):
-        store.commit(2)
-    store.rollback(3)  # Nothing pending: no change.
-    _assert_state_equal(store.get(['a'])[0], _state(3))
-    assert len(store) == 2
+    store.put(['a', 'c'], [_state(4), _state(4.5)], 4)
+    assert len(store) == 3
+    # Round 3's write of 'a' was superseded by round 4's: neither round 2 nor 3 can be restored or committed.
+    for round_num in (2, 3):
+        with pytest.raises(
+            ValueError, match=rf'rollback\({round_num}\): a write of round 4 is pending.*committed round 1'
+        ):
+            store.rollback(round_num)
+        with pytest.raises(ValueError, match=rf'commit\({round_num}\): a write of round 4 is pending'):
+            store.commit(round_num)
+    _assert_state_equal(store.get(['a'])[0], _state(4))  # The refused calls changed nothing.
+    assert len(store) == 3 and store.committed_round() == 1
+
+    store.commit(4)
+    assert store.committed_round() == 4
+    a, b, c = store.get(['a', 'b', 'c'])
+    _assert_state_equal(a, _state(4))
+    _assert_state_equal(b, _state(2.5))
+    _assert_state_equal(c, _state(4.5))
+    with pytest.raises(ValueError, match='cannot go back before round 4'):
+        store.rollback(3)
+    with pytest.raises(ValueError, match='cannot go back before round 4'):
+        store.commit(3)
+    store.rollback(4)  # Nothing pending: no change.
+    _assert_state_equal(store.get(['a'])[0], _state(4))
+    assert len(store) == 3
 
 
-def test_commit_keeps_later_writes_pending(make_store):
+def test_rollback_to_the_committed_round_discards_every_later_write(make_store):
     store = make_store()
     store.put(['a'], [_state(1)], 1)
     store.put(['a'], [_state(2)], 2)
-    store.commit(1)
+    store.commit(2)
+    for round_num in (3, 4, 5):  # Many rounds between checkpoints.
+        store.put(['a', 'late'], [_state(round_num), _state(-round_num)], round_num)
+    store.rollback(2)
     _assert_state_equal(store.get(['a'])[0], _state(2))
-    store.rollback(1)
-    _assert_state_equal(store.get(['a'])[0], _state(1))
+    assert not store.contains('late') and len(store) == 1
+
+
+def test_memory_does_not_grow_with_the_rounds_between_commits():
+    """Every client written every round (Ditto's personal copies): the store holds one pending value per client."""
+    import tracemalloc
+
+    spec = [((2500,), np.float32)]  # 10 KB a client.
+    store = client_state.InMemoryClientStateStore(spec, client_state.zeros_default(spec))
+    ids = [f'c{i}' for i in range(100)]
+    tracemalloc.start()
+    try:
+        for round_num in range(1, 31):
+            store.put(ids, [[np.full((2500,), round_num, np.float32)] for _ in ids], round_num)
+            if round_num == 1:
+                one_round = tracemalloc.get_traced_memory()[0]
+        grown = tracemalloc.get_traced_memory()[0]
+    finally:
+        tracemalloc.stop()
+    assert one_round > 100 * 10_000 and grown < 1.5 * one_round, (one_round, grown)
+    np.testing.assert_array_equal(store.get(['c7'])[0][0], np.full((2500,), 30, np.float32))
 
 
 def test_same_round_put_twice_replaces(make_store):
