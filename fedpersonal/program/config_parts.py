@@ -481,7 +481,7 @@ class SimulationConfig:
         'auto',
         "Engine: how a group's clients run. 'auto': a fixed rule from the model ('low_rank' for models of dense "
         "layers, a compiled loop over clients for convolutional and recurrent models, 'lockstep' for embedding-only "
-        "models); 'lockstep' (every client's step at once, vectorized), 'client_loop', 'low_rank' (a dense model's "
+        "models, their phases with a proximal penalty the loop); 'lockstep' (every client's step at once, vectorized), 'client_loop', 'low_rank' (a dense model's "
         "few plain SGD steps as the shared weights' products plus low-rank updates; other phases run the loop), "
         "'spread' (the loop, a group's clients split over the cores) pin one; 'measure' times them on the first rounds and keeps the fastest "
         '(not bit-reproducible: the strategies agree to float rounding). Same results to float precision.',

@@ -8,8 +8,9 @@ copy of the weights shaped as the model's (same loss, penalty, optimizer, metric
 so a weight the caller does not need per client (``keep_trained=False``: FedAvg's globals) never exists per
 client. For a dense model with per-client weights this keeps each client's weights in the CPU cache and runs
 plain matrix products instead of batched ones of stacked copies; for an embedding table, or a model whose
-clients' steps batch well, the lockstep wins. `STRATEGIES` names the two; `runs` says which runs a workload
-(a fixed rule by default, `auto_strategy`; measured on the first rounds on request).
+clients' steps batch well, the lockstep wins, unless a proximal penalty makes every step touch all of a client's
+tables (`SPARSE_LOCKSTEP`: the lockstep, such phases the loop). `STRATEGIES` names them; `runs` says which runs a
+workload (a fixed rule by default, `auto_strategy`; measured on the first rounds on request).
 """
 
 from __future__ import annotations
@@ -27,7 +28,9 @@ from fedpersonal.simulation import low_rank
 from fedpersonal.simulation import options
 
 LOCKSTEP, CLIENT_LOOP, LOW_RANK = 'lockstep', 'client_loop', 'low_rank'
-STRATEGIES = (LOCKSTEP, CLIENT_LOOP, LOW_RANK)
+# The lockstep for a phase of sparse row updates, the client loop for a penalized one (`phase_steps`).
+SPARSE_LOCKSTEP = 'lockstep (client_loop for penalized phases)'
+STRATEGIES = (LOCKSTEP, CLIENT_LOOP, LOW_RANK, SPARSE_LOCKSTEP)
 # Compiled with XLA, a phase of at most this many (padded) steps runs them unrolled, a padded step keeping the
 # client's values (measured on the dense FedAvg round: the loop over 4 steps cost 25% more than the steps).
 UNROLL_STEPS = 8
@@ -38,10 +41,11 @@ def auto_strategy(model: Any) -> str:
     steps for a model of dense layers (`low_rank`; its phases that do not fit it run the client loop), the client
     loop for another model whose client step multiplies matrices (convolutional, recurrent layers), the lockstep
     for one of embedding lookups and elementwise products only (matrix factorization), whose tiny steps batch
-    well."""
+    well, except in a phase with a proximal penalty (Ditto's personal phase, FedProx), whose gradient is dense
+    over every table the client trains: that phase runs the client loop (`SPARSE_LOCKSTEP`)."""
     if low_rank.dense_layers(model):
         return LOW_RANK
-    return CLIENT_LOOP if getattr(model, 'multiplies_matrices', True) else LOCKSTEP
+    return CLIENT_LOOP if getattr(model, 'multiplies_matrices', True) else SPARSE_LOCKSTEP
 
 
 def runs(strategy: str, model: Any, *, parts: int, splittable: bool) -> list[tuple[str, int]]:
@@ -83,13 +87,15 @@ def phase_steps(
 ) -> tuple[functional.Parts, lockstep.GroupSteps]:
     """`lockstep.lockstep_steps` (``strategy='lockstep'``), `client_loop_steps` (``'client_loop'``) or
     `low_rank.low_rank_steps` (``'low_rank'``, for a phase that `low_rank.fits`; the client loop for another) of a
-    phase.
+    phase; under `SPARSE_LOCKSTEP` the lockstep's, or the client loop's for a phase with a ``penalty``.
 
     `keep_trained` is read by the client loop only (the lockstep keeps every trained weight per client).
 
     Raises:
       ValueError: An unknown strategy.
     """
+    if strategy == SPARSE_LOCKSTEP:
+        strategy = CLIENT_LOOP if kwargs.get('penalty') is not None else LOCKSTEP
     if strategy == LOCKSTEP:
         return lockstep.lockstep_steps(model, weights, train, phase, optimizer, loss, **kwargs)
     if strategy == LOW_RANK:

@@ -15,6 +15,7 @@ import tensorflow_federated as tff
 
 from fedpersonal import errors
 from fedpersonal.privacy import value_audit
+from fedpersonal.simulation import client_loop
 from fedpersonal.tasks import pfl_benchmark
 from fedpersonal.tasks import pfl_benchmark_movielens as ml
 from fedpersonal.tasks import pfl_benchmark_results as results_lib
@@ -200,7 +201,7 @@ def test_the_learning_rate_and_round_are_selected_on_validation_and_tested_once(
     stopped = pfl_benchmark.PflBenchmarkConfig(
         **{**small, 'seeds': (1,), 'client_learning_rate': 0.3},
         configurations=('fedper',),
-        engine_strategy='client_loop',  # The block's processes take --engine_strategy (auto: the lockstep here).
+        engine_strategy='client_loop',  # The block's processes take --engine_strategy (auto: the sparse lockstep).
         total_rounds=seed1['best_round'],
         rounds_per_eval=seed1['best_round'],
         output_dir=str(tmp_path / 'stopped'),
@@ -211,7 +212,7 @@ def test_the_learning_rate_and_round_are_selected_on_validation_and_tested_once(
         json.loads((tmp_path / d / 'fedper' / p / 'engine_strategy.json').read_text())
         for d, p in (('selection', 'lr0.3/seed1'), ('stopped', 'seed1'))
     ]
-    assert [s['engine_strategy'] for s in strategies] == ['lockstep', 'client_loop']
+    assert [s['engine_strategy'] for s in strategies] == [client_loop.SPARSE_LOCKSTEP, 'client_loop']
     docs = results_lib.docs_results([str(tmp_path / 'selection')])
     (doc_row,) = docs['rows']
     assert doc_row['metric'] == 'rmse' and doc_row['rmse'] == row['rmse'] and 'pfllib_accuracy' not in doc_row

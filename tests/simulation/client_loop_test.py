@@ -157,7 +157,7 @@ def test_auto_is_a_fixed_rule_of_the_model_and_the_cores():
     )
     assert runs('auto', dense) == [('client_loop', 1)]
     assert runs('auto', dense, parts=2) == [('client_loop', 1)]  # Spread only on request (RESULTS.md).
-    assert runs('auto', lookups, parts=2) == [('lockstep', 1)]
+    assert runs('auto', lookups, parts=2) == [(client_loop.SPARSE_LOCKSTEP, 1)]
     assert runs('lockstep', dense, parts=2) == [('lockstep', 1)]
     assert runs('client_loop', lookups, parts=2) == [('client_loop', 1)]
     assert runs('measure', dense, parts=2) == [('lockstep', 1), ('client_loop', 1), ('client_loop', 2)]
@@ -165,6 +165,20 @@ def test_auto_is_a_fixed_rule_of_the_model_and_the_cores():
     assert (
         runs('spread', lookups, parts=1) == runs('spread', lookups, parts=2, splittable=False) == [('client_loop', 1)]
     )
+
+
+def test_auto_runs_an_embedding_models_penalized_phases_in_the_client_loop():
+    """Under 'auto' an embedding-only model's phases run the lockstep, except one with a proximal penalty (dense over
+    every table the client trains: 4-5x slower in the lockstep, docs/RESULTS.md "Engine strategies")."""
+    called = []
+    with (
+        mock.patch.object(client_loop.lockstep, 'lockstep_steps', lambda *a, **k: called.append('lockstep')),
+        mock.patch.object(client_loop, 'client_loop_steps', lambda *a, **k: called.append('client_loop')),
+    ):
+        for penalty in (None, lambda values, centre: 0.0):
+            client_loop.phase_steps(client_loop.SPARSE_LOCKSTEP, None, None, [], None, None, penalty=penalty)
+        client_loop.phase_steps('lockstep', None, None, [], None, None, penalty=lambda values, centre: 0.0)
+    assert called == ['lockstep', 'client_loop', 'lockstep']  # A pinned lockstep stays the lockstep.
 
 
 def test_model_kinds_the_rule_reads():
