@@ -1,14 +1,16 @@
 """How the client state stores scale with the number of registered clients.
 
   python benchmarks/client_state_scaling.py [--sizes 1000,1000000] [--clients_per_round 10,100] \
-      [--rounds 200] [--work_dir DIR]
+      [--rounds 200] [--dim 32] [--rounds_per_commit 1] [--work_dir DIR]
 
 For each store (in-memory, SQLite on disk under --work_dir), each number N of
 registered clients and each number k of clients per round, a fresh subprocess
 (so memory numbers are per configuration) registers N clients with a FURL-style
-seeded random user embedding (dim 32, float32), then runs --rounds rounds of:
-get the states of k random clients, update them, put them back (timed:
-get + put), and commit the round (timed separately; an fsync for SQLite). It
+seeded random user embedding (--dim floats: 32; a personal copy of a model is
+larger, e.g. Ditto's of MovieLens matrix factorization, 1628 x 50 + 50), then
+runs --rounds rounds of: get the states of k random clients, update them, put
+them back (timed: get + put), and every --rounds_per_commit rounds (a
+checkpoint) commit (timed separately; an fsync for SQLite). It
 reports the registration time, the median and p90 seconds per round, the median
 commit time, the process's peak RSS (VmHWM) and the store's size on disk.
 
@@ -34,7 +36,6 @@ import tempfile
 import time
 
 _REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-_DIM = 32
 
 
 def _proc_status_mb(field: str) -> float:
@@ -80,7 +81,7 @@ def run_child(config: dict) -> dict:
     from fedpersonal import client_state  # pylint: disable=g-import-not-at-top
 
     n, k, rounds = config['n'], config['k'], config['rounds']
-    spec = [((_DIM,), np.float32)]
+    spec = [((config['dim'],), np.float32)]
     default_fn = client_state.seeded_uniform_default(spec, scale=0.1, seed=config['seed'])
     baseline_rss = _proc_status_mb('VmRSS')
     path = None
@@ -111,9 +112,10 @@ def run_child(config: dict) -> dict:
         started = time.perf_counter()
         store.put(sampled, updated, round_num)
         round_times.append(get_seconds + time.perf_counter() - started)
-        started = time.perf_counter()
-        store.commit(round_num)
-        commit_times.append(time.perf_counter() - started)
+        if round_num % config['rounds_per_commit'] == 0 or round_num == rounds:
+            started = time.perf_counter()
+            store.commit(round_num)
+            commit_times.append(time.perf_counter() - started)
     assert len(store) == n and store.committed_round() == rounds
     peak_rss = _proc_status_mb('VmHWM')
     store.close()
@@ -121,11 +123,13 @@ def run_child(config: dict) -> dict:
     if path is not None:
         disk_mb = sum(os.path.getsize(path + s) for s in ('', '-wal', '-shm') if os.path.exists(path + s)) / 2**20
     return {
-        'name': f'{config["store"]} N={n} k={k}',
+        'name': f'{config["store"]} N={n} k={k}' + (f' dim={config["dim"]}' if config['dim'] != 32 else ''),
         'store': config['store'],
         'registered_clients': n,
         'clients_per_round': k,
         'rounds': rounds,
+        'dim': config['dim'],
+        'rounds_per_commit': config['rounds_per_commit'],
         'seconds_per_round': statistics.median(round_times),
         'seconds_per_round_p90': _percentile(round_times, 0.9),
         'commit_seconds': statistics.median(commit_times),
@@ -184,6 +188,8 @@ def main() -> int:
     parser.add_argument('--clients_per_round', default='10,100', help='Clients per round k (comma-separated).')
     parser.add_argument('--stores', default='in_memory,sqlite', help='Stores to measure (comma-separated).')
     parser.add_argument('--rounds', type=int, default=200, help='Rounds per configuration.')
+    parser.add_argument('--dim', type=int, default=32, help='Floats in a client state.')
+    parser.add_argument('--rounds_per_commit', type=int, default=1, help='Rounds between commits (checkpoints).')
     parser.add_argument('--seed', type=int, default=0)
     parser.add_argument(
         '--work_dir', default=None, help='Directory for the SQLite files (default: a temp dir, removed afterwards).'
@@ -209,7 +215,16 @@ def main() -> int:
         for n in (int(s) for s in args.sizes.split(',')):
             for store in args.stores.split(','):
                 for k in (int(s) for s in args.clients_per_round.split(',')):
-                    config = dict(store=store, n=n, k=k, rounds=args.rounds, seed=args.seed, work_dir=work_dir)
+                    config = dict(
+                        store=store,
+                        n=n,
+                        k=k,
+                        rounds=args.rounds,
+                        seed=args.seed,
+                        work_dir=work_dir,
+                        dim=args.dim,
+                        rounds_per_commit=args.rounds_per_commit,
+                    )
                     env = dict(os.environ, OMP_NUM_THREADS='1', OPENBLAS_NUM_THREADS='1', MKL_NUM_THREADS='1')
                     out = subprocess.run(
                         [sys.executable, os.path.abspath(__file__), '--child', json.dumps(config)],
@@ -237,7 +252,7 @@ def main() -> int:
         f'{os.cpu_count()} CPU cores, shared: 1-minute load average {load_before[0]:.1f} before and '
         f'{load_after[0]:.1f} after the run (one configuration at a time, single-threaded)'
     )
-    results = {'command': command, 'dataset': f'synthetic states, dim {_DIM}', 'machine': machine, 'rows': rows}
+    results = {'command': command, 'dataset': f'synthetic states, dim {args.dim}', 'machine': machine, 'rows': rows}
     os.makedirs(os.path.dirname(os.path.abspath(args.results_json)), exist_ok=True)
     with open(args.results_json, 'w') as f:
         json.dump(results, f, indent=2)
@@ -251,8 +266,9 @@ def main() -> int:
                 '',
                 f'`{command}`',
                 '',
-                f'Synthetic FURL-style states (one float32 user embedding of dim {_DIM} per client, seeded uniform '
-                f'init), {args.rounds} rounds per configuration of get + put for k random clients, then a commit; '
+                f'Synthetic FURL-style states (one float32 user embedding of dim {args.dim} per client, seeded uniform '
+                f'init), {args.rounds} rounds per configuration of get + put for k random clients, a commit every '
+                f'{args.rounds_per_commit} round(s); '
                 'each configuration in a fresh process (peak RSS = VmHWM, including ~'
                 f'{statistics.median(r["baseline_rss_mb"] for r in rows):.0f} MB of Python + numpy). {machine}: wall times '
                 'include waiting for a core; the CPU seconds of registration show the work itself.',

@@ -1,4 +1,5 @@
-"""SQLite client state store: persistence, crash recovery (SIGKILL), spec checks, corruption, per-round cost."""
+"""SQLite client state store: persistence (commits only), crash recovery (SIGKILL), spec checks, corruption, files of
+an earlier version, per-round cost."""
 
 import os
 import signal
@@ -98,37 +99,29 @@ def test_persistence_across_reopen(tmp_path):
     path = tmp_path / 'states.db'
     _store_at_round_2(path)
     with _open(path) as store:
-        store.put(['c3', 'c20'], [_state(3, 3), _state(20, 3)], 3)  # Pending (not committed) writes persist too.
-    with _open(path) as store:
-        assert store.committed_round() == 2
-        assert len(store) == 11 and store.contains('c20') and not store.contains('c21')
-        _assert_values(store, [0, 1, 2], 2)
-        _assert_values(store, [4], 1)
-        _assert_values(store, [5, 9], 0)
+        store.put(['c3', 'c20'], [_state(3, 3), _state(20, 3)], 3)
+        assert len(store) == 11 and store.contains('c20')
         _assert_values(store, [3, 20], 3)
-        store.rollback(2)
-    with _open(path) as store:
+    with _open(path) as store:  # Uncommitted writes do not outlive the store: a resume would discard them.
+        assert store.committed_round() == 2
         assert len(store) == 10 and not store.contains('c20')
-        _assert_values(store, [3], 1)
+        _assert_values(store, [0, 1, 2], 2)
+        _assert_values(store, [3, 4], 1)
+        _assert_values(store, [5, 9], 0)
 
 
-def test_sigkill_before_commit_then_rollback_restores_round_2(tmp_path):
+def test_sigkill_before_commit_leaves_the_committed_round(tmp_path):
     path = tmp_path / 'states.db'
     _store_at_round_2(path)
     _run_and_kill(path, 'put')
-    assert os.path.exists(f'{path}-wal')  # The killed process did not get to checkpoint or clean up.
     with _open(path) as store:
-        assert store.committed_round() == 2
-        _assert_values(store, [0, 1, 5, 10], 3)  # The put was one complete transaction.
-        assert len(store) == 11
-        store.rollback(2)  # Resume from the server checkpoint of round 2.
-        _assert_values(store, [0, 1], 2)
+        assert store.committed_round() == 2 and len(store) == 10
+        _assert_values(store, [0, 1], 2)  # The killed process's writes of round 3 never reached the file.
         _assert_values(store, [5], 0)
-        assert not store.contains('c10') and len(store) == 10
-        np.testing.assert_array_equal(store.get(['c10'])[0][0], np.zeros(DIM, np.float32))
-    with _open(path) as store:  # The rollback itself is durable.
-        assert len(store) == 10 and store.committed_round() == 2
+        assert not store.contains('c10')
+        store.rollback(2)  # Resume from the server checkpoint of round 2: nothing to discard.
         _assert_values(store, [0, 1], 2)
+        assert len(store) == 10
 
 
 def test_sigkill_after_commit_keeps_the_committed_round(tmp_path):
@@ -180,15 +173,11 @@ def test_opening_a_foreign_database_fails(tmp_path):
         _open(path)
 
 
-@pytest.mark.parametrize('table', ['states', 'pending'])
-def test_corrupt_blob_is_reported_with_the_client_id(tmp_path, table):
+def test_corrupt_blob_is_reported_with_the_client_id(tmp_path):
     path = tmp_path / 'states.db'
     _store_at_round_2(path)
-    if table == 'pending':
-        with _open(path) as store:
-            store.put(['c7'], [_state(7, 3)], 3)  # The latest value is then the pending one.
     with sqlite3.connect(path) as conn:
-        conn.execute(f"UPDATE {table} SET blob = substr(blob, 1, 13) WHERE client_id = 'c7'")
+        conn.execute("UPDATE states SET blob = substr(blob, 1, 13) WHERE client_id = 'c7'")
     with _open(path) as store:
         with pytest.raises(
             client_state.CorruptStateError,
@@ -196,6 +185,21 @@ def test_corrupt_blob_is_reported_with_the_client_id(tmp_path, table):
         ):
             store.get(['c1', 'c7'])
         _assert_values(store, [1], 2)  # Other clients still read fine.
+
+
+def test_uncommitted_rows_of_an_earlier_version_are_discarded_on_open(tmp_path):
+    """Files written before pending writes moved to memory may hold uncommitted rows (and count their new clients)."""
+    path = tmp_path / 'states.db'
+    _store_at_round_2(path)
+    with sqlite3.connect(path) as conn:
+        blob = np.concatenate([_state(0, 3)[0].view(np.uint8), np.int64(3).reshape(1).view(np.uint8)]).tobytes()
+        conn.executemany('INSERT INTO pending (client_id, round, blob) VALUES (?, 3, ?)', [('c0', blob), ('c99', blob)])
+        conn.execute("UPDATE meta SET value = 11 WHERE key = 'num_clients'")
+    with _open(path) as store:
+        assert store.committed_round() == 2 and len(store) == 10 and not store.contains('c99')
+        _assert_values(store, [0], 2)
+    assert _rows(path, 'SELECT COUNT(*) FROM pending') == [(0,)]
+    assert _rows(path, "SELECT value FROM meta WHERE key = 'num_clients'") == [(10,)]
 
 
 def test_schema_wal_and_garbage_collection(tmp_path):
@@ -206,18 +210,27 @@ def test_schema_wal_and_garbage_collection(tmp_path):
     # One row per client: the versions of rounds 0 and 1 superseded by commits were deleted.
     assert _rows(path, 'SELECT round, COUNT(*) FROM states GROUP BY round ORDER BY round') == [(0, 5), (1, 2), (2, 3)]
     with _open(path) as store:
+        before = _rows(path, 'SELECT client_id, round, blob FROM states ORDER BY 1')
         store.put(['c0', 'c1'], [_state(0, 3), _state(1, 3)], 3)
-        store.put(['c0'], [_state(0, 4)], 4)
-        # One pending row per client: c0's write of round 4 deleted its write of round 3.
-        assert _rows(path, 'SELECT client_id, round FROM pending ORDER BY 1, 2') == [('c0', 4), ('c1', 3)]
-        store.commit(4)
+        store.put(['c0', 'c10'], [_state(0, 4), _state(10, 4)], 4)
+        # A round writes nothing to the file: the writes wait in memory for the commit.
+        assert _rows(path, 'SELECT client_id, round, blob FROM states ORDER BY 1') == before
         assert _rows(path, 'SELECT COUNT(*) FROM pending') == [(0,)]
-        assert _rows(path, "SELECT round FROM states WHERE client_id IN ('c0', 'c1') ORDER BY 1") == [(3,), (4,)]
+        store.commit(4)
+        assert _rows(path, 'SELECT client_id, round FROM states WHERE round > 2 ORDER BY 1') == [
+            ('c0', 4),
+            ('c1', 3),
+            ('c10', 4),
+        ]
         assert _rows(path, "SELECT key, value FROM meta WHERE key != 'spec' ORDER BY key") == [
             ('committed_round', 4),
             ('format', 1),
-            ('num_clients', 10),
+            ('num_clients', 11),
         ]
+    with _open(path) as store:
+        assert len(store) == 11
+        _assert_values(store, [0, 10], 4)
+        _assert_values(store, [1], 3)
 
 
 def _vm_steps(store, fn):
