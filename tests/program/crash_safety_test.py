@@ -205,8 +205,8 @@ CHAINS = {
     # results.json and every other point: the sweep.)
     'fedrecon': ['round:1:sigterm', 'round:2', 'checkpoint_write:1:enospc'],
     # Ctrl-C (SIGINT to the process group) during round 1: checkpointed with its client states; resumed from round
-    # 1, killed between staging round 2's checkpoint and the store's commit (the store's pending rows are rolled
-    # back: resume from round 1), then while publishing round 2's checkpoint after the store committed it (the
+    # 1, killed between staging round 2's checkpoint and the store's commit (the store's pending states died with it:
+    # resume from round 1), then while publishing round 2's checkpoint after the store committed it (the
     # restart publishes it).
     'furl': ['round:1:sigint', 'checkpoint_staged:1', 'checkpoint_committed:1'],
 }
