@@ -69,7 +69,9 @@ def runs(strategy: str, model: Any, *, parts: int, splittable: bool) -> list[tup
     if strategy == options.SPREAD:
         return spread or [(CLIENT_LOOP, 1)]
     if strategy == options.MEASURE:
-        return [(LOCKSTEP, 1), (CLIENT_LOOP, 1)] + spread + ([(LOW_RANK, 1)] if low_rank.dense_layers(model) else [])
+        # Also the rule's own choice where it is neither of the first two.
+        own = {LOW_RANK, SPARSE_LOCKSTEP} & {auto_strategy(model)}
+        return [(LOCKSTEP, 1), (CLIENT_LOOP, 1)] + spread + [(work, 1) for work in own]
     return [(auto_strategy(model) if strategy == options.AUTO else strategy, 1)]
 
 

@@ -161,6 +161,7 @@ def test_auto_is_a_fixed_rule_of_the_model_and_the_cores():
     assert runs('lockstep', dense, parts=2) == [('lockstep', 1)]
     assert runs('client_loop', lookups, parts=2) == [('client_loop', 1)]
     assert runs('measure', dense, parts=2) == [('lockstep', 1), ('client_loop', 1), ('client_loop', 2)]
+    assert runs('measure', lookups) == [('lockstep', 1), ('client_loop', 1), (client_loop.SPARSE_LOCKSTEP, 1)]
     assert runs('spread', lookups, parts=2) == [('client_loop', 2)]
     assert (
         runs('spread', lookups, parts=1) == runs('spread', lookups, parts=2, splittable=False) == [('client_loop', 1)]
