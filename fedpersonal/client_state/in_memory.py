@@ -29,8 +29,7 @@ class InMemoryClientStateStore(store_lib.ClientStateStore):
         """
         super().__init__(spec, default_fn)
         self._committed: dict[str, bytes] = {}
-        self._pending: dict[str, tuple[int, bytes]] = {}  # client id -> (round, blob), its latest write.
-        self._pending_only = 0  # Clients in _pending but not in _committed.
+        self._pending = store_lib.PendingWrites()
         self._committed_round = 0
         self._closed = False
 
@@ -39,11 +38,11 @@ class InMemoryClientStateStore(store_lib.ClientStateStore):
             raise ValueError('the client state store is closed')
 
     def _blob(self, client_id: str) -> bytes | None:
-        pending = self._pending.get(client_id)
-        return pending[1] if pending is not None else self._committed.get(client_id)
+        pending = self._pending.blob(client_id)
+        return pending if pending is not None else self._committed.get(client_id)
 
-    def _latest_pending(self) -> int | None:
-        return max((r for r, _ in self._pending.values()), default=None)
+    def _stored(self, client_ids: list[str]) -> set[str]:
+        return {cid for cid in client_ids if cid in self._committed}
 
     def get(self, client_ids: Sequence[str]) -> list[store_lib.State]:
         self._check_open()
@@ -59,7 +58,7 @@ class InMemoryClientStateStore(store_lib.ClientStateStore):
 
     def __len__(self) -> int:
         self._check_open()
-        return len(self._committed) + self._pending_only
+        return len(self._committed) + self._pending.new_clients
 
     def put(self, client_ids: Sequence[str], states: Sequence[store_lib.State], round_num: int) -> None:
         self._check_open()
@@ -69,10 +68,7 @@ class InMemoryClientStateStore(store_lib.ClientStateStore):
             raise ValueError(f'put: {len(client_ids)} client ids but {len(states)} states')
         store_lib.check_distinct(client_ids, 'put')
         blobs = [self._codec.encode(cid, state) for cid, state in zip(client_ids, states)]  # Validate all first.
-        for cid, blob in zip(client_ids, blobs):
-            if cid not in self._pending and cid not in self._committed:
-                self._pending_only += 1
-            self._pending[cid] = (round_num, blob)
+        self._pending.put(client_ids, blobs, round_num, self._stored)
 
     def register(self, client_ids: Sequence[str], states: Sequence[store_lib.State] | None = None) -> None:
         self._check_open()
@@ -96,19 +92,16 @@ class InMemoryClientStateStore(store_lib.ClientStateStore):
     def commit(self, round_num: int) -> None:
         self._check_open()
         round_num = store_lib.check_round(round_num, self._committed_round, 'commit')
-        store_lib.check_pending(round_num, self._committed_round, self._latest_pending(), 'commit')
-        self._committed.update((cid, blob) for cid, (_, blob) in self._pending.items())
-        self._pending, self._pending_only = {}, 0
+        self._pending.check(round_num, self._committed_round, 'commit')
+        self._committed.update((cid, blob) for cid, _, blob in self._pending.writes())
+        self._pending.clear()
         self._committed_round = round_num
 
     def rollback(self, round_num: int) -> None:
         self._check_open()
         round_num = store_lib.check_round(round_num, self._committed_round, 'rollback')
-        store_lib.check_pending(round_num, self._committed_round, self._latest_pending(), 'rollback')
-        for cid in [cid for cid, (r, _) in self._pending.items() if r > round_num]:
-            del self._pending[cid]
-            if cid not in self._committed:
-                self._pending_only -= 1
+        self._pending.check(round_num, self._committed_round, 'rollback')
+        self._pending.drop_after(round_num, self._stored)
 
     def committed_round(self) -> int:
         self._check_open()
@@ -117,4 +110,4 @@ class InMemoryClientStateStore(store_lib.ClientStateStore):
     def close(self) -> None:
         self._closed = True
         self._committed = {}
-        self._pending = {}
+        self._pending = store_lib.PendingWrites()

@@ -100,8 +100,7 @@ class SqliteClientStateStore(store_lib.ClientStateStore):
         super().__init__(spec, default_fn)
         self.path = os.fspath(path)
         self._conn: sqlite3.Connection | None = None
-        self._pending: dict[str, tuple[int, bytes]] = {}  # client id -> (round, blob): its latest write since commit.
-        self._pending_only = 0  # Clients in _pending but not in `states`.
+        self._pending = store_lib.PendingWrites()
         conn = sqlite3.connect(self.path, isolation_level=None)  # Transactions are explicit.
         try:
             conn.execute('PRAGMA journal_mode=WAL')
@@ -194,9 +193,6 @@ class SqliteClientStateStore(store_lib.ClientStateStore):
             )
         return blobs
 
-    def _latest_pending(self) -> int | None:
-        return max((r for r, _ in self._pending.values()), default=None)
-
     def _existing(self, conn: sqlite3.Connection, client_ids: Sequence[str]) -> set[str]:
         """The clients in `states` among `client_ids`."""
         found: set[str] = set()
@@ -220,7 +216,7 @@ class SqliteClientStateStore(store_lib.ClientStateStore):
             blobs = self._blobs(conn, unwritten)
         finally:
             conn.execute('COMMIT')
-        blobs.update((cid, self._pending[cid][1]) for cid in client_ids if cid in self._pending)
+        blobs.update((cid, blob) for cid in client_ids if (blob := self._pending.blob(cid)) is not None)
         return [self._codec.decode(cid, blobs[cid]) if cid in blobs else self._default(cid) for cid in client_ids]
 
     def contains(self, client_id: str) -> bool:
@@ -232,7 +228,7 @@ class SqliteClientStateStore(store_lib.ClientStateStore):
 
     def __len__(self) -> int:
         self._db()
-        return self._num_clients + self._pending_only
+        return self._num_clients + self._pending.new_clients
 
     def put(self, client_ids: Sequence[str], states: Sequence[store_lib.State], round_num: int) -> None:
         conn = self._db()
@@ -242,16 +238,13 @@ class SqliteClientStateStore(store_lib.ClientStateStore):
             raise ValueError(f'put: {len(client_ids)} client ids but {len(states)} states')
         store_lib.check_distinct(client_ids, 'put')
         blobs = [self._codec.encode(cid, state) for cid, state in zip(client_ids, states)]  # Validate all first.
-        unwritten = [cid for cid in client_ids if cid not in self._pending]
-        self._pending_only += len(unwritten) - len(self._existing(conn, unwritten))
-        self._pending.update((cid, (round_num, blob)) for cid, blob in zip(client_ids, blobs))
+        self._pending.put(client_ids, blobs, round_num, lambda ids: self._existing(conn, ids))
 
     def register(self, client_ids: Sequence[str], states: Sequence[store_lib.State] | None = None) -> None:
         conn = self._db()
         if states is not None and len(client_ids) != len(states):
             raise ValueError(f'register: {len(client_ids)} client ids but {len(states)} states')
         pairs = ((cid, None) for cid in client_ids) if states is None else zip(client_ids, states)
-        pending_ids = set(self._pending)
         last_id: str | None = None  # Id of the row being inserted.
         num_rows = 0  # Rows yielded.
 
@@ -259,7 +252,7 @@ class SqliteClientStateStore(store_lib.ClientStateStore):
             nonlocal last_id, num_rows
             for cid, state in pairs:
                 store_lib.check_client_id(cid)
-                if cid in pending_ids:
+                if cid in self._pending:
                     raise ValueError(f'register: client {cid!r} is already registered')
                 blob = self._codec.encode(cid, self.default_fn(cid) if state is None else state)
                 last_id = cid
@@ -280,27 +273,26 @@ class SqliteClientStateStore(store_lib.ClientStateStore):
     def commit(self, round_num: int) -> None:
         self._db()
         round_num = store_lib.check_round(round_num, self._committed_round, 'commit')
-        store_lib.check_pending(round_num, self._committed_round, self._latest_pending(), 'commit')
-        rows = [(cid, r, blob) for cid, (r, blob) in self._pending.items()]
+        self._pending.check(round_num, self._committed_round, 'commit')
+        count = len(self)
+        rows = self._pending.writes()
 
         def body(conn: sqlite3.Connection) -> None:
             conn.executemany('INSERT OR REPLACE INTO states (client_id, round, blob) VALUES (?, ?, ?)', rows)
             conn.execute("UPDATE meta SET value = ? WHERE key = 'committed_round'", (round_num,))
-            conn.execute("UPDATE meta SET value = ? WHERE key = 'num_clients'", (len(self),))
+            conn.execute("UPDATE meta SET value = ? WHERE key = 'num_clients'", (count,))
             faults.point('client_state_commit')  # Killed here: the transaction is rolled back by SQLite.
 
         self._write(body, durable=True)
-        self._num_clients, self._pending, self._pending_only = len(self), {}, 0
+        self._num_clients = count
+        self._pending.clear()
         self._committed_round = round_num
 
     def rollback(self, round_num: int) -> None:
         conn = self._db()
         round_num = store_lib.check_round(round_num, self._committed_round, 'rollback')
-        store_lib.check_pending(round_num, self._committed_round, self._latest_pending(), 'rollback')
-        dropped = [cid for cid, (r, _) in self._pending.items() if r > round_num]
-        self._pending_only -= len(dropped) - len(self._existing(conn, dropped))
-        for cid in dropped:
-            del self._pending[cid]
+        self._pending.check(round_num, self._committed_round, 'rollback')
+        self._pending.drop_after(round_num, lambda ids: self._existing(conn, ids))
 
     def committed_round(self) -> int:
         self._db()
@@ -309,5 +301,5 @@ class SqliteClientStateStore(store_lib.ClientStateStore):
     def close(self) -> None:
         if self._conn is not None:
             conn, self._conn = self._conn, None
-            self._pending, self._pending_only = {}, 0  # Uncommitted writes do not outlive the store (module doc).
+            self._pending = store_lib.PendingWrites()  # Uncommitted writes do not outlive the store (module doc).
             conn.close()

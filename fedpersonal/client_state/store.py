@@ -329,26 +329,70 @@ def check_round(round_num: int, committed: int, what: str) -> int:
     return round_num
 
 
-def check_pending(round_num: int, committed: int, latest_pending: int | None, what: str) -> None:
-    """Raises ValueError if `commit` or `rollback` of `round_num` needs a write that a later pending one superseded.
+class PendingWrites:
+    """Each client's latest write since the last commit: the bookkeeping both stores share (module doc).
 
-    Args:
-      round_num: The round of the commit or rollback (already `check_round`ed).
-      committed: The committed round.
-      latest_pending: The latest round with a pending write, None if nothing is pending.
-      what: ``'commit'`` or ``'rollback'``.
+    `stored(ids)` (given to `put` and `drop_after`) returns the ids among `ids` that have a committed value, so
+    `new_clients` counts the written clients a commit will register.
     """
-    if latest_pending is None or latest_pending <= round_num or (what == 'rollback' and round_num == committed):
-        return
-    targets = (
-        f'roll back to the committed round {committed} or to a round >= {latest_pending}'
-        if what == 'rollback'
-        else f'commit a round >= {latest_pending}'
-    )
-    raise ValueError(
-        f'{what}({round_num}): a write of round {latest_pending} is pending and the store keeps only the latest '
-        f'write of each client since round {committed}, so the values of round {round_num} are not kept; {targets}'
-    )
+
+    def __init__(self) -> None:
+        self._writes: dict[str, tuple[int, bytes]] = {}  # client id -> (round, blob).
+        self.new_clients = 0
+
+    def __contains__(self, client_id: str) -> bool:
+        return client_id in self._writes
+
+    def blob(self, client_id: str) -> bytes | None:
+        write = self._writes.get(client_id)
+        return None if write is None else write[1]
+
+    def put(
+        self,
+        client_ids: Sequence[str],
+        blobs: Sequence[bytes],
+        round_num: int,
+        stored: Callable[[list[str]], set[str]],
+    ) -> None:
+        unwritten = [cid for cid in client_ids if cid not in self._writes]
+        self.new_clients += len(unwritten) - len(stored(unwritten))
+        self._writes.update((cid, (round_num, blob)) for cid, blob in zip(client_ids, blobs))
+
+    def drop_after(self, round_num: int, stored: Callable[[list[str]], set[str]]) -> None:
+        """Discards the writes of rounds after `round_num`."""
+        dropped = [cid for cid, (r, _) in self._writes.items() if r > round_num]
+        self.new_clients -= len(dropped) - len(stored(dropped))
+        for cid in dropped:
+            del self._writes[cid]
+
+    def writes(self) -> list[tuple[str, int, bytes]]:
+        """Every write as ``(client id, round, blob)``."""
+        return [(cid, r, blob) for cid, (r, blob) in self._writes.items()]
+
+    def clear(self) -> None:
+        """Forgets every write (once committed)."""
+        self._writes, self.new_clients = {}, 0
+
+    def check(self, round_num: int, committed: int, what: str) -> None:
+        """Raises ValueError if `commit` or `rollback` (`what`) of `round_num` needs a superseded write.
+
+        Args:
+          round_num: The round of the commit or rollback (already `check_round`ed).
+          committed: The committed round.
+          what: ``'commit'`` or ``'rollback'``.
+        """
+        latest = max((r for r, _ in self._writes.values()), default=None)
+        if latest is None or latest <= round_num or (what == 'rollback' and round_num == committed):
+            return
+        targets = (
+            f'roll back to the committed round {committed} or to a round >= {latest}'
+            if what == 'rollback'
+            else f'commit a round >= {latest}'
+        )
+        raise ValueError(
+            f'{what}({round_num}): a write of round {latest} is pending and the store keeps only the latest '
+            f'write of each client since round {committed}, so the values of round {round_num} are not kept; {targets}'
+        )
 
 
 def check_distinct(client_ids: Sequence[str], what: str) -> None:
