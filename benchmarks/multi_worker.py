@@ -11,7 +11,7 @@ compute thread). Every row starts from the same initial weights and runs the sam
 rounds once untimed (every sampled client's data materialized where it is trained, the programs compiled), then
 the same rounds again from the initial state, timed (median; the engine rows ``--engine_passes`` times, so that the
 model's millisecond terms are medians over that many rounds). The three MF engine rows run in turn ``--blocks``
-times (new workers each time), each row's median over all its blocks' rounds, so that a shared host's drifting load
+times, with ``host_2_processes`` (new workers each time), each row's median over all its blocks' rounds, so that a shared host's drifting load
 falls on every row alike. ``max_abs_diff_vs_local``: final server weights against ``engine_local_1core``'s.
 
 * ``engine_local_1core``: `process.run_round` in this process (the engine's groups XLA-compiled, one core);
@@ -19,6 +19,10 @@ falls on every row alike. ``max_abs_diff_vs_local``: final server weights agains
   with one Ray worker on core 1 / two on cores 0 and 1 (each loads its clients by id and runs its share's groups
   compiled as locally; the round one Ray compiled graph, the partials merged by a tree on the workers, the server
   step here);
+* ``host_2_processes``: the alternative without workers: two processes that never communicate, on cores 0 and
+  1, each the local engine on one worker's share of every round, rounds started together (a barrier); a round is
+  the slower half (each half also runs its own server step). ``engine_workers_2``'s
+  ``throughput_vs_host_2_processes`` is its throughput against this;
 * ``tff_local``: `process.next` in TFF's local runtime (its worker_binary: the groups without XLA);
 * ``tff_workers_N``: `process.run_round` inside `fedpersonal.runtime.DistributedRuntime` on N TFF workers
   (`scripts/start_workers.sh`), worker k pinned to core k mod 2.
@@ -69,14 +73,21 @@ _WORKLOADS = flags.DEFINE_list('workloads', ['mf', 'furl'], 'Workloads: mf (ever
 
 
 def _setup(workload: str = 'mf'):
+    if workload == 'furl':
+        sys.path.insert(0, os.path.join(_REPO, 'benchmarks'))
+        import simulation_workloads
+
+        setup = simulation_workloads.furl_setup(group_size=_GROUP_SIZE.value)
+        return dataclasses.replace(setup, clients_per_round=_FURL_CLIENTS.value)
+    return _setup_for(_CLIENTS.value, _GROUP_SIZE.value)
+
+
+def _setup_for(clients: int, group_size: int):
+    """The MF workload with `clients` clients per round in engine groups of `group_size`."""
     sys.path.insert(0, os.path.join(_REPO, 'benchmarks'))
     import simulation_workloads
 
-    if workload == 'furl':
-        setup = simulation_workloads.furl_setup(group_size=_GROUP_SIZE.value)
-        return dataclasses.replace(setup, clients_per_round=_FURL_CLIENTS.value)
-    setup = simulation_workloads.mf_setup(group_size=_GROUP_SIZE.value)
-    return dataclasses.replace(setup, clients_per_round=_CLIENTS.value)
+    return dataclasses.replace(simulation_workloads.mf_setup(group_size=group_size), clients_per_round=clients)
 
 
 def _recipe(clients: int, group_size: int, workload: str = 'mf'):
@@ -152,6 +163,54 @@ def _run(setup, rounds: int, use_next: bool, workers=None, passes: int = 1) -> d
     return dict(seconds=seconds, weights=weights, round_timings=timings)
 
 
+def _half(core: int, part: int, clients: int, group_size: int, rounds: int, passes: int, barrier, results) -> None:
+    """One of ``host_2_processes``' two processes (spawned): the local engine on core `core`, on worker `part`'s
+    share of each round's clients (`engine_workers.shares`, as ``engine_workers_2`` splits them); every round starts
+    at a barrier with the other process, so the pair's round is its slower half, as the workers' round is."""
+    os.sched_setaffinity(0, {core})
+    os.environ['TF_NUM_INTRAOP_THREADS'] = os.environ['TF_NUM_INTEROP_THREADS'] = '1'
+    sys.path.insert(0, _REPO)
+    from fedpersonal import runtime
+    from fedpersonal.core import process as process_lib
+    from fedpersonal.runtime import engine_workers
+
+    setup = _setup_for(clients, group_size)
+    seconds = []
+    with runtime.LocalRuntime():
+        process, _ = setup.build_fedpersonal('engine')
+        for timed in (False, *[True] * passes):
+            state = process.initialize()
+            for r in range(rounds):
+                ids = setup.sample(r)
+                a, b = engine_workers.shares(ids, 2, group_size)[part]
+                datasets = process_lib.LazyDatasets(ids[a:b], setup.dataset_fn)
+                barrier.wait()
+                t = time.perf_counter()
+                state = process.run_round(state, datasets, None, client_ids=ids[a:b]).state
+                if timed:
+                    seconds.append(time.perf_counter() - t)
+    results.put((part, seconds))
+
+
+def _host_two_processes(rounds: int, passes: int) -> dict:
+    """``host_2_processes``: two processes on this host's two cores that never communicate (each the local engine
+    on one worker's share, rounds in step). Its seconds per round are each round's slower half."""
+    import multiprocessing
+
+    context = multiprocessing.get_context('spawn')  # TensorFlow's threads do not survive a fork.
+    barrier, results = context.Barrier(2), context.Queue()
+    args = (_CLIENTS.value, _GROUP_SIZE.value, rounds, passes, barrier, results)
+    procs = [context.Process(target=_half, args=(core, core, *args)) for core in (0, 1)]
+    for proc in procs:
+        proc.start()
+    halves = dict(results.get() for _ in procs)
+    for proc in procs:
+        proc.join()
+        if proc.exitcode:
+            raise RuntimeError(f'host_2_processes: process {procs.index(proc)} exited with {proc.exitcode}')
+    return dict(seconds=[max(a, b) for a, b in zip(halves[0], halves[1])], halves_s=[halves[0], halves[1]])
+
+
 def _summary(runs: list[dict]) -> dict:
     """One row from one or more `_run`s of it (the last run's weights; medians over every timed round)."""
     seconds = [t for run in runs for t in run['seconds']]
@@ -206,6 +265,8 @@ def _model(rows: dict, clients: int) -> dict:
     the driver). ``merge_level_by_difference_s``: m as earlier runs estimated it, the rest of the two-worker round
     less the rest of the one-worker round (which also holds the later start of the worker beside the driver on
     this host's core 0); ``predicted_2_workers_s`` less the measured row is what the model leaves out at W = 2.
+    ``..._alone``: the same with c as a worker alone on its machine computes (the one-worker row's share per
+    client), without what two busy cores of this host cost each other (``host_2_processes``).
     A stateless process's round reads one output, whatever W (a stateful one's also reads each worker's private
     states: W more reads, not in this model). Linear scaling: one core's seconds for N clients / W."""
     one, two = rows['engine_workers_1']['timings'], rows['engine_workers_2']['timings']
@@ -219,6 +280,9 @@ def _model(rows: dict, clients: int) -> dict:
     predict = lambda w, n: c * n / w + s * n + w * d + math.ceil(math.log2(w)) * m + f + g
     one_core_per_client = rows['engine_local_1core']['seconds_per_round'] / clients
     predicted, linear = predict(100, 10_000), one_core_per_client * 10_000 / 100
+    # A worker alone on its machine: c as the one-worker row's share (no second busy core beside it).
+    c_alone = one['shares_s'] / clients
+    alone = predicted - (c - c_alone) * 10_000 / 100
     return dict(
         formula='t(W, N) = c * N / W + s * N + W * d + ceil(log2 W) * m + f + g',
         c_per_client_s=c,
@@ -233,6 +297,9 @@ def _model(rows: dict, clients: int) -> dict:
         predicted_100_workers_10000_clients_s=predicted,
         linear_100_workers_10000_clients_s=linear,
         ratio_to_linear=predicted / linear,
+        c_alone_per_client_s=c_alone,
+        predicted_100_workers_10000_clients_alone_s=alone,
+        ratio_to_linear_alone=alone / linear,
         one_core_10000_clients_s=one_core_per_client * 10_000,
     )
 
@@ -265,10 +332,19 @@ def main(argv):
                     if n == 1:
                         process, _ = setup.build_fedpersonal('engine')
                         send_per_client.append(_send_per_client(process.initialize().global_model_weights))
+            print(f'host_2_processes (block {block})', flush=True)
+            runs['host_2_processes'].append(_host_two_processes(_ROUNDS.value, _ENGINE_PASSES.value))
         rows['engine_local_1core'] = dict(workers=0, **_summary(runs['engine_local_1core']))
         for n in (1, 2):
             rows[f'engine_workers_{n}'] = dict(workers=n, **_summary(runs[f'engine_workers_{n}']))
         rows['engine_workers_1']['send_per_client_s'] = float(np.median(send_per_client))
+        host = runs['host_2_processes']
+        rows['host_2_processes'] = dict(
+            workers=2,
+            seconds_per_round=float(np.median([t for run in host for t in run['seconds']])),
+            seconds=[t for run in host for t in run['seconds']],
+            halves_s=[float(np.median([t for run in host for t in run['halves_s'][k]])) for k in (0, 1)],
+        )
         print('tff_local', flush=True)
         with runtime.LocalRuntime():
             rows['tff_local'] = dict(workers=0, **_summary([_run(setup, _ROUNDS.value, use_next=True)]))
@@ -294,12 +370,18 @@ def main(argv):
             rows['furl_engine_workers_2'] = dict(workers=2, **row)
     for name, row in rows.items():  # Against the local row of the same workload.
         local = rows['furl_engine_local_1core' if name.startswith('furl') else 'engine_local_1core']
+        row['throughput_vs_1core'] = local['seconds_per_round'] / row['seconds_per_round']
+        if 'weights' not in row:  # host_2_processes: two halves, no aggregate.
+            continue
         weights, reference = row['weights'], local['weights']
         assert len(weights) == len(reference), name
         row['max_abs_diff_vs_local'] = float(max(np.max(np.abs(a - b)) for a, b in zip(weights, reference)))
-        row['throughput_vs_1core'] = local['seconds_per_round'] / row['seconds_per_round']
     for row in rows.values():
-        del row['weights']
+        row.pop('weights', None)
+    if 'host_2_processes' in rows:  # The two workers' round against two independent local processes.
+        rows['engine_workers_2']['throughput_vs_host_2_processes'] = (
+            rows['host_2_processes']['seconds_per_round'] / rows['engine_workers_2']['seconds_per_round']
+        )
     result = dict(
         command='python benchmarks/multi_worker.py ' + ' '.join(shlex.quote(a) for a in sys.argv[1:]),
         workload=(
@@ -319,7 +401,7 @@ def main(argv):
     for r in result['rows']:
         print(
             f'| {r["name"]} | {r["workers"]} | {r["seconds_per_round"]:.4f} | {r["throughput_vs_1core"]:.2f} | '
-            f'{r["max_abs_diff_vs_local"]:.2e} |'
+            f'{r.get("max_abs_diff_vs_local", float("nan")):.2e} |'
         )
     if result['model'] is not None:
         print(json.dumps(result['model'], indent=1))
