@@ -72,36 +72,33 @@ _FURL_CLIENTS = flags.DEFINE_integer('furl_clients_per_round', 100, "Clients per
 _WORKLOADS = flags.DEFINE_list('workloads', ['mf', 'furl'], 'Workloads: mf (every row, the model), furl (stateful).')
 
 
+def _workloads():
+    """`benchmarks/simulation_workloads` (imported from this directory, also in workers and spawned processes)."""
+    sys.path.insert(0, os.path.join(_REPO, 'benchmarks'))
+    import simulation_workloads
+
+    return simulation_workloads
+
+
 def _setup(workload: str = 'mf'):
     if workload == 'furl':
-        sys.path.insert(0, os.path.join(_REPO, 'benchmarks'))
-        import simulation_workloads
-
-        setup = simulation_workloads.furl_setup(group_size=_GROUP_SIZE.value)
+        setup = _workloads().furl_setup(group_size=_GROUP_SIZE.value)
         return dataclasses.replace(setup, clients_per_round=_FURL_CLIENTS.value)
     return _setup_for(_CLIENTS.value, _GROUP_SIZE.value)
 
 
 def _setup_for(clients: int, group_size: int):
     """The MF workload with `clients` clients per round in engine groups of `group_size`."""
-    sys.path.insert(0, os.path.join(_REPO, 'benchmarks'))
-    import simulation_workloads
-
-    return dataclasses.replace(simulation_workloads.mf_setup(group_size=group_size), clients_per_round=clients)
+    return dataclasses.replace(_workloads().mf_setup(group_size=group_size), clients_per_round=clients)
 
 
 def _recipe(clients: int, group_size: int, workload: str = 'mf'):
     """What every engine worker builds (module-level, so that Ray pickles it by reference)."""
     from fedpersonal.runtime import engine_workers
 
-    sys.path.insert(0, os.path.join(_REPO, 'benchmarks'))
-    import simulation_workloads
-
     del clients
-    if workload == 'furl':
-        setup = simulation_workloads.furl_setup(group_size=group_size)
-    else:
-        setup = simulation_workloads.mf_setup(group_size=group_size)
+    workloads = _workloads()
+    setup = (workloads.furl_setup if workload == 'furl' else workloads.mf_setup)(group_size=group_size)
     process, _ = setup.build_fedpersonal('engine')
     return engine_workers.WorkerSetup(process, setup.dataset_fn)
 
@@ -277,12 +274,12 @@ def _model(rows: dict, clients: int) -> dict:
     by_difference, f = max(rest(two) - rest(one), 0.0), two['finish_s']
     m = two['merges_s']
     g = rest(one) + max(one['submit_s'] - s * clients, 0.0)
-    predict = lambda w, n: c * n / w + s * n + w * d + math.ceil(math.log2(w)) * m + f + g
+    predict = lambda w, n, c=c: c * n / w + s * n + w * d + math.ceil(math.log2(w)) * m + f + g
     one_core_per_client = rows['engine_local_1core']['seconds_per_round'] / clients
     predicted, linear = predict(100, 10_000), one_core_per_client * 10_000 / 100
     # A worker alone on its machine: c as the one-worker row's share (no second busy core beside it).
     c_alone = one['shares_s'] / clients
-    alone = predicted - (c - c_alone) * 10_000 / 100
+    alone = predict(100, 10_000, c_alone)
     return dict(
         formula='t(W, N) = c * N / W + s * N + W * d + ceil(log2 W) * m + f + g',
         c_per_client_s=c,

@@ -69,9 +69,8 @@ def runs(strategy: str, model: Any, *, parts: int, splittable: bool) -> list[tup
     if strategy == options.SPREAD:
         return spread or [(CLIENT_LOOP, 1)]
     if strategy == options.MEASURE:
-        # Also the rule's own choice where it is neither of the first two.
-        own = {LOW_RANK, SPARSE_LOCKSTEP} & {auto_strategy(model)}
-        return [(LOCKSTEP, 1), (CLIENT_LOOP, 1)] + spread + [(work, 1) for work in own]
+        own = auto_strategy(model)  # Also timed where the rule chooses neither of the first two.
+        return [(LOCKSTEP, 1), (CLIENT_LOOP, 1)] + spread + ([(own, 1)] if own in (LOW_RANK, SPARSE_LOCKSTEP) else [])
     return [(auto_strategy(model) if strategy == options.AUTO else strategy, 1)]
 
 
