@@ -1,7 +1,7 @@
 """Seconds per FedRecon MovieLens round on one core, on engine workers (one core each) and on TFF's workers; and a
 stateful round (FURL) on one core and on two engine workers.
 
-  python benchmarks/multi_worker.py [--rounds 5] [--engine_passes 4] [--blocks 3] [--clients_per_round 100] [--tff_workers 1,2]
+  python benchmarks/multi_worker.py [--rounds 5] [--engine_passes 4] [--blocks 3] [--paired_passes 10] [--clients_per_round 100] [--tff_workers 1,2]
       [--workloads mf,furl] [--furl_clients_per_round 100] [--output FILE]
 
 The round is `simulation_workloads.mf_setup`'s (the reference's MovieLens-shaped MF FedRecon round, dim 50, 3,700
@@ -23,6 +23,10 @@ falls on every row alike. ``max_abs_diff_vs_local``: final server weights agains
   1, each the local engine on one worker's share of every round, rounds started together (a barrier); a round is
   the slower half (each half also runs its own server step). ``engine_workers_2``'s
   ``throughput_vs_host_2_processes`` is its throughput against this;
+* ``engine_workers_2_paired``: the rounds of ``engine_workers_2`` and ``engine_local_1core`` in pairs, back to
+  back (``--paired_passes`` passes; the local round on cores 0 and 1 in turn): its ``throughput_vs_1core`` is the
+  median of the pairs' ratios, which a host's load drifting over minutes does not move as it moves the other rows'
+  medians (rows timed minutes apart);
 * ``tff_local``: `process.next` in TFF's local runtime (its worker_binary: the groups without XLA);
 * ``tff_workers_N``: `process.run_round` inside `fedpersonal.runtime.DistributedRuntime` on N TFF workers
   (`scripts/start_workers.sh`), worker k pinned to core k mod 2.
@@ -41,6 +45,8 @@ predicting 100 workers and 10,000 clients per round against linear scaling of on
 from __future__ import annotations
 
 import collections
+import contextlib
+import contextvars
 import dataclasses
 import functools
 import json
@@ -63,6 +69,9 @@ _ENGINE_PASSES = flags.DEFINE_integer(
 )
 _BLOCKS = flags.DEFINE_integer(
     'blocks', 3, 'Times the three engine rows run in turn (each row: its rounds untimed, then --engine_passes timed).'
+)
+_PAIRED_PASSES = flags.DEFINE_integer(
+    'paired_passes', 10, 'Timed passes over the rounds of engine_workers_2_paired (0: no such row).'
 )
 _CLIENTS = flags.DEFINE_integer('clients_per_round', 100, 'Clients per round (of 1,000).')
 _GROUP_SIZE = flags.DEFINE_integer('group_size', 25, 'Clients per engine group.')
@@ -208,6 +217,70 @@ def _host_two_processes(rounds: int, passes: int) -> dict:
     return dict(seconds=[max(a, b) for a, b in zip(halves[0], halves[1])], halves_s=[halves[0], halves[1]])
 
 
+def _pin(core: int) -> None:
+    """Every thread of this process (TensorFlow's pools included) on `core`."""
+    for tid in os.listdir('/proc/self/task'):
+        with contextlib.suppress(OSError):  # A thread that ended meanwhile.
+            os.sched_setaffinity(int(tid), {core})
+
+
+def _run_paired(setup, rounds: int, passes: int) -> dict:
+    """``engine_workers_2_paired``: each round once locally and once on the two workers of the enclosing
+    `EngineWorkers` block, back to back (which first alternates), the local one on cores 0 and 1 in turn. Paired
+    within a second, the two see the same load of the host, which drifts by tens of percent over minutes."""
+    import tensorflow as tf
+
+    from fedpersonal.core import process as process_lib
+
+    local, remote = setup.build_fedpersonal('engine')[0], setup.build_fedpersonal('engine')[0]
+    seconds: dict[str, list[float]] = dict(local=[], workers=[])
+    cores: list[int] = []
+
+    def timed_round(name: str, process, state, datasets, ids):
+        started = time.perf_counter()
+        if name == 'local':  # Outside the workers' block: a fresh context, where no `EngineWorkers` is active.
+            _pin(len(cores) % 2)
+            state = contextvars.Context().run(process.run_round, state, datasets, None, client_ids=ids).state
+            _pin(0)
+        else:
+            state = process.run_round(state, datasets, None, client_ids=ids).state
+        return state, time.perf_counter() - started
+
+    for timed in (False, *[True] * passes):
+        states = dict(local=local.initialize(), workers=remote.initialize())
+        for r in range(rounds):
+            ids = setup.sample(r)
+            datasets = process_lib.LazyDatasets(ids, setup.dataset_fn)
+            order = ('local', 'workers') if len(cores) % 2 == 0 else ('workers', 'local')
+            for name in order:
+                process = local if name == 'local' else remote
+                states[name], elapsed = timed_round(name, process, states[name], datasets, ids)
+                if timed:
+                    seconds[name].append(elapsed)
+            if timed:
+                cores.append(len(cores) % 2)
+    weights = {
+        name: [np.asarray(w) for w in tf.nest.flatten(p.get_model_weights(states[name]).trainable)]
+        for name, p in (('local', local), ('workers', remote))
+    }
+    ratios = [a / b for a, b in zip(seconds['local'], seconds['workers'])]
+    return dict(
+        seconds_per_round=float(np.median(seconds['workers'])),
+        seconds=seconds['workers'],
+        local_seconds=seconds['local'],
+        local_core=cores,
+        local_seconds_per_round_by_core=[
+            float(np.median([t for t, c in zip(seconds['local'], cores) if c == k])) for k in (0, 1)
+        ],
+        paired_ratios=ratios,
+        paired_ratio_quartiles=[float(q) for q in np.percentile(ratios, [25, 50, 75])],
+        max_abs_diff_vs_paired_local=float(
+            max(np.max(np.abs(a - b)) for a, b in zip(weights['workers'], weights['local']))
+        ),
+        weights=weights['workers'],
+    )
+
+
 def _summary(runs: list[dict]) -> dict:
     """One row from one or more `_run`s of it (the last run's weights; medians over every timed round)."""
     seconds = [t for run in runs for t in run['seconds']]
@@ -335,6 +408,12 @@ def main(argv):
         for n in (1, 2):
             rows[f'engine_workers_{n}'] = dict(workers=n, **_summary(runs[f'engine_workers_{n}']))
         rows['engine_workers_1']['send_per_client_s'] = float(np.median(send_per_client))
+        if _PAIRED_PASSES.value:
+            print('engine_workers_2_paired', flush=True)
+            with runtime.LocalRuntime(), engine_workers.EngineWorkers(recipe, workers=2, cores=[0, 1]):
+                rows['engine_workers_2_paired'] = dict(
+                    workers=2, **_run_paired(setup, _ROUNDS.value, _PAIRED_PASSES.value)
+                )
         host = runs['host_2_processes']
         rows['host_2_processes'] = dict(
             workers=2,
@@ -375,6 +454,9 @@ def main(argv):
         row['max_abs_diff_vs_local'] = float(max(np.max(np.abs(a - b)) for a, b in zip(weights, reference)))
     for row in rows.values():
         row.pop('weights', None)
+    if 'engine_workers_2_paired' in rows:  # Its own local rounds, paired with its workers' rounds.
+        paired = rows['engine_workers_2_paired']
+        paired['throughput_vs_1core'] = paired['paired_ratio_quartiles'][1]
     if 'host_2_processes' in rows:  # The two workers' round against two independent local processes.
         rows['engine_workers_2']['throughput_vs_host_2_processes'] = (
             rows['host_2_processes']['seconds_per_round'] / rows['engine_workers_2']['seconds_per_round']
