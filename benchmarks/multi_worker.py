@@ -45,7 +45,6 @@ predicting 100 workers and 10,000 clients per round against linear scaling of on
 from __future__ import annotations
 
 import collections
-import contextlib
 import contextvars
 import dataclasses
 import functools
@@ -217,13 +216,6 @@ def _host_two_processes(rounds: int, passes: int) -> dict:
     return dict(seconds=[max(a, b) for a, b in zip(halves[0], halves[1])], halves_s=[halves[0], halves[1]])
 
 
-def _pin(core: int) -> None:
-    """Every thread of this process (TensorFlow's pools included) on `core`."""
-    for tid in os.listdir('/proc/self/task'):
-        with contextlib.suppress(OSError):  # A thread that ended meanwhile.
-            os.sched_setaffinity(int(tid), {core})
-
-
 def _run_paired(setup, rounds: int, passes: int) -> dict:
     """``engine_workers_2_paired``: each round once locally and once on the two workers of the enclosing
     `EngineWorkers` block, back to back (which first alternates), the local one on cores 0 and 1 in turn. Paired
@@ -231,19 +223,22 @@ def _run_paired(setup, rounds: int, passes: int) -> dict:
     import tensorflow as tf
 
     from fedpersonal.core import process as process_lib
+    from fedpersonal.runtime.worker_actor import pin_to_core
 
     local, remote = setup.build_fedpersonal('engine')[0], setup.build_fedpersonal('engine')[0]
     seconds: dict[str, list[float]] = dict(local=[], workers=[])
     cores: list[int] = []
 
     def timed_round(name: str, process, state, datasets, ids):
-        started = time.perf_counter()
         if name == 'local':  # Outside the workers' block: a fresh context, where no `EngineWorkers` is active.
-            _pin(len(cores) % 2)
+            pin_to_core(len(cores) % 2)
+            started = time.perf_counter()
             state = contextvars.Context().run(process.run_round, state, datasets, None, client_ids=ids).state
-            _pin(0)
-        else:
-            state = process.run_round(state, datasets, None, client_ids=ids).state
+            elapsed = time.perf_counter() - started
+            pin_to_core(0)
+            return state, elapsed
+        started = time.perf_counter()
+        state = process.run_round(state, datasets, None, client_ids=ids).state
         return state, time.perf_counter() - started
 
     for timed in (False, *[True] * passes):

@@ -57,7 +57,7 @@ def as_numpy(value: Any) -> Any:
     return process.as_numpy(value)
 
 
-def _set_affinity(core: int) -> None:
+def pin_to_core(core: int) -> None:
     """Pins every thread of this process (and the threads they start) to `core`."""
     for tid in os.listdir('/proc/self/task'):
         with contextlib.suppress(OSError):
@@ -81,7 +81,7 @@ class Worker:
         self._kept: Any = None  # A silo round's clients' state between its two client phases.
         try:
             if core is not None:
-                _set_affinity(core)
+                pin_to_core(core)
             setup = recipe()
             self._dataset_fn = setup.dataset_fn
             self._stateful = setup.process.stateful
