@@ -126,6 +126,11 @@ class PflBenchmarkConfig(
     )
     apfl_alpha: float = parts.option(0.5, "APFL's initial mixing weight alpha.")
     fedrep_head_epochs: int = parts.option(1, "FedRep's head epochs per round (PFLlib: plocal_epochs).")
+    per_fedavg_trains_per_round: int = parts.option(
+        2,
+        'Per-FedAvg (both variants): local passes of --client_epochs each per round (PFLlib: 2, its server calls '
+        "a Per-FedAvg client's train() twice a round, serverperavg.py; its other methods once).",
+    )
     finetune_epochs: int = parts.option(
         5, 'Epochs each client fine-tunes the whole model on its train data before evaluation (FedBABU, FedAvg+FT).'
     )
@@ -211,6 +216,7 @@ class PflBenchmarkConfig(
             'synthetic_users',
             'synthetic_items',
             'fedala_num_pre_loss',
+            'per_fedavg_trains_per_round',
         ):
             if getattr(self, name) < 1:
                 raise errors.ConfigError(f'{name} must be >= 1, got {getattr(self, name)}.')

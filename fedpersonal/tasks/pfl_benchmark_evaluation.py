@@ -48,6 +48,11 @@ class Benchmark:
     def train_dataset(self, dataset: tf.data.Dataset) -> tf.data.Dataset:
         return dataset.batch(self.config.batch_size, drop_remainder=True)  # As PFLlib's DataLoader (drop_last).
 
+    def adaptation_batch(self, client_id: str) -> Any | None:
+        """The batch a client adapts on before evaluation (Per-FedAvg): its first train batch, all of its examples
+        if it has fewer than a batch (PFLlib's dropped last batch would leave it none), None without any."""
+        return next(iter(self.train[client_id].batch(self.config.batch_size)), None)
+
     def test_dataset(self, client_id: str) -> tf.data.Dataset:
         return self._test.create_tf_dataset_for_client(client_id).batch(EVAL_BATCH)
 
@@ -74,7 +79,7 @@ def make_evaluation(
     the model it predicts with (first fine-tuned on its train data with `finetune`): accuracy over all test
     examples, the mean and the worst client's accuracy. A stateless plan (FedRecon): ``global weights -> metrics``
     by ReconEval on each client's test data. `adapts`: each client predicts with the global model after one SGD
-    step on its first train batch. `phased_model`: the model of a plan with model-defined losses (FedRoD's),
+    step on its `Benchmark.adaptation_batch`. `phased_model`: the model of a plan with model-defined losses (FedRoD's),
     which predicts with its `fedrod.prediction_model_fn`."""
     config = benchmark.config
     if plan.model_losses:
@@ -139,9 +144,12 @@ def make_evaluation(
             train = [benchmark.train_dataset(benchmark.train[c]) for c in benchmark.client_ids]
             states = list(tune.run_round(tune.initialize(), train, full).private_states)
         if adapts:
-            first_batches = [next(iter(benchmark.train_dataset(benchmark.train[c]))) for c in benchmark.client_ids]
             lr = config.client_learning_rate
-            states = [per_fedavg.adapt(global_model_fn, weights, b, lr, methods.loss_fn) for b in first_batches]
+            batches = [benchmark.adaptation_batch(c) for c in benchmark.client_ids]
+            states = [
+                weights if b is None else per_fedavg.adapt(global_model_fn, weights, b, lr, methods.loss_fn)
+                for b in batches
+            ]
         result = evaluation.evaluate_clients(
             evaluate,
             no_globals if own else weights,

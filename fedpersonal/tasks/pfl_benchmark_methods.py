@@ -11,8 +11,9 @@ the config, the layers of PFLlib's CNN that stay on the clients, and the model.
   ReconEval on each client's test data (the head reconstructed on its support part, accuracy on its query part);
 * ``furl_head``: a persistent private head with FURL's norm penalty (`furl_private_norm`);
 * ``per_fedavg`` (first-order, as PFLlib) / ``per_fedavg_hf`` (Hessian-free): the global model, meta-learned
-  (`fedpersonal.algorithms.per_fedavg`); evaluated after one SGD step on the client's first train batch (PFLlib's
-  ``evaluate_one_step``; PFLlib takes a random batch);
+  (`fedpersonal.algorithms.per_fedavg`), ``per_fedavg_trains_per_round`` x ``client_epochs`` epochs a round (PFLlib's
+  server trains a Per-FedAvg client twice a round); evaluated after one SGD step on the client's first train batch
+  (PFLlib's ``evaluate_one_step``; PFLlib takes a random batch);
 * ``pfedme``: the global model and each client's personalized theta, the model it is evaluated with
   (`fedpersonal.algorithms.pfedme`; PFLlib's pFedMeOptimizer weight decay mu = 0.001; server beta = 1).
 * ``fedala``: each client's own model, the head (``layer_idx`` 2) aggregated element-wise with the global one at the
@@ -85,7 +86,7 @@ def _per_fedavg(config: PflBenchmarkConfig, *, hessian_free: bool) -> client_pla
         batch_size=config.batch_size,
         inner_learning_rate=config.client_learning_rate,
         outer_optimizer=sgd(config),  # PFLlib: beta = the learning rate.
-        client_epochs=config.client_epochs,
+        client_epochs=config.client_epochs * config.per_fedavg_trains_per_round,
         hessian_free=hessian_free,
     )
 

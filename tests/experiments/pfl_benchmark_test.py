@@ -5,6 +5,7 @@ methods beat FedAvg under pathological label skew, the results file and figure a
 over its seeds (against a hand computation), a rerun runs only the (method, seed) runs that did not finish, a seed
 sets the initial weights and each client's train order, and bad flags get a clear error."""
 
+import copy
 import dataclasses
 import json
 import math
@@ -195,6 +196,24 @@ def test_per_fedavg_clients_are_evaluated_after_one_sgd_step_on_their_first_trai
     assert not np.array_equal(unadapted, correct)  # The step changes predictions: the comparison can fail.
 
 
+def test_per_fedavg_trains_twice_a_round_as_pfllib_and_adapts_on_what_a_small_client_has(benchmark):
+    for name in ('per_fedavg', 'per_fedavg_hf'):
+        plan = pfl_benchmark_methods.METHOD_SPECS[name].plan
+        config = benchmark.config
+        assert [p.epochs for p in plan(config).phases] == [2 * config.client_epochs]  # PFLlib's default: 2.
+        once = dataclasses.replace(config, per_fedavg_trains_per_round=1, client_epochs=3)
+        assert [p.epochs for p in plan(once).phases] == [3]
+    # Fewer train examples than a batch: the client adapts on all of them (a dropped last batch would leave none).
+    few = copy.copy(benchmark)
+    cid = benchmark.client_ids[0]
+    few.train = {**benchmark.train, cid: benchmark.train[cid].take(6)}
+    batch = few.adaptation_batch(cid)
+    assert len(batch['y']) == 6 and np.array_equal(batch['y'], benchmark.data.y[benchmark.train_rows[0][:6]])
+    few.train[cid] = benchmark.train[cid].take(0)
+    assert few.adaptation_batch(cid) is None
+    assert len(few.adaptation_batch(benchmark.client_ids[1])['y']) == benchmark.config.batch_size
+
+
 def test_personalized_methods_beat_fedavg_under_pathological_skew_and_results_are_written(tmp_path):
     config = pfl_benchmark.PflBenchmarkConfig(
         **SMALL,
@@ -252,6 +271,7 @@ def test_a_diverged_evaluation_is_never_the_best():
         (dict(partition='stripes'), 'partition must be one of'),
         (dict(configurations=('fedavg', 'fedsgd')), "unknown: ['fedsgd']"),
         (dict(apfl_alpha=1.5), 'apfl_alpha must be in [0, 1]'),
+        (dict(per_fedavg_trains_per_round=0), 'per_fedavg_trains_per_round must be >= 1, got 0'),
         (dict(engine_strategy='fastest'), 'engine_strategy must be one of'),
         (dict(seeds=(0, 0)), 'seeds must be distinct non-negative integers, got [0, 0]'),
         (dict(seeds=(1, 2), seed=5), '--seed=5 is not one of --seeds=[1, 2]'),
