@@ -16,6 +16,10 @@ round, and PFLlib's number with an explanation where its leaderboard has the met
 each partition next to the JSON (``<output stem>_<partition>.png``, mean over seeds with a +- 1 std band), and
 prints the markdown table for docs/RESULTS.md.
 
+With ``--update`` the runs' rows replace the rows of the same partition and method in --output, the others kept
+(e.g. one method rerun after a change; `fedpersonal.tasks.pfl_benchmark_results.updated_results`); a partition's
+figure is redrawn from the file's rows when every row of it has its curves, else kept and named.
+
 Explanations (why a row differs from PFLlib's number) are written by a person after the runs, never here:
 ``--explanations`` is a JSON file ``{"pathological": {"FedAvg": "text", ...}, "dirichlet": {...}}`` (row names or
 method keys; for each partition it names, it replaces the explanations already in --output); without one, those are
@@ -30,11 +34,13 @@ from absl import flags
 from absl import logging
 
 from fedpersonal import program
+from fedpersonal import runtime
 from fedpersonal.tasks import pfl_benchmark_results as results_lib
 
 flags.DEFINE_list('runs', None, 'Output directories of finished experiments/pfl_benchmark.py runs, one per partition.')
 flags.DEFINE_string('output', 'docs/results/pfl_benchmark.json', 'The results file written.')
 flags.DEFINE_string('explanations', None, 'JSON {partition: {row name: text}}; default: those already in --output.')
+flags.DEFINE_bool('update', False, "Replace only the runs' methods' rows of --output, keeping the others.")
 flags.mark_flag_as_required('runs')
 FLAGS = flags.FLAGS
 
@@ -50,17 +56,34 @@ def main(argv):
                 explanations[partition] = dict(texts)
     contents = results_lib.docs_results(FLAGS.runs, explanations)
     stem = os.path.splitext(FLAGS.output)[0]
-    contents['figures'] = {}
+    figures = {}
+    if FLAGS.update:
+        with open(FLAGS.output) as f:
+            previous = json.load(f)
+        contents = results_lib.updated_results(previous, contents)
+        figures = dict(previous.get('figures') or {})
     for run_dir in FLAGS.runs:
         results, _ = results_lib.read_run(run_dir)
-        path = results_lib.plot_by_round(results, f'{stem}_{results["partition"]}.png')
-        contents['figures'][results['partition']] = path
+        if FLAGS.update:
+            rows = [
+                r
+                for r in contents['rows']
+                if (r['dataset'], r['partition']) == (results['dataset'], results['partition'])
+            ]
+            if not all(r.get('curve') for r in rows):
+                print(
+                    f'{results["partition"]}: figure kept (rows without curves: {[r["name"] for r in rows if not r.get("curve")]})'
+                )
+                continue
+            results = {**results, 'rows': rows}
+        figures[results['partition']] = results_lib.plot_by_round(results, f'{stem}_{results["partition"]}.png')
+    contents['figures'] = figures
     program.write_json(FLAGS.output, contents)
     print(results_lib.markdown_table(contents['rows']))
     print()
     for key, run in contents['runs'].items():
         print(f'{key}: `{run["command"]}`')
-    print(f'Written: {FLAGS.output}, {", ".join(p for p in contents["figures"].values() if p)}')
+    print(f'Written: {FLAGS.output}, {", ".join(p for p in figures.values() if p)}')
     pending = [f'{r["partition"]}/{r["name"]}' for r in contents['rows'] if 'explanation' in r and not r['explanation']]
     few_seeds = [f'{r["partition"]}/{r["name"]}' for r in contents['rows'] if len(r['seeds']) < 3]
     if pending:
@@ -70,4 +93,5 @@ def main(argv):
 
 
 if __name__ == '__main__':
-    app.run(main)
+    with runtime.LocalRuntime():  # Releases TFF's import-time context before exit (else its __del__ fails).
+        app.run(main)

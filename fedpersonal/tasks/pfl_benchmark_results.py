@@ -95,6 +95,7 @@ DOCS_KEYS = (
     'seeds',
     'worst_client_accuracy',
     'seconds_per_round',
+    *CURVES,  # So that a later `updated_results` can redraw a partition's figure from the file alone.
 )
 LEADERBOARD_KEYS = ('pfllib_accuracy', 'explanation')
 # Then those of a row whose metric is RMSE (the MovieLens block; its ``accuracy`` is the rating accuracy): test
@@ -446,3 +447,39 @@ def docs_results(
         runs[key] = {'output_dir': run_dir, 'command': command_for(config), 'statistics': results.get('statistics')}
         rows += docs_rows(results, explanations)
     return {'rows': rows, 'runs': runs}
+
+
+def _key(row: Mapping[str, Any]) -> tuple[str, str, str]:
+    return row['dataset'], row['partition'], row['method']
+
+
+def updated_results(previous: Mapping[str, Any], new: Mapping[str, Any]) -> dict[str, Any]:
+    """`previous` contents of ``docs/results/pfl_benchmark.json`` with `new`'s rows (`docs_results` of some
+    methods' runs) in place of its rows of the same dataset, partition and method, the others kept in their places
+    (a method new to a partition goes after its rows); each partition's ``runs`` entry keeps the run that made it
+    and lists every later one under ``updates`` (its methods, command and directory).
+
+    Raises:
+      errors.InputError: A new row ran other rounds than the rows it joins (a partition's rows share one R).
+    """
+    rounds = {_key(r)[:2]: r['rounds'] for r in previous['rows']}
+    for row in new['rows']:
+        if rounds.get(_key(row)[:2], row['rounds']) != row['rounds']:
+            raise errors.InputError(
+                f'{row["partition"]}/{row["name"]}: {row["rounds"]} rounds, the rows it joins '
+                f"{rounds[_key(row)[:2]]}: a partition's rows run the same rounds."
+            )
+    replacing = {_key(r): r for r in new['rows']}
+    rows = [replacing.pop(_key(r), r) for r in previous['rows']]
+    for row in replacing.values():  # Methods new to their partition: after its last row.
+        last = max((i for i, r in enumerate(rows) if _key(r)[:2] == _key(row)[:2]), default=len(rows) - 1)
+        rows.insert(last + 1, row)
+    runs = {k: dict(v) for k, v in previous.get('runs', {}).items()}
+    for name, run in new['runs'].items():
+        if name not in runs:
+            runs[name] = run
+            continue
+        methods = [r['method'] for r in new['rows'] if f'{r["dataset"]}/{r["partition"]}' == name]
+        update = {'methods': methods, 'command': run['command'], 'output_dir': run['output_dir']}
+        runs[name]['updates'] = [*runs[name].get('updates', []), update]
+    return {**previous, 'rows': rows, 'runs': runs}

@@ -45,12 +45,12 @@ def _seed_row(method, name, seed, final):
     }
 
 
-def _write_run(run_dir, partition, dataset='fashion_mnist', seeds=(0, 1, 2)):
+METHODS = (('fedavg', 'FedAvg'), ('fedper', 'FedPer'), ('ditto', 'Ditto'))
+
+
+def _write_run(run_dir, partition, dataset='fashion_mnist', seeds=(0, 1, 2), methods=METHODS, base=0.6):
     """A finished run's results.json and config.json as experiments/pfl_benchmark.py writes them."""
-    rows = [
-        results_lib.over_seeds([_seed_row(m, n, s, 0.6 + 0.1 * s) for s in seeds], seeds)
-        for m, n in (('fedavg', 'FedAvg'), ('fedper', 'FedPer'), ('ditto', 'Ditto'))
-    ]
+    rows = [results_lib.over_seeds([_seed_row(m, n, s, base + 0.1 * s) for s in seeds], seeds) for m, n in methods]
     os.makedirs(run_dir)
     results = {'dataset': dataset, 'partition': partition, 'clients': 20, 'seeds': list(seeds), 'rows': rows}
     with open(os.path.join(run_dir, 'results.json'), 'w') as f:
@@ -112,6 +112,7 @@ def test_table_tool_writes_rows_plots_and_keeps_written_explanations(tmp_path):
     done = subprocess.run(command + [f'--explanations={explanations}'], capture_output=True, text=True, env=env)
     assert done.returncode == 0, done.stderr
     assert '| FedAvg | 70.00 +- 10.00 |' in done.stdout and 'pathological/FedAvg' in done.stdout  # Pending listed.
+    assert 'Exception ignored' not in done.stderr, done.stderr  # TFF's context is released before exit.
     with open(output) as f:
         written = json.load(f)
     assert [(r['partition'], r['name']) for r in written['rows']] == [
@@ -137,3 +138,39 @@ def test_table_tool_writes_rows_plots_and_keeps_written_explanations(tmp_path):
     assert done.returncode == 0, done.stderr
     with open(output) as f:
         assert json.load(f)['rows'][3]['explanation'] == 'Unfinished training.'
+    # --update: a rerun of one method replaces its row alone, and the figure is redrawn from the file's rows.
+    _write_run(str(tmp_path / 'dir2'), 'dirichlet', methods=[('ditto', 'Ditto')], base=0.3)
+    os.remove(tmp_path / 'docs' / 'pfl_benchmark_dirichlet.png')
+    command = [*command[:2], f'--runs={tmp_path / "dir2"}', command[3], '--update']
+    done = subprocess.run(command, capture_output=True, text=True, env=env)
+    assert done.returncode == 0, done.stderr
+    with open(output) as f:
+        updated = json.load(f)
+    assert [r['accuracy'] for r in updated['rows']] == pytest.approx([0.7, 0.7, 0.7, 0.7, 0.7, 0.4])
+    assert updated['runs']['fashion_mnist/dirichlet']['updates'][0]['methods'] == ['ditto']
+    assert os.path.getsize(tmp_path / 'docs' / 'pfl_benchmark_dirichlet.png') > 0
+
+
+def test_an_update_replaces_its_methods_rows_only_and_keeps_one_r_per_partition(tmp_path):
+    previous = results_lib.docs_results([_dir(tmp_path, 'pat', 'pathological'), _dir(tmp_path, 'dir', 'dirichlet')])
+    rerun = _dir(tmp_path, 'new', 'dirichlet', methods=[('fedper', 'FedPer'), ('apfl', 'APFL')], base=0.2)
+    updated = results_lib.updated_results(previous, results_lib.docs_results([rerun]))
+    names = [(r['partition'][:3], r['name'], round(r['accuracy'], 4)) for r in updated['rows']]
+    kept = [(p, n, 0.7) for p in ('pat', 'dir') for n in ('FedAvg', 'FedPer', 'Ditto')]
+    assert names == [*kept[:4], ('dir', 'FedPer', 0.3), kept[5], ('dir', 'APFL', 0.3)]
+    assert updated['runs']['fashion_mnist/dirichlet']['updates'][0]['output_dir'] == rerun
+    assert 'updates' not in updated['runs']['fashion_mnist/pathological']
+    longer = results_lib.docs_results([_dir(tmp_path, 'r8', 'dirichlet', rounds=8)])
+    with pytest.raises(errors.InputError, match='dirichlet/FedAvg: 8 rounds, the rows it joins 4'):
+        results_lib.updated_results(previous, longer)
+
+
+def _dir(tmp_path, name, partition, rounds=4, **kwargs):
+    _write_run(str(tmp_path / name), partition, **kwargs)
+    if rounds != 4:
+        path = tmp_path / name / 'results.json'
+        results = json.loads(path.read_text())
+        for row in results['rows']:
+            row['rounds'] = rounds
+        path.write_text(json.dumps(results))
+    return str(tmp_path / name)
