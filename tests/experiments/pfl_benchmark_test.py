@@ -244,6 +244,29 @@ def test_personalized_methods_beat_fedavg_under_pathological_skew_and_results_ar
     assert os.path.getsize(tmp_path / 'accuracy_by_round.png') > 0
 
 
+def test_the_other_rows_learn_on_the_per_client_backend_as_the_binary_runs_them(tmp_path):
+    """The rows the test above leaves out, from the benchmark's own run on TFF's per-client backend (every method
+    runs on the engine in the other tests): the head-local, body-local and fine-tuning rows fit the clients' two
+    labels far above FedAvg's global model; FedProx learns as FedAvg does."""
+    config = pfl_benchmark.PflBenchmarkConfig(
+        **SMALL,
+        configurations=('fedavg', 'fedprox', 'fedrep', 'lg_fedavg', 'fedavg_ft', 'furl_head'),
+        total_rounds=4,
+        rounds_per_eval=2,
+        finetune_epochs=1,
+        simulation='per_client',
+        output_dir=str(tmp_path),
+    )
+    rows = {row['method']: row for row in pfl_benchmark.run(config)['rows']}
+    for name in ('fedrep', 'lg_fedavg', 'fedavg_ft', 'furl_head'):
+        assert rows[name]['accuracy'] > rows['fedavg']['accuracy'] + 0.2, rows
+    for name in ('fedavg', 'fedprox'):  # Rising from round 2 to round 4, well above chance (0.1).
+        (_, first, _), (_, last, _) = rows[name]['curve']
+        assert last > first and last > 0.25, rows[name]
+    assert rows['fedprox']['accuracy'] == pytest.approx(rows['fedavg']['accuracy'], abs=0.05)
+    assert not list(tmp_path.rglob('engine_strategy.json'))  # No engine ran.
+
+
 def test_summary_reads_the_runs_rows():
     rows = [
         {'round': r, 'test/accuracy': a, 'test/mean_client_accuracy': a, 'test/worst_client_accuracy': a / 2}
