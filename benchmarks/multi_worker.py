@@ -39,7 +39,9 @@ state (its user embedding) goes to the worker that trains it and comes back to t
 
 ``model``: the engine workers' round as per-worker compute plus fixed costs, measured in the engine-worker rows
 (`EngineWorkers.last_timings`: the workers' own share seconds, the driver's sending, the rest; see `_model`),
-predicting 100 workers and 10,000 clients per round against linear scaling of one core.
+predicting 100 workers and 10,000 clients per round against linear scaling of one core; ``model.paired``: the
+same prediction with c and one core's seconds from each pair of ``engine_workers_2_paired`` (`_paired_model`), the
+median over the pairs and its quartiles.
 """
 
 from __future__ import annotations
@@ -216,7 +218,7 @@ def _host_two_processes(rounds: int, passes: int) -> dict:
     return dict(seconds=[max(a, b) for a, b in zip(halves[0], halves[1])], halves_s=[halves[0], halves[1]])
 
 
-def _run_paired(setup, rounds: int, passes: int) -> dict:
+def _run_paired(setup, rounds: int, passes: int, workers) -> dict:
     """``engine_workers_2_paired``: each round once locally and once on the two workers of the enclosing
     `EngineWorkers` block, back to back (which first alternates), the local one on cores 0 and 1 in turn. Paired
     within a second, the two see the same load of the host, which drifts by tens of percent over minutes."""
@@ -228,6 +230,7 @@ def _run_paired(setup, rounds: int, passes: int) -> dict:
     local, remote = setup.build_fedpersonal('engine')[0], setup.build_fedpersonal('engine')[0]
     seconds: dict[str, list[float]] = dict(local=[], workers=[])
     cores: list[int] = []
+    timings: list[dict] = []  # The workers' rounds' `last_timings`, for the model's c from the pairs.
 
     def timed_round(name: str, process, state, datasets, ids):
         if name == 'local':  # Outside the workers' block: a fresh context, where no `EngineWorkers` is active.
@@ -252,6 +255,8 @@ def _run_paired(setup, rounds: int, passes: int) -> dict:
                 states[name], elapsed = timed_round(name, process, states[name], datasets, ids)
                 if timed:
                     seconds[name].append(elapsed)
+                    if name == 'workers':
+                        timings.append(workers.last_timings)
             if timed:
                 cores.append(len(cores) % 2)
     weights = {
@@ -269,6 +274,7 @@ def _run_paired(setup, rounds: int, passes: int) -> dict:
         ],
         paired_ratios=ratios,
         paired_ratio_quartiles=[float(q) for q in np.percentile(ratios, [25, 50, 75])],
+        round_timings=timings,
         max_abs_diff_vs_paired_local=float(
             max(np.max(np.abs(a - b)) for a, b in zip(weights['workers'], weights['local']))
         ),
@@ -369,6 +375,31 @@ def _model(rows: dict, clients: int) -> dict:
     )
 
 
+def _paired_model(model: dict, paired: dict, timings: list[dict]) -> dict:
+    """`_model`'s prediction with c and the one-core seconds of each pair of ``engine_workers_2_paired`` (the same
+    round on one core and on the two workers, back to back), the merge level and the server step of its workers'
+    rounds, the other terms as `_model`'s: the ratio to linear per pair, and its median and quartiles. The rows'
+    medians take c and one core from blocks minutes apart, whose load moves each by tens of percent."""
+    clients = _CLIENTS.value
+    merges = [np.max(t['merges_s']) for t in timings if np.size(t.get('merges_s', []))]  # As `_summary`'s.
+    m = float(np.median(merges)) if merges else model['m_merge_level_s']
+    f = float(np.median([t['finish_s'] for t in timings]))
+    fixed = 10_000 * model['s_send_per_client_s'] + 100 * model['d_per_worker_s'] + 7 * m + f + model['g_rest_s']
+    c = [max(t['shares_s']) / (clients / 2) for t in timings]  # The slower worker's share, per client.
+    linear = [local / clients * 10_000 / 100 for local in paired['local_seconds']]
+    ratios = [(ci * 10_000 / 100 + fixed) / li for ci, li in zip(c, linear)]
+    return dict(
+        c_per_client_s=float(np.median(c)),
+        m_merge_level_s=m,
+        f_server_step_s=f,
+        linear_100_workers_10000_clients_s=float(np.median(linear)),
+        predicted_100_workers_10000_clients_s=float(np.median([ci * 100 + fixed for ci in c])),
+        ratio_to_linear=float(np.median(ratios)),
+        ratio_to_linear_quartiles=[float(q) for q in np.percentile(ratios, [25, 50, 75])],
+        c_over_one_core_per_client=float(np.median([ci / (li / 100) for ci, li in zip(c, linear)])),
+    )
+
+
 def main(argv):
     del argv
     os.sched_setaffinity(0, {0})  # Before TensorFlow starts its threads: this process on core 0.
@@ -405,9 +436,9 @@ def main(argv):
         rows['engine_workers_1']['send_per_client_s'] = float(np.median(send_per_client))
         if _PAIRED_PASSES.value:
             print('engine_workers_2_paired', flush=True)
-            with runtime.LocalRuntime(), engine_workers.EngineWorkers(recipe, workers=2, cores=[0, 1]):
+            with runtime.LocalRuntime(), engine_workers.EngineWorkers(recipe, workers=2, cores=[0, 1]) as workers:
                 rows['engine_workers_2_paired'] = dict(
-                    workers=2, **_run_paired(setup, _ROUNDS.value, _PAIRED_PASSES.value)
+                    workers=2, **_run_paired(setup, _ROUNDS.value, _PAIRED_PASSES.value, workers)
                 )
         host = runs['host_2_processes']
         rows['host_2_processes'] = dict(
@@ -452,6 +483,7 @@ def main(argv):
     if 'engine_workers_2_paired' in rows:  # Its own local rounds, paired with its workers' rounds.
         paired = rows['engine_workers_2_paired']
         paired['throughput_vs_1core'] = paired['paired_ratio_quartiles'][1]
+        paired_timings = paired.pop('round_timings')
     if 'host_2_processes' in rows:  # The two workers' round against two independent local processes.
         rows['engine_workers_2']['throughput_vs_host_2_processes'] = (
             rows['host_2_processes']['seconds_per_round'] / rows['engine_workers_2']['seconds_per_round']
@@ -467,6 +499,8 @@ def main(argv):
         rows=[dict(name=name, **row) for name, row in rows.items()],
         model=_model(rows, _CLIENTS.value) if 'engine_workers_1' in rows else None,
     )
+    if result['model'] is not None and 'engine_workers_2_paired' in rows:
+        result['model']['paired'] = _paired_model(result['model'], rows['engine_workers_2_paired'], paired_timings)
     os.makedirs(os.path.dirname(_OUTPUT.value) or '.', exist_ok=True)
     with open(_OUTPUT.value, 'w') as f:
         json.dump(result, f, indent=1)
