@@ -56,7 +56,7 @@ def main(argv):
                 explanations[partition] = dict(texts)
     contents = results_lib.docs_results(FLAGS.runs, explanations)
     stem = os.path.splitext(FLAGS.output)[0]
-    figures = {}
+    figures, drawn = {}, []
     if FLAGS.update:
         with open(FLAGS.output) as f:
             previous = json.load(f)
@@ -77,13 +77,14 @@ def main(argv):
                 continue
             results = {**results, 'rows': rows}
         figures[results['partition']] = results_lib.plot_by_round(results, f'{stem}_{results["partition"]}.png')
+        drawn.append(figures[results['partition']])
     contents['figures'] = figures
     program.write_json(FLAGS.output, contents)
     print(results_lib.markdown_table(contents['rows']))
     print()
     for key, run in contents['runs'].items():
         print(f'{key}: `{run["command"]}`')
-    print(f'Written: {FLAGS.output}, {", ".join(p for p in figures.values() if p)}')
+    print(f'Written: {FLAGS.output}, {", ".join(p for p in drawn if p)}')
     pending = [f'{r["partition"]}/{r["name"]}' for r in contents['rows'] if 'explanation' in r and not r['explanation']]
     few_seeds = [f'{r["partition"]}/{r["name"]}' for r in contents['rows'] if len(r['seeds']) < 3]
     if pending:
