@@ -325,6 +325,11 @@ def _send_per_client(weights) -> float:
     return max(cost(10_000) - cost(1_000), 0.0) / 9_000
 
 
+def _predict(w: int, n: int, *, c: float, s: float, d: float, m: float, f: float, g: float) -> float:
+    """`_model`'s formula: seconds per round on `w` workers with `n` clients."""
+    return c * n / w + s * n + w * d + math.ceil(math.log2(w)) * m + f + g
+
+
 def _model(rows: dict, clients: int) -> dict:
     """t(W, N) = c * N / W + s * N + W * d + ceil(log2 W) * m + f + g, from the engine-worker rows' median
     timings: c the workers' compute seconds per client (the two-worker row's slower share / its size); s the
@@ -348,7 +353,7 @@ def _model(rows: dict, clients: int) -> dict:
     by_difference, f = max(rest(two) - rest(one), 0.0), two['finish_s']
     m = two['merges_s']
     g = rest(one) + max(one['submit_s'] - s * clients, 0.0)
-    predict = lambda w, n, c=c: c * n / w + s * n + w * d + math.ceil(math.log2(w)) * m + f + g
+    predict = lambda w, n, c=c: _predict(w, n, c=c, s=s, d=d, m=m, f=f, g=g)
     one_core_per_client = rows['engine_local_1core']['seconds_per_round'] / clients
     predicted, linear = predict(100, 10_000), one_core_per_client * 10_000 / 100
     # A worker alone on its machine: c as the one-worker row's share (no second busy core beside it).
@@ -384,16 +389,17 @@ def _paired_model(model: dict, paired: dict, timings: list[dict]) -> dict:
     merges = [np.max(t['merges_s']) for t in timings if np.size(t.get('merges_s', []))]  # As `_summary`'s.
     m = float(np.median(merges)) if merges else model['m_merge_level_s']
     f = float(np.median([t['finish_s'] for t in timings]))
-    fixed = 10_000 * model['s_send_per_client_s'] + 100 * model['d_per_worker_s'] + 7 * m + f + model['g_rest_s']
+    terms = dict(s=model['s_send_per_client_s'], d=model['d_per_worker_s'], m=m, f=f, g=model['g_rest_s'])
     c = [max(t['shares_s']) / (clients / 2) for t in timings]  # The slower worker's share, per client.
+    predicted = [_predict(100, 10_000, c=ci, **terms) for ci in c]
     linear = [local / clients * 10_000 / 100 for local in paired['local_seconds']]
-    ratios = [(ci * 10_000 / 100 + fixed) / li for ci, li in zip(c, linear)]
+    ratios = [p / li for p, li in zip(predicted, linear)]
     return dict(
         c_per_client_s=float(np.median(c)),
         m_merge_level_s=m,
         f_server_step_s=f,
         linear_100_workers_10000_clients_s=float(np.median(linear)),
-        predicted_100_workers_10000_clients_s=float(np.median([ci * 100 + fixed for ci in c])),
+        predicted_100_workers_10000_clients_s=float(np.median(predicted)),
         ratio_to_linear=float(np.median(ratios)),
         ratio_to_linear_quartiles=[float(q) for q in np.percentile(ratios, [25, 50, 75])],
         c_over_one_core_per_client=float(np.median([ci / (li / 100) for ci, li in zip(c, linear)])),
