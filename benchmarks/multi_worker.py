@@ -27,6 +27,10 @@ falls on every row alike. ``max_abs_diff_vs_local``: final server weights agains
   back (``--paired_passes`` passes; the local round on cores 0 and 1 in turn): its ``throughput_vs_1core`` is the
   median of the pairs' ratios, which a host's load drifting over minutes does not move as it moves the other rows'
   medians (rows timed minutes apart);
+* ``engine_workers_2_balanced_paired``: the same rounds a third time in each pair (the order rotating), on the same
+  workers with balanced shares (`EngineWorkers.balance`, `fedpersonal.runtime.balance`: a worker measured faster
+  gets more whole groups); also ``throughput_vs_equal_shares_paired`` (against ``engine_workers_2_paired``'s
+  round of the same pair) and each round's ``groups_per_worker``;
 * ``tff_local``: `process.next` in TFF's local runtime (its worker_binary: the groups without XLA);
 * ``tff_workers_N``: `process.run_round` inside `fedpersonal.runtime.DistributedRuntime` on N TFF workers
   (`scripts/start_workers.sh`), worker k pinned to core k mod 2.
@@ -41,7 +45,7 @@ state (its user embedding) goes to the worker that trains it and comes back to t
 (`EngineWorkers.last_timings`: the workers' own share seconds, the driver's sending, the rest; see `_model`),
 predicting 100 workers and 10,000 clients per round against linear scaling of one core; ``model.paired``: the
 same prediction with c and one core's seconds from each pair of ``engine_workers_2_paired`` (`_paired_model`), the
-median over the pairs and its quartiles.
+median over the pairs and its quartiles; ``model.paired_balanced``: the same from the balanced rounds.
 """
 
 from __future__ import annotations
@@ -219,20 +223,23 @@ def _host_two_processes(rounds: int, passes: int) -> dict:
 
 
 def _run_paired(setup, rounds: int, passes: int, workers) -> dict:
-    """``engine_workers_2_paired``: each round once locally and once on the two workers of the enclosing
-    `EngineWorkers` block, back to back (which first alternates), the local one on cores 0 and 1 in turn. Paired
-    within a second, the two see the same load of the host, which drifts by tens of percent over minutes."""
+    """``engine_workers_2_paired`` and ``engine_workers_2_balanced_paired``: each round once locally, once on the two
+    workers of the enclosing `EngineWorkers` block with equal shares and once with balanced shares
+    (`EngineWorkers.balance`), back to back (the order rotates), the local one on cores 0 and 1 in turn. Within a
+    second of each other, the three see the same load of the host, which drifts by tens of percent over minutes."""
     import tensorflow as tf
 
     from fedpersonal.core import process as process_lib
     from fedpersonal.runtime.worker_actor import pin_to_core
 
-    local, remote = setup.build_fedpersonal('engine')[0], setup.build_fedpersonal('engine')[0]
-    seconds: dict[str, list[float]] = dict(local=[], workers=[])
+    names = ('local', 'workers', 'balanced')
+    processes = {name: setup.build_fedpersonal('engine')[0] for name in names}
+    seconds: dict[str, list[float]] = {name: [] for name in names}
     cores: list[int] = []
-    timings: list[dict] = []  # The workers' rounds' `last_timings`, for the model's c from the pairs.
+    timings: dict[str, list[dict]] = dict(workers=[], balanced=[])  # `last_timings`, for the model's c.
 
-    def timed_round(name: str, process, state, datasets, ids):
+    def timed_round(name: str, state, datasets, ids):
+        process = processes[name]
         if name == 'local':  # Outside the workers' block: a fresh context, where no `EngineWorkers` is active.
             pin_to_core(len(cores) % 2)
             started = time.perf_counter()
@@ -240,46 +247,60 @@ def _run_paired(setup, rounds: int, passes: int, workers) -> dict:
             elapsed = time.perf_counter() - started
             pin_to_core(0)
             return state, elapsed
+        workers.balance = name == 'balanced'
         started = time.perf_counter()
         state = process.run_round(state, datasets, None, client_ids=ids).state
-        return state, time.perf_counter() - started
+        elapsed = time.perf_counter() - started
+        workers.balance = False
+        return state, elapsed
 
+    step = 0  # The order rotates round by round (also through the untimed pass).
     for timed in (False, *[True] * passes):
-        states = dict(local=local.initialize(), workers=remote.initialize())
+        states = {name: processes[name].initialize() for name in names}
         for r in range(rounds):
             ids = setup.sample(r)
             datasets = process_lib.LazyDatasets(ids, setup.dataset_fn)
-            order = ('local', 'workers') if len(cores) % 2 == 0 else ('workers', 'local')
-            for name in order:
-                process = local if name == 'local' else remote
-                states[name], elapsed = timed_round(name, process, states[name], datasets, ids)
+            step += 1
+            for name in names[step % 3 :] + names[: step % 3]:
+                states[name], elapsed = timed_round(name, states[name], datasets, ids)
                 if timed:
                     seconds[name].append(elapsed)
-                    if name == 'workers':
-                        timings.append(workers.last_timings)
+                    if name != 'local':
+                        timings[name].append(workers.last_timings)
             if timed:
                 cores.append(len(cores) % 2)
     weights = {
         name: [np.asarray(w) for w in tf.nest.flatten(p.get_model_weights(states[name]).trainable)]
-        for name, p in (('local', local), ('workers', remote))
+        for name, p in processes.items()
     }
-    ratios = [a / b for a, b in zip(seconds['local'], seconds['workers'])]
-    return dict(
-        seconds_per_round=float(np.median(seconds['workers'])),
-        seconds=seconds['workers'],
-        local_seconds=seconds['local'],
-        local_core=cores,
-        local_seconds_per_round_by_core=[
-            float(np.median([t for t, c in zip(seconds['local'], cores) if c == k])) for k in (0, 1)
-        ],
-        paired_ratios=ratios,
-        paired_ratio_quartiles=[float(q) for q in np.percentile(ratios, [25, 50, 75])],
-        round_timings=timings,
-        max_abs_diff_vs_paired_local=float(
-            max(np.max(np.abs(a - b)) for a, b in zip(weights['workers'], weights['local']))
-        ),
-        weights=weights['workers'],
-    )
+
+    def row(name: str) -> dict:
+        ratios = [a / b for a, b in zip(seconds['local'], seconds[name])]
+        extra = {}
+        if name == 'balanced':
+            extra['groups_per_worker'] = [t['groups'] for t in timings[name]]
+            extra['throughput_vs_equal_shares_paired'] = float(
+                np.median([a / b for a, b in zip(seconds['workers'], seconds[name])])
+            )
+        return dict(
+            seconds_per_round=float(np.median(seconds[name])),
+            seconds=seconds[name],
+            local_seconds=seconds['local'],
+            local_core=cores,
+            local_seconds_per_round_by_core=[
+                float(np.median([t for t, c in zip(seconds['local'], cores) if c == k])) for k in (0, 1)
+            ],
+            paired_ratios=ratios,
+            paired_ratio_quartiles=[float(q) for q in np.percentile(ratios, [25, 50, 75])],
+            round_timings=timings[name],
+            max_abs_diff_vs_paired_local=float(
+                max(np.max(np.abs(a - b)) for a, b in zip(weights[name], weights['local']))
+            ),
+            weights=weights[name],
+            **extra,
+        )
+
+    return {'engine_workers_2_paired': row('workers'), 'engine_workers_2_balanced_paired': row('balanced')}
 
 
 def _summary(runs: list[dict]) -> dict:
@@ -381,8 +402,8 @@ def _model(rows: dict, clients: int) -> dict:
 
 
 def _paired_model(model: dict, paired: dict, timings: list[dict]) -> dict:
-    """`_model`'s prediction with c and the one-core seconds of each pair of ``engine_workers_2_paired`` (the same
-    round on one core and on the two workers, back to back), the merge level and the server step of its workers'
+    """`_model`'s prediction with c and the one-core seconds of each pair of a paired row (``engine_workers_2_paired``
+    or its balanced twin: the same round on one core and on the two workers, back to back), the merge level and the server step of its workers'
     rounds, the other terms as `_model`'s: the ratio to linear per pair, and its median and quartiles. The rows'
     medians take c and one core from blocks minutes apart, whose load moves each by tens of percent."""
     clients = _CLIENTS.value
@@ -443,9 +464,8 @@ def main(argv):
         if _PAIRED_PASSES.value:
             print('engine_workers_2_paired', flush=True)
             with runtime.LocalRuntime(), engine_workers.EngineWorkers(recipe, workers=2, cores=[0, 1]) as workers:
-                rows['engine_workers_2_paired'] = dict(
-                    workers=2, **_run_paired(setup, _ROUNDS.value, _PAIRED_PASSES.value, workers)
-                )
+                for name, row in _run_paired(setup, _ROUNDS.value, _PAIRED_PASSES.value, workers).items():
+                    rows[name] = dict(workers=2, **row)
         host = runs['host_2_processes']
         rows['host_2_processes'] = dict(
             workers=2,
@@ -486,10 +506,11 @@ def main(argv):
         row['max_abs_diff_vs_local'] = float(max(np.max(np.abs(a - b)) for a, b in zip(weights, reference)))
     for row in rows.values():
         row.pop('weights', None)
-    if 'engine_workers_2_paired' in rows:  # Its own local rounds, paired with its workers' rounds.
-        paired = rows['engine_workers_2_paired']
-        paired['throughput_vs_1core'] = paired['paired_ratio_quartiles'][1]
-        paired_timings = paired.pop('round_timings')
+    paired_timings = {}
+    for name in ('engine_workers_2_paired', 'engine_workers_2_balanced_paired'):
+        if name in rows:  # Its own local rounds, paired with its workers' rounds.
+            rows[name]['throughput_vs_1core'] = rows[name]['paired_ratio_quartiles'][1]
+            paired_timings[name] = rows[name].pop('round_timings')
     if 'host_2_processes' in rows:  # The two workers' round against two independent local processes.
         rows['engine_workers_2']['throughput_vs_host_2_processes'] = (
             rows['host_2_processes']['seconds_per_round'] / rows['engine_workers_2']['seconds_per_round']
@@ -505,8 +526,12 @@ def main(argv):
         rows=[dict(name=name, **row) for name, row in rows.items()],
         model=_model(rows, _CLIENTS.value) if 'engine_workers_1' in rows else None,
     )
-    if result['model'] is not None and 'engine_workers_2_paired' in rows:
-        result['model']['paired'] = _paired_model(result['model'], rows['engine_workers_2_paired'], paired_timings)
+    if result['model'] is not None and paired_timings:
+        for key, name in (
+            ('paired', 'engine_workers_2_paired'),
+            ('paired_balanced', 'engine_workers_2_balanced_paired'),
+        ):
+            result['model'][key] = _paired_model(result['model'], rows[name], paired_timings[name])
     os.makedirs(os.path.dirname(_OUTPUT.value) or '.', exist_ok=True)
     with open(_OUTPUT.value, 'w') as f:
         json.dump(result, f, indent=1)

@@ -34,6 +34,8 @@ MODULES = (
     'fedpersonal.program.participation',
     'fedpersonal.program.task_runner',
     'fedpersonal.progress',
+    'fedpersonal.runtime.balance',
+    'fedpersonal.runtime.engine_workers',
     'fedpersonal.privacy.accounting',
     'fedpersonal.privacy.dp',
     'fedpersonal.tasks.feddva_config',

@@ -106,6 +106,11 @@ RAY_ADDRESS_HELP = (
     "The Ray cluster of --engine_workers (HEAD:6379, after 'ray start --head' there and 'ray start "
     "--address=HEAD:6379' on each other machine). Empty: local workers started for the run."
 )
+ENGINE_WORKERS_BALANCE_HELP = (
+    "--engine_workers' shares of a round's groups follow each worker's measured speed (a faster worker gets more "
+    'groups): faster rounds when workers differ in speed. Results then equal the equal shares to float '
+    'reassociation, not bit for bit (without it, the same seed gives the same numbers).'
+)
 WORKER_ERROR_STATUS = 3  # A remote worker failed or went away (fedpersonal.errors.WorkerError).
 TF_LOG_LEVEL_VARIABLE = 'TF_CPP_MIN_LOG_LEVEL'
 QUIET_TF_LOG_LEVEL = '3'  # TensorFlow's C++ logs below FATAL off: the CUDA/cuDNN lines are ERROR level.
@@ -190,7 +195,7 @@ class ExperimentMain(Generic[ConfigT]):
       config_cls: The task's config dataclass (one flag per field).
       default_output_dir: The `--output_dir` default of this binary.
       engine_workers: Whether the task runs rounds on engine workers (`engine_workers.serve`): defines
-        ``--engine_workers`` and ``--ray_address``.
+        ``--engine_workers``, ``--ray_address`` and ``--engine_workers_balance``.
     """
 
     def __init__(
@@ -220,7 +225,8 @@ class ExperimentMain(Generic[ConfigT]):
             if 'engine_workers' not in flags.FLAGS:
                 flags.DEFINE_integer('engine_workers', 0, ENGINE_WORKERS_HELP, lower_bound=0)
                 flags.DEFINE_string('ray_address', '', RAY_ADDRESS_HELP)
-            names += ['engine_workers', 'ray_address']
+                flags.DEFINE_bool('engine_workers_balance', False, ENGINE_WORKERS_BALANCE_HELP)
+            names += ['engine_workers', 'ray_address', 'engine_workers_balance']
         module = config_flags.help_module(config_cls)
         for name in names:  # Listed by --help with the config's flags.
             flags.FLAGS.register_key_flag_for_module(module, flags.FLAGS[name])
@@ -287,14 +293,19 @@ class ExperimentMain(Generic[ConfigT]):
         print(f'\nOutputs: {config.output_dir}')
 
     def _engine_workers_request(self) -> Any:
-        """``--engine_workers``/``--ray_address`` as an `engine_workers.Request` (None without engine workers)."""
+        """``--engine_workers``/``--ray_address``/``--engine_workers_balance`` as an `engine_workers.Request` (None
+        without engine workers)."""
         from fedpersonal.runtime import engine_workers  # pylint: disable=g-import-not-at-top
 
         if not self.engine_workers or not flags.FLAGS.engine_workers:
+            if self.engine_workers and flags.FLAGS.engine_workers_balance:
+                raise errors.ConfigError('--engine_workers_balance: it balances engine workers; give --engine_workers.')
             return None
         if flags.FLAGS.workers:
             raise errors.ConfigError('--engine_workers and --workers: give one (engine workers or TFF workers).')
-        return engine_workers.Request(flags.FLAGS.engine_workers, flags.FLAGS.ray_address or None)
+        return engine_workers.Request(
+            flags.FLAGS.engine_workers, flags.FLAGS.ray_address or None, flags.FLAGS.engine_workers_balance
+        )
 
     def usage(self, doc: str | None = None) -> str:
         """The binary's help: `doc` (its usage) and every flag of its config with its help text and default.
@@ -335,7 +346,7 @@ def define_main(
         string, as `run`).
       default_output_dir: The `--output_dir` default of this binary.
       engine_workers: Whether the task runs rounds on engine workers (`engine_workers.serve`): defines
-        ``--engine_workers`` and ``--ray_address``.
+        ``--engine_workers``, ``--ray_address`` and ``--engine_workers_balance``.
 
     Returns:
       `main(argv)` for `run` (or `absl.app.run`).

@@ -66,6 +66,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from fedpersonal import errors
+from fedpersonal.runtime import balance as balance_lib
 from fedpersonal.runtime import worker_actor
 from fedpersonal.runtime.worker_actor import check_runs_on_workers  # Part of this module's API.
 
@@ -95,7 +96,7 @@ def active() -> EngineWorkers | None:
     return _active.get()
 
 
-def shares(client_ids: Sequence[str], workers: int, group_size: int) -> list[tuple[int, int]]:
+def shares(client_ids: Sequence[Any], workers: int, group_size: int) -> list[tuple[int, int]]:
     """The ``[start, stop)`` slices of a round's clients, one per worker that gets any, aligned to whole groups.
 
     >>> shares([str(i) for i in range(100)], 2, 25)
@@ -139,13 +140,19 @@ class EngineWorkers:
       address: A running Ray cluster's address (``HEAD:6379``); None starts a local one for the block.
       cores: With local workers, the core each worker is pinned to (``cores[i % len(cores)]``); None: unpinned.
       threads: TensorFlow's intra- and inter-op threads in each worker (None: TensorFlow's default).
+      balance: A group round's shares follow the workers' measured speeds (`fedpersonal.runtime.balance`: a
+        faster worker gets more whole groups); False: equal shares, bit for bit the same numbers for the same seed
+        (a balanced round equals them to float reassociation).
 
     Attributes:
+      balance: Whether group rounds' shares follow the workers' speeds (``balance``; may be changed between rounds).
+      balancer: The workers' measured seconds per group (`balance.GroupBalancer`; measured in every group round).
       last_timings: The last round's seconds: ``round_s``, ``submit_s`` (the driver's sending), ``wait_s`` (until
         the merged partial arrived), ``finish_s`` (the server step), ``shares_s`` (each worker's own); when the
         workers run on the driver's host, also their timeline on its clock: ``start_delays_s`` (each share's start
         after the sending), ``merges_s`` (each merge, from the later of its two partials to the merged one) and
-        ``transport_s`` (from the merged partial to the driver). A silo round has its own (`_silo_round`).
+        ``transport_s`` (from the merged partial to the driver); ``groups``: each worker's groups. A silo round has
+        its own (`_silo_round`).
 
     Raises:
       ConfigError: (on entering) fewer than one worker, Ray missing, a recipe that fails on a worker or builds a
@@ -160,6 +167,7 @@ class EngineWorkers:
         address: str | None = None,
         cores: Sequence[int] | None = None,
         threads: int | None = 1,
+        balance: bool = False,
     ):
         if workers < 1:
             raise errors.ConfigError(f'--engine_workers: at least one engine worker is needed, got {workers}.')
@@ -171,6 +179,9 @@ class EngineWorkers:
         self._token: contextvars.Token | None = None
         self._program, self._group_size, self._stateful = '', 0, False
         self._graph: Any = None
+        self.balance = balance
+        self.balancer = balance_lib.GroupBalancer(self.num_workers)
+        self._counts: list[int] | None = None  # The last group round's groups per worker.
         self._silo_seconds: dict[str, float] = {}  # Each silo's last seconds on a worker (`_silo_shares`).
         # The silo plans of the last few silo sets (a lone silo's rerun does not replace the round's plan).
         self._silo_plans: collections.OrderedDict[tuple[str, ...], list[list[int]]] = collections.OrderedDict()
@@ -310,8 +321,7 @@ class EngineWorkers:
         if self._program == 'silos':
             parts = self._silo_shares(list(client_ids))
         else:
-            slices = shares(list(client_ids), self.num_workers, self._group_size)
-            parts = [list(range(a, b)) for a, b in slices] + [[]] * (self.num_workers - len(slices))
+            parts = [list(range(a, b)) for a, b in self._group_slices(len(client_ids))]
         assignments = [
             ([client_ids[i] for i in part], None if private_states is None else [private_states[i] for i in part])
             for part in parts
@@ -323,6 +333,17 @@ class EngineWorkers:
             output = self._group_round(process, state, assignments, timings)
         self.last_timings = dict(round_s=time.perf_counter() - started, **timings)
         return output
+
+    def _group_slices(self, num_clients: int) -> list[tuple[int, int]]:
+        """Each worker's ``[start, stop)`` of a group round's clients: equal whole-group shares (`shares`), or with
+        ``balance`` the split the workers' measured speeds predict to be fastest (`balance.GroupBalancer`)."""
+        even = shares(range(num_clients), self.num_workers, self._group_size)
+        even += [(num_clients, num_clients)] * (self.num_workers - len(even))
+        counts = [-(-(b - a) // self._group_size) for a, b in even]
+        if self.balance:
+            counts = self.balancer.counts(sum(counts), counts, self._counts)
+        self._counts = counts
+        return balance_lib.slices(num_clients, self._group_size, counts)
 
     def _gather(self, submit: Callable[[], Any]) -> Any:
         """The values of what `submit` starts on the workers; a failure raised as `_failed` says (a worker's death
@@ -354,6 +375,9 @@ class EngineWorkers:
         private = [s for share in values[1:] for s in worker_actor.copied(share)] if process.stateful else None
         merged = worker_actor.copied(values[0])
         timings['shares_s'] = merged.pop('seconds')
+        timings['groups'] = list(self._counts or [])
+        if self._counts is not None:
+            self.balancer.record(self._counts, timings['shares_s'])
         clock = merged.pop('clock')
         del values
         num_clients = sum(len(ids) for ids, _ in assignments)
@@ -426,10 +450,12 @@ class EngineWorkers:
 
 @dataclasses.dataclass(frozen=True)
 class Request:
-    """A binary's ``--engine_workers`` and ``--ray_address``: how many engine workers, on which Ray cluster."""
+    """A binary's ``--engine_workers``, ``--ray_address`` and ``--engine_workers_balance``: how many engine workers,
+    on which Ray cluster, whether their shares follow their speeds (`EngineWorkers`' ``balance``)."""
 
     workers: int
     address: str | None = None
+    balance: bool = False
 
 
 _requested: contextvars.ContextVar[Request | None] = contextvars.ContextVar(
@@ -472,5 +498,5 @@ def serve(
         return
     if process is not None:
         check_runs_on_workers(process, name)
-    with EngineWorkers(recipe, wanted.workers, address=wanted.address) as workers:
+    with EngineWorkers(recipe, wanted.workers, address=wanted.address, balance=wanted.balance) as workers:
         yield workers

@@ -53,12 +53,13 @@ def _furl_setup():
     return engine_workers.WorkerSetup(process, lambda cid: furl_test.furl_dataset(int(cid)))
 
 
-def _fed_recon_rounds(setup):
+def _fed_recon_rounds(setup, after_round=lambda: None):
     ids = [str(i) for i in range(len(_SIZES))]
     state = setup.process.initialize()
     for _ in range(3):
         output = setup.process.run_round(state, process_lib.LazyDatasets(ids, setup.dataset_fn), client_ids=ids)
         state = output.state
+        after_round()
     return setup.process.get_model_weights(state), output.metrics
 
 
@@ -75,13 +76,19 @@ def _furl_rounds(setup):
     return process.get_model_weights(state), private, output.metrics
 
 
-def test_fed_recon_on_two_engine_workers_equals_the_local_engine():
+def test_fed_recon_on_two_balanced_engine_workers_equals_the_local_engine():
+    """Balanced shares: worker 0 measured 2.5x slower gets one of the three groups (equal shares: two), so the
+    shares' sums associate differently from the local round's; the rounds still equal the local engine's to 1e-6."""
     with runtime.LocalRuntime():
         local_weights, local_metrics = _fed_recon_rounds(_fed_recon_setup())
         setup = _fed_recon_setup()
-        with engine_workers.EngineWorkers(_fed_recon_setup, workers=2) as workers:
+        with engine_workers.EngineWorkers(_fed_recon_setup, workers=2, balance=True) as workers:
             assert engine_workers.active() is workers
-            weights, metrics = _fed_recon_rounds(setup)
+            workers.balancer.seconds_per_group[0].append(2.5)
+            workers.balancer.seconds_per_group[1].append(1.0)
+            groups = []
+            weights, metrics = _fed_recon_rounds(setup, lambda: groups.append(workers.last_timings['groups']))
+            assert groups[0] == [1, 2], groups  # By the measured speeds (the even split: [2, 1]).
             timings = workers.last_timings
             assert timings['workers'] == 2  # Both workers had a share.
             # The workers' timeline (one host's clock): one merge, after both shares, before the driver got it.
@@ -309,8 +316,8 @@ def test_silos_go_longest_first_to_the_least_loaded_worker_and_a_lone_silo_rerun
 def test_binary_engine_worker_killed_mid_run_is_named_then_the_rerun_resumes_to_the_local_results(
     tmp_path, monkeypatch, capsys
 ):
-    """The MovieLens binary's FedRecon row with --engine_workers=2 (each worker builds the row's data and process
-    from the same configuration): a worker killed in round 3 stops the run naming it (exit status 3); the rerun
+    """The MovieLens binary's FedRecon row with --engine_workers=2 --engine_workers_balance (each worker builds the
+    row's data and process from the same configuration): a worker killed in round 3 stops the run naming it (exit status 3); the rerun
     resumes from the round-2 checkpoint and ends with the local run's results."""
     from fedpersonal import faults
     from tests.runtime import distributed_test
@@ -318,13 +325,14 @@ def test_binary_engine_worker_killed_mid_run_is_named_then_the_rerun_resumes_to_
     local = str(tmp_path / 'local')
     distributed_test._run_binary(distributed_test.ML_FLAGS + [f'--output_dir={local}'])
     out = str(tmp_path / 'workers')
-    argv = distributed_test.ML_FLAGS + [f'--output_dir={out}', '--engine_workers=2']
+    argv = distributed_test.ML_FLAGS + [f'--output_dir={out}', '--engine_workers=2', '--engine_workers_balance']
     point, rounds, killed = faults.point, [], []
 
     def kill_in_round_3(name):
         point(name)
         if name == 'round':
             rounds.append(name)
+            assert engine_workers.active().balance  # --engine_workers_balance reached the workers.
             if len(rounds) == 2:  # Before round 3 runs: a worker dies, the round finds it gone.
                 name_1 = engine_workers.active().names[1]
                 killed.append(name_1)
@@ -345,6 +353,16 @@ def test_binary_engine_worker_killed_mid_run_is_named_then_the_rerun_resumes_to_
         for key, value in row.items():
             if isinstance(value, float) and 'second' not in key:
                 assert resumed[name][key] == pytest.approx(value, rel=1e-5, abs=1e-6), (name, key)
+
+
+def test_engine_workers_balance_without_engine_workers_is_refused(tmp_path):
+    from absl import app
+
+    from tests.runtime import distributed_test
+
+    argv = distributed_test.ML_FLAGS + [f'--output_dir={tmp_path}', '--engine_workers_balance']
+    with pytest.raises(app.UsageError, match='--engine_workers_balance: it balances engine workers; give --engine_'):
+        distributed_test._run_binary(argv)
 
 
 def test_pfl_benchmark_methods_on_engine_workers_equal_this_process(tmp_path):
