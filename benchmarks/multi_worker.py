@@ -2,7 +2,7 @@
 stateful round (FURL) on one core and on two engine workers.
 
   python benchmarks/multi_worker.py [--rounds 5] [--engine_passes 4] [--blocks 3] [--paired_passes 10] [--clients_per_round 100] [--tff_workers 1,2]
-      [--workloads mf,furl] [--furl_clients_per_round 100] [--output FILE]
+      [--submit_fit_workers 1,2,4,8] [--workloads mf,furl] [--furl_clients_per_round 100] [--output FILE]
 
 The round is `simulation_workloads.mf_setup`'s (the reference's MovieLens-shaped MF FedRecon round, dim 50, 3,700
 items, 50 + 10 SGD steps of batch 5) with ``--clients_per_round`` clients and ``--group_size`` clients per engine
@@ -31,6 +31,9 @@ falls on every row alike. ``max_abs_diff_vs_local``: final server weights agains
   workers with balanced shares (`EngineWorkers.balance`, `fedpersonal.runtime.balance`: a worker measured faster
   gets more whole groups); also ``throughput_vs_equal_shares_paired`` (against ``engine_workers_2_paired``'s
   round of the same pair) and each round's ``groups_per_worker``;
+* ``..._core1_loaded`` (``--loaded_core_paired``): both paired rows again with a busy loop on core 1 beside worker
+  1, a worker about half as fast as the other (as on a slower machine): what balanced shares are for (the local
+  rounds on core 1 are slowed too: read ``throughput_vs_equal_shares_paired``);
 * ``tff_local``: `process.next` in TFF's local runtime (its worker_binary: the groups without XLA);
 * ``tff_workers_N``: `process.run_round` inside `fedpersonal.runtime.DistributedRuntime` on N TFF workers
   (`scripts/start_workers.sh`), worker k pinned to core k mod 2.
@@ -83,6 +86,16 @@ _GROUP_SIZE = flags.DEFINE_integer('group_size', 25, 'Clients per engine group.'
 _TFF_WORKERS = flags.DEFINE_list('tff_workers', ['1', '2'], "Worker counts of the TFF-worker rows ('' for none).")
 _BASE_PORT = flags.DEFINE_integer('base_port', 18200, 'First port of the loopback TFF workers.')
 _FURL_CLIENTS = flags.DEFINE_integer('furl_clients_per_round', 100, "Clients per FURL round (of ASSISTments' users).")
+_SUBMIT_FIT = flags.DEFINE_list(
+    'submit_fit_workers',
+    ['1', '2', '4', '8'],
+    "Worker counts whose driver's sending gives the model's d as a fitted slope ('' for none: d by difference).",
+)
+_LOADED = flags.DEFINE_bool(
+    'loaded_core_paired',
+    True,
+    'The paired rows again with a busy loop on core 1 beside worker 1 (a worker half as fast): balanced shares.',
+)
 _WORKLOADS = flags.DEFINE_list('workloads', ['mf', 'furl'], 'Workloads: mf (every row, the model), furl (stateful).')
 
 
@@ -222,7 +235,7 @@ def _host_two_processes(rounds: int, passes: int) -> dict:
     return dict(seconds=[max(a, b) for a, b in zip(halves[0], halves[1])], halves_s=[halves[0], halves[1]])
 
 
-def _run_paired(setup, rounds: int, passes: int, workers) -> dict:
+def _run_paired(setup, rounds: int, passes: int, workers, suffix: str = '') -> dict:
     """``engine_workers_2_paired`` and ``engine_workers_2_balanced_paired``: each round once locally, once on the two
     workers of the enclosing `EngineWorkers` block with equal shares and once with balanced shares
     (`EngineWorkers.balance`), back to back (the order rotates), the local one on cores 0 and 1 in turn. Within a
@@ -300,7 +313,10 @@ def _run_paired(setup, rounds: int, passes: int, workers) -> dict:
             **extra,
         )
 
-    return {'engine_workers_2_paired': row('workers'), 'engine_workers_2_balanced_paired': row('balanced')}
+    return {
+        f'engine_workers_2_paired{suffix}': row('workers'),
+        f'engine_workers_2_balanced_paired{suffix}': row('balanced'),
+    }
 
 
 def _summary(runs: list[dict]) -> dict:
@@ -346,6 +362,24 @@ def _send_per_client(weights) -> float:
     return max(cost(10_000) - cost(1_000), 0.0) / 9_000
 
 
+def _submit_fit(setup, recipe, counts: list[int]) -> dict:
+    """The driver's sending (`EngineWorkers.last_timings['submit_s']`, the median over two passes of the rounds)
+    with each of `counts` workers (on the two cores in turn, more workers than cores where asked: the sending is the
+    driver's own work), and its least-squares slope per worker: the model's d from several worker counts instead of
+    the difference of two sendings a few tens of microseconds apart."""
+    from fedpersonal import runtime
+    from fedpersonal.runtime import engine_workers
+
+    submit = []
+    for n in counts:
+        print(f'submit_fit: {n} workers', flush=True)
+        with runtime.LocalRuntime(), engine_workers.EngineWorkers(recipe, workers=n, cores=[1, 0]) as workers:
+            run = _run(setup, _ROUNDS.value, use_next=False, workers=workers, passes=2)
+        submit.append(float(np.median([t['submit_s'] for t in run['round_timings']])))
+    slope, intercept = np.polyfit(counts, submit, 1)
+    return dict(workers=counts, submit_s=submit, slope_per_worker_s=float(slope), intercept_s=float(intercept))
+
+
 def _predict(w: int, n: int, *, c: float, s: float, d: float, m: float, f: float, g: float) -> float:
     """`_model`'s formula: seconds per round on `w` workers with `n` clients."""
     return c * n / w + s * n + w * d + math.ceil(math.log2(w)) * m + f + g
@@ -354,8 +388,9 @@ def _predict(w: int, n: int, *, c: float, s: float, d: float, m: float, f: float
 def _model(rows: dict, clients: int) -> dict:
     """t(W, N) = c * N / W + s * N + W * d + ceil(log2 W) * m + f + g, from the engine-worker rows' median
     timings: c the workers' compute seconds per client (the two-worker row's slower share / its size); s the
-    driver's sending per client (`_send_per_client`); d the driver's cost per extra worker (the two-worker row's
-    sending less the one-worker row's); m one level of the merge tree (two partials sent to a worker and added),
+    driver's sending per client (`_send_per_client`); d the driver's cost per extra worker: the slope of its
+    sending over ``--submit_fit_workers`` worker counts (`_submit_fit`), else (and as ``d_by_difference_s``) the
+    two-worker row's sending less the one-worker row's; m one level of the merge tree (two partials sent to a worker and added),
     measured on the workers' clock: from the later of the two partials being ready to the merged one being ready
     (`EngineWorkers.last_timings['merges_s']`); f the server step; g the rest of a round (the one-worker row: its
     sending less s * N, the share's start after the graph's input was written, Ray's transport of the partial to
@@ -370,7 +405,9 @@ def _model(rows: dict, clients: int) -> dict:
     rest = lambda t: max(t['round_s'] - t['shares_s'] - t['submit_s'] - t['finish_s'], 0.0)
     c = two['shares_s'] / (clients / 2)
     s = rows['engine_workers_1']['send_per_client_s']
-    d = max(two['submit_s'] - one['submit_s'], 0.0)
+    d_by_difference = max(two['submit_s'] - one['submit_s'], 0.0)
+    fit = rows['engine_workers_1'].get('submit_fit')
+    d = max(fit['slope_per_worker_s'], 0.0) if fit else d_by_difference
     by_difference, f = max(rest(two) - rest(one), 0.0), two['finish_s']
     m = two['merges_s']
     g = rest(one) + max(one['submit_s'] - s * clients, 0.0)
@@ -385,6 +422,7 @@ def _model(rows: dict, clients: int) -> dict:
         c_per_client_s=c,
         s_send_per_client_s=s,
         d_per_worker_s=d,
+        d_by_difference_s=d_by_difference,
         m_merge_level_s=m,
         merge_level_by_difference_s=by_difference,
         f_server_step_s=f,
@@ -461,11 +499,28 @@ def main(argv):
         for n in (1, 2):
             rows[f'engine_workers_{n}'] = dict(workers=n, **_summary(runs[f'engine_workers_{n}']))
         rows['engine_workers_1']['send_per_client_s'] = float(np.median(send_per_client))
+        if [x for x in _SUBMIT_FIT.value if x]:
+            counts = [int(x) for x in _SUBMIT_FIT.value if x]
+            rows['engine_workers_1']['submit_fit'] = _submit_fit(setup, recipe, counts)
         if _PAIRED_PASSES.value:
             print('engine_workers_2_paired', flush=True)
             with runtime.LocalRuntime(), engine_workers.EngineWorkers(recipe, workers=2, cores=[0, 1]) as workers:
                 for name, row in _run_paired(setup, _ROUNDS.value, _PAIRED_PASSES.value, workers).items():
                     rows[name] = dict(workers=2, **row)
+            if _LOADED.value:
+                print('engine_workers_2_paired_core1_loaded', flush=True)
+                loop = 'import os\nos.sched_setaffinity(0, {1})\nwhile True:\n    pass'
+                loader = subprocess.Popen([sys.executable, '-c', loop])
+                try:
+                    with (
+                        runtime.LocalRuntime(),
+                        engine_workers.EngineWorkers(recipe, workers=2, cores=[0, 1]) as workers,
+                    ):
+                        paired = _run_paired(setup, _ROUNDS.value, _PAIRED_PASSES.value, workers, '_core1_loaded')
+                finally:
+                    loader.kill()
+                    loader.wait()
+                rows.update((name, dict(workers=2, **row)) for name, row in paired.items())
         host = runs['host_2_processes']
         rows['host_2_processes'] = dict(
             workers=2,
@@ -507,10 +562,9 @@ def main(argv):
     for row in rows.values():
         row.pop('weights', None)
     paired_timings = {}
-    for name in ('engine_workers_2_paired', 'engine_workers_2_balanced_paired'):
-        if name in rows:  # Its own local rounds, paired with its workers' rounds.
-            rows[name]['throughput_vs_1core'] = rows[name]['paired_ratio_quartiles'][1]
-            paired_timings[name] = rows[name].pop('round_timings')
+    for name in [n for n in rows if '_paired' in n]:  # Their own local rounds, paired with their workers' rounds.
+        rows[name]['throughput_vs_1core'] = rows[name]['paired_ratio_quartiles'][1]
+        paired_timings[name] = rows[name].pop('round_timings')
     if 'host_2_processes' in rows:  # The two workers' round against two independent local processes.
         rows['engine_workers_2']['throughput_vs_host_2_processes'] = (
             rows['host_2_processes']['seconds_per_round'] / rows['engine_workers_2']['seconds_per_round']
