@@ -8,8 +8,9 @@ per hop instead of a task submission each, docs/RESULTS.md "Engine workers"). A 
 what `process.run_round` does inside the ``with`` block):
 
 1. the driver splits the round's client ids into one contiguous share per worker, aligned to the engine's group
-   size, and sends the round's global weights with every worker's share of ids and, for a stateful process, of
-   private states (one message, read by every worker);
+   size (equal shares, or with ``balance`` by the workers' measured speeds: `fedpersonal.runtime.balance`), and
+   sends the round's global weights with every worker's share of ids and, for a stateful process, of private
+   states (one message, read by every worker);
 2. each worker loads its clients by id from its own dataset (the recipe's ``dataset_fn``, built on the worker;
    each client's data is materialized once and kept there), packs them into groups as a local round does, runs
    them (`GroupRoundRunner.share`) and returns a partial aggregate and, separately, its clients' new private
