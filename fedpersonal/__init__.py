@@ -11,6 +11,10 @@ nothing in TensorFlow or TFF):
 * `fedpersonal.program`: the training loop and output directory shared by every binary;
 * `fedpersonal.runtime`: TFF's execution context and the lifetime of its C++ workers (`LocalRuntime`).
 
+Importing the package adds one import hook (`fedpersonal.quiet`): the first import of TensorFlow after it leaves
+out TensorFlow's known start-up lines (CUDA/cuDNN not found, CPU instructions; every other line is kept), and TFF's
+default context is released at exit. ``FEDPERSONAL_VERBOSE_TF=1`` filters nothing.
+
 Example:
 
 >>> import fedpersonal
@@ -22,6 +26,8 @@ from __future__ import annotations
 
 import importlib
 from typing import Any
+
+from fedpersonal import quiet as _quiet
 
 __version__ = '0.1.0'
 
@@ -38,6 +44,9 @@ __all__ = [
     'runtime',
     'tasks',
 ]
+
+
+_quiet.install()
 
 
 def __getattr__(name: str) -> Any:

@@ -34,6 +34,7 @@ MODULES = (
     'fedpersonal.program.participation',
     'fedpersonal.program.task_runner',
     'fedpersonal.progress',
+    'fedpersonal.quiet',
     'fedpersonal.runtime.balance',
     'fedpersonal.runtime.engine_workers',
     'fedpersonal.privacy.accounting',

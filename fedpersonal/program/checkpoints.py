@@ -30,6 +30,7 @@ from google.protobuf import message
 
 from fedpersonal import errors
 from fedpersonal import faults
+from fedpersonal import quiet
 from fedpersonal.program import output_dir
 from fedpersonal.program import outputs as outputs_lib
 
@@ -231,7 +232,8 @@ class Checkpoints:
         with output_dir.writing(os.path.dirname(self.root)):
             if os.path.exists(staged):  # Left by an earlier failed write of this round (e.g. a full disk).
                 shutil.rmtree(staged)
-            outputs_lib.run_coroutine(tff.program.FileProgramStateManager(self.staging).save(checkpoint, round_num))
+            with quiet.checkpoint_save_lines_dropped():  # Three INFO lines a save, each naming a temporary path.
+                outputs_lib.run_coroutine(tff.program.FileProgramStateManager(self.staging).save(checkpoint, round_num))
             write_manifest(staged)
             faults.point('checkpoint_write')
             os.replace(staged, ready)

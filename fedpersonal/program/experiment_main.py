@@ -47,7 +47,10 @@ one whose run was killed before its first checkpoint, starts normally.
 machine: CUDA, cuDNN and TensorRT not found, CPU instruction notices) are off
 (``TF_CPP_MIN_LOG_LEVEL=3`` is set before TensorFlow is imported) unless the
 environment sets ``TF_CPP_MIN_LOG_LEVEL`` or ``--verbosity`` (``-v``) is 1 or
-more, which also logs absl's debug lines (`quiet_tensorflow`).
+more, which also logs absl's debug lines (`quiet_tensorflow`). TensorFlow's
+start-up lines and each checkpoint's save lines are left out in any case
+(`fedpersonal.quiet`) unless ``FEDPERSONAL_VERBOSE_TF=1`` or ``--verbosity`` is
+1 or more.
 
 Start-up stays fast: a binary imports only its task's config module (no TensorFlow, no TFF) at the top level
 and names `run` (and whatever else needs TensorFlow) by a ``'module:attribute'`` string, imported by `main`
@@ -73,6 +76,7 @@ from absl import flags
 from absl import logging
 
 from fedpersonal import errors
+from fedpersonal import quiet
 from fedpersonal.program import config_flags
 from fedpersonal.program import output_dir
 from fedpersonal.program import run_record
@@ -141,7 +145,8 @@ def quiet_tensorflow(verbosity: int, environ: dict[str, str] | None = None) -> b
     """Turns TensorFlow's C++ log lines off before TensorFlow is imported, unless asked for.
 
     Args:
-      verbosity: absl's ``--verbosity``: 1 or more keeps TensorFlow's own log level.
+      verbosity: absl's ``--verbosity``: 1 or more keeps TensorFlow's own log level and sets
+        ``FEDPERSONAL_VERBOSE_TF=1`` (unless set): nothing is filtered (`fedpersonal.quiet`).
       environ: The environment (default: `os.environ`, which TFF's worker processes inherit).
 
     Returns:
@@ -152,10 +157,13 @@ def quiet_tensorflow(verbosity: int, environ: dict[str, str] | None = None) -> b
     >>> env = {}
     >>> quiet_tensorflow(0, env), env
     (True, {'TF_CPP_MIN_LOG_LEVEL': '3'})
-    >>> quiet_tensorflow(0, {'TF_CPP_MIN_LOG_LEVEL': '0'}), quiet_tensorflow(1, {})
-    (False, False)
+    >>> env = {}
+    >>> quiet_tensorflow(0, {'TF_CPP_MIN_LOG_LEVEL': '0'}), quiet_tensorflow(1, env), env
+    (False, False, {'FEDPERSONAL_VERBOSE_TF': '1'})
     """
     target: Any = os.environ if environ is None else environ
+    if verbosity >= 1:
+        target.setdefault(quiet.VERBOSE_VARIABLE, '1')
     if TF_LOG_LEVEL_VARIABLE in target or verbosity >= 1:
         return False
     target[TF_LOG_LEVEL_VARIABLE] = QUIET_TF_LOG_LEVEL

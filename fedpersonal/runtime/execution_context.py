@@ -32,6 +32,11 @@ This module owns that lifetime:
   `scripts/start_workers.sh` apply the same two settings to their workers.
 * `shutdown()` stops every tracked worker (SIGINT, then SIGKILL after a grace
   period). It runs at interpreter exit and is idempotent.
+* `release_at_exit()` registers that exit run (once), which also stops workers started before tracking was
+  installed and replaces TFF's default context while the interpreter is intact. `fedpersonal.quiet` calls it
+  when TFF is first imported after `fedpersonal`: TFF's default context holds a `ServiceManager` whose
+  `__del__` otherwise runs during module teardown, fails ("Exception ignored in: ... ServiceManager.__del__
+  ... 'NoneType' object has no attribute 'Popen'") and leaves a worker it started running with no parent.
 * `LocalRuntime` is a context manager that installs a fresh C++ context with the
   given options and shuts its workers down on exit.
 """
@@ -55,6 +60,9 @@ _PR_SET_PDEATHSIG = 1
 _lock = threading.Lock()
 _workers: list[subprocess.Popen] = []
 _installed = False
+# Its own lock: `install_worker_tracking` imports TFF while holding `_lock`, and that import registers the exit run.
+_exit_lock = threading.Lock()
+_exit_registered = False
 
 
 # Run as `python -I -S -c _LAUNCHER <parent pid> <worker argv...>`: arms PR_SET_PDEATHSIG (kept across exec), exits
@@ -154,6 +162,23 @@ def install_worker_tracking() -> None:
             RemoteExecutor=functools.partial(remote_executor.RemoteExecutor, dispose_batch_size=DISPOSE_BATCH_SIZE),
         )
         _installed = True
+    release_at_exit()
+
+
+def release_at_exit() -> None:
+    """Stops this process's TFF workers and releases TFF's default context at interpreter exit.
+
+    Idempotent. Registers (once) the exit run of `shutdown`, which also stops workers TFF started before
+    `install_worker_tracking` (computations in its default context) and then drops the default context while
+    the interpreter is intact, so TFF's own cleanup of it neither fails nor waits on a busy worker.
+    `install_worker_tracking` calls it, and `fedpersonal.quiet` does when TFF is first imported after
+    `fedpersonal`.
+    """
+    global _exit_registered
+    with _exit_lock:
+        if _exit_registered:
+            return
+        _exit_registered = True
     atexit.register(_shutdown_at_exit)
 
 
@@ -218,7 +243,8 @@ def shutdown(timeout_seconds: float = 5.0, *, _at_exit: bool = False) -> int:
 
     Every tracked worker still running is stopped (SIGINT, then SIGKILL after
     `timeout_seconds`), then the current default execution context is replaced
-    by a fresh one (which starts a new worker only if another computation runs). Safe to call repeatedly; runs at exit.
+    by a fresh one (which starts a new worker only if another computation runs). Safe to call repeatedly; runs at
+    exit (`release_at_exit`), where it also stops untracked workers and installs TFF's runtime-error context.
 
     Args:
       timeout_seconds: How long to wait for a worker to exit after SIGINT before
@@ -233,17 +259,20 @@ def shutdown(timeout_seconds: float = 5.0, *, _at_exit: bool = False) -> int:
     replace = _at_exit or (_installed and bool(running_workers()))
     with _lock:
         workers, _workers[:] = list(_workers), []
+    pids = [process.pid for process in workers]
+    if _at_exit:  # Untracked workers too (started before tracking): their ServiceManager would leave them running.
+        pids += [pid for pid in worker_pids_of_this_process() if pid not in pids]
     stopped = 0
-    for process in workers:
-        if not _is_running(process.pid):
+    for pid in pids:
+        if not _is_running(pid):
             continue
         stopped += 1
         # Wait for the exit but leave the zombie for TFF's own handle to reap: a context still
         # holding this worker then finds it dead (os.kill on a zombie succeeds) and starts a new one.
-        _signal(process.pid, signal.SIGINT)
-        if not _wait_exited(process.pid, timeout_seconds):
-            _signal(process.pid, signal.SIGKILL)
-            _wait_exited(process.pid, timeout_seconds)
+        _signal(pid, signal.SIGINT)
+        if not _wait_exited(pid, timeout_seconds):
+            _signal(pid, signal.SIGKILL)
+            _wait_exited(pid, timeout_seconds)
     if replace:
         _replace_default_context(at_exit=_at_exit)
     return stopped

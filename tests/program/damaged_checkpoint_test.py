@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import collections
 import csv
+import functools
+import logging
 import os
 import shutil
 
@@ -14,10 +16,12 @@ import numpy as np
 import pytest
 import tensorflow as tf
 import tensorflow_federated as tff
+from absl import logging as absl_logging
 from hypothesis import strategies as st
 
 from fedpersonal import core
 from fedpersonal import program
+from fedpersonal import quiet
 from fedpersonal.program import checkpoints as checkpoints_lib
 from tests.program import training_loop_test as toy
 
@@ -236,3 +240,29 @@ def test_random_damage_to_the_newest_checkpoint_never_gives_a_traceback_or_other
     else:  # Only damage that left every byte as it was (e.g. truncating to the full size) may resume.
         assert checkpoints_lib.damage(_newest(root)) is None
         assert result == expected and _rows(root) == expected_rows
+
+
+_SAVE_LINES = ('Assets written to', 'Writing fingerprint to', 'Program state saved')
+
+
+def _save_lines(caplog) -> list[str]:
+    return [r.getMessage() for r in caplog.records if r.getMessage().startswith(_SAVE_LINES)]
+
+
+def test_a_checkpoint_save_logs_none_of_its_three_info_lines_unless_asked(tmp_path, caplog, monkeypatch, request):
+    """Each save logged 'Assets written to', 'Writing fingerprint to' and 'Program state saved' (issue 62)."""
+    monkeypatch.delenv(quiet.VERBOSE_VARIABLE, raising=False)
+    request.addfinalizer(functools.partial(absl_logging.set_verbosity, absl_logging.get_verbosity()))
+    absl_logging.set_verbosity(absl_logging.INFO)  # A binary's (absl's own is WARNING until its flags are parsed).
+    for logger in ('', 'tensorflow'):
+        caplog.set_level(logging.INFO, logger=logger)
+    checkpoints = checkpoints_lib.Checkpoints(program.ExperimentOutputs(str(tmp_path), RUN))
+    checkpoints.save([np.float32(1.5)], 1, None)
+    assert not _save_lines(caplog)
+    assert checkpoints.load_latest([np.float32(0.0)], None) == ([np.float32(1.5)], 1)  # Saved all the same.
+
+    monkeypatch.setenv(quiet.VERBOSE_VARIABLE, '1')  # The same save with everything logged: the three lines.
+    checkpoints.save([np.float32(2.5)], 2, None)
+    assert {prefix for line in _save_lines(caplog) for prefix in _SAVE_LINES if line.startswith(prefix)} == set(
+        _SAVE_LINES
+    )

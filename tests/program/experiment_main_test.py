@@ -191,11 +191,13 @@ def test_a_changed_flag_on_resume_is_a_usage_error_naming_it_and_fresh_start_sta
 
 def test_tensorflow_logs_are_off_unless_asked_for(tmp_path, monkeypatch):
     monkeypatch.delenv('TF_CPP_MIN_LOG_LEVEL', raising=False)
+    monkeypatch.delenv('FEDPERSONAL_VERBOSE_TF', raising=False)
     _resumable(tmp_path / 'a')
-    assert os.environ['TF_CPP_MIN_LOG_LEVEL'] == '3'
+    assert os.environ['TF_CPP_MIN_LOG_LEVEL'] == '3' and 'FEDPERSONAL_VERBOSE_TF' not in os.environ
     monkeypatch.delenv('TF_CPP_MIN_LOG_LEVEL')
     _resumable(tmp_path / 'b', '--verbosity=1')
     assert 'TF_CPP_MIN_LOG_LEVEL' not in os.environ
+    assert os.environ.pop('FEDPERSONAL_VERBOSE_TF') == '1'  # Nothing filtered either (fedpersonal.quiet).
     monkeypatch.setenv('TF_CPP_MIN_LOG_LEVEL', '1')
     _resumable(tmp_path / 'c')
     assert os.environ['TF_CPP_MIN_LOG_LEVEL'] == '1'  # The user's setting stays.
@@ -206,4 +208,6 @@ def test_quiet_tensorflow():
     assert experiment_main.quiet_tensorflow(0, environ) and environ == {'TF_CPP_MIN_LOG_LEVEL': '3'}
     assert not experiment_main.quiet_tensorflow(0, environ)  # Already set.
     environ = {}
-    assert not experiment_main.quiet_tensorflow(1, environ) and environ == {}
+    assert not experiment_main.quiet_tensorflow(1, environ) and environ == {'FEDPERSONAL_VERBOSE_TF': '1'}
+    environ = {'FEDPERSONAL_VERBOSE_TF': '0'}
+    assert not experiment_main.quiet_tensorflow(1, environ) and environ == {'FEDPERSONAL_VERBOSE_TF': '0'}
