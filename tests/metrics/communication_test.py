@@ -109,7 +109,8 @@ def test_measured_aggregation_returns_what_the_inner_aggregator_returns(inner):
         if inner is None
         else reference.next(reference.initialize(), values)
     )
-    tf.nest.map_structure(np.testing.assert_allclose, out.result, ref.result)
+    # The same inner aggregation of small integers (sums and means exact in float): the same numbers, exactly.
+    tf.nest.map_structure(np.testing.assert_array_equal, out.result, ref.result)
     assert out.measurements['scalars_up_per_client'] == expected_scalars
     assert out.measurements['bytes_up_per_client'] == expected_bytes
 
@@ -125,6 +126,6 @@ def test_measured_broadcast_delivers_the_value():
         return output.result, output.measurements
 
     received, measurements = run(np.array([1.0, 2.0, 3.0]), [0, 1])
-    np.testing.assert_allclose(received, [1.0, 2.0, 3.0])  # An all-equal CLIENTS value.
+    np.testing.assert_array_equal(received, [1.0, 2.0, 3.0])  # An all-equal CLIENTS value, sent as it is.
     assert measurements['bytes_down_per_client'] == 24.0 and measurements['scalars_down_per_client'] == 3.0
     assert measurements['clients'] == 2
