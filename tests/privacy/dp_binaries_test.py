@@ -58,6 +58,8 @@ def test_fedrecon_with_dp_reports_epsilon_per_round_and_at_the_end(tmp_path, cap
     expected = dp.epsilon(
         noise_multiplier=1.0, num_clients=num_clients, clients_per_round=4, rounds=3, target_delta=1e-4
     )
+    # The run's epsilon: 3 rounds' RDP as 3 * one round's, the function's as the accountant's sum of 3: float64 in
+    # another order (relative ~1e-16), within approx's default.
     assert privacy['epsilon'] == pytest.approx(expected)
     literature = dp.epsilon_add_remove_poisson(
         noise_multiplier=1.0, num_clients=num_clients, clients_per_round=4, rounds=3, target_delta=1e-4
@@ -69,7 +71,7 @@ def test_fedrecon_with_dp_reports_epsilon_per_round_and_at_the_end(tmp_path, cap
     rows = _metrics(os.path.join(out, 'fedrecon', 'metrics.csv'))
     epsilons = [float(r['privacy/epsilon']) for r in rows]
     assert epsilons == sorted(epsilons) and len(set(epsilons)) == 3
-    assert epsilons[-1] == pytest.approx(expected)
+    assert epsilons[-1] == pytest.approx(expected)  # As above, through the CSV's text.
     assert [float(r['privacy/clip']) for r in rows] == [0.5] * 3
     assert 'DP: (' in printed and 'replace-one user' in printed and 'add/remove-one, Poisson' in printed
 
@@ -94,10 +96,11 @@ def test_furl_with_adaptive_dp_on_its_federated_rows(tmp_path, capsys):
         assert privacy['clip'] == 'adaptive' and privacy['rounds'] == 3 and privacy['epsilon'] > 0
         assert 'unseeded' in privacy['noise']
         assert 0 < privacy['epsilon_add_remove_poisson'] < privacy['epsilon']
-        assert privacy['delta'] == pytest.approx(dp.default_target_delta(privacy['num_clients']))
+        assert privacy['delta'] == dp.default_target_delta(privacy['num_clients'])  # The same function, exactly.
         rows = _metrics(os.path.join(out, row['configuration'], 'metrics.csv'))
         clips = [float(r['privacy/clip']) for r in rows]
         assert len(clips) == 3 and clips[0] != 0.1 and all(c > 0 for c in clips)  # Adapted from the initial 0.1.
+        # The same epsilon, through the CSV's text and the JSON's (float64 either way; approx's default for the text).
         assert float(rows[-1]['privacy/epsilon']) == pytest.approx(privacy['epsilon'])
     assert 'Personalized FL: DP: (' in capsys.readouterr().out
 
