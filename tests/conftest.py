@@ -25,12 +25,29 @@ def _no_orphaned_tff_workers():
 _SLOW_FIRST = (
     'tests/program/crash_safety_test.py::test_killed_anywhere',
     'tests/experiments/hpfl_user_modeling_test.py::test_binary_killed',
+    'tests/runtime/engine_workers_test.py::test_pfl_benchmark',
+    'tests/runtime/engine_workers_test.py::test_binary',
+    'tests/runtime/engine_workers_test.py::test_hpfl',
     'tests/notebooks_test.py',
     'tests/reproducibility_test.py',
     'tests/experiments/feddva_test.py',
     'tests/simulation/feddva_engine_test.py',
     'tests/algorithms/feddva_test.py',
 )
+
+
+def pytest_configure(config):
+    config.addinivalue_line(
+        'markers',
+        'numeric: a numeric equivalence (engine vs per-client, workers vs local, against TFF or a plain loop) whose '
+        'bound is derived (tests/tolerances.py); scripts/test.sh runs these again under another instruction set.',
+    )
+
+
+def pytest_report_header(config):
+    del config
+    settings = {k: os.environ[k] for k in ('ONEDNN_MAX_CPU_ISA', 'TF_ENABLE_ONEDNN_OPTS') if k in os.environ}
+    return f'oneDNN setting: {settings or "native"}'
 
 
 def pytest_collection_modifyitems(config, items):
