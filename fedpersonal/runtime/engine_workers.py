@@ -30,8 +30,9 @@ least loaded worker), a plan kept while the round's silos stay the same; which w
 of its numbers.
 
 A waiting worker shows as a busy core (Ray's compiled-graph channels poll, yielding the core to any other work
-there: a loop beside an idle worker on its core ran at full speed). A round equals the local engine's to float
-reassociation of the shares' sums (tested to 1e-6). A worker that dies
+there: a loop beside an idle worker on its core ran at full speed). Workers use the driver's TensorFlow threads
+and oneDNN setting (`driver_threads`), so a round equals the local engine's but for the reassociation of the
+shares' sums: within README's "Reproducibility" bound, which the tests assert. A worker that dies
 stops the run with `fedpersonal.errors.WorkerError` naming it; a binary rerun resumes from its last checkpoint.
 
 Ray is the distributed engine (pip ``ray``; docs/RESULTS.md, "Engine workers", says why it and not TFF's worker
@@ -132,6 +133,20 @@ def _init_ray(ray: Any, address: str | None, kwargs: dict[str, Any], attempts: i
             time.sleep(1.0 + attempt)
 
 
+def driver_threads() -> int:
+    """TensorFlow's intra-op threads in this process, as TensorFlow resolves them: ``tf.config.threading``'s setting,
+    else ``TF_NUM_INTRAOP_THREADS``, else one per CPU this process may run on."""
+    import tensorflow as tf  # pylint: disable=g-import-not-at-top
+
+    configured = tf.config.threading.get_intra_op_parallelism_threads()
+    if configured > 0:
+        return configured
+    with contextlib.suppress(ValueError):
+        if int(os.environ.get('TF_NUM_INTRAOP_THREADS', '0')) > 0:
+            return int(os.environ['TF_NUM_INTRAOP_THREADS'])
+    return len(os.sched_getaffinity(0)) if hasattr(os, 'sched_getaffinity') else os.cpu_count() or 1
+
+
 class EngineWorkers:
     """Engine rounds on Ray worker processes, as a context manager (see the module docstring).
 
@@ -140,7 +155,10 @@ class EngineWorkers:
       workers: How many workers (each one Ray actor with one CPU).
       address: A running Ray cluster's address (``HEAD:6379``); None starts a local one for the block.
       cores: With local workers, the core each worker is pinned to (``cores[i % len(cores)]``); None: unpinned.
-      threads: TensorFlow's intra- and inter-op threads in each worker (None: TensorFlow's default).
+      threads: TensorFlow's intra-op threads in each worker. None (the default): the driver's own
+        (`driver_threads`), so a worker's group program splits its reductions as a local round's does whatever the
+        user's environment; 1 is faster where the workers fill the cores, at the price of equality with a local
+        run on more threads (a matrix product's sums split by thread: ~1e-5 apart after a few rounds).
       balance: A group round's shares follow the workers' measured speeds (`fedpersonal.runtime.balance`: a
         faster worker gets more whole groups); False: equal shares, bit for bit the same numbers for the same seed
         (a balanced round equals them to float reassociation).
@@ -167,7 +185,7 @@ class EngineWorkers:
         *,
         address: str | None = None,
         cores: Sequence[int] | None = None,
-        threads: int | None = 1,
+        threads: int | None = None,
         balance: bool = False,
     ):
         if workers < 1:
@@ -204,9 +222,12 @@ class EngineWorkers:
                     kwargs.update(num_cpus=self.num_workers, _system_config={'worker_niceness': 0})
                 _init_ray(ray, self._address, kwargs)
                 self._started_ray = True
-            env = {}
+            threads = self._threads if self._threads is not None else driver_threads()
+            env = {'TF_NUM_INTRAOP_THREADS': str(threads)}
             if self._threads is not None:
-                env = {'TF_NUM_INTRAOP_THREADS': str(self._threads), 'TF_NUM_INTEROP_THREADS': str(self._threads)}
+                env['TF_NUM_INTEROP_THREADS'] = str(self._threads)
+            # oneDNN's kernels as the driver's (an emulated instruction set, or oneDNN off, reaches the workers).
+            env.update({k: os.environ[k] for k in ('ONEDNN_MAX_CPU_ISA', 'TF_ENABLE_ONEDNN_OPTS') if k in os.environ})
             env.setdefault('TF_CPP_MIN_LOG_LEVEL', os.environ.get('TF_CPP_MIN_LOG_LEVEL', '3'))
             if self._address is None:  # Local workers import this package from where the driver does.
                 package_root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))

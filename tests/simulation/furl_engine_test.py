@@ -9,8 +9,15 @@ import tensorflow_federated as tff
 
 from fedpersonal.algorithms import furl
 from fedpersonal.models import matrix_factorization as mf
+from tests import tolerances
 
 NUM_ITEMS = 20
+# Depth: a rating's 3 factors and 2 biases, a batch of 4's gradient sum, the mean over at most 5 clients (the text
+# model's: TEXT_DEPTH). Steps: a client's 14 / 4 batches a round (and its private phase), 3 rounds.
+DEPTH = 5 + 4 + 5
+STEPS = 3 * 2 * 4
+# The char model: 8 chars through a 3-unit LSTM (2 + 3 terms a gate, back through 8 steps), a 4-unit MLP, batch 4.
+TEXT_DEPTH = 2 * 8 * (2 + 3) + 4 + 4 + 2 + 2
 
 
 def datasets(sizes, seed=0):
@@ -50,8 +57,12 @@ def run(process, cohorts, data):
     state = process.initialize()
     private = {c: process.initial_private_state() for c in range(len(data))}
     for cohort in cohorts:
-        output = process.run_round(
-            state, [data[c] for c in cohort], [private[c] for c in cohort], client_ids=[str(c) for c in cohort]
+        output = process.run_round(  # A round with a non-finite client goes on (its update left out).
+            state,
+            [data[c] for c in cohort],
+            [private[c] for c in cohort],
+            client_ids=[str(c) for c in cohort],
+            non_finite='ignore',
         )
         state = output.state
         for c, p in zip(cohort, output.private_states):
@@ -59,7 +70,9 @@ def run(process, cohorts, data):
     return process.get_model_weights(state), output.metrics, private
 
 
-@pytest.mark.parametrize('name', sorted(CONFIGS))
+@pytest.mark.parametrize(
+    'name', [pytest.param(n, marks=[pytest.mark.numeric] * (n == 'sgd_norm_penalty')) for n in sorted(CONFIGS)]
+)
 def test_furl_engine_equals_per_client_path(name):
     data = datasets((9, 2, 0, 14, 5))  # Unequal sizes, one smaller than a batch, one empty.
     cohorts = ([0, 1, 2, 3, 4], [3, 1], [0, 2, 4, 1])
@@ -68,13 +81,13 @@ def test_furl_engine_equals_per_client_path(name):
     engine = run(process, cohorts, data)
     assert process.backend.round_runner.traces == 1  # Traced once for the experiment: cohorts of 5, 2 and 4 clients.
     for a, b in zip(tf.nest.flatten(engine[0]), tf.nest.flatten(reference[0])):
-        np.testing.assert_allclose(a, b, atol=1e-5)
+        tolerances.assert_reordered_close(a, b, depth=DEPTH, steps=STEPS)
     for c in reference[2]:
         for a, b in zip(tf.nest.flatten(engine[2][c]), tf.nest.flatten(reference[2][c])):
-            np.testing.assert_allclose(a, b, atol=1e-5)
+            tolerances.assert_reordered_close(a, b, depth=DEPTH, steps=STEPS)
     train_a, train_b = engine[1]['client_work']['train'], reference[1]['client_work']['train']
     for key in train_b:
-        np.testing.assert_allclose(float(train_a[key]), float(train_b[key]), rtol=1e-5)
+        tolerances.assert_reordered_close(float(train_a[key]), float(train_b[key]), depth=DEPTH + 30, steps=STEPS)
     initial = build(name, 'per_client').initial_private_state()
     assert not np.allclose(reference[2][0].trainable[0], initial.trainable[0])  # Private embeddings trained.
     np.testing.assert_array_equal(engine[2][2].trainable[0], initial.trainable[0])  # The empty client's did not.
@@ -91,7 +104,7 @@ def test_non_finite_client_keeps_its_previous_private_state_and_is_dropped():
     initial = build('sgd_norm_penalty', 'engine').initial_private_state()
     np.testing.assert_array_equal(engine[2][1].trainable[0], initial.trainable[0])
     for a, b in zip(tf.nest.flatten(engine[0]), tf.nest.flatten(reference[0])):
-        np.testing.assert_allclose(a, b, atol=1e-5)
+        tolerances.assert_reordered_close(a, b, depth=DEPTH, steps=STEPS)
 
 
 def test_fixed_clip_dp_clips_each_logical_client_like_the_per_client_path():
@@ -110,8 +123,8 @@ def test_fixed_clip_dp_clips_each_logical_client_like_the_per_client_path():
         build('sgd_norm_penalty', 'engine', group_size=2, model_aggregator=aggregator(), **uniform), cohorts, data
     )
     values = lambda result: tf.nest.flatten((result[0], [result[2][c] for c in sorted(result[2])]))
-    for a, b in zip(values(engine), values(reference)):
-        np.testing.assert_allclose(a, b, atol=1e-5)
+    for a, b in zip(values(engine), values(reference)):  # The clip's norm sums every global weight's square too.
+        tolerances.assert_reordered_close(a, b, depth=DEPTH + NUM_ITEMS * 4, steps=STEPS)
     assert engine[1]['aggregator'] == reference[1]['aggregator']
     loose = run(
         build('sgd_norm_penalty', 'engine', group_size=2, model_aggregator=aggregator(clip=1e6), **uniform),
@@ -164,5 +177,5 @@ def test_fed_avg_engine_on_texts_of_unequal_length_equals_per_client_path():
         for _ in range(2):
             state = process.run_round(state, data, client_ids=['0', '1']).state
         results[simulation] = process.get_model_weights(state).trainable
-    for a, b in zip(results['engine'], results['per_client']):
-        np.testing.assert_allclose(a, b, atol=1e-5)
+    for a, b in zip(results['engine'], results['per_client']):  # 2 rounds of 2 batches.
+        tolerances.assert_reordered_close(a, b, depth=TEXT_DEPTH, steps=4)

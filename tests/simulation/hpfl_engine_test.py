@@ -12,6 +12,7 @@ from fedpersonal.algorithms import hpfl
 from fedpersonal.data import user_modeling as um
 from fedpersonal.models import gum
 from fedpersonal.simulation import silo_engine
+from tests import tolerances
 
 K, H = 3, 2
 
@@ -71,15 +72,27 @@ def _rounds(process, num_rounds):
     return state, states, history
 
 
+# Depth: the GUM's sums over a record's K attributes and H-wide components (4 of them), a batch of 8's gradient sum,
+# the accuracy-weighted mean over 3 silos, a k-means centre's mean over at most 9 rows and its H distances; steps:
+# 2 epochs of at most 2 batches, 2 rounds. (A k-means assignment or a prediction on an exact tie would move a value
+# by more than this; the random data here puts none there.)
+DEPTH = K + 4 * H + 8 + 3 + 9 + H
+STEPS = 2 * 2 * 2
+
+
 def _assert_close(actual, expected, what):
     tf.nest.assert_same_structure(expected, actual, check_types=False)
     for a, e in zip(tf.nest.flatten(actual), tf.nest.flatten(expected)):
-        a, e = np.asarray(a), np.asarray(e)
-        scale = max(1.0, float(np.max(np.abs(e), initial=0.0)))
-        np.testing.assert_allclose(a, e, rtol=0, atol=1e-5 * scale, err_msg=what)
+        tolerances.assert_reordered_close(a, e, depth=DEPTH, steps=STEPS, err_msg=what)
 
 
-@pytest.mark.parametrize('method', hpfl.HPFL_VARIANTS[:3] + hpfl.BASELINES)
+@pytest.mark.parametrize(
+    'method',
+    [
+        pytest.param(m, marks=[pytest.mark.numeric] * (m in ('hpfl', 'fedavg')))
+        for m in hpfl.HPFL_VARIANTS[:3] + hpfl.BASELINES
+    ],
+)
 def test_engine_equals_the_per_silo_path(method):
     kwargs = dict(
         client_optimizer=tff.learning.optimizers.build_adam(0.02),

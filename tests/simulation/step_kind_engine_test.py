@@ -17,6 +17,7 @@ from fedpersonal.algorithms import per_fedavg
 from fedpersonal.algorithms import pfedme
 from fedpersonal.core import step_kinds
 from fedpersonal.simulation import step_kind_engine
+from tests import tolerances
 
 SPEC = collections.OrderedDict(x=tf.TensorSpec([None, 6, 6, 1], tf.float32), y=tf.TensorSpec([None], tf.int32))
 
@@ -88,19 +89,26 @@ def run(plan, backend, rounds=2, model_fn=cnn_fn):
     return process, process.get_model_weights(state), privates, output.metrics['client_work']['train']
 
 
-@pytest.mark.parametrize('name', sorted(PLANS))
+@pytest.mark.parametrize(
+    'name', [pytest.param(n, marks=[pytest.mark.numeric] * (n == 'pfedme')) for n in sorted(PLANS)]
+)
 def test_a_cnn_on_the_engine_equals_the_per_client_backend(name):
     engine, per_client = run(PLANS[name](), 'engine'), run(PLANS[name](), 'per_client')
     assert engine[0].simulation == 'engine' and per_client[0].simulation == 'per_client'
+    # Depth: the 3x3 convolution (9), the dense layer's 4 x 4 x 2 inputs and its L2 term's 96 squares, 3 logits,
+    # backward the same fan-outs (3 + 2), a batch of 4's gradient sum, the mean over 3 clients; steps: at most 24 / 4
+    # batches a round, 2 rounds.
+    bound = dict(depth=9 + 32 + 96 + 3 + 3 + 2 + 4 + 3, steps=2 * 6)
     for got, want in zip(engine[1].trainable, per_client[1].trainable):
-        np.testing.assert_allclose(got, want, atol=1e-5)
+        tolerances.assert_reordered_close(got, want, **bound)
     assert not np.allclose(engine[1].trainable[0], engine[0].get_model_weights(engine[0].initialize()).trainable[0])
     for got, want in zip(engine[2], per_client[2]):
         for a, b in zip(tf.nest.flatten(got), tf.nest.flatten(want)):
-            np.testing.assert_allclose(a, b, atol=1e-5)
+            tolerances.assert_reordered_close(a, b, **bound)
     assert engine[3]['num_examples'] == per_client[3]['num_examples']
-    np.testing.assert_allclose(engine[3]['loss'], per_client[3]['loss'], rtol=1e-5)
-    np.testing.assert_allclose(engine[3]['accuracy'], per_client[3]['accuracy'], rtol=1e-6)
+    tolerances.assert_reordered_close(engine[3]['loss'], per_client[3]['loss'], **bound)
+    # A count of correct predictions: equal unless one sits on a tie, which these random weights do not produce.
+    assert float(engine[3]['accuracy']) == float(per_client[3]['accuracy'])
 
 
 def test_a_batch_norm_model_falls_back_to_the_per_client_backend():
