@@ -27,6 +27,7 @@ TINY = [
     '--kmeans_iterations=2',
     '--ncd_hidden_units=8,4',
     '--ncf_embedding_dim=4',
+    '--rounds_per_checkpoint=2',  # Not every round (the default): each save is a server checkpoint and a store commit.
 ]
 # One of each kind (centralized, federated baseline, HPFL) keeps the test short; every baseline and HPFL variant is
 # built by the same two code paths (tests/algorithms/hpfl*_test.py test them one by one).
@@ -196,7 +197,7 @@ def test_binary_killed_mid_run_resumes_to_the_results_of_an_uninterrupted_run(tm
     import time  # pylint: disable=g-import-not-at-top
 
     flags = [f for f in TINY if not f.startswith('--total_rounds=')] + [
-        '--total_rounds=6',
+        '--total_rounds=4',  # Checkpoints at rounds 2 and 4 (TINY): killed after round 2's, resumed for rounds 3-4.
         '--rounds_per_eval=2',
         # A finished row (ncd) read back and a federated method resumed (fedavg); every method checkpoints and
         # reads back through the same code (`fedpersonal.program`).
