@@ -88,7 +88,7 @@ def test_movielens_same_seed_same_metrics(tmp_path):
             total_rounds=3,
             clients_per_round=5,
             eval_clients=5,
-            rounds_per_eval=1,
+            rounds_per_eval=3,  # The last round's evaluation (every round's training metrics are compared either way).
             rounds_per_checkpoint=10,
             recon_steps_max=5,
             post_recon_steps_max=5,
@@ -128,7 +128,7 @@ def test_furl_same_seed_same_metrics(tmp_path):
             user_embedding_dim=3,
             mlp_units=6,
             batch_size=8,
-            rounds_per_eval=1,
+            rounds_per_eval=2,  # The last round's evaluation.
             eval_clients=8,
             state_store='memory',
             seed=seed,
