@@ -422,7 +422,6 @@ def test_engine_workers_balance_without_engine_workers_is_refused(tmp_path):
         distributed_test._run_binary(argv)
 
 
-@pytest.mark.numeric
 def test_pfl_benchmark_methods_on_engine_workers_equal_this_process(tmp_path):
     """The PFLlib binary's task with --engine_workers=2 (a stateful method and a step kind's; the stateless path:
     the FedRecon tests above; FedALA's per-client weight learning; shares of two groups and one): the same rows and
