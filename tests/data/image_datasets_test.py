@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 
 from fedpersonal.data import image_datasets
+from tests import tolerances
 
 MNIST_DIR = os.path.join(os.path.dirname(__file__), '..', '..', '..', 'shared', 'data', 'mnist')
 
@@ -39,7 +40,8 @@ def test_idx_round_trip(tmp_path, sep, gz):
     data = image_datasets.load_idx_dataset(str(tmp_path), 'tiny')
     assert data.train_images.shape == (3, 28, 28, 1) and data.test_images.shape == (2, 28, 28, 1)
     assert data.train_images.dtype == np.float32
-    np.testing.assert_allclose(data.train_images[..., 0], arrays['train'][0] / 255.0, rtol=1e-6)
+    # float32 pixels against float64 quotients: one float32 rounding.
+    np.testing.assert_allclose(data.train_images[..., 0], arrays['train'][0] / 255.0, rtol=tolerances.U32, atol=0)
     np.testing.assert_array_equal(data.test_labels, [0, 1])
     assert data.train_labels.dtype == np.int32
 
@@ -89,9 +91,10 @@ def test_cifar10_pickle_layout(tmp_path):
     assert data.train_images.shape == (10, 32, 32, 3) and data.test_images.shape == (2, 32, 32, 3)
     raw = batches['data_batch_1'][b'data'][1]
     # Channel-major planes: red plane first, row-major within a plane.
-    assert data.train_images[1, 0, 5, 0] == pytest.approx(raw[5] / 255.0)
-    assert data.train_images[1, 2, 3, 1] == pytest.approx(raw[1024 + 2 * 32 + 3] / 255.0)
-    assert data.train_images[1, 31, 31, 2] == pytest.approx(raw[3071] / 255.0)
+    rel = tolerances.U32  # float32 pixels against float64 quotients: one float32 rounding.
+    assert data.train_images[1, 0, 5, 0] == pytest.approx(raw[5] / 255.0, rel=rel)
+    assert data.train_images[1, 2, 3, 1] == pytest.approx(raw[1024 + 2 * 32 + 3] / 255.0, rel=rel)
+    assert data.train_images[1, 31, 31, 2] == pytest.approx(raw[3071] / 255.0, rel=rel)
     np.testing.assert_array_equal(data.test_labels, batches['test_batch'][b'labels'])
 
 
