@@ -15,9 +15,17 @@ from fedpersonal import algorithms
 from fedpersonal import backends
 from fedpersonal import models
 from fedpersonal.privacy import audit
+from tests import tolerances
 
 NUM_CLIENTS, NUM_CLASSES, DIM, HIDDEN = 4, 3, 6, 8
 LR, SERVER_LR = 0.1, 1.0
+
+# The longest chain of additions feeding a weight in one SGD step of the DIM-HIDDEN-NUM_CLASSES model on batches of
+# 10: the forward fan-ins (6 + 8), the backward fan-outs (3 + 8), the batch's gradient sum (10), then the weighted
+# mean over the 4 clients. (A step's terms stay O(1): LR 0.1 times inputs of |x| < 10 times the mean over 10.)
+DEPTH = DIM + HIDDEN + NUM_CLASSES + HIDDEN + 10 + NUM_CLIENTS
+# SGD steps a round: every client has at most 40 examples, 4 batches an epoch; FedPer 2 epochs, FedRep 3 + 2.
+STEPS_PER_ROUND = {'fedper': 2 * 4, 'fedrep': (3 + 2) * 4}
 
 
 def model_fn():
@@ -104,6 +112,7 @@ def reference_round(name, body, heads, arrays, passes_fn=None):
     return new_body, new_heads
 
 
+@pytest.mark.numeric
 def test_per_client_phases_see_a_reshuffling_datasets_successive_orders_in_plan_order(initial):
     """FedRep's head epochs see the dataset's 1st-3rd shuffles, its body epochs the 5th-6th (TF's `repeat` opens the
     dataset once more to find its end: a 4th shuffle, unused), twice the same: the phases open the dataset in plan
@@ -135,11 +144,12 @@ def test_per_client_phases_see_a_reshuffling_datasets_successive_orders_in_plan_
         expected_body, expected_heads = reference_round(
             'fedrep', list(body), [list(head)] * len(arrays), arrays, passes
         )
+        steps = STEPS_PER_ROUND['fedrep']  # One round.
         for got, want in zip(process.get_model_weights(output.state).trainable, expected_body):
-            np.testing.assert_allclose(got, want, atol=1e-5)
+            tolerances.assert_reordered_close(got, want, depth=DEPTH, steps=steps)
         for got, want in zip(output.private_states, expected_heads):
             for g, w in zip(got.trainable, want):
-                np.testing.assert_allclose(g, w, atol=1e-5)
+                tolerances.assert_reordered_close(g, w, depth=DEPTH, steps=steps)
 
 
 @pytest.fixture(scope='module')
@@ -150,6 +160,7 @@ def initial():
     return body, head
 
 
+@pytest.mark.numeric
 @pytest.mark.parametrize('backend', ['engine', 'per_client'])
 @pytest.mark.parametrize('name', ['fedper', 'fedrep'])
 def test_every_backend_equals_a_plain_loop(initial, name, backend):
@@ -158,18 +169,22 @@ def test_every_backend_equals_a_plain_loop(initial, name, backend):
     assert process.simulation == backend
     state = process.initialize()
     body, head = initial
-    np.testing.assert_allclose(process.get_model_weights(state).trainable[0], body[0])
+    np.testing.assert_array_equal(process.get_model_weights(state).trainable[0], body[0])  # The same initializer.
     heads = [process.initial_private_state()] * NUM_CLIENTS
     expected_body, expected_heads = list(body), [list(head)] * NUM_CLIENTS
     for _ in range(2):
         output = process.run_round(state, datasets(arrays), heads)
         state, heads = output.state, list(output.private_states)
         expected_body, expected_heads = reference_round(name, expected_body, expected_heads, arrays)
+    steps = 2 * STEPS_PER_ROUND[name]  # Two rounds.
+    bound = tolerances.reorder_bound(depth=DEPTH, scale=1.0, steps=steps)
+    moved = [np.abs(w - b).max() for w, b in zip(expected_body + expected_heads[0], body + head)]
+    assert min(moved) > 100 * bound, moved  # Every variable trained far beyond the bound.
     for got, want in zip(process.get_model_weights(state).trainable, expected_body):
-        np.testing.assert_allclose(got, want, atol=1e-5)
+        tolerances.assert_reordered_close(got, want, depth=DEPTH, steps=steps)
     for got, want in zip(heads, expected_heads):
         for g, w in zip(got.trainable, want):
-            np.testing.assert_allclose(g, w, atol=1e-5)
+            tolerances.assert_reordered_close(g, w, depth=DEPTH, steps=steps)
     metrics = output.metrics['client_work']['train']
     # Metrics count every step of every phase: 2 epochs (FedPer), 3 head + 2 body epochs (FedRep).
     assert metrics['num_examples'] == sum(len(x) for x, _ in arrays) * (2 if name == 'fedper' else 5)

@@ -11,8 +11,16 @@ from fedpersonal.algorithms import hpfl
 from fedpersonal.data import user_modeling as um
 from fedpersonal.models import gum
 from fedpersonal.privacy import audit
+from tests import tolerances
 
 K, H = 4, 2
+# The numpy references compute in float32 too (NEP 50: Python floats do not widen float32 arrays), in another order.
+# A centre-weighted embedding (global_embedding): the distance's sum over the 4 (or 3) coordinates, the weights' sum
+# over the 4 centres, the weighted sum of the centres, and the square root, division and blend's roundings.
+EMBEDDING_DEPTH = K + 4 + 4 + 3
+# GUM's prediction: attributes @ relative_M, (theta * qm) @ skill_W, the mean over the K skills, and the sigmoids'
+# and products' roundings (gum.predict).
+GUM_DEPTH = 3 * K + 6
 SMALL = dict(max_clients=4, max_local_clusters=4, max_global_clusters=4, kmeans_iterations=3)
 
 
@@ -144,14 +152,18 @@ def test_public_aggregation_matches_the_formula(process):
     iterations = [np.array(i, np.float32) for i in ([10, 4, 6, 2], [5, 8, 0, 0], [7, 3, 2, 9])]
     got = process.parts['public_aggregation'](previous, publics, accuracies, iterations)
     expected = np_public_aggregation(previous, publics, accuracies, iterations, p=0.6)
-    np.testing.assert_allclose(np.asarray(gum.attribute_vectors(got)), expected, rtol=1e-5, atol=1e-6)
+    # A weighted mean over the 3 clients: the weights' products (2 roundings) and sum (3), the weighted sum (3) and
+    # the division.
+    tolerances.assert_reordered_close(np.asarray(gum.attribute_vectors(got)), expected, depth=2 + 3 + 3 + 1)
     vectors = [np.asarray(gum.attribute_vectors(c)) for c in publics]
-    np.testing.assert_allclose(expected[1], np.asarray(gum.attribute_vectors(previous))[1])
-    np.testing.assert_allclose(
-        expected[3], (2 * 0.8 * vectors[0][3] + 9 * 0.95 * vectors[2][3]) / (1.6 + 8.55), rtol=1e-6
+    np.testing.assert_array_equal(expected[1], np.asarray(gum.attribute_vectors(previous))[1])  # Kept as it was.
+    # The same weighted means written out with Python's (float64) weights: their float32 roundings, the 2 terms' sum
+    # and the division.
+    tolerances.assert_reordered_close(
+        expected[3], (2 * 0.8 * vectors[0][3] + 9 * 0.95 * vectors[2][3]) / (1.6 + 8.55), depth=2 + 3 + 3 + 1
     )
-    np.testing.assert_allclose(
-        expected[2], (6 * 0.7 * vectors[0][2] + 2 * 0.9 * vectors[2][2]) / (4.2 + 1.8), rtol=1e-6
+    tolerances.assert_reordered_close(
+        expected[2], (6 * 0.7 * vectors[0][2] + 2 * 0.9 * vectors[2][2]) / (4.2 + 1.8), depth=2 + 3 + 3 + 1
     )
 
 
@@ -164,12 +176,12 @@ def test_fine_grained_update_matches_numpy(weighting):
     row_mask = np.array([1, 1, 1, 1, 1, 0, 0], bool)
     accuracy = np.float32(0.7)
     global_emb = np_global_embedding(emb, centres, centre_mask, weighting)
-    np.testing.assert_allclose(
-        hpfl.global_embedding(emb, centres, centre_mask, weighting), global_emb, rtol=1e-4, atol=1e-5
+    tolerances.assert_reordered_close(
+        hpfl.global_embedding(emb, centres, centre_mask, weighting), global_emb, depth=EMBEDDING_DEPTH
     )
     expected = np.where(row_mask[:, None], accuracy * emb + (1 - accuracy) * global_emb, emb)
     got = hpfl.personalize_embeddings(emb, row_mask, centres, centre_mask, accuracy, weighting)
-    np.testing.assert_allclose(got, expected, rtol=1e-4, atol=1e-5)
+    tolerances.assert_reordered_close(got, expected, depth=EMBEDDING_DEPTH)
     # The published weighting pulls towards the farther centres, the inverse one towards the nearest.
     d = np.linalg.norm(emb[0] - centres, axis=1)
     d[2] = np.nan
@@ -182,7 +194,8 @@ def test_fine_grained_update_matches_numpy(weighting):
     acc_k = np.array([0.9, 0.0, 0.5, 1.0], np.float32)
     got = hpfl.personalize_public(local, glob, acc_k)
     for l, g, r in zip(local, glob, got):  # noqa: E741  (l: local, as in the paper's formula)
-        np.testing.assert_allclose(r, acc_k[:, None] * l + (1 - acc_k[:, None]) * g, rtol=1e-6)
+        # Element-wise, no sum: its three operations may round differently (another formula, an FMA).
+        tolerances.assert_reordered_close(r, acc_k[:, None] * l + (1 - acc_k[:, None]) * g, depth=3)
 
 
 def test_client_update_computation_applies_both_formulas(process):
@@ -209,17 +222,17 @@ def test_client_update_computation_applies_both_formulas(process):
     )
     new = process.parts['post_aggregation'].client_update(glob, state, report)
     for l, g, r in zip(state.model.public, glob.public, new.model.public):  # noqa: E741  (l: local, as in the paper's formula)
-        np.testing.assert_allclose(r, acc_k[:, None] * l + (1 - acc_k[:, None]) * g, rtol=1e-5)
+        tolerances.assert_reordered_close(r, acc_k[:, None] * l + (1 - acc_k[:, None]) * g, depth=3)  # Element-wise.
     theta = state.model.private.theta
     expected = theta.copy()
     expected[:9] = 0.75 * theta[:9] + 0.25 * np_global_embedding(
         theta[:9], glob.user_centres, glob.user_mask, 'distance'
     )
-    np.testing.assert_allclose(new.model.private.theta, expected, rtol=1e-4, atol=1e-5)  # Padded rows untouched.
+    tolerances.assert_reordered_close(new.model.private.theta, expected, depth=EMBEDDING_DEPTH)  # Padding as was.
     b = state.model.private.difficulty
-    np.testing.assert_allclose(
-        new.model.private.difficulty[:11], 0.75 * b[:11] + 0.25 * glob.item_centres[0], rtol=1e-4, atol=1e-5
-    )  # A single centre: Emb^g is that centre.
+    tolerances.assert_reordered_close(
+        new.model.private.difficulty[:11], 0.75 * b[:11] + 0.25 * glob.item_centres[0], depth=EMBEDDING_DEPTH
+    )  # A single centre: Emb^g is that centre (up to its weighting's roundings).
     np.testing.assert_array_equal(new.model.private.slip, state.model.private.slip)
 
 
@@ -232,13 +245,15 @@ def test_kmeans_matches_numpy_lloyd():
     points[2] = 50.0  # A masked outlier must influence nothing.
     centres, centre_mask = hpfl.maximin_init(points, mask, 3, 5)
     np_centres, np_mask = np_maximin(points, mask, 3, 5)
-    np.testing.assert_allclose(centres, np_centres, rtol=1e-6)
+    np.testing.assert_array_equal(centres, np_centres)  # The chosen points themselves.
     np.testing.assert_array_equal(centre_mask, np_mask)
+    # A centre is its members' mean (the memberships are decisions, not sums): at most all 18 points and a division.
+    depth = len(points) + 1
     stepped, _ = hpfl.lloyd_step(points, mask, centres, centre_mask)
-    np.testing.assert_allclose(stepped, np_lloyd(points, mask, np_centres, np_mask), rtol=1e-5, atol=1e-6)
+    tolerances.assert_reordered_close(stepped, np_lloyd(points, mask, np_centres, np_mask), depth=depth)
     result, result_mask, assignment = hpfl.kmeans(points, mask, 3, 5, iterations=4)
     expected, _ = np_kmeans(points, mask, 3, 5, 4)
-    np.testing.assert_allclose(result, expected, rtol=1e-5, atol=1e-6)
+    tolerances.assert_reordered_close(result, expected, depth=depth)  # The last iteration's means, as above.
     np.testing.assert_array_equal(result_mask, [1, 1, 1, 0, 0])
     assert len(set(np.asarray(assignment)[mask][:5])) == 1  # The first blob is one cluster.
     # Fewer valid points than clusters: one cluster per point; no valid point: no cluster.
@@ -258,7 +273,8 @@ def test_client_centres_cluster_real_rows_only(process):
     expected, expected_mask = np_kmeans(
         theta, mask, 9 // 5 + 1, SMALL['max_local_clusters'], SMALL['kmeans_iterations']
     )
-    np.testing.assert_allclose(centres.user_centres, expected, rtol=1e-4, atol=1e-5)
+    # A centre: the mean of at most the 9 real rows (the memberships are decisions, not sums).
+    tolerances.assert_reordered_close(centres.user_centres, expected, depth=9 + 1)
     np.testing.assert_array_equal(centres.user_mask, expected_mask)
     assert centres.user_mask.sum() == 2 and centres.item_mask.sum() == 11 // 5 + 1
     assert np.abs(centres.user_centres).max() < 10
@@ -284,7 +300,7 @@ def test_server_clusters_all_uploaded_centres_and_clients_update():
         points, valid, n // 3 + 1, SMALL['max_global_clusters'], SMALL['kmeans_iterations']
     )
     glob = hpfl.global_components(out.state)
-    np.testing.assert_allclose(glob.user_centres, expected, rtol=1e-4, atol=1e-5)
+    tolerances.assert_reordered_close(glob.user_centres, expected, depth=n + 1)  # The mean of at most the n centres.
     np.testing.assert_array_equal(glob.user_mask, expected_mask)
     assert out.metrics['clustering']['uploaded_user_centres'] == n == 2 + 3 + 3
     assert out.metrics['clustering']['dropped_centre_uploads'] == 0
@@ -293,7 +309,10 @@ def test_server_clusters_all_uploaded_centres_and_clients_update():
         blended = r.accuracy * theta + (1 - r.accuracy) * np_global_embedding(
             theta, expected, expected_mask, 'distance'
         )
-        np.testing.assert_allclose(new.model.private.theta[: silo.num_users], blended, rtol=1e-4, atol=1e-5)
+        # The centres' means (n + 1, as above) feed the weighted embedding.
+        tolerances.assert_reordered_close(
+            new.model.private.theta[: silo.num_users], blended, depth=n + 1 + EMBEDDING_DEPTH
+        )
 
 
 # ----------------------------------------------------------------------------------------- training, ablations
@@ -344,8 +363,8 @@ def test_lazy_row_updates_equal_dense_updates_for_sgd(use_discrimination):
     _, (dense, n_dense, loss_dense, it_dense) = _train_locally(sgd, 'dense', use_discrimination=use_discrimination)
     start, (lazy, n_lazy, loss_lazy, it_lazy) = _train_locally(sgd, 'lazy', use_discrimination=use_discrimination)
     for a, b in zip(tf.nest.flatten(dense), tf.nest.flatten(lazy)):
-        np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
-    assert int(n_dense) == int(n_lazy) and float(loss_dense) == pytest.approx(float(loss_lazy), rel=1e-5)
+        np.testing.assert_array_equal(a, b)
+    assert int(n_dense) == int(n_lazy) and float(loss_dense) == float(loss_lazy)
     np.testing.assert_array_equal(it_dense, it_lazy)
     assert not np.allclose(start.private.theta, lazy.private.theta)  # It did train.
 
@@ -408,10 +427,11 @@ def test_ablations_switch_off_the_other_part():
     k_process, k_initial, k_out = results['hpfl_k']
     r_process, r_initial, r_out = results['hpfl_r']
     for d, k, r in zip(local, k_out.private_states, r_out.private_states):
+        # The same local training on the same inputs: exactly.
         for a, b in zip(d.model.private, k.model.private):  # HPFL-K: private tables as trained locally.
-            np.testing.assert_allclose(a, b, rtol=1e-6)
+            np.testing.assert_array_equal(a, b)
         for a, b in zip(d.model.public, r.model.public):  # HPFL-R: public components as trained locally.
-            np.testing.assert_allclose(a, b, rtol=1e-6)
+            np.testing.assert_array_equal(a, b)
         assert not np.allclose(d.model.public.skill_W, k.model.public.skill_W)
         assert not np.allclose(d.model.private.theta, r.model.private.theta)
     np.testing.assert_array_equal(hpfl.global_components(k_out.state).user_mask, 0)  # No clustering happened.
@@ -537,6 +557,7 @@ def test_predictions_are_per_silo_on_the_label_scale():
         expected = gum.predict(
             state.model, tf.constant(silo.user[keep]), tf.constant(silo.item[keep]), tf.constant(q)
         ).numpy()
-        np.testing.assert_allclose(p.prediction, expected, rtol=1e-5)
+        # Another batching (oneDNN may pick another kernel for another shape): the prediction's sums reordered.
+        tolerances.assert_reordered_close(p.prediction, expected, depth=GUM_DEPTH)
     with pytest.raises(ValueError, match='2 client states for 3 silos'):
         hpfl.predict_silos(CONFIG, states[:2], DATA)
