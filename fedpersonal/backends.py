@@ -59,6 +59,7 @@ from fedpersonal import errors
 from fedpersonal import models
 from fedpersonal.core import client_plan
 from fedpersonal.core import client_work
+from fedpersonal.core import input_checks
 from fedpersonal.core import model_loss_plan
 from fedpersonal.core import per_client_plan
 from fedpersonal.core import process as process_lib
@@ -154,12 +155,50 @@ def build_process(
         model's ``input_spec``; a Keras plan's is its model's ``input_spec``).
 
     Returns:
-      A stateful `PersonalizedProcess`.
+      A stateful `PersonalizedProcess`; with a sparse categorical cross-entropy its `input_check` refuses labels
+      outside the model's outputs (`fedpersonal.core.input_checks.label_check`).
 
     Raises:
       ValueError: Arguments the plan does not take (a Keras loss for model-defined losses, or none for the Keras
         loss), or no element spec for a model without an ``input_spec``.
     """
+    process = _build_process(
+        plan,
+        model_fn,
+        loss_fn=loss_fn,
+        metrics_fn=metrics_fn,
+        server_optimizer=server_optimizer,
+        model_aggregator=model_aggregator,
+        client_weighting=client_weighting,
+        metrics_aggregator=metrics_aggregator,
+        model_distributor=model_distributor,
+        group_size=group_size,
+        measure_communication=measure_communication,
+        name=name,
+        element_spec=element_spec,
+    )
+    if loss_fn is not None:
+        process.input_check = input_checks.label_check(model_fn, loss_fn)
+    return process
+
+
+def _build_process(
+    plan: client_plan.ClientPlan,
+    model_fn: Callable[[], Any],
+    *,
+    loss_fn: client_work.LossFn | None,
+    metrics_fn: client_work.MetricsFn | None,
+    server_optimizer: tff.learning.optimizers.Optimizer,
+    model_aggregator: Any,
+    client_weighting: Any,
+    metrics_aggregator: Callable[..., tff.Computation],
+    model_distributor: tff.learning.templates.DistributionProcess | None,
+    group_size: int | None,
+    measure_communication: bool,
+    name: str,
+    element_spec: Any,
+) -> process_lib.PersonalizedProcess:
+    """`build_process` without the input check."""
     if not isinstance(server_optimizer, tff.learning.optimizers.Optimizer):  # TFF's server step takes no other.
         raise TypeError(f'server_optimizer must be a tff.learning.optimizers.Optimizer, got {server_optimizer!r}.')
     parts = dict(model_aggregator=model_aggregator, client_weighting=client_weighting)

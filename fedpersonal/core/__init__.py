@@ -9,6 +9,8 @@
   backend that runs each client as one compiled program (HPFL's silos).
 * `client_work`: the client-side steps (local optimizer loops, reconstruction, proximal terms, metrics,
   weights, evaluation passes), written once.
+* `input_checks` and `non_finite`: what `PersonalizedProcess.run_round` refuses instead of returning silent
+  numbers (labels outside the model's outputs; a NaN or infinite loss, `NonFiniteLossError`).
 
 See docs/ARCHITECTURE.md for the data flow of a round and how to add an algorithm.
 """

@@ -18,6 +18,10 @@ Nothing derived only from private states reaches a SERVER-placed value (`fedpers
 `run_round` (what training loops call) is run by the process's `RoundBackend`: by default `PerClientBackend`,
 which calls `next` in TFF's runtime; a simulation backend (e.g. `fedpersonal.simulation.round_backend`'s grouped
 engine) may run the same round another way, with the same result. The process knows only this protocol.
+
+Around the backend, `run_round` refuses what would give silent numbers: before the round, each client's data is
+checked once against the process's `input_check` (`fedpersonal.core.input_checks`: labels outside the model's
+outputs); after it, a NaN or infinite loss raises `NonFiniteLossError` (``non_finite='ignore'`` keeps the round).
 """
 
 from __future__ import annotations
@@ -33,6 +37,8 @@ import tensorflow as tf
 import tensorflow_federated as tff
 
 from fedpersonal import errors
+from fedpersonal.core import input_checks
+from fedpersonal.core import non_finite as non_finite_lib
 
 
 def as_numpy(structure: Any) -> Any:
@@ -98,7 +104,12 @@ class RoundBackend(Protocol):
         *,
         client_ids: Sequence[str] | None,
     ) -> ProcessOutput:
-        """One round of `process`, as `PersonalizedProcess.run_round` documents it."""
+        """One round of `process`, as `PersonalizedProcess.run_round` documents it.
+
+        A backend whose ``checks_inputs`` attribute is True runs ``process.input_check`` on each client's batches
+        itself, where it materializes them (the engine's packer); otherwise the process checks each client's
+        dataset before calling this.
+        """
         ...
 
 
@@ -134,6 +145,10 @@ class PersonalizedProcess(tff.templates.IterativeProcess):
       parts: Named building blocks of the process (client work, aggregations, ...) for tests, audits and
         analyses; their meaning is documented by each builder.
       backend: The `RoundBackend` running `run_round` (default `PerClientBackend`).
+      input_check: What `run_round` checks each client's data against before training it, once per client id
+        (every round without ids): a `fedpersonal.core.input_checks.LabelCheck` (integer labels in ``[0, the
+        model's outputs)``, set by `fedpersonal.backends.build_process` for a sparse categorical cross-entropy), or
+        None (nothing checked).
     """
 
     def __init__(
@@ -177,6 +192,8 @@ class PersonalizedProcess(tff.templates.IterativeProcess):
         self.learning_process = learning_process
         self.parts = dict(parts or {})
         self.backend: RoundBackend = backend if backend is not None else PER_CLIENT
+        self.input_check: input_checks.LabelCheck | None = None
+        self._checked_clients: set[str] = set()
         self._secure: bool | None = None
 
     def _set_next(self, initialize_fn: tff.Computation, next_fn: tff.Computation) -> None:
@@ -219,6 +236,7 @@ class PersonalizedProcess(tff.templates.IterativeProcess):
         private_states: Sequence[Any] | None = None,
         *,
         client_ids: Sequence[str] | None = None,
+        non_finite: str = 'stop',
     ) -> ProcessOutput:
         """One round on the clients' datasets, the fastest way this process has; what training loops call.
 
@@ -226,13 +244,48 @@ class PersonalizedProcess(tff.templates.IterativeProcess):
         simulation engine, the clients' work compiled by XLA in this process and TFF's aggregation and server
         step (`fedpersonal.simulation.round_backend`). Both give the same result.
 
+        Before the round, each client's data is checked against `input_check` (once per client id; every round
+        without ids): e.g. labels outside the model's outputs raise `input_checks.LabelRangeError` naming the
+        client, the labels and the width, where TensorFlow would give NaN losses and a plausible accuracy.
+
         Args:
           state: The server state.
           client_data: The sampled clients' datasets (any sequence, e.g. a `LazyDatasets` building each when read).
           private_states: A stateful process's private states of those clients.
           client_ids: The clients' ids (a backend may then materialize each client's data once).
+          non_finite: What a NaN or infinite loss metric of the round does: ``'stop'`` (default) raises
+            `NonFiniteLossError` naming the round's metrics, as the binaries stop (``--non_finite_clients``);
+            ``'ignore'`` returns the round as it is (its state may keep the previous weights: a non-finite client
+            update is zeroed, a non-finite server update rejected). The error's ``metrics`` hold the round's.
+
+        Raises:
+          LabelRangeError: A client's labels are not integers in ``[0, the model's outputs)``.
+          NonFiniteLossError: A loss metric of the round is not finite and `non_finite` is ``'stop'``.
+          ConfigError: An unknown `non_finite`.
         """
-        return self.backend.run_round(self, state, client_data, private_states, client_ids=client_ids)
+        if non_finite not in non_finite_lib.ROUND_MODES:
+            raise errors.ConfigError(f'non_finite must be one of {non_finite_lib.ROUND_MODES}, got {non_finite!r}.')
+        if self.input_check is not None and not getattr(self.backend, 'checks_inputs', False):
+            self._check_datasets(self.input_check, client_data, client_ids)
+        output = self.backend.run_round(self, state, client_data, private_states, client_ids=client_ids)
+        if non_finite == 'stop':
+            ids = None if client_ids is None else [str(c) for c in client_ids]
+            non_finite_lib.check_round(output.metrics, num_clients=len(client_data), client_ids=ids)
+        return output
+
+    def _check_datasets(
+        self, check: input_checks.LabelCheck, client_data: Sequence[Any], client_ids: Sequence[str] | None
+    ) -> None:
+        """`check` on the clients' datasets not checked before (by id; all of them without ids)."""
+        for i in range(len(client_data)):
+            client_id = f'#{i}' if client_ids is None else str(client_ids[i])
+            if client_ids is not None and client_id in self._checked_clients:
+                continue  # A `LazyDatasets` then builds no pipeline for it.
+            dataset = client_data[i]
+            if isinstance(dataset, tf.data.Dataset):
+                check.check_dataset(client_id, dataset)
+            if client_ids is not None:
+                self._checked_clients.add(client_id)
 
     def run_next(self, state: Any, client_data: Sequence[Any], private_states: Sequence[Any] | None = None) -> Any:
         """`next` in the current TFF runtime on these client inputs (and a stateful process's private states),

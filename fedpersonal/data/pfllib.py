@@ -28,12 +28,20 @@ distribution. Differences from PFLlib's code are listed in `fedpersonal.data.par
 images stay ``[n, 28, 28, 1]`` (PFLlib: ``[n, 1, 28, 28]``), and the pooled rows must be in the files' order (as
 `image_datasets.load_idx_dataset` and `fedpersonal.data.tfds_sources` give them; torchvision reads the same files
 in the same order).
+
+Small clients: PFLlib trains with ``DataLoader(drop_last=True)``, so a client's last partial train batch is never
+trained on and a client with fewer train rows than a batch never trains at all, while it is still evaluated.
+`partition_like_pfllib` refuses a partition leaving a client fewer than ``min_train_rows`` train rows
+(`TooFewTrainRowsError`, naming the clients; the benchmark passes its batch size), and `partial_batches` counts the
+rows of the last partial batches.
 """
 
 from __future__ import annotations
 
 import collections
 import dataclasses
+import math
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
@@ -43,7 +51,17 @@ from fedpersonal.data import client_data as client_data_lib
 from fedpersonal.data import image_datasets
 from fedpersonal.data import partition as partition_lib
 
-__all__ = ['SETTINGS', 'PfllibPartition', 'PfllibImageData', 'least_samples', 'partition_like_pfllib', 'federate']
+__all__ = [
+    'SETTINGS',
+    'PfllibPartition',
+    'PfllibImageData',
+    'TooFewTrainRowsError',
+    'least_samples',
+    'partition_like_pfllib',
+    'partial_batches',
+    'check_train_rows',
+    'federate',
+]
 
 SETTINGS = ('pathological', 'dirichlet', 'iid')
 NUM_CLIENTS = 20
@@ -57,6 +75,63 @@ SEED = 1
 def least_samples(num_rows: int, num_clients: int, batch_size: int = BATCH_SIZE, train_ratio: float = TRAIN_RATIO):
     """PFLlib's minimum rows per client: one test batch, at most half a client's even share."""
     return int(min(batch_size / (1 - train_ratio), num_rows / num_clients / 2))
+
+
+class TooFewTrainRowsError(errors.DataError):
+    """Clients with fewer train rows than one batch: dropping a last partial batch, they would never train.
+
+    Attributes:
+      client_ids: The clients (``'0'``, ``'1'``, ...).
+      train_rows: Their train rows, in the same order.
+      min_train_rows: The batch size.
+    """
+
+    def __init__(self, message: str, *, client_ids: Sequence[str], train_rows: Sequence[int], min_train_rows: int):
+        super().__init__(message)
+        self.client_ids, self.train_rows, self.min_train_rows = list(client_ids), list(train_rows), min_train_rows
+
+
+def check_train_rows(train_rows: Sequence[int], min_train_rows: int) -> None:
+    """Raises `TooFewTrainRowsError` naming every client with fewer than `min_train_rows` train rows.
+
+    Args:
+      train_rows: Each client's number of train rows (client ids are the positions).
+      min_train_rows: One batch: a client with fewer never trains when partial batches are dropped.
+    """
+    rows = np.asarray(train_rows, dtype=np.int64)
+    short = np.flatnonzero(rows < min_train_rows)
+    if not short.size:
+        return
+    ids, counts = [str(c) for c in short], [int(rows[c]) for c in short]
+    named = ', '.join(f'{c} ({n})' for c, n in list(zip(ids, counts))[:20])
+    named += f' and {len(ids) - 20} more' if len(ids) > 20 else ''
+    fits = int(rows.min())
+    batch_hint = f'a batch_size of at most {fits}, ' if fits >= 1 else ''
+    raise TooFewTrainRowsError(
+        f'{len(ids)} of {rows.size} clients have fewer train rows than one batch of {min_train_rows}: client (train '
+        f"rows) {named}. A last partial batch is dropped (PFLlib's DataLoader drop_last), so they would never train "
+        f'yet be evaluated. Use fewer clients (num_clients), {batch_hint}or more rows.',
+        client_ids=ids,
+        train_rows=counts,
+        min_train_rows=min_train_rows,
+    )
+
+
+def partial_batches(train_rows: Sequence[int], batch_size: int) -> dict[str, int]:
+    """The train rows in the clients' last partial batches, which a run dropping them never trains on.
+
+    Example:
+
+    >>> partial_batches([25, 30, 12], batch_size=10)
+    {'train_rows': 67, 'dropped_train_rows': 7, 'clients_with_dropped_rows': 2}
+    """
+    rows = np.asarray(train_rows, dtype=np.int64)
+    dropped = rows % batch_size
+    return {
+        'train_rows': int(rows.sum()),
+        'dropped_train_rows': int(dropped.sum()),
+        'clients_with_dropped_rows': int(np.count_nonzero(dropped)),
+    }
 
 
 @dataclasses.dataclass(frozen=True)
@@ -90,6 +165,7 @@ def partition_like_pfllib(
     seed: int = SEED,
     legacy: bool = True,
     num_classes: int | None = None,
+    min_train_rows: int = 1,
 ) -> PfllibPartition:
     """PFLlib's ``separate_data`` then ``split_data`` on `labels` (the pooled rows, in PFLlib's order).
 
@@ -105,6 +181,7 @@ def partition_like_pfllib(
         seed: Seed (PFLlib: 1).
         legacy: Draw from ``np.random.RandomState(seed)`` (PFLlib's exact numbers) instead of a ``Generator``.
         num_classes: Classes (default ``max(labels) + 1``).
+        min_train_rows: The fewest train rows a client may get (a batch, where partial batches are dropped).
 
     Returns:
         The partition and its split.
@@ -112,6 +189,8 @@ def partition_like_pfllib(
     Raises:
         ConfigError: Unknown `setting` or bad counts (see `fedpersonal.data.partition`).
         DataError: Labels that cannot be partitioned so.
+        TooFewTrainRowsError: A client would get fewer than `min_train_rows` train rows (checked before the split;
+            its train part is ``floor(train_ratio * rows)``).
     """
     if setting not in SETTINGS:
         raise errors.ConfigError(f'setting must be one of {SETTINGS}, got {setting!r}')
@@ -126,6 +205,7 @@ def partition_like_pfllib(
         parts = partition_lib.pathological(
             labels, num_clients, per_client, rng=rng, balance=balance, least_samples=least, num_classes=k
         )
+    check_train_rows([math.floor(train_ratio * len(p)) for p in parts], min_train_rows)  # As the split sizes them.
     train, test = partition_lib.train_test_split(parts, train_ratio, rng=rng)
     settings = dict(
         setting=setting,

@@ -359,8 +359,8 @@ def run_learning_process(
         run_round = getattr(process, 'run_round', None)  # A PersonalizedProcess packs for its engine.
         round_inputs: Sequence[Any] = LazyDatasets(list(participants), make_input)
         extra = () if private is None else (private,)
-        if run_round is not None:
-            return run_round(state, round_inputs, *extra, client_ids=list(participants))
+        if run_round is not None:  # The loop decides on a non-finite loss itself (`non_finite_clients`).
+            return run_round(state, round_inputs, *extra, client_ids=list(participants), non_finite='ignore')
         return process.next(state, list(round_inputs), *extra)
 
     def _non_finite_clients(state: Any, participants: Sequence[str], private: list[Any] | None) -> list[str]:

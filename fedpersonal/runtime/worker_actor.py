@@ -86,6 +86,7 @@ class Worker:
             self._dataset_fn = setup.dataset_fn
             self._stateful = setup.process.stateful
             self._backend = setup.process.backend
+            self._input_check = getattr(setup.process, 'input_check', None)  # Run where the share is packed.
             self._runner: Any = getattr(self._backend, 'round_runner', None)
             self._program = program(setup.process)
             check_runs_on_workers(setup.process)
@@ -120,7 +121,7 @@ class Worker:
 
         # Lazy: a client's pipeline is built only the first time it is packed here (then its data is kept).
         datasets = process_lib.LazyDatasets(client_ids, self._dataset_fn)
-        return self._backend.pack(datasets, client_ids=list(client_ids))
+        return self._backend.pack(datasets, client_ids=list(client_ids), check=self._input_check)
 
     def run_share(self, weights: Any, share: tuple[Sequence[str], Sequence[Any] | None]) -> tuple:
         """This worker's share (its client ids and their private states) of a group round: its partial aggregate

@@ -156,6 +156,8 @@ class ClientPacker:
         number of clients per round gives fixed shapes.
     """
 
+    checks_batches = True  # `pack(..., check=...)` checks each client's batches as it materializes them.
+
     def __init__(
         self,
         phase_fn: PhaseFn | None,
@@ -196,14 +198,22 @@ class ClientPacker:
         spec = collections.OrderedDict((name, phase) for name in self.phase_names)
         return tff.types.tensorflow_to_type(spec)
 
-    def _client(self, get_dataset: Callable[[], tf.data.Dataset], client_id: str | None) -> list[_Phase]:
+    def _client(
+        self, get_dataset: Callable[[], tf.data.Dataset], client_id: str | None, check: Any, position: int
+    ) -> list[_Phase]:
         if client_id is not None and client_id in self._cache:
             return self._cache[client_id]
         dataset = get_dataset()
+        name = client_id if client_id is not None else f'#{position}'
         if self._batch_phase_fn is not None:
-            phase_batches = self._batch_phase_fn(list(dataset.as_numpy_iterator()))
+            batches = list(dataset.as_numpy_iterator())
+            if check is not None:
+                check.check_batches(name, batches)
+            phase_batches = self._batch_phase_fn(batches)
         else:
             phase_batches = [list(d.as_numpy_iterator()) for d in self._phase_fn(dataset)]  # type: ignore[misc]
+            if check is not None:  # The batches the client trains on (its phases' parts of its data).
+                check.check_batches(name, [b for batches in phase_batches for b in batches])
         phases = [_Phase(b, self.element_spec) for b in phase_batches]
         if len(phases) != len(self.phase_names):
             raise ValueError(f'The phase function returned {len(phases)} datasets, expected {self.phase_names}.')
@@ -222,18 +232,26 @@ class ClientPacker:
         client_ids: Sequence[str] | None = None,
         *,
         description: str | None = None,
+        check: Any = None,
     ) -> list[Any]:
         """The round's clients as a list of packed groups (in client order, `group_size` per group).
 
         With `client_ids`, a client's data is materialized once: later rounds read `datasets[i]` only for clients
         not seen before, so `datasets` may be a lazy sequence that builds a pipeline when indexed. With
-        `description`, a packing that lasts logs its progress (`fedpersonal.progress.logged`).
+        `description`, a packing that lasts logs its progress (`fedpersonal.progress.logged`). With `check` (a
+        `fedpersonal.core.input_checks.LabelCheck`), each client's batches are checked when materialized (a client
+        without an id is named by its position, ``'#<i>'``).
         """
         if client_ids is not None and len(client_ids) != len(datasets):
             raise ValueError(f'{len(client_ids)} client ids for {len(datasets)} datasets.')
         # `datasets[i]` is only read for a client not packed before (a lazy sequence then builds no pipeline).
         clients = [
-            self._client(functools.partial(datasets.__getitem__, i), None if client_ids is None else str(client_ids[i]))
+            self._client(
+                functools.partial(datasets.__getitem__, i),
+                None if client_ids is None else str(client_ids[i]),
+                check,
+                i,
+            )
             for i in (
                 range(len(datasets))
                 if description is None

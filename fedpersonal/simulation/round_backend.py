@@ -49,9 +49,20 @@ class EngineBackend:
         self.packer, self.round_runner = packer, round_runner
         self._next_takes_packed, self._stacks_private_states = next_takes_packed, stacks_private_states
 
-    def pack(self, client_data: Sequence[Any], client_ids: Sequence[str] | None = None) -> list[Any]:
+    @property
+    def checks_inputs(self) -> bool:
+        """Whether the packer runs a process's `input_check` on each client's batches as it materializes them (so
+        `PersonalizedProcess.run_round` does not read the clients' data a second time)."""
+        return bool(getattr(self.packer, 'checks_batches', False))
+
+    def pack(
+        self, client_data: Sequence[Any], client_ids: Sequence[str] | None = None, *, check: Any = None
+    ) -> list[Any]:
         """The round runner's inputs for a round's client datasets (each client's materialized once given its id);
-        with the default `next_takes_packed`, also what the process's TFF `next` takes as client data."""
+        with the default `next_takes_packed`, also what the process's TFF `next` takes as client data. `check`: a
+        `fedpersonal.core.input_checks.LabelCheck` run on each client's batches when they are materialized."""
+        if check is not None and self.checks_inputs:
+            return self.packer.pack(client_data, client_ids, check=check)
         return self.packer.pack(client_data, client_ids)
 
     def run_round(
@@ -73,7 +84,8 @@ class EngineBackend:
         if distributed.active():
             return self.run_next(process, state, client_data, private_states, client_ids=client_ids)
         private = list(private_states or []) if process.stateful else None
-        return self.round_runner(state, self.pack(client_data, client_ids), private, num_clients=len(client_data))
+        packed = self.pack(client_data, client_ids, check=process.input_check)
+        return self.round_runner(state, packed, private, num_clients=len(client_data))
 
     def run_next(
         self,
@@ -88,7 +100,7 @@ class EngineBackend:
         runtime run), its inputs packed as `next` takes them; equal to the round runner's round."""
         if not self._next_takes_packed:
             return process.run_next(state, list(client_data), private_states)
-        groups = self.pack(client_data, client_ids)
+        groups = self.pack(client_data, client_ids, check=process.input_check)
         if not (process.stateful and self._stacks_private_states):
             return process.run_next(state, groups, private_states)
         private = list(private_states or [])

@@ -21,7 +21,11 @@ the last round, the best one so far (PFLlib's leaderboard number is that best, t
 the last 10% of rounds.
 
 Where this differs from PFLlib: a client's batches come in the same order every round (its train rows in the
-seed's order; PFLlib reshuffles every epoch). As PFLlib, a last partial train batch is dropped.
+seed's order; PFLlib reshuffles every epoch). As PFLlib, a last partial train batch is dropped: the dropped rows
+are counted, logged once and recorded in every row of results.json (``dropped_train_rows`` of ``train_rows``,
+``clients_with_dropped_rows``). Unlike PFLlib, a partition leaving a client fewer train rows than a batch (it would
+never train, yet be scored) is refused, naming the clients (`pfllib.TooFewTrainRowsError`): the same rule as for a
+client without train rows.
 """
 
 from __future__ import annotations
@@ -44,6 +48,7 @@ from fedpersonal import client_state
 from fedpersonal import errors
 from fedpersonal import program
 from fedpersonal import progress
+from fedpersonal.core import input_checks
 from fedpersonal.data import federated_images
 from fedpersonal.data import pfllib
 from fedpersonal.program import run_record
@@ -83,6 +88,7 @@ def load_data(config: PflBenchmarkConfig) -> pfllib.PfllibImageData:
         batch_size=config.batch_size,
         train_ratio=config.train_ratio,
         seed=config.partition_seed,
+        min_train_rows=config.batch_size,  # A client with less never trains (its partial batch is dropped).
     )
 
 
@@ -105,7 +111,7 @@ def build_method_process(benchmark: Benchmark, name: str, plan: Any, phased_mode
     with backends.use(config.simulation, strategy=config.engine_strategy):
         if phased_model is not None:  # Its loss and metrics are the model's.
             return backends.build_process(plan, phased_model, element_spec=element_spec(benchmark.data), **common_parts)
-        return backends.build_process(
+        process = backends.build_process(
             plan,
             # A personal copy is of a model whose weights are all global; its evaluation model has them all local.
             model_fn_for(benchmark.data, config.seed, () if plan.personal else spec.local_layers),
@@ -113,6 +119,8 @@ def build_method_process(benchmark: Benchmark, name: str, plan: Any, phased_mode
             metrics_fn=metrics_fn,
             **common_parts,
         )
+    input_checks.check_num_classes(process, benchmark.data.num_classes, source=f'{benchmark.data.name} data')
+    return process
 
 
 def worker_setup(config: PflBenchmarkConfig, name: str) -> engine_workers.WorkerSetup:
@@ -225,6 +233,19 @@ def run(config: PflBenchmarkConfig) -> dict[str, Any]:
         data.name,
         {k: v for k, v in statistics.items() if k != 'label_counts'},
     )
+    dropped: dict[str, int] = {}  # The rows of partial train batches (image block), in every row.
+    if config.dataset not in MOVIELENS_DATASETS:
+        dropped = pfllib.partial_batches([r.size for r in data.partition.train], config.batch_size)
+        logging.info(
+            '%d of %d train rows (%.1f%%) of %d of %d clients are in a last partial batch of %d and are never trained '
+            'on (as PFLlib drop_last); every row of results.json records them',
+            dropped['dropped_train_rows'],
+            dropped['train_rows'],
+            100.0 * dropped['dropped_train_rows'] / max(dropped['train_rows'], 1),
+            dropped['clients_with_dropped_rows'],
+            len(data.client_ids),
+            config.batch_size,
+        )
     runs: dict[Run, dict[str, Any]] = {}
     chosen: dict[str, float] = {}
     rates = config.client_learning_rates
@@ -252,7 +273,7 @@ def run(config: PflBenchmarkConfig) -> dict[str, Any]:
         tf.random.set_seed(seed)  # Op-level seeds combine with the same graph-level seed whatever ran before.
         outputs = program.ExperimentOutputs(config.output_dir, _run_path(name, seed, rate))
         started = time.time()
-        row = {'name': METHOD_NAMES[name], 'method': name, 'seed': seed}
+        row = {'name': METHOD_NAMES[name], 'method': name, 'seed': seed, **dropped}
         try:
             row.update(run_one(benchmarks[(seed, rate)], outputs, name))
         except program.NonFiniteLossError as error:
@@ -281,6 +302,7 @@ def run(config: PflBenchmarkConfig) -> dict[str, Any]:
         row = pfl_benchmark_results.over_seeds(
             [runs[(name, seed, chosen.get(name))] for seed in config.seeds], config.seeds, metric
         )
+        row.update(dropped)  # Counts, not means (a run read back from before they were recorded lacks them).
         if rates:
             first = config.seeds[0]
             row['client_learning_rate'] = chosen[name]

@@ -87,7 +87,13 @@ class PflBenchmarkConfig(
         is_path=True,
     )
     partition: str = parts.option('pathological', f'Label skew, one of {PARTITIONS} (PFLlib: pat, dir, iid).')
-    num_clients: int = parts.option(20, 'Clients (every client trains every round).')
+    num_clients: int = parts.option(
+        20,
+        'Clients (every client trains every round). Each needs at least --batch_size train rows: a last partial '
+        'train batch is dropped (as PFLlib drop_last; the dropped rows are logged and recorded in results.json), '
+        'so a client with fewer would never train yet be scored, and a partition leaving one is refused, naming '
+        'the clients.',
+    )
     class_per_client: int = parts.option(2, 'Pathological partition: classes per client.')
     dirichlet_alpha: float = parts.option(0.1, 'Dirichlet partition: concentration.')
     train_ratio: float = parts.option(0.75, "Each client's train share (the rest is its test data).")
@@ -109,7 +115,9 @@ class PflBenchmarkConfig(
         may_change_on_resume=True,
     )
     total_rounds: int = 100
-    batch_size: int = 10
+    batch_size: int = parts.option(
+        10, "Client batch size (PFLlib: 10); a client's last partial train batch is dropped (see --num_clients)."
+    )
     rounds_per_eval: int = 5
     client_learning_rate: float = parts.option(0.005, 'SGD learning rate of every local model (PFLlib: 0.005).')
     client_learning_rates: tuple[float, ...] = parts.option(

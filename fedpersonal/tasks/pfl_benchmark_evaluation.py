@@ -33,9 +33,15 @@ ModelWeights = tff.learning.models.ModelWeights
 
 class Benchmark:
     """One partition's clients, batched as the methods train and evaluate on them; each client's train examples in
-    the order of ``config.seed`` (`train_rows`: a permutation of its partition rows)."""
+    the order of ``config.seed`` (`train_rows`: a permutation of its partition rows).
+
+    Raises:
+      TooFewTrainRowsError: A client has fewer train rows than ``config.batch_size``: it would never train
+        (`train_dataset` drops a last partial batch) yet be evaluated.
+    """
 
     def __init__(self, config: PflBenchmarkConfig, data: pfllib.PfllibImageData):
+        pfllib.check_train_rows([rows.size for rows in data.partition.train], config.batch_size)
         self.config, self.data = config, data
         self.client_ids = data.client_ids
         rng = np.random.default_rng(config.seed)
@@ -46,7 +52,9 @@ class Benchmark:
         self._test = data.client_data('test')
 
     def train_dataset(self, dataset: tf.data.Dataset) -> tf.data.Dataset:
-        return dataset.batch(self.config.batch_size, drop_remainder=True)  # As PFLlib's DataLoader (drop_last).
+        """A client's train batches: a last partial batch dropped, as PFLlib's DataLoader (drop_last); counted by
+        `pfllib.partial_batches`."""
+        return dataset.batch(self.config.batch_size, drop_remainder=True)
 
     def adaptation_batch(self, client_id: str) -> Any | None:
         """The batch a client adapts on before evaluation (Per-FedAvg): its first train batch, all of its examples
@@ -142,7 +150,8 @@ def make_evaluation(
         if tune is not None:
             full = [ModelWeights(list(weights.trainable) + list(s.trainable), []) for s in states]
             train = [benchmark.train_dataset(benchmark.train[c]) for c in benchmark.client_ids]
-            states = list(tune.run_round(tune.initialize(), train, full).private_states)
+            # A diverging fine-tuning is this evaluation's NaN (a row's number), not a stop: the round as it is.
+            states = list(tune.run_round(tune.initialize(), train, full, non_finite='ignore').private_states)
         if adapts:
             lr = config.client_learning_rate
             batches = [benchmark.adaptation_batch(c) for c in benchmark.client_ids]

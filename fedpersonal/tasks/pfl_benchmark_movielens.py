@@ -297,7 +297,8 @@ def _finetuned_evaluation(
         user_table = table.get_layer('UserTable').embeddings.numpy()
         states = [ModelWeights(items + [user_table[u : u + 1]], []) for u in users]
         train = [task.personal_dataset_fn(benchmark.train[c]) for c in benchmark.client_ids]
-        tuned = list(tune.run_round(tune.initialize(), train, states).private_states)
+        # A diverging fine-tuning is this evaluation's NaN (a row's number), not a stop: the round as it is.
+        tuned = list(tune.run_round(tune.initialize(), train, states, non_finite='ignore').private_states)
         result = evaluation.evaluate_clients(
             evaluate,
             ModelWeights([], []),
