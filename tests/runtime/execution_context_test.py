@@ -131,6 +131,7 @@ def test_importing_the_package_patches_nothing_in_tff():
 import subprocess
 import fedpersonal
 from fedpersonal import algorithms, core, runtime
+from tests import tolerances
 from tensorflow_federated.python.core.impl.executor_stacks import executor_factory
 from tensorflow_federated.python.core.impl.executors import remote_executor
 assert executor_factory.remote_executor is remote_executor
@@ -190,7 +191,8 @@ def _rss_mb(pid):
 def test_the_worker_frees_each_large_argument_once_dropped():
     """Passing a 16 MB dataset 8 times leaves the worker's memory where the first call left it. As TFF ships (values
     freed in batches of 20, glibc keeping freed buffers), each call added ~60 MB (+300 MB or more by the 8th)."""
-    rows = np.random.default_rng(0).random((16384, 256), dtype=np.float32)  # 16 MB
+    # 16 MB of 0s and 1s: every partial sum is an integer below 2**24, so float32 sums it exactly in any order.
+    rows = np.random.default_rng(0).integers(0, 2, (16384, 256)).astype(np.float32)
     element = tff.TensorType(np.float32, [None, 256])
 
     @tff.tensorflow.computation(tff.SequenceType(element))
@@ -201,7 +203,7 @@ def test_the_worker_frees_each_large_argument_once_dropped():
     with runtime.LocalRuntime():
         rss = []
         for _ in range(8):
-            np.testing.assert_allclose(total(tf.data.Dataset.from_tensor_slices(rows).batch(1024)), rows.sum(), 1e-4)
+            assert total(tf.data.Dataset.from_tensor_slices(rows).batch(1024)) == rows.sum()
             (worker,) = set(runtime.worker_pids_of_this_process()) - others
             rss.append(_rss_mb(worker))
         with open(f'/proc/{worker}/environ', 'rb') as f:
