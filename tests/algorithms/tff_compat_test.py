@@ -250,7 +250,6 @@ def test_building_the_evaluation_calls_model_fn_no_more_than_tff():
         assert counts[ours] <= counts['tff'], counts
 
 
-@pytest.mark.numeric
 def test_tff_split_functions_and_counters_in_build_recon_eval_engine_and_per_client():
     ns = _run('common')
     model_fn, datasets = ns['model_fn'], ns['client_datasets']
@@ -270,7 +269,6 @@ def test_tff_split_functions_and_counters_in_build_recon_eval_engine_and_per_cli
         _assert_close(result['eval'], expected, steps=EVAL_STEPS)
 
 
-@pytest.mark.numeric
 def test_counters_in_training_metrics_on_the_engine():
     ns = _run('common')
 
@@ -294,7 +292,6 @@ def test_counters_in_training_metrics_on_the_engine():
     _assert_close(train, outputs['per_client']['client_work']['train'], steps=4)
 
 
-@pytest.mark.numeric
 def test_keras_optimizer_functions_and_model_distributor_as_tff_accepts_them():
     ns = _run('common')
     model_fn, datasets = ns['model_fn'], ns['client_datasets']
