@@ -10,8 +10,12 @@ from fedpersonal.algorithms.hpfl import baselines as hpfl_baselines
 from fedpersonal.data import user_modeling as um
 from fedpersonal.models import gum
 from fedpersonal.privacy import audit
+from tests import tolerances
 
 K, H = 3, 2
+# GUM's gradient of the public weights: the forward pass's sums (attributes @ relative_M, (theta * qm) @ skill_W,
+# the mean over K) and the backward pass's (as many again), with the sigmoids' and products' roundings.
+GUM_GRADIENT_DEPTH = 2 * (3 * K) + 6
 
 
 def make_data(seed=0):
@@ -76,9 +80,12 @@ def test_fedavg_is_the_weighted_mean_of_local_models(local_round):
     weights = np.array([r.num_train_examples for _, r in local])
     for i, value in enumerate(_public(out.state)):
         expected = sum(w * np.asarray(t.model.public[i]) for w, (t, _) in zip(weights, local)) / weights.sum()
-        np.testing.assert_allclose(value, expected, rtol=1e-4, atol=1e-6)
+        # The local models are the fixture's exactly (below); the weighted mean over the 3 clients reordered: the
+        # weights' products, the 3 terms' sum, the division.
+        tolerances.assert_reordered_close(value, expected, depth=1 + 3 + 1)
     for (trained, _), new in zip(local, out.private_states):
-        np.testing.assert_allclose(new.model.private.theta, trained.model.private.theta, rtol=1e-5)  # Stays local.
+        # Stays local: the same local training on the same inputs, exactly.
+        np.testing.assert_array_equal(new.model.private.theta, trained.model.private.theta)
         for a, b in zip(new.model.public, _public(out.state)):
             np.testing.assert_array_equal(a, b)  # Clients now predict with the new global public components.
 
@@ -93,8 +100,10 @@ def test_fedatt_is_layerwise_attentive_aggregation(local_round):
         clients = [np.asarray(t.model.public[i]) for t, _ in local]
         d = np.array([np.linalg.norm(w - c) for c in clients])
         alpha = np.exp(-d) / np.exp(-d).sum()
-        np.testing.assert_allclose(
-            value, w - eps * sum(a * (w - c) for a, c in zip(alpha, clients)), rtol=1e-4, atol=1e-6
+        # The distance's sum over the tensor's (at most K * K) entries, the softmax's sum over the 3 clients and
+        # the exp and division, the weighted sum over the 3 clients, the step's roundings.
+        tolerances.assert_reordered_close(
+            value, w - eps * sum(a * (w - c) for a, c in zip(alpha, clients)), depth=K * K + 3 + 2 + 3 + 2
         )
 
 
@@ -122,7 +131,16 @@ def test_fedsgd_applies_the_mean_gradient():
     counts = np.array(counts, np.float64)
     for i, (w, value) in enumerate(zip(_public(initial), _public(out.state))):
         mean_grad = sum(n * g[i] for n, g in zip(counts, grads)) / counts.sum()
-        np.testing.assert_allclose(value, w - lr * mean_grad, rtol=1e-4, atol=1e-6)
+        # The step itself (some tensors' steps are ~1e-5, below the weights' own rounding scale): a client's gradient
+        # sums over its (at most 70) training examples, then the weighted mean over 3 clients, on the step's scale;
+        # reading the step back as value - w adds the server's rounding at the weights' scale.
+        step = -lr * mean_grad
+        depth = GUM_GRADIENT_DEPTH + 70 + 3
+        bound = tolerances.reorder_bound(depth=depth, scale=float(np.abs(step).max())) + 2 * tolerances.U32 * float(
+            np.abs(w).max()
+        )
+        assert np.abs(step).max() > 10 * bound  # A real step, well beyond the bound.
+        np.testing.assert_allclose(value - w, step, rtol=0, atol=bound)
     assert not np.allclose(out.private_states[0].model.private.theta, INITIAL[0].model.private.theta)
 
 
