@@ -31,7 +31,7 @@ if [ "${FP_TEST_WORKERS:-auto}" != 0 ]; then
   # (Inter-op threads stay at their default: a single one can deadlock graphs with blocking ops; it gained nothing.)
   export TF_NUM_INTRAOP_THREADS=1 OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1
 fi
-python -m pytest tests -q -p no:warnings --durations=15 -n "${FP_TEST_WORKERS:-auto}" "$@"
+python -m pytest tests -q -rs -p no:warnings --durations=15 -n "${FP_TEST_WORKERS:-auto}" "$@"
 # The numeric equivalences (marked `numeric`: engine vs per-client, workers vs local, against TFF or a plain loop)
 # again with oneDNN's SSE4.1 kernels, which neither kind of machine the project runs on picks by itself (AVX-512
 # or AVX2): a bound tuned to one machine's last bits fails here, not on a user's machine (tests/tolerances.py).
@@ -40,5 +40,5 @@ if [ "${FP_NUMERIC_ISA:-SSE41}" = none ]; then
   echo "[test] FP_NUMERIC_ISA=none: the numeric tests' second instruction set is skipped"
 elif [ "$#" = 0 ]; then
   ONEDNN_MAX_CPU_ISA="${FP_NUMERIC_ISA:-SSE41}" \
-    python -m pytest tests -q -p no:warnings --durations=5 -m numeric -n "${FP_TEST_WORKERS:-auto}"
+    python -m pytest tests -q -rs -p no:warnings --durations=5 -m numeric -n "${FP_TEST_WORKERS:-auto}"
 fi
