@@ -230,7 +230,7 @@ def assert_close(a, b, rtol=1e-4):
 
 
 # Not rerun under another instruction set: its Adam comparison's margin is stated, not derived, and its result
-# depends on the tests run before it in the process (it fails alone, at e3adaff too); the next session fixes both.
+# depends on the tests run before it in the process (it fails alone, at e3adaff too): an open defect.
 @pytest.mark.parametrize('backend', [backends.PER_CLIENT, backends.ENGINE])
 def test_plan_equals_a_plain_loop_on_both_backends(backend):
     with backends.use(backend):
