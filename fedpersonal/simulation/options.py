@@ -68,8 +68,7 @@ def parallel_parts() -> int:
     """How many compiled group programs a round may run at once (one per core): the CPUs this process may use, at
     most TensorFlow's intra-op threads where they are pinned (``tf.config.threading`` or ``TF_NUM_INTRAOP_THREADS``),
     so a run pinned to one thread stays on one core."""
-    import tensorflow as tf  # Lazy: options are read before TensorFlow is imported.
+    from fedpersonal.runtime import engine_workers  # Lazy: options are read before TensorFlow is imported.
 
     cpus = len(os.sched_getaffinity(0)) if hasattr(os, 'sched_getaffinity') else os.cpu_count() or 1
-    pinned = tf.config.threading.get_intra_op_parallelism_threads() or int(os.environ.get('TF_NUM_INTRAOP_THREADS', 0))
-    return max(1, min(cpus, pinned) if pinned > 0 else cpus)
+    return max(1, min(cpus, engine_workers.driver_threads()))
