@@ -119,10 +119,12 @@ def test_fed_recon_on_two_balanced_engine_workers_equals_the_local_engine():
             assert engine_workers.active() is workers
             workers.balancer.seconds_per_group[0].append(2.5)
             workers.balancer.seconds_per_group[1].append(1.0)
-            groups = []
-            weights, metrics = _fed_recon_rounds(setup, lambda: groups.append(workers.last_timings['groups']))
-            assert groups[0] == [1, 2], groups  # By the measured speeds (the even split: [2, 1]).
-            timings = workers.last_timings
+            rounds = []
+            weights, metrics = _fed_recon_rounds(setup, lambda: rounds.append(dict(workers.last_timings)))
+            # The first round's split follows the speeds set above (the even split: [2, 1]); later rounds follow
+            # speeds measured on this host, which load can make anything, even one worker doing every group.
+            timings = rounds[0]
+            assert timings['groups'] == [1, 2], rounds
             assert timings['workers'] == 2  # Both workers had a share.
             # The workers' timeline (one host's clock): one merge, after both shares, before the driver got it.
             assert len(timings['merges_s']) == 1 and 0 <= timings['merges_s'][0] <= timings['wait_s']
