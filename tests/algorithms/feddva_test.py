@@ -15,6 +15,7 @@ from fedpersonal.core import model_loss_plan
 from fedpersonal.models import feddva_models as fm
 from fedpersonal.privacy import audit
 from fedpersonal.simulation import plan_engine
+from tests import tolerances
 
 TINY = fm.DvaArchitecture(
     image_shape=(8, 8, 1),
@@ -178,9 +179,11 @@ def plain_round(encoders, privates):
     the model's noise of step k, the head's accuracy counted after each step; its participation counted; the
     encoders' changes averaged by examples (server SGD 1). Returns (encoders, private states, metrics)."""
     model = ref_model()
-    changes, examples, new_privates = [], [], []
+    changes, examples, new_privates, private_flips = [], [], [], []
+    encoder_flips = [np.zeros(v.shape, bool) for v in model.global_trainable]
     sums: dict = collections.defaultdict(lambda: np.zeros(2))
     for data, size, private in zip(shuffled_data(), SIZES, privates):
+        flips = {v.ref(): np.zeros(v.shape, bool) for v in model.global_trainable + model.private_trainable}
         for variables, values in (
             (model.global_trainable, encoders),
             (model.private_trainable, private.trainable),
@@ -198,6 +201,7 @@ def plain_round(encoders, privates):
                     loss = model.phase_loss(phase, batch['x'], batch['y'], step)
                 rate = RATES[phase] * np.sqrt(1 - 0.999 ** (step + 1)) / (1 - 0.9 ** (step + 1))
                 for k, (variable, gradient) in enumerate(zip(variables, tape.gradient(loss, variables))):
+                    flips[variable.ref()] |= ill_conditioned(gradient.numpy())
                     first[k] = 0.9 * first[k] + 0.1 * gradient.numpy()
                     second[k] = 0.999 * second[k] + 0.001 * np.square(gradient.numpy())
                     variable.assign(variable.numpy() - rate * first[k] / (np.sqrt(second[k]) + 1e-7))
@@ -212,25 +216,46 @@ def plain_round(encoders, privates):
         new_privates.append(
             ([v.numpy() for v in model.private_trainable], [v.numpy() for v in model.private_non_trainable])
         )
+        private_flips.append([flips[v.ref()] for v in model.private_trainable])
+        encoder_flips = [a | flips[v.ref()] for a, v in zip(encoder_flips, model.global_trainable)]
     mean = [sum(w * c[k] for w, c in zip(examples, changes)) / sum(examples) for k in range(len(encoders))]
     metrics = {k: v[0] / max(v[1], 1.0) for k, v in sums.items()}
     metrics['num_examples'] = sum(examples)
-    return [e - m for e, m in zip(encoders, mean)], new_privates, metrics
+    return [e - m for e, m in zip(encoders, mean)], new_privates, metrics, (encoder_flips, private_flips)
 
 
-def assert_close(a, b, rtol=1e-4):
-    """Within `rtol` of the larger of 1 and `b`'s scale: Adam divides each gradient entry by its own running scale, so a
-    rounding difference in a small entry becomes a difference of a step (eager against graph, TFF's Adam against the
-    loop's); a wrong batch, noise, phase or step moves weights by about a learning rate (1e-2). No float32 reordering
-    bound (tests/tolerances.py) applies: Adam's step is m / (sqrt(v) + 1e-7), whose derivative in a gradient entry
-    reaches 0.1 / 1e-7 at the first step, so the worst case of a reordered gradient sum is a whole step; `rtol` is the
-    margin the three oneDNN settings of scripts/test.sh are run against (the `numeric` mark)."""
+# The longest chain of additions feeding one gradient entry of REF: the fan-ins (conv 4 x 4 x 1 and 4 x 4 x 3, the
+# dense layers' 48, 4, 5 and 3 inputs, the transposed convs' 4 x 4 x 3 and 4 x 4 x 2), the 64-pixel reconstruction
+# sum and the batch norms' 4 x 16 statistics, at most 360 along any path, forward and backward, and a batch of 4.
+DEPTH = 2 * 360 + 4
+# Adam's step m / (sqrt(v) + 1e-7) is about +-lr whatever a gradient entry's size: an entry whose gradient is within
+# float32 rounding of zero (`ill_conditioned`) may step either way under another order of the same sums, so after
+# it its weight may differ by up to 2 lr a step, for at most every step of the test (2 rounds of at most 15).
+FLIP = 2 * max(RATES.values()) * 2 * 15
+
+
+def ill_conditioned(gradient):
+    """The entries of a gradient within `tolerances.reorder_bound` of zero (scale: the variable's largest gradient
+    entry, as large as the terms of each entry's sums): their sign, hence Adam's step, is not determined."""
+    scale = tolerances.magnitude(gradient, floor=0.0)
+    return np.abs(gradient) < tolerances.reorder_bound(depth=DEPTH, scale=scale)  # All-zero gradients: exact.
+
+
+def assert_close(a, b, rtol=1e-4, flips=None):
+    """Within `rtol` of the larger of 1 and `b`'s scale, except the entries marked in `flips` (`ill_conditioned`
+    gradients at some step: within `FLIP`). Adam divides each gradient entry by its own running scale, so a rounding
+    difference in a small entry becomes a larger difference of its step (eager against graph, TFF's Adam against the
+    loop's); a wrong batch, noise, phase or step moves weights by about a learning rate (1e-2). `rtol` is a stated
+    margin, not a derived bound: the effect of a small entry's step on the following steps is not bounded here."""
     a, b = np.asarray(a, np.float64), np.asarray(b, np.float64)
-    np.testing.assert_allclose(a, b, rtol=rtol, atol=rtol * max(1.0, float(np.max(np.abs(b), initial=0.0))))
+    flips = np.zeros(b.shape, bool) if flips is None else np.asarray(flips, bool)
+    atol = rtol * max(1.0, float(np.max(np.abs(b), initial=0.0)))
+    np.testing.assert_allclose(a[~flips], b[~flips], rtol=rtol, atol=atol)
+    np.testing.assert_allclose(a[flips], b[flips], rtol=0, atol=FLIP)
 
 
-# Not rerun under another instruction set: its Adam comparison's margin is stated, not derived, and its result
-# depends on the tests run before it in the process (it fails alone, at e3adaff too): an open defect.
+# Passes alone and in any order, natively and under oneDNN's SSE41 and AVX2 kernels and with oneDNN off (2026-12-06),
+# but not in the suite's second instruction-set pass: its margin for well-conditioned entries is stated, not derived.
 @pytest.mark.parametrize('backend', [backends.PER_CLIENT, backends.ENGINE])
 def test_plan_equals_a_plain_loop_on_both_backends(backend):
     with backends.use(backend):
@@ -254,16 +279,31 @@ def test_plan_equals_a_plain_loop_on_both_backends(backend):
         encoders + [v for vs in privates[0] for v in vs],
     ):
         np.testing.assert_array_equal(got, want)
+    encoder_flips, private_flips = None, None
     for _ in range(2):
         output = process.run_round(state, shuffled_data(), states)
         state, states = output.state, output.private_states
-        encoders, expected, metrics = plain_round(encoders, privates)
+        encoders, expected, metrics, (new_encoder_flips, new_private_flips) = plain_round(encoders, privates)
         privates = [tff.learning.models.ModelWeights(*p) for p in expected]
-        for got, want in zip(process.get_model_weights(state).trainable, encoders):
-            assert_close(got, want)
-        for got, want in zip(states, privates):
-            for g, w in zip(tf.nest.flatten(got), tf.nest.flatten(want)):
-                assert_close(g, w)
+        # Once ill-conditioned, an entry may stay apart for the rest of the test.
+        encoder_flips = (
+            new_encoder_flips if encoder_flips is None else [a | b for a, b in zip(encoder_flips, new_encoder_flips)]
+        )
+        private_flips = (
+            new_private_flips
+            if private_flips is None
+            else [[a | b for a, b in zip(c, d)] for c, d in zip(private_flips, new_private_flips)]
+        )
+        marked = [*encoder_flips, *(f for client in private_flips for f in client)]
+        flagged, total = sum(int(f.sum()) for f in marked), sum(f.size for f in marked)
+        assert flagged <= total / 2, f'{flagged} of {total} entries ill-conditioned: the comparison would say little'
+        for got, want, flips in zip(process.get_model_weights(state).trainable, encoders, encoder_flips):
+            assert_close(got, want, flips=flips)
+        for got, want, flips in zip(states, privates, private_flips):
+            # The private state's trainable weights (Adam's steps), then its batch-norm statistics (no step).
+            marks = list(flips) + [None] * len(want.non_trainable)
+            for g, w, f in zip(tf.nest.flatten(got), tf.nest.flatten(want), marks):
+                assert_close(g, w, flips=f)
         train = output.metrics['client_work']['train']
         assert list(train) == ['decoder_loss', 'z_loss', 'c_loss', 'head_loss', 'head_accuracy', 'num_examples']
         for key, value in metrics.items():
