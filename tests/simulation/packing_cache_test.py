@@ -166,9 +166,8 @@ def test_the_cache_bound_option_reaches_the_packers_and_is_checked():
         with backends.use('engine'):  # An inner context keeps it, as it keeps the strategy.
             assert backends.current_packed_cache_mb() == 5
     assert backends.current_packed_cache_mb() is None
-    with pytest.raises(ValueError, match='packed_cache_mb'):
-        with backends.use('engine', packed_cache_mb=-1):
-            pass
+    with pytest.raises(ValueError, match='packed_cache_mb'), backends.use('engine', packed_cache_mb=-1):
+        pass
     with pytest.raises(errors.ConfigError, match='packed_cache_mb'):
         config_parts.SimulationConfig(packed_cache_mb=-1.0)
 
