@@ -27,6 +27,10 @@ low-rank steps of a dense model by a fixed rule from the workload's shape
 group's clients split over the cores, one program each) pin one; ``'measure'`` times them on the first rounds and keeps the fastest (the strategies agree to float rounding only,
 so which one wins, and the last bits of the results, may differ between runs). The choice is logged once.
 
+It also bounds the bytes of materialized clients each engine packer keeps between rounds (``packed_cache_mb``,
+`fedpersonal.simulation.packing.ClientPacker`'s ``cache_bytes``; None: 1/8 of the machine's memory,
+`fedpersonal.simulation.options.default_cache_bytes`); results never depend on it.
+
 Example:
 
 >>> from fedpersonal import backends
@@ -75,6 +79,9 @@ _backend: contextvars.ContextVar[str] = contextvars.ContextVar('fedpersonal_back
 _strategy: contextvars.ContextVar[str] = contextvars.ContextVar(
     'fedpersonal_engine_strategy', default=simulation_options.AUTO
 )
+_packed_cache_mb: contextvars.ContextVar[float | None] = contextvars.ContextVar(
+    'fedpersonal_packed_cache_mb', default=None
+)
 _SUM_THEN_FINALIZE = tff.learning.metrics.sum_then_finalize
 
 
@@ -88,26 +95,43 @@ def current_strategy() -> str:
     return _strategy.get()
 
 
+def current_packed_cache_mb() -> float | None:
+    """The bound of an engine packer's client cache in MiB in the current context (None: the machine's default)."""
+    return _packed_cache_mb.get()
+
+
+def current_cache_bytes() -> int | None:
+    """`current_packed_cache_mb` in bytes, as `fedpersonal.simulation.packing.ClientPacker` takes it."""
+    return simulation_options.cache_bytes(_packed_cache_mb.get())
+
+
 @contextlib.contextmanager
-def use(backend: str, *, strategy: str | None = None) -> Iterator[None]:
+def use(backend: str, *, strategy: str | None = None, packed_cache_mb: float | None = None) -> Iterator[None]:
     """Builds processes on `backend` (``'engine'`` or ``'per_client'``) inside the ``with`` block.
 
     Args:
       backend: ``'engine'`` or ``'per_client'``.
       strategy: How the engine runs a plan's groups (see the module docstring); None keeps the context's.
+      packed_cache_mb: The most MiB of materialized clients an engine packer keeps between rounds (see the module
+        docstring); None keeps the context's.
 
     Raises:
-      ValueError: An unknown backend or strategy.
+      ValueError: An unknown backend or strategy, or a negative `packed_cache_mb`.
     """
     if backend not in BACKENDS:
         raise ValueError(f'backend must be one of {BACKENDS}, got {backend!r}.')
     if strategy is not None and strategy not in simulation_options.ENGINE_STRATEGIES:
         raise ValueError(f'strategy must be one of {simulation_options.ENGINE_STRATEGIES}, got {strategy!r}.')
+    if packed_cache_mb is not None and packed_cache_mb < 0:
+        raise ValueError(f'packed_cache_mb must be >= 0, got {packed_cache_mb}.')
     token = _backend.set(backend)
     strategy_token = _strategy.set(strategy) if strategy is not None else None
+    cache_token = _packed_cache_mb.set(packed_cache_mb) if packed_cache_mb is not None else None
     try:
         yield
     finally:
+        if cache_token is not None:
+            _packed_cache_mb.reset(cache_token)
         if strategy_token is not None:
             _strategy.reset(strategy_token)
         _backend.reset(token)
@@ -222,6 +246,7 @@ def _build_process(
             client_weighting=client_weighting,
             group_size=group_size,
             measure_communication=measure_communication,
+            cache_bytes=current_cache_bytes(),
             **spec,
         )
         per_client = functools.partial(
@@ -243,6 +268,7 @@ def _build_process(
             group_size=group_size,
             measure_communication=measure_communication,
             strategy=current_strategy(),
+            cache_bytes=current_cache_bytes(),
             name=name,
             **common,
             **parts,

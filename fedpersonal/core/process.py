@@ -273,6 +273,21 @@ class PersonalizedProcess(tff.templates.IterativeProcess):
             non_finite_lib.check_round(output.metrics, num_clients=len(client_data), client_ids=ids)
         return output
 
+    def prefetch(self, client_data: Sequence[Any], client_ids: Sequence[str]) -> None:
+        """A hint that these clients (e.g. the next round's sample) will be run soon: a backend that supports it
+        starts reading their data on a background thread while the caller's round computes (the engine's packer,
+        `fedpersonal.simulation.round_backend.EngineBackend.prefetch`); others (e.g. `PerClientBackend`) do nothing.
+        Results never change, and a client's error (e.g. `input_checks.LabelRangeError`) is raised only by the
+        `run_round` that runs it.
+
+        Args:
+          client_data: The clients' datasets (any sequence; a `LazyDatasets` builds only those read).
+          client_ids: Their ids (a backend caches clients by id: without ids there is nothing to prefetch).
+        """
+        prefetch = getattr(self.backend, 'prefetch', None)
+        if prefetch is not None:
+            prefetch(client_data, client_ids, check=self.input_check)
+
     def _check_datasets(
         self, check: input_checks.LabelCheck, client_data: Sequence[Any], client_ids: Sequence[str] | None
     ) -> None:

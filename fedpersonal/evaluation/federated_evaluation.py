@@ -175,6 +175,7 @@ def _build_evaluation(
         with_private_states=with_private_states,
     )
     if simulation == 'engine':
+        from fedpersonal import backends  # pylint: disable=g-import-not-at-top
         from fedpersonal.simulation import evaluation as engine_evaluation  # pylint: disable=g-import-not-at-top
 
         simulation_options.check_engine_parts(metrics_aggregator=metrics_aggregator)
@@ -185,6 +186,7 @@ def _build_evaluation(
             metrics_fn=metrics_fn,
             per_client_sample_size=per_client_sample_size,
             group_size=group_size,
+            cache_bytes=backends.current_cache_bytes(),  # The context's bound, as the training processes'.
         )
     initial_weights, element_type = initial_weights_and_element_type(model_fn, learn_local_init)
     weights_type = initial_weights.type_signature.result

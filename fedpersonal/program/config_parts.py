@@ -486,6 +486,12 @@ class SimulationConfig:
         "'spread' (the loop, a group's clients split over the cores) pin one; 'measure' times them on the first rounds and keeps the fastest "
         '(not bit-reproducible: the strategies agree to float rounding). Same results to float precision.',
     )
+    packed_cache_mb: float | None = option(
+        None,
+        "Engine: most MiB of clients' materialized data kept between rounds (least recently used clients are read "
+        "again when sampled again; 'none': 1/8 of the machine's memory). Never changes the results.",
+        may_change_on_resume=True,
+    )
 
     def __post_init__(self):
         _require(
@@ -496,6 +502,10 @@ class SimulationConfig:
         _require(
             self.engine_strategy in ENGINE_STRATEGIES,
             f'engine_strategy must be one of {ENGINE_STRATEGIES}, got {self.engine_strategy!r}.',
+        )
+        _require(
+            self.packed_cache_mb is None or self.packed_cache_mb >= 0,
+            f'packed_cache_mb must be >= 0, got {self.packed_cache_mb}.',
         )
 
 

@@ -267,15 +267,17 @@ class ExperimentMain(Generic[ConfigT]):
                     from fedpersonal import runtime  # pylint: disable=g-import-not-at-top
 
                     run = load(self._run)
-                    # The engine strategy reaches every process the task builds (`backends.use`).
+                    # The engine strategy and client cache bound reach every process the task builds
+                    # (`backends.use`).
                     strategy = getattr(config, 'engine_strategy', None)
+                    packed_cache_mb = getattr(config, 'packed_cache_mb', None)
                     from fedpersonal.runtime import engine_workers  # pylint: disable=g-import-not-at-top
 
                     request = self._engine_workers_request()
                     with (
                         runtime.for_workers(flags.FLAGS.workers),
                         engine_workers.requested(request),
-                        backends.use(backends.current(), strategy=strategy),
+                        backends.use(backends.current(), strategy=strategy, packed_cache_mb=packed_cache_mb),
                     ):
                         results = run(config)
                 except errors.InputError:

@@ -5,7 +5,8 @@ for ``total_rounds`` rounds and owns, once for every binary:
 
 * **participation**: either *sampled* clients (``client_data`` a `tff.simulation.datasets.ClientData`:
   ``clients_per_round`` clients per round, deterministic in the seed and the round number, so a resumed run
-  samples the same clients) or *every client every round* (cross-silo, e.g. HPFL: ``client_data`` a sequence or a
+  samples the same clients; the next round's sample is known, so a process that can prefetches it while the round
+  computes, `PersonalizedProcess.prefetch`) or *every client every round* (cross-silo, e.g. HPFL: ``client_data`` a sequence or a
   mapping ``{client_id: input}``; all clients participate in every round, in that order);
 * **private client states** of a stateful process, of any nested structure (`tf.nest`; e.g. FURL's
   `ModelWeights`, HPFL's `ClientState` with int32 scalars): flattened to the list of numpy arrays a
@@ -374,6 +375,17 @@ def run_learning_process(
 
     recorded_strategy = None
     per_round = clients_per_round or 0  # Checked >= 1 for sampled participation.
+
+    def sampled_participants(round_num: int) -> tuple[list[str], list[str], int]:
+        """``(sampled, participants, dropped)`` of a sampled round: a function of the round alone (its seed)."""
+        sampled = sample_clients(client_ids, math.ceil(per_round * overselection), round_num, seed)
+        participants, dropped = surviving_clients(sampled, per_round, round_num, seed, dropout_rate)
+        return sampled, participants, dropped
+
+    # Sampling is deterministic, so the next round's clients are known: a process whose backend supports it reads
+    # their data on a background thread while this round computes (`PersonalizedProcess.prefetch`; results are
+    # unchanged). Every-client rounds read the same clients every round: nothing to prefetch.
+    prefetch = None if every_client else getattr(process, 'prefetch', None)
     history = []
     train_seconds: list[float] = []
     evaluation_seconds: list[float] = []
@@ -387,10 +399,16 @@ def run_learning_process(
         if every_client:
             participants = client_ids
         else:
-            sampled = sample_clients(client_ids, math.ceil(per_round * overselection), round_num, seed)
-            participants, dropped = surviving_clients(sampled, per_round, round_num, seed, dropout_rate)
+            sampled, participants, dropped = sampled_participants(round_num)
             if dropout_rate or overselection != 1.0:
                 participation = {'sampled': len(sampled), 'dropped': dropped, 'clients': len(participants)}
+            if prefetch is not None:
+                # This round's clients first (cached already but for the first round, or evicted ones): the round
+                # packs each as soon as it is read, then the next round's are read while this one computes.
+                prefetch(LazyDatasets(participants, make_input), participants)
+                if round_num < last_round:
+                    upcoming = sampled_participants(round_num + 1)[1]
+                    prefetch(LazyDatasets(upcoming, make_input), upcoming)
         if not participants:  # Every sampled client dropped out: nothing to aggregate, the state stays.
             logging.warning(
                 '[%s] round %d: every sampled client dropped out; the round changes nothing', name, round_num

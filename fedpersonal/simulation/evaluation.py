@@ -62,6 +62,7 @@ class GroupEvaluation:
       metrics_fn: The Keras metrics (`loss` and `num_examples` are added).
       per_client_sample_size: The most clients whose own metrics are returned (a seeded uniform sample beyond).
       group_size: The most clients per compiled group (default: within the engine's memory budget).
+      cache_bytes: The bound of the packer's client cache (`packing.ClientPacker`; None: the machine's default).
     """
 
     def __init__(
@@ -73,6 +74,7 @@ class GroupEvaluation:
         metrics_fn: Callable[[], list[tf.keras.metrics.Metric]] | None,
         per_client_sample_size: int,
         group_size: int | None = None,
+        cache_bytes: int | None = None,
     ):
         for phase in plan.phases:
             lockstep.check_optimizer(phase.optimizer, f"the evaluation's {'/'.join(phase.trains)} optimizer")
@@ -100,7 +102,12 @@ class GroupEvaluation:
             with tf.Graph().as_default():
                 element_spec = model_fn().input_spec
         self._packer = plan_engine.split_packer(
-            plan.split, uses, names, element_spec, group_size or options.default_group_size(per_client)
+            plan.split,
+            uses,
+            names,
+            element_spec,
+            group_size or options.default_group_size(per_client),
+            cache_bytes=cache_bytes,
         )
         self._finalize = driver.KerasMetricsFinalizer(
             lambda: client_work.build_metrics(metrics_fn, loss_fn, collections.OrderedDict())

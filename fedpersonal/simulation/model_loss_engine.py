@@ -62,10 +62,12 @@ def build_engine_process(
     client_weighting: Any = tff.learning.ClientWeighting.NUM_EXAMPLES,
     group_size: int | None = None,
     measure_communication: bool = False,
+    cache_bytes: int | None = None,
 ) -> process_lib.PersonalizedProcess:
     """The plan as a stateful process whose `run_round` runs groups of clients on the engine (default aggregator:
     the weighted mean; check `plan_engine.unsupported` first). `group_size`: the most clients per group (default:
-    as many as fit 1 GiB); `measure_communication`: as `driver.GroupRoundRunner`'s."""
+    as many as fit 1 GiB); `measure_communication`: as `driver.GroupRoundRunner`'s; `cache_bytes`: the bound of
+    the packer's client cache (`packing.ClientPacker`; None: the machine's default)."""
     initial = model_loss_plan.initial_weights(model_fn, element_spec)
     assert initial.local_weights is not None
     model = functional.FunctionalModel(model_fn, groups=_groups, batch_norm=True)
@@ -80,6 +82,7 @@ def build_engine_process(
         names,
         element_spec,
         group_size or simulation_options.default_group_size(per_client_arrays),
+        cache_bytes=cache_bytes,
     )
     weights_type = initial.global_weights.type_signature.result
     group_private_type = packing.stacked_type(initial.local_weights.type_signature.result)

@@ -1,4 +1,5 @@
-"""The engine's options shared by every builder: which simulation path, and how many clients per group."""
+"""The engine's options shared by every builder: which simulation path, how many clients per group, and how many
+bytes of materialized clients the packer keeps between rounds."""
 
 from __future__ import annotations
 
@@ -23,6 +24,7 @@ AUTO, LOCKSTEP, CLIENT_LOOP, LOW_RANK, SPREAD, MEASURE = (
 ENGINE_STRATEGIES = (AUTO, LOCKSTEP, CLIENT_LOOP, LOW_RANK, SPREAD, MEASURE)
 DEFAULT_MEMORY_BUDGET_BYTES = 1 << 30  # Per group: the per-client copies of the trained weights.
 MAX_GROUP_SIZE = 128
+CACHE_SHARE_OF_MEMORY = 8  # The packer's client cache defaults to 1/8 of the machine's physical memory.
 
 
 def check_simulation(simulation: str) -> None:
@@ -46,6 +48,21 @@ def default_group_size(
     """
     per_client = 3 * sum(int(np.prod(a.shape)) * 4 for a in per_client_arrays)
     return int(max(1, min(MAX_GROUP_SIZE, memory_budget_bytes // max(per_client, 1))))
+
+
+def default_cache_bytes() -> int:
+    """The default bound of a `packing.ClientPacker`'s client cache: 1/`CACHE_SHARE_OF_MEMORY` of the machine's
+    physical memory (so a long run over many clients keeps its hot clients without growing without bound)."""
+    return os.sysconf('SC_PAGE_SIZE') * os.sysconf('SC_PHYS_PAGES') // CACHE_SHARE_OF_MEMORY
+
+
+def cache_bytes(packed_cache_mb: float | None) -> int | None:
+    """The packer's cache bound in bytes for the ``packed_cache_mb`` option (None: the machine's default)."""
+    if packed_cache_mb is None:
+        return None
+    if packed_cache_mb < 0:
+        raise errors.ConfigError(f'packed_cache_mb must be >= 0, got {packed_cache_mb}.')
+    return round(packed_cache_mb * (1 << 20))
 
 
 def check_engine_parts(*, model_distributor: object = None, metrics_aggregator: object = None) -> None:

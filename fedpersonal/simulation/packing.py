@@ -14,13 +14,18 @@ padded to a power of two and the batch and group sizes are fixed, so a run trace
 computation once (a rare larger client recompiles once).
 
 Client datasets are materialized once per client id (`pack(..., client_ids=...)`), which assumes they yield
-the same batches every round, as the package's tasks do; without ids every round is materialized afresh.
+the same batches every round, as the package's tasks do; without ids every round is materialized afresh. The
+materialized clients are kept in a cache bounded in bytes (least recently used clients evicted, materialized again
+when sampled again), and `ClientPacker.prefetch` materializes the next round's clients on a background thread while
+the current round computes.
 """
 
 from __future__ import annotations
 
 import collections
+import concurrent.futures
 import functools
+import threading
 from collections.abc import Callable
 from collections.abc import Sequence
 from typing import Any
@@ -32,6 +37,7 @@ import tensorflow_federated as tff
 from fedpersonal import errors
 from fedpersonal import progress
 from fedpersonal.core.process import LazyDatasets as LazyDatasets
+from fedpersonal.simulation import options as simulation_options
 
 PhaseFn = Callable[[tf.data.Dataset], Sequence[tf.data.Dataset]]
 BatchPhaseFn = Callable[[list[Any]], Sequence[list[Any]]]
@@ -55,6 +61,11 @@ class _Phase:
         self.mask = np.zeros([self.steps, self.batch_size], np.float32)
         for s, b in enumerate(batches):
             self.mask[s, : len(tf.nest.flatten(b)[0])] = 1.0
+
+    @property
+    def nbytes(self) -> int:
+        """The bytes this phase holds (its leaves and mask): what it costs `ClientPacker`'s cache."""
+        return int(sum(leaf.nbytes for leaf in self.leaves) + self.mask.nbytes)
 
 
 _ALIGN = 64  # Bytes: TensorFlow's buffer alignment (EIGEN_MAX_ALIGN_BYTES); it adopts such arrays without a copy.
@@ -154,6 +165,9 @@ class ClientPacker:
       group_size: At most this many logical clients per group. A round's clients are split into the fewest
         groups of at most `group_size`, of equal size (the last one padded with empty clients), so a fixed
         number of clients per round gives fixed shapes.
+      cache_bytes: The most bytes of materialized clients kept between rounds (least recently used clients are
+        evicted after each insertion; an evicted client is materialized again when it is sampled again). None:
+        `simulation_options.default_cache_bytes()`, a share of the machine's memory.
     """
 
     checks_batches = True  # `pack(..., check=...)` checks each client's batches as it materializes them.
@@ -166,17 +180,29 @@ class ClientPacker:
         group_size: int,
         *,
         batch_phase_fn: BatchPhaseFn | None = None,
+        cache_bytes: int | None = None,
     ):
         if (phase_fn is None) == (batch_phase_fn is None):
             raise ValueError('Give exactly one of phase_fn and batch_phase_fn.')
         if group_size < 1:
             raise errors.ConfigError(f'group_size must be >= 1, got {group_size}.')
+        if cache_bytes is not None and cache_bytes < 0:
+            raise errors.ConfigError(f'cache_bytes must be >= 0, got {cache_bytes}.')
         self._phase_fn = phase_fn
         self._batch_phase_fn = batch_phase_fn
         self.phase_names = tuple(phase_names)
         self.element_spec = element_spec
         self.group_size = int(group_size)
-        self._cache: dict[str, list[_Phase]] = {}
+        self.cache_bytes = simulation_options.default_cache_bytes() if cache_bytes is None else int(cache_bytes)
+        # Least recently used first. The lock guards the cache, its byte count, `_failed` and `_pending`: the
+        # prefetch thread inserts into them while the caller's thread reads them.
+        self._cache: collections.OrderedDict[str, list[_Phase]] = collections.OrderedDict()
+        self._cached_bytes = 0
+        self._failed: dict[str, Exception] = {}  # A prefetched client's error, raised when a round packs it.
+        self._pending: set[str] = set()  # Ids the in-flight prefetches will still materialize.
+        self._lock = threading.Condition()  # Notified as the prefetch thread finishes each client.
+        self._executor: concurrent.futures.ThreadPoolExecutor | None = None  # Started by the first `prefetch`.
+        self._prefetching: concurrent.futures.Future | None = None
         self._steps = dict.fromkeys(self.phase_names, 1)
         self._batch = dict.fromkeys(self.phase_names, 1)
         self._inner: dict[str, list[np.ndarray]] = {
@@ -198,13 +224,21 @@ class ClientPacker:
         spec = collections.OrderedDict((name, phase) for name in self.phase_names)
         return tff.types.tensorflow_to_type(spec)
 
-    def _client(
-        self, get_dataset: Callable[[], tf.data.Dataset], client_id: str | None, check: Any, position: int
-    ) -> list[_Phase]:
-        if client_id is not None and client_id in self._cache:
-            return self._cache[client_id]
+    @property
+    def cached_bytes(self) -> int:
+        """The bytes of the clients the cache holds (never more than `cache_bytes`)."""
+        with self._lock:
+            return self._cached_bytes
+
+    @property
+    def cached_clients(self) -> list[str]:
+        """The ids of the cached clients, least recently used first."""
+        with self._lock:
+            return list(self._cache)
+
+    def _materialize(self, get_dataset: Callable[[], tf.data.Dataset], name: str, check: Any) -> list[_Phase]:
+        """A client's phases from its dataset, its batches checked by `check` (named `name`)."""
         dataset = get_dataset()
-        name = client_id if client_id is not None else f'#{position}'
         if self._batch_phase_fn is not None:
             batches = list(dataset.as_numpy_iterator())
             if check is not None:
@@ -217,9 +251,101 @@ class ClientPacker:
         phases = [_Phase(b, self.element_spec) for b in phase_batches]
         if len(phases) != len(self.phase_names):
             raise ValueError(f'The phase function returned {len(phases)} datasets, expected {self.phase_names}.')
-        if client_id is not None:
-            self._cache[client_id] = phases
         return phases
+
+    def _insert(self, client_id: str, phases: list[_Phase]) -> None:
+        """Caches a client's phases, then evicts the least recently used clients beyond `cache_bytes` (the client
+        itself too when it alone exceeds it: a round that packs it still holds its arrays). Holds the lock."""
+        self._cache[client_id] = phases
+        self._cached_bytes += sum(p.nbytes for p in phases)
+        while self._cached_bytes > self.cache_bytes and self._cache:
+            _, evicted = self._cache.popitem(last=False)
+            self._cached_bytes -= sum(p.nbytes for p in evicted)
+
+    def _lookup(self, client_id: str) -> list[_Phase] | None:
+        """The client's cached phases (now the most recently used), or None; raises the error its prefetch met."""
+        with self._lock:
+            error = self._failed.pop(client_id, None)
+            if error is not None:
+                raise error
+            phases = self._cache.get(client_id)
+            if phases is not None:
+                self._cache.move_to_end(client_id)
+            return phases
+
+    def _wait_for_prefetch(self) -> None:
+        """Returns once no prefetch is in flight (its errors are kept per client, so waiting raises none)."""
+        future, self._prefetching = self._prefetching, None
+        if future is not None:
+            future.result()
+
+    def _client(
+        self, get_dataset: Callable[[], tf.data.Dataset], client_id: str | None, check: Any, position: int
+    ) -> list[_Phase]:
+        if client_id is not None:
+            with self._lock:  # A prefetch materializing this client: wait for it, not for the whole prefetch.
+                self._lock.wait_for(lambda: client_id not in self._pending)
+            phases = self._lookup(client_id)
+            if phases is not None:
+                return phases
+        # Materializing here waits for the in-flight prefetches first: one thread at a time reads clients' data
+        # (a dataset function, a validation or TFF's runtime that `phase_fn` calls need not be thread-safe).
+        self._wait_for_prefetch()
+        phases = self._materialize(get_dataset, client_id if client_id is not None else f'#{position}', check)
+        if client_id is not None:
+            with self._lock:
+                self._insert(client_id, phases)
+        return phases
+
+    def prefetch(self, datasets: Sequence[tf.data.Dataset], client_ids: Sequence[str], *, check: Any = None) -> None:
+        """Materializes into the cache, on a background thread, the clients not cached yet: e.g. the next round's,
+        while the caller's round computes. Returns at once; results never change.
+
+        `datasets[i]` is read on that thread (only for a client not cached), so a lazy sequence builds those
+        pipelines there too. `check` (a `fedpersonal.core.input_checks.LabelCheck`) checks each client's batches as
+        `pack` would; an error materializing a client is kept and raised by the `pack` that packs that client (a
+        client no round packs raises nothing). `pack` waits for the prefetch before materializing any client
+        itself, so no client is materialized twice; a client being prefetched is waited for alone, so the clients
+        prefetched first can be packed while later ones are read.
+        """
+        if len(client_ids) != len(datasets):
+            raise ValueError(f'{len(client_ids)} client ids for {len(datasets)} datasets.')
+        with self._lock:
+            wanted: dict[str, int] = {}
+            for i, client_id in enumerate(map(str, client_ids)):
+                if client_id not in self._cache and client_id not in self._failed and client_id not in self._pending:
+                    wanted.setdefault(client_id, i)
+            self._pending.update(wanted)
+        if not wanted:
+            return
+        # TFF's context stack is per thread: the prefetch runs any TFF computation of `phase_fn` in the caller's.
+        context = tff.framework.get_context_stack().current
+
+        def run() -> None:
+            try:
+                with tff.framework.get_context_stack().install(context):
+                    for client_id, i in wanted.items():
+                        try:
+                            phases = self._materialize(functools.partial(datasets.__getitem__, i), client_id, check)
+                        except Exception as error:  # pylint: disable=broad-except
+                            with self._lock:
+                                self._failed[client_id] = error
+                                self._pending.discard(client_id)
+                                self._lock.notify_all()
+                            continue
+                        with self._lock:
+                            self._insert(client_id, phases)
+                            self._pending.discard(client_id)
+                            self._lock.notify_all()
+            finally:  # Whatever stopped it, `pack` never waits for a client it will not materialize.
+                with self._lock:
+                    self._pending.difference_update(wanted)
+                    self._lock.notify_all()
+
+        if self._executor is None:
+            self._executor = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix='fedpersonal-prefetch')
+        # One thread runs the prefetches in order: the last one done, all are.
+        self._prefetching = self._executor.submit(run)
 
     def sizes(self, num_clients: int) -> tuple[int, int]:
         """``(number of groups, clients per group)`` for a round of `num_clients`."""
@@ -240,7 +366,10 @@ class ClientPacker:
         not seen before, so `datasets` may be a lazy sequence that builds a pipeline when indexed. With
         `description`, a packing that lasts logs its progress (`fedpersonal.progress.logged`). With `check` (a
         `fedpersonal.core.input_checks.LabelCheck`), each client's batches are checked when materialized (a client
-        without an id is named by its position, ``'#<i>'``).
+        without an id is named by its position, ``'#<i>'``). A client the cache no longer holds (`cache_bytes`) is
+        materialized again; one a `prefetch` materialized (or is materializing: it is waited for) is read from the
+        cache, its error, if it met one, raised here; materializing a client here first waits for the in-flight
+        prefetches.
         """
         if client_ids is not None and len(client_ids) != len(datasets):
             raise ValueError(f'{len(client_ids)} client ids for {len(datasets)} datasets.')

@@ -60,14 +60,16 @@ def unsupported(
     return None
 
 
-def _packer(plan: client_plan.ClientPlan, element_spec: Any, group_size: int) -> packing.ClientPacker:
+def _packer(
+    plan: client_plan.ClientPlan, element_spec: Any, group_size: int, cache_bytes: int | None = None
+) -> packing.ClientPacker:
     """Packs each phase's batches (its part of the plan's split, or the whole dataset; `Phase.epochs` passes), as
-    the per-client backend iterates them."""
+    the per-client backend iterates them; `cache_bytes` as `packing.ClientPacker`'s."""
     names = tuple(f'phase_{i}' for i in range(len(plan.phases)))
     uses = [(p.data, p.epochs) for p in plan.phases]
     if plan.local_aggregation is not None:  # The examples W learns from: the whole dataset, once.
         names, uses = names + (ala_engine.PHASE,), uses + [(None, 1)]
-    return split_packer(plan.split, uses, names, element_spec, group_size)
+    return split_packer(plan.split, uses, names, element_spec, group_size, cache_bytes=cache_bytes)
 
 
 def split_packer(
@@ -76,9 +78,12 @@ def split_packer(
     names: Sequence[str],
     element_spec: Any,
     group_size: int,
+    *,
+    cache_bytes: int | None = None,
 ) -> packing.ClientPacker:
     """Packs, under each of `names`, the batches of a use ``(part of split or None: the whole dataset, passes)`` as
-    the per-client backend iterates them; with the split's `batches_fn` from the client's batches in memory."""
+    the per-client backend iterates them; with the split's `batches_fn` from the client's batches in memory.
+    `cache_bytes`: as `packing.ClientPacker`'s (None: the machine's default)."""
 
     def part(data: str | None, whole: Any, parts: Any) -> Any:
         if data is None or split is None:
@@ -92,13 +97,15 @@ def split_packer(
             parts = batches_fn(batches) if batches_fn is not None else ()
             return tuple(list(part(data, batches, parts)) * epochs for data, epochs in uses)
 
-        return packing.ClientPacker(None, names, element_spec, group_size, batch_phase_fn=batch_phases)
+        return packing.ClientPacker(
+            None, names, element_spec, group_size, batch_phase_fn=batch_phases, cache_bytes=cache_bytes
+        )
 
     def dataset_phases(dataset: tf.data.Dataset) -> tuple[tf.data.Dataset, ...]:
         parts = split.dataset_fn(dataset)
         return tuple(part(data, dataset, parts).repeat(epochs) for data, epochs in uses)
 
-    return packing.ClientPacker(dataset_phases, names, element_spec, group_size)
+    return packing.ClientPacker(dataset_phases, names, element_spec, group_size, cache_bytes=cache_bytes)
 
 
 def build_engine_process(
@@ -113,13 +120,15 @@ def build_engine_process(
     group_size: int | None = None,
     measure_communication: bool = False,
     strategy: str = simulation_options.AUTO,
+    cache_bytes: int | None = None,
     name: str = 'plan',
 ) -> process_lib.PersonalizedProcess:
     """The plan as a process whose `run_round` runs groups of clients on the engine (check `unsupported` first).
     Under a fixed-clip DP aggregator (`fedpersonal.privacy.dp`) each logical client's update is clipped in the
     group, as the per-client backend clips it. `measure_communication`: `run_round` also reports each logical
     client's download and upload (`simulation.driver`). `strategy`: how a group runs its phases
-    (`simulation_options.ENGINE_STRATEGIES`, `client_loop.runs`; logged once under `name`)."""
+    (`simulation_options.ENGINE_STRATEGIES`, `client_loop.runs`; logged once under `name`). `cache_bytes`: the
+    bound of the packer's client cache (`packing.ClientPacker`; None: the machine's default)."""
     dp_clip = group_lib.per_client_clip(model_aggregator)
     initial = client_plan.plan_initial_weights(plan, model_fn)
     # Batch norm's moving statistics are carried per client through the phases (FedBN keeps them local).
@@ -139,7 +148,7 @@ def build_engine_process(
     group_size = group_size or simulation_options.default_group_size(
         list(base.global_trainable) + list(base.local_trainable)
     )
-    packer = _packer(plan, element_spec, group_size)
+    packer = _packer(plan, element_spec, group_size, cache_bytes)
     weights_type = initial.global_weights.type_signature.result
     group_private_type = None
     if initial.local_weights is not None:

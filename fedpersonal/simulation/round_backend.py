@@ -65,6 +65,18 @@ class EngineBackend:
             return self.packer.pack(client_data, client_ids, check=check)
         return self.packer.pack(client_data, client_ids)
 
+    def prefetch(self, client_data: Sequence[Any], client_ids: Sequence[str], *, check: Any = None) -> None:
+        """Starts materializing clients (e.g. the next round's) into the packer's cache on its background thread
+        (`packing.ClientPacker.prefetch`; `check` as in `pack`). A no-op for a packer without one, on engine
+        workers (each packs its own share) and under TFF's distributed runtime (its workers read the data)."""
+        prefetch = getattr(self.packer, 'prefetch', None)
+        if prefetch is None or engine_workers.active() is not None or distributed.active():
+            return
+        if check is not None and self.checks_inputs:
+            prefetch(client_data, client_ids, check=check)
+        else:
+            prefetch(client_data, client_ids)
+
     def run_round(
         self,
         process: process_lib.PersonalizedProcess,
