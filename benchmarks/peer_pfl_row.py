@@ -5,7 +5,13 @@ TensorFlow nor fedpersonal. Reads the workload file the parent wrote (clients' a
 round's sampled clients), runs ``--rounds`` rounds of `pfl.algorithm.FederatedAveraging` on a `SimulatedBackend`
 (each round's cohort in the given order, each client one pass over its data in order in batches, plain SGD, the
 mean of the clients' model differences weighted by their examples, server SGD), times every round with a
-callback and writes the result JSON and the final weights (in the Keras layout of the workload file).
+callback and writes the result JSON (``round_seconds``, ``cpu_seconds``, ``peak_rss_mb``: the process'
+``ru_maxrss``) and the final weights (in the Keras layout of the workload file).
+
+The ``first_touch`` workload's file holds no arrays: its registry is the clients' ids, each round samples new ones,
+and the federated dataset's per-user function makes a sampled user's arrays from its id
+(`first_touch_data.client_arrays`) when pfl asks for that user, as a pfl user's data function loads them.
+``--threads 0`` leaves PyTorch's default threads.
 
     <pfl venv>/bin/python benchmarks/peer_pfl_row.py --workload FILE.npz --threads 1 --result OUT.json
 """
@@ -14,8 +20,10 @@ from __future__ import annotations
 
 import argparse
 import json
+import resource
 import time
 
+import first_touch_data  # A sibling module: this file runs as a script, with benchmarks/ on sys.path.
 import numpy as np
 
 
@@ -35,14 +43,15 @@ def keras_to_torch(name: str, value: np.ndarray, flatten_chw: tuple[int, int, in
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split('\n')[0])
     parser.add_argument('--workload', required=True)
-    parser.add_argument('--threads', type=int, default=1)
+    parser.add_argument('--threads', type=int, default=1, help="PyTorch's intra-op threads; 0: its default.")
     parser.add_argument('--result', required=True)
     args = parser.parse_args()
     import torch  # pylint: disable=g-import-not-at-top
     from torch import nn  # pylint: disable=g-import-not-at-top
 
-    torch.set_num_threads(args.threads)
-    torch.set_num_interop_threads(1)
+    if args.threads:
+        torch.set_num_threads(args.threads)
+        torch.set_num_interop_threads(1)
     from pfl.aggregate.simulate import SimulatedBackend  # pylint: disable=g-import-not-at-top
     from pfl.aggregate.weighting import WeightByDatapoints  # pylint: disable=g-import-not-at-top
     from pfl.algorithm import FederatedAveraging  # pylint: disable=g-import-not-at-top
@@ -56,17 +65,34 @@ def main() -> None:
     data = np.load(args.workload)
     kind = str(data['kind'])
     schedule = data['schedule']  # [rounds, cohort] client indices.
-    offsets = data['offsets']  # Client c's examples: offsets[c]:offsets[c + 1].
-    x, y = torch.from_numpy(data['x']), torch.from_numpy(data['y'].astype(np.int64))
-    if kind == 'cnn':
-        x = x.permute(0, 3, 1, 2).contiguous()  # NHWC -> NCHW (one channel: the same values).
+    if kind == 'first_touch':
+        seed = int(data['seed'])
+        registered = [str(i) for i in range(int(data['registered']))]  # The registry: ids only.
+        check = int(schedule[0, 0])
+        assert first_touch_data.fingerprint(check, seed) == float(data['fingerprint']), 'other client data'
+
+        def make_user(user_id: str):
+            x, y = first_touch_data.client_arrays(int(user_id), seed)
+            return Dataset(raw_data=[torch.from_numpy(x), torch.from_numpy(y.astype(np.int64))], user_id=user_id)
+
+        order = iter([registered[int(c)] for c in schedule.reshape(-1)])
+    else:
+        offsets = data['offsets']  # Client c's examples: offsets[c]:offsets[c + 1].
+        x, y = torch.from_numpy(data['x']), torch.from_numpy(data['y'].astype(np.int64))
+        if kind == 'cnn':
+            x = x.permute(0, 3, 1, 2).contiguous()  # NHWC -> NCHW (one channel: the same values).
+
+        def make_user(c: int):
+            return Dataset(raw_data=[x[offsets[c] : offsets[c + 1]], y[offsets[c] : offsets[c + 1]]], user_id=c)
+
+        order = iter(schedule.reshape(-1).tolist())
     keras_weights = [data[f'w{i}'] for i in range(int(data['num_weights']))]
     rounds = schedule.shape[0]
 
     class Net(nn.Module):
         def __init__(self):
             super().__init__()
-            if kind == 'dense':
+            if kind in ('dense', 'first_touch'):
                 self.body = nn.Sequential(
                     nn.Linear(784, 200), nn.ReLU(), nn.Linear(200, 200), nn.ReLU(), nn.Linear(200, 10)
                 )
@@ -106,11 +132,7 @@ def main() -> None:
         local_optimizer_create=torch.optim.SGD,
         central_optimizer=torch.optim.SGD(net.parameters(), lr=float(data['server_lr'])),
     )
-    order = iter(schedule.reshape(-1).tolist())
-    users = FederatedDataset(
-        lambda c: Dataset(raw_data=[x[offsets[c] : offsets[c + 1]], y[offsets[c] : offsets[c + 1]]], user_id=c),
-        lambda: next(order),
-    )
+    users = FederatedDataset(make_user, lambda: next(order))
     ends: list[tuple[float, float]] = []
 
     class Stopwatch(TrainingProcessCallback):
@@ -155,7 +177,9 @@ def main() -> None:
     except Exception:  # pylint: disable=broad-except
         pass
     with open(args.result, 'w') as f:
-        json.dump(dict(round_seconds=seconds, cpu_seconds=cpu, threads=torch.get_num_threads(), versions=versions), f)
+        peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # Linux: kilobytes.
+        out = dict(round_seconds=seconds, cpu_seconds=cpu, threads=torch.get_num_threads(), peak_rss_mb=peak)
+        json.dump(dict(out, versions=versions), f)
 
 
 if __name__ == '__main__':

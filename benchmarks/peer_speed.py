@@ -1,10 +1,13 @@
 """Seconds per FedAvg round beside peers: the engine, pfl-research (PyTorch) and TFF on identical work, in one run.
 
-  python benchmarks/peer_speed.py [--workloads dense,cnn] [--rows engine,pfl,tff] [--repeats 3] [--threads 1,2]
-      [--rounds 10] [--cnn_rounds 2] [--warmup 4] [--engine_strategy auto] [--pfl_venv DIR] [--output FILE]
+  python benchmarks/peer_speed.py [--workloads dense,cnn,first_touch] [--rows engine,pfl,tff] [--repeats 3]
+      [--threads 1,2,default] [--rounds 10] [--cnn_rounds 2] [--warmup 4] [--engine_strategy auto] [--pfl_venv DIR]
+      [--first_touch_rows ...] [--first_touch_clients 100000] [--first_touch_memory_clients 1000000]
+      [--fedjax_venv DIR] [--output FILE]
 
-Normally run as the ``peers`` workload of `benchmarks/simulation_speed.py` (``--workloads=peers``), which passes
-its pinned arguments and writes these rows into ``docs/results/simulation_speed.json``.
+Normally run as the ``peers`` and ``first_touch`` workloads of `benchmarks/simulation_speed.py`
+(``--workloads=peers,first_touch``), which passes its pinned arguments and writes these rows into
+``docs/results/simulation_speed.json``.
 
 Workloads (rows ``<name>_engine``, ``<name>_pfl``, ``<name>_tff``):
 
@@ -17,7 +20,15 @@ Workloads (rows ``<name>_engine``, ``<name>_pfl``, ``<name>_tff``):
   (7,000 per class, at least 40 examples per client, 75% of each client for training), re-implemented here with
   a fixed seed (`dirichlet_sizes`); pixels are generated (a round's time does not depend on their values).
 
-Rows, each in its own process, from the same initial weights on the same clients' batches in the same order:
+* ``first_touch`` (issue 63): every round's clients are new. ``--first_touch_clients`` (100,000) registered
+  clients, each client's data made lazily and deterministically from its id (`first_touch_data.client_arrays`: a
+  numpy generator seeded by the id, 40 examples of 784 features, labels 0-9 from a fixed linear teacher), 100
+  sampled per round without reuse across rounds (the same seeded schedule for every row), the dense MLP and FedAvg
+  settings of ``dense_fedavg`` (4 SGD steps of batch 10, lr 0.1, server SGD 1). A registry holds ids alone. Rows
+  (named as they are, without a workload prefix; see below).
+
+Rows of dense_fedavg and pfl_benchmark_cnn, each in its own process, from the same initial weights on the same
+clients' batches in the same order:
 ``engine`` (`fedpersonal.algorithms.build_fed_avg` on the engine: `process.run_round`, every client packed before
 round 0, under ``--engine_strategy``: by default ``auto``, the engine's fixed rule; ``measure`` times the
 strategies in the first rounds; the strategy that ran is reported), ``pfl`` (pfl-research's
@@ -35,7 +46,31 @@ PyTorch's alike; ``cpu_seconds_per_round`` (engine, pfl: the row process' CPU ti
 is less sensitive to other jobs on the machine than seconds. ``compute_bound_s``: the round's analytic FLOPs (2 per
 multiply-add; forward, weight gradients and the input gradients backpropagation needs) over a float32 2048^2
 matmul's rate measured in a process with the same threads, on CPU time per thread (``bound_ratio``: seconds per
-round over it; ``cpu_bound_ratio``: CPU seconds per round per thread over it).
+round over it; ``cpu_bound_ratio``: CPU seconds per round per thread over it). A ``--threads`` setting ``default``
+sets no thread count: each framework takes its own default (its thread variables are removed from the row's
+environment).
+
+Rows of first_touch, each in its own process, interleaved within each repeat (``--first_touch_rows``):
+``engine_first_touch`` (`fedpersonal.algorithms.build_fed_avg` on the engine: ``process.run_round(state,
+LazyDatasets(ids, make_dataset), client_ids=ids)``, so making and packing the new clients' data is inside the timed
+round; a process with a ``prefetch(client_data, client_ids)`` method, detected with ``hasattr``, is handed the next
+round's clients before each round runs, ``prefetch`` in the row), ``engine_prepacked`` (the same rounds with every
+sampled client's data materialized before round 0, ``prepare_s``, as the dense engine row), ``pfl_first_touch``
+(pfl-research's FedAvg, `benchmarks/peer_pfl_row.py`: its `FederatedDataset` from a per-user data function that
+makes a sampled user's arrays from its id) and ``fedjax_first_touch`` (FedJAX 0.0.17's
+`fedjax.algorithms.fed_avg.federated_averaging` on a haiku MLP, `benchmarks/peer_fedjax_row.py`, each sampled
+client's `fedjax.ClientDataset` made from its id in its round; in a virtual environment of its own built on first
+use, ``--fedjax_venv`` from ``--fedjax_requirements``, `benchmarks/requirements/fedjax-0.0.17.txt`). Every row runs
+``--warmup`` untimed rounds of new clients, then ``--rounds`` timed ones; ``s_per_round`` is the median timed round
+of a row process and the median of that over ``--repeats`` (``s_per_round_repeats``), ``cpu_s_per_round`` alike on
+the process' CPU time; ``peak_rss_mb`` is the row process' ``ru_maxrss`` in MB (the largest over repeats;
+``peak_rss_mb_repeats``); ``threads`` the setting (1, or ``default``). ``engine_first_touch@N`` runs
+engine_first_touch with N registered clients (``--first_touch_memory_clients``; its own seeded schedule), for its
+peak memory beside the same row's at ``--first_touch_clients`` (``registered_clients`` in every row). Identical
+work: ``final_accuracy`` is each row's final weights evaluated by the same float64 numpy forward pass on 2,000
+held-out examples (`first_touch_data.heldout`), ``max_abs_diff_vs_engine_prepacked`` the largest weight difference
+to engine_prepacked's; each row also checks a digest of the client data it generated against the workload file's.
+``speedup_vs_<row>``: that row's ``s_per_round`` over this one's.
 """
 
 from __future__ import annotations
@@ -44,6 +79,7 @@ import collections
 import functools
 import json
 import os
+import resource
 import shlex
 import subprocess
 import sys
@@ -56,10 +92,12 @@ from absl import app
 from absl import flags
 
 _REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-_WORKLOADS = flags.DEFINE_list('workloads', ['dense', 'cnn'], 'Workloads: dense, cnn.')
+_WORKLOADS = flags.DEFINE_list('workloads', ['dense', 'cnn'], 'Workloads: dense, cnn, first_touch.')
 _ROWS = flags.DEFINE_list('rows', ['engine', 'pfl', 'tff'], 'Rows: engine, pfl, tff.')
 _REPEATS = flags.DEFINE_integer('repeats', 3, 'Processes per row (interleaved); medians over them.')
-_THREADS = flags.DEFINE_list('threads', ['1', '2'], 'Intra-op threads of TensorFlow and PyTorch alike, per setting.')
+_THREADS = flags.DEFINE_list(
+    'threads', ['1', '2'], "Intra-op threads of TensorFlow, PyTorch and XLA alike, per setting ('default': theirs)."
+)
 _ROUNDS = flags.DEFINE_integer('rounds', 10, 'Timed rounds per row process (dense).')
 _CNN_ROUNDS = flags.DEFINE_integer('cnn_rounds', 2, 'Timed rounds per row process (cnn).')
 _CNN_REPEATS = flags.DEFINE_integer('cnn_repeats', 2, 'Processes per cnn row (the rounds take ~20 s).')
@@ -84,6 +122,25 @@ _OUTPUT = flags.DEFINE_string(
     os.path.join(tempfile.gettempdir(), 'peer_speed.json'),
     'JSON file written (simulation_speed.py: its rows).',
 )
+_FIRST_TOUCH_ROWS = flags.DEFINE_list(
+    'first_touch_rows',
+    ['engine_first_touch', 'engine_prepacked', 'pfl_first_touch', 'fedjax_first_touch'],
+    'Rows of the first_touch workload.',
+)
+_FIRST_TOUCH_CLIENTS = flags.DEFINE_integer('first_touch_clients', 100_000, 'Registered clients of first_touch.')
+_FIRST_TOUCH_MEMORY_CLIENTS = flags.DEFINE_list(
+    'first_touch_memory_clients',
+    ['1000000'],
+    'Registered clients of extra engine_first_touch processes (their peak memory beside --first_touch_clients).',
+)
+_FEDJAX_VENV = flags.DEFINE_string(
+    'fedjax_venv', os.path.expanduser('~/.cache/fedpersonal-benchmarks/fedjax-0.0.17'), "FedJAX's virtual environment."
+)
+_FEDJAX_REQUIREMENTS = flags.DEFINE_string(
+    'fedjax_requirements',
+    os.path.join(_REPO, 'benchmarks', 'requirements', 'fedjax-0.0.17.txt'),
+    'Requirements file installed into --fedjax_venv (FedJAX with the jax, jaxlib, optax and haiku of its release).',
+)
 _ROW = flags.DEFINE_string('_row', None, 'Internal: run this row.')
 _FILE = flags.DEFINE_string('_file', None, 'Internal: the workload file.')
 _RESULT = flags.DEFINE_string('_result', None, 'Internal: the result JSON.')
@@ -91,7 +148,9 @@ _RESULT = flags.DEFINE_string('_result', None, 'Internal: the result JSON.')
 WORKLOADS = {
     'dense': dict(name='dense_fedavg', clients=1000, cohort=100, batch=10, client_lr=0.1, server_lr=1.0),
     'cnn': dict(name='pfl_benchmark_cnn', clients=20, cohort=20, batch=10, client_lr=0.005, server_lr=1.0),
+    'first_touch': dict(name='first_touch', cohort=100, batch=10, client_lr=0.1, server_lr=1.0, seed=0),
 }
+FIRST_TOUCH = 'first_touch'
 
 
 def dirichlet_sizes(seed: int = 0, clients: int = 20, classes: int = 10, per_class: int = 7000, alpha: float = 0.1):
@@ -164,6 +223,24 @@ def write_workload(kind: str, rounds: int, path: str) -> dict[str, Any]:
     return dict(sizes=sizes.tolist(), round_flops=round_flops(kind, int(np.median(examples))))
 
 
+def write_first_touch_workload(rounds: int, registered: int, path: str) -> dict[str, Any]:
+    """The first_touch workload's file: each round's new client ids among `registered`, the initial weights (the
+    dense MLP's, as dense_fedavg's) and the hyperparameters; the rows make the clients' data from their ids."""
+    import first_touch_data  # pylint: disable=g-import-not-at-top
+
+    w = WORKLOADS[FIRST_TOUCH]
+    schedule = first_touch_data.schedule(registered, rounds, w['cohort'], w['seed'])
+    weights = keras_model('dense').get_weights()
+    arrays = {f'w{i}': v for i, v in enumerate(weights)}
+    fingerprint = first_touch_data.fingerprint(int(schedule[0, 0]), w['seed'])
+    np.savez(path, kind=FIRST_TOUCH, registered=registered, schedule=schedule, seed=w['seed'],
+             fingerprint=fingerprint, num_weights=len(weights), **arrays, batch=w['batch'],
+             client_lr=w['client_lr'], server_lr=w['server_lr'])  # fmt: skip
+    examples = w['cohort'] * first_touch_data.EXAMPLES
+    return dict(registered_clients=registered, examples_per_client=first_touch_data.EXAMPLES,
+                round_flops=round_flops('dense', examples))  # fmt: skip
+
+
 # ------------------------------------------------------------------------------------------ row processes
 def _client_datasets(data):
     import tensorflow as tf  # pylint: disable=g-import-not-at-top
@@ -225,6 +302,68 @@ def _row_engine(data, kind: str, warmup: int):
         return process.get_model_weights(state).trainable, seconds, info
 
 
+def _row_first_touch(data, prepacked: bool):
+    """first_touch on the engine: every round's clients new, their data made from their ids when read (a
+    `LazyDatasets`); packing them is inside the timed round unless `prepacked` (all materialized before round 0). A
+    process with `prefetch` (e.g. a later `PersonalizedProcess`) is handed the next round's clients first."""
+    import first_touch_data  # pylint: disable=g-import-not-at-top
+    import tensorflow as tf  # pylint: disable=g-import-not-at-top
+    import tensorflow_federated as tff  # pylint: disable=g-import-not-at-top
+
+    from fedpersonal import algorithms  # pylint: disable=g-import-not-at-top
+    from fedpersonal import backends  # pylint: disable=g-import-not-at-top
+    from fedpersonal import models  # pylint: disable=g-import-not-at-top
+    from fedpersonal import runtime  # pylint: disable=g-import-not-at-top
+    from fedpersonal.core.process import LazyDatasets  # pylint: disable=g-import-not-at-top
+
+    seed, batch = int(data['seed']), int(data['batch'])
+    registered = [str(i) for i in range(int(data['registered']))]  # The registry: ids only.
+    check = int(data['schedule'][0, 0])
+    assert first_touch_data.fingerprint(check, seed) == float(data['fingerprint']), 'other client data'
+
+    def make_dataset(client_id: str):
+        x, y = first_touch_data.client_arrays(int(client_id), seed)
+        return tf.data.Dataset.from_tensor_slices(collections.OrderedDict(x=x, y=y)).batch(batch)
+
+    spec = collections.OrderedDict(x=tf.TensorSpec([None, 784], tf.float32), y=tf.TensorSpec([None], tf.int32))
+
+    def model_fn():
+        keras = keras_model('dense')
+        return models.from_keras_model(keras, input_spec=spec, global_variables=keras.variables)
+
+    with runtime.LocalRuntime(), backends.use('engine', strategy=_ENGINE_STRATEGY.value):
+        process = algorithms.build_fed_avg(
+            model_fn,
+            loss_fn=lambda: tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+            metrics_fn=lambda: [tf.keras.metrics.SparseCategoricalAccuracy(name='accuracy')],
+            client_optimizer=tff.learning.optimizers.build_sgdm(float(data['client_lr'])),
+            server_optimizer=tff.learning.optimizers.build_sgdm(float(data['server_lr'])),
+        )
+        rounds = [[registered[int(c)] for c in ids] for ids in data['schedule']]
+        prefetch = getattr(process, 'prefetch', None) if not prepacked else None
+        started = time.perf_counter()
+        if prepacked:
+            every = [c for ids in rounds for c in ids]
+            process.backend.pack(LazyDatasets(every, make_dataset), client_ids=every)
+        prepare_s = time.perf_counter() - started
+        state = process.initialize()
+        initial = [data[f'w{i}'] for i in range(int(data['num_weights']))]
+        for got, want in zip(process.get_model_weights(state).trainable, initial):
+            np.testing.assert_array_equal(got, want)  # The same initial weights as the other rows.
+        seconds, cpu = [], []
+        for r, ids in enumerate(rounds):
+            t, c = time.perf_counter(), time.process_time()
+            if prefetch is not None and r + 1 < len(rounds):
+                prefetch(LazyDatasets(rounds[r + 1], make_dataset), rounds[r + 1])
+            state = process.run_round(state, LazyDatasets(ids, make_dataset), client_ids=ids).state
+            seconds.append(time.perf_counter() - t)
+            cpu.append(time.process_time() - c)
+            print(f'round {r}: {seconds[-1]:.4f} s', flush=True)
+        info = dict(prepare_s=prepare_s, strategy=process.engine_strategy, cpu_seconds=cpu)
+        info.update(engine_strategy=_ENGINE_STRATEGY.value, prefetch=prefetch is not None)
+        return process.get_model_weights(state).trainable, seconds, info
+
+
 def _row_tff(data, kind: str, warmup: int):
     import tensorflow as tf  # pylint: disable=g-import-not-at-top
     import tensorflow_federated as tff  # pylint: disable=g-import-not-at-top
@@ -263,12 +402,16 @@ def _row_flops(data, kind: str, warmup: int):
 def run_row(row: str, path: str | None, result_path: str) -> None:
     data = dict(np.load(path)) if path else {}
     kind = str(data.get('kind'))
-    weights, seconds, info = {'engine': _row_engine, 'tff': _row_tff, 'flops': _row_flops}[row](
-        data, kind, _WARMUP.value
-    )
+    if row in ('engine_first_touch', 'engine_prepacked'):
+        weights, seconds, info = _row_first_touch(data, prepacked=row == 'engine_prepacked')
+    else:
+        weights, seconds, info = {'engine': _row_engine, 'tff': _row_tff, 'flops': _row_flops}[row](
+            data, kind, _WARMUP.value
+        )
     np.savez(result_path + '.npz', *[np.asarray(w) for w in weights])
+    peak_rss_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # Linux: kilobytes.
     with open(result_path, 'w') as f:
-        json.dump(dict(round_seconds=seconds, **info), f)
+        json.dump(dict(round_seconds=seconds, peak_rss_mb=peak_rss_mb, **info), f)
 
 
 def measure_flop_rate() -> float:
@@ -276,7 +419,7 @@ def measure_flop_rate() -> float:
     other jobs on a shared machine take turns on the cores, which a wall clock would count."""
     import tensorflow as tf  # pylint: disable=g-import-not-at-top
 
-    n, threads = 2048, int(os.environ.get('TF_NUM_INTRAOP_THREADS', '1'))
+    n, threads = 2048, int(os.environ.get('TF_NUM_INTRAOP_THREADS', os.cpu_count()))
     a, b = tf.random.uniform([n, n]), tf.random.uniform([n, n])
     tf.matmul(a, b).numpy()
     times = []
@@ -334,18 +477,46 @@ def pfl_python() -> str:
     return python
 
 
-def _env(threads: int) -> dict[str, str]:
+@functools.cache
+def fedjax_python() -> str:
+    """The FedJAX venv's Python, building the venv on first use (pip from the package registry, the pinned file)."""
+    python = os.path.join(_FEDJAX_VENV.value, 'bin', 'python')
+    check = [python, '-c', 'import fedjax, jax, haiku, optax']
+    if os.path.exists(python) and subprocess.run(check, capture_output=True).returncode == 0:
+        return python
+    print(f'building {_FEDJAX_VENV.value}: {_FEDJAX_REQUIREMENTS.value}', flush=True)
+    base = getattr(sys, '_base_executable', sys.executable)
+    subprocess.run([base, '-m', 'venv', _FEDJAX_VENV.value], check=True)
+    subprocess.run([python, '-m', 'pip', 'install', '-q', '-r', _FEDJAX_REQUIREMENTS.value], check=True)
+    subprocess.run(check, check=True)
+    return python
+
+
+def thread_count(setting: str) -> int | None:
+    """A --threads setting's intra-op threads: an int, or None for 'default' (each framework's own)."""
+    return None if setting == 'default' else int(setting)
+
+
+_THREAD_VARS = ('TF_NUM_INTRAOP_THREADS', 'TF_NUM_INTEROP_THREADS', 'OMP_NUM_THREADS', 'MKL_NUM_THREADS')
+
+
+def _env(threads: int | None) -> dict[str, str]:
+    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL=os.environ.get('TF_CPP_MIN_LOG_LEVEL', '2'))
+    if threads is None:  # Each framework's default: none of the variables this parent may have inherited.
+        return {k: v for k, v in env.items() if k not in _THREAD_VARS}
     return dict(
-        os.environ, TF_NUM_INTRAOP_THREADS=str(threads), TF_NUM_INTEROP_THREADS='1', OMP_NUM_THREADS=str(threads),
-        MKL_NUM_THREADS=str(threads), TF_CPP_MIN_LOG_LEVEL=os.environ.get('TF_CPP_MIN_LOG_LEVEL', '2'),
+        env, TF_NUM_INTRAOP_THREADS=str(threads), TF_NUM_INTEROP_THREADS='1', OMP_NUM_THREADS=str(threads),
+        MKL_NUM_THREADS=str(threads),
     )  # fmt: skip
 
 
-def spawn(row: str, path: str | None, work_dir: str, tag: str, threads: int) -> dict[str, Any]:
+def spawn(row: str, path: str | None, work_dir: str, tag: str, threads: int | None) -> dict[str, Any]:
     result, log = (os.path.join(work_dir, f'{tag}.{ext}') for ext in ('json', 'log'))
-    if row == 'pfl':
-        script = os.path.join(_REPO, 'benchmarks', 'peer_pfl_row.py')
-        cmd = [pfl_python(), script, f'--workload={path}', f'--threads={threads}', f'--result={result}']
+    peer = {'pfl': 'pfl', 'pfl_first_touch': 'pfl', 'fedjax_first_touch': 'fedjax'}.get(row)
+    if peer:
+        python = pfl_python() if peer == 'pfl' else fedjax_python()
+        script = os.path.join(_REPO, 'benchmarks', f'peer_{peer}_row.py')
+        cmd = [python, script, f'--workload={path}', f'--threads={threads or 0}', f'--result={result}']
     else:
         cmd = [sys.executable, os.path.abspath(__file__), f'--_row={row}', f'--_result={result}']
         cmd += [f'--warmup={_WARMUP.value}', f'--engine_strategy={_ENGINE_STRATEGY.value}']
@@ -416,52 +587,131 @@ def summarize(name, runs, warmup: int, flops: float, gflops: float, threads: int
     return rows
 
 
+def first_touch_jobs(rows: list[str], path: str, memory_paths: dict[int, str]) -> list[tuple[str, str, str]]:
+    """(label, row, workload file) of the first_touch processes of one repeat and thread setting: the rows, then
+    engine_first_touch at each --first_touch_memory_clients (label ``engine_first_touch@N``)."""
+    jobs = [(row, row, path) for row in rows]
+    if 'engine_first_touch' in rows:
+        jobs += [(f'engine_first_touch@{n}', 'engine_first_touch', p) for n, p in memory_paths.items()]
+    return jobs
+
+
+def summarize_first_touch(runs, warmup: int, setting: str, registered: dict[str, int]) -> list[dict[str, Any]]:
+    """One output row per first_touch process kind: medians over repeats, peak memory, final held-out accuracy
+    (the same numpy evaluation of every row's final weights), weight differences against engine_prepacked."""
+    import first_touch_data  # pylint: disable=g-import-not-at-top
+
+    x, y = first_touch_data.heldout(WORKLOADS[FIRST_TOUCH]['seed'])
+    ok = {label: [r for r in results if 'error' not in r] for label, results in runs.items()}
+    timed = lambda r, key: float(np.median(r[key][warmup:]))
+    spr = {label: [timed(r, 'round_seconds') for r in rs] for label, rs in ok.items() if rs}
+    medians = {label: float(np.median(v)) for label, v in spr.items()}
+    diff = lambda a, b: max(float(np.max(np.abs(np.asarray(u, np.float64) - v))) for u, v in zip(a, b))
+    prepacked = ok['engine_prepacked'][-1]['weights'] if ok.get('engine_prepacked') else None
+    rows = []
+    for label, results in runs.items():
+        row = label.split('@')[0]
+        out: dict[str, Any] = dict(
+            name=label, framework=row.split('_')[0], workload=FIRST_TOUCH, threads=setting,
+            registered_clients=registered[label],
+        )  # fmt: skip
+        if not ok[label]:
+            rows.append(dict(out, error=results[0]['error'] if results else 'not run'))
+            continue
+        last = ok[label][-1]
+        out.update(s_per_round=medians[label], s_per_round_repeats=spr[label])
+        if 'cpu_seconds' in last:
+            out['cpu_s_per_round'] = float(np.median([timed(r, 'cpu_seconds') for r in ok[label]]))
+        out['peak_rss_mb'] = max(r['peak_rss_mb'] for r in ok[label])
+        out['peak_rss_mb_repeats'] = [r['peak_rss_mb'] for r in ok[label]]
+        out['final_accuracy'] = first_touch_data.accuracy(last['weights'], x, y)
+        out['final_accuracy_repeats'] = [first_touch_data.accuracy(r['weights'], x, y) for r in ok[label]]
+        if prepacked is not None and label != 'engine_prepacked' and registered[label] == registered[row]:
+            out['max_abs_diff_vs_engine_prepacked'] = diff(last['weights'], prepacked)
+        for peer in ('pfl_first_touch', 'fedjax_first_touch', 'engine_prepacked'):
+            if peer in medians and peer != label and registered[label] == registered[peer]:
+                out[f'speedup_vs_{peer}'] = medians[peer] / medians[label]
+        out['max_abs_weight'] = max(float(np.max(np.abs(w))) for w in last['weights'])
+        out['round_seconds'] = [r['round_seconds'] for r in ok[label]]
+        for key in ('strategy', 'prefetch'):
+            if key in last:
+                out[key] = [r[key] for r in ok[label]]
+        for key in ('prepare_s', 'versions'):
+            if key in last:
+                out[key] = last[key]
+        rows.append(out)
+    return rows
+
+
 def main() -> None:
     if _ROW.value:
         return run_row(_ROW.value, _FILE.value, _RESULT.value)
     started, load_before = time.time(), os.getloadavg()
-    settings = lambda kind: [
-        int(t) for t in (_CNN_THREADS.value if kind == 'cnn' and _CNN_THREADS.value else _THREADS.value)
-    ]
+    unknown = [k for k in _WORKLOADS.value if k not in WORKLOADS]
+    if unknown:
+        sys.exit(f'unknown workloads {unknown}: {list(WORKLOADS)}')
+    settings = lambda kind: _CNN_THREADS.value if kind == 'cnn' and _CNN_THREADS.value else _THREADS.value
     repeats = lambda kind: _CNN_REPEATS.value if kind == 'cnn' else _REPEATS.value
-    threads = sorted({t for kind in _WORKLOADS.value for t in settings(kind)})
-    if 'pfl' in _ROWS.value:
+    unique = lambda items: list(dict.fromkeys(items))
+    threads = unique(t for kind in _WORKLOADS.value for t in settings(kind))
+    flop_threads = unique(t for kind in _WORKLOADS.value if kind != FIRST_TOUCH for t in settings(kind))
+    rows_of = lambda kind: _FIRST_TOUCH_ROWS.value if kind == FIRST_TOUCH else _ROWS.value
+    every_row = {r for kind in _WORKLOADS.value for r in rows_of(kind)}
+    if every_row & {'pfl', 'pfl_first_touch'}:
         pfl_python()
+    if 'fedjax_first_touch' in every_row:
+        fedjax_python()
     report_rows, workload_info, rates = [], {}, {}
     with tempfile.TemporaryDirectory(prefix='peer_speed_') as work_dir:
-        for t in threads:
-            rates[t] = spawn('flops', None, work_dir, f'flops.{t}', t)['gflops']
+        for t in flop_threads:
+            rates[t] = spawn('flops', None, work_dir, f'flops.{t}', thread_count(t))['gflops']
             print(f'float32 matmul, {t} thread(s): {rates[t]:.1f} GFLOP/s', flush=True)
-        files, runs = {}, {}
+        jobs, runs, registered = {}, {}, {}
         for kind in _WORKLOADS.value:
-            timed = _ROUNDS.value if kind == 'dense' else _CNN_ROUNDS.value
-            files[kind] = os.path.join(work_dir, f'{kind}.npz')
-            workload_info[kind] = write_workload(kind, _WARMUP.value + timed, files[kind])
-            runs.update({(kind, t): {row: [] for row in _ROWS.value} for t in settings(kind)})
+            timed = _ROUNDS.value if kind != 'cnn' else _CNN_ROUNDS.value
+            path = os.path.join(work_dir, f'{kind}.npz')
+            if kind == FIRST_TOUCH:
+                n = _FIRST_TOUCH_CLIENTS.value
+                workload_info[kind] = write_first_touch_workload(_WARMUP.value + timed, n, path)
+                memory = {}
+                for m in sorted({int(v) for v in _FIRST_TOUCH_MEMORY_CLIENTS.value} - {n}):
+                    memory[m] = os.path.join(work_dir, f'{kind}.{m}.npz')
+                    write_first_touch_workload(_WARMUP.value + timed, m, memory[m])
+                jobs[kind] = first_touch_jobs(rows_of(kind), path, memory)
+                registered = {label: n for label, _, _ in jobs[kind]} | {f'engine_first_touch@{m}': m for m in memory}
+                workload_info[kind]['memory_registered_clients'] = list(memory)
+            else:
+                workload_info[kind] = write_workload(kind, _WARMUP.value + timed, path)
+                jobs[kind] = [(row, row, path) for row in rows_of(kind)]
+            runs.update({(kind, t): {label: [] for label, _, _ in jobs[kind]} for t in settings(kind)})
         for repeat in range(max(repeats(kind) for kind in _WORKLOADS.value)):
             for t in threads:
                 for kind in [k for k in _WORKLOADS.value if t in settings(k)]:
-                    for row in _ROWS.value:
+                    for label, row, path in jobs[kind]:
                         if repeat >= (_TFF_REPEATS.value if row == 'tff' else repeats(kind)):
                             continue
-                        result = spawn(row, files[kind], work_dir, f'{kind}.{row}.{t}.{repeat}', t)
-                        runs[kind, t][row].append(result)
+                        tag = f'{kind}.{label}.{t}.{repeat}'.replace('@', '.')
+                        result = spawn(row, path, work_dir, tag, thread_count(t))
+                        runs[kind, t][label].append(result)
                         seconds = result.get('round_seconds', [])[_WARMUP.value :]
                         outcome = result['error'][:300] if 'error' in result else f'{np.median(seconds):.4f} s/round'
-                        print(
-                            f'[repeat {repeat}, {t} thread(s)] {WORKLOADS[kind]["name"]}_{row}: {outcome}', flush=True
-                        )
-        reference = dense_reference(files['dense']) if 'dense' in _WORKLOADS.value else None
+                        name = label if kind == FIRST_TOUCH else f'{WORKLOADS[kind]["name"]}_{label}'
+                        print(f'[repeat {repeat}, {t} thread(s)] {name}: {outcome}', flush=True)
+        reference = dense_reference(os.path.join(work_dir, 'dense.npz')) if 'dense' in _WORKLOADS.value else None
         for (kind, t), by_row in runs.items():
+            if kind == FIRST_TOUCH:
+                report_rows += summarize_first_touch(by_row, _WARMUP.value, t, registered)
+                continue
             name, flops = WORKLOADS[kind]['name'], workload_info[kind]['round_flops']
+            count = thread_count(t) or os.cpu_count()
             report_rows += summarize(
-                name, by_row, _WARMUP.value, flops, rates[t], t, reference if kind == 'dense' else None
+                name, by_row, _WARMUP.value, flops, rates[t], count, reference if kind == 'dense' else None
             )
     command = 'python ' + ' '.join(shlex.quote(a) for a in [os.path.relpath(sys.argv[0], _REPO)] + sys.argv[1:])
     git = lambda *a: subprocess.run(['git', *a], cwd=_REPO, capture_output=True, text=True).stdout.strip()
     report = dict(
         command=command, commit=git('rev-parse', 'HEAD'), commit_dirty=bool(git('status', '--porcelain', '-uno')),
-        cpus=os.cpu_count(), threads=threads, flop_rate_gflops={str(t): r for t, r in rates.items()},
+        cpus=os.cpu_count(), threads=threads, flop_rate_gflops=rates,
         warmup=_WARMUP.value, repeats=_REPEATS.value, load_average_before=load_before,
         load_average_after=os.getloadavg(),
         workloads={WORKLOADS[k]['name']: dict(WORKLOADS[k], **workload_info[k]) for k in _WORKLOADS.value},
@@ -472,8 +722,35 @@ def main() -> None:
     with open(output, 'w') as f:
         json.dump(report, f, indent=1)
         f.write('\n')
-    print(markdown(report_rows))
+    first_touch = [r for r in report_rows if r.get('workload') == FIRST_TOUCH]
+    others = [r for r in report_rows if r.get('workload') != FIRST_TOUCH]
+    if others:
+        print(markdown(others))
+    if first_touch:
+        print(markdown_first_touch(first_touch))
     print(f'wrote {output} in {report["wall_s"]:.0f} s')
+
+
+def markdown_first_touch(rows: list[dict[str, Any]]) -> str:
+    fmt = lambda v, spec: '-' if v is None else format(v, spec)
+    lines = [
+        '| row | threads | registered | s/round (per repeat) | CPU s/round | peak RSS MB | final accuracy | '
+        'max diff vs prepacked | prefetch |',
+        '|---|---|---|---|---|---|---|---|---|',
+    ]
+    for r in rows:
+        if 'error' in r:
+            lines.append(
+                f'| {r["name"]} | {r["threads"]} | {r["registered_clients"]} | error: {r["error"][:100]} ||||||'
+            )
+            continue
+        repeats = ', '.join(f'{s:.3f}' for s in r['s_per_round_repeats'])
+        lines.append(
+            f'| {r["name"]} | {r["threads"]} | {r["registered_clients"]} | {r["s_per_round"]:.4f} ({repeats}) | '
+            f'{fmt(r.get("cpu_s_per_round"), ".4f")} | {r["peak_rss_mb"]:.0f} | {r["final_accuracy"]:.4f} | '
+            f'{fmt(r.get("max_abs_diff_vs_engine_prepacked"), ".1e")} | {r.get("prefetch", "-")} |'
+        )
+    return '\n'.join(lines)
 
 
 def markdown(rows: list[dict[str, Any]]) -> str:

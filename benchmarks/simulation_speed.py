@@ -1,7 +1,7 @@
 """Seconds per simulated round of every algorithm, per-client path against engine, on identical work, in one run.
 
   python benchmarks/simulation_speed.py [--quick] [--rounds 10]
-      [--workloads mf,mf_table1,nwp,furl,hpfl,feddva,peers] [--rows tff,per_client,engine,limit]
+      [--workloads mf,mf_table1,nwp,furl,hpfl,feddva,peers,first_touch] [--rows tff,per_client,engine,limit]
       [--data_dir DIR_WITH_ML100K_u.data] [--output FILE] [--warmup 1]
 
 Rows: ``tff`` (TFF 0.87's own ``tff.learning.algorithms.build_fed_recon``, same model, split and optimizers; MF
@@ -35,6 +35,15 @@ for TensorFlow and PyTorch alike; ``--peer_args`` replaces them): FedAvg rounds 
 ``dense_fedavg_tff``, ``pfl_benchmark_cnn_engine``, ``pfl_benchmark_cnn_pfl``, ``pfl_benchmark_cnn_tff`` carry
 ``seconds_per_round``, ``speedup_vs_pfl``, ``speedup_vs_tff``, ``compute_bound_s`` and
 ``max_abs_diff_vs_per_client`` (vs TFF's per-client FedAvg) where defined, and the peer run's details.
+
+The ``first_touch`` workload (issue 63) runs `benchmarks/peer_speed.py` with `FIRST_TOUCH_ARGS` (its
+``--workloads=first_touch``, one thread and each framework's default threads; ``--first_touch_args`` replaces them,
+one string split as a shell would): FedAvg rounds whose clients are all new every round (100 of 100,000 registered,
+each client's data made from its id when sampled) on the engine (``engine_first_touch``: packing inside the round;
+``engine_prepacked``: every sampled client packed before round 0), pfl-research (``pfl_first_touch``) and FedJAX
+0.0.17 (``fedjax_first_touch``, in its own virtual environment), each row with ``s_per_round``, ``peak_rss_mb``,
+``threads``, ``registered_clients`` and ``final_accuracy`` (the same held-out evaluation of every row's final
+weights), and ``engine_first_touch@1000000`` for the engine's memory with 1,000,000 registered clients.
 """
 
 from __future__ import annotations
@@ -67,7 +76,9 @@ _OUTPUT = flags.DEFINE_string('output', 'docs/results/simulation_speed.json', 'J
 _QUICK = flags.DEFINE_bool('quick', False, 'Quick run: 2 timed rounds, workloads mf and furl (unless --workloads).')
 _ROUNDS = flags.DEFINE_integer('rounds', None, 'Timed rounds per row, after the warm-up rounds (default 10; quick 2).')
 _WARMUP = flags.DEFINE_integer('warmup', 1, 'Untimed rounds first, in every row (the first compiles).')
-_WORKLOADS = flags.DEFINE_list('workloads', None, 'Workloads to run (default: all and peers; quick: mf, furl).')
+_WORKLOADS = flags.DEFINE_list(
+    'workloads', None, 'Workloads to run (default: all, peers and first_touch; quick: mf, furl).'
+)
 _ROWS = flags.DEFINE_list('rows', None, 'Rows to run (default: every row of each workload).')
 _ROW_TIMEOUT = flags.DEFINE_integer('row_timeout', 1800, 'Seconds before a row process is stopped.')
 _ROW = flags.DEFINE_string('_row', None, 'Internal: run this row in this process.')
@@ -75,10 +86,20 @@ _WORKLOAD = flags.DEFINE_string('_workload', None, 'Internal: workload of --_row
 _RESULT = flags.DEFINE_string('_result', None, 'Internal: JSON file --_row writes (weights next to it, .npz).')
 
 PEERS = 'peers'
+FIRST_TOUCH = 'first_touch'
+# Every round's 100 clients new among 100,000 registered (and engine_first_touch's memory at 1,000,000): one thread
+# and each framework's default threads, 3 processes of 10 timed rounds per row.
+FIRST_TOUCH_ARGS = ('--workloads=first_touch', '--threads=1,default', '--warmup=2', '--rounds=10', '--repeats=3')
 # As docs/RESULTS.md's peer table was measured: 1 thread each (a shared 2-core machine), 3 dense and 2 CNN processes.
 PEER_ARGS = ('--threads=1', '--warmup=4', '--repeats=3', '--cnn_repeats=2')
 _PEER_ARGS = flags.DEFINE_list(
     'peer_args', list(PEER_ARGS), 'Arguments of benchmarks/peer_speed.py for the peers workload (default: pinned).'
+)
+
+_FIRST_TOUCH_ARGS = flags.DEFINE_string(
+    'first_touch_args',
+    ' '.join(FIRST_TOUCH_ARGS),
+    'Arguments of benchmarks/peer_speed.py for the first_touch workload, split as a shell would (default: pinned).',
 )
 
 ROW_DESCRIPTIONS = {
@@ -315,7 +336,7 @@ def markdown(rows: list[dict[str, Any]]) -> str:
             continue
         speedup = r.get('speedup_vs_tff', r.get('speedup_vs_per_client'))
         lines.append(
-            f'| {r["workload"]} | {r["name"]} | {_fmt(r["seconds_per_round"], ".4f")} | {_fmt(speedup, ".1f")}{"x" if speedup else ""} | '
+            f'| {r["workload"]} | {r["name"]} | {_fmt(r.get("seconds_per_round", r.get("s_per_round")), ".4f")} | {_fmt(speedup, ".1f")}{"x" if speedup else ""} | '
             f'{_fmt(r.get("compile_s"), ".1f")} | {_fmt(r.get("pack_s"), ".4f")} | {_fmt(r.get("peak_rss_mb"), ".0f")} | '
             f'{_fmt(r.get("max_abs_diff_vs_per_client"), ".2e")} | {_fmt(r.get("compute_bound_s"), ".2e")} |'
         )
@@ -338,16 +359,18 @@ def _machine() -> dict[str, Any]:
     )
 
 
-def run_peers(work_dir: str) -> list[dict[str, Any]]:
-    """The ``peers`` workload's rows: `benchmarks/peer_speed.py` with `PEER_ARGS`, each row with its run's details."""
-    output = os.path.join(work_dir, 'peers.json')
-    cmd = [sys.executable, os.path.join(_REPO, 'benchmarks', 'peer_speed.py'), *_PEER_ARGS.value, f'--output={output}']
+def run_peers(work_dir: str, workload: str = PEERS) -> list[dict[str, Any]]:
+    """The ``peers`` (``first_touch``) workload's rows: `benchmarks/peer_speed.py` with `PEER_ARGS`
+    (`FIRST_TOUCH_ARGS`), each row with its run's details."""
+    args = _PEER_ARGS.value if workload == PEERS else shlex.split(_FIRST_TOUCH_ARGS.value)
+    output = os.path.join(work_dir, f'{workload}.json')
+    cmd = [sys.executable, os.path.join(_REPO, 'benchmarks', 'peer_speed.py'), *args, f'--output={output}']
     subprocess.run(cmd, cwd=_REPO, check=True)
     with open(output) as f:
         report = json.load(f)
     keys = ('command', 'threads', 'flop_rate_gflops', 'warmup', 'load_average_before', 'load_average_after', 'wall_s')
     run = {k: report[k] for k in keys} | {'workloads': report['workloads']}
-    return [dict(row, workload=PEERS, peer_run=run) for row in report['rows']]
+    return [dict(row, workload=workload, peer_run=run) for row in report['rows']]
 
 
 def _earlier(path: str, names: list[str]) -> tuple[list[dict[str, Any]], dict[str, str], list[dict[str, Any]]]:
@@ -368,20 +391,22 @@ def main() -> None:
     rounds = _ROUNDS.value or (2 if _QUICK.value else 10)
     if _ROW.value:
         return run_row(_ROW.value, _WORKLOAD.value, rounds, _RESULT.value)
-    names = _WORKLOADS.value or (list(QUICK_WORKLOADS) if _QUICK.value else [*WORKLOADS, PEERS])
-    unknown = [w for w in names if w not in WORKLOADS and w != PEERS]
+    names = _WORKLOADS.value or (list(QUICK_WORKLOADS) if _QUICK.value else [*WORKLOADS, PEERS, FIRST_TOUCH])
+    unknown = [w for w in names if w not in WORKLOADS and w not in (PEERS, FIRST_TOUCH)]
     unknown += [r for r in _ROWS.value or [] if r not in ROW_RUNNERS]
     if unknown:
-        sys.exit(f'unknown workloads/rows {unknown}; workloads: {[*WORKLOADS, PEERS]}, rows: {list(ROW_RUNNERS)}')
+        known = [*WORKLOADS, PEERS, FIRST_TOUCH]
+        sys.exit(f'unknown workloads/rows {unknown}; workloads: {known}, rows: {list(ROW_RUNNERS)}')
     started, load_before = time.time(), os.getloadavg()
     gflops = measure_flop_rate()
     print(f'float32 matmul: {gflops:.1f} GFLOP/s', flush=True)
     rows, skipped = [], []
     with tempfile.TemporaryDirectory(prefix='simulation_speed_') as work_dir:
         for name in names:
-            if name == PEERS:
-                print(f'[{PEERS}] benchmarks/peer_speed.py {" ".join(_PEER_ARGS.value)} ...', flush=True)
-                rows += run_peers(work_dir)
+            if name in (PEERS, FIRST_TOUCH):
+                args = _PEER_ARGS.value if name == PEERS else shlex.split(_FIRST_TOUCH_ARGS.value)
+                print(f'[{name}] benchmarks/peer_speed.py {" ".join(args)} ...', flush=True)
+                rows += run_peers(work_dir, name)
                 continue
             workload = WORKLOADS[name]
             reason = workload.skip_reason()
