@@ -450,7 +450,7 @@ def plot_attribute_distribution(data: UserModelingData, path: str, *, title: str
         `path`.
     """
     import matplotlib  # Imported lazily: only plotting needs it.
-    from matplotlib.figure import Figure  # Not pyplot: plotting to a file leaves the session's backend alone.
+    from matplotlib.figure import Figure  # Not pyplot: plotting to a file leaves the process's backend alone.
 
     matrix = attribute_distribution(data)
     num_clients, k = matrix.shape
