@@ -37,9 +37,12 @@ import tensorflow_federated as tff
 from fedpersonal import errors
 from fedpersonal import progress
 from fedpersonal.core.process import LazyDatasets as LazyDatasets
+from fedpersonal.simulation import materialize
 from fedpersonal.simulation import options as simulation_options
 
 PhaseFn = Callable[[tf.data.Dataset], Sequence[tf.data.Dataset]]
+# Clients read per compiled pass (`materialize`): a prefetch's first clients can be packed while later ones are read.
+_PASS_CLIENTS = 64
 BatchPhaseFn = Callable[[list[Any]], Sequence[list[Any]]]
 
 
@@ -236,16 +239,16 @@ class ClientPacker:
         with self._lock:
             return list(self._cache)
 
-    def _materialize(self, get_dataset: Callable[[], tf.data.Dataset], name: str, check: Any) -> list[_Phase]:
-        """A client's phases from its dataset, its batches checked by `check` (named `name`)."""
-        dataset = get_dataset()
+    def _phases(self, name: str, read: list[list[Any]], check: Any) -> list[_Phase]:
+        """A client's phases from the batches read from its dataset (`batch_phase_fn`: one list) or from its phase
+        datasets (one list each), its batches checked by `check` (named `name`)."""
         if self._batch_phase_fn is not None:
-            batches = list(dataset.as_numpy_iterator())
+            (batches,) = read
             if check is not None:
                 check.check_batches(name, batches)
             phase_batches = self._batch_phase_fn(batches)
         else:
-            phase_batches = [list(d.as_numpy_iterator()) for d in self._phase_fn(dataset)]  # type: ignore[misc]
+            phase_batches = read
             if check is not None:  # The batches the client trains on (its phases' parts of its data).
                 check.check_batches(name, [b for batches in phase_batches for b in batches])
         phases = [_Phase(b, self.element_spec) for b in phase_batches]
@@ -253,9 +256,51 @@ class ClientPacker:
             raise ValueError(f'The phase function returned {len(phases)} datasets, expected {self.phase_names}.')
         return phases
 
+    def _datasets(self, get_dataset: Callable[[], tf.data.Dataset]) -> list[tf.data.Dataset]:
+        """What is read of a client: its dataset (`batch_phase_fn`), or its phase datasets (`phase_fn`)."""
+        dataset = get_dataset()
+        return [dataset] if self._batch_phase_fn is not None else list(self._phase_fn(dataset))  # type: ignore[misc]
+
+    def _materialize(self, get_dataset: Callable[[], tf.data.Dataset], name: str, check: Any) -> list[_Phase]:
+        """A client's phases, its datasets read one by one (each by its own iterator)."""
+        return self._phases(name, [list(d.as_numpy_iterator()) for d in self._datasets(get_dataset)], check)
+
+    def _materialize_many(
+        self, get_datasets: Sequence[Callable[[], tf.data.Dataset]], names: Sequence[str], check: Any
+    ) -> list[list[_Phase] | Exception]:
+        """Clients' phases, their datasets read together in one pass (`materialize.materialize`: the same batches
+        as each dataset's own iterator gives); a client's error (building its dataset, reading it, its check) in
+        its place. A pass that fails reads its clients again one by one, from new datasets, so that the error names
+        its client and the others read their first iteration as always."""
+        results: list[list[_Phase] | Exception | None] = [None] * len(get_datasets)
+        built: list[tuple[int, list[tf.data.Dataset]]] = []
+        for k, get_dataset in enumerate(get_datasets):
+            try:
+                built.append((k, self._datasets(get_dataset)))
+            except Exception as error:  # pylint: disable=broad-except
+                results[k] = error
+        try:
+            read = materialize.materialize([d for _, parts in built for d in parts])
+        except (tf.errors.OpError, ValueError, TypeError):
+            read = None
+        start = 0
+        for k, parts in built:
+            try:
+                if read is None:
+                    results[k] = self._materialize(get_datasets[k], names[k], check)
+                else:
+                    results[k] = self._phases(names[k], read[start : start + len(parts)], check)
+            except Exception as error:  # pylint: disable=broad-except
+                results[k] = error
+            start += len(parts)
+        return [r for r in results if r is not None]
+
     def _insert(self, client_id: str, phases: list[_Phase]) -> None:
         """Caches a client's phases, then evicts the least recently used clients beyond `cache_bytes` (the client
         itself too when it alone exceeds it: a round that packs it still holds its arrays). Holds the lock."""
+        replaced = self._cache.pop(client_id, None)
+        if replaced is not None:
+            self._cached_bytes -= sum(p.nbytes for p in replaced)
         self._cache[client_id] = phases
         self._cached_bytes += sum(p.nbytes for p in phases)
         while self._cached_bytes > self.cache_bytes and self._cache:
@@ -273,29 +318,15 @@ class ClientPacker:
                 self._cache.move_to_end(client_id)
             return phases
 
+    def _done(self, client_id: str) -> bool:
+        """Whether no prefetch is still to materialize the client (called holding the lock)."""
+        return client_id not in self._pending
+
     def _wait_for_prefetch(self) -> None:
         """Returns once no prefetch is in flight (its errors are kept per client, so waiting raises none)."""
         future, self._prefetching = self._prefetching, None
         if future is not None:
             future.result()
-
-    def _client(
-        self, get_dataset: Callable[[], tf.data.Dataset], client_id: str | None, check: Any, position: int
-    ) -> list[_Phase]:
-        if client_id is not None:
-            with self._lock:  # A prefetch materializing this client: wait for it, not for the whole prefetch.
-                self._lock.wait_for(lambda: client_id not in self._pending)
-            phases = self._lookup(client_id)
-            if phases is not None:
-                return phases
-        # Materializing here waits for the in-flight prefetches first: one thread at a time reads clients' data
-        # (a dataset function, a validation or TFF's runtime that `phase_fn` calls need not be thread-safe).
-        self._wait_for_prefetch()
-        phases = self._materialize(get_dataset, client_id if client_id is not None else f'#{position}', check)
-        if client_id is not None:
-            with self._lock:
-                self._insert(client_id, phases)
-        return phases
 
     def prefetch(self, datasets: Sequence[tf.data.Dataset], client_ids: Sequence[str], *, check: Any = None) -> None:
         """Materializes into the cache, on a background thread, the clients not cached yet: e.g. the next round's,
@@ -324,18 +355,18 @@ class ClientPacker:
         def run() -> None:
             try:
                 with tff.framework.get_context_stack().install(context):
-                    for client_id, i in wanted.items():
-                        try:
-                            phases = self._materialize(functools.partial(datasets.__getitem__, i), client_id, check)
-                        except Exception as error:  # pylint: disable=broad-except
-                            with self._lock:
-                                self._failed[client_id] = error
-                                self._pending.discard(client_id)
-                                self._lock.notify_all()
-                            continue
+                    names = list(wanted)
+                    for k in range(0, len(names), _PASS_CLIENTS):
+                        part = names[k : k + _PASS_CLIENTS]
+                        getters = [functools.partial(datasets.__getitem__, wanted[name]) for name in part]
+                        results = self._materialize_many(getters, part, check)
                         with self._lock:
-                            self._insert(client_id, phases)
-                            self._pending.discard(client_id)
+                            for client_id, result in zip(part, results):
+                                if isinstance(result, Exception):
+                                    self._failed[client_id] = result
+                                else:
+                                    self._insert(client_id, result)
+                                self._pending.discard(client_id)
                             self._lock.notify_all()
             finally:  # Whatever stopped it, `pack` never waits for a client it will not materialize.
                 with self._lock:
@@ -373,20 +404,37 @@ class ClientPacker:
         """
         if client_ids is not None and len(client_ids) != len(datasets):
             raise ValueError(f'{len(client_ids)} client ids for {len(datasets)} datasets.')
-        # `datasets[i]` is only read for a client not packed before (a lazy sequence then builds no pipeline).
-        clients = [
-            self._client(
-                functools.partial(datasets.__getitem__, i),
-                None if client_ids is None else str(client_ids[i]),
-                check,
-                i,
-            )
-            for i in (
-                range(len(datasets))
-                if description is None
-                else progress.logged(range(len(datasets)), len(datasets), description)
-            )
-        ]
+        ids = None if client_ids is None else [str(c) for c in client_ids]
+        found: list[list[_Phase] | None] = [None] * len(datasets)
+        missing: dict[str, list[int]] = {}  # Each client read once, however often it appears in the round.
+        for i in range(len(datasets)):
+            if ids is not None:
+                client_id = ids[i]
+                with self._lock:  # A prefetch materializing this client: wait for it, not for the whole prefetch.
+                    self._lock.wait_for(functools.partial(self._done, client_id))
+                found[i] = self._lookup(client_id)
+            if found[i] is None:
+                missing.setdefault(f'#{i}' if ids is None else ids[i], []).append(i)
+        if missing:
+            # One thread at a time reads clients' data (a dataset function, a validation or TFF's runtime that
+            # `phase_fn` calls need not be thread-safe): the in-flight prefetches first.
+            self._wait_for_prefetch()
+            names = list(missing)
+            passes = [names[k : k + _PASS_CLIENTS] for k in range(0, len(names), _PASS_CLIENTS)]
+            if description is not None:
+                passes = list(progress.logged(passes, len(passes), f'{description} ({_PASS_CLIENTS} a step)'))
+            for part in passes:
+                # `datasets[i]` is only read for a client not packed before (a lazy sequence then builds no pipeline).
+                getters = [functools.partial(datasets.__getitem__, missing[name][0]) for name in part]
+                for name, result in zip(part, self._materialize_many(getters, part, check)):
+                    if isinstance(result, Exception):
+                        raise result
+                    if ids is not None:
+                        with self._lock:
+                            self._insert(name, result)
+                    for i in missing[name]:
+                        found[i] = result
+        clients = [c for c in found if c is not None]
         for p, name in enumerate(self.phase_names):
             steps = max((c[p].steps for c in clients), default=1)
             self._steps[name] = max(self._steps[name], _bucket(steps))
