@@ -5,10 +5,10 @@
 # on 2 cores the suite took 9.0 min instead of 16.6 min serially (measured 2026-11-23), as most of a test's time
 # is single-threaded Python and tracing. More workers than cores: pytest 829 s with 3 and 916 s with 4, against
 # 916 s with 2 in the same hour (2026-11-26, one run each): within the noise, so one worker per core stays. Each
-# worker has its own TFF runtime and checks it leaves no worker behind. On 2026-12-06 (Intel, 2 cores, at 10077ee,
-# from a clean clone, the machine shared with other test runs for its first half): the first pass
-# 36.5 min (1318 passed, 7 skipped), above the 20 minutes issue 62 asks for (most of a test is process starts and
-# TFF tracing, not rounds).
+# worker has its own TFF runtime and checks it leaves no worker behind. On 2026-12-06 (Intel, 2 cores, at 9be21f4,
+# from a clean clone on a quiet machine): the first pass 32.8 min (1318 passed, 7 skipped; 3,858 s of tests, 86% of
+# both cores busy), above the 20 minutes issue 62 asks for: a test's time is mostly TF and TFF tracing and the
+# process starts of binaries and Ray workers (7.8 s to import TF and TFF), not rounds.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 source scripts/env.sh
