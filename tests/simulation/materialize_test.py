@@ -83,3 +83,12 @@ def test_a_reshuffling_dataset_gives_its_first_order(seed):
         return [tf.data.Dataset.range(20).shuffle(20, seed=seed, reshuffle_each_iteration=True).batch(6)]
 
     _assert_same_batches(materialize.materialize(fresh()), [list(fresh()[0].as_numpy_iterator())])
+
+
+def test_datasets_of_unknown_cardinality_are_read_with_each_batch_tagged():
+    """A filter leaves a dataset's number of batches unknown until read: its batches still go to their own client,
+    beside datasets of known cardinality of the same spec."""
+    filtered = [tf.data.Dataset.range(n).filter(lambda v: v % 3 > 0).batch(2) for n in (7, 0, 4)]
+    mixed = [filtered[0], tf.data.Dataset.range(5).batch(2), filtered[1], filtered[2]]
+    assert int(filtered[0].cardinality()) < 0
+    _assert_same_batches(materialize.materialize(mixed), [list(d.as_numpy_iterator()) for d in mixed])
