@@ -462,34 +462,31 @@ def dense_reference(path: str) -> list[np.ndarray]:
 
 
 # ---------------------------------------------------------------------------------------------- the parent
-@functools.cache
-def pfl_python() -> str:
-    """The pfl venv's Python, building the venv on first use (pip from the package registry, CPU torch)."""
-    python = os.path.join(_PFL_VENV.value, 'bin', 'python')
-    check = [python, '-c', 'import pfl, torch']
+def _venv_python(venv: str, imports: str, install: list[str]) -> str:
+    """The Python of a peer's venv, building it on first use (``pip install *install`` from the package registry)
+    unless ``import <imports>`` already works there."""
+    python = os.path.join(venv, 'bin', 'python')
+    check = [python, '-c', f'import {imports}']
     if os.path.exists(python) and subprocess.run(check, capture_output=True).returncode == 0:
         return python
-    print(f'building {_PFL_VENV.value}: {" ".join(_PFL_REQUIREMENTS.value)}', flush=True)
+    print(f'building {venv}: {" ".join(install)}', flush=True)
     base = getattr(sys, '_base_executable', sys.executable)
-    subprocess.run([base, '-m', 'venv', _PFL_VENV.value], check=True)
-    subprocess.run([python, '-m', 'pip', 'install', '-q', *_PFL_REQUIREMENTS.value], check=True)
+    subprocess.run([base, '-m', 'venv', venv], check=True)
+    subprocess.run([python, '-m', 'pip', 'install', '-q', *install], check=True)
     subprocess.run(check, check=True)
     return python
+
+
+@functools.cache
+def pfl_python() -> str:
+    """The pfl venv's Python (CPU torch)."""
+    return _venv_python(_PFL_VENV.value, 'pfl, torch', list(_PFL_REQUIREMENTS.value))
 
 
 @functools.cache
 def fedjax_python() -> str:
-    """The FedJAX venv's Python, building the venv on first use (pip from the package registry, the pinned file)."""
-    python = os.path.join(_FEDJAX_VENV.value, 'bin', 'python')
-    check = [python, '-c', 'import fedjax, jax, haiku, optax']
-    if os.path.exists(python) and subprocess.run(check, capture_output=True).returncode == 0:
-        return python
-    print(f'building {_FEDJAX_VENV.value}: {_FEDJAX_REQUIREMENTS.value}', flush=True)
-    base = getattr(sys, '_base_executable', sys.executable)
-    subprocess.run([base, '-m', 'venv', _FEDJAX_VENV.value], check=True)
-    subprocess.run([python, '-m', 'pip', 'install', '-q', '-r', _FEDJAX_REQUIREMENTS.value], check=True)
-    subprocess.run(check, check=True)
-    return python
+    """The FedJAX venv's Python (the pinned requirements file)."""
+    return _venv_python(_FEDJAX_VENV.value, 'fedjax, jax, haiku, optax', ['-r', _FEDJAX_REQUIREMENTS.value])
 
 
 def thread_count(setting: str) -> int | None:
