@@ -9,7 +9,9 @@ yielded exactly as the dataset's own iterator yields it (same values, shapes and
 dataset iterated this way starts from its first iteration, as a fresh iterator does (a shuffle with a seed gives its
 first order).
 
-Datasets are read together when their element specs are equal; others are read in a pass of their own.
+Datasets are read together when their element specs are equal; others are read in a pass of their own. An array
+pipeline (``from_tensor_slices`` then ``batch``, ``repeat``, ...: `fedpersonal.simulation.sliced`) is not run at
+all: numpy cuts its batches from its arrays.
 """
 
 from __future__ import annotations
@@ -20,6 +22,8 @@ from typing import Any
 
 import numpy as np
 import tensorflow as tf
+
+from fedpersonal.simulation import sliced
 
 _BATCHES_PER_CALL = 1 << 15  # `padded_batch` reserves room for this many batches; more take further calls.
 
@@ -134,7 +138,11 @@ def materialize(datasets: Sequence[tf.data.Dataset]) -> list[list[Any]]:
     out: list[list[Any]] = [[] for _ in datasets]
     by_spec: dict[str, list[int]] = collections.defaultdict(list)
     for k, dataset in enumerate(datasets):
-        by_spec[repr(dataset.element_spec)].append(k)
+        batches = sliced.array_batches(dataset)
+        if batches is not None:
+            out[k] = batches
+        else:
+            by_spec[repr(dataset.element_spec)].append(k)
     for key, members in by_spec.items():
         spec = datasets[members[0]].element_spec
         if not all(type(s) is tf.TensorSpec for s in tf.nest.flatten(spec)):  # Ragged or sparse: one at a time.
