@@ -52,9 +52,11 @@ environment).
 
 Rows of first_touch, each in its own process, interleaved within each repeat (``--first_touch_rows``):
 ``engine_first_touch`` (`fedpersonal.algorithms.build_fed_avg` on the engine: ``process.run_round(state,
-LazyDatasets(ids, make_dataset), client_ids=ids)``, so making and packing the new clients' data is inside the timed
-round; a process with a ``prefetch(client_data, client_ids)`` method, detected with ``hasattr``, is handed the next
-round's clients before each round runs, ``prefetch`` in the row), ``engine_prepacked`` (the same rounds with every
+ArrayDatasets(ids, client_arrays, batch_size), client_ids=ids)``, each client given as its arrays, as the peers'
+rows are, so making and packing the new clients' data is inside the timed round; a process with a
+``prefetch(client_data, client_ids)`` method, detected with ``hasattr``, is handed the next round's clients before
+each round runs, ``prefetch`` in the row), ``engine_first_touch_tf_data`` (the same, each client given as a tf.data
+pipeline built by a function of its id, ``LazyDatasets(ids, make_dataset)``), ``engine_prepacked`` (the same rounds with every
 sampled client's data materialized before round 0, ``prepare_s``, as the dense engine row), ``pfl_first_touch``
 (pfl-research's FedAvg, `benchmarks/peer_pfl_row.py`: its `FederatedDataset` from a per-user data function that
 makes a sampled user's arrays from its id) and ``fedjax_first_touch`` (FedJAX 0.0.17's
@@ -124,7 +126,7 @@ _OUTPUT = flags.DEFINE_string(
 )
 _FIRST_TOUCH_ROWS = flags.DEFINE_list(
     'first_touch_rows',
-    ['engine_first_touch', 'engine_prepacked', 'pfl_first_touch', 'fedjax_first_touch'],
+    ['engine_first_touch', 'engine_first_touch_tf_data', 'engine_prepacked', 'pfl_first_touch', 'fedjax_first_touch'],
     'Rows of the first_touch workload.',
 )
 _FIRST_TOUCH_CLIENTS = flags.DEFINE_integer('first_touch_clients', 100_000, 'Registered clients of first_touch.')
@@ -302,10 +304,11 @@ def _row_engine(data, kind: str, warmup: int):
         return process.get_model_weights(state).trainable, seconds, info
 
 
-def _row_first_touch(data, prepacked: bool):
-    """first_touch on the engine: every round's clients new, their data made from their ids when read (a
-    `LazyDatasets`); packing them is inside the timed round unless `prepacked` (all materialized before round 0). A
-    process with `prefetch` (e.g. a later `PersonalizedProcess`) is handed the next round's clients first."""
+def _row_first_touch(data, prepacked: bool, tf_data: bool = False):
+    """first_touch on the engine: every round's clients new, their data made from their ids when read (an
+    `ArrayDatasets` of their arrays; `tf_data`: a `LazyDatasets` of their tf.data pipelines); packing them is inside
+    the timed round unless `prepacked` (all materialized before round 0). A process with `prefetch` (e.g. a later
+    `PersonalizedProcess`) is handed the next round's clients first."""
     import first_touch_data  # pylint: disable=g-import-not-at-top
     import tensorflow as tf  # pylint: disable=g-import-not-at-top
     import tensorflow_federated as tff  # pylint: disable=g-import-not-at-top
@@ -314,6 +317,7 @@ def _row_first_touch(data, prepacked: bool):
     from fedpersonal import backends  # pylint: disable=g-import-not-at-top
     from fedpersonal import models  # pylint: disable=g-import-not-at-top
     from fedpersonal import runtime  # pylint: disable=g-import-not-at-top
+    from fedpersonal.core.process import ArrayDatasets  # pylint: disable=g-import-not-at-top
     from fedpersonal.core.process import LazyDatasets  # pylint: disable=g-import-not-at-top
 
     seed, batch = int(data['seed']), int(data['batch'])
@@ -324,6 +328,13 @@ def _row_first_touch(data, prepacked: bool):
     def make_dataset(client_id: str):
         x, y = first_touch_data.client_arrays(int(client_id), seed)
         return tf.data.Dataset.from_tensor_slices(collections.OrderedDict(x=x, y=y)).batch(batch)
+
+    def arrays(client_id: str):
+        x, y = first_touch_data.client_arrays(int(client_id), seed)
+        return collections.OrderedDict(x=x, y=y)
+
+    def clients(ids):
+        return LazyDatasets(ids, make_dataset) if tf_data else ArrayDatasets(ids, arrays, batch)
 
     spec = collections.OrderedDict(x=tf.TensorSpec([None, 784], tf.float32), y=tf.TensorSpec([None], tf.int32))
 
@@ -344,7 +355,7 @@ def _row_first_touch(data, prepacked: bool):
         started = time.perf_counter()
         if prepacked:
             every = [c for ids in rounds for c in ids]
-            process.backend.pack(LazyDatasets(every, make_dataset), client_ids=every)
+            process.backend.pack(clients(every), client_ids=every)
         prepare_s = time.perf_counter() - started
         state = process.initialize()
         initial = [data[f'w{i}'] for i in range(int(data['num_weights']))]
@@ -354,13 +365,13 @@ def _row_first_touch(data, prepacked: bool):
         for r, ids in enumerate(rounds):
             t, c = time.perf_counter(), time.process_time()
             if prefetch is not None and r + 1 < len(rounds):
-                prefetch(LazyDatasets(rounds[r + 1], make_dataset), rounds[r + 1])
-            state = process.run_round(state, LazyDatasets(ids, make_dataset), client_ids=ids).state
+                prefetch(clients(rounds[r + 1]), rounds[r + 1])
+            state = process.run_round(state, clients(ids), client_ids=ids).state
             seconds.append(time.perf_counter() - t)
             cpu.append(time.process_time() - c)
             print(f'round {r}: {seconds[-1]:.4f} s', flush=True)
         info = dict(prepare_s=prepare_s, strategy=process.engine_strategy, cpu_seconds=cpu)
-        info.update(engine_strategy=_ENGINE_STRATEGY.value, prefetch=prefetch is not None)
+        info.update(engine_strategy=_ENGINE_STRATEGY.value, prefetch=prefetch is not None, tf_data=tf_data)
         return process.get_model_weights(state).trainable, seconds, info
 
 
@@ -402,8 +413,8 @@ def _row_flops(data, kind: str, warmup: int):
 def run_row(row: str, path: str | None, result_path: str) -> None:
     data = dict(np.load(path)) if path else {}
     kind = str(data.get('kind'))
-    if row in ('engine_first_touch', 'engine_prepacked'):
-        weights, seconds, info = _row_first_touch(data, prepacked=row == 'engine_prepacked')
+    if row in ('engine_first_touch', 'engine_first_touch_tf_data', 'engine_prepacked'):
+        weights, seconds, info = _row_first_touch(data, row == 'engine_prepacked', row == 'engine_first_touch_tf_data')
     else:
         weights, seconds, info = {'engine': _row_engine, 'tff': _row_tff, 'flops': _row_flops}[row](
             data, kind, _WARMUP.value

@@ -9,6 +9,8 @@
   backend that runs each client as one compiled program (HPFL's silos).
 * `client_work`: the client-side steps (local optimizer loops, reconstruction, proximal terms, metrics,
   weights, evaluation passes), written once.
+* `array_data`: `ArrayDatasets`, clients' data given as arrays (the engine reads their batches without a
+  tf.data pipeline).
 * `input_checks` and `non_finite`: what `PersonalizedProcess.run_round` refuses instead of returning silent
   numbers (labels outside the model's outputs; a NaN or infinite loss, `NonFiniteLossError`).
 
@@ -16,6 +18,7 @@ See docs/ARCHITECTURE.md for the data flow of a round and how to add an algorith
 """
 
 from fedpersonal.core import client_work
+from fedpersonal.core.array_data import ArrayDatasets
 from fedpersonal.core.compose import PostAggregation
 from fedpersonal.core.compose import ServerStep
 from fedpersonal.core.compose import compose_personalized_process
@@ -30,6 +33,7 @@ from fedpersonal.core.process import from_learning_process
 from fedpersonal.core.round_functions import RoundFunctions
 
 __all__ = [
+    'ArrayDatasets',
     'PerClientBackend',
     'PersonalizedProcess',
     'PostAggregation',

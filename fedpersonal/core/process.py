@@ -39,6 +39,7 @@ import tensorflow_federated as tff
 from fedpersonal import errors
 from fedpersonal.core import input_checks
 from fedpersonal.core import non_finite as non_finite_lib
+from fedpersonal.core.array_data import ArrayDatasets as ArrayDatasets
 
 
 def as_numpy(structure: Any) -> Any:

@@ -29,6 +29,7 @@ import threading
 from collections.abc import Callable
 from collections.abc import Sequence
 from typing import Any
+from typing import NamedTuple
 
 import numpy as np
 import tensorflow as tf
@@ -44,6 +45,12 @@ PhaseFn = Callable[[tf.data.Dataset], Sequence[tf.data.Dataset]]
 # Clients read per compiled pass (`materialize`): a prefetch's first clients can be packed while later ones are read.
 _PASS_CLIENTS = 64
 BatchPhaseFn = Callable[[list[Any]], Sequence[list[Any]]]
+
+
+class _Read(NamedTuple):
+    """A client's batches already read as numpy (`ArrayDatasets.numpy_batches`), in place of its dataset."""
+
+    batches: list[Any]
 
 
 class _Phase:
@@ -256,14 +263,26 @@ class ClientPacker:
             raise ValueError(f'The phase function returned {len(phases)} datasets, expected {self.phase_names}.')
         return phases
 
-    def _datasets(self, get_dataset: Callable[[], tf.data.Dataset]) -> list[tf.data.Dataset]:
-        """What is read of a client: its dataset (`batch_phase_fn`), or its phase datasets (`phase_fn`)."""
-        dataset = get_dataset()
-        return [dataset] if self._batch_phase_fn is not None else list(self._phase_fn(dataset))  # type: ignore[misc]
+    def _getter(self, datasets: Sequence[Any], index: int) -> Callable[[], Any]:
+        """How client `index` of `datasets` is read: its numpy batches where the sequence gives them and the packer
+        reads a client's batches (`batch_phase_fn`; e.g. `fedpersonal.core.array_data.ArrayDatasets`, no pipeline
+        built), else its dataset."""
+        numpy_batches = getattr(datasets, 'numpy_batches', None)
+        if self._batch_phase_fn is not None and numpy_batches is not None:
+            return lambda: _Read(numpy_batches(index))
+        return functools.partial(datasets.__getitem__, index)
 
-    def _materialize(self, get_dataset: Callable[[], tf.data.Dataset], name: str, check: Any) -> list[_Phase]:
+    def _datasets(self, get_dataset: Callable[[], Any]) -> list[Any]:
+        """What is read of a client: its dataset or batches (`batch_phase_fn`), or its phase datasets (`phase_fn`)."""
+        dataset = get_dataset()
+        if self._batch_phase_fn is not None or isinstance(dataset, _Read):
+            return [dataset]
+        return list(self._phase_fn(dataset))  # type: ignore[misc]
+
+    def _materialize(self, get_dataset: Callable[[], Any], name: str, check: Any) -> list[_Phase]:
         """A client's phases, its datasets read one by one (each by its own iterator)."""
-        return self._phases(name, [list(d.as_numpy_iterator()) for d in self._datasets(get_dataset)], check)
+        read = [d.batches if isinstance(d, _Read) else list(d.as_numpy_iterator()) for d in self._datasets(get_dataset)]
+        return self._phases(name, read, check)
 
     def _materialize_many(
         self, get_datasets: Sequence[Callable[[], tf.data.Dataset]], names: Sequence[str], check: Any
@@ -279,8 +298,10 @@ class ClientPacker:
                 built.append((k, self._datasets(get_dataset)))
             except Exception as error:  # pylint: disable=broad-except
                 results[k] = error
+        flat = [d for _, parts in built for d in parts]
         try:
-            read = materialize.materialize([d for _, parts in built for d in parts])
+            passed = iter(materialize.materialize([d for d in flat if not isinstance(d, _Read)]))
+            read = [d.batches if isinstance(d, _Read) else next(passed) for d in flat]
         except (tf.errors.OpError, ValueError, TypeError):
             read = None
         start = 0
@@ -358,7 +379,7 @@ class ClientPacker:
                     names = list(wanted)
                     for k in range(0, len(names), _PASS_CLIENTS):
                         part = names[k : k + _PASS_CLIENTS]
-                        getters = [functools.partial(datasets.__getitem__, wanted[name]) for name in part]
+                        getters = [self._getter(datasets, wanted[name]) for name in part]
                         results = self._materialize_many(getters, part, check)
                         with self._lock:
                             for client_id, result in zip(part, results):
@@ -425,7 +446,7 @@ class ClientPacker:
                 passes = list(progress.logged(passes, len(passes), f'{description} ({_PASS_CLIENTS} a step)'))
             for part in passes:
                 # `datasets[i]` is only read for a client not packed before (a lazy sequence then builds no pipeline).
-                getters = [functools.partial(datasets.__getitem__, missing[name][0]) for name in part]
+                getters = [self._getter(datasets, missing[name][0]) for name in part]
                 for name, result in zip(part, self._materialize_many(getters, part, check)):
                     if isinstance(result, Exception):
                         raise result

@@ -19,6 +19,8 @@ from typing import Any
 import numpy as np
 import tensorflow as tf
 
+from fedpersonal.core import array_data
+
 # The stages understood, by the class names tf.data gives them (module `tensorflow.python.data.ops`).
 _SOURCE = '_TensorSliceDataset'
 _STAGES = frozenset({'_BatchDataset', '_RepeatDataset', '_TakeDataset', '_SkipDataset', '_PrefetchDataset'})
@@ -100,8 +102,7 @@ def array_batches(dataset: tf.data.Dataset) -> list[Any] | None:
             drop = _scalar(getattr(stage, '_drop_remainder', None))
             if batched or size is None or size < 1 or drop is None:
                 return None
-            full = len(rows) - len(rows) % size
-            rows = [rows[k : k + size] for k in range(0, full if drop else len(rows), size)]
+            rows = array_data.batch_rows(rows, size, bool(drop))
             batched = True
             continue
         count = _scalar(getattr(stage, '_count', None))

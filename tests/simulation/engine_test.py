@@ -177,14 +177,24 @@ def test_what_the_engine_cannot_run_falls_back_to_the_per_client_backend_saying_
     ],
 )
 def test_numpy_split_equals_dataset_split_function(split):
-    for dataset in client_datasets((1, 2, 7, 23), seed=3):
+    regular = client_datasets((1, 2, 7, 23), seed=3)
+    examples = regular[-1].unbatch()
+    irregular = [  # Batches of other sizes than the first's: the numpy split re-batches them as tf.data does.
+        examples.batch(3).concatenate(examples.batch(5)),
+        examples.batch(4).concatenate(examples.batch(9)),  # A last batch larger than the first.
+        regular[-1].concatenate(regular[-1].map(lambda b: tf.nest.map_structure(lambda t: t[:0], b))),  # Empty.
+    ]
+    for dataset in regular + irregular:
         support, query = dataset_split.build_dataset_split_fn(split)(dataset)
         fast_support, fast_query = dataset_split.split_batches(list(dataset.as_numpy_iterator()), split)
         for slow, fast in ((support, fast_support), (query, fast_query)):
             slow = list(slow.as_numpy_iterator())
             assert len(slow) == len(fast)
             for a, b in zip(slow, fast):
-                tf.nest.map_structure(np.testing.assert_array_equal, a, b)
+                tf.nest.assert_same_structure(a, b)
+                for u, v in zip(tf.nest.flatten(a), tf.nest.flatten(b)):
+                    assert u.dtype == v.dtype and u.shape == v.shape
+                    np.testing.assert_array_equal(u, v)
 
 
 @pytest.mark.numeric

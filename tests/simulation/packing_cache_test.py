@@ -56,23 +56,30 @@ def _fed_avg(**use):
 
 
 class _Counting:
-    """Builds the clients' datasets, counting how often each is built (a build is a materialization)."""
+    """Builds the clients' datasets, counting how often each is built (a build is a materialization). `kind`:
+    ``'slices'`` array pipelines (read by numpy, `simulation.sliced`), ``'mapped'`` the same through a ``map`` (read
+    by a tf.data pass), ``'arrays'`` an `ArrayDatasets` (its numpy batches: no pipeline built)."""
 
-    def __init__(self):
-        self.built = collections.Counter()
+    def __init__(self, kind='slices'):
+        self.built, self.kind = collections.Counter(), kind
 
     def __call__(self, client_id):
         self.built[client_id] += 1
-        return tf.data.Dataset.from_tensor_slices(CLIENTS[client_id]).batch(BATCH)
+        if self.kind == 'arrays':
+            return CLIENTS[client_id]
+        dataset = tf.data.Dataset.from_tensor_slices(CLIENTS[client_id])
+        return (dataset.map(lambda e: e) if self.kind == 'mapped' else dataset).batch(BATCH)
 
     def datasets(self, ids):
+        if self.kind == 'arrays':
+            return process_lib.ArrayDatasets(ids, self, BATCH)
         return process_lib.LazyDatasets(ids, self)
 
 
-def _run(process, *, prefetch=False, ids=True, rounds=ROUNDS, after_round=None):
+def _run(process, *, prefetch=False, ids=True, rounds=ROUNDS, after_round=None, kind='slices'):
     """The rounds' final weights and every round's metrics; with `prefetch`, each round first prefetches the next
-    round's clients."""
-    make, state, metrics = _Counting(), process.initialize(), []
+    round's clients (`kind`: how the clients' data is given, `_Counting`)."""
+    make, state, metrics = _Counting(kind), process.initialize(), []
     for r, sampled in enumerate(rounds):
         if prefetch and r + 1 < len(rounds):
             process.prefetch(make.datasets(rounds[r + 1]), rounds[r + 1])
@@ -101,6 +108,39 @@ def test_rounds_with_prefetch_are_bit_identical_and_read_each_client_once(refere
     _assert_identical(prefetched, reference)
     assert set(prefetched[2]) == {c for r in ROUNDS for c in r}
     assert set(prefetched[2].values()) == {1}  # Under the default bound nothing is evicted: each client read once.
+
+
+@pytest.mark.parametrize('kind', ['mapped', 'arrays'])
+@pytest.mark.parametrize('prefetch', [False, True])
+def test_arrays_read_by_numpy_a_tf_data_pass_and_array_datasets_give_the_same_rounds(reference, kind, prefetch):
+    """The reference reads its array pipelines by numpy; a pipeline that tf.data must run, and clients given as
+    `ArrayDatasets` (no pipeline built), give the same bits."""
+    _assert_identical(_run(_fed_avg(), prefetch=prefetch, kind=kind), reference)
+
+
+def test_array_datasets_on_the_per_client_backend_give_what_their_pipelines_give():
+    """TFF's runtime takes `ArrayDatasets` as any sequence of datasets (their pipelines, built when indexed)."""
+
+    def model_fn():
+        keras_model = tf.keras.Sequential(
+            [
+                tf.keras.Input([DIM]),
+                tf.keras.layers.Dense(CLASSES, kernel_initializer=tf.keras.initializers.GlorotUniform(1)),
+            ]
+        )
+        return models.from_keras_model(keras_model, input_spec=SPEC, global_variables=keras_model.variables)
+
+    with backends.use('per_client'):
+        process = algorithms.build_fed_avg(
+            model_fn,
+            loss_fn=lambda: tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+            metrics_fn=lambda: [tf.keras.metrics.SparseCategoricalAccuracy(name='accuracy')],
+            simulation=None,
+        )
+    rounds = ROUNDS[:2]
+    arrays = _run(process, kind='arrays', rounds=rounds)
+    assert set(arrays[2]) == {c for r in rounds for c in r}  # Its pipelines, built when indexed.
+    _assert_identical(arrays, _run(process, kind='slices', rounds=rounds))
 
 
 def test_a_tiny_cache_stays_within_its_bound_rematerializes_evicted_clients_and_changes_nothing(reference):
