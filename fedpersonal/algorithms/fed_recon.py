@@ -159,7 +159,7 @@ def build_fed_recon(
     model_aggregator: AggregationFactory | None = None,
     model_distributor: tff.learning.templates.DistributionProcess | None = None,
     metrics_aggregator: Callable[..., tff.Computation] | None = None,
-    simulation: str | None = 'engine',
+    simulation: str | None = None,
     group_size: int | None = None,
     measure_communication: bool = False,
     server_optimizer_fn: OptimizerArg | None = None,
@@ -198,10 +198,10 @@ def build_fed_recon(
       model_distributor: Default `tff.learning.templates.build_broadcast_process` (another one runs on the
         per-client backend).
       metrics_aggregator: As in TFF (default, and None: `sum_then_finalize`).
-      simulation: Deprecated alias of `fedpersonal.backends.use`: ``'engine'`` (default): a round's clients run
-        in groups, each group as one compiled program; `process.backend.pack(datasets)` makes `next`'s input.
-        ``'per_client'``: one TFF client computation per client, `next` takes the datasets. None takes the
-        context's backend. Same results to float precision; what the engine cannot run (a Keras optimizer, a
+      simulation: An override of the context's backend (`fedpersonal.backends.use`, the one chooser) for this
+        builder alone: ``'engine'`` or ``'per_client'``; None (default) follows the context. ``'engine'`` (the context's default): a round's clients run in groups, each
+        group as one compiled program; `process.backend.pack(datasets)` makes `next`'s input. ``'per_client'``:
+        one TFF client computation per client, `next` takes the datasets. Same results to float precision; what the engine cannot run (a Keras optimizer, a
         custom distributor, an aggregator that needs each client's own update, ...) runs on the per-client
         backend, with a log line saying why.
       group_size: Engine only: the most logical clients per group (default: as many as fit 1 GiB of
