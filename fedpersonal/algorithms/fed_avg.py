@@ -16,9 +16,9 @@ from typing import Any
 import tensorflow as tf
 import tensorflow_federated as tff
 
-from fedpersonal.algorithms import dataset_split
 from fedpersonal.algorithms import fed_recon
 from fedpersonal.core import process as process_lib
+from fedpersonal.data import dataset_split
 from fedpersonal.models import partially_local_model
 
 

@@ -34,11 +34,11 @@ import tensorflow as tf
 import tensorflow_federated as tff
 
 from fedpersonal import backends
-from fedpersonal.algorithms import dataset_split as dataset_split_lib
-from fedpersonal.algorithms import tff_names
 from fedpersonal.core import client_plan
 from fedpersonal.core import eval_plan
 from fedpersonal.core import process as process_lib
+from fedpersonal.core import tff_names
+from fedpersonal.data import dataset_split as dataset_split_lib
 from fedpersonal.models import partially_local_model
 
 ReconstructionModel: TypeAlias = tff.learning.models.ReconstructionModel
@@ -211,8 +211,8 @@ def build_fed_recon(
         per-client path (same keys; `simulation.driver`).
       server_optimizer_fn, client_optimizer_fn, reconstruction_optimizer_fn, dataset_split_fn,
         model_aggregator_factory: TFF 0.87's names of `server_optimizer`, `client_optimizer`,
-        `reconstruction_optimizer`, `dataset_split` and `model_aggregator` (`fedpersonal.algorithms.tff_names`);
-        giving both names of one argument is a `TypeError`. `fedpersonal.algorithms.tff_compat.build_fed_recon`
+        `reconstruction_optimizer`, `dataset_split` and `model_aggregator` (`fedpersonal.core.tff_names`);
+        giving both names of one argument is a `TypeError`. `fedpersonal.tff_compat.build_fed_recon`
         returns TFF's `LearningProcess` itself (docs/MIGRATING.md).
 
     Returns:

@@ -9,6 +9,8 @@
   backend that runs each client as one compiled program (HPFL's silos).
 * `client_work`: the client-side steps (local optimizer loops, reconstruction, proximal terms, metrics,
   weights, evaluation passes), written once.
+* `tff_names`: TFF 0.87's argument names (``client_optimizer_fn``, ...) as aliases of the builders' own, shared
+  by the reconstruction builders and their evaluations.
 * `input_checks` and `non_finite`: what `PersonalizedProcess.run_round` refuses instead of returning silent
   numbers (labels outside the model's outputs; a NaN or infinite loss, `NonFiniteLossError`).
 

@@ -32,13 +32,13 @@ import tensorflow as tf
 import tensorflow_federated as tff
 
 from fedpersonal import progress
-from fedpersonal.algorithms import dataset_split as dataset_split_lib
 from fedpersonal.algorithms import fed_recon
-from fedpersonal.algorithms import tff_names
 from fedpersonal.core import client_plan
 from fedpersonal.core import client_work
 from fedpersonal.core import eval_plan
+from fedpersonal.core import tff_names
 from fedpersonal.core.process import LazyDatasets
+from fedpersonal.data import dataset_split as dataset_split_lib
 from fedpersonal.simulation import options as simulation_options
 
 ReconstructionModel: TypeAlias = tff.learning.models.ReconstructionModel
