@@ -37,7 +37,7 @@ class MFLimit:
     def client_arrays(self, cid: str) -> tuple[np.ndarray, ...]:
         """(support items, ratings, mask: [R, B]; query slots, ratings, mask: [Q, B]; query's unique items [Q*B])."""
         if cid not in self._cache:
-            from fedpersonal.algorithms import dataset_split
+            from fedpersonal.data import dataset_split
 
             batches = list(self.dataset_fn(cid).as_numpy_iterator())
             examples = collections.OrderedDict((k, np.concatenate([b[k] for b in batches])) for k in batches[0])

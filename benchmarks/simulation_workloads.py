@@ -180,7 +180,7 @@ def nwp_setup() -> Setup:
     """FedRecon of the NWP task (`NextWordPredictionConfig` defaults, dataset='shakespeare'), first vocabulary."""
     import dataclasses as dc
 
-    from fedpersonal.algorithms import dataset_split
+    from fedpersonal.data import dataset_split
     from fedpersonal.tasks import next_word_prediction as nwp_task
 
     config = nwp_task.NextWordPredictionConfig(
@@ -261,7 +261,7 @@ def furl_setup(group_size: int | None = None) -> Setup:
     """FURL (personalized FL row of the FURL task) on its ASSISTments configuration (`group_size`: the engine's
     clients per group, default the configuration's)."""
     from fedpersonal.algorithms import furl
-    from fedpersonal.algorithms import optimizers
+    from fedpersonal.program import optimizers
     from fedpersonal.tasks import furl_personalization
 
     config = furl_config()

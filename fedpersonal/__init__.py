@@ -6,6 +6,8 @@ nothing in TensorFlow or TFF):
 * `fedpersonal.core`: the process protocol, the composer and the client-work library every algorithm uses;
 * `fedpersonal.algorithms`: one `build_*` per method (FedRecon, FURL, Ditto, FedDVA, HPFL and baselines);
 * `fedpersonal.evaluation`: ReconEval, StandardEval, evaluation with stored private states;
+* `fedpersonal.baselines`: the centralized (server-side) training baselines;
+* `fedpersonal.tff_compat`: TFF 0.87's `build_fed_recon` / `build_fed_recon_eval`, signatures and return types;
 * `fedpersonal.models`: the partially local Keras wrapper and the papers' models;
 * `fedpersonal.data`, `fedpersonal.metrics`, `fedpersonal.client_state`, `fedpersonal.privacy`;
 * `fedpersonal.program`: the training loop and output directory shared by every binary;
@@ -19,7 +21,7 @@ Example:
 
 >>> import fedpersonal
 >>> sorted(fedpersonal.__all__)[:3]
-['algorithms', 'client_state', 'core']
+['algorithms', 'baselines', 'client_state']
 """
 
 from __future__ import annotations
@@ -33,6 +35,7 @@ __version__ = '0.1.0'
 
 __all__ = [
     'algorithms',
+    'baselines',
     'client_state',
     'core',
     'data',

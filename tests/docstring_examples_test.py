@@ -7,7 +7,7 @@ import pytest
 
 MODULES = (
     'fedpersonal',
-    'fedpersonal.algorithms.centralized',
+    'fedpersonal.baselines.centralized',
     'fedpersonal.algorithms.fed_recon',
     'fedpersonal.algorithms.fed_avg',
     'fedpersonal.algorithms.furl',

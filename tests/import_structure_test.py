@@ -1,8 +1,13 @@
-"""The package's import structure: no import cycle anywhere, and `fedpersonal.core` depends on nothing above it.
+"""The package's import structure: no import cycle anywhere, between modules or between subpackages, and
+`fedpersonal.core` depends on nothing above it.
 
-The layering (docs/ARCHITECTURE.md, "Layers"): core <- simulation <- algorithms <- tasks / program. A module
-may import from its own layer or below, never from above; a cycle between two modules means a definition lives
-in the wrong one (move it down to the module that owns the concept, or to a shared lower module).
+The layering (docs/ARCHITECTURE.md, "Layers"): core <- simulation <- backends <- algorithms <- evaluation <-
+tff_compat / baselines / program <- tasks. A module may import from its own layer or below, never from above; a
+cycle between two modules means a definition lives in the wrong one (move it down to the module that owns the
+concept, or to a shared lower module). Between subpackages the arrows point one way too: ``algorithms ->
+evaluation`` and ``evaluation -> algorithms`` in two different modules is no module cycle, but it makes the two
+packages one layer (each package's ``__init__`` counts, with its re-exports; a top-level module such as
+``fedpersonal.backends`` is a node of its own).
 
 The graph is read from the sources (AST), so every import counts wherever it is written: at module level, inside
 a function (a deferred import is still a dependency), and under ``if TYPE_CHECKING:`` (a type used in a signature
@@ -20,10 +25,28 @@ import pathlib
 PACKAGE = 'fedpersonal'
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 # What `fedpersonal.core` must never import: every layer above it.
-ABOVE_CORE = ('fedpersonal.simulation', 'fedpersonal.algorithms', 'fedpersonal.tasks', 'fedpersonal.program')
+ABOVE_CORE = (
+    'fedpersonal.simulation',
+    'fedpersonal.backends',
+    'fedpersonal.algorithms',
+    'fedpersonal.evaluation',
+    'fedpersonal.baselines',
+    'fedpersonal.tff_compat',
+    'fedpersonal.tasks',
+    'fedpersonal.program',
+)
 # What an algorithm must never import: the engine (a backend runs the algorithm's definition; `fedpersonal.backends`
 # binds them).
-NOT_IN_ALGORITHMS = ('fedpersonal.simulation', 'fedpersonal.tasks')
+# Nor anything above it: evaluation (which evaluates the algorithms' output), the TFF drop-in, the baselines, the
+# program and the tasks.
+NOT_IN_ALGORITHMS = (
+    'fedpersonal.simulation',
+    'fedpersonal.evaluation',
+    'fedpersonal.tff_compat',
+    'fedpersonal.baselines',
+    'fedpersonal.program',
+    'fedpersonal.tasks',
+)
 
 
 def _modules(root: pathlib.Path = ROOT, package: str = PACKAGE) -> dict[str, pathlib.Path]:
@@ -116,6 +139,47 @@ def test_the_package_has_no_import_cycle():
     assert not found, 'import cycles:\n' + '\n'.join(' <-> '.join(c) for c in found)
 
 
+def _subpackage(module: str) -> str | None:
+    """The subpackage (or top-level module) of the package that `module` belongs to; None for the package itself."""
+    parts = module.split('.')
+    return parts[1] if len(parts) > 1 else None
+
+
+def subpackage_graph(graph: dict[str, set[str]]) -> dict[str, dict[str, str]]:
+    """Subpackage -> {subpackage it imports: one import that makes the edge}, from the module graph."""
+    edges: dict[str, dict[str, str]] = {}
+    for module, targets in graph.items():
+        source = _subpackage(module)
+        if source is None:
+            continue
+        edges.setdefault(source, {})
+        for target in sorted(targets):
+            other = _subpackage(target)
+            if other is not None and other != source:
+                edges[source].setdefault(other, f'{module} -> {target}')
+    return edges
+
+
+def subpackage_cycles(graph: dict[str, set[str]]) -> list[str]:
+    """Every cycle between subpackages, each with one import per edge inside it."""
+    edges = subpackage_graph(graph)
+    found = []
+    for component in cycles({source: set(targets) for source, targets in edges.items()}):
+        members = set(component)
+        found.append(
+            ' <-> '.join(component)
+            + ' ('
+            + '; '.join(edges[a][b] for a in component for b in sorted(edges[a]) if b in members)
+            + ')'
+        )
+    return found
+
+
+def test_no_cycle_between_subpackages():
+    found = subpackage_cycles(import_graph(_modules()))
+    assert not found, 'cycles between subpackages:\n' + '\n'.join(found)
+
+
 def _offending(package: str, forbidden: tuple[str, ...], root: pathlib.Path = ROOT) -> list[str]:
     """Every import, by a module of `package`, of a module in `forbidden` (or of one of those packages)."""
     modules = _modules(root)
@@ -163,3 +227,25 @@ def test_the_layer_check_finds_a_function_level_import_of_the_engine(tmp_path):
     (package / 'algorithms' / 'fedx.py').write_text('def f():\n    from fedpersonal.simulation import driver\n')
     found = _offending(f'{PACKAGE}.algorithms', NOT_IN_ALGORITHMS, tmp_path)
     assert found == ['fedpersonal.algorithms.fedx imports fedpersonal.simulation.driver']
+
+
+def test_the_subpackage_check_finds_a_cycle_of_two_modules_that_is_no_module_cycle(tmp_path):
+    """``a.x -> b.y`` and ``b.z -> a`` (a package's ``__init__``): no module cycle, but a and b are one layer."""
+    package = tmp_path / PACKAGE
+    for sub in ('a', 'b', 'c'):
+        (package / sub).mkdir(parents=True)
+    (package / '__init__.py').write_text('')
+    (package / 'a' / '__init__.py').write_text('from fedpersonal.a.w import v\n')
+    (package / 'a' / 'w.py').write_text('v = 1\n')
+    (package / 'a' / 'x.py').write_text('def f():\n    from fedpersonal.b import y\n')
+    (package / 'b' / '__init__.py').write_text('')
+    (package / 'b' / 'y.py').write_text('')
+    (package / 'b' / 'z.py').write_text('from fedpersonal import a\n')
+    (package / 'c' / '__init__.py').write_text('from fedpersonal.a import x\nfrom fedpersonal.b import y\n')
+    (package / 'top.py').write_text('from fedpersonal.c import x\n')
+    graph = import_graph(_modules(tmp_path))
+    assert cycles(graph) == []
+    assert subpackage_cycles(graph) == [
+        'a <-> b (fedpersonal.a.x -> fedpersonal.b.y; fedpersonal.b.z -> fedpersonal.a)'
+    ]
+    assert subpackage_graph(graph)['top'] == {'c': 'fedpersonal.top -> fedpersonal.c'}

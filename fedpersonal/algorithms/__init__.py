@@ -25,13 +25,13 @@ Every builder returns a `fedpersonal.core.PersonalizedProcess` (`initialize`, `n
 * `build_hpfl`, `build_hpfl_baseline`: HPFL and its federated baselines on the GUM;
 * `compose_personalized_process`: the composer for a new method (see docs/ARCHITECTURE.md).
 
-`fedpersonal.algorithms.tff_compat` has TFF 0.87's `build_fed_recon` / `build_fed_recon_eval` with TFF's signatures
-and return types, for code ported from `tff.learning` (docs/MIGRATING.md).
+`fedpersonal.tff_compat` has TFF 0.87's `build_fed_recon` / `build_fed_recon_eval` with TFF's signatures
+and return types, for code ported from `tff.learning` (docs/MIGRATING.md). `ReconstructionSplit` and
+`build_dataset_split_fn` (the support/query split, `fedpersonal.data.dataset_split`) are re-exported here, where
+FedRecon's users reach for them.
 """
 
 from fedpersonal.algorithms.apfl import build_apfl
-from fedpersonal.algorithms.dataset_split import ReconstructionSplit
-from fedpersonal.algorithms.dataset_split import build_dataset_split_fn
 from fedpersonal.algorithms.ditto import build_ditto
 from fedpersonal.algorithms.fed_avg import build_fed_avg
 from fedpersonal.algorithms.fed_recon import build_fed_recon
@@ -50,6 +50,8 @@ from fedpersonal.algorithms.lg_fedavg import build_lg_fedavg
 from fedpersonal.algorithms.per_fedavg import build_per_fedavg
 from fedpersonal.algorithms.pfedme import build_pfedme
 from fedpersonal.core.compose import compose_personalized_process
+from fedpersonal.data.dataset_split import ReconstructionSplit
+from fedpersonal.data.dataset_split import build_dataset_split_fn
 
 __all__ = [
     'ReconstructionSplit',

@@ -82,7 +82,7 @@ def build_ditto(
     client_optimizer: tff.learning.optimizers.Optimizer = tff.learning.optimizers.build_adam(learning_rate=1e-3),
     personal_optimizer: tff.learning.optimizers.Optimizer = tff.learning.optimizers.build_sgdm(learning_rate=0.05),
     server_optimizer: tff.learning.optimizers.Optimizer = tff.learning.optimizers.build_sgdm(learning_rate=1.0),
-    simulation: str | None = 'engine',
+    simulation: str | None = None,
     group_size: int | None = None,
 ) -> process_lib.PersonalizedProcess:
     """Builds Ditto as an iterative process with personal models as CLIENTS-placed private state.
@@ -96,8 +96,8 @@ def build_ditto(
       client_optimizer: For the global model's local training (fresh state every round).
       personal_optimizer: For the personal model (fresh state every round; SGD as in the paper).
       server_optimizer: Applied to the averaged global update.
-      simulation: Deprecated alias of `fedpersonal.backends.use`: ``'engine'`` (default) or ``'per_client'``;
-        None takes the context's backend. Same results to float precision.
+      simulation: An override of the context's backend (`fedpersonal.backends.use`, the one chooser) for this
+        builder alone: ``'engine'`` or ``'per_client'``; None (default) follows the context. Same results to float precision.
       group_size: Engine only: the most logical clients per group.
 
     Returns:

@@ -16,9 +16,9 @@ from typing import Any
 import tensorflow as tf
 import tensorflow_federated as tff
 
-from fedpersonal.algorithms import dataset_split
 from fedpersonal.algorithms import fed_recon
 from fedpersonal.core import process as process_lib
+from fedpersonal.data import dataset_split
 from fedpersonal.models import partially_local_model
 
 
@@ -33,7 +33,7 @@ def build_fed_avg(
     steps_max: int | None = None,
     client_weighting: Any = tff.learning.ClientWeighting.NUM_EXAMPLES,
     model_aggregator: Any = None,
-    simulation: str | None = 'engine',
+    simulation: str | None = None,
     group_size: int | None = None,
     measure_communication: bool = False,
 ) -> process_lib.PersonalizedProcess:
@@ -50,8 +50,9 @@ def build_fed_avg(
       steps_max: Optional cap on each client's steps per round (after epochs).
       client_weighting: `tff.learning.ClientWeighting.NUM_EXAMPLES` (default) or `UNIFORM`.
       model_aggregator: Any `tff.aggregators` factory (default weighted `MeanFactory`).
-      simulation: Deprecated alias of `fedpersonal.backends.use` (``'engine'``, default, or ``'per_client'``; None:
-        the context's), as in `build_fed_recon`.
+      simulation: An override of the context's backend (`fedpersonal.backends.use`, the one chooser) for this
+        builder alone: ``'engine'`` or ``'per_client'``; None (default) follows the context.
+        As in `build_fed_recon`.
       group_size: Engine only: the most logical clients per group.
       measure_communication: Engine only: report each client's download and upload as TFF's measured
         broadcast and aggregator would (`build_fed_recon`).

@@ -34,11 +34,11 @@ import tensorflow as tf
 import tensorflow_federated as tff
 
 from fedpersonal import backends
-from fedpersonal.algorithms import dataset_split as dataset_split_lib
-from fedpersonal.algorithms import tff_names
 from fedpersonal.core import client_plan
 from fedpersonal.core import eval_plan
 from fedpersonal.core import process as process_lib
+from fedpersonal.core import tff_names
+from fedpersonal.data import dataset_split as dataset_split_lib
 from fedpersonal.models import partially_local_model
 
 ReconstructionModel: TypeAlias = tff.learning.models.ReconstructionModel
@@ -159,7 +159,7 @@ def build_fed_recon(
     model_aggregator: AggregationFactory | None = None,
     model_distributor: tff.learning.templates.DistributionProcess | None = None,
     metrics_aggregator: Callable[..., tff.Computation] | None = None,
-    simulation: str | None = 'engine',
+    simulation: str | None = None,
     group_size: int | None = None,
     measure_communication: bool = False,
     server_optimizer_fn: OptimizerArg | None = None,
@@ -198,10 +198,10 @@ def build_fed_recon(
       model_distributor: Default `tff.learning.templates.build_broadcast_process` (another one runs on the
         per-client backend).
       metrics_aggregator: As in TFF (default, and None: `sum_then_finalize`).
-      simulation: Deprecated alias of `fedpersonal.backends.use`: ``'engine'`` (default): a round's clients run
-        in groups, each group as one compiled program; `process.backend.pack(datasets)` makes `next`'s input.
-        ``'per_client'``: one TFF client computation per client, `next` takes the datasets. None takes the
-        context's backend. Same results to float precision; what the engine cannot run (a Keras optimizer, a
+      simulation: An override of the context's backend (`fedpersonal.backends.use`, the one chooser) for this
+        builder alone: ``'engine'`` or ``'per_client'``; None (default) follows the context. ``'engine'`` (the context's default): a round's clients run in groups, each
+        group as one compiled program; `process.backend.pack(datasets)` makes `next`'s input. ``'per_client'``:
+        one TFF client computation per client, `next` takes the datasets. Same results to float precision; what the engine cannot run (a Keras optimizer, a
         custom distributor, an aggregator that needs each client's own update, ...) runs on the per-client
         backend, with a log line saying why.
       group_size: Engine only: the most logical clients per group (default: as many as fit 1 GiB of
@@ -211,8 +211,8 @@ def build_fed_recon(
         per-client path (same keys; `simulation.driver`).
       server_optimizer_fn, client_optimizer_fn, reconstruction_optimizer_fn, dataset_split_fn,
         model_aggregator_factory: TFF 0.87's names of `server_optimizer`, `client_optimizer`,
-        `reconstruction_optimizer`, `dataset_split` and `model_aggregator` (`fedpersonal.algorithms.tff_names`);
-        giving both names of one argument is a `TypeError`. `fedpersonal.algorithms.tff_compat.build_fed_recon`
+        `reconstruction_optimizer`, `dataset_split` and `model_aggregator` (`fedpersonal.core.tff_names`);
+        giving both names of one argument is a `TypeError`. `fedpersonal.tff_compat.build_fed_recon`
         returns TFF's `LearningProcess` itself (docs/MIGRATING.md).
 
     Returns:

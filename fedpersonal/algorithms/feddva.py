@@ -81,7 +81,7 @@ def build_feddva(
     head_learning_rate: float = 1e-2,
     server_optimizer: tff.learning.optimizers.Optimizer = tff.learning.optimizers.build_sgdm(learning_rate=1.0),
     client_weighting: Any = tff.learning.ClientWeighting.NUM_EXAMPLES,
-    simulation: str | None = 'engine',
+    simulation: str | None = None,
     group_size: int | None = None,
 ) -> process_lib.PersonalizedProcess:
     """Builds the FedDVA iterative process.
@@ -97,8 +97,8 @@ def build_feddva(
       head_learning_rate: Adam learning rate of the head phase (head, and encoders if the model tunes them).
       server_optimizer: Applied to the averaged encoder update (SGD 1.0: FedAvg).
       client_weighting: `NUM_EXAMPLES` or `UNIFORM`.
-      simulation: Deprecated alias of `fedpersonal.backends.use`: ``'engine'`` (default) or ``'per_client'``;
-        None takes the context's backend. Same results to float precision. The engine materializes each client's
+      simulation: An override of the context's backend (`fedpersonal.backends.use`, the one chooser) for this
+        builder alone: ``'engine'`` or ``'per_client'``; None (default) follows the context. Same results to float precision. The engine materializes each client's
         phases by iterating its dataset once per phase (as the per-client backend does), once per client id: a
         dataset must give the same batches every round (a fresh `tf.data` pipeline per round with a seeded
         shuffle does).

@@ -70,7 +70,7 @@ def build_furl(
     client_weighting: Any = tff.learning.ClientWeighting.NUM_EXAMPLES,
     model_aggregator: compose.AggregationFactory | None = None,
     metrics_aggregator: Callable[..., tff.Computation] = tff.learning.metrics.sum_then_finalize,
-    simulation: str | None = 'engine',
+    simulation: str | None = None,
     group_size: int | None = None,
 ) -> process_lib.PersonalizedProcess:
     """Builds the FURL iterative process.
@@ -90,8 +90,8 @@ def build_furl(
       client_weighting: `NUM_EXAMPLES` (FedAvg, Eq. 4), `UNIFORM`, or a callable.
       model_aggregator: Any `tff.aggregators` factory for the federated update.
       metrics_aggregator: As in TFF.
-      simulation: Deprecated alias of `fedpersonal.backends.use`: ``'engine'`` (default) or ``'per_client'``;
-        None takes the context's backend. Same results to float precision.
+      simulation: An override of the context's backend (`fedpersonal.backends.use`, the one chooser) for this
+        builder alone: ``'engine'`` or ``'per_client'``; None (default) follows the context. Same results to float precision.
       group_size: Engine only: the most logical clients per group (default: as many as fit 1 GiB).
 
     Returns:

@@ -11,6 +11,8 @@
   weights, evaluation passes), written once.
 * `array_data`: `ArrayDatasets`, clients' data given as arrays (the engine reads their batches without a
   tf.data pipeline).
+* `tff_names`: TFF 0.87's argument names (``client_optimizer_fn``, ...) as aliases of the builders' own, shared
+  by the reconstruction builders and their evaluations.
 * `input_checks` and `non_finite`: what `PersonalizedProcess.run_round` refuses instead of returning silent
   numbers (labels outside the model's outputs; a NaN or infinite loss, `NonFiniteLossError`).
 

@@ -1,6 +1,8 @@
 """Data layer: MovieLens loading/preprocessing/splitting, TFF `ClientData`, and a synthetic MovieLens generator.
 
-Importing this package does not import TensorFlow; `to_client_data` does so on first use.
+Importing this package does not import TensorFlow; `to_client_data` does so on first use. `dataset_split` (the
+support/query split of a client's dataset for reconstruction, re-exported by `fedpersonal.algorithms`) imports it
+and is imported by name only.
 """
 
 from fedpersonal.data.assistments import AssistmentsFormatError

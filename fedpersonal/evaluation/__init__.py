@@ -10,8 +10,9 @@
   with `process.initial_private_state()` for a new client.
 * `evaluate_clients`: runs any of these on clients by id, building their datasets on demand.
 
-They run on the fast simulation engine by default (`simulation='engine'`: many clients' evaluation as compiled
-groups, `fedpersonal.simulation.evaluation`), equal to the per-client TFF computations (`simulation='per_client'`).
+They run on the backend of the context, as training does (`fedpersonal.backends.use`): the fast simulation engine
+by default (many clients' evaluation as compiled groups, `fedpersonal.simulation.evaluation`), equal to the
+per-client TFF computations (``with backends.use('per_client'):``).
 * `predict_silos`: HPFL and its baselines: every silo's predictions with its own personalized GUM (metrics in
   `fedpersonal.metrics.user_modeling_metrics`).
 * `disentanglement`: FedDVA's linear probes, manifold grids and projections.

@@ -24,10 +24,10 @@ from typing import Any
 import tensorflow_federated as tff
 from tensorflow_federated.python.learning.templates import finalizers
 
-from fedpersonal.algorithms import dataset_split as dataset_split_lib
 from fedpersonal.algorithms import fed_recon
-from fedpersonal.algorithms import tff_names
 from fedpersonal.core import eval_plan
+from fedpersonal.core import tff_names
+from fedpersonal.data import dataset_split as dataset_split_lib
 from fedpersonal.evaluation import federated_evaluation
 from fedpersonal.models import partially_local_model
 

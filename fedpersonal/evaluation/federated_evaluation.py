@@ -32,17 +32,17 @@ import tensorflow as tf
 import tensorflow_federated as tff
 
 from fedpersonal import progress
-from fedpersonal.algorithms import dataset_split as dataset_split_lib
 from fedpersonal.algorithms import fed_recon
-from fedpersonal.algorithms import tff_names
 from fedpersonal.core import client_plan
 from fedpersonal.core import client_work
 from fedpersonal.core import eval_plan
+from fedpersonal.core import tff_names
 from fedpersonal.core.process import LazyDatasets
+from fedpersonal.data import dataset_split as dataset_split_lib
 from fedpersonal.simulation import options as simulation_options
 
 ReconstructionModel: TypeAlias = tff.learning.models.ReconstructionModel
-# A per-client TFF computation (``simulation='per_client'``) or the engine's `GroupEvaluation` (the default); both
+# A per-client TFF computation (``backends.use('per_client')``) or the engine's `GroupEvaluation` (the default); both
 # are called as ``evaluate(weights, datasets[, private_states])`` and return ``<eval, per_client>``.
 Evaluation: TypeAlias = Any
 
@@ -163,9 +163,13 @@ def _build_evaluation(
     per_client_sample_size: int,
     metrics_aggregator: Callable[..., tff.Computation],
     with_private_states: bool = False,
-    simulation: str = 'engine',
+    simulation: str | None = None,
     group_size: int | None = None,
 ) -> Evaluation:
+    from fedpersonal import backends  # pylint: disable=g-import-not-at-top
+
+    if simulation is None:  # The one chooser: the context's backend, as every training process's.
+        simulation = backends.current()
     simulation_options.check_simulation(simulation)
     plan = evaluation_plan(
         dataset_split=dataset_split,
@@ -175,7 +179,6 @@ def _build_evaluation(
         with_private_states=with_private_states,
     )
     if simulation == 'engine':
-        from fedpersonal import backends  # pylint: disable=g-import-not-at-top
         from fedpersonal.simulation import evaluation as engine_evaluation  # pylint: disable=g-import-not-at-top
 
         simulation_options.check_engine_parts(metrics_aggregator=metrics_aggregator)
@@ -252,7 +255,7 @@ def build_recon_eval(
     learn_local_init: bool = False,
     per_client_sample_size: int = 100_000,
     metrics_aggregator: Callable[..., tff.Computation] = tff.learning.metrics.sum_then_finalize,
-    simulation: str = 'engine',
+    simulation: str | None = None,
     group_size: int | None = None,
     reconstruction_optimizer_fn: fed_recon.OptimizerArg | None = None,
     dataset_split_fn: fed_recon.SplitArg | None = None,
@@ -281,9 +284,11 @@ def build_recon_eval(
         `build_fed_recon(..., learn_local_init=True)`).
       per_client_sample_size: Max number of clients whose own metrics are kept.
       metrics_aggregator: As in TFF (the engine takes only `sum_then_finalize`).
-      simulation: ``'engine'`` (default): clients evaluated in compiled groups (`fedpersonal.simulation.evaluation`;
-        call it with ``client_ids=`` to pack each client's data once); ``'per_client'``: one TFF client
-        computation per client. Same results to float precision (tests/simulation/evaluation_engine_test.py).
+      simulation: An override of the context's backend (`fedpersonal.backends.use`, the one chooser, as for the
+        training builders) for this evaluation alone; None (default) follows the context. ``'engine'`` (the
+        context's default): clients evaluated in compiled groups (`fedpersonal.simulation.evaluation`; call it
+        with ``client_ids=`` to pack each client's data once); ``'per_client'``: one TFF client computation per
+        client. Same results to float precision (tests/simulation/evaluation_engine_test.py).
       group_size: Engine only: the most clients per compiled group (default: within the engine's memory budget).
       reconstruction_optimizer_fn, dataset_split_fn: TFF 0.87's names of `reconstruction_optimizer` and
         `dataset_split` (giving both names of one argument is a `TypeError`).
@@ -339,7 +344,7 @@ def build_standard_eval(
     learn_local_init: bool = False,
     per_client_sample_size: int = 100_000,
     metrics_aggregator: Callable[..., tff.Computation] = tff.learning.metrics.sum_then_finalize,
-    simulation: str = 'engine',
+    simulation: str | None = None,
     group_size: int | None = None,
 ) -> Evaluation:
     """Builds StandardEval: metrics of the given weights on each client's whole dataset.
@@ -368,13 +373,13 @@ def build_private_state_eval(
     metrics_fn: fed_recon.MetricsFn | None = None,
     per_client_sample_size: int = 100_000,
     metrics_aggregator: Callable[..., tff.Computation] = tff.learning.metrics.sum_then_finalize,
-    simulation: str = 'engine',
+    simulation: str | None = None,
     group_size: int | None = None,
 ) -> Evaluation:
     """StandardEval for stateful personalization (FURL): each client uses its own private state.
 
     Returns ``evaluate(global_weights, client_datasets, private_states) -> <eval, per_client>``: the engine's
-    `GroupEvaluation` (``simulation='engine'``, default) or a `tff.Computation` `(global_weights@SERVER,
+    `GroupEvaluation` (on the engine, the default of `fedpersonal.backends.use`) or a `tff.Computation` `(global_weights@SERVER,
     {dataset}@CLIENTS, {private_state}@CLIENTS) -> <eval, per_client>@SERVER` (``'per_client'``). Seen users pass the
     private state their training left; never-seen users pass a default (e.g.
     `PersonalizedProcess.initial_private_state()`). Private states are only read inside

@@ -41,7 +41,7 @@ from absl import logging
 
 from fedpersonal import errors
 
-# The names `fedpersonal.algorithms.optimizers.build_optimizer` accepts (kept here so that defining flags imports
+# The names `fedpersonal.program.optimizers.build_optimizer` accepts (kept here so that defining flags imports
 # neither TensorFlow nor TFF; tests/program/config_parts_test.py checks the two agree).
 OPTIMIZERS = ('sgd', 'sgdm', 'adam', 'adagrad', 'yogi')
 # `fedpersonal.simulation.options.ENGINE_STRATEGIES`, named here without importing TensorFlow (a test keeps them equal).
@@ -49,8 +49,8 @@ ENGINE_STRATEGIES = ('auto', 'lockstep', 'client_loop', 'low_rank', 'spread', 'm
 
 
 def build_optimizer(name: str, learning_rate: float) -> Any:
-    """`fedpersonal.algorithms.optimizers.build_optimizer` (imported on use)."""
-    from fedpersonal.algorithms import optimizers  # pylint: disable=g-import-not-at-top
+    """`fedpersonal.program.optimizers.build_optimizer` (imported on use)."""
+    from fedpersonal.program import optimizers  # pylint: disable=g-import-not-at-top
 
     return optimizers.build_optimizer(name, learning_rate)
 

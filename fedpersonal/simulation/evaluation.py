@@ -52,7 +52,7 @@ class GroupEvaluation:
     """Evaluates many clients as compiled groups; called like the per-client evaluation computation.
 
     Build it through `fedpersonal.evaluation.build_recon_eval` / `build_standard_eval` /
-    `build_private_state_eval` (``simulation='engine'``, their default).
+    `build_private_state_eval` (on the engine, the default of `fedpersonal.backends.use`).
 
     Args:
       plan: The client evaluation (`fedpersonal.core.eval_plan.EvalPlan`), as the per-client backend runs it

@@ -53,8 +53,8 @@ from fedpersonal import client_state
 from fedpersonal import program
 from fedpersonal.algorithms import ditto
 from fedpersonal.algorithms import feddva
-from fedpersonal.algorithms import optimizers
 from fedpersonal.data import federated_images
+from fedpersonal.program import optimizers
 from fedpersonal.program import run_record
 from fedpersonal.program import training_loop
 from fedpersonal.tasks.feddva_analysis import METHOD_NAMES

@@ -45,8 +45,8 @@ from fedpersonal import core
 from fedpersonal import errors
 from fedpersonal import evaluation
 from fedpersonal import program
-from fedpersonal.algorithms import centralized
 from fedpersonal.algorithms import furl
+from fedpersonal.baselines import centralized
 from fedpersonal.data import furl_tasks
 from fedpersonal.models import furl_models
 from fedpersonal.privacy import dp as dp_lib

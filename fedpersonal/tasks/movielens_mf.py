@@ -42,7 +42,7 @@ from absl import logging
 from fedpersonal import data as data_lib
 from fedpersonal import models
 from fedpersonal import program
-from fedpersonal.algorithms import centralized
+from fedpersonal.baselines import centralized
 from fedpersonal.models import matrix_factorization as mf
 from fedpersonal.privacy import dp as dp_lib
 from fedpersonal.program import run_record

@@ -19,9 +19,9 @@ from fedpersonal import evaluation
 from fedpersonal import metrics as metrics_lib
 from fedpersonal import models
 from fedpersonal import program
-from fedpersonal.algorithms import optimizers
 from fedpersonal.models import matrix_factorization as mf
 from fedpersonal.privacy import dp as dp_lib
+from fedpersonal.program import optimizers
 from fedpersonal.tasks.movielens_mf_config import MovieLensMFConfig
 
 

@@ -21,7 +21,6 @@ from fedpersonal import metrics as metrics_lib
 from fedpersonal import models
 from fedpersonal import program
 from fedpersonal.algorithms import fed_recon
-from fedpersonal.algorithms import optimizers
 from fedpersonal.data import shakespeare
 from fedpersonal.data import stackoverflow
 from fedpersonal.data import synthetic_text
@@ -29,6 +28,7 @@ from fedpersonal.data import text_corpus
 from fedpersonal.data import text_pipeline
 from fedpersonal.metrics import communication
 from fedpersonal.models import next_word_prediction as nwp
+from fedpersonal.program import optimizers
 from fedpersonal.tasks.next_word_prediction_config import NextWordPredictionConfig
 
 METRIC_KEYS = nwp.METRIC_NAMES + ('loss', 'num_examples')

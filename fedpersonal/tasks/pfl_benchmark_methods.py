@@ -38,7 +38,6 @@ import tensorflow_federated as tff
 
 from fedpersonal import models
 from fedpersonal.algorithms import apfl
-from fedpersonal.algorithms import dataset_split
 from fedpersonal.algorithms import ditto
 from fedpersonal.algorithms import fed_recon
 from fedpersonal.algorithms import fedala
@@ -52,6 +51,7 @@ from fedpersonal.algorithms import per_fedavg
 from fedpersonal.algorithms import pfedme
 from fedpersonal.core import client_plan
 from fedpersonal.core import local_aggregation
+from fedpersonal.data import dataset_split
 from fedpersonal.data import pfllib
 from fedpersonal.models import image_classifiers
 from fedpersonal.tasks.pfl_benchmark_config import PflBenchmarkConfig

@@ -4,10 +4,10 @@ import numpy as np
 import pytest
 import tensorflow_federated as tff
 
-from fedpersonal.algorithms import dataset_split
 from fedpersonal.algorithms import fed_recon
 from fedpersonal.core import client_plan
 from fedpersonal.core import eval_plan
+from fedpersonal.data import dataset_split
 
 SGD = tff.learning.optimizers.build_sgdm(0.1)
 SPLIT = client_plan.DataSplit(('support', 'query'), lambda dataset: (dataset, dataset))

@@ -5,8 +5,8 @@ import dataclasses
 import pytest
 
 from fedpersonal import errors
-from fedpersonal.algorithms import optimizers
 from fedpersonal.program import config_parts
+from fedpersonal.program import optimizers
 from fedpersonal.tasks import feddva
 from fedpersonal.tasks import furl_personalization
 from fedpersonal.tasks import movielens_mf

@@ -11,7 +11,7 @@ import tensorflow_federated as tff
 
 from fedpersonal import algorithms
 from fedpersonal import backends
-from fedpersonal.algorithms import dataset_split
+from fedpersonal.data import dataset_split
 from fedpersonal.models import matrix_factorization as mf
 from fedpersonal.simulation import functional
 from tests import tolerances

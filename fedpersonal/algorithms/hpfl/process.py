@@ -104,8 +104,8 @@ def build_process(
         `initial_client_state`).
       row_updates: ``'dense'`` or ``'lazy'`` local table updates (`training.local_training`).
       name: The method's name (``process.parts['name']``).
-      simulation: Deprecated alias of `fedpersonal.backends.use` (``'engine'`` or ``'per_client'``); None (the
-        default) takes the context's backend. On the engine (`fedpersonal.simulation.silo_engine`) `run_round`
+      simulation: An override of the context's backend (`fedpersonal.backends.use`, the one chooser) for this
+        builder alone: ``'engine'`` or ``'per_client'``; None (default) follows the context. On the engine (`fedpersonal.simulation.silo_engine`) `run_round`
         runs each silo's work as one XLA-compiled program; on ``'per_client'`` `run_round` is `next`. Same
         results to float precision; `next` is the TFF computation either way. Where the engine cannot run the
         process as TFF would (``row_updates='lazy'``, a custom ``public_sum_factory`` or ``model_aggregator``),

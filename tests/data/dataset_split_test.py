@@ -8,7 +8,7 @@ import tensorflow as tf
 import tensorflow_federated as tff
 
 from fedpersonal import algorithms
-from fedpersonal.algorithms import dataset_split
+from fedpersonal.data import dataset_split
 
 
 def _client(n=23, seed=None, batch=5):

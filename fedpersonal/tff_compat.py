@@ -2,7 +2,7 @@
 return types, so that TFF 0.87 code runs with its import changed (docs/MIGRATING.md)::
 
     algorithms = tff.learning.algorithms                            # TFF
-    from fedpersonal.algorithms import tff_compat as algorithms     # fedpersonal
+    from fedpersonal import tff_compat as algorithms                # fedpersonal
 
 * `build_fed_recon`: fedpersonal's FedRecon (`fedpersonal.algorithms.build_fed_recon`) on the per-client path,
   returned as the `tff.learning.templates.LearningProcess` it is composed of: ``next(state, client_datasets)``,
@@ -27,8 +27,8 @@ from typing import Any
 import tensorflow as tf
 import tensorflow_federated as tff
 
-from fedpersonal.algorithms import dataset_split as dataset_split_lib
 from fedpersonal.algorithms import fed_recon
+from fedpersonal.data import dataset_split as dataset_split_lib
 from fedpersonal.evaluation import fed_recon_eval
 
 __all__ = ['build_fed_recon', 'build_fed_recon_eval']

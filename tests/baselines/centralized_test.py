@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from fedpersonal.algorithms import centralized
+from fedpersonal.baselines import centralized
 
 
 def _model(seed=0):
