@@ -58,19 +58,20 @@ class _Phase:
 
     def __init__(self, batches: list[Any], element_spec: Any):
         specs = tf.nest.flatten(element_spec)
+        flat = [tf.nest.flatten(b) for b in batches]
         self.steps = len(batches)
-        self.batch_size = max((len(tf.nest.flatten(b)[0]) for b in batches), default=0)
+        self.batch_size = max((len(f[0]) for f in flat), default=0)
         self.leaves = []
         for k, spec in enumerate(specs):
-            rows = [tf.nest.flatten(b)[k] for b in batches]
+            rows = [f[k] for f in flat]
             inner = np.max([r.shape[1:] for r in rows], axis=0).astype(int) if rows else _known(spec.shape[1:])
             leaf = np.zeros([self.steps, self.batch_size, *inner], spec.dtype.as_numpy_dtype)
             for s, row in enumerate(rows):
                 leaf[(s, slice(0, len(row))) + tuple(slice(0, d) for d in row.shape[1:])] = row
             self.leaves.append(leaf)
         self.mask = np.zeros([self.steps, self.batch_size], np.float32)
-        for s, b in enumerate(batches):
-            self.mask[s, : len(tf.nest.flatten(b)[0])] = 1.0
+        for s, f in enumerate(flat):
+            self.mask[s, : len(f[0])] = 1.0
 
     @property
     def nbytes(self) -> int:
