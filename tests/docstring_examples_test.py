@@ -25,6 +25,7 @@ MODULES = (
     'fedpersonal.algorithms.feddva',
     'fedpersonal.algorithms.hpfl.process',
     'fedpersonal.algorithms.hpfl.baselines',
+    'fedpersonal.data.npz_images',
     'fedpersonal.data.assistments',
     'fedpersonal.data.client_data',
     'fedpersonal.data.partition',
