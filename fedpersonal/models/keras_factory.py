@@ -77,6 +77,7 @@ def _arguments(factory: Callable[..., Any], offered: dict[str, Any], spec: str, 
     return {k: v for k, v in offered.items() if k in parameters}
 
 
+@tf.autograph.experimental.do_not_convert  # Called in a model_fn traced by TFF: the user's Python, as is.
 def build(
     spec: str,
     input_shape: tuple[int, ...],
