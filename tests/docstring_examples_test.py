@@ -22,6 +22,7 @@ MODULES = (
     'fedpersonal.core.non_finite',
     'fedpersonal.core.step_kinds',
     'fedpersonal.models.image_classifiers',
+    'fedpersonal.models.keras_factory',
     'fedpersonal.algorithms.feddva',
     'fedpersonal.algorithms.hpfl.process',
     'fedpersonal.algorithms.hpfl.baselines',
