@@ -3,8 +3,9 @@
 The file holds two arrays: ``x``, the images, numeric ``[N, H, W]`` (one channel) or ``[N, H, W, C]`` of any size
 and channel count; and ``y``, the integer class of each image ``[N]``, from 0 (classes ``0..max(y)``). Written e.g.
 with ``np.savez('digits.npz', x=images, y=labels)``. `load_npz` checks it up front and raises a `DataError` naming
-the file and the problem (a missing array, a wrong rank, a length mismatch, non-numeric or non-finite pixels,
-non-integer or negative labels, fewer than two classes) instead of letting it fail inside TensorFlow.
+the file and the problem (a missing array, a wrong rank or a channels-first layout, a length mismatch, non-numeric
+or non-finite pixels, non-integer or negative labels, fewer than two classes) instead of letting it fail inside
+TensorFlow.
 
 Pixels are brought to [0, 1] as PFLlib's ``ToTensor`` does for its image datasets, then the partition normalizes
 them to ``(x - 0.5) / 0.5`` as for MNIST and Fashion-MNIST (`fedpersonal.data.pfllib.federate`): ``uint8`` pixels
@@ -91,6 +92,12 @@ def load_npz(path: str) -> image_datasets.ImageDataset:
         raise _fail(path, f'x has shape {list(x.shape)}; expected images [N, H, W] or [N, H, W, C]')
     if not (np.issubdtype(x.dtype, np.integer) or np.issubdtype(x.dtype, np.floating)) or x.dtype == np.bool_:
         raise _fail(path, f'x has dtype {x.dtype}; expected numeric pixels (integers or floats)')
+    if x.ndim == 4 and x.shape[1] <= 4 < x.shape[3]:
+        raise _fail(
+            path,
+            f"x has shape {list(x.shape)}, which looks channels-first (PyTorch's [N, C, H, W]); store "
+            '[N, H, W, C], e.g. x.transpose(0, 2, 3, 1)',
+        )
     if min(x.shape[1:]) < 1:
         raise _fail(path, f'x has shape {list(x.shape)}: an empty image dimension')
     if y.ndim != 1:

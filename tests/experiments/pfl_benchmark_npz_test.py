@@ -169,6 +169,7 @@ BAD_FILES = [
         dict(x=np.zeros((20, 64)), y=np.zeros(20, int)),
         'x has shape [20, 64]; expected images [N, H, W] or [N, H, W, C]',
     ),
+    (dict(x=np.zeros((20, 3, 32, 32)), y=np.zeros(20, int)), 'x has shape [20, 3, 32, 32], which looks channels-first'),
     (dict(x=np.zeros((20, 8, 8)), y=np.zeros((20, 1), int)), 'y has shape [20, 1]; expected one integer label per'),
     (dict(x=np.zeros((20, 8, 8)), y=np.zeros(19, int)), 'x has 20 images but y 19 labels'),
     (dict(x=np.zeros((20, 8, 8)), y=np.full(20, 0.5)), 'y has non-integer labels (0.5 at row 0)'),
