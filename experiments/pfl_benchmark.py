@@ -15,6 +15,13 @@ rating block (fedpersonal/tasks/pfl_benchmark_movielens.py: matrix factorization
 configs/pfl_movielens_100k.flags; --dataset=movielens_synthetic generates MovieLens-shaped ratings.
 
   python experiments/pfl_benchmark.py --flagfile=configs/pfllib_fmnist_dirichlet.flags --output_dir=/tmp/pfl
+
+Your own images and model (docs/DATA.md): --dataset=npz --data_path=digits.npz (arrays x, images [N, H, W(, C)], and
+y, integer labels; results labelled 'digits') and --model=mypackage.models:small_cnn (a Keras model factory by import
+path; its last Dense layer is the head). PFLlib's CNN, the default, needs images of at least 16 x 16:
+
+  python experiments/pfl_benchmark.py --dataset=npz --data_path=digits.npz \
+      --model=fedpersonal.models.image_classifiers:small_cnn --num_clients=5 --output_dir=/tmp/pfl_digits
 """
 
 from typing import Any

@@ -63,3 +63,32 @@ def fedavg_cnn(input_shape: tuple[int, int, int] = (28, 28, 1), num_classes: int
         ],
         name='fedavg_cnn',
     )
+
+
+def small_cnn(input_shape: tuple[int, int, int] = (8, 8, 1), num_classes: int = 10, seed: int = 0) -> tf.keras.Model:
+    """A small CNN for images of any size (``--model=fedpersonal.models.image_classifiers:small_cnn``): two 3x3
+    ``same``-padded convolutions (16 and 32 channels, ReLU), flattened, a 64-unit ReLU layer and the classifier
+    ``fc`` (the head; ``H * W * 2048`` weights in ``fc1``). For images PFLlib's CNN cannot take (under 16 x 16, e.g. scikit-learn's 8 x 8
+    digits).
+
+    >>> model = small_cnn((8, 8, 3), 4)
+    >>> model.output_shape, [layer.name for layer in model.layers if layer.weights][-1]
+    ((None, 4), 'fc')
+    """
+    init = lambda offset: tf.keras.initializers.GlorotUniform(seed=seed * 16 + offset)
+    return tf.keras.Sequential(
+        [
+            tf.keras.Input(input_shape),
+            tf.keras.layers.Conv2D(16, 3, padding='same', activation='relu', kernel_initializer=init(0), name='conv1'),
+            tf.keras.layers.Conv2D(32, 3, padding='same', activation='relu', kernel_initializer=init(1), name='conv2'),
+            tf.keras.layers.Flatten(),
+            tf.keras.layers.Dense(64, activation='relu', kernel_initializer=init(2), name='fc1'),
+            tf.keras.layers.Dense(num_classes, kernel_initializer=init(3), name='fc'),
+        ],
+        name='small_cnn',
+    )
+
+
+def fits_fedavg_cnn(input_shape: tuple[int, ...]) -> bool:
+    """Whether `fedavg_cnn` takes images of `input_shape` (``(height, width, channels)``): at least 16 x 16."""
+    return min(input_shape[:2]) >= 16

@@ -367,7 +367,9 @@ def lockstep_steps(
                 pfor_loops=pfor_loops,
             )
             stats = tf.nest.map_structure(lambda a, b: a + expand(tf.where(active, b, 0.0), 0), stats, step_stats)
-        n_sum, l_sum = num_examples + expand(n, 0), loss_sum + expand(batch_loss * n, 0)
+        # A finished client's discarded step (a padded example) may have a non-finite loss (FedRoD's balanced loss of
+        # a class the client lacks): where, not a product, so that it adds 0, not NaN.
+        n_sum, l_sum = num_examples + expand(n, 0), loss_sum + expand(tf.where(n > 0, batch_loss * n, 0.0), 0)
         return t + 1, values, optimizer_state, n_sum, l_sum, deltas, finite, carried, stats
 
     one_client = lambda structure: tf.nest.map_structure(lambda t: tf.TensorSpec(t.shape[1:], t.dtype), structure)

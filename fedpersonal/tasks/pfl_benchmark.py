@@ -26,6 +26,13 @@ are counted, logged once and recorded in every row of results.json (``dropped_tr
 ``clients_with_dropped_rows``). Unlike PFLlib, a partition leaving a client fewer train rows than a batch (it would
 never train, yet be scored) is refused, naming the clients (`pfllib.TooFewTrainRowsError`): the same rule as for a
 client without train rows.
+
+Your own images and model: ``dataset='npz'`` reads ``data_path`` (`fedpersonal.data.npz_images`: arrays ``x`` and
+``y``, checked up front), pooled and partitioned as the leaderboard datasets are, the results labelled by the file's
+stem; ``model='module:function'`` is a Keras model factory (`fedpersonal.models.keras_factory`) in place of PFLlib's
+CNN, its last layer the head of the methods that keep one on the clients. `check_model` checks both before the first
+run: PFLlib's CNN needs images of at least 16 x 16 (smaller ones need ``model``, e.g.
+``fedpersonal.models.image_classifiers:small_cnn``).
 """
 
 from __future__ import annotations
@@ -50,7 +57,10 @@ from fedpersonal import program
 from fedpersonal import progress
 from fedpersonal.core import input_checks
 from fedpersonal.data import federated_images
+from fedpersonal.data import npz_images
 from fedpersonal.data import pfllib
+from fedpersonal.models import image_classifiers
+from fedpersonal.models import keras_factory
 from fedpersonal.program import run_record
 from fedpersonal.program import training_loop
 from fedpersonal.runtime import engine_workers
@@ -59,6 +69,7 @@ from fedpersonal.tasks import pfl_benchmark_results
 from fedpersonal.tasks.pfl_benchmark_config import METHOD_NAMES
 from fedpersonal.tasks.pfl_benchmark_config import METHODS as METHODS
 from fedpersonal.tasks.pfl_benchmark_config import MOVIELENS_DATASETS
+from fedpersonal.tasks.pfl_benchmark_config import NPZ
 from fedpersonal.tasks.pfl_benchmark_config import PflBenchmarkConfig as PflBenchmarkConfig
 from fedpersonal.tasks.pfl_benchmark_evaluation import Benchmark
 from fedpersonal.tasks.pfl_benchmark_evaluation import make_evaluation
@@ -77,8 +88,34 @@ def load_data(config: PflBenchmarkConfig) -> pfllib.PfllibImageData:
         source = federated_images.load_source(
             'generated', None, generated_train=half, generated_test=config.synthetic_examples - half, seed=0
         )
+    elif config.dataset == NPZ:
+        assert config.data_path is not None  # PflBenchmarkConfig requires it.
+        source = npz_images.load_npz(config.data_path)
+        needed = config.num_clients * math.ceil(config.batch_size / config.train_ratio)
+        rows = len(source.train_labels)
+        if rows < needed:
+            raise errors.DataError(
+                f'--data_path={config.data_path}: {rows} images for {config.num_clients} clients, each needing at '
+                f'least {math.ceil(config.batch_size / config.train_ratio)} (one train batch of {config.batch_size} '
+                f'at train_ratio {config.train_ratio:g}): give at least {needed} images, fewer --num_clients or a '
+                'smaller --batch_size.'
+            )
     else:
         source = federated_images.load_source(config.dataset, config.data_dir, tfds_data_dir=config.tfds_data_dir)
+    try:
+        return _federate(config, source)
+    except pfllib.TooFewTrainRowsError:
+        raise
+    except errors.InputError as error:  # The partition of a user's file: name it.
+        if config.dataset != NPZ:
+            raise
+        raise type(error)(
+            f'--data_path={config.data_path} ({len(source.train_labels)} images, {source.num_classes} classes) '
+            f'cannot be partitioned by --partition={config.partition}: {error}'
+        ) from None
+
+
+def _federate(config: PflBenchmarkConfig, source: Any) -> pfllib.PfllibImageData:
     return pfllib.federate(
         source,
         config.partition,
@@ -92,10 +129,43 @@ def load_data(config: PflBenchmarkConfig) -> pfllib.PfllibImageData:
     )
 
 
+def needs_head(name: str) -> bool:
+    """Whether method `name` splits the model into a body and a head (its last layer)."""
+    spec = METHOD_SPECS[name]
+    return bool(spec.local_layers) or spec.phased_model is not None
+
+
+def check_model(config: PflBenchmarkConfig, data: pfllib.PfllibImageData) -> str:
+    """Checks up front that the configured model takes `data`'s images and gives its classes' logits, with the head
+    the configured methods need; returns the model's label for the results (``model`` or ``'pfllib_cnn'``).
+
+    Raises:
+      errors.ConfigError: PFLlib's CNN (no ``--model``) on images under 16 x 16, or a ``--model`` that fails
+        `keras_factory.build` or, for a method with a head, `keras_factory.head_layer`.
+    """
+    shape = tuple(int(d) for d in data.x.shape[1:])
+    if config.model is None:
+        if not image_classifiers.fits_fedavg_cnn(shape):
+            source = f'--data_path={config.data_path}' if config.dataset == NPZ else f'--dataset={config.dataset}'
+            raise errors.ConfigError(
+                f"{source}: images of {shape[0]} x {shape[1]}; PFLlib's CNN (the default model) needs at least 16 x "
+                '16. Pass --model=fedpersonal.models.image_classifiers:small_cnn (a small CNN for any size) or your '
+                'own factory, --model=mypackage.models:my_model.'
+            )
+        return 'pfllib_cnn'
+    model = keras_factory.build(config.model, shape, data.num_classes, seed=config.seed)
+    for name in config.configurations:
+        if needs_head(name):
+            keras_factory.head_layer(model, name, config.model)
+    return config.model
+
+
 def method_parts(benchmark: Benchmark, name: str) -> tuple[Any, Any]:
     """Method `name`'s client plan and, for a plan with model-defined losses, its model (else None)."""
     config, spec = benchmark.config, METHOD_SPECS[name]
-    phased_model = spec.phased_model(benchmark.data, config.seed) if spec.phased_model is not None else None
+    phased_model = (
+        spec.phased_model(benchmark.data, config.seed, config.model) if spec.phased_model is not None else None
+    )
     return spec.plan(config), phased_model
 
 
@@ -114,7 +184,7 @@ def build_method_process(benchmark: Benchmark, name: str, plan: Any, phased_mode
         process = backends.build_process(
             plan,
             # A personal copy is of a model whose weights are all global; its evaluation model has them all local.
-            model_fn_for(benchmark.data, config.seed, () if plan.personal else spec.local_layers),
+            model_fn_for(benchmark.data, config.seed, () if plan.personal else spec.local_layers, config.model),
             loss_fn=loss_fn,
             metrics_fn=metrics_fn,
             **common_parts,
@@ -214,6 +284,7 @@ def run(config: PflBenchmarkConfig) -> dict[str, Any]:
     data: Any
     make_benchmark: Callable[..., Any]
     run_one: Callable[..., dict[str, Any]]
+    model = None  # The image model's label (the rating block's is its own).
     if config.dataset in MOVIELENS_DATASETS:
         if engine_workers.request() is not None:
             raise errors.ConfigError(
@@ -226,6 +297,7 @@ def run(config: PflBenchmarkConfig) -> dict[str, Any]:
     else:
         data = load_data(config)
         partition, metric, make_benchmark, run_one = config.partition, 'accuracy', Benchmark, run_method
+        model = check_model(config, data)
     statistics = data.statistics()
     logging.info(
         '%s partition of %s: %s',
@@ -321,6 +393,8 @@ def run(config: PflBenchmarkConfig) -> dict[str, Any]:
     }
     if config.dataset in MOVIELENS_DATASETS:
         results['curve_split'] = 'validation'
+    else:
+        results['model'] = model
     figure = pfl_benchmark_results.plot_by_round(results, os.path.join(config.output_dir, f'{metric}_by_round.png'))
     results['figures'] = {f'{metric}_by_round': figure}
     program.write_json(os.path.join(config.output_dir, 'results.json'), results)

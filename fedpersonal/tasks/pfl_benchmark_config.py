@@ -14,11 +14,13 @@ Example:
 from __future__ import annotations
 
 import dataclasses
+import os
 
 from fedpersonal import errors
 from fedpersonal.program import config_parts as parts
 
-DATASETS = ('fashion_mnist', 'mnist', 'synthetic', 'movielens', 'movielens_synthetic')
+DATASETS = ('fashion_mnist', 'mnist', 'synthetic', 'npz', 'movielens', 'movielens_synthetic')
+NPZ = 'npz'  # A user's own images: `fedpersonal.data.npz_images` (--data_path).
 # The MovieLens block (`fedpersonal.tasks.pfl_benchmark_movielens`): matrix factorization, its own methods.
 MOVIELENS_DATASETS = ('movielens', 'movielens_synthetic')
 MOVIELENS_METHODS = ('fedavg', 'fedavg_ft', 'fed_recon', 'fedper', 'furl', 'ditto')
@@ -77,9 +79,29 @@ class PflBenchmarkConfig(
     dataset: str = parts.option(
         'fashion_mnist',
         f'One of {DATASETS}: fashion_mnist (--data_dir, default /usr/share/datasets/fashion-mnist from the Debian '
-        'package dataset-fashion-mnist, or a prepared TFDS directory), mnist (--data_dir), synthetic (generated); '
-        'movielens (MovieLens 100K, --data_dir holding u.data) and movielens_synthetic (generated MovieLens-shaped '
+        'package dataset-fashion-mnist, or a prepared TFDS directory), mnist (--data_dir), synthetic (generated), '
+        'npz (your own images: --data_path, a .npz of x [N, H, W(, C)] and integer labels y [N]; results are '
+        'labelled by the file name); movielens (MovieLens 100K, --data_dir holding u.data) and movielens_synthetic (generated MovieLens-shaped '
         f'ratings): the rating block, methods {MOVIELENS_METHODS}.',
+    )
+    data_path: str | None = parts.option(
+        None,
+        '--dataset=npz: a .npz file with arrays x (images [N, H, W] or [N, H, W, C], any size and channel count; '
+        'uint8 pixels are divided by 255, others in [0, 1] kept, any other range min-max scaled, then (x - 0.5) / '
+        '0.5 as for MNIST) and y (integer labels [N], classes 0..K-1), e.g. np.savez("digits.npz", x=..., y=...). '
+        'Pooled and partitioned across the clients as the leaderboard datasets are; the results are labelled by '
+        "the file's stem (digits).",
+        is_path=True,
+    )
+    model: str | None = parts.option(
+        None,
+        "The image model: a Keras model factory by import path, 'module:function' (e.g. "
+        'mypackage.models:small_cnn; the module must be importable, e.g. on PYTHONPATH), called with those of '
+        'input_shape (H, W, C), num_classes and seed its signature accepts, returning an uncompiled tf.keras.Model '
+        'that outputs logits [batch, num_classes]. Methods with a local head (fedper, fedrep, lg_fedavg, fedbabu, '
+        "fed_recon, furl_head, fedrod) use its last layer as the head, which must then be a Dense layer. 'none': "
+        "PFLlib's 4-layer CNN (the leaderboard's), which needs images of at least 16 x 16 "
+        '(fedpersonal.models.image_classifiers:small_cnn fits any size).',
     )
     tfds_data_dir: str | None = parts.option(
         None,
@@ -244,5 +266,39 @@ class PflBenchmarkConfig(
             raise errors.ConfigError('fedala_eta must be > 0, fedala_rand_percent in (0, 100], fedala_layer_idx >= 0.')
         if self.fedala_threshold < 0 or self.fedala_max_epochs <= self.fedala_num_pre_loss:
             raise errors.ConfigError('fedala_threshold must be >= 0 and fedala_max_epochs > fedala_num_pre_loss.')
+        self._check_npz_and_model()
         if self.state_store not in ('sqlite', 'memory'):
             raise errors.ConfigError(f"state_store must be 'sqlite' or 'memory', got {self.state_store!r}.")
+
+    def _check_npz_and_model(self) -> None:
+        """--data_path goes with --dataset=npz, --model with the image datasets; --model is 'module:function'."""
+        if self.dataset == NPZ:
+            if not self.data_path:
+                raise errors.ConfigError(
+                    '--dataset=npz needs --data_path (a .npz file with arrays x, the images, and y, the labels).'
+                )
+            if not os.path.isfile(self.data_path):
+                state = 'is a directory' if os.path.isdir(self.data_path) else 'does not exist'
+                raise errors.ConfigError(f'--data_path={self.data_path} {state} (expected a .npz file).')
+            if self.data_dir:
+                raise errors.ConfigError(
+                    f'--dataset=npz reads --data_path={self.data_path}; --data_dir={self.data_dir} names another '
+                    'dataset: drop one of them.'
+                )
+        elif self.data_path:
+            raise errors.ConfigError(
+                f'--data_path applies to --dataset=npz only, got --dataset={self.dataset}: pass --dataset=npz to '
+                'read your own images, or drop it.'
+            )
+        if self.model is None:
+            return
+        if self.dataset in MOVIELENS_DATASETS:
+            raise errors.ConfigError(
+                f'--model is the image model; --dataset={self.dataset} trains matrix factorization: drop --model.'
+            )
+        module, _, function = self.model.partition(':')
+        if not module or not function or not all(part.isidentifier() for part in module.split('.') + [function]):
+            raise errors.ConfigError(
+                f"--model={self.model}: expected a Keras model factory as 'module:function' (e.g. "
+                'mypackage.models:small_cnn).'
+            )

@@ -111,7 +111,7 @@ def make_evaluation(
         )
     if not plan.stateful:
         recon_eval = evaluation.build_recon_eval(
-            methods.model_fn_for(benchmark.data, config.seed, local_layers),
+            methods.model_fn_for(benchmark.data, config.seed, local_layers, config.model),
             loss_fn=methods.loss_fn,
             metrics_fn=methods.metrics_fn,
             reconstruction_optimizer=methods.sgd(config),
@@ -125,8 +125,8 @@ def make_evaluation(
         )
     # A personal or fine-tuned model is evaluated as a model whose weights are all the client's own.
     own = plan.personal or finetune or adapts
-    model_fn = methods.model_fn_for(benchmark.data, config.seed, 'all' if own else local_layers)
-    global_model_fn = methods.model_fn_for(benchmark.data, config.seed, ())
+    model_fn = methods.model_fn_for(benchmark.data, config.seed, 'all' if own else local_layers, config.model)
+    global_model_fn = methods.model_fn_for(benchmark.data, config.seed, (), config.model)
     evaluate = evaluation.build_private_state_eval(
         model_fn, loss_fn=methods.loss_fn, metrics_fn=methods.metrics_fn, simulation=config.simulation
     )

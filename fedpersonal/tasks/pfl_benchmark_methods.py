@@ -22,6 +22,10 @@ the config, the layers of PFLlib's CNN that stay on the clients, and the model.
 * ``fedrod``: the body and a generic head (balanced softmax) global, a personal head local
   (`fedpersonal.algorithms.fedrod`); evaluated with the sum of both heads' logits.
 
+The model is PFLlib's CNN (`image_classifiers.fedavg_cnn`) or the user's ``--model`` factory
+(`fedpersonal.models.keras_factory`): the head (`image_classifiers.HEAD`) is the model's last layer (PFLlib's ``fc``),
+the body (`image_classifiers.BODY`) its other layers with weights (`local_layer_names`).
+
 FedBN (`fedpersonal.algorithms.fedbn`) is not a row: PFLlib's CNN has no batch normalization, on which FedBN is
 FedAvg.
 """
@@ -54,6 +58,7 @@ from fedpersonal.core import local_aggregation
 from fedpersonal.data import dataset_split
 from fedpersonal.data import pfllib
 from fedpersonal.models import image_classifiers
+from fedpersonal.models import keras_factory
 from fedpersonal.tasks.pfl_benchmark_config import PflBenchmarkConfig
 
 
@@ -66,7 +71,7 @@ class Method:
     finetune: bool = False  # Each client fine-tunes its whole model on its train data before evaluation.
     adapts: bool = False  # Evaluated after one local step (`per_fedavg.adapt`).
     # A plan with model-defined losses (FedRoD): its model, from the data and the seed.
-    phased_model: Callable[[pfllib.PfllibImageData, int], Callable[[], Any]] | None = None
+    phased_model: Callable[[pfllib.PfllibImageData, int, str | None], Callable[[], Any]] | None = None
 
 
 def sgd(config: PflBenchmarkConfig) -> tff.learning.optimizers.Optimizer:
@@ -105,12 +110,34 @@ def _fedala(config: PflBenchmarkConfig) -> client_plan.ClientPlan:
     return fedala.fedala_plan(client_epochs=config.client_epochs, client_optimizer=sgd(config), aggregation=aggregation)
 
 
-def fedrod_model_fn(data: pfllib.PfllibImageData, seed: int) -> Callable[[], fedrod.FedRodModel]:
-    """FedRoD's model of the benchmark's CNN: its ``fc`` the generic head and, copied, the personal one."""
-    height, width, channels = data.x.shape[1:]
-    return lambda: fedrod.FedRodModel(
-        image_classifiers.fedavg_cnn((height, width, channels), data.num_classes, seed=seed), data.num_classes
-    )
+def keras_model(data: pfllib.PfllibImageData, seed: int, model: str | None = None) -> tf.keras.Model:
+    """The benchmark's Keras model for `data`'s images: PFLlib's CNN, or factory `model` (``'module:function'``,
+    the ``--model`` flag; checked by `keras_factory.build`)."""
+    height, width, channels = (int(d) for d in data.x.shape[1:])
+    if model is None:
+        return image_classifiers.fedavg_cnn((height, width, channels), data.num_classes, seed=seed)
+    return keras_factory.build(model, (height, width, channels), data.num_classes, seed=seed)
+
+
+def local_layer_names(keras_model: tf.keras.Model, local_layers: tuple[str, ...] | str) -> list[str]:
+    """The names of `keras_model`'s layers with weights that `local_layers` keeps on the clients: ``'all'``,
+    `image_classifiers.HEAD` (the last layer), `image_classifiers.BODY` (the others), or names."""
+    layers = [layer.name for layer in keras_model.layers if layer.weights]
+    if local_layers == 'all':
+        return layers
+    if tuple(local_layers) == image_classifiers.HEAD:
+        return layers[-1:]
+    if tuple(local_layers) == image_classifiers.BODY:
+        return layers[:-1]
+    return [name for name in layers if name in local_layers]
+
+
+def fedrod_model_fn(
+    data: pfllib.PfllibImageData, seed: int, model: str | None = None
+) -> Callable[[], fedrod.FedRodModel]:
+    """FedRoD's model of the benchmark's model: its last layer (the CNN's ``fc``) the generic head and, copied, the
+    personal one."""
+    return lambda: fedrod.FedRodModel(keras_model(data, seed, model), data.num_classes)
 
 
 METHOD_SPECS: dict[str, Method] = {
@@ -212,17 +239,19 @@ def element_spec(data: pfllib.PfllibImageData) -> collections.OrderedDict:
     )
 
 
-def model_fn_for(data: pfllib.PfllibImageData, seed: int, local_layers: tuple[str, ...] | str) -> Callable[[], Any]:
-    """A partially local CNN: `local_layers` (names, or ``'all'``) on the clients, the others global."""
+def model_fn_for(
+    data: pfllib.PfllibImageData, seed: int, local_layers: tuple[str, ...] | str, model: str | None = None
+) -> Callable[[], Any]:
+    """A partially local model (PFLlib's CNN, or factory `model`, see `keras_model`): `local_layers` (see
+    `local_layer_names`) on the clients, the others global."""
     spec = element_spec(data)
 
-    height, width, channels = data.x.shape[1:]
-
     def model_fn():
-        keras_model = image_classifiers.fedavg_cnn((height, width, channels), data.num_classes, seed=seed)
-        layers = [layer for layer in keras_model.layers if layer.weights]
-        local = [layer for layer in layers if local_layers == 'all' or layer.name in local_layers]
+        built = keras_model(data, seed, model)
+        layers = [layer for layer in built.layers if layer.weights]
+        names = local_layer_names(built, local_layers)
+        local = [layer for layer in layers if layer.name in names]
         shared = [layer for layer in layers if layer not in local]
-        return models.from_keras_model(keras_model, input_spec=spec, global_layers=shared, local_layers=local)
+        return models.from_keras_model(built, input_spec=spec, global_layers=shared, local_layers=local)
 
     return model_fn

@@ -181,3 +181,23 @@ def test_both_heads_fit_what_the_generic_head_cannot():
         both.append(accuracy(features @ w2 + b2 + features @ p2 + q2, y))
     # The generic head learns one naming of the classes; each client's personal head corrects it to its own.
     assert np.mean(both) > 0.75 and np.mean(both) > np.mean(generic) + 0.4, (both, generic)
+
+
+def test_a_client_that_lacks_class_0_and_finishes_first_keeps_a_finite_loss_on_the_engine():
+    """The engine's dense models step every client of a group, a finished one on a padded example (label 0) that is
+    discarded: for a client without class 0 its balanced loss is infinite, which must not make the round's loss NaN
+    (issue 64: FedRoD on a user's dense model in the benchmark binary)."""
+    rng = np.random.default_rng(3)
+    short_y = np.array([1, 2] * 6, np.int32)  # 12 rows, no class 0: 2 batches against the other client's 4.
+    long_y = rng.integers(0, NUM_CLASSES, 40).astype(np.int32)
+    arrays = [(rng.normal(size=[len(y), DIM]).astype(np.float32), y) for y in (short_y, long_y)]
+    losses, weights = [], []
+    for backend in ('engine', 'per_client'):
+        process = build(backend)
+        output = process.run_round(process.initialize(), datasets(arrays), [process.initial_private_state()] * 2)
+        losses.append(float(output.metrics['client_work']['train']['fedrod_loss']))
+        weights.append(process.get_model_weights(output.state).trainable)
+    assert np.isfinite(losses).all(), losses
+    assert losses[0] == pytest.approx(losses[1], rel=1e-5)
+    for got, want in zip(*weights):  # The discarded steps moved no weight.
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
