@@ -113,19 +113,19 @@ METHODS: dict[str, PfllibMethod] = {
 # ----------------------------------------------------------------------------------------- pure parts (tested)
 def keras_to_torch(weights: Sequence[np.ndarray], flatten_chw: tuple[int, int, int] = FLATTEN_CHW) -> list[np.ndarray]:
     """Keras weights of a conv/dense stack in PyTorch's layout: conv kernels ``[h, w, in, out] -> [out, in, h, w]``,
-    dense kernels transposed, the first dense kernel's inputs reordered from Keras' flatten (row, column, channel)
-    to PyTorch's (channel, row, column); biases unchanged."""
-    out, dense_seen = [], 0
+    dense kernels transposed, the kernel of the dense layer after the flatten (``prod(flatten_chw)`` inputs) with
+    its inputs reordered from Keras' flatten (row, column, channel) to PyTorch's (channel, row, column); biases
+    unchanged."""
+    out = []
     for w in weights:
         w = np.asarray(w)
         if w.ndim == 4:
             out.append(np.ascontiguousarray(w.transpose(3, 2, 0, 1)))
         elif w.ndim == 2:
-            if dense_seen == 0 and flatten_chw is not None:
+            if flatten_chw is not None and w.shape[0] == np.prod(flatten_chw):  # The dense layer after the flatten.
                 c, h, wd = flatten_chw
                 w = w.reshape(h, wd, c, -1).transpose(2, 0, 1, 3).reshape(c * h * wd, -1)
             out.append(np.ascontiguousarray(w.T))
-            dense_seen += 1
         else:
             out.append(w.copy())
     return out
@@ -133,18 +133,17 @@ def keras_to_torch(weights: Sequence[np.ndarray], flatten_chw: tuple[int, int, i
 
 def torch_to_keras(weights: Sequence[np.ndarray], flatten_chw: tuple[int, int, int] = FLATTEN_CHW) -> list[np.ndarray]:
     """The inverse of `keras_to_torch`."""
-    out, dense_seen = [], 0
+    out = []
     for w in weights:
         w = np.asarray(w)
         if w.ndim == 4:
             out.append(np.ascontiguousarray(w.transpose(2, 3, 1, 0)))
         elif w.ndim == 2:
             w = w.T
-            if dense_seen == 0 and flatten_chw is not None:
+            if flatten_chw is not None and w.shape[0] == np.prod(flatten_chw):
                 c, h, wd = flatten_chw
                 w = w.reshape(c, h, wd, -1).transpose(1, 2, 0, 3).reshape(c * h * wd, -1)
             out.append(np.ascontiguousarray(w))
-            dense_seen += 1
         else:
             out.append(w.copy())
     return out
@@ -394,7 +393,8 @@ def run_pfllib(method: str, ours: dict[str, Any], rounds: int, work_dir: str) ->
     with open(result) as f:
         row = json.load(f)
     with np.load(result + '.npz') as z:
-        row['global_weights'] = torch_to_keras([z[f'global_{i}'] for i in range(len(torch_weights))])
+        num_global = len([k for k in z.files if k.startswith('global_')])  # FedPer's server: the base; LG: the head.
+        row['global_weights'] = torch_to_keras([z[f'global_{i}'] for i in range(num_global)])
         row['clients'] = [
             torch_to_keras([z[f'client{c}_{i}'] for i in range(len(torch_weights))]) for c in range(len(xs))
         ]
@@ -404,10 +404,12 @@ def run_pfllib(method: str, ours: dict[str, Any], rounds: int, work_dir: str) ->
 def compare(method: str, partition: str, ours: dict[str, Any], theirs: dict[str, Any], rounds: int, commit: str):
     """The row, and details printed beside it."""
     glob = ours['global_weights']
-    their_global = [
-        w for layer, pair in zip(LAYERS, zip(theirs['global_weights'][::2], theirs['global_weights'][1::2]))
-        if layer in ours['global_layers'] for w in pair
-    ]  # fmt: skip
+    their_global = theirs['global_weights']
+    if len(their_global) == 2 * len(LAYERS):  # PFLlib's server holds a whole model: its global layers compared.
+        their_global = [
+            w for layer, pair in zip(LAYERS, zip(their_global[::2], their_global[1::2]))
+            if layer in ours['global_layers'] for w in pair
+        ]  # fmt: skip
     diffs = {'global': max_abs_diff(glob, their_global)}
     for c, (a, b) in enumerate(zip(ours['clients'], theirs['clients'])):
         diffs[f'client{c}'] = max_abs_diff(a, b)
