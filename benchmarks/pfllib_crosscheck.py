@@ -95,6 +95,34 @@ METHODS: dict[str, PfllibMethod] = {
         'serverrep', 'FedRep', head_split=True, args=lambda c: {'plocal_epochs': c.fedrep_head_epochs}
     ),
     'lg_fedavg': PfllibMethod('serverlg', 'LG_FedAvg', head_split=True),
+    'pfedme': PfllibMethod(
+        'serverpFedMe',
+        'pFedMe',
+        client_model='personalized_params',
+        args=lambda c: {
+            'lamda': c.pfedme_lambda,
+            'K': c.pfedme_k,
+            'p_learning_rate': c.pfedme_personal_learning_rate,
+            'beta': 1.0,  # fedpersonal's server step (PFLlib's main.py default: 0.0).
+        },
+        explanation=(
+            'PFLlib system/flcore/clients/clientpFedMe.py:81 (test_metrics_personalized) evaluates '
+            "personalized_params, which is the model's own parameter list (optimizers/fedoptimizer.py:47 returns "
+            "group['params']); train() ends with update_parameters(self.model, self.local_params) (line 68) and "
+            "set_parameters (lines 76-77) overwrites them with the received global model, so PFLlib's personalized "
+            'model is the global one (its client weights equal its global weights exactly here), not theta. '
+            "fedpersonal predicts with the client's last theta (the paper's). The global weights agree."
+        ),
+    ),
+    'fedala': PfllibMethod(
+        'serverala',
+        'FedALA',
+        args=lambda c: {'eta': c.fedala_eta, 'rand_percent': c.fedala_rand_percent, 'layer_idx': c.fedala_layer_idx},
+    ),
+    'fedbabu': PfllibMethod(
+        'serverbabu', 'FedBABU', head_split=True, args=lambda c: {'fine_tuning_epochs': c.finetune_epochs}
+    ),
+    'fedrod': PfllibMethod('serverrod', 'FedROD', head_split=True, client_model='model,head'),
     'apfl': PfllibMethod(
         'serverapfl',
         'APFL',
@@ -259,9 +287,8 @@ def run_fedpersonal(method: str, partition: str, clients: int, train_rows: int, 
     ids = benchmark.client_ids
     state = process.initialize()
     start = [np.asarray(w) for w in process.get_model_weights(state).trainable]
-    shared = [
-        w for layer, i in zip(LAYERS, range(0, 8, 2)) if layer not in spec.local_layers for w in initial[i : i + 2]
-    ]
+    global_layers = LAYERS if phased_model is not None else [x for x in LAYERS if x not in spec.local_layers]
+    shared = [w for layer, i in zip(LAYERS, range(0, 8, 2)) if layer in global_layers for w in initial[i : i + 2]]
     if max_abs_diff(start, shared) != 0.0:  # The exported weights are the ones fedpersonal starts from.
         raise AssertionError('the process does not start from fedavg_cnn(seed) weights')
     private = [process.initial_private_state() for _ in ids] if plan.stateful else None
@@ -296,7 +323,9 @@ def run_fedpersonal(method: str, partition: str, clients: int, train_rows: int, 
             clients_weights.append(global_trainable)
             continue
         own = client_plan.personalized_weights(plan, weights, p)
-        if plan.personal or plan.initial_alpha is not None or plan.local_aggregation is not None:
+        if phased_model is not None:  # FedRoD: the whole global model, then the personal head.
+            clients_weights.append(global_trainable + [np.asarray(w) for w in own.trainable])
+        elif plan.personal or plan.initial_alpha is not None or plan.local_aggregation is not None:
             clients_weights.append([np.asarray(w) for w in own.trainable])
         else:
             clients_weights.append(full_weights(global_trainable, own.trainable, spec.local_layers))
@@ -309,7 +338,7 @@ def run_fedpersonal(method: str, partition: str, clients: int, train_rows: int, 
         train=(xs, ys),
         test=([data.x[r] for r in test_rows], [data.y[r] for r in test_rows]),
         global_weights=global_trainable,
-        global_layers=[layer for layer in LAYERS if layer not in spec.local_layers],
+        global_layers=list(global_layers),  # FedRoD: the whole model (its generic head) is global.
         clients=clients_weights,
         accuracy=float(metrics['accuracy']),
         client_accuracy=per_client.get('accuracy'),
@@ -395,9 +424,8 @@ def run_pfllib(method: str, ours: dict[str, Any], rounds: int, work_dir: str) ->
     with np.load(result + '.npz') as z:
         num_global = len([k for k in z.files if k.startswith('global_')])  # FedPer's server: the base; LG: the head.
         row['global_weights'] = torch_to_keras([z[f'global_{i}'] for i in range(num_global)])
-        row['clients'] = [
-            torch_to_keras([z[f'client{c}_{i}'] for i in range(len(torch_weights))]) for c in range(len(xs))
-        ]
+        count = lambda c: len([k for k in z.files if k.startswith(f'client{c}_')])  # FedRoD: 8 + its own head.
+        row['clients'] = [torch_to_keras([z[f'client{c}_{i}'] for i in range(count(c))]) for c in range(len(xs))]
     return row
 
 

@@ -29,6 +29,7 @@ import argparse
 import copy
 import json
 import os
+import shutil
 import sys
 import tempfile
 import textwrap
@@ -116,7 +117,9 @@ def main() -> None:
     calls = {'select': 0}
     snapshot: dict = {}
     last_stats: dict = {}
-    params = lambda m: [p.detach().numpy().copy() for p in m.parameters()]
+
+    def params(m):  # A module's parameters, or a list of tensors (pFedMe's personalized_params).
+        return [p.detach().numpy().copy() for p in (m if isinstance(m, list) else m.parameters())]
 
     def stop(*unused_args, **unused_kwargs):
         raise StopRun()
@@ -134,7 +137,9 @@ def main() -> None:
         original_send()
         if calls['select'] == rounds + 1:
             for c in server.clients:
-                snapshot[f'client{c.id}'] = params(getattr(c, spec['client_model']))
+                snapshot[f'client{c.id}'] = [
+                    w for name in spec['client_model'].split(',') for w in params(getattr(c, name))
+                ]
                 for name in ('train', 'ptrain', 'train_personalized'):
                     if hasattr(c, name):
                         setattr(c, name, stop)
@@ -159,11 +164,15 @@ def main() -> None:
     for c in range(num_clients):
         arrays.update({f'client{c}_{i}': w for i, w in enumerate(snapshot[f'client{c}'])})
     np.savez(args_in.result + '.npz', **arrays)
+    os.chdir(os.path.dirname(scratch))
+    shutil.rmtree(scratch)
     versions = {'torch': torch.__version__}
     with open(args_in.result, 'w') as f:
         json.dump(
             dict(
-                accuracy=float(server.rs_test_acc[-1]),
+                # PFLlib's evaluate: correct test predictions over all test rows (pFedMe's evaluate_personalized
+                # appends to no list, so the accuracy is taken from the recorded per-client counts).
+                accuracy=float(sum(last_stats['correct']) / sum(last_stats['num'])),
                 accuracies_by_round=[float(a) for a in server.rs_test_acc],
                 client_ids=[int(i) for i in last_stats['ids']],
                 client_test=[int(n) for n in last_stats['num']],
