@@ -252,7 +252,26 @@ def exact_train_rows(rows: int, limit: int, batch_size: int) -> int:
 
 
 # ----------------------------------------------------------------------------------------- fedpersonal side
-def run_fedpersonal(method: str, partition: str, clients: int, train_rows: int, rounds: int, data_dir: str | None):
+def parse_overrides(items: Sequence[str], config: Any) -> dict[str, Any]:
+    """``['fedprox_mu=1.0', ...]`` as config values, each of its field's current type."""
+    out: dict[str, Any] = {}
+    for item in items:
+        name, sep, value = item.partition('=')
+        if not sep or not hasattr(config, name):
+            raise ValueError(f'an override is name=value of a config field, got {item!r}')
+        out[name] = type(getattr(config, name))(value)
+    return out
+
+
+def run_fedpersonal(
+    method: str,
+    partition: str,
+    clients: int,
+    train_rows: int,
+    rounds: int,
+    data_dir: str | None,
+    overrides: Sequence[str] = (),
+):
     """Trains `method` on the reduced partition; returns the config, the clients' arrays in training order, the
     initial and final weights (Keras layout) and the accuracies."""
     import tensorflow as tf  # pylint: disable=g-import-not-at-top
@@ -268,6 +287,7 @@ def run_fedpersonal(method: str, partition: str, clients: int, train_rows: int, 
     config = PflBenchmarkConfig(
         partition=partition, configurations=(method,), seeds=(0,), data_dir=data_dir, state_store='memory'
     )
+    config = dataclasses.replace(config, **parse_overrides(overrides, config))
     tf.random.set_seed(config.seed)
     full = pfl_benchmark.load_data(config)
     part = full.partition
@@ -355,6 +375,12 @@ _EXACT_ROUNDS = flags.DEFINE_integer('exact_rounds', 2, 'Rounds of exact mode.')
 _EXACT_CLIENTS = flags.DEFINE_integer('exact_clients', 4, 'Exact mode: the first N clients of the partition.')
 _EXACT_TRAIN_ROWS = flags.DEFINE_integer(
     'exact_train_rows', 100, "Exact mode: each client's first train rows (down to a multiple of two batches)."
+)
+_OVERRIDES = flags.DEFINE_list(
+    'overrides',
+    [],
+    "Config values of both sides instead of the benchmark's defaults, e.g. fedprox_mu=1.0 (a stronger check of a "
+    'term whose default is small); the rows do not record them, so they need a --crosscheck_output of their own.',
 )
 _DATA_DIR = flags.DEFINE_string('data_dir', None, "Fashion-MNIST's IDX files (default: the Debian package's).")
 _PFLLIB_VENV = flags.DEFINE_string(
@@ -460,6 +486,9 @@ def main(argv: Sequence[str]) -> None:
     del argv
     if not _PFLLIB_DIR.value:
         raise app.UsageError('--pfllib_dir is required (a checkout of github.com/TsingZ0/PFLlib).')
+    default_output = os.path.join(_REPO, 'docs', 'results', 'pfllib_crosscheck.json')
+    if _OVERRIDES.value and os.path.abspath(_CROSSCHECK_OUTPUT.value) == default_output:
+        raise app.UsageError('--overrides: rows of other values than the defaults go to another --crosscheck_output.')
     commit = subprocess.run(
         ['git', '-C', _PFLLIB_DIR.value, 'rev-parse', 'HEAD'], capture_output=True, text=True, check=True
     ).stdout.strip()
@@ -471,7 +500,13 @@ def main(argv: Sequence[str]) -> None:
                 raise app.UsageError(f'unknown method {method!r}; known: {list(METHODS)}')
             started = time.time()
             ours = run_fedpersonal(
-                method, partition, _EXACT_CLIENTS.value, _EXACT_TRAIN_ROWS.value, _EXACT_ROUNDS.value, _DATA_DIR.value
+                method,
+                partition,
+                _EXACT_CLIENTS.value,
+                _EXACT_TRAIN_ROWS.value,
+                _EXACT_ROUNDS.value,
+                _DATA_DIR.value,
+                _OVERRIDES.value,
             )
             theirs = run_pfllib(method, ours, _EXACT_ROUNDS.value, work_dir)
             row, detail = compare(method, partition, ours, theirs, _EXACT_ROUNDS.value, commit)

@@ -136,3 +136,15 @@ def test_max_abs_diff_checks_shapes():
         crosscheck.max_abs_diff([np.zeros(2)], [np.zeros(3)])
     with pytest.raises(ValueError):
         crosscheck.max_abs_diff([np.zeros(2)], [])
+
+
+def test_parse_overrides_types_by_field():
+    class Config:
+        fedprox_mu = 0.01
+        pfedme_k = 5
+
+    assert crosscheck.parse_overrides(['fedprox_mu=1', 'pfedme_k=3'], Config()) == {'fedprox_mu': 1.0, 'pfedme_k': 3}
+    with pytest.raises(ValueError, match='name=value'):
+        crosscheck.parse_overrides(['unknown=1'], Config())
+    with pytest.raises(ValueError, match='name=value'):
+        crosscheck.parse_overrides(['fedprox_mu'], Config())
