@@ -118,6 +118,13 @@ METHODS: dict[str, PfllibMethod] = {
         'serverala',
         'FedALA',
         args=lambda c: {'eta': c.fedala_eta, 'rand_percent': c.fedala_rand_percent, 'layer_idx': c.fedala_layer_idx},
+        explanation=(
+            'PFLlib system/flcore/servers/serverala.py:74 send_models calls clientala.py:56 local_initialization, '
+            "i.e. utils/ALA.py's adaptive_local_aggregation, which learns W one more epoch (ALA.py:146) before the "
+            "round's evaluation, so PFLlib evaluates each client at a start with W learned further; fedpersonal "
+            "evaluates the start with the client's current W, not learned further (pfl_benchmark_methods' fedala "
+            "row). The global weights and the clients' trained local models agree (the harness prints them)."
+        ),
     ),
     'fedbabu': PfllibMethod(
         'serverbabu', 'FedBABU', head_split=True, args=lambda c: {'fine_tuning_epochs': c.finetune_epochs}
@@ -337,8 +344,10 @@ def run_fedpersonal(
     finally:
         evaluation._accuracies = original  # pylint: disable=protected-access
     global_trainable = [np.asarray(w) for w in weights.trainable]
-    clients_weights = []
+    clients_weights, trained_local = [], []
     for p in private or [None] * len(ids):
+        if p is not None and plan.local_aggregation is not None:  # FedALA: v, the trained local model (then W).
+            trained_local.append([np.asarray(w) for w in list(p.trainable)[: len(global_trainable)]])
         if p is None:
             clients_weights.append(global_trainable)
             continue
@@ -349,6 +358,17 @@ def run_fedpersonal(
             clients_weights.append([np.asarray(w) for w in own.trainable])
         else:
             clients_weights.append(full_weights(global_trainable, own.trainable, spec.local_layers))
+    ala_starts = None
+    if plan.local_aggregation is not None:  # FedALA: the start of W's slice at each client's k-th aggregation.
+        from fedpersonal.core import local_aggregation  # pylint: disable=g-import-not-at-top
+
+        ala_starts = [
+            [
+                int(local_aggregation.slice_bounds(plan.local_aggregation, tf.constant(n, tf.int64), k)[0])
+                for k in range(rounds + 1)
+            ]
+            for n in keep
+        ]
     xs = [data.x[rows] for rows in benchmark.train_rows]
     ys = [data.y[rows] for rows in benchmark.train_rows]
     test_rows = data.partition.test
@@ -363,6 +383,8 @@ def run_fedpersonal(
         accuracy=float(metrics['accuracy']),
         client_accuracy=per_client.get('accuracy'),
         train_rows=keep,
+        ala_starts=ala_starts,
+        trained_local=trained_local,
         seconds=seconds,
     )
 
@@ -433,6 +455,7 @@ def run_pfllib(method: str, ours: dict[str, Any], rounds: int, work_dir: str) ->
         server_class=spec.server_class,
         client_model=spec.client_model,
         args=args,
+        ala_starts=ours['ala_starts'],
     )
     workload = os.path.join(work_dir, f'{method}.npz')
     np.savez(workload, spec=json.dumps(run_spec), **arrays)
@@ -452,6 +475,7 @@ def run_pfllib(method: str, ours: dict[str, Any], rounds: int, work_dir: str) ->
         row['global_weights'] = torch_to_keras([z[f'global_{i}'] for i in range(num_global)])
         count = lambda c: len([k for k in z.files if k.startswith(f'client{c}_')])  # FedRoD: 8 + its own head.
         row['clients'] = [torch_to_keras([z[f'client{c}_{i}'] for i in range(count(c))]) for c in range(len(xs))]
+        row['before'] = [torch_to_keras([z[f'before{c}_{i}'] for i in range(8)]) for c in range(len(xs))]
     return row
 
 
@@ -468,6 +492,10 @@ def compare(method: str, partition: str, ours: dict[str, Any], theirs: dict[str,
     for c, (a, b) in enumerate(zip(ours['clients'], theirs['clients'])):
         diffs[f'client{c}'] = max_abs_diff(a, b)
     diff = max(diffs.values()) if not any(np.isnan(list(diffs.values()))) else float('nan')
+    if ours['trained_local']:  # FedALA: the clients' trained local models, before either side's next start.
+        detail_local = [max_abs_diff(a, b) for a, b in zip(ours['trained_local'], theirs['before'])]
+    else:
+        detail_local = None
     their_clients = [k / n for k, n in zip(theirs['client_correct'], theirs['client_test'])]
     detail = dict(
         diffs=diffs,
@@ -475,6 +503,7 @@ def compare(method: str, partition: str, ours: dict[str, Any], theirs: dict[str,
         client_accuracy_pfllib=dict(zip(theirs['client_ids'], their_clients)),
         accuracies_by_round_pfllib=theirs['accuracies_by_round'],
         train_rows=ours['train_rows'],
+        trained_local_model_diffs=detail_local,
     )
     row = make_row(
         method, partition, rounds, diff, ours['accuracy'], theirs['accuracy'], commit, METHODS[method].explanation

@@ -12,6 +12,8 @@ initial weights in PyTorch's layout, the algorithm and its arguments), then:
   ``main.py`` does (``FedAvgCNN``, split into ``BaseHeadSplit(base, head)`` for the methods ``main.py`` splits);
 * patches, in this process only, ``Client.load_train_data`` to the same ``DataLoader(..., drop_last=True)`` with
   ``shuffle=False``: every epoch then reads the rows in the file's order, which is fedpersonal's batch order;
+  FedALA's random slice start (``utils/ALA.py``'s ``random.randint``) to fedpersonal's seeded start for that
+  client's k-th aggregation (the workload's ``ala_starts``);
 * runs the server's own ``train()`` with ``global_rounds = rounds``: after ``rounds`` rounds of training, the
   next round's ``select_clients`` / ``send_models`` snapshot the server's global model and each client's
   predicting model (the attribute the workload names), the server's own evaluation of that round runs (its
@@ -95,6 +97,27 @@ def main() -> None:
 
     clientbase.Client.load_train_data = load_train_data
 
+    if spec.get('ala_starts'):  # FedALA: W's random slice starts where fedpersonal's start (its seeded draws).
+        from utils import ALA as ala_module  # pylint: disable=g-import-not-at-top
+
+        original_ala = ala_module.ALA.adaptive_local_aggregation
+        aggregations: dict = {}
+
+        def adaptive_local_aggregation(self, global_model, local_model):
+            skipped = bool(torch.sum(list(global_model.parameters())[0] - list(local_model.parameters())[0]) == 0)
+            k = aggregations.get(self.cid, 0)
+            start = int(spec['ala_starts'][self.cid][k])
+            draws = ala_module.random
+            ala_module.random = argparse.Namespace(randint=lambda low, high: start)  # ALA.py:73's draw.
+            try:
+                original_ala(self, global_model, local_model)
+            finally:
+                ala_module.random = draws
+            if not skipped:  # ALA.py:81: no aggregation while the local model equals the global one.
+                aggregations[self.cid] = k + 1
+
+        ala_module.ALA.adaptive_local_aggregation = adaptive_local_aggregation
+
     args = main_py_defaults(args_in.pfllib_dir)
     args.device = 'cpu'
     args.dataset = dataset  # An absolute path: read_data's os.path.join('../dataset', dataset) is that path.
@@ -131,6 +154,8 @@ def main() -> None:
         selected = original_select()
         if calls['select'] == rounds + 1:  # Round `rounds` (0-based): the state after `rounds` rounds.
             snapshot['global'] = params(server.global_model)
+            for c in server.clients:  # Before send_models (FedALA's clients: their trained local models).
+                snapshot[f'before{c.id}'] = params(c.model)
         return selected
 
     def send_models():
@@ -163,6 +188,7 @@ def main() -> None:
     arrays = {f'global_{i}': w for i, w in enumerate(snapshot['global'])}
     for c in range(num_clients):
         arrays.update({f'client{c}_{i}': w for i, w in enumerate(snapshot[f'client{c}'])})
+        arrays.update({f'before{c}_{i}': w for i, w in enumerate(snapshot[f'before{c}'])})
     np.savez(args_in.result + '.npz', **arrays)
     os.chdir(os.path.dirname(scratch))
     shutil.rmtree(scratch)
