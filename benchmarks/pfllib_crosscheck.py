@@ -8,6 +8,10 @@ Exact mode (the only mode so far): for each method and partition, both libraries
 same initial weights on the same batches in the same order for ``--exact_rounds`` rounds; the final weights and
 the accuracies are compared.
 
+* the partition: before a partition's first row, PFLlib's own ``dataset/utils/dataset_utils.py`` (its
+  ``separate_data`` and ``split_data``, seeded as ``generate_FashionMNIST.py``) partitions the pooled labels in the
+  PFLlib venv, and the harness stops unless all 20 clients' train and test rows equal fedpersonal's
+  (`check_partition`); the clients' files PFLlib reads are written from those rows.
 * fedpersonal: the benchmark's own method (`fedpersonal.tasks.pfl_benchmark`: its plan, process and evaluation,
   seed 0, the config's defaults) on `fedpersonal.data.pfllib.federate`'s partition (``partition_seed`` 1: PFLlib's
   ``generate_FashionMNIST.py noniid - pat`` / ``- dir`` bit for bit), reduced to the first ``--exact_clients``
@@ -383,6 +387,7 @@ def run_fedpersonal(
         accuracy=float(metrics['accuracy']),
         client_accuracy=per_client.get('accuracy'),
         train_rows=keep,
+        full_partition=(full.y, part.train, part.test),
         ala_starts=ala_starts,
         trained_local=trained_local,
         seconds=seconds,
@@ -421,8 +426,31 @@ _CROSSCHECK_OUTPUT = flags.DEFINE_string(
 def pfllib_python() -> str:
     """The PFLlib venv's Python, built on first use with `peer_speed`'s builder."""
     return peer_speed._venv_python(  # pylint: disable=protected-access
-        _PFLLIB_VENV.value, 'torch, sklearn, h5py, matplotlib', ['-r', _PFLLIB_REQUIREMENTS.value]
+        _PFLLIB_VENV.value, 'torch, sklearn, h5py, matplotlib, ujson, PIL', ['-r', _PFLLIB_REQUIREMENTS.value]
     )
+
+
+PFLLIB_PARTITIONS = {'pathological': 'pat', 'dirichlet': 'dir'}
+
+
+def check_partition(partition: str, labels: np.ndarray, train: list, test: list, work_dir: str) -> int:
+    """Draws PFLlib's own partition of `labels` (its dataset_utils, in the PFLlib venv) and raises unless every
+    client's train and test rows equal fedpersonal's (`train`, `test`: index arrays in PFLlib's saved order).
+    Returns the clients compared."""
+    path = os.path.join(work_dir, f'labels_{partition}.npy')
+    np.save(path, labels.astype(np.int64))
+    result = os.path.join(work_dir, f'partition_{partition}.npz')
+    cmd = [pfllib_python(), os.path.join(_HERE, 'pfllib_crosscheck_row.py'), f'--pfllib_dir={_PFLLIB_DIR.value}']
+    cmd += [f'--partition_labels={path}', f'--partition={PFLLIB_PARTITIONS[partition]}', f'--result={result}']
+    done = subprocess.run(cmd, capture_output=True, text=True, env=peer_speed._env(1))  # pylint: disable=protected-access
+    if done.returncode:
+        raise RuntimeError(f"PFLlib's partition failed: {done.stderr[-3000:]}")
+    with np.load(result) as z:
+        for c in range(len(train)):
+            for split, ours in (('train', train[c]), ('test', test[c])):
+                if not np.array_equal(z[f'{split}_{c}'], ours):
+                    raise AssertionError(f"{partition}: client {c}'s {split} rows differ from PFLlib's partition")
+    return len(train)
 
 
 def run_pfllib(method: str, ours: dict[str, Any], rounds: int, work_dir: str) -> dict[str, Any]:
@@ -522,6 +550,7 @@ def main(argv: Sequence[str]) -> None:
         ['git', '-C', _PFLLIB_DIR.value, 'rev-parse', 'HEAD'], capture_output=True, text=True, check=True
     ).stdout.strip()
     rows = []
+    checked: dict[str, int] = {}
     work_dir = tempfile.mkdtemp(prefix='pfllib_crosscheck_')
     for partition in _PARTITIONS.value:
         for method in _METHODS.value:
@@ -537,6 +566,9 @@ def main(argv: Sequence[str]) -> None:
                 _DATA_DIR.value,
                 _OVERRIDES.value,
             )
+            if partition not in checked:  # Raises unless PFLlib's own code draws the same partition.
+                checked[partition] = check_partition(partition, *ours['full_partition'], work_dir)
+                print(f"{partition}: PFLlib's dataset_utils draws the same {checked[partition]} clients", flush=True)
             theirs = run_pfllib(method, ours, _EXACT_ROUNDS.value, work_dir)
             row, detail = compare(method, partition, ours, theirs, _EXACT_ROUNDS.value, commit)
             print(json.dumps(row), flush=True)

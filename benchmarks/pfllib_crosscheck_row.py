@@ -19,6 +19,10 @@ initial weights in PyTorch's layout, the algorithm and its arguments), then:
   predicting model (the attribute the workload names), the server's own evaluation of that round runs (its
   accuracy is the row's), and the clients' next ``train`` stops the run.
 
+With ``--partition_labels`` (the pooled labels, ``.npy``) and ``--partition`` (``pat`` or ``dir``), it only draws
+PFLlib's own partition with its ``dataset/utils/dataset_utils.py`` (`pfllib_partition`) into ``--result`` (npz of
+each client's train and test row indices), which the harness compares with fedpersonal's.
+
 Writes ``--result`` (JSON: accuracy, per-client correct and test counts, versions) and ``--result.npz`` (``global_<i>``
 and ``client<c>_<i>`` in PyTorch's layout).
 
@@ -55,12 +59,42 @@ def main_py_defaults(pfllib_dir: str) -> argparse.Namespace:
     return scope['parser'].parse_args([])
 
 
+def pfllib_partition(pfllib_dir: str, labels: np.ndarray, partition: str) -> dict[str, np.ndarray]:
+    """PFLlib's own partition of the pooled rows: ``generate_FashionMNIST.py noniid - <partition>``'s seeding
+    (``random.seed(1)``, ``np.random.seed(1)``), then its ``separate_data`` and ``split_data``
+    (``dataset/utils/dataset_utils.py``) on the pooled labels, with the pooled row indices as the images (they are
+    only indexed), so each client's train and test rows come out as indices, in PFLlib's saved order."""
+    import random  # pylint: disable=g-import-not-at-top
+
+    sys.path.insert(0, os.path.join(os.path.abspath(pfllib_dir), 'dataset'))
+    from utils import dataset_utils  # pylint: disable=g-import-not-at-top
+
+    random.seed(1)
+    np.random.seed(1)
+    rows = np.arange(labels.size)
+    x, y, _ = dataset_utils.separate_data(
+        (rows, labels), 20, int(labels.max()) + 1, True, False, partition, class_per_client=2
+    )
+    train, test = dataset_utils.split_data(x, y)
+    out = {f'train_{c}': np.asarray(t['x'], np.int64) for c, t in enumerate(train)}
+    out.update({f'test_{c}': np.asarray(t['x'], np.int64) for c, t in enumerate(test)})
+    sys.path.pop(0)
+    return out
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split('\n')[0])
-    parser.add_argument('--workload', required=True)
+    parser.add_argument('--workload')
     parser.add_argument('--pfllib_dir', required=True)
     parser.add_argument('--result', required=True)
+    parser.add_argument('--partition_labels', help="Only draw PFLlib's partition of these pooled labels (.npy).")
+    parser.add_argument('--partition', choices=('pat', 'dir'), help='With --partition_labels.')
     args_in = parser.parse_args()
+    if args_in.partition_labels:
+        np.savez(
+            args_in.result, **pfllib_partition(args_in.pfllib_dir, np.load(args_in.partition_labels), args_in.partition)
+        )
+        return
     import torch  # pylint: disable=g-import-not-at-top
     from torch import nn  # pylint: disable=g-import-not-at-top
     from torch.utils.data import DataLoader  # pylint: disable=g-import-not-at-top
