@@ -2,7 +2,11 @@
 
   python benchmarks/pfllib_crosscheck.py --pfllib_dir ~/.cache/fedpersonal-benchmarks/PFLlib \
       [--methods fedavg,fedprox,...] [--partitions pathological,dirichlet] [--exact_rounds 2] [--exact_clients 4] \
-      [--exact_train_rows 100] [--pfllib_venv DIR] [--data_dir DIR] [--output docs/results/pfllib_crosscheck.json]
+      [--exact_train_rows 100] [--pfllib_venv DIR] [--data_dir DIR] [--overrides fedprox_mu=1.0,...] \
+      [--crosscheck_output docs/results/pfllib_crosscheck.json]
+
+(PFLlib's checkout, outside the repository: ``git clone https://github.com/TsingZ0/PFLlib``; rows record its
+``git rev-parse HEAD``.)
 
 Exact mode (the only mode so far): for each method and partition, both libraries train the same clients from the
 same initial weights on the same batches in the same order for ``--exact_rounds`` rounds; the final weights and
@@ -23,7 +27,18 @@ the accuracies are compared.
   ``--pfllib_dir`` (a checkout of github.com/TsingZ0/PFLlib; its commit is recorded in every row). The harness
   hands it the same clients' rows in fedpersonal's order, the Keras initial weights in PyTorch's layout
   (`keras_to_torch`) and the method's hyperparameters set to fedpersonal's values; the row script turns PFLlib's
-  per-epoch shuffling off (its ``load_train_data`` patched in that process, no file of PFLlib edited).
+  per-epoch shuffling off (its ``load_train_data`` patched in that process, no file of PFLlib edited) and sets
+  FedALA's random slice start to fedpersonal's seeded one. The run is PFLlib's own ``server.train()`` loop; after
+  the rounds, the next round's ``send_models`` is where the weights are taken and its own evaluation gives the
+  accuracy (see the row script).
+
+Methods: `METHODS` (FedAvg, FedProx, Per-FedAvg, Ditto, FedPer, FedRep, LG-FedAvg, pFedMe, FedALA, FedBABU,
+FedRoD, APFL), each with fedpersonal's hyperparameters on both sides (e.g. PFLlib's FedProx ``mu`` = the config's
+``fedprox_mu``; ``--overrides`` sets other values on both sides). Not here: FedBN (no benchmark row: the CNN has no
+batch normalization), SCAFFOLD, MOON, FedAMP, FedDBE (not benchmark methods yet), and the statistical mode. The
+verdict is on the weights alone: FedBABU's accuracies differ with equal weights because fedpersonal fine-tunes
+before every evaluation and PFLlib only once after training (``serverbabu.py``); with 100 train rows and 2 rounds
+several methods' clients still predict a single class, so equal weights, not accuracies, are the check.
 
 Row (``--output``, one per method and partition, replacing earlier rows of the same method, partition and mode):
 ``method``, ``partition``, ``mode`` (``exact``), ``rounds``, ``max_abs_weight_diff`` (the largest difference of the
