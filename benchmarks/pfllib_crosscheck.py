@@ -37,8 +37,9 @@ FedRoD, APFL), each with fedpersonal's hyperparameters on both sides (e.g. PFLli
 ``fedprox_mu``; ``--overrides`` sets other values on both sides). Not here: FedBN (no benchmark row: the CNN has no
 batch normalization), SCAFFOLD, MOON, FedAMP, FedDBE (not benchmark methods yet), and the statistical mode. The
 verdict is on the weights alone: FedBABU's accuracies differ with equal weights because fedpersonal fine-tunes
-before every evaluation and PFLlib only once after training (``serverbabu.py``); with 100 train rows and 2 rounds
-several methods' clients still predict a single class, so equal weights, not accuracies, are the check.
+before every evaluation and PFLlib only once after training (``serverbabu.py``). With 100 train rows and 2 rounds
+the accuracies are coarse (on the pathological partition FedAvg, FedProx, Per-FedAvg and FedALA give the same
+per-client accuracies although their weights differ), so equal weights, not accuracies, are the check.
 
 Row (``--output``, one per method and partition, replacing earlier rows of the same method, partition and mode):
 ``method``, ``partition``, ``mode`` (``exact``), ``rounds``, ``max_abs_weight_diff`` (the largest difference of the
