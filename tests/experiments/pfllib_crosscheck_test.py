@@ -1,0 +1,150 @@
+"""The pure parts of benchmarks/pfllib_crosscheck.py (no PFLlib, no PyTorch): the Keras <-> PyTorch weight layouts,
+a client's whole model from its global and local layers, the rows and their verdicts."""
+
+import math
+import os
+import sys
+
+import numpy as np
+import pytest
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(__file__))), 'benchmarks'))
+import pfllib_crosscheck as crosscheck
+
+
+def _keras_cnn(seed=0):
+    """fedavg_cnn's weight shapes (Keras layout), random values."""
+    rng = np.random.default_rng(seed)
+    shapes = [(5, 5, 1, 32), (32,), (5, 5, 32, 64), (64,), (1024, 512), (512,), (512, 10), (10,)]
+    return [rng.standard_normal(s).astype(np.float32) for s in shapes]
+
+
+def _forward_keras(w, x_nhwc):
+    """A numpy forward pass in Keras' layout (valid conv, ReLU, 2x2 max-pool, flatten row/column/channel, dense)."""
+
+    def conv(x, k, b):
+        kh, kw = k.shape[:2]
+        n, h, wd, _ = x.shape
+        out = np.zeros((n, h - kh + 1, wd - kw + 1, k.shape[3]), np.float64)
+        for i in range(kh):
+            for j in range(kw):
+                out += np.einsum('nhwc,co->nhwo', x[:, i : i + h - kh + 1, j : j + wd - kw + 1], k[i, j])
+        return np.maximum(out + b, 0)
+
+    def pool(x):
+        n, h, wd, c = x.shape
+        return x.reshape(n, h // 2, 2, wd // 2, 2, c).max(axis=(2, 4))
+
+    x = pool(conv(x_nhwc, w[0], w[1]))
+    x = pool(conv(x, w[2], w[3]))
+    x = np.maximum(x.reshape(len(x), -1) @ w[4] + w[5], 0)
+    return x @ w[6] + w[7]
+
+
+def _forward_torch(w, x_nchw):
+    """The same network in PyTorch's layout (weights [out, in, h, w], flatten channel/row/column, x @ W.T)."""
+
+    def conv(x, k, b):
+        kh, kw = k.shape[2:]
+        n, _, h, wd = x.shape
+        out = np.zeros((n, k.shape[0], h - kh + 1, wd - kw + 1), np.float64)
+        for i in range(kh):
+            for j in range(kw):
+                out += np.einsum('nchw,oc->nohw', x[:, :, i : i + h - kh + 1, j : j + wd - kw + 1], k[:, :, i, j])
+        return np.maximum(out + b[None, :, None, None], 0)
+
+    def pool(x):
+        n, c, h, wd = x.shape
+        return x.reshape(n, c, h // 2, 2, wd // 2, 2).max(axis=(3, 5))
+
+    x = pool(conv(x_nchw, w[0], w[1]))
+    x = pool(conv(x, w[2], w[3]))
+    x = np.maximum(x.reshape(len(x), -1) @ w[4].T + w[5], 0)
+    return x @ w[6].T + w[7]
+
+
+def test_layouts_round_trip_and_compute_the_same_function():
+    keras = _keras_cnn()
+    torch_layout = crosscheck.keras_to_torch(keras)
+    assert [w.shape for w in torch_layout] == [
+        (32, 1, 5, 5), (32,), (64, 32, 5, 5), (64,), (512, 1024), (512,), (10, 512), (10,)
+    ]  # fmt: skip
+    back = crosscheck.torch_to_keras(torch_layout)
+    assert crosscheck.max_abs_diff(keras, back) == 0.0
+    x = np.random.default_rng(1).standard_normal((2, 28, 28, 1))
+    np.testing.assert_allclose(
+        _forward_keras(keras, x), _forward_torch(torch_layout, x.transpose(0, 3, 1, 2)), rtol=1e-9, atol=1e-6
+    )
+
+
+def test_layout_without_the_flatten_permutation_computes_another_function():
+    """The check above can fail: a plain transpose of fc1 (no flatten reordering) is another network."""
+    keras = _keras_cnn()
+    plain = crosscheck.keras_to_torch(keras, flatten_chw=None)
+    x = np.random.default_rng(1).standard_normal((2, 28, 28, 1))
+    assert np.abs(_forward_keras(keras, x) - _forward_torch(plain, x.transpose(0, 3, 1, 2))).max() > 1e-3
+
+
+def test_partial_models_convert_alone():
+    """A server holding only some layers (FedPer's base, LG-FedAvg's head) converts layer by layer."""
+    keras = _keras_cnn()
+    full = crosscheck.keras_to_torch(keras)
+    assert crosscheck.max_abs_diff(crosscheck.keras_to_torch(keras[:6]), full[:6]) == 0.0
+    assert crosscheck.max_abs_diff(crosscheck.torch_to_keras(full[6:]), keras[6:]) == 0.0
+
+
+def test_full_weights_places_local_layers():
+    g = [np.full(1, i) for i in range(6)]
+    local = [np.full(1, 10 + i) for i in range(2)]
+    merged = crosscheck.full_weights(g, local, ('fc',))
+    assert [int(w[0]) for w in merged] == [0, 1, 2, 3, 4, 5, 10, 11]
+    merged = crosscheck.full_weights([np.full(1, 7), np.full(1, 8)], g, ('conv1', 'conv2', 'fc1'))
+    assert [int(w[0]) for w in merged] == [0, 1, 2, 3, 4, 5, 7, 8]
+    with pytest.raises(ValueError, match='left over'):
+        crosscheck.full_weights(g + local, local, ('fc',))
+
+
+def test_rows_and_verdicts():
+    row = crosscheck.make_row('fedavg', 'pathological', 2, 3e-8, 0.5, 0.5, 'abc')
+    assert tuple(row) == crosscheck.ROW_KEYS
+    assert row['verdict'] == 'equal' and row['mode'] == 'exact'
+    row = crosscheck.make_row('apfl', 'pathological', 2, 0.017, 0.51, 0.57, 'abc', explanation='clientapfl.py')
+    assert row['verdict'] == 'explained' and row['explanation'] == 'clientapfl.py'
+    assert tuple(row)[:-1] == crosscheck.ROW_KEYS
+    assert crosscheck.make_row('x', 'p', 2, 0.5, 0, 0, 'c')['verdict'] == 'unexplained'
+    assert crosscheck.verdict(math.nan, 'reason') == ('explained', 'reason')
+    assert crosscheck.verdict(math.nan, None) == ('unexplained', None)
+    assert crosscheck.verdict(1e-3, 'unused') == ('equal', None)
+
+
+def test_merge_rows_replaces_same_key():
+    a = crosscheck.make_row('fedavg', 'pathological', 2, 0.0, 0.5, 0.5, 'c')
+    b = crosscheck.make_row('fedavg', 'dirichlet', 2, 0.0, 0.5, 0.5, 'c')
+    newer = dict(a, accuracy_pfllib=0.6)
+    merged = crosscheck.merge_rows([a, b], [newer])
+    assert merged == [b, newer]
+
+
+def test_exact_train_rows():
+    assert crosscheck.exact_train_rows(137, 100, 10) == 100
+    assert crosscheck.exact_train_rows(57, 100, 10) == 40
+    assert crosscheck.exact_train_rows(19, 100, 10) == 0
+
+
+def test_max_abs_diff_checks_shapes():
+    with pytest.raises(ValueError):
+        crosscheck.max_abs_diff([np.zeros(2)], [np.zeros(3)])
+    with pytest.raises(ValueError):
+        crosscheck.max_abs_diff([np.zeros(2)], [])
+
+
+def test_parse_overrides_types_by_field():
+    class Config:
+        fedprox_mu = 0.01
+        pfedme_k = 5
+
+    assert crosscheck.parse_overrides(['fedprox_mu=1', 'pfedme_k=3'], Config()) == {'fedprox_mu': 1.0, 'pfedme_k': 3}
+    with pytest.raises(ValueError, match='name=value'):
+        crosscheck.parse_overrides(['unknown=1'], Config())
+    with pytest.raises(ValueError, match='name=value'):
+        crosscheck.parse_overrides(['fedprox_mu'], Config())
