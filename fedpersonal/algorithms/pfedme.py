@@ -9,7 +9,9 @@ by `inner_steps` (K) gradient steps of `personal_learning_rate` on every batch, 
 ``w <- w - lr * lam * (w - theta)``; theta carries over from batch to batch and starts each round at the received
 global model. The server averages w's change (the paper's beta: the server optimizer's learning rate, 1 = plain
 averaging). As PFLlib's ``clientpFedMe.py``/``pFedMeOptimizer``: theta's steps include a weight decay ``mu * theta``
-(``mu`` = 0.001 there), and a client predicts with its last theta, its CLIENTS-placed private state.
+(``mu`` = 0.001 there). A client predicts with its last theta, its CLIENTS-placed private state, as the paper's
+personalized model; PFLlib (d832e76) scores the global model instead: its ``personalized_params`` alias the model's
+own parameters, which ``set_parameters`` overwrites with the global ones (``benchmarks/pfllib_crosscheck.py``).
 
 The client work is one phase of a `ClientPlan` whose step kind is `fedpersonal.core.step_kinds.InnerProblem`, with
 the plan's personal copy as theta, on every backend: the per-client one and the grouped engine
