@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(__file__))), 'benchmarks'))
-import pfllib_crosscheck as crosscheck
+import pfllib_crosscheck_lib as crosscheck
 
 
 def _keras_cnn(seed=0):

@@ -1,0 +1,356 @@
+"""The pure parts of `benchmarks/pfllib_crosscheck.py`: methods, weight layouts, rows, verdicts and fedpersonal's run.
+
+No absl flags are defined here (a test imports it beside the package's flags; `pfllib_crosscheck.py` defines the
+binary's): see that module's docstring for what the harness does.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import time
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+_HERE = os.path.dirname(os.path.abspath(__file__))
+_REPO = os.path.dirname(_HERE)
+TOLERANCE = 1e-3
+LAYERS = ('conv1', 'conv2', 'fc1', 'fc')  # fedavg_cnn's layers with weights, as PFLlib's FedAvgCNN's parameters.
+FLATTEN_CHW = (64, 4, 4)  # fc1's inputs: PyTorch flattens (channel, row, column), Keras (row, column, channel).
+ROW_KEYS = (
+    'method',
+    'partition',
+    'mode',
+    'rounds',
+    'max_abs_weight_diff',
+    'accuracy_fedpersonal',
+    'accuracy_pfllib',
+    'verdict',
+    'pfllib_commit',
+)
+
+
+@dataclasses.dataclass(frozen=True)
+class PfllibMethod:
+    """How PFLlib runs a benchmark method: its server, whether ``main.py`` splits the model into base and head,
+    the client attribute holding the model a client predicts with, its arguments from fedpersonal's config, and a
+    known reason the two differ (used only when the weights differ beyond `TOLERANCE`)."""
+
+    server_module: str
+    server_class: str
+    head_split: bool = False
+    client_model: str = 'model'
+    args: Any = lambda config: {}
+    explanation: str | None = None
+
+
+METHODS: dict[str, PfllibMethod] = {
+    'fedavg': PfllibMethod('serveravg', 'FedAvg', head_split=True),
+    'fedprox': PfllibMethod('serverprox', 'FedProx', args=lambda c: {'mu': c.fedprox_mu}),
+    'per_fedavg': PfllibMethod('serverperavg', 'PerAvg'),
+    'ditto': PfllibMethod(
+        'serverditto',
+        'Ditto',
+        client_model='model_per',
+        args=lambda c: {'mu': c.ditto_lambda, 'plocal_epochs': c.personal_epochs},
+    ),
+    'fedper': PfllibMethod('serverper', 'FedPer', head_split=True),
+    'fedrep': PfllibMethod(
+        'serverrep', 'FedRep', head_split=True, args=lambda c: {'plocal_epochs': c.fedrep_head_epochs}
+    ),
+    'lg_fedavg': PfllibMethod('serverlg', 'LG_FedAvg', head_split=True),
+    'pfedme': PfllibMethod(
+        'serverpFedMe',
+        'pFedMe',
+        client_model='personalized_params',
+        args=lambda c: {
+            'lamda': c.pfedme_lambda,
+            'K': c.pfedme_k,
+            'p_learning_rate': c.pfedme_personal_learning_rate,
+            'beta': 1.0,  # fedpersonal's server step (PFLlib's main.py default: 0.0).
+        },
+        explanation=(
+            'PFLlib system/flcore/clients/clientpFedMe.py:81 (test_metrics_personalized) evaluates '
+            "personalized_params, which is the model's own parameter list (optimizers/fedoptimizer.py:47 returns "
+            "group['params']); train() ends with update_parameters(self.model, self.local_params) (line 68) and "
+            "set_parameters (lines 76-77) overwrites them with the received global model, so PFLlib's personalized "
+            'model is the global one (its client weights equal its global weights exactly here), not theta. '
+            "fedpersonal predicts with the client's last theta (the paper's). The global weights agree."
+        ),
+    ),
+    'fedala': PfllibMethod(
+        'serverala',
+        'FedALA',
+        args=lambda c: {'eta': c.fedala_eta, 'rand_percent': c.fedala_rand_percent, 'layer_idx': c.fedala_layer_idx},
+        explanation=(
+            'PFLlib system/flcore/servers/serverala.py:74 send_models calls clientala.py:56 local_initialization, '
+            "i.e. utils/ALA.py's adaptive_local_aggregation, which learns W one more epoch (ALA.py:146) before the "
+            "round's evaluation, so PFLlib evaluates each client at a start with W learned further; fedpersonal "
+            "evaluates the start with the client's current W, not learned further (pfl_benchmark_methods' fedala "
+            "row). The global weights and the clients' trained local models agree (the harness prints them)."
+        ),
+    ),
+    'fedbabu': PfllibMethod(
+        'serverbabu', 'FedBABU', head_split=True, args=lambda c: {'fine_tuning_epochs': c.finetune_epochs}
+    ),
+    'fedrod': PfllibMethod('serverrod', 'FedROD', head_split=True, client_model='model,head'),
+    'apfl': PfllibMethod(
+        'serverapfl',
+        'APFL',
+        client_model='model_per',
+        args=lambda c: {'alpha': c.apfl_alpha},
+        explanation=(
+            'PFLlib system/flcore/clients/clientapfl.py: train() steps the personal model v on its own loss (not on '
+            "the mixture's), updates alpha with an extra +0.02*alpha term and then overwrites v with the mixture "
+            "alpha*v+(1-alpha)*w; fedpersonal's APFL follows the paper (v trained on the mixed model's loss, alpha by "
+            'its gradient alone, v kept).'
+        ),
+    ),
+}
+
+
+# ----------------------------------------------------------------------------------------- pure parts (tested)
+def keras_to_torch(weights: Sequence[np.ndarray], flatten_chw: tuple[int, int, int] = FLATTEN_CHW) -> list[np.ndarray]:
+    """Keras weights of a conv/dense stack in PyTorch's layout: conv kernels ``[h, w, in, out] -> [out, in, h, w]``,
+    dense kernels transposed, the kernel of the dense layer after the flatten (``prod(flatten_chw)`` inputs) with
+    its inputs reordered from Keras' flatten (row, column, channel) to PyTorch's (channel, row, column); biases
+    unchanged."""
+    out = []
+    for w in weights:
+        w = np.asarray(w)
+        if w.ndim == 4:
+            out.append(np.ascontiguousarray(w.transpose(3, 2, 0, 1)))
+        elif w.ndim == 2:
+            if flatten_chw is not None and w.shape[0] == np.prod(flatten_chw):  # The dense layer after the flatten.
+                c, h, wd = flatten_chw
+                w = w.reshape(h, wd, c, -1).transpose(2, 0, 1, 3).reshape(c * h * wd, -1)
+            out.append(np.ascontiguousarray(w.T))
+        else:
+            out.append(w.copy())
+    return out
+
+
+def torch_to_keras(weights: Sequence[np.ndarray], flatten_chw: tuple[int, int, int] = FLATTEN_CHW) -> list[np.ndarray]:
+    """The inverse of `keras_to_torch`."""
+    out = []
+    for w in weights:
+        w = np.asarray(w)
+        if w.ndim == 4:
+            out.append(np.ascontiguousarray(w.transpose(2, 3, 1, 0)))
+        elif w.ndim == 2:
+            w = w.T
+            if flatten_chw is not None and w.shape[0] == np.prod(flatten_chw):
+                c, h, wd = flatten_chw
+                w = w.reshape(c, h, wd, -1).transpose(1, 2, 0, 3).reshape(c * h * wd, -1)
+            out.append(np.ascontiguousarray(w))
+        else:
+            out.append(w.copy())
+    return out
+
+
+def max_abs_diff(a: Sequence[np.ndarray], b: Sequence[np.ndarray]) -> float:
+    """The largest absolute difference of two equally shaped weight lists (raises on a shape or length mismatch)."""
+    if len(a) != len(b):
+        raise ValueError(f'{len(a)} weights beside {len(b)}')
+    diff = 0.0
+    for x, y in zip(a, b):
+        x, y = np.asarray(x, np.float64), np.asarray(y, np.float64)
+        if x.shape != y.shape:
+            raise ValueError(f'shapes {x.shape} and {y.shape}')
+        diff = max(diff, float(np.max(np.abs(x - y))) if x.size else 0.0)
+    return diff
+
+
+def verdict(diff: float, explanation: str | None) -> tuple[str, str | None]:
+    """``('equal', None)`` within `TOLERANCE`; else ``('explained', explanation)`` when a reason is known, or
+    ``('unexplained', None)``: a suspected bug on one side. A NaN difference is never equal."""
+    if diff <= TOLERANCE:  # False for NaN.
+        return 'equal', None
+    return ('explained', explanation) if explanation else ('unexplained', None)
+
+
+def make_row(
+    method: str,
+    partition: str,
+    rounds: int,
+    diff: float,
+    accuracy_fedpersonal: float,
+    accuracy_pfllib: float,
+    commit: str,
+    explanation: str | None = None,
+) -> dict[str, Any]:
+    """A row of ``pfllib_crosscheck.json`` (keys `ROW_KEYS`, plus ``explanation`` when explained)."""
+    kind, reason = verdict(diff, explanation)
+    row = dict(
+        method=method,
+        partition=partition,
+        mode='exact',
+        rounds=int(rounds),
+        max_abs_weight_diff=float(diff),
+        accuracy_fedpersonal=round(float(accuracy_fedpersonal), 6),
+        accuracy_pfllib=round(float(accuracy_pfllib), 6),
+        verdict=kind,
+        pfllib_commit=commit,
+    )
+    if reason:
+        row['explanation'] = reason
+    return row
+
+
+def merge_rows(old: list[dict[str, Any]], new: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """`old` with rows of the same (method, partition, mode) as a `new` one replaced, in a stable order."""
+    key = lambda r: (r['method'], r['partition'], r['mode'])
+    merged = {key(r): r for r in old}
+    merged.update({key(r): r for r in new})
+    return [merged[k] for k in sorted(merged)]
+
+
+def full_weights(global_weights: Sequence[np.ndarray], local_weights: Sequence[np.ndarray], local_layers) -> list:
+    """A client's whole model (`LAYERS` order, kernel then bias) from the global and the local layers' weights."""
+    glob, loc, out = list(global_weights), list(local_weights), []
+    for layer in LAYERS:
+        source = loc if local_layers == 'all' or layer in local_layers else glob
+        out += [source.pop(0), source.pop(0)]
+    if glob or loc:
+        raise ValueError(f'{len(glob)} global and {len(loc)} local weights left over')
+    return out
+
+
+def exact_train_rows(rows: int, limit: int, batch_size: int) -> int:
+    """A client's rows in exact mode: at most `limit`, a multiple of two batches (no batch dropped on either side;
+    Per-FedAvg's double batches full)."""
+    return min(rows, limit) // (2 * batch_size) * (2 * batch_size)
+
+
+# ----------------------------------------------------------------------------------------- fedpersonal side
+def parse_overrides(items: Sequence[str], config: Any) -> dict[str, Any]:
+    """``['fedprox_mu=1.0', ...]`` as config values, each of its field's current type."""
+    out: dict[str, Any] = {}
+    for item in items:
+        name, sep, value = item.partition('=')
+        if not sep or not hasattr(config, name):
+            raise ValueError(f'an override is name=value of a config field, got {item!r}')
+        out[name] = type(getattr(config, name))(value)
+    return out
+
+
+def run_fedpersonal(
+    method: str,
+    partition: str,
+    clients: int,
+    train_rows: int,
+    rounds: int,
+    data_dir: str | None,
+    overrides: Sequence[str] = (),
+):
+    """Trains `method` on the reduced partition; returns the config, the clients' arrays in training order, the
+    initial and final weights (Keras layout) and the accuracies."""
+    import tensorflow as tf  # pylint: disable=g-import-not-at-top
+
+    from fedpersonal.core import client_plan  # pylint: disable=g-import-not-at-top
+    from fedpersonal.data import pfllib  # pylint: disable=g-import-not-at-top
+    from fedpersonal.models import image_classifiers  # pylint: disable=g-import-not-at-top
+    from fedpersonal.tasks import pfl_benchmark  # pylint: disable=g-import-not-at-top
+    from fedpersonal.tasks import pfl_benchmark_evaluation as evaluation  # pylint: disable=g-import-not-at-top
+    from fedpersonal.tasks.pfl_benchmark_config import PflBenchmarkConfig  # pylint: disable=g-import-not-at-top
+    from fedpersonal.tasks.pfl_benchmark_methods import METHOD_SPECS  # pylint: disable=g-import-not-at-top
+
+    config = PflBenchmarkConfig(
+        partition=partition, configurations=(method,), seeds=(0,), data_dir=data_dir, state_store='memory'
+    )
+    config = dataclasses.replace(config, **parse_overrides(overrides, config))
+    tf.random.set_seed(config.seed)
+    full = pfl_benchmark.load_data(config)
+    part = full.partition
+    keep = [exact_train_rows(r.size, train_rows, config.batch_size) for r in part.train[:clients]]
+    if min(keep) < 2 * config.batch_size:
+        raise ValueError(f'a client of the first {clients} has fewer than {2 * config.batch_size} train rows: {keep}')
+    reduced = pfllib.PfllibPartition(
+        [r[:k] for r, k in zip(part.train, keep)], list(part.test[:clients]), part.label_counts[:clients], part.settings
+    )
+    data = pfllib.PfllibImageData(full.name, full.x, full.y, reduced, full.num_classes)
+    config = dataclasses.replace(config, num_clients=clients)
+    benchmark = evaluation.Benchmark(config, data)
+    spec = METHOD_SPECS[method]
+    initial = image_classifiers.fedavg_cnn(data.x.shape[1:], data.num_classes, seed=config.seed).get_weights()
+    plan, phased_model = pfl_benchmark.method_parts(benchmark, method)
+    process = pfl_benchmark.build_method_process(benchmark, method, plan, phased_model)
+    ids = benchmark.client_ids
+    state = process.initialize()
+    start = [np.asarray(w) for w in process.get_model_weights(state).trainable]
+    global_layers = LAYERS if phased_model is not None else [x for x in LAYERS if x not in spec.local_layers]
+    shared = [w for layer, i in zip(LAYERS, range(0, 8, 2)) if layer in global_layers for w in initial[i : i + 2]]
+    if max_abs_diff(start, shared) != 0.0:  # The exported weights are the ones fedpersonal starts from.
+        raise AssertionError('the process does not start from fedavg_cnn(seed) weights')
+    private = [process.initial_private_state() for _ in ids] if plan.stateful else None
+    started = time.time()
+    for _ in range(rounds):
+        datasets = [benchmark.train_dataset(benchmark.train[c]) for c in ids]
+        out = process.run_round(state, datasets, private, client_ids=ids)
+        state = out.state
+        if plan.stateful:
+            private = list(out.private_states)
+    seconds = time.time() - started
+    weights = process.get_model_weights(state)
+    per_client: dict[str, Any] = {}
+    original = evaluation._accuracies  # pylint: disable=protected-access
+
+    def capture(result):
+        per_client['accuracy'] = np.asarray(result['per_client']['accuracy'], np.float64).tolist()
+        return original(result)
+
+    evaluation._accuracies = capture  # pylint: disable=protected-access
+    try:
+        evaluate = evaluation.make_evaluation(
+            benchmark, plan, spec.local_layers, finetune=spec.finetune, adapts=spec.adapts, phased_model=phased_model
+        )
+        metrics = evaluate(weights, private) if plan.stateful else evaluate(weights)
+    finally:
+        evaluation._accuracies = original  # pylint: disable=protected-access
+    global_trainable = [np.asarray(w) for w in weights.trainable]
+    clients_weights, trained_local = [], []
+    for p in private or [None] * len(ids):
+        if p is not None and plan.local_aggregation is not None:  # FedALA: v, the trained local model (then W).
+            trained_local.append([np.asarray(w) for w in list(p.trainable)[: len(global_trainable)]])
+        if p is None:
+            clients_weights.append(global_trainable)
+            continue
+        own = client_plan.personalized_weights(plan, weights, p)
+        if phased_model is not None:  # FedRoD: the whole global model, then the personal head.
+            clients_weights.append(global_trainable + [np.asarray(w) for w in own.trainable])
+        elif plan.personal or plan.initial_alpha is not None or plan.local_aggregation is not None:
+            clients_weights.append([np.asarray(w) for w in own.trainable])
+        else:
+            clients_weights.append(full_weights(global_trainable, own.trainable, spec.local_layers))
+    ala_starts = None
+    if plan.local_aggregation is not None:  # FedALA: the start of W's slice at each client's k-th aggregation.
+        from fedpersonal.core import local_aggregation  # pylint: disable=g-import-not-at-top
+
+        ala_starts = [
+            [
+                int(local_aggregation.slice_bounds(plan.local_aggregation, tf.constant(n, tf.int64), k)[0])
+                for k in range(rounds + 1)
+            ]
+            for n in keep
+        ]
+    xs = [data.x[rows] for rows in benchmark.train_rows]
+    ys = [data.y[rows] for rows in benchmark.train_rows]
+    test_rows = data.partition.test
+    return dict(
+        config=config,
+        initial=initial,
+        train=(xs, ys),
+        test=([data.x[r] for r in test_rows], [data.y[r] for r in test_rows]),
+        global_weights=global_trainable,
+        global_layers=list(global_layers),  # FedRoD: the whole model (its generic head) is global.
+        clients=clients_weights,
+        accuracy=float(metrics['accuracy']),
+        client_accuracy=per_client.get('accuracy'),
+        train_rows=keep,
+        full_partition=(full.y, part.train, part.test),
+        ala_starts=ala_starts,
+        trained_local=trained_local,
+        seconds=seconds,
+    )
