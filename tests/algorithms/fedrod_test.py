@@ -198,6 +198,10 @@ def test_a_client_that_lacks_class_0_and_finishes_first_keeps_a_finite_loss_on_t
         losses.append(float(output.metrics['client_work']['train']['fedrod_loss']))
         weights.append(process.get_model_weights(output.state).trainable)
     assert np.isfinite(losses).all(), losses
-    assert losses[0] == pytest.approx(losses[1], rel=1e-5)
+    # One epoch of at most 4 batches, then the weighted mean over the 2 clients; the reported loss adds the 52
+    # examples' losses (each of order its value) on top of the weights' reordering.
+    depth, steps = GRADIENT_DEPTH + 2, 4
+    loss_bound = tolerances.reorder_bound(depth=depth + 52, scale=max(1.0, abs(losses[1])), steps=steps)
+    assert abs(losses[0] - losses[1]) <= loss_bound, (losses, loss_bound)
     for got, want in zip(*weights):  # The discarded steps moved no weight.
-        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
+        tolerances.assert_reordered_close(got, want, depth=depth, steps=steps)
