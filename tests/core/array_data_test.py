@@ -5,21 +5,12 @@ import collections
 import hypothesis
 import numpy as np
 import pytest
-import tensorflow as tf
 from hypothesis import strategies as st
 
 from fedpersonal import errors
 from fedpersonal.core import array_data
 from fedpersonal.simulation import sliced
-
-
-def _assert_same(got, want):
-    assert len(got) == len(want)
-    for a, b in zip(got, want):
-        for u, v in zip(tf.nest.flatten(a), tf.nest.flatten(b), strict=True):
-            u, v = np.asarray(u), np.asarray(v)
-            assert u.dtype == v.dtype and u.shape == v.shape
-            np.testing.assert_array_equal(u, v)
+from tests import batches
 
 
 @hypothesis.settings(max_examples=80, deadline=None, derandomize=True)
@@ -43,8 +34,8 @@ def test_numpy_batches_are_the_pipelines_batches(rows, batch, epochs, drop, stru
     assert len(data) == len(rows) and len(data[:2]) == min(2, len(rows))
     for k in range(len(rows)):
         want = list(data[k].as_numpy_iterator())
-        _assert_same(data.numpy_batches(k), want)
-        _assert_same(sliced.array_batches(data[k]), want)  # Its pipeline is read by numpy too.
+        batches.assert_same_batches(data.numpy_batches(k), want)
+        batches.assert_same_batches(sliced.array_batches(data[k]), want)  # Its pipeline is read by numpy too.
 
 
 def test_a_mapping_of_arrays_is_taken_as_is():

@@ -7,17 +7,13 @@ import pytest
 import tensorflow as tf
 
 from fedpersonal.simulation import materialize
+from tests import batches
 
 
 def _assert_same_batches(got, want):
     assert len(got) == len(want)
     for a, b in zip(got, want):
-        assert len(a) == len(b)
-        for x, y in zip(a, b):
-            for u, v in zip(tf.nest.flatten(x), tf.nest.flatten(y), strict=True):
-                u, v = np.asarray(u), np.asarray(v)
-                assert u.dtype == v.dtype and u.shape == v.shape
-                np.testing.assert_array_equal(u, v)
+        batches.assert_same_batches(a, b)
 
 
 def _clients(seed=0):

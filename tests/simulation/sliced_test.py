@@ -12,18 +12,7 @@ from hypothesis import strategies as st
 from fedpersonal.data import client_data
 from fedpersonal.simulation import materialize
 from fedpersonal.simulation import sliced
-
-
-def _assert_same(got, want):
-    assert got is not None
-    assert len(got) == len(want)
-    for a, b in zip(got, want):
-        tf.nest.assert_same_structure(a, b)
-        for u, v in zip(tf.nest.flatten(a), tf.nest.flatten(b), strict=True):
-            u, v = np.asarray(u), np.asarray(v)
-            assert u.dtype == v.dtype and u.shape == v.shape
-            np.testing.assert_array_equal(u, v)
-
+from tests import batches
 
 _STAGE = st.one_of(
     st.tuples(st.just('repeat'), st.integers(0, 3)),
@@ -66,7 +55,7 @@ def test_any_array_pipeline_gives_its_iterators_batches(rows, before, batch, dro
         'single': y,
     }[structure]
     dataset = _apply(_apply(tf.data.Dataset.from_tensor_slices(arrays), before).batch(batch, drop), after)
-    _assert_same(sliced.array_batches(dataset), list(dataset.as_numpy_iterator()))
+    batches.assert_same_batches(sliced.array_batches(dataset), list(dataset.as_numpy_iterator()))
 
 
 def _source():
@@ -115,7 +104,7 @@ def test_the_clients_of_the_packages_client_data_and_tffs_are_recognized():
     theirs = tff.simulation.datasets.TestClientData({'a': columns})
     for dataset in (ours.create_tf_dataset_for_client('0'), theirs.create_tf_dataset_for_client('a')):
         batched = dataset.repeat(2).batch(3)
-        _assert_same(sliced.array_batches(batched), list(batched.as_numpy_iterator()))
+        batches.assert_same_batches(sliced.array_batches(batched), list(batched.as_numpy_iterator()))
 
 
 def test_materialize_cuts_array_pipelines_without_running_a_pass(monkeypatch):
@@ -124,6 +113,6 @@ def test_materialize_cuts_array_pipelines_without_running_a_pass(monkeypatch):
 
     monkeypatch.setattr(materialize, '_read', no_pass)
     data = [tf.data.Dataset.from_tensor_slices(np.arange(n)).batch(2) for n in (3, 0, 4)]
-    _assert_same(
+    batches.assert_same_batches(
         [b for d in materialize.materialize(data) for b in d], [b for d in data for b in d.as_numpy_iterator()]
     )
