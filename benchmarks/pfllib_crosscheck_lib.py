@@ -320,7 +320,7 @@ def run_fedpersonal(
         own = client_plan.personalized_weights(plan, weights, p)
         if phased_model is not None:  # FedRoD: the whole global model, then the personal head.
             clients_weights.append(global_trainable + [np.asarray(w) for w in own.trainable])
-        elif plan.personal or plan.initial_alpha is not None or plan.local_aggregation is not None:
+        elif plan.personal or plan.personalization is not None or plan.local_aggregation is not None:
             clients_weights.append([np.asarray(w) for w in own.trainable])
         else:
             clients_weights.append(full_weights(global_trainable, own.trainable, spec.local_layers))

@@ -102,6 +102,20 @@ HPFL = [
     '--ncf_embedding_dim=4',
     '--configurations=hpfl,fedavg',
 ]
+# Every method of the personalization benchmark on generated images, 3 rounds (its own PFLlib-shaped CNN).
+PFL = [
+    'pfl_benchmark.py',
+    '--dataset=synthetic',
+    '--synthetic_examples=1200',
+    '--num_clients=5',
+    '--state_store=memory',
+    '--client_learning_rate=0.05',
+    '--seeds=0',
+    '--total_rounds=3',
+    '--rounds_per_eval=3',
+    '--configurations=fedavg,fedprox,ditto,apfl,fedper,fedrep,lg_fedavg,fedavg_ft,fedbabu,per_fedavg,per_fedavg_hf,'
+    'pfedme,fedala,fedrod,fed_recon,furl_head',
+]
 WORKLOADS = {
     'furl_engine': (FURL + ['--simulation=engine'], 'FURL (Table 3 shape), engine'),
     'furl_per_client': (FURL + ['--simulation=per_client'], 'FURL, per-client backend'),
@@ -135,6 +149,8 @@ WORKLOADS = {
     'furl_global_fl': (FURL[:1] + ['--configurations=global_fl'] + FURL[2:], 'FedAvg row of the FURL tables'),
     'hpfl': (HPFL, 'HPFL tables'),
     'hpfl_per_client': (HPFL + ['--simulation=per_client'], 'HPFL tables, per-client backend (TFF next)'),
+    'pfl_engine': (PFL + ['--simulation=engine'], 'The personalization benchmark, every method, engine'),
+    'pfl_per_client': (PFL + ['--simulation=per_client'], 'The personalization benchmark, every method, per-client'),
 }
 
 

@@ -9,7 +9,8 @@ never leave the client (its CLIENTS-placed private state: v's weights with alpha
 Where this differs from the paper's Algorithm 1: there, w and v step in the same local iterations and the mixture
 uses the local iterate w_t; here the personal phase comes first and mixes with the received w (the model the client
 is evaluated with), then w trains. alpha is projected onto [0, 1] at the end of the personal phase (the mixture
-clips it in between). One `ClientPlan`, run by every backend (`fedpersonal.backends`).
+clips it in between). The mixture is this module's `mixture`, a `client_plan.Personalization` that every backend
+(`fedpersonal.backends`) runs in one `ClientPlan`.
 """
 
 from __future__ import annotations
@@ -25,6 +26,36 @@ from fedpersonal.core import client_plan
 from fedpersonal.core import process as process_lib
 
 
+def mixture(initial_alpha: float) -> client_plan.Personalization:
+    """APFL's personal model: the client keeps v and alpha (starting at `initial_alpha`), trains and predicts with
+    ``a * v + (1 - a) * w`` (a = alpha clipped to [0, 1], w the global weights), and projects alpha onto [0, 1]
+    after its phase.
+
+    >>> import numpy as np
+    >>> mix = mixture(0.5)
+    >>> [float(t) for t in mix.predicts_with([np.float32(2.0), np.float32(0.75)], [np.float32(0.0)])]
+    [1.5]
+    >>> float(mix.finish([np.float32(2.0), np.float32(1.5)])[-1])
+    1.0
+    """
+    if not 0.0 <= initial_alpha <= 1.0:
+        raise ValueError(f'APFL needs an initial alpha in [0, 1], got {initial_alpha}.')
+
+    def extras(global_trainable: list[Any]) -> list[Any]:
+        del global_trainable
+        return [tf.constant(initial_alpha, tf.float32)]
+
+    def predicts_with(kept: list[Any], received: list[Any]) -> list[Any]:
+        *v, alpha = kept
+        a = tf.clip_by_value(alpha, 0.0, 1.0)
+        return [a * vi + (1.0 - a) * wi for vi, wi in zip(v, received)]
+
+    def finish(kept: list[Any]) -> list[Any]:
+        return list(kept[:-1]) + [tf.clip_by_value(kept[-1], 0.0, 1.0)]
+
+    return client_plan.Personalization(extras, predicts_with, finish)
+
+
 def apfl_plan(
     *,
     client_epochs: int,
@@ -35,10 +66,10 @@ def apfl_plan(
 ) -> client_plan.ClientPlan:
     """APFL's client work: v and alpha on the mixture's loss, then the global model."""
     personal = client_plan.Phase(
-        (client_plan.PERSONAL,), personal_epochs, personal_optimizer, metrics_prefix='personal', mixed=True
+        (client_plan.PERSONAL,), personal_epochs, personal_optimizer, metrics_prefix='personal'
     )
     global_phase = client_plan.Phase((client_plan.GLOBAL,), client_epochs, client_optimizer, metrics_prefix='global')
-    return client_plan.ClientPlan((personal, global_phase), personal_copy=True, initial_alpha=initial_alpha)
+    return client_plan.ClientPlan((personal, global_phase), personal_copy=True, personalization=mixture(initial_alpha))
 
 
 def build_apfl(

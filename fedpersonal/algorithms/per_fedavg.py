@@ -9,15 +9,16 @@ corrected by a Hessian-vector product on a third part, ``(I - alpha * H(w; D''))
 Hessian-free variant). The server averages w's change as FedAvg; a client predicts with w after one step of alpha on
 one batch of its own data (`adapt`).
 
-The client work is one phase of a `ClientPlan` with the step kind `fedpersonal.core.step_kinds.MetaStep`, on the
-client's data rebatched to 2 (3) x `batch_size` (a `DataSplit`; a last batch too small to cut is dropped), on every
-backend: the per-client one and the grouped engine (`fedpersonal.simulation.step_kind_engine`) compute the step with
-the same functions (`step_kinds.meta_direction`).
+The client work is one phase of a `ClientPlan` with this module's step kind, `MetaStep`, on the client's data
+rebatched to 2 (3) x `batch_size` (a `DataSplit`; a last batch too small to cut is dropped): every backend (the
+per-client one and the grouped engine) calls its `MetaStep.direction` (`fedpersonal.core.step_kinds`).
 """
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
@@ -31,6 +32,52 @@ from fedpersonal.core import process as process_lib
 from fedpersonal.core import step_kinds
 
 
+@dataclasses.dataclass(frozen=True)
+class MetaStep:
+    """Per-FedAvg's step (a `step_kinds.StepKind`): a trial step of `inner_learning_rate` on a batch's first part,
+    the gradient of its second part there; with `hessian_free`, less ``inner_learning_rate * H g``, H the Hessian
+    of a third part's loss at the weights (a Hessian-vector product)."""
+
+    inner_learning_rate: float
+    hessian_free: bool = False
+    output_part: int = dataclasses.field(default=1, init=False)
+    carries_personal: bool = dataclasses.field(default=False, init=False)
+
+    def __post_init__(self):
+        if not self.inner_learning_rate > 0:
+            raise ValueError(f'MetaStep.inner_learning_rate must be > 0, got {self.inner_learning_rate!r}.')
+
+    @property
+    def parts(self) -> int:
+        """How many consecutive parts a batch is cut into."""
+        return 3 if self.hessian_free else 2
+
+    def check(self, trains: tuple[str, ...]) -> None:
+        """Raises ValueError unless a phase that trains `trains` can take this step."""
+        if 'personal' in trains:
+            raise ValueError(f'A MetaStep trains the model (global or local), not the personal copy, got {trains!r}.')
+
+    def direction(
+        self,
+        weights: step_kinds.Weights,
+        carried: step_kinds.Weights,
+        parts: Sequence[Any],
+        derivatives: step_kinds.Derivatives,
+    ) -> step_kinds.Step:
+        """The second part's loss and output at the trial weights ``weights - a * grad f(weights; part 0)``, and
+        the direction: the gradient of that loss there (less ``a * H(weights; part 2)`` times it, Hessian-free)."""
+        a = self.inner_learning_rate
+        _, first, _ = derivatives.gradient(weights, parts[0])
+        trial = [w - a * g for w, g in zip(weights, first)]
+        loss, direction, output = derivatives.gradient(trial, parts[1])
+        if self.hessian_free:
+            if derivatives.hessian_vector is None:
+                raise ValueError('The Hessian-free MetaStep needs Derivatives.hessian_vector.')
+            product = derivatives.hessian_vector(weights, parts[2], [tf.stop_gradient(d) for d in direction])
+            direction = [d - a * h for d, h in zip(direction, product)]
+        return step_kinds.Step(loss, output, list(carried), list(direction))
+
+
 def per_fedavg_plan(
     *,
     batch_size: int,
@@ -40,7 +87,7 @@ def per_fedavg_plan(
     hessian_free: bool = False,
 ) -> client_plan.ClientPlan:
     """Per-FedAvg's client work: meta steps on batches of `parts` x `batch_size` (the client's data is rebatched)."""
-    step = step_kinds.MetaStep(inner_learning_rate, hessian_free)
+    step = MetaStep(inner_learning_rate, hessian_free)
     size = step.parts * batch_size
 
     def rebatch(dataset: tf.data.Dataset) -> tuple[tf.data.Dataset]:

@@ -13,14 +13,17 @@ averaging). As PFLlib's ``clientpFedMe.py``/``pFedMeOptimizer``: theta's steps i
 personalized model; PFLlib (d832e76) scores the global model instead: its ``personalized_params`` alias the model's
 own parameters, which ``set_parameters`` overwrites with the global ones (``benchmarks/pfllib_crosscheck.py``).
 
-The client work is one phase of a `ClientPlan` whose step kind is `fedpersonal.core.step_kinds.InnerProblem`, with
-the plan's personal copy as theta, on every backend: the per-client one and the grouped engine
-(`fedpersonal.simulation.step_kind_engine`) compute the step with the same function (`step_kinds.inner_problem`).
+The client work is one phase of a `ClientPlan` whose step kind is this module's `InnerProblem`, with the plan's
+personal copy as theta: every backend (the per-client one and the grouped engine) calls its
+`InnerProblem.direction` (`fedpersonal.core.step_kinds`).
 """
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
+from collections.abc import Sequence
+from typing import Any
 
 import tensorflow as tf
 import tensorflow_federated as tff
@@ -29,6 +32,62 @@ from fedpersonal import backends
 from fedpersonal.core import client_plan
 from fedpersonal.core import process as process_lib
 from fedpersonal.core import step_kinds
+
+
+@dataclasses.dataclass(frozen=True)
+class InnerProblem:
+    """pFedMe's step (a `step_kinds.StepKind`): `steps` steps of `learning_rate` on theta's inner problem
+    ``f(theta) + lam / 2 * ||theta - w||^2 + mu / 2 * ||theta||^2`` around the local weights w, then w's direction
+    ``lam * (w - theta)``; theta (the carried personal copy) goes on from batch to batch."""
+
+    steps: int
+    learning_rate: float
+    lam: float
+    mu: float = 0.0
+    parts: int = dataclasses.field(default=1, init=False)
+    output_part: int = dataclasses.field(default=0, init=False)
+    carries_personal: bool = dataclasses.field(default=True, init=False)
+
+    def __post_init__(self):
+        if not isinstance(self.steps, int) or self.steps < 1 or not self.learning_rate > 0 or self.lam < 0:
+            raise ValueError(f'InnerProblem needs steps >= 1, learning_rate > 0 and lam >= 0, got {self}.')
+
+    def check(self, trains: tuple[str, ...]) -> None:
+        """Raises ValueError unless the phase trains the global weights only (theta is the personal copy)."""
+        if trains != ('global',):
+            raise ValueError(f"pFedMe's inner problem is a step of the global weights only, got {trains!r}.")
+
+    def direction(
+        self,
+        weights: step_kinds.Weights,
+        carried: step_kinds.Weights,
+        parts: Sequence[Any],
+        derivatives: step_kinds.Derivatives,
+    ) -> step_kinds.Step:
+        """theta's loss and model output before its steps (the metrics see its first predictions), theta after
+        them, and w's direction."""
+        (batch,) = parts
+
+        def theta_step(values: step_kinds.Weights) -> tuple[list[tf.Tensor], tf.Tensor, Any]:
+            loss, gradient, output = derivatives.gradient(values, batch)
+            pull = [g + self.lam * (t - w) + self.mu * t for g, t, w in zip(gradient, values, weights)]
+            return [t - self.learning_rate * d for t, d in zip(values, pull)], loss, output
+
+        theta, loss, output = theta_step(carried)
+        if self.steps <= _UNROLLED_STEPS:
+            for _ in range(self.steps - 1):
+                theta = theta_step(theta)[0]
+        else:
+            _, theta = tf.while_loop(
+                lambda k, _: k < self.steps, lambda k, values: (k + 1, theta_step(values)[0]), (tf.constant(1), theta)
+            )
+        direction = [self.lam * (w - t) for w, t in zip(weights, theta)]
+        return step_kinds.Step(loss, output, list(theta), direction)
+
+
+# Up to this many inner steps run unrolled (the engine ran them faster than a `tf.while_loop`, vectorized over
+# clients); more steps loop, keeping the program small.
+_UNROLLED_STEPS = 10
 
 
 def pfedme_plan(
@@ -41,7 +100,7 @@ def pfedme_plan(
     mu: float = 0.0,
 ) -> client_plan.ClientPlan:
     """pFedMe's client work: per batch, theta's K steps on the inner problem, then w's SGD step of `learning_rate`."""
-    step = step_kinds.InnerProblem(inner_steps, personal_learning_rate, lam, mu)
+    step = InnerProblem(inner_steps, personal_learning_rate, lam, mu)
     sgd = tff.learning.optimizers.build_sgdm(learning_rate)
     phase = client_plan.Phase((client_plan.GLOBAL,), client_epochs, sgd, step=step)
     return client_plan.ClientPlan((phase,), personal_copy=True)

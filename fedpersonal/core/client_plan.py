@@ -76,6 +76,36 @@ class ProximalPenalty:
         return 0.5 * self.strength * tf.add_n([tf.reduce_sum(tf.square(v - w)) for v, w in pairs])
 
 
+def _unchanged(values: list[Any]) -> list[Any]:
+    return values
+
+
+@dataclasses.dataclass(frozen=True)
+class Personalization:
+    """How a client's personal copy becomes the model it trains and predicts with: an algorithm's own math, as pure
+    functions over weight lists that every backend calls (`ClientPlan.personalization`; e.g. APFL's mixture,
+    `fedpersonal.algorithms.apfl`).
+
+    The client keeps its copy's trainable weights followed by `extras` (trained with them); a phase that trains the
+    personal copy runs the model at ``predicts_with(kept, received)`` and the gradient reaches the kept values
+    through it; after the phase its kept values are ``finish(kept)``; after training the client predicts with
+    ``predicts_with(kept, global weights)`` (`personalized_weights`). The functions take one client's values (the
+    engine maps them over a group's clients) and use TF ops.
+
+    Attributes:
+      extras: ``global trainable weights -> values`` the client keeps after its copy's trainable weights (APFL's
+        mixing weight), from the model's initial weights, once.
+      predicts_with: ``(copy's trainable weights + extras, received global trainable weights) -> trainable
+        weights`` the model runs with.
+      finish: ``copy's trainable weights + extras -> the same``, at the end of each phase that trains them (APFL
+        projects its mixing weight onto [0, 1]).
+    """
+
+    extras: Callable[[list[Any]], list[Any]]
+    predicts_with: Callable[[list[Any], list[Any]], list[Any]]
+    finish: Callable[[list[Any]], list[Any]] = _unchanged
+
+
 @dataclasses.dataclass(frozen=True)
 class DataSplit:
     """A division of each client's dataset into named parts that phases train on (`Phase.data`), e.g. FedRecon's
@@ -111,13 +141,9 @@ class Phase:
         weights by part and the received global weights: `NormPenalty`, `ProximalPenalty`.
       metrics_prefix: The phase's metrics are a set of their own, reported as ``<prefix>_<name>`` (e.g. Ditto's
         ``personal_accuracy``); None: the plan's shared set, reported by name.
-      mixed: With ``trains=('personal',)`` in a plan with `ClientPlan.initial_alpha`: the loss is the model's at
-        the mixed weights ``alpha * v + (1 - alpha) * w`` (v the personal copy, w the received global weights,
-        alpha the client's mixing weight), and v and alpha step (APFL); alpha is projected onto [0, 1] at the
-        phase's end (in between, the model uses alpha clipped to [0, 1]).
       data: The part of the plan's `DataSplit` the phase trains on; None: the client's whole dataset.
       reports_metrics: Whether the phase's steps update the metrics (False: FedRecon's reconstruction).
-      step: What a batch's step computes (`fedpersonal.core.step_kinds`, e.g. Per-FedAvg's `MetaStep`); None: the
+      step: What a batch's step computes (a `fedpersonal.core.step_kinds.StepKind`, e.g. Per-FedAvg's); None: the
         gradient of the batch loss.
       loss: A loss the model defines (`fedpersonal.core.model_loss_plan.PhasedModel`, e.g. FedDVA's dual VAE)
         instead of the plan's Keras loss: `trains` then names variable groups the model defines, `epochs` may be
@@ -131,10 +157,9 @@ class Phase:
     optimizer: tff.learning.optimizers.Optimizer
     penalty: NormPenalty | ProximalPenalty | None = None
     metrics_prefix: str | None = None
-    mixed: bool = False
     data: str | None = None
     reports_metrics: bool = True
-    step: step_kinds.MetaStep | step_kinds.InnerProblem | None = None
+    step: step_kinds.StepKind | None = None
     loss: str | None = None
     statistic: str | None = None
 
@@ -144,8 +169,8 @@ class Phase:
                 raise ValueError(f'Phase.trains must name variable groups of the model, got {self.trains!r}.')
             if not isinstance(self.epochs, int) or self.epochs < 0:
                 raise ValueError(f'Phase.epochs must be an int >= 0, got {self.epochs!r}.')
-            if self.penalty is not None or self.mixed or self.step is not None:
-                raise ValueError('A phase with a model-defined loss takes no penalty or step kind and is not mixed.')
+            if self.penalty is not None or self.step is not None:
+                raise ValueError('A phase with a model-defined loss takes no penalty or step kind.')
             return
         if self.statistic is not None:
             raise ValueError('Phase.statistic needs a model-defined Phase.loss.')
@@ -155,11 +180,11 @@ class Phase:
             raise ValueError(f'A phase that trains the personal copy trains nothing else, got {self.trains!r}.')
         if not isinstance(self.epochs, int) or self.epochs < 1:
             raise ValueError(f'Phase.epochs must be an int >= 1, got {self.epochs!r}.')
-        if self.mixed and self.trains != (PERSONAL,):
-            raise ValueError(f"A mixed phase trains ('personal',) only, got {self.trains!r}.")
         if self.penalty is not None and self.penalty.part not in self.trains:
             raise ValueError(f'Phase.penalty applies to {self.penalty.part!r}, which the phase does not train.')
         if self.step is not None:
+            if not isinstance(self.step, step_kinds.StepKind):
+                raise ValueError(f'Phase.step must be a step_kinds.StepKind, got {self.step!r}.')
             self.step.check(self.trains)
 
 
@@ -167,7 +192,8 @@ class Phase:
 class ClientPlan:
     """A client's work: its phases, in order (exactly one of them trains the global weights), and whether the client
     keeps a personal copy of the global weights as its private state (`personal_copy`; else the model's local
-    weights), with a mixing weight alpha appended to its trainable weights (`initial_alpha`, APFL).
+    weights); with `personalization`, the copy's values and the model it runs with are the algorithm's
+    (`Personalization`, e.g. APFL's mixture).
 
     `split` divides each client's dataset into the parts phases name (`Phase.data`). `local_start` says where a
     round's local weights start: ``'kept'`` (default), the client's private state (a stateful process);
@@ -196,7 +222,7 @@ class ClientPlan:
 
     phases: tuple[Phase, ...]
     personal_copy: bool = False
-    initial_alpha: float | None = None
+    personalization: Personalization | None = None
     split: DataSplit | None = None
     local_start: str = KEPT
     counts_participations: bool = False
@@ -220,15 +246,13 @@ class ClientPlan:
                 raise ValueError(f"Phase.data {phase.data!r} is not a part of the plan's split {self.split}.")
         if not any(p.reports_metrics for p in self.phases):
             raise ValueError('At least one phase of a ClientPlan reports metrics.')
-        inner = any(isinstance(p.step, step_kinds.InnerProblem) for p in self.phases)
+        inner = any(p.step is not None and p.step.carries_personal for p in self.phases)
         if (inner or any(PERSONAL in p.trains for p in self.phases)) and not self.personal_copy:
             raise ValueError('A phase trains the personal copy: the plan needs personal_copy=True.')
-        if self.initial_alpha is not None and not (self.personal_copy and 0.0 <= self.initial_alpha <= 1.0):
-            raise ValueError(f'initial_alpha needs personal_copy=True and a value in [0, 1], got {self.initial_alpha}.')
-        if self.initial_alpha is not None and any(PERSONAL in p.trains and not p.mixed for p in self.phases):
-            raise ValueError('With initial_alpha, the phases that train the personal copy are mixed phases.')
-        if any(p.mixed for p in self.phases) and self.initial_alpha is None:
-            raise ValueError("A mixed phase needs the plan's initial_alpha (the private mixing weight).")
+        if self.personalization is not None and not self.personal_copy:
+            raise ValueError('ClientPlan.personalization needs personal_copy=True.')
+        if self.personalization is not None and (inner or self.local_aggregation is not None):
+            raise ValueError('ClientPlan.personalization takes no inner-problem step kind and no local aggregation.')
         global_phases = [i for i, p in enumerate(self.phases) if GLOBAL in p.trains]
         if len(global_phases) != 1:
             raise ValueError(f'A ClientPlan needs exactly one phase that trains the global weights, got {self.phases}.')
@@ -263,7 +287,7 @@ def _check_model_loss_plan(plan: ClientPlan) -> None:
     """A plan of model-defined losses: every phase has one, no personal copy; distinct metric names."""
     if any(p.loss is None for p in plan.phases):
         raise ValueError("A plan's phases either all use the Keras loss or all name a model-defined Phase.loss.")
-    if plan.personal_copy or plan.initial_alpha is not None or plan.local_start != KEPT or plan.local_aggregation:
+    if plan.personal_copy or plan.personalization is not None or plan.local_start != KEPT or plan.local_aggregation:
         raise ValueError("A plan with model-defined losses keeps the model's local weights (no personal copy).")
     if plan.split is not None or any(p.data is not None or not p.reports_metrics for p in plan.phases):
         raise ValueError('The phases of a plan with model-defined losses train on the whole dataset and report.')
@@ -303,13 +327,13 @@ def initial_weights(
     model_fn: Callable[[], tff.learning.models.ReconstructionModel],
     *,
     personal: bool = False,
-    initial_alpha: float | None = None,
+    personalization: Personalization | None = None,
     local_start: str = KEPT,
     stateful: bool = True,
     local_aggregation: aggregation_lib.AdaptiveLocalAggregation | None = None,
 ) -> Initial:
     """`Initial` of the partially local model `model_fn` builds; with `personal`, the private state is a copy of
-    its global weights (and, with `initial_alpha`, the mixing weight after its trainable weights; with
+    its global weights (with `personalization`, its extras after the trainable weights; with
     `local_aggregation`, its weights W, ones, after them and its count of aggregations, 0, after the non-trainable
     ones); the global weights are `server_weights` for `local_start`. Calls `model_fn` once (twice if `stateful`),
     as TFF's builders count their calls."""
@@ -334,10 +358,10 @@ def initial_weights(
                 k = local_aggregation.count(len(weights.trainable))
                 mixing = [tf.ones_like(v) for v in weights.trainable[-k:]]
                 return ModelWeights(list(weights.trainable) + mixing, list(weights.non_trainable) + [tf.constant(0)])
-            if initial_alpha is None:
+            if personalization is None:
                 return weights
-            alpha = tf.constant(initial_alpha, tf.float32)
-            return ModelWeights(list(weights.trainable) + [alpha], weights.non_trainable)
+            extras = personalization.extras(list(weights.trainable))
+            return ModelWeights(list(weights.trainable) + list(extras), weights.non_trainable)
 
     return Initial(initial_global, initial_local, tff.types.tensorflow_to_type(input_specs[0]))
 
@@ -347,7 +371,7 @@ def plan_initial_weights(plan: ClientPlan, model_fn: Callable[[], tff.learning.m
     return initial_weights(
         model_fn,
         personal=plan.personal,
-        initial_alpha=plan.initial_alpha,
+        personalization=plan.personalization,
         local_start=plan.local_start,
         stateful=plan.stateful,
         local_aggregation=plan.local_aggregation,
@@ -357,18 +381,19 @@ def plan_initial_weights(plan: ClientPlan, model_fn: Callable[[], tff.learning.m
 def personalized_weights(plan: ClientPlan, global_weights: Any, private_state: Any) -> tff.learning.models.ModelWeights:
     """The weights a client predicts with after its rounds, as numpy arrays.
 
-    With a personal copy (Ditto), the copy; with a mixing weight (APFL), ``a * v + (1 - a) * w`` of the copy v and
-    the global weights w (a = alpha clipped to [0, 1], the copy's non-trainable weights); with local aggregation
-    (FedALA), the start of its next round without learning W further (w below, ``v + (w - v) * W`` above); else
-    the client's local weights, which it predicts with beside `global_weights`. Evaluate the first three with a
-    model whose variables are all local and no global weights, the last with the training model.
+    With a personal copy (Ditto), the copy; with the plan's `Personalization` (APFL), its ``predicts_with`` of the
+    copy's values and the global weights (the copy's non-trainable weights); with local aggregation (FedALA), the
+    start of its next round without learning W further (w below, ``v + (w - v) * W`` above); else the client's
+    local weights, which it predicts with beside `global_weights`. Evaluate the first three with a model whose
+    variables are all local and no global weights, the last with the training model.
 
     >>> import numpy as np
     >>> sgd = tff.learning.optimizers.build_sgdm(0.1)
-    >>> plan = ClientPlan((Phase(('personal',), 1, sgd, mixed=True), Phase(('global',), 1, sgd)),
-    ...                   personal_copy=True, initial_alpha=0.5)
+    >>> halfway = Personalization(extras=lambda w: [], predicts_with=lambda v, w: [(a + b) / 2 for a, b in zip(v, w)])
+    >>> plan = ClientPlan((Phase(('personal',), 1, sgd), Phase(('global',), 1, sgd)), personal_copy=True,
+    ...                   personalization=halfway)
     >>> w = ModelWeights([np.float32(0.0)], [])
-    >>> personalized_weights(plan, w, ModelWeights([np.float32(2.0), np.float32(0.5)], [])).trainable
+    >>> [float(v) for v in personalized_weights(plan, w, ModelWeights([np.float32(2.0)], [])).trainable]
     [1.0]
     """
     trainable = [np.asarray(v) for v in private_state.trainable]
@@ -379,8 +404,7 @@ def personalized_weights(plan: ClientPlan, global_weights: Any, private_state: A
         own, mixing = trainable[:-k], trainable[-k:]
         upper = [v + (w - v) * m for v, w, m in zip(own[-k:], received[-k:], mixing)]
         return ModelWeights(received[:-k] + upper, non_trainable[:-1])
-    if plan.initial_alpha is not None:
-        *trainable, alpha = trainable
-        a = float(np.clip(alpha, 0.0, 1.0))
-        trainable = [a * v + (1.0 - a) * np.asarray(w) for v, w in zip(trainable, global_weights.trainable)]
+    if plan.personalization is not None:
+        received = [np.asarray(w) for w in global_weights.trainable]
+        trainable = [np.asarray(v) for v in plan.personalization.predicts_with(trainable, received)]
     return ModelWeights(trainable, non_trainable)

@@ -67,7 +67,7 @@ class EvalPlan:
         for phase in self.phases:
             if not set(phase.trains) <= set(_TRAINED_PARTS) or phase.loss is not None:
                 raise ValueError(f'An evaluation phase trains global and/or local weights, got {phase.trains!r}.')
-            if phase.penalty is not None or phase.mixed or phase.step is not None or phase.reports_metrics:
+            if phase.penalty is not None or phase.step is not None or phase.reports_metrics:
                 raise ValueError('An evaluation phase takes no penalty or step kind and reports no metrics.')
             if phase.data is not None and phase.data not in names:
                 raise ValueError(f"Phase.data {phase.data!r} is not a part of the evaluation's split {self.split}.")

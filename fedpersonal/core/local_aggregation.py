@@ -64,8 +64,8 @@ class AdaptiveLocalAggregation:
     def check(self, plan: Any) -> None:
         """Raises ValueError unless `plan` keeps a personal copy and its one phase trains the global weights."""
         phases = plan.phases
-        if not plan.personal_copy or plan.initial_alpha is not None or plan.split is not None:
-            raise ValueError('Adaptive local aggregation needs personal_copy=True, no initial_alpha and no split.')
+        if not plan.personal_copy or plan.personalization is not None or plan.split is not None:
+            raise ValueError('Adaptive local aggregation needs personal_copy=True, no personalization and no split.')
         if len(phases) != 1 or phases[0].trains != ('global',) or phases[0].step is not None or phases[0].data:
             raise ValueError(
                 f'Adaptive local aggregation starts one phase that trains the global weights, got {phases}.'

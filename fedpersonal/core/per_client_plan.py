@@ -58,9 +58,12 @@ def build_client_update(
             model = client_work.construct(model_fn)
             ala = plan.local_aggregation
             personal = client_work.construct(model_fn) if plan.personal and ala is None else None
-            mixing = plan.initial_alpha is not None
-            alpha = tf.Variable(0.0, name='alpha') if mixing else None
-            mixed_model = client_work.construct(model_fn) if mixing else None
+            personalization = plan.personalization
+            extras: list[tf.Variable] = []
+            mapped_model = None
+            if personalization is not None:  # The model runs at `predicts_with` of the copy and its extras.
+                extras = [tf.Variable(e) for e in personalization.extras(list(model.global_trainable_variables))]
+                mapped_model = client_work.construct(model_fn)
             needs_scratch = personal is None and any(p.step for p in plan.phases)  # `MetaStep`s trial weights.
             scratch = client_work.construct(model_fn) if needs_scratch else None
             metrics = {}
@@ -72,7 +75,7 @@ def build_client_update(
             if personal is not None:
                 parts[PERSONAL] = list(personal.global_trainable_variables)
             trained = [[v for part in phase.trains for v in parts[part]] for phase in plan.phases]
-            trained = [t + [alpha] if phase.mixed else t for t, phase in zip(trained, plan.phases)]
+            trained = [t + extras if PERSONAL in phase.trains else t for t, phase in zip(trained, plan.phases)]
             optimizers = [client_work.prepare_optimizer(p.optimizer, v) for p, v in zip(plan.phases, trained)]
             if ala is not None:  # FedALA's W and its count of aggregations.
                 k = ala.count(len(parts[GLOBAL]))
@@ -85,14 +88,15 @@ def build_client_update(
             )
             own = client_work.global_weights(model)  # Kept after training: the model the client trained last.
             kept = ModelWeights(list(own.trainable) + ala_weights, list(own.non_trainable) + [aggregations])
-        elif personal is not None and alpha is not None:
-            client_work.assign(personal.global_trainable_variables, private.trainable[:-1])
+        elif personal is not None and personalization is not None:
+            kept_values = personal.global_trainable_variables
+            client_work.assign(kept_values, private.trainable[: len(kept_values)])
+            client_work.assign(extras, private.trainable[len(kept_values) :])
             client_work.assign(personal.global_non_trainable_variables, private.non_trainable)
-            alpha.assign(private.trainable[-1])
-            if mixed_model is not None:  # Its own statistics (e.g. batch norm's) are the personal copy's.
-                client_work.assign(mixed_model.global_non_trainable_variables, private.non_trainable)
+            if mapped_model is not None:  # Its own statistics (e.g. batch norm's) are the personal copy's.
+                client_work.assign(mapped_model.global_non_trainable_variables, private.non_trainable)
             own = client_work.global_weights(personal)
-            kept = ModelWeights(list(own.trainable) + [alpha], own.non_trainable)
+            kept = ModelWeights(list(own.trainable) + extras, own.non_trainable)
         elif personal is not None:
             client_work.assign_weights(client_work.global_weights(personal), private)
             kept = client_work.global_weights(personal)
@@ -109,10 +113,11 @@ def build_client_update(
         for i, (phase, variables, optimizer) in enumerate(zip(plan.phases, trained, optimizers)):
             stepped = personal if PERSONAL in phase.trains else model
             phase_metrics = metrics[phase.metrics_prefix] if phase.reports_metrics else []
-            if phase.mixed:
-                assert mixed_model is not None and alpha is not None
-                batch_loss = _mixed_batch_loss(
-                    mixed_model, parts[PERSONAL], alpha, received_trainable, loss_fn(), phase_metrics
+            personalized = personalization is not None and PERSONAL in phase.trains
+            if personalized:
+                assert mapped_model is not None and personalization is not None
+                batch_loss = _personalized_batch_loss(
+                    mapped_model, variables, personalization.predicts_with, received_trainable, loss_fn(), phase_metrics
                 )
             elif phase.step is not None:
                 batch_loss = step_kinds.step_batch_loss(
@@ -134,9 +139,9 @@ def build_client_update(
             previous = [steps.num_examples, steps.loss_sum]
             if i == plan.global_phase:
                 num_examples = steps.num_examples
-            if phase.mixed:
-                assert alpha is not None
-                alpha.assign(tf.clip_by_value(alpha, 0.0, 1.0))
+            if personalized:
+                assert personalization is not None
+                client_work.assign(variables, personalization.finish([v.read_value() for v in variables]))
         delta, non_finite = client_work.weights_delta(received.trainable, uploaded)
         unfinalized: collections.OrderedDict = collections.OrderedDict()
         for prefix, metric_set in metrics.items():
@@ -166,40 +171,43 @@ def build_client_update(
     return client_update
 
 
-def _mixed_batch_loss(
-    mixed_model: tff.learning.models.ReconstructionModel,
-    personal: list[tf.Variable],
-    alpha: tf.Variable,
+def _personalized_batch_loss(
+    model: tff.learning.models.ReconstructionModel,
+    kept: list[tf.Variable],
+    predicts_with: Callable[[list[Any], list[Any]], list[Any]],
     received: list[tf.Tensor],
     loss: tf.keras.losses.Loss,
     metrics: list[tf.keras.metrics.Metric],
 ) -> Callable[[Any], client_work.BatchLoss]:
-    """The batch loss of the model at ``a * v + (1 - a) * w`` (a = alpha clipped to [0, 1]) as a function of the
-    personal weights v and alpha: the mixed weights are assigned to `mixed_model`, and the gradient g there gives
-    ``a * g`` for v and ``sum <v - w, g>`` for alpha (zero where alpha is clipped)."""
-    mixed_variables = list(mixed_model.global_trainable_variables)
+    """The batch loss of `model` at ``predicts_with(kept, received)`` as a function of the `kept` values (a
+    `client_plan.Personalization`): the mapped weights are assigned to `model`, and its gradient g there reaches
+    the kept values through `predicts_with`'s own gradient (e.g. APFL's ``a * g`` for v, ``sum <v - w, g>`` for
+    alpha)."""
+    variables = list(model.global_trainable_variables)
 
     def batch_loss(batch: Any) -> client_work.BatchLoss:
         @tf.custom_gradient
-        def mixed_loss(raw_alpha, *values):
-            a = tf.clip_by_value(raw_alpha, 0.0, 1.0)
-            client_work.assign(mixed_variables, [a * v + (1.0 - a) * w for v, w in zip(values, received)])
+        def loss_at(*values):
+            with tf.GradientTape() as map_tape:
+                map_tape.watch(values)
+                mapped = predicts_with(list(values), received)
+            client_work.assign(variables, mapped)
             with tf.GradientTape() as tape:
-                output = mixed_model.forward_pass(batch, training=True)
+                output = model.forward_pass(batch, training=True)
                 value = loss(output.labels, output.predictions)
-            g = tape.gradient(value, mixed_variables)
+            g = tape.gradient(value, variables)
             for metric in metrics:
                 metric.update_state(output.labels, output.predictions)
-            inside = tf.cast(tf.logical_and(raw_alpha >= 0.0, raw_alpha <= 1.0), tf.float32)
+            kept_gradients = map_tape.gradient(
+                mapped, list(values), output_gradients=g, unconnected_gradients=tf.UnconnectedGradients.ZERO
+            )
 
             def grad(upstream, variables=None):
-                d_alpha = inside * tf.add_n([tf.reduce_sum((v - w) * gi) for v, w, gi in zip(values, received, g)])
-                inputs = [upstream * d_alpha] + [upstream * a * gi for gi in g]
-                return inputs, [None] * len(variables or [])
+                return [upstream * k for k in kept_gradients], [None] * len(variables or [])
 
             return value, grad
 
-        value = mixed_loss(alpha.read_value(), *[v.read_value() for v in personal])
+        value = loss_at(*[v.read_value() for v in kept])
         _, labels = partially_local_model.split_batch(batch)
         return client_work.BatchLoss(value, tf.shape(labels)[0])
 

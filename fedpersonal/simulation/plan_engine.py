@@ -157,6 +157,12 @@ def build_engine_process(
     # The trained globals are needed per client after the global phase only to clip them, or for a later phase
     # that trains on them; else only their weighted sum leaves the client loop.
     ala = plan.local_aggregation
+    personalization = plan.personalization
+    extras_initial: list[np.ndarray] = []
+    if personalization is not None:  # The extras' initial values, for their slots' shapes and types.
+        with tf.init_scope():
+            extras = personalization.extras([tf.constant(v) for v in base.global_trainable])
+            extras_initial = [np.asarray(e) for e in extras]
     keep_globals = (
         dp_clip is not None
         or learned
@@ -171,7 +177,6 @@ def build_engine_process(
         len(plan.phases) == 1
         and plan.phases[0].trains == (client_plan.GLOBAL,)
         and plan.phases[0].step is None
-        and not plan.phases[0].mixed
         and not plan.stateful
         and not keep_globals
     )
@@ -215,7 +220,7 @@ def build_engine_process(
                     weights = functional.Parts(start, statistics, [], [])
                 elif plan.personal:  # The model has no local weights: the private state is a copy of its globals.
                     weights = functional.Parts(received, non_trainable, [], [])
-                    # With a mixing weight, alpha is the copy's last trainable entry (see `_Mixed`).
+                    # With a `Personalization`, its extras follow the copy's trainable weights.
                     personal = functional.Parts(private_trainable, private_non_trainable, [], [])
                 elif plan.stateful:
                     weights = functional.Parts(received, non_trainable, private_trainable, private_non_trainable)
@@ -231,9 +236,13 @@ def build_engine_process(
                     parts = [part for part in client_plan.PARTS if part in phase.trains]
                     train_slots = [s for part in parts for s in slots[part]]
                     stepped_model: Any = model
-                    if phase.mixed:
-                        stepped_model = _Mixed(model, received)
-                        train_slots = train_slots + [(functional.GLOBAL_TRAINABLE, len(slots[client_plan.GLOBAL]))]
+                    personalized = personalization is not None and client_plan.PERSONAL in parts
+                    if personalized:  # The copy's extras follow its weights; the model runs at `predicts_with`.
+                        assert personalization is not None
+                        stepped_model = _Personalized(model, received, personalization, extras_initial)
+                        train_slots = train_slots + [
+                            (functional.GLOBAL_TRAINABLE, num_global + j) for j in range(len(extras_initial))
+                        ]
                     examples = tf.reduce_sum(group[name]['mask'], axis=[1, 2])
                     client_weight = group_lib.client_weights(client_weighting, examples)
                     if phase.step is not None:  # Per-FedAvg's, pFedMe's (theta: the personal copy's weights).
@@ -266,11 +275,12 @@ def build_engine_process(
                         delta_weights=client_weight if i == plan.global_phase else None,
                         keep_trained=keep_globals or i != plan.global_phase,
                     )
-                    if phase.mixed:  # Alpha projected onto [0, 1] once the phase ends, as the per-client backend.
-                        trainable = list(stepped.global_trainable)
-                        personal = stepped._replace(
-                            global_trainable=trainable[:-1] + [tf.clip_by_value(trainable[-1], 0.0, 1.0)]
+                    if personalized:  # Each client's `finish` once the phase ends, as the per-client backend.
+                        assert personalization is not None
+                        finished = lockstep.for_each_client(
+                            lambda values: personalization.finish(list(values)), list(stepped.global_trainable)
                         )
+                        personal = stepped._replace(global_trainable=list(finished))
                     elif client_plan.PERSONAL in parts:
                         personal = stepped
                     else:
@@ -411,24 +421,28 @@ def _penalty(phase: client_plan.Phase, parts: list[str], slots: dict[str, list[A
     return penalty
 
 
-class _Mixed:
-    """The model at APFL's mixed weights, for `lockstep.lockstep_steps`: its weights are the personal copy v with
-    the mixing weight alpha appended to the trainable ones, and it predicts with ``a * v + (1 - a) * w`` (a = alpha
-    clipped to [0, 1], w the received global weights)."""
+class _Personalized:
+    """The model at a `client_plan.Personalization`'s weights, for `lockstep.lockstep_steps`: its weights are the
+    personal copy with the extras (their initial values `extras`) appended to the trainable ones, and it predicts with ``predicts_with`` of them and
+    the received global weights `received`."""
 
-    def __init__(self, model: functional.FunctionalModel, received: list[tf.Tensor]):
-        self._model, self._received = model, received
+    def __init__(
+        self,
+        model: functional.FunctionalModel,
+        received: list[tf.Tensor],
+        personalization: client_plan.Personalization,
+        extras: list[np.ndarray],
+    ):
+        self._model, self._received, self._personalization = model, received, personalization
         base = model.initial_weights
         self.initial_weights = functional.Parts(
-            list(base.global_trainable) + [np.float32(0.0)], list(base.global_non_trainable), [], []
+            list(base.global_trainable) + extras, list(base.global_non_trainable), [], []
         )
         self.xla, self.stateful_slots = model.xla, model.stateful_slots
         self.vectorizes = getattr(model, 'vectorizes', True)
         self.pfor_loops = getattr(model, 'pfor_loops', False)
 
     def apply(self, weights: functional.Parts, x: Any, training: bool = True, *, example_mask: Any = None):
-        *values, alpha = weights.global_trainable
-        a = tf.clip_by_value(alpha, 0.0, 1.0)
-        mixed = [a * v + (1.0 - a) * w for v, w in zip(values, self._received)]
-        parts = functional.Parts(mixed, list(weights.global_non_trainable), [], [])
+        mapped = self._personalization.predicts_with(list(weights.global_trainable), self._received)
+        parts = functional.Parts(list(mapped), list(weights.global_non_trainable), [], [])
         return self._model.apply(parts, x, training, example_mask=example_mask)

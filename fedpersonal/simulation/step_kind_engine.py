@@ -1,14 +1,14 @@
-"""The grouped engine's loop for a phase with a step kind (`fedpersonal.core.step_kinds`: Per-FedAvg's `MetaStep`,
-pFedMe's `InnerProblem`): every client of a group steps in lockstep, as `lockstep.lockstep_steps` steps a plain
-phase, but a batch's direction is the step kind's, computed by the same pure functions the per-client backend calls
-(`step_kinds.meta_direction`, `step_kinds.inner_problem`) on the model as a pure function of its weights
-(`step_kinds.pure_derivatives` of `functional.FunctionalModel.apply`).
+"""The grouped engine's loop for a phase with a step kind (a `fedpersonal.core.step_kinds.StepKind`, e.g.
+Per-FedAvg's, pFedMe's): every client of a group steps in lockstep, as `lockstep.lockstep_steps` steps a plain
+phase, but a batch's direction is the step kind's own `direction`, the function the per-client backend calls, on
+the model as a pure function of its weights (`step_kinds.pure_derivatives` of `functional.FunctionalModel.apply`).
 
-A batch is padded to the group's batch size (its real examples first, mask 1). Each part of a meta step is read as a
-window of ``ceil(padded batch size / parts)`` examples from its start (`step_kinds.part_bounds` of the client's real
-example count), masked to the part: static shapes, so one step of all clients is one vectorized (or XLA-compiled)
-call. pFedMe's theta is carried per client from batch to batch, starting at the received weights; a client without
-a batch at a step (a shorter client) keeps its weights, theta and optimizer state.
+A batch is padded to the group's batch size (its real examples first, mask 1). Each part of a batch cut into parts
+is read as a window of ``ceil(padded batch size / parts)`` examples from its start (`step_kinds.part_bounds` of the
+client's real example count), masked to the part: static shapes, so one step of all clients is one vectorized (or
+XLA-compiled) call. Carried values (the personal copy) go per client from batch to batch, starting at the received
+weights; a client without a batch at a step (a shorter client) keeps its weights, carried values and optimizer
+state.
 """
 
 from __future__ import annotations
@@ -38,7 +38,7 @@ def check(phases: Sequence[Any], model: functional.FunctionalModel) -> None:
 @tf.autograph.experimental.do_not_convert
 def step_kind_steps(
     model: functional.FunctionalModel,
-    step: step_kinds.MetaStep | step_kinds.InnerProblem,
+    step: step_kinds.StepKind,
     weights: functional.Parts,
     train: Sequence[lockstep.Slot],
     phase: Any,
@@ -59,11 +59,11 @@ def step_kind_steps(
       phase: A packed phase (`fedpersonal.simulation.packing`): ``{'batch', 'mask', 'steps'}``.
       optimizer: A TFF optimizer applied to each step's direction; its state starts fresh for every client.
       loss: The Keras loss.
-      metrics: Keras metrics updated with each step's model output (`meta_direction`'s, `inner_problem`'s).
+      metrics: Keras metrics updated with each step's model output (`StepKind.direction`'s).
 
     Returns:
-      ``(weights, theta, GroupSteps)``: the trained slots per client, the others as given; with an `InnerProblem`,
-      each client's theta (``[clients, ...]`` per trained weight), else None. `GroupSteps.weighted_deltas` is all
+      ``(weights, carried, GroupSteps)``: the trained slots per client, the others as given; with a step that
+      carries the personal copy, each client's (``[clients, ...]`` per trained weight), else None. `GroupSteps.weighted_deltas` is all
       None (the update is read from the trained copies).
     """
     base = model.initial_weights
@@ -71,8 +71,8 @@ def step_kind_steps(
     trained = [lockstep.per_client(weights[g][i], base[g][i], clients) for g, i in train]
     others = [(g, i) for g in range(4) for i in range(len(base[g])) if (g, i) not in train]
     frozen_per_client = [s for s in others if lockstep.is_per_client(weights[s[0]][s[1]], base[s[0]][s[1]])]
-    inner = isinstance(step, step_kinds.InnerProblem)
-    theta = list(trained) if inner else []  # Each client's theta starts at its received weights.
+    inner = step.carries_personal
+    theta = list(trained) if inner else []  # Each client's carried copy starts at its received weights.
     compact = not model.xla
     vectorize = getattr(model, 'vectorizes', True)
     pfor_loops = getattr(model, 'pfor_loops', False)
@@ -90,17 +90,12 @@ def step_kind_steps(
             return lockstep.masked_loss(loss, y, predictions, part_mask), regularization, (y, predictions)
 
         derivatives = step_kinds.pure_derivatives(loss_at)
-        if inner:
-            assert isinstance(step, step_kinds.InnerProblem)
-            value, output, theta_values, direction = step_kinds.inner_problem(
-                step, values, theta_values, (batch, mask), derivatives
-            )
-            seen = mask
+        if step.parts == 1:
+            windows = [(batch, mask)]
         else:
-            assert isinstance(step, step_kinds.MetaStep)
             windows = [_window(batch, mask, k, step.parts) for k in range(step.parts)]
-            value, output, direction = step_kinds.meta_direction(step, values, windows, derivatives)
-            seen = windows[1][1]
+        value, output, theta_values, direction = step.direction(values, theta_values, windows, derivatives)
+        seen = windows[step.output_part][1]
         labels, predictions = output
         return value, tf.reduce_sum(mask), labels, predictions, seen, direction, theta_values
 

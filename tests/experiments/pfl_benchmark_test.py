@@ -109,7 +109,7 @@ def test_each_client_is_evaluated_with_its_own_model(benchmark, name):
         states = []
         for p in privates:
             values = [np.asarray(v) for v in p.trainable]
-            if plan.initial_alpha is not None:
+            if plan.personalization is not None:
                 *values, alpha = values
                 a = np.clip(alpha, 0, 1)
                 values = [a * v + (1 - a) * np.asarray(w) for v, w in zip(values, weights.trainable)]

@@ -1,0 +1,191 @@
+"""An algorithm brings its own math and no backend changes: a step kind (`step_kinds.StepKind`) and a personal
+model (`client_plan.Personalization`) defined here, in the test, run on both backends, and each backend equals a
+plain eager loop written here. (The library's own APFL, Per-FedAvg and pFedMe are such objects, in their modules.)"""
+
+import collections
+import dataclasses
+
+import numpy as np
+import pytest
+import tensorflow as tf
+import tensorflow_federated as tff
+
+from fedpersonal import backends
+from fedpersonal import models
+from fedpersonal.core import client_plan
+from fedpersonal.core import step_kinds
+from fedpersonal.privacy import audit
+from tests import tolerances
+from tests.algorithms.fedper_fedrep_test import client_arrays
+from tests.algorithms.fedper_fedrep_test import datasets
+
+DIM, HIDDEN, NUM_CLASSES = 6, 8, 3
+LR, BATCH = 0.1, 10
+# The longest chain of additions feeding a weight in one gradient of the DIM-HIDDEN-NUM_CLASSES model on a batch of
+# 10 (client_arrays: 4 clients of at most 40 examples): forward fan-ins (6 + 8), backward fan-outs (3 + 8), the
+# batch's sum (10), the weighted mean over the 4 clients.
+DEPTH = DIM + HIDDEN + NUM_CLASSES + HIDDEN + BATCH + 4
+# The normalized step also sums the squares of all the model's parameters' gradients.
+NORM_DEPTH = DEPTH + DIM * HIDDEN + HIDDEN + HIDDEN * NUM_CLASSES + NUM_CLASSES
+# Sequential updates in the comparisons: 2 rounds of 4 batches (2 epochs in the personal test: 8 more).
+STEPS = 2 * 4 * 2
+SPEC = collections.OrderedDict(x=tf.TensorSpec([None, DIM], tf.float32), y=tf.TensorSpec([None], tf.int32))
+
+
+def keras_model():
+    init = tf.keras.initializers.GlorotUniform
+    return tf.keras.Sequential(
+        [
+            tf.keras.Input([DIM]),
+            tf.keras.layers.Dense(HIDDEN, 'relu', kernel_initializer=init(seed=1)),
+            tf.keras.layers.Dense(NUM_CLASSES, kernel_initializer=init(seed=2)),
+        ]
+    )
+
+
+def loss_fn():
+    return tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True)
+
+
+def model_fn():
+    model = keras_model()
+    return models.from_keras_model(model, input_spec=SPEC, global_layers=model.layers, local_layers=[])
+
+
+def _loss_and_grads(weights, x, y):
+    weights = [tf.constant(w) for w in weights]
+    with tf.GradientTape() as tape:
+        tape.watch(weights)
+        w1, b1, w2, b2 = weights
+        logits = tf.matmul(tf.nn.relu(tf.matmul(x, w1) + b1), w2) + b2
+        loss = tf.reduce_mean(tf.nn.sparse_softmax_cross_entropy_with_logits(labels=y, logits=logits))
+    return [g.numpy() for g in tape.gradient(loss, weights)]
+
+
+# ------------------------------------------------------------------ a step kind of the test's own
+@dataclasses.dataclass(frozen=True)
+class NormalizedStep:
+    """Normalized gradient descent: the direction is the gradient over its global norm (plus `eps`)."""
+
+    eps: float = 1e-3
+    parts: int = 1
+    output_part: int = 0
+    carries_personal: bool = False
+
+    def check(self, trains):
+        del trains
+
+    def direction(self, weights, carried, parts, derivatives):
+        loss, gradient, output = derivatives.gradient(weights, parts[0])
+        norm = tf.sqrt(tf.add_n([tf.reduce_sum(tf.square(g)) for g in gradient])) + self.eps
+        return step_kinds.Step(loss, output, list(carried), [g / norm for g in gradient])
+
+
+def normalized_reference(body, arrays):
+    trained, examples = [], []
+    for x, y in arrays:
+        w, seen = [np.array(b) for b in body], 0
+        for s in range(0, len(x), BATCH):
+            g = _loss_and_grads(w, x[s : s + BATCH], y[s : s + BATCH])
+            norm = np.sqrt(sum(float(np.sum(np.square(gi, dtype=np.float64))) for gi in g)) + 1e-3
+            w = [wi - LR * gi / norm for wi, gi in zip(w, g)]
+            seen += len(x[s : s + BATCH])
+        trained.append(w)
+        examples.append(seen)
+    total = float(sum(examples))
+    return [sum(n * t[k] for n, t in zip(examples, trained)) / total for k in range(len(body))]
+
+
+@pytest.mark.numeric
+@pytest.mark.parametrize('backend', ['engine', 'per_client'])
+def test_a_step_kind_written_here_runs_on_every_backend_as_a_plain_loop(backend):
+    sgd = tff.learning.optimizers.build_sgdm(LR)
+    plan = client_plan.ClientPlan((client_plan.Phase((client_plan.GLOBAL,), 1, sgd, step=NormalizedStep()),))
+    with backends.use(backend):
+        process = backends.build_process(
+            plan, model_fn, loss_fn=loss_fn, server_optimizer=tff.learning.optimizers.build_sgdm(1.0)
+        )
+    assert process.simulation == backend
+    arrays = client_arrays()
+    state = process.initialize()
+    body = [np.asarray(w) for w in process.get_model_weights(state).trainable]
+    start = [b.copy() for b in body]
+    for _ in range(2):
+        state = process.run_round(state, datasets(arrays), [process.initial_private_state()] * len(arrays)).state
+        body = normalized_reference(body, arrays)
+    got = process.get_model_weights(state).trainable
+    # The normalized steps moved the weights far beyond the bound: the comparison cannot pass by standing still.
+    assert max(float(np.max(np.abs(b - s))) for b, s in zip(body, start)) > 1e-2
+    for g, w in zip(got, body):
+        tolerances.assert_reordered_close(g, w, depth=NORM_DEPTH, steps=STEPS)
+
+
+def test_a_step_kind_that_is_not_one_is_a_clear_error():
+    sgd = tff.learning.optimizers.build_sgdm(LR)
+    with pytest.raises(ValueError, match='StepKind'):
+        client_plan.Phase((client_plan.GLOBAL,), 1, sgd, step=object())
+
+
+# ------------------------------------------------------------------ a personal model of the test's own
+# The client keeps an offset v (a copy of the model) and a gain s; it trains and predicts with w + s * (v - w)
+# (w: the received global weights), and its gain stays at most 1.6 after each phase (two of the four clients
+# reach it).
+def offset_personalization():
+    return client_plan.Personalization(
+        extras=lambda weights: [tf.constant(1.5)],
+        predicts_with=lambda kept, received: [w + kept[-1] * (v - w) for v, w in zip(kept[:-1], received)],
+        finish=lambda kept: list(kept[:-1]) + [tf.minimum(kept[-1], 1.6)],
+    )
+
+
+def offset_reference(body, privates, arrays):
+    new_privates = []
+    for (x, y), private in zip(arrays, privates):
+        v, s = [np.array(p) for p in private[:-1]], float(private[-1])
+        for start in range(0, len(x), BATCH):
+            g = _loss_and_grads(
+                [wi + s * (vi - wi) for vi, wi in zip(v, body)], x[start : start + BATCH], y[start : start + BATCH]
+            )
+            d_s = sum(float(np.sum((vi - wi) * gi)) for vi, wi, gi in zip(v, body, g))
+            v = [vi - LR * s * gi for vi, gi in zip(v, g)]
+            s -= LR * d_s
+        new_privates.append(v + [np.float32(min(s, 1.6))])
+    return new_privates
+
+
+@pytest.mark.numeric
+@pytest.mark.parametrize('backend', ['engine', 'per_client'])
+def test_a_personal_model_written_here_runs_on_every_backend_as_a_plain_loop(backend):
+    sgd = tff.learning.optimizers.build_sgdm(LR)
+    personal = client_plan.Phase((client_plan.PERSONAL,), 1, sgd, metrics_prefix='personal')
+    frozen = tff.learning.optimizers.build_sgdm(0.0)  # The global model stays put: the comparison is the personal one.
+    plan = client_plan.ClientPlan(
+        (personal, client_plan.Phase((client_plan.GLOBAL,), 1, frozen)),
+        personal_copy=True,
+        personalization=offset_personalization(),
+    )
+    with backends.use(backend):
+        process = backends.build_classifier_process(
+            plan, keras_model, element_spec=SPEC, server_optimizer=tff.learning.optimizers.build_sgdm(1.0)
+        )
+    assert audit.audit_private_dataflow(process.next, private_parameter_index=2) == []
+    arrays = client_arrays()
+    state = process.initialize()
+    privates = [process.initial_private_state()] * len(arrays)
+    body = [np.asarray(w) for w in process.get_model_weights(state).trainable]
+    expected = [list(body) + [np.float32(1.5)]] * len(arrays)
+    for _ in range(2):
+        output = process.run_round(state, datasets(arrays), privates)
+        state, privates = output.state, list(output.private_states)
+        expected = offset_reference(body, expected, arrays)
+    gains = [np.float32(p.trainable[-1]) for p in privates]
+    # The gain trained (its gradient reached it), and `finish` capped some clients' but not all.
+    assert any(abs(g - 1.5) > 1e-2 for g in gains) and 0 < gains.count(np.float32(1.6)) < len(gains), gains
+    for got, want in zip(privates, expected):
+        for g, w in zip(got.trainable, want):
+            tolerances.assert_reordered_close(g, w, depth=NORM_DEPTH, steps=STEPS)
+    # A client predicts with the same function after training.
+    mixed = client_plan.personalized_weights(plan, process.get_model_weights(state), privates[0]).trainable
+    s = float(privates[0].trainable[-1])
+    for m, v, w in zip(mixed, privates[0].trainable[:-1], body):
+        tolerances.assert_reordered_close(m, w + s * (np.asarray(v) - w), depth=3)
