@@ -20,7 +20,7 @@ RSS that have nothing to do with the store); the store needs numpy and the
 standard library only.
 
 Writes `docs/results/client_state_scaling.json` and replaces the
-`client_state_scaling` section of `docs/RESULTS.md`.
+`client_state_scaling` section of `docs/ENGINE.md`.
 """
 
 import argparse
@@ -197,7 +197,7 @@ def main() -> int:
     parser.add_argument('--results_json', default=os.path.join(_REPO, 'docs/results/client_state_scaling.json'))
     parser.add_argument(
         '--results_md',
-        default=os.path.join(_REPO, 'docs/RESULTS.md'),
+        default=os.path.join(_REPO, 'docs/ENGINE.md'),
         help='Markdown file whose client_state_scaling section is replaced ("" to skip).',
     )
     parser.add_argument('--child', default=None, help=argparse.SUPPRESS)  # JSON config of one configuration.

@@ -13,7 +13,7 @@ largest difference between the dense and lazy results (0 for SGD, where lazy is 
 times whole HPFL rounds on the 40 ASSIST silos (configs/hpfl_assist.flags: batch 512, Adam lr 0.03, p = 0.6) in
 the TFF runtime: the median of rounds 2..--assist_rounds (round 1 includes tracing) for each mode.
 
-Writes `docs/results/hpfl_row_updates.json` and replaces the `hpfl_row_updates` section of `docs/RESULTS.md`.
+Writes `docs/results/hpfl_row_updates.json` and replaces the `hpfl_row_updates` section of `docs/ENGINE.md`.
 """
 
 import argparse
@@ -90,7 +90,7 @@ def main() -> None:
     parser.add_argument('--assist_dir', default=None, help='ASSIST a0910 dir: also time whole HPFL rounds.')
     parser.add_argument('--assist_rounds', type=int, default=3)
     parser.add_argument('--results_dir', default='docs/results')
-    parser.add_argument('--results_md', default='docs/RESULTS.md')
+    parser.add_argument('--results_md', default='docs/ENGINE.md')
     args = parser.parse_args()
     sizes = [int(s) for s in args.max_items.split(',')]
     if min(sizes) < _ITEMS:

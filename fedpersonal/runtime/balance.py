@@ -1,7 +1,7 @@
 """Shares of a group round that follow the engine workers' measured speeds (`EngineWorkers(balance=True)`).
 
 A round waits for its slowest share. With equal shares, one worker 10-30% slower than the other (another
-machine, or a core that other work shares) makes every round that much slower; docs/RESULTS.md, "Engine workers",
+machine, or a core that other work shares) makes every round that much slower; docs/ENGINE.md, "Engine workers",
 measured such splits on this project's 2-core host. `GroupBalancer` instead gives each worker a number of whole
 groups chosen so that the slowest worker's predicted seconds are as small as they can be, with each worker's speed
 taken from its last rounds.

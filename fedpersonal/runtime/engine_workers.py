@@ -4,7 +4,7 @@ Each worker is a Ray actor (one process; pinned to one core when asked) that bui
 driver from a recipe, a picklable zero-argument callable returning `WorkerSetup` (the process and the dataset it
 reads clients from), so its groups run the engine's compiled (XLA) group program exactly as a local run does. The
 round is one Ray compiled graph (built once per ``with`` block: each round then costs tens of microseconds of Ray
-per hop instead of a task submission each, docs/RESULTS.md "Engine workers"). A round (`EngineWorkers.run_round`,
+per hop instead of a task submission each, docs/ENGINE.md "Engine workers"). A round (`EngineWorkers.run_round`,
 what `process.run_round` does inside the ``with`` block):
 
 1. the driver splits the round's client ids into one contiguous share per worker, aligned to the engine's group
@@ -35,7 +35,7 @@ and oneDNN setting (`driver_threads`), so a round equals the local engine's but 
 shares' sums: within README's "Reproducibility" bound, which the tests assert. A worker that dies
 stops the run with `fedpersonal.errors.WorkerError` naming it; a binary rerun resumes from its last checkpoint.
 
-Ray is the distributed engine (pip ``ray``; docs/RESULTS.md, "Engine workers", says why it and not TFF's worker
+Ray is the distributed engine (pip ``ray``; docs/ENGINE.md, "Engine workers", says why it and not TFF's worker
 service or TensorFlow's remote functions). Without an address, ``workers`` local worker processes are started and
 stopped with the block; on several machines, start Ray on each (``ray start --head`` on one, ``ray start
 --address=HEAD:6379`` on the others) and pass ``address='HEAD:6379'``: the workers are placed over the cluster.

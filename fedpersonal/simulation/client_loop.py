@@ -37,7 +37,7 @@ UNROLL_STEPS = 8
 
 
 def auto_strategy(model: Any) -> str:
-    """``engine_strategy='auto'``'s fixed rule (measured: docs/RESULTS.md, "Engine strategies"): the low-rank
+    """``engine_strategy='auto'``'s fixed rule (measured: docs/ENGINE.md, "Engine strategies"): the low-rank
     steps for a model of dense layers (`low_rank`; its phases that do not fit it run the client loop), the client
     loop for another model whose client step multiplies matrices (convolutional, recurrent layers), the lockstep
     for one of embedding lookups and elementwise products only (matrix factorization), whose tiny steps batch
@@ -53,7 +53,7 @@ def runs(strategy: str, model: Any, *, parts: int, splittable: bool) -> list[tup
     (`fedpersonal.simulation.driver.GroupRoundRunner`): one, except for ``'measure'``, which times them all.
     ``'spread'`` (the client loop, a group's clients split over the cores, one program per core) runs only on
     request or under ``'measure'``: ``'auto'`` never splits, since the client loop given the same cores as threads
-    was as fast (docs/RESULTS.md, "Engine strategies") and a split's sums depend on the number of cores.
+    was as fast (docs/ENGINE.md, "Engine strategies") and a split's sums depend on the number of cores.
 
     Args:
       strategy: ``'auto'``, ``'lockstep'``, ``'client_loop'``, ``'spread'`` or ``'measure'``.

@@ -12,7 +12,7 @@ n_out]``, a large matrix product that runs near the CPU's peak) plus small per-c
 gradients flow back through the same expression (``D @ W_t^T`` likewise). The clients' weights are never
 materialized, and FedAvg's weighted sum of deltas is one more large product at the end, ``sum_c w_c lr A_c^T D_c``.
 The client loop (`fedpersonal.simulation.client_loop`) instead runs each client's steps as products of ``B``
-rows, which the CPU runs at a fraction of that rate (docs/RESULTS.md, "Dense rows").
+rows, which the CPU runs at a fraction of that rate (docs/ENGINE.md, "Dense rows").
 
 It applies (`fits`) to a phase of plain SGD from shared starting weights whose trained weights are the kernels and
 biases of Dense layers and whose other layers treat examples independently (activations, flatten, reshape, merges),

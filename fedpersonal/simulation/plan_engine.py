@@ -171,7 +171,7 @@ def build_engine_process(
     )
 
     # A plan of one phase training the shared globals by plain steps, whose weighted deltas are all that leaves it
-    # (FedAvg's) may run as the low-rank steps, which TF's graph kernels run faster than XLA's (docs/RESULTS.md,
+    # (FedAvg's) may run as the low-rank steps, which TF's graph kernels run faster than XLA's (docs/ENGINE.md,
     # "Dense rows"); a phase they cannot run (`low_rank.fits`) then runs the client loop compiled by XLA on its own.
     low_rank_plan = (
         len(plan.phases) == 1

@@ -166,7 +166,7 @@ def test_auto_is_a_fixed_rule_of_the_model_and_the_cores():
         strategy, model, parts=parts, splittable=splittable
     )
     assert runs('auto', dense) == [('client_loop', 1)]
-    assert runs('auto', dense, parts=2) == [('client_loop', 1)]  # Spread only on request (RESULTS.md).
+    assert runs('auto', dense, parts=2) == [('client_loop', 1)]  # Spread only on request (docs/ENGINE.md).
     assert runs('auto', lookups, parts=2) == [(client_loop.SPARSE_LOCKSTEP, 1)]
     assert runs('lockstep', dense, parts=2) == [('lockstep', 1)]
     assert runs('client_loop', lookups, parts=2) == [('client_loop', 1)]
@@ -180,7 +180,7 @@ def test_auto_is_a_fixed_rule_of_the_model_and_the_cores():
 
 def test_auto_runs_an_embedding_models_penalized_phases_in_the_client_loop():
     """Under 'auto' an embedding-only model's phases run the lockstep, except one with a proximal penalty (dense over
-    every table the client trains: 4-5x slower in the lockstep, docs/RESULTS.md "Engine strategies")."""
+    every table the client trains: 4-5x slower in the lockstep, docs/ENGINE.md "Engine strategies")."""
     called = []
     with (
         mock.patch.object(client_loop.lockstep, 'lockstep_steps', lambda *a, **k: called.append('lockstep')),

@@ -63,7 +63,7 @@ def local_training(
     back, so the optimizer's work per step is O(batch) instead of O(table). For SGD (any optimizer whose update of
     a zero-gradient row is zero) this is exactly the dense step; for Adam it is lazy Adam (untouched rows keep
     their values and moments instead of drifting on stale momentum; the bias-correction step count is shared).
-    Measured (`benchmarks/hpfl_row_updates.py`, docs/RESULTS.md): at ASSIST's table sizes (10,745 padded item
+    Measured (`benchmarks/hpfl_row_updates.py`, docs/ENGINE.md): at ASSIST's table sizes (10,745 padded item
     rows) a whole 40-silo round costs the same either way (15.7 s dense, 16.6 s lazy: the per-step cost is fixed
     per-op overhead) and dense Adam reached a lower validation loss after three rounds (0.194 vs 0.201); with
     100,000-row tables a local epoch is 2.1x faster lazy (Adam). Hence dense is the default.
