@@ -32,6 +32,7 @@ from fedpersonal.simulation import group as group_lib
 from fedpersonal.simulation import lockstep
 from fedpersonal.simulation import options as simulation_options
 from fedpersonal.simulation import packing
+from fedpersonal.simulation import plan_program
 from fedpersonal.simulation import round_backend
 from fedpersonal.simulation import step_kind_engine
 
@@ -134,16 +135,8 @@ def build_engine_process(
     # Batch norm's moving statistics are carried per client through the phases (FedBN keeps them local).
     model = functional.FunctionalModel(model_fn, batch_norm=True)
     step_kind_engine.check(plan.phases, model)
-    base = model.initial_weights
-    num_global = len(base.global_trainable)
-    learned = plan.local_start == client_plan.LEARNED
-    slots = {
-        client_plan.GLOBAL: [(functional.GLOBAL_TRAINABLE, i) for i in range(len(base.global_trainable))],
-        client_plan.LOCAL: [(functional.LOCAL_TRAINABLE, i) for i in range(len(base.local_trainable))],
-    }
-    slots[client_plan.PERSONAL] = slots[client_plan.GLOBAL]  # Of the personal copy's own weights.
-    prefixes = plan.metric_prefixes
-    names = tuple(f'phase_{i}' for i in range(len(plan.phases)))
+    program = plan_program.PlanProgram(plan, model, client_weighting, dp_clip)
+    base, prefixes = model.initial_weights, plan.metric_prefixes
     element_spec = tff.types.type_to_tf_tensor_specs(initial.element_type)
     group_size = group_size or simulation_options.default_group_size(
         list(base.global_trainable) + list(base.local_trainable)
@@ -153,33 +146,6 @@ def build_engine_process(
     group_private_type = None
     if initial.local_weights is not None:
         group_private_type = packing.stacked_type(initial.local_weights.type_signature.result)
-
-    # The trained globals are needed per client after the global phase only to clip them, or for a later phase
-    # that trains on them; else only their weighted sum leaves the client loop.
-    ala = plan.local_aggregation
-    personalization = plan.personalization
-    extras_initial: list[np.ndarray] = []
-    if personalization is not None:  # The extras' initial values, for their slots' shapes and types.
-        with tf.init_scope():
-            extras = personalization.extras([tf.constant(v) for v in base.global_trainable])
-            extras_initial = [np.asarray(e) for e in extras]
-    keep_globals = (
-        dp_clip is not None
-        or learned
-        or ala is not None  # The trained model is the client's own.
-        or any(client_plan.PERSONAL not in p.trains for p in plan.phases[plan.global_phase + 1 :])
-    )
-
-    # A plan of one phase training the shared globals by plain steps, whose weighted deltas are all that leaves it
-    # (FedAvg's) may run as the low-rank steps, which TF's graph kernels run faster than XLA's (docs/ENGINE.md,
-    # "Dense rows"); a phase they cannot run (`low_rank.fits`) then runs the client loop compiled by XLA on its own.
-    low_rank_plan = (
-        len(plan.phases) == 1
-        and plan.phases[0].trains == (client_plan.GLOBAL,)
-        and plan.phases[0].step is None
-        and not plan.stateful
-        and not keep_globals
-    )
 
     def build_group_work(
         raw_finalizers: dict[str | None, collections.OrderedDict], *, now: bool, strategy: str = client_loop.LOCKSTEP
@@ -198,139 +164,7 @@ def build_engine_process(
             loss = metric_sets[prefixes[0]]()[1]
             for metric in [m for ms in metrics.values() for m in ms]:
                 metric.reset_state()
-
-            @tf.function(
-                jit_compile=model.xla and not (strategy == client_loop.LOW_RANK and low_rank_plan), autograph=False
-            )
-            def train(uploaded_start, non_trainable, group, private_trainable, private_non_trainable):
-                received = uploaded_start[:num_global]  # With a learned local default, it follows the globals.
-                if ala is not None:  # FedALA: the global phase starts from each client's aggregation.
-                    k = ala.count(num_global)
-                    start, statistics, mixing, aggregations = ala_engine.aggregated_starts(
-                        ala,
-                        model,
-                        loss,
-                        received,
-                        private_trainable[:-k],
-                        private_trainable[-k:],
-                        private_non_trainable[-1],
-                        private_non_trainable[:-1],
-                        group[ala_engine.PHASE],
-                    )
-                    weights = functional.Parts(start, statistics, [], [])
-                elif plan.personal:  # The model has no local weights: the private state is a copy of its globals.
-                    weights = functional.Parts(received, non_trainable, [], [])
-                    # With a `Personalization`, its extras follow the copy's trainable weights.
-                    personal = functional.Parts(private_trainable, private_non_trainable, [], [])
-                elif plan.stateful:
-                    weights = functional.Parts(received, non_trainable, private_trainable, private_non_trainable)
-                else:  # Locals start at the model's initial values (the same for every client) or the default.
-                    start = uploaded_start[num_global:] if learned else [tf.constant(v) for v in base.local_trainable]
-                    weights = functional.Parts(
-                        received, non_trainable, start, [tf.constant(v) for v in base.local_non_trainable]
-                    )
-                weight = steps = None
-                for i, (name, phase) in enumerate(zip(names, plan.phases)):
-                    # Globals first: `update_after_steps` reads the first slots' accumulated deltas. They start
-                    # shared in their phase (the only one that trains them), as the accumulation needs.
-                    parts = [part for part in client_plan.PARTS if part in phase.trains]
-                    train_slots = [s for part in parts for s in slots[part]]
-                    stepped_model: Any = model
-                    personalized = personalization is not None and client_plan.PERSONAL in parts
-                    if personalized:  # The copy's extras follow its weights; the model runs at `predicts_with`.
-                        assert personalization is not None
-                        stepped_model = _Personalized(model, received, personalization, extras_initial)
-                        train_slots = train_slots + [
-                            (functional.GLOBAL_TRAINABLE, num_global + j) for j in range(len(extras_initial))
-                        ]
-                    examples = tf.reduce_sum(group[name]['mask'], axis=[1, 2])
-                    client_weight = group_lib.client_weights(client_weighting, examples)
-                    if phase.step is not None:  # Per-FedAvg's, pFedMe's (theta: the personal copy's weights).
-                        weights, theta, phase_steps = step_kind_engine.step_kind_steps(
-                            model,
-                            phase.step,
-                            weights,
-                            train_slots,
-                            group[name],
-                            phase.optimizer,
-                            loss,
-                            metrics=metrics[phase.metrics_prefix] if phase.reports_metrics else (),
-                        )
-                        if theta is not None:
-                            personal = functional.Parts(theta, weights.global_non_trainable, [], [])
-                        if i == plan.global_phase:
-                            weight, steps = client_weight, phase_steps
-                        continue
-                    stepped, phase_steps = client_loop.phase_steps(
-                        strategy,
-                        stepped_model,
-                        personal if client_plan.PERSONAL in parts else weights,
-                        train_slots,
-                        group[name],
-                        phase.optimizer,
-                        loss,
-                        metrics=metrics[phase.metrics_prefix] if phase.reports_metrics else (),
-                        penalty=_penalty(phase, parts, slots),
-                        centre=received if isinstance(phase.penalty, client_plan.ProximalPenalty) else (),
-                        delta_weights=client_weight if i == plan.global_phase else None,
-                        keep_trained=keep_globals or i != plan.global_phase,
-                    )
-                    if personalized:  # Each client's `finish` once the phase ends, as the per-client backend.
-                        assert personalization is not None
-                        finished = lockstep.for_each_client(
-                            lambda values: personalization.finish(list(values)), list(stepped.global_trainable)
-                        )
-                        personal = stepped._replace(global_trainable=list(finished))
-                    elif client_plan.PERSONAL in parts:
-                        personal = stepped
-                    else:
-                        weights = stepped
-                    if i == plan.global_phase:
-                        weight, steps = client_weight, phase_steps
-                clients = tf.shape(weight)[0]
-                values = list(weights.global_trainable) + (list(weights.local_trainable) if learned else [])
-                bases = list(base.global_trainable) + (list(base.local_trainable) if learned else [])
-                trained = [lockstep.per_client(v, b, clients) for v, b in zip(values, bases)]
-                if dp_clip is not None:
-                    result = group_lib.clipped_sum_update(uploaded_start, trained, weight, dp_clip)
-                    finite = group_lib.client_finite(uploaded_start, trained)
-                elif steps is not None and len(steps.weighted_deltas) >= len(trained):  # Trained first in their phase.
-                    # As trained: globals the client loop returned shared have only their weighted sum.
-                    result, finite = group_lib.update_after_steps(uploaded_start, values, weight, steps)
-                else:  # A learned local default's displacement includes the reconstruction: from each client's copy.
-                    result, finite = group_lib.weighted_update(uploaded_start, trained, weight), None
-                if not plan.stateful:
-                    return result, ()
-                keep = lambda new, old: tf.where(
-                    tf.reshape(finite, [-1] + [1] * (new.shape.rank - 1)), new, tf.cast(old, new.dtype)
-                )
-                new_trainable: Sequence[Any]
-                new_non_trainable: Sequence[Any]
-                base_non_trainable: Sequence[Any]
-                if ala is not None:  # The trained model, W and the count of aggregations.
-                    new_trainable = [
-                        lockstep.per_client(v, b, clients) for v, b in zip(weights.global_trainable, bases)
-                    ]
-                    new_trainable += mixing
-                    new_non_trainable = list(weights.global_non_trainable) + [aggregations]
-                    base_non_trainable = list(base.global_non_trainable) + [np.int32(0)]
-                elif plan.personal:
-                    new_trainable, new_non_trainable = personal.global_trainable, personal.global_non_trainable
-                    base_non_trainable = base.global_non_trainable
-                else:
-                    new_trainable, new_non_trainable = weights.local_trainable, weights.local_non_trainable
-                    base_non_trainable = base.local_non_trainable
-                new_private = tff.learning.models.ModelWeights(
-                    trainable=[keep(n, o) for n, o in zip(new_trainable, private_trainable)],
-                    # Moving statistics a training step updated (batch norm), per client; others as they were.
-                    non_trainable=[
-                        keep(lockstep.per_client(n, b, clients), o)
-                        for n, o, b in zip(new_non_trainable, private_non_trainable, base_non_trainable)
-                    ],
-                )
-                return result, new_private
-
-            result, new_private = train(
+            result, new_private = program.train_function(strategy, loss, metrics)(
                 list(server_weights.trainable),
                 list(server_weights.non_trainable),
                 group,
@@ -404,45 +238,3 @@ def _copies(runs: Sequence[tuple[str, int]]) -> dict[str, int]:
     for work, parts in runs:
         copies[work] = max(copies.get(work, 1), parts)
     return copies
-
-
-def _penalty(phase: client_plan.Phase, parts: list[str], slots: dict[str, list[Any]]) -> lockstep.Penalty | None:
-    """The phase's penalty as `lockstep_steps` takes it: a function of the trained values (in `parts` order)."""
-    if phase.penalty is None:
-        return None
-    sizes = [len(slots[part]) for part in parts]
-
-    def penalty(values: list[tf.Tensor], centre: Any) -> tf.Tensor:
-        starts = np.cumsum([0] + sizes)
-        by_part = {part: values[starts[k] : starts[k + 1]] for k, part in enumerate(parts)}
-        assert phase.penalty is not None
-        return phase.penalty(by_part, list(centre))
-
-    return penalty
-
-
-class _Personalized:
-    """The model at a `client_plan.Personalization`'s weights, for `lockstep.lockstep_steps`: its weights are the
-    personal copy with the extras (their initial values `extras`) appended to the trainable ones, and it predicts with ``predicts_with`` of them and
-    the received global weights `received`."""
-
-    def __init__(
-        self,
-        model: functional.FunctionalModel,
-        received: list[tf.Tensor],
-        personalization: client_plan.Personalization,
-        extras: list[np.ndarray],
-    ):
-        self._model, self._received, self._personalization = model, received, personalization
-        base = model.initial_weights
-        self.initial_weights = functional.Parts(
-            list(base.global_trainable) + extras, list(base.global_non_trainable), [], []
-        )
-        self.xla, self.stateful_slots = model.xla, model.stateful_slots
-        self.vectorizes = getattr(model, 'vectorizes', True)
-        self.pfor_loops = getattr(model, 'pfor_loops', False)
-
-    def apply(self, weights: functional.Parts, x: Any, training: bool = True, *, example_mask: Any = None):
-        mapped = self._personalization.predicts_with(list(weights.global_trainable), self._received)
-        parts = functional.Parts(list(mapped), list(weights.global_non_trainable), [], [])
-        return self._model.apply(parts, x, training, example_mask=example_mask)

@@ -1,0 +1,301 @@
+"""A `fedpersonal.core.client_plan.ClientPlan` as one group's compiled program on the engine: where each client's
+weights start, the plan's phases over the group's packed batches, the group's update and each client's new private
+state. `plan_engine.build_engine_process` wraps it in a process; the arithmetic is the per-client backend's
+(`per_client_plan.build_client_update`) to float precision.
+
+Each phase runs `client_loop.phase_steps` (the lockstep, or the compiled client loop, chosen by the strategy), or a
+step kind's loop (`step_kind_engine`); a `client_plan.Personalization` runs the phases that train the personal copy
+at its ``predicts_with`` (`_Personalized`) and applies its ``finish`` to each client after them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+from typing import NamedTuple
+
+import numpy as np
+import tensorflow as tf
+import tensorflow_federated as tff
+
+from fedpersonal.core import client_plan
+from fedpersonal.simulation import ala_engine
+from fedpersonal.simulation import client_loop
+from fedpersonal.simulation import functional
+from fedpersonal.simulation import group as group_lib
+from fedpersonal.simulation import lockstep
+from fedpersonal.simulation import step_kind_engine
+
+
+class _Start(NamedTuple):
+    """Where a group's clients start: the received globals, the model's weights, the personal copy (with its
+    extras; None without one) and, with local aggregation, W and the counts of aggregations."""
+
+    received: list[Any]
+    weights: functional.Parts
+    personal: functional.Parts | None
+    mixing: list[Any]
+    aggregations: Any
+
+
+class _Trained(NamedTuple):
+    """After the phases: the model's weights, the personal copy, and the global phase's client weights and steps."""
+
+    weights: functional.Parts
+    personal: functional.Parts | None
+    client_weight: Any
+    steps: Any
+
+
+class PlanProgram:
+    """The plan's group program for `model` (a `functional.FunctionalModel`), updates weighted by
+    `client_weighting`, each client's clipped to `dp_clip` if given (a fixed-clip DP aggregator)."""
+
+    def __init__(self, plan: client_plan.ClientPlan, model: functional.FunctionalModel, client_weighting: Any, dp_clip):
+        self.plan, self.model, self.client_weighting, self.dp_clip = plan, model, client_weighting, dp_clip
+        self.base = base = model.initial_weights
+        self.num_global = len(base.global_trainable)
+        self.learned = plan.local_start == client_plan.LEARNED
+        self.slots = {
+            client_plan.GLOBAL: [(functional.GLOBAL_TRAINABLE, i) for i in range(len(base.global_trainable))],
+            client_plan.LOCAL: [(functional.LOCAL_TRAINABLE, i) for i in range(len(base.local_trainable))],
+        }
+        self.slots[client_plan.PERSONAL] = self.slots[client_plan.GLOBAL]  # Of the personal copy's own weights.
+        self.names = tuple(f'phase_{i}' for i in range(len(plan.phases)))
+        self.extras: list[np.ndarray] = []
+        if plan.personalization is not None:  # The extras' initial values, for their slots' shapes and types.
+            with tf.init_scope():
+                extras = plan.personalization.extras([tf.constant(v) for v in base.global_trainable])
+                self.extras = [np.asarray(e) for e in extras]
+        # The trained globals are needed per client after the global phase only to clip them, or for a later phase
+        # that trains on them; else only their weighted sum leaves the client loop.
+        self.keep_globals = (
+            dp_clip is not None
+            or self.learned
+            or plan.local_aggregation is not None  # The trained model is the client's own.
+            or any(client_plan.PERSONAL not in p.trains for p in plan.phases[plan.global_phase + 1 :])
+        )
+        # A plan of one phase training the shared globals by plain steps, whose weighted deltas are all that leaves
+        # it (FedAvg's) may run as the low-rank steps, which TF's graph kernels run faster than XLA's
+        # (docs/ENGINE.md, "Dense rows"); a phase they cannot run (`low_rank.fits`) then runs the client loop
+        # compiled by XLA on its own.
+        self.low_rank_plan = (
+            len(plan.phases) == 1
+            and plan.phases[0].trains == (client_plan.GLOBAL,)
+            and plan.phases[0].step is None
+            and not plan.stateful
+            and not self.keep_globals
+        )
+
+    def train_function(self, strategy: str, loss: Any, metrics: dict[str | None, Any]) -> Any:
+        """The group's compiled program ``(server trainable, server non-trainable, group, private trainable,
+        private non-trainable) -> (update, new private state)`` (``()`` for a stateless plan) under `strategy`."""
+
+        @tf.function(
+            jit_compile=self.model.xla and not (strategy == client_loop.LOW_RANK and self.low_rank_plan),
+            autograph=False,
+        )
+        def train(uploaded_start, non_trainable, group, private_trainable, private_non_trainable):
+            start = self.start(uploaded_start, non_trainable, group, private_trainable, private_non_trainable, loss)
+            trained = self.phases(start, group, strategy, loss, metrics)
+            result, finite, clients = self.upload(uploaded_start, trained)
+            if not self.plan.stateful:
+                return result, ()
+            return result, self.kept(start, trained, finite, clients, private_trainable, private_non_trainable)
+
+        return train
+
+    def start(self, uploaded_start, non_trainable, group, private_trainable, private_non_trainable, loss) -> _Start:
+        """Each client's start (the received globals; the private state as the plan keeps it)."""
+        plan, base, num_global = self.plan, self.base, self.num_global
+        received = uploaded_start[:num_global]  # With a learned local default, it follows the globals.
+        ala = plan.local_aggregation
+        if ala is not None:  # The global phase starts from each client's aggregation.
+            k = ala.count(num_global)
+            start, statistics, mixing, aggregations = ala_engine.aggregated_starts(
+                ala,
+                self.model,
+                loss,
+                received,
+                private_trainable[:-k],
+                private_trainable[-k:],
+                private_non_trainable[-1],
+                private_non_trainable[:-1],
+                group[ala_engine.PHASE],
+            )
+            return _Start(received, functional.Parts(start, statistics, [], []), None, mixing, aggregations)
+        if plan.personal:  # The model has no local weights: the private state is a copy of its globals.
+            # With a `Personalization`, its extras follow the copy's trainable weights.
+            personal = functional.Parts(private_trainable, private_non_trainable, [], [])
+            return _Start(received, functional.Parts(received, non_trainable, [], []), personal, [], None)
+        if plan.stateful:
+            weights = functional.Parts(received, non_trainable, private_trainable, private_non_trainable)
+            return _Start(received, weights, None, [], None)
+        # Locals start at the model's initial values (the same for every client) or the default.
+        local = uploaded_start[num_global:] if self.learned else [tf.constant(v) for v in base.local_trainable]
+        weights = functional.Parts(received, non_trainable, local, [tf.constant(v) for v in base.local_non_trainable])
+        return _Start(received, weights, None, [], None)
+
+    def phases(self, start: _Start, group: Any, strategy: str, loss: Any, metrics: dict[str | None, Any]) -> _Trained:
+        """The plan's phases for every client of the group, in order."""
+        plan, slots, personalization = self.plan, self.slots, self.plan.personalization
+        received, weights, personal = start.received, start.weights, start.personal
+        weight = steps = None
+        for i, (name, phase) in enumerate(zip(self.names, plan.phases)):
+            # Globals first: `update_after_steps` reads the first slots' accumulated deltas. They start shared in
+            # their phase (the only one that trains them), as the accumulation needs.
+            parts = [part for part in client_plan.PARTS if part in phase.trains]
+            train_slots = [s for part in parts for s in slots[part]]
+            stepped_model: Any = self.model
+            personalized = personalization is not None and client_plan.PERSONAL in parts
+            if personalized:  # The copy's extras follow its weights; the model runs at `predicts_with`.
+                assert personalization is not None
+                stepped_model = _Personalized(self.model, received, personalization, self.extras)
+                train_slots = train_slots + [
+                    (functional.GLOBAL_TRAINABLE, self.num_global + j) for j in range(len(self.extras))
+                ]
+            examples = tf.reduce_sum(group[name]['mask'], axis=[1, 2])
+            client_weight = group_lib.client_weights(self.client_weighting, examples)
+            phase_metrics = metrics[phase.metrics_prefix] if phase.reports_metrics else ()
+            if phase.step is not None:  # A step kind's (carried values: the personal copy's weights).
+                weights, carried, phase_steps = step_kind_engine.step_kind_steps(
+                    self.model,
+                    phase.step,
+                    weights,
+                    train_slots,
+                    group[name],
+                    phase.optimizer,
+                    loss,
+                    metrics=phase_metrics,
+                )
+                if carried is not None:
+                    personal = functional.Parts(carried, weights.global_non_trainable, [], [])
+                if i == plan.global_phase:
+                    weight, steps = client_weight, phase_steps
+                continue
+            start_weights = personal if client_plan.PERSONAL in parts else weights
+            assert start_weights is not None  # A plan that trains the personal copy keeps one.
+            stepped, phase_steps = client_loop.phase_steps(
+                strategy,
+                stepped_model,
+                start_weights,
+                train_slots,
+                group[name],
+                phase.optimizer,
+                loss,
+                metrics=phase_metrics,
+                penalty=_penalty(phase, parts, slots),
+                centre=received if isinstance(phase.penalty, client_plan.ProximalPenalty) else (),
+                delta_weights=client_weight if i == plan.global_phase else None,
+                keep_trained=self.keep_globals or i != plan.global_phase,
+            )
+            if personalized:  # Each client's `finish` once the phase ends, as the per-client backend.
+                assert personalization is not None
+                finished = lockstep.for_each_client(
+                    lambda values: personalization.finish(list(values)), list(stepped.global_trainable)
+                )
+                personal = stepped._replace(global_trainable=list(finished))
+            elif client_plan.PERSONAL in parts:
+                personal = stepped
+            else:
+                weights = stepped
+            if i == plan.global_phase:
+                weight, steps = client_weight, phase_steps
+        return _Trained(weights, personal, weight, steps)
+
+    def _uploaded_bases(self) -> list[Any]:
+        base = self.base
+        return list(base.global_trainable) + (list(base.local_trainable) if self.learned else [])
+
+    def upload(self, uploaded_start: Any, trained: _Trained) -> tuple[Any, Any, Any]:
+        """The group's update (its clients' weighted sum and weight), each client's finiteness (None: all
+        finite, or not known per client) and the number of clients."""
+        weights, weight, steps = trained.weights, trained.client_weight, trained.steps
+        clients = tf.shape(weight)[0]
+        values = list(weights.global_trainable) + (list(weights.local_trainable) if self.learned else [])
+        per_client = [lockstep.per_client(v, b, clients) for v, b in zip(values, self._uploaded_bases())]
+        if self.dp_clip is not None:
+            result = group_lib.clipped_sum_update(uploaded_start, per_client, weight, self.dp_clip)
+            return result, group_lib.client_finite(uploaded_start, per_client), clients
+        if steps is not None and len(steps.weighted_deltas) >= len(per_client):  # Trained first in their phase.
+            # As trained: globals the client loop returned shared have only their weighted sum.
+            result, finite = group_lib.update_after_steps(uploaded_start, values, weight, steps)
+            return result, finite, clients
+        # A learned local default's displacement includes the reconstruction: from each client's copy.
+        return group_lib.weighted_update(uploaded_start, per_client, weight), None, clients
+
+    def kept(
+        self, start: _Start, trained: _Trained, finite: Any, clients: Any, private_trainable, private_non_trainable
+    ) -> tff.learning.models.ModelWeights:
+        """Each client's new private state (its previous one where its update was not finite)."""
+        plan, base, weights = self.plan, self.base, trained.weights
+        keep = lambda new, old: tf.where(
+            tf.reshape(finite, [-1] + [1] * (new.shape.rank - 1)), new, tf.cast(old, new.dtype)
+        )
+        new_trainable: Sequence[Any]
+        new_non_trainable: Sequence[Any]
+        base_non_trainable: Sequence[Any]
+        if plan.local_aggregation is not None:  # The trained model, W and the count of aggregations.
+            new_trainable = [
+                lockstep.per_client(v, b, clients) for v, b in zip(weights.global_trainable, self._uploaded_bases())
+            ]
+            new_trainable += start.mixing
+            new_non_trainable = list(weights.global_non_trainable) + [start.aggregations]
+            base_non_trainable = list(base.global_non_trainable) + [np.int32(0)]
+        elif plan.personal:
+            assert trained.personal is not None
+            new_trainable, new_non_trainable = trained.personal.global_trainable, trained.personal.global_non_trainable
+            base_non_trainable = base.global_non_trainable
+        else:
+            new_trainable, new_non_trainable = weights.local_trainable, weights.local_non_trainable
+            base_non_trainable = base.local_non_trainable
+        return tff.learning.models.ModelWeights(
+            trainable=[keep(n, o) for n, o in zip(new_trainable, private_trainable)],
+            # Moving statistics a training step updated (batch norm), per client; others as they were.
+            non_trainable=[
+                keep(lockstep.per_client(n, b, clients), o)
+                for n, o, b in zip(new_non_trainable, private_non_trainable, base_non_trainable)
+            ],
+        )
+
+
+def _penalty(phase: client_plan.Phase, parts: list[str], slots: dict[str, list[Any]]) -> lockstep.Penalty | None:
+    """The phase's penalty as `lockstep_steps` takes it: a function of the trained values (in `parts` order)."""
+    if phase.penalty is None:
+        return None
+    sizes = [len(slots[part]) for part in parts]
+
+    def penalty(values: list[tf.Tensor], centre: Any) -> tf.Tensor:
+        starts = np.cumsum([0] + sizes)
+        by_part = {part: values[starts[k] : starts[k + 1]] for k, part in enumerate(parts)}
+        assert phase.penalty is not None
+        return phase.penalty(by_part, list(centre))
+
+    return penalty
+
+
+class _Personalized:
+    """The model at a `client_plan.Personalization`'s weights, for `lockstep.lockstep_steps`: its weights are the
+    personal copy with the extras (their initial values `extras`) appended to the trainable ones, and it predicts
+    with ``predicts_with`` of them and the received global weights `received`."""
+
+    def __init__(
+        self,
+        model: functional.FunctionalModel,
+        received: list[tf.Tensor],
+        personalization: client_plan.Personalization,
+        extras: list[np.ndarray],
+    ):
+        self._model, self._received, self._personalization = model, received, personalization
+        base = model.initial_weights
+        self.initial_weights = functional.Parts(
+            list(base.global_trainable) + extras, list(base.global_non_trainable), [], []
+        )
+        self.xla, self.stateful_slots = model.xla, model.stateful_slots
+        self.vectorizes = getattr(model, 'vectorizes', True)
+        self.pfor_loops = getattr(model, 'pfor_loops', False)
+
+    def apply(self, weights: functional.Parts, x: Any, training: bool = True, *, example_mask: Any = None):
+        mapped = self._personalization.predicts_with(list(weights.global_trainable), self._received)
+        parts = functional.Parts(list(mapped), list(weights.global_non_trainable), [], [])
+        return self._model.apply(parts, x, training, example_mask=example_mask)
