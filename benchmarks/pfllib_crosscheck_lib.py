@@ -312,7 +312,7 @@ def run_fedpersonal(
     global_trainable = [np.asarray(w) for w in weights.trainable]
     clients_weights, trained_local = [], []
     for p in private or [None] * len(ids):
-        if p is not None and plan.local_aggregation is not None:  # FedALA: v, the trained local model (then W).
+        if p is not None and plan.global_start is not None:  # FedALA: v, the trained local model (then W).
             trained_local.append([np.asarray(w) for w in list(p.trainable)[: len(global_trainable)]])
         if p is None:
             clients_weights.append(global_trainable)
@@ -320,17 +320,17 @@ def run_fedpersonal(
         own = client_plan.personalized_weights(plan, weights, p)
         if phased_model is not None:  # FedRoD: the whole global model, then the personal head.
             clients_weights.append(global_trainable + [np.asarray(w) for w in own.trainable])
-        elif plan.personal or plan.personalization is not None or plan.local_aggregation is not None:
+        elif plan.personal or plan.personalization is not None or plan.global_start is not None:
             clients_weights.append([np.asarray(w) for w in own.trainable])
         else:
             clients_weights.append(full_weights(global_trainable, own.trainable, spec.local_layers))
     ala_starts = None
-    if plan.local_aggregation is not None:  # FedALA: the start of W's slice at each client's k-th aggregation.
-        from fedpersonal.core import local_aggregation  # pylint: disable=g-import-not-at-top
+    if plan.global_start is not None:  # FedALA: the start of W's slice at each client's k-th aggregation.
+        from fedpersonal.algorithms import fedala  # pylint: disable=g-import-not-at-top
 
         ala_starts = [
             [
-                int(local_aggregation.slice_bounds(plan.local_aggregation, tf.constant(n, tf.int64), k)[0])
+                int(fedala.slice_bounds(plan.global_start, tf.constant(n, tf.int64), k)[0])
                 for k in range(rounds + 1)
             ]
             for n in keep

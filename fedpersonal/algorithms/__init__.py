@@ -19,7 +19,7 @@ Every builder returns a `fedpersonal.core.PersonalizedProcess` (`initialize`, `n
   pFedMe (personalized theta solving a proximal inner problem per batch), plans with a step kind
   (`fedpersonal.core.step_kinds`) run by every backend;
 * `build_fedala`: FedALA (each client's model aggregated element-wise with the global one by learned weights at
-  the start of its round; every backend, on the engine `fedpersonal.simulation.ala_engine`) and `build_fedrod`:
+  the start of its round, a `fedpersonal.core.client_start.ClientStart`; every backend) and `build_fedrod`:
   FedRoD (a shared body and balanced-softmax generic head, a personal head as private state; a plan of
   model-defined losses, every backend);
 * `build_feddva`: FedDVA (shared dual encoders, private decoders and heads);

@@ -37,8 +37,8 @@ import numpy as np
 import tensorflow as tf
 import tensorflow_federated as tff
 
+from fedpersonal.core import client_start
 from fedpersonal.core import client_work
-from fedpersonal.core import local_aggregation as aggregation_lib
 from fedpersonal.core import step_kinds
 
 ModelWeights = tff.learning.models.ModelWeights
@@ -207,9 +207,9 @@ class ClientPlan:
     it sets the model's ``label_counts`` (a local non-trainable float vector, e.g. FedRoD's label prior) to the
     counts of its dataset's labels before them.
 
-    `local_aggregation` (FedALA, `fedpersonal.core.local_aggregation.AdaptiveLocalAggregation`): the personal copy
-    is the model the client trained last, and the global phase starts from its element-wise aggregation with the
-    received weights instead of the received weights.
+    `global_start` (a `fedpersonal.core.client_start.ClientStart`, e.g. FedALA's adaptive local aggregation): the
+    personal copy is the model the client trained last, followed by the start's extras, and the global phase starts
+    where the start's own math puts it instead of at the received weights.
 
     Example:
 
@@ -227,7 +227,7 @@ class ClientPlan:
     local_start: str = KEPT
     counts_participations: bool = False
     counts_labels: bool = False
-    local_aggregation: aggregation_lib.AdaptiveLocalAggregation | None = None
+    global_start: client_start.ClientStart | None = None
 
     def __post_init__(self):
         if self.model_losses:
@@ -235,8 +235,10 @@ class ClientPlan:
             return
         if self.counts_participations or self.counts_labels:
             raise ValueError('counts_participations and counts_labels need phases with model-defined losses.')
-        if self.local_aggregation is not None:
-            self.local_aggregation.check(self)
+        if self.global_start is not None:
+            if not isinstance(self.global_start, client_start.ClientStart):
+                raise ValueError(f'ClientPlan.global_start must be a ClientStart, got {self.global_start!r}.')
+            self.global_start.check(self)
         if self.local_start not in LOCAL_STARTS:
             raise ValueError(f'ClientPlan.local_start must be one of {LOCAL_STARTS}, got {self.local_start!r}.')
         if self.local_start != KEPT and self.personal_copy:
@@ -251,8 +253,8 @@ class ClientPlan:
             raise ValueError('A phase trains the personal copy: the plan needs personal_copy=True.')
         if self.personalization is not None and not self.personal_copy:
             raise ValueError('ClientPlan.personalization needs personal_copy=True.')
-        if self.personalization is not None and (inner or self.local_aggregation is not None):
-            raise ValueError('ClientPlan.personalization takes no inner-problem step kind and no local aggregation.')
+        if self.personalization is not None and (inner or self.global_start is not None):
+            raise ValueError('ClientPlan.personalization takes no step kind that carries values and no global_start.')
         global_phases = [i for i, p in enumerate(self.phases) if GLOBAL in p.trains]
         if len(global_phases) != 1:
             raise ValueError(f'A ClientPlan needs exactly one phase that trains the global weights, got {self.phases}.')
@@ -287,7 +289,7 @@ def _check_model_loss_plan(plan: ClientPlan) -> None:
     """A plan of model-defined losses: every phase has one, no personal copy; distinct metric names."""
     if any(p.loss is None for p in plan.phases):
         raise ValueError("A plan's phases either all use the Keras loss or all name a model-defined Phase.loss.")
-    if plan.personal_copy or plan.personalization is not None or plan.local_start != KEPT or plan.local_aggregation:
+    if plan.personal_copy or plan.personalization is not None or plan.local_start != KEPT or plan.global_start:
         raise ValueError("A plan with model-defined losses keeps the model's local weights (no personal copy).")
     if plan.split is not None or any(p.data is not None or not p.reports_metrics for p in plan.phases):
         raise ValueError('The phases of a plan with model-defined losses train on the whole dataset and report.')
@@ -330,12 +332,11 @@ def initial_weights(
     personalization: Personalization | None = None,
     local_start: str = KEPT,
     stateful: bool = True,
-    local_aggregation: aggregation_lib.AdaptiveLocalAggregation | None = None,
+    global_start: client_start.ClientStart | None = None,
 ) -> Initial:
     """`Initial` of the partially local model `model_fn` builds; with `personal`, the private state is a copy of
-    its global weights (with `personalization`, its extras after the trainable weights; with
-    `local_aggregation`, its weights W, ones, after them and its count of aggregations, 0, after the non-trainable
-    ones); the global weights are `server_weights` for `local_start`. Calls `model_fn` once (twice if `stateful`),
+    its global weights (with `personalization`, its extras after the trainable weights; with `global_start`, its
+    extras after the trainable and the non-trainable ones); the global weights are `server_weights` for `local_start`. Calls `model_fn` once (twice if `stateful`),
     as TFF's builders count their calls."""
     input_specs = []
 
@@ -354,10 +355,12 @@ def initial_weights(
             if not personal:
                 return client_work.local_weights(model)
             weights = client_work.global_weights(model)
-            if local_aggregation is not None:
-                k = local_aggregation.count(len(weights.trainable))
-                mixing = [tf.ones_like(v) for v in weights.trainable[-k:]]
-                return ModelWeights(list(weights.trainable) + mixing, list(weights.non_trainable) + [tf.constant(0)])
+            if global_start is not None:
+                extras = global_start.extras(weights)
+                return ModelWeights(
+                    list(weights.trainable) + list(extras.trainable),
+                    list(weights.non_trainable) + list(extras.non_trainable),
+                )
             if personalization is None:
                 return weights
             extras = personalization.extras(list(weights.trainable))
@@ -374,7 +377,7 @@ def plan_initial_weights(plan: ClientPlan, model_fn: Callable[[], tff.learning.m
         personalization=plan.personalization,
         local_start=plan.local_start,
         stateful=plan.stateful,
-        local_aggregation=plan.local_aggregation,
+        global_start=plan.global_start,
     )
 
 
@@ -382,8 +385,8 @@ def personalized_weights(plan: ClientPlan, global_weights: Any, private_state: A
     """The weights a client predicts with after its rounds, as numpy arrays.
 
     With a personal copy (Ditto), the copy; with the plan's `Personalization` (APFL), its ``predicts_with`` of the
-    copy's values and the global weights (the copy's non-trainable weights); with local aggregation (FedALA), the
-    start of its next round without learning W further (w below, ``v + (w - v) * W`` above); else the client's
+    copy's values and the global weights (the copy's non-trainable weights); with a `global_start` (FedALA), its
+    ``predicts_with`` (the start of its next round, without learning further); else the client's
     local weights, which it predicts with beside `global_weights`. Evaluate the first three with a model whose
     variables are all local and no global weights, the last with the training model.
 
@@ -398,12 +401,12 @@ def personalized_weights(plan: ClientPlan, global_weights: Any, private_state: A
     """
     trainable = [np.asarray(v) for v in private_state.trainable]
     non_trainable = [np.asarray(v) for v in private_state.non_trainable]
-    if plan.local_aggregation is not None:  # FedALA's start, with the client's W (not learned further here).
-        received = [np.asarray(v) for v in global_weights.trainable]
-        k = len(trainable) - len(received)
-        own, mixing = trainable[:-k], trainable[-k:]
-        upper = [v + (w - v) * m for v, w, m in zip(own[-k:], received[-k:], mixing)]
-        return ModelWeights(received[:-k] + upper, non_trainable[:-1])
+    if plan.global_start is not None:  # The start of its next round, the extras not learned further.
+        kept, extras = client_start.split_private(
+            private_state, len(global_weights.trainable), len(global_weights.non_trainable)
+        )
+        started = plan.global_start.predicts_with(list(global_weights.trainable), kept, extras)
+        return ModelWeights([np.asarray(v) for v in started.trainable], [np.asarray(v) for v in started.non_trainable])
     if plan.personalization is not None:
         received = [np.asarray(w) for w in global_weights.trainable]
         trainable = [np.asarray(v) for v in plan.personalization.predicts_with(trainable, received)]

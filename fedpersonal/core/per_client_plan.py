@@ -16,9 +16,9 @@ from typing import Any
 import tensorflow as tf
 import tensorflow_federated as tff
 
+from fedpersonal.core import client_start
 from fedpersonal.core import client_work
 from fedpersonal.core import compose
-from fedpersonal.core import local_aggregation as aggregation_lib
 from fedpersonal.core import process as process_lib
 from fedpersonal.core import step_kinds
 from fedpersonal.core.client_plan import GLOBAL
@@ -56,8 +56,8 @@ def build_client_update(
     def work(received, dataset, private):
         with tf.init_scope():
             model = client_work.construct(model_fn)
-            ala = plan.local_aggregation
-            personal = client_work.construct(model_fn) if plan.personal and ala is None else None
+            begin = plan.global_start
+            personal = client_work.construct(model_fn) if plan.personal and begin is None else None
             personalization = plan.personalization
             extras: list[tf.Variable] = []
             mapped_model = None
@@ -77,17 +77,28 @@ def build_client_update(
             trained = [[v for part in phase.trains for v in parts[part]] for phase in plan.phases]
             trained = [t + extras if PERSONAL in phase.trains else t for t, phase in zip(trained, plan.phases)]
             optimizers = [client_work.prepare_optimizer(p.optimizer, v) for p, v in zip(plan.phases, trained)]
-            if ala is not None:  # FedALA's W and its count of aggregations.
-                k = ala.count(len(parts[GLOBAL]))
-                ala_weights = [tf.Variable(tf.zeros_like(v), name='mixing') for v in parts[GLOBAL][-k:]]
-                aggregations = tf.Variable(0, name='aggregations')
+            if begin is not None:  # The start's extras (e.g. FedALA's W and its count of aggregations).
+                made = begin.extras(client_work.global_weights(model))
+                extras_kept = ModelWeights(
+                    [tf.Variable(v) for v in made.trainable], [tf.Variable(v) for v in made.non_trainable]
+                )
         client_work.assign_weights(client_work.global_weights(model), received)
-        if ala is not None:
-            aggregation_lib.aggregate_locally(
-                ala, model, private, received, dataset, loss_fn(), ala_weights, aggregations
+        if begin is not None:
+            kept_model, kept_extras = client_start.split_private(
+                private, len(parts[GLOBAL]), len(model.global_non_trainable_variables)
             )
+            started = begin.start(
+                list(received.trainable), kept_model, kept_extras, _examples(dataset), _gradient(model, loss_fn())
+            )
+            client_work.assign([parts[GLOBAL][i] for i in begin.changes(len(parts[GLOBAL]))], started.changed)
+            client_work.assign(model.global_non_trainable_variables, started.non_trainable)
+            client_work.assign(extras_kept.trainable, started.extras.trainable)
+            client_work.assign(extras_kept.non_trainable, started.extras.non_trainable)
             own = client_work.global_weights(model)  # Kept after training: the model the client trained last.
-            kept = ModelWeights(list(own.trainable) + ala_weights, list(own.non_trainable) + [aggregations])
+            kept = ModelWeights(
+                list(own.trainable) + list(extras_kept.trainable),
+                list(own.non_trainable) + list(extras_kept.non_trainable),
+            )
         elif personal is not None and personalization is not None:
             kept_values = personal.global_trainable_variables
             client_work.assign(kept_values, private.trainable[: len(kept_values)])
@@ -212,6 +223,31 @@ def _personalized_batch_loss(
         return client_work.BatchLoss(value, tf.shape(labels)[0])
 
     return batch_loss
+
+
+def _examples(dataset: tf.data.Dataset) -> client_start.Examples:
+    """The client's examples as one batch (every one real), for a `client_start.ClientStart`."""
+    empty = tf.nest.map_structure(lambda s: tf.zeros([0] + s.shape[1:].as_list(), s.dtype), dataset.element_spec)
+    whole = dataset.unbatch().batch(2**31 - 1).reduce(empty, lambda _, batch: batch)
+    return client_start.Examples(whole, tf.ones([tf.shape(tf.nest.flatten(whole)[0])[0]], tf.float32))
+
+
+def _gradient(model: tff.learning.models.ReconstructionModel, loss: tf.keras.losses.Loss) -> client_start.GradientFn:
+    """A `client_start.GradientFn` of the model's global variables: the weights are assigned to them, the batch
+    cut to its real examples (a prefix), and the loss is the model's batch loss (plus its regularization)."""
+    batch_loss = client_work.model_batch_loss(model, loss)
+    trainable, non_trainable = list(model.global_trainable_variables), list(model.global_non_trainable_variables)
+
+    def gradient(weights, statistics, batch, mask, wrt):
+        client_work.assign(trainable, weights)
+        client_work.assign(non_trainable, statistics)
+        real = tf.cast(tf.reduce_sum(mask), tf.int32)
+        with tf.GradientTape() as tape:
+            value = batch_loss(tf.nest.map_structure(lambda t: t[:real], batch)).loss
+        gradients = tape.gradient(value, [trainable[i] for i in wrt])
+        return value, list(gradients), [v.read_value() for v in non_trainable]
+
+    return gradient
 
 
 def build_per_client_process(

@@ -24,7 +24,6 @@ from fedpersonal.core import client_plan
 from fedpersonal.core import client_work
 from fedpersonal.core import compose
 from fedpersonal.core import process as process_lib
-from fedpersonal.simulation import ala_engine
 from fedpersonal.simulation import client_loop
 from fedpersonal.simulation import driver
 from fedpersonal.simulation import functional
@@ -68,8 +67,8 @@ def _packer(
     the per-client backend iterates them; `cache_bytes` as `packing.ClientPacker`'s."""
     names = tuple(f'phase_{i}' for i in range(len(plan.phases)))
     uses = [(p.data, p.epochs) for p in plan.phases]
-    if plan.local_aggregation is not None:  # The examples W learns from: the whole dataset, once.
-        names, uses = names + (ala_engine.PHASE,), uses + [(None, 1)]
+    if plan.global_start is not None:  # The examples a plan's start reads: the whole dataset, once.
+        names, uses = names + (plan_program.START,), uses + [(None, 1)]
     return split_packer(plan.split, uses, names, element_spec, group_size, cache_bytes=cache_bytes)
 
 

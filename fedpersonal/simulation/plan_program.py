@@ -19,23 +19,25 @@ import tensorflow as tf
 import tensorflow_federated as tff
 
 from fedpersonal.core import client_plan
-from fedpersonal.simulation import ala_engine
+from fedpersonal.core import client_start
+from fedpersonal.models import partially_local_model
 from fedpersonal.simulation import client_loop
 from fedpersonal.simulation import functional
 from fedpersonal.simulation import group as group_lib
 from fedpersonal.simulation import lockstep
 from fedpersonal.simulation import step_kind_engine
 
+START = 'start'  # The packed phase a plan's `global_start` reads: the client's whole dataset, once.
+
 
 class _Start(NamedTuple):
     """Where a group's clients start: the received globals, the model's weights, the personal copy (with its
-    extras; None without one) and, with local aggregation, W and the counts of aggregations."""
+    extras; None without one) and, with a `global_start`, its new extras per client."""
 
     received: list[Any]
     weights: functional.Parts
     personal: functional.Parts | None
-    mixing: list[Any]
-    aggregations: Any
+    extras: tff.learning.models.ModelWeights | None
 
 
 class _Trained(NamedTuple):
@@ -67,12 +69,24 @@ class PlanProgram:
             with tf.init_scope():
                 extras = plan.personalization.extras([tf.constant(v) for v in base.global_trainable])
                 self.extras = [np.asarray(e) for e in extras]
+        self.start_extras = None
+        if plan.global_start is not None:  # Its extras' initial values, for their shapes (shared or per client).
+            with tf.init_scope():
+                made = plan.global_start.extras(
+                    tff.learning.models.ModelWeights(
+                        [tf.constant(v) for v in base.global_trainable],
+                        [tf.constant(v) for v in base.global_non_trainable],
+                    )
+                )
+                self.start_extras = tff.learning.models.ModelWeights(
+                    [np.asarray(v) for v in made.trainable], [np.asarray(v) for v in made.non_trainable]
+                )
         # The trained globals are needed per client after the global phase only to clip them, or for a later phase
         # that trains on them; else only their weighted sum leaves the client loop.
         self.keep_globals = (
             dp_clip is not None
             or self.learned
-            or plan.local_aggregation is not None  # The trained model is the client's own.
+            or plan.global_start is not None  # The trained model is the client's own.
             or any(client_plan.PERSONAL not in p.trains for p in plan.phases[plan.global_phase + 1 :])
         )
         # A plan of one phase training the shared globals by plain steps, whose weighted deltas are all that leaves
@@ -109,32 +123,91 @@ class PlanProgram:
         """Each client's start (the received globals; the private state as the plan keeps it)."""
         plan, base, num_global = self.plan, self.base, self.num_global
         received = uploaded_start[:num_global]  # With a learned local default, it follows the globals.
-        ala = plan.local_aggregation
-        if ala is not None:  # The global phase starts from each client's aggregation.
-            k = ala.count(num_global)
-            start, statistics, mixing, aggregations = ala_engine.aggregated_starts(
-                ala,
-                self.model,
-                loss,
-                received,
-                private_trainable[:-k],
-                private_trainable[-k:],
-                private_non_trainable[-1],
-                private_non_trainable[:-1],
-                group[ala_engine.PHASE],
-            )
-            return _Start(received, functional.Parts(start, statistics, [], []), None, mixing, aggregations)
+        if plan.global_start is not None:  # The global phase starts where the plan's start puts each client.
+            started = self._started(received, private_trainable, private_non_trainable, group[START], loss)
+            start = list(received)
+            for i, value in zip(plan.global_start.changes(num_global), started.changed):
+                start[i] = value
+            weights = functional.Parts(start, started.non_trainable, [], [])
+            return _Start(received, weights, None, started.extras)
         if plan.personal:  # The model has no local weights: the private state is a copy of its globals.
             # With a `Personalization`, its extras follow the copy's trainable weights.
             personal = functional.Parts(private_trainable, private_non_trainable, [], [])
-            return _Start(received, functional.Parts(received, non_trainable, [], []), personal, [], None)
+            return _Start(received, functional.Parts(received, non_trainable, [], []), personal, None)
         if plan.stateful:
             weights = functional.Parts(received, non_trainable, private_trainable, private_non_trainable)
-            return _Start(received, weights, None, [], None)
+            return _Start(received, weights, None, None)
         # Locals start at the model's initial values (the same for every client) or the default.
         local = uploaded_start[num_global:] if self.learned else [tf.constant(v) for v in base.local_trainable]
         weights = functional.Parts(received, non_trainable, local, [tf.constant(v) for v in base.local_non_trainable])
-        return _Start(received, weights, None, [], None)
+        return _Start(received, weights, None, None)
+
+    def _started(self, received, private_trainable, private_non_trainable, phase, loss) -> client_start.Started:
+        """The plan's `global_start` of every client of the group, client after client (each may learn for as
+        long as its own losses decide), from its packed examples (real ones first)."""
+        begin, model = self.plan.global_start, self.model
+        assert begin is not None and self.start_extras is not None
+        num_trainable, num_non_trainable = self.num_global, len(self.base.global_non_trainable)
+        stateful = [i for g, i in model.stateful_slots if g == functional.GLOBAL_NON_TRAINABLE]
+        clients = tf.shape(phase['mask'])[0]
+
+        def flat(a: tf.Tensor) -> tf.Tensor:  # One client's [steps, batch, ...] -> [steps * batch, ...].
+            return tf.reshape(a, tf.concat([[-1], tf.shape(a)[2:]], 0))
+
+        def client_loss(parts: functional.Parts, batch: Any, mask: tf.Tensor, _: Any):
+            x, y = partially_local_model.split_batch(batch)
+            predictions, regularization, updates = model.apply(
+                parts, x, training=True, example_mask=mask if stateful else None
+            )
+            return lockstep.masked_loss(loss, y, predictions, mask) + regularization, updates
+
+        def gradient(weights, statistics, batch, mask, wrt):
+            parts = functional.Parts(list(weights), list(statistics), [], [])
+            value, _, _, gradients, updates = lockstep.client_gradients(
+                model, parts, [weights[i] for i in wrt], batch, mask, (), None, client_loss, None, [], False
+            )
+            statistics = [
+                tf.stop_gradient(updates.get((functional.GLOBAL_NON_TRAINABLE, i), s)) for i, s in enumerate(statistics)
+            ]
+            return value, gradients, statistics
+
+        def client(c, out):
+            mask = flat(phase['mask'][c])
+            order = tf.argsort(-mask, stable=True)  # Its real examples first, in their order.
+            batch = tf.nest.map_structure(lambda a: tf.gather(flat(a[c]), order), phase['batch'])
+            at = lambda tensors: [t[c] for t in tensors]
+            kept = tff.learning.models.ModelWeights(
+                at(private_trainable[:num_trainable]), at(private_non_trainable[:num_non_trainable])
+            )
+            extras = tff.learning.models.ModelWeights(
+                at(private_trainable[num_trainable:]), at(private_non_trainable[num_non_trainable:])
+            )
+            examples = client_start.Examples(batch, tf.gather(mask, order))
+            started = begin.start(list(received), kept, extras, examples, gradient)
+            written = (
+                list(started.changed)
+                + list(started.non_trainable)
+                + list(started.extras.trainable)
+                + list(started.extras.non_trainable)
+            )
+            return c + 1, [a.write(c, x) for a, x in zip(out, written)]
+
+        changes = begin.changes(num_trainable)
+        kinds = (
+            [received[i].dtype for i in changes]
+            + [t.dtype for t in private_non_trainable[:num_non_trainable]]
+            + [t.dtype for t in private_trainable[num_trainable:]]
+            + [t.dtype for t in private_non_trainable[num_non_trainable:]]
+        )
+        out = [tf.TensorArray(kind, size=clients) for kind in kinds]
+        _, out = tf.while_loop(lambda c, _: c < clients, client, (tf.constant(0), out))
+        stacked = [a.stack() for a in out]
+        sizes = np.cumsum([0, len(changes), num_non_trainable, len(self.start_extras.trainable)])
+        return client_start.Started(
+            stacked[: sizes[1]],
+            stacked[sizes[1] : sizes[2]],
+            tff.learning.models.ModelWeights(stacked[sizes[2] : sizes[3]], stacked[sizes[3] :]),
+        )
 
     def phases(self, start: _Start, group: Any, strategy: str, loss: Any, metrics: dict[str | None, Any]) -> _Trained:
         """The plan's phases for every client of the group, in order."""
@@ -235,13 +308,14 @@ class PlanProgram:
         new_trainable: Sequence[Any]
         new_non_trainable: Sequence[Any]
         base_non_trainable: Sequence[Any]
-        if plan.local_aggregation is not None:  # The trained model, W and the count of aggregations.
+        if plan.global_start is not None:  # The trained model and the start's new extras.
+            assert start.extras is not None and self.start_extras is not None
             new_trainable = [
                 lockstep.per_client(v, b, clients) for v, b in zip(weights.global_trainable, self._uploaded_bases())
             ]
-            new_trainable += start.mixing
-            new_non_trainable = list(weights.global_non_trainable) + [start.aggregations]
-            base_non_trainable = list(base.global_non_trainable) + [np.int32(0)]
+            new_trainable += list(start.extras.trainable)
+            new_non_trainable = list(weights.global_non_trainable) + list(start.extras.non_trainable)
+            base_non_trainable = list(base.global_non_trainable) + list(self.start_extras.non_trainable)
         elif plan.personal:
             assert trained.personal is not None
             new_trainable, new_non_trainable = trained.personal.global_trainable, trained.personal.global_non_trainable

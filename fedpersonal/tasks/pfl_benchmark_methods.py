@@ -54,7 +54,6 @@ from fedpersonal.algorithms import furl
 from fedpersonal.algorithms import per_fedavg
 from fedpersonal.algorithms import pfedme
 from fedpersonal.core import client_plan
-from fedpersonal.core import local_aggregation
 from fedpersonal.data import dataset_split
 from fedpersonal.data import pfllib
 from fedpersonal.models import image_classifiers
@@ -97,7 +96,7 @@ def _per_fedavg(config: PflBenchmarkConfig, *, hessian_free: bool) -> client_pla
 
 
 def _fedala(config: PflBenchmarkConfig) -> client_plan.ClientPlan:
-    aggregation = local_aggregation.AdaptiveLocalAggregation(
+    aggregation = fedala.AdaptiveLocalAggregation(
         layer_idx=config.fedala_layer_idx,
         eta=config.fedala_eta,
         rand_percent=config.fedala_rand_percent,

@@ -13,7 +13,6 @@ import tensorflow_federated as tff
 from fedpersonal import backends
 from fedpersonal.algorithms import fedala
 from fedpersonal.core import client_plan
-from fedpersonal.core import local_aggregation
 from fedpersonal.privacy import audit
 from tests import tolerances
 from tests.algorithms.fedper_fedrep_test import client_arrays
@@ -31,7 +30,7 @@ STEPS = 3 + (15 * 3 + 3) + (3 + 3)
 SPEC = collections.OrderedDict(x=tf.TensorSpec([None, DIM], tf.float32), y=tf.TensorSpec([None], tf.int32))
 # A threshold at which the clients' first weight learning settles after more than the minimum 11 epochs, or runs
 # to the cap (checked in the test).
-ALA = local_aggregation.AdaptiveLocalAggregation(
+ALA = fedala.AdaptiveLocalAggregation(
     eta=2.0, rand_percent=80, batch_size=10, threshold=0.02, max_epochs=15, seed=3
 )
 
@@ -238,6 +237,6 @@ def test_aggregated_models_fit_what_the_global_model_cannot():
 
 def test_bad_configurations_are_refused():
     with pytest.raises(ValueError, match='rand_percent'):
-        local_aggregation.AdaptiveLocalAggregation(rand_percent=0)
+        fedala.AdaptiveLocalAggregation(rand_percent=0)
     with pytest.raises(ValueError, match='layer_idx 5 exceeds'):
-        build('per_client', aggregation=local_aggregation.AdaptiveLocalAggregation(layer_idx=5))
+        build('per_client', aggregation=fedala.AdaptiveLocalAggregation(layer_idx=5))

@@ -1,6 +1,7 @@
-"""An algorithm brings its own math and no backend changes: a step kind (`step_kinds.StepKind`) and a personal
-model (`client_plan.Personalization`) defined here, in the test, run on both backends, and each backend equals a
-plain eager loop written here. (The library's own APFL, Per-FedAvg and pFedMe are such objects, in their modules.)"""
+"""An algorithm brings its own math and no backend changes: a step kind (`step_kinds.StepKind`), a personal model
+(`client_plan.Personalization`) and a client start (`client_start.ClientStart`) defined here, in the test, run on
+both backends, and each backend equals a plain eager loop written here. (The library's own Per-FedAvg, pFedMe,
+APFL and FedALA are such objects, in their modules.)"""
 
 import collections
 import dataclasses
@@ -13,6 +14,7 @@ import tensorflow_federated as tff
 from fedpersonal import backends
 from fedpersonal import models
 from fedpersonal.core import client_plan
+from fedpersonal.core import client_start
 from fedpersonal.core import step_kinds
 from fedpersonal.privacy import audit
 from tests import tolerances
@@ -189,3 +191,79 @@ def test_a_personal_model_written_here_runs_on_every_backend_as_a_plain_loop(bac
     s = float(privates[0].trainable[-1])
     for m, v, w in zip(mixed, privates[0].trainable[:-1], body):
         tolerances.assert_reordered_close(m, w + s * (np.asarray(v) - w), depth=3)
+
+
+# ------------------------------------------------------------------ a client start of the test's own
+@dataclasses.dataclass(frozen=True)
+class WarmStart:
+    """The global phase starts from the client's kept model after one gradient step of `rate` on its first `size`
+    examples; it counts its rounds (a non-trainable extra)."""
+
+    rate: float = 0.05
+    size: int = 10
+
+    def check(self, plan):
+        del plan
+
+    def changes(self, num_trainable):
+        return list(range(num_trainable))
+
+    def extras(self, weights):
+        return tff.learning.models.ModelWeights([], [tf.constant(0)])
+
+    def start(self, received, kept, extras, examples, gradient):
+        batch = tf.nest.map_structure(lambda t: t[: self.size], examples.batch)
+        wrt = list(range(len(kept.trainable)))
+        _, gradients, statistics = gradient(kept.trainable, kept.non_trainable, batch, examples.mask[: self.size], wrt)
+        moved = [v - self.rate * g for v, g in zip(kept.trainable, gradients)]
+        return client_start.Started(
+            moved, statistics, tff.learning.models.ModelWeights([], [extras.non_trainable[0] + 1])
+        )
+
+    def predicts_with(self, received, kept, extras):
+        return kept
+
+
+def warm_reference(body, kept, arrays):
+    trained, examples = [], []
+    for (x, y), v in zip(arrays, kept):
+        g = _loss_and_grads(v, x[:BATCH], y[:BATCH])
+        w, seen = [vi - 0.05 * gi for vi, gi in zip(v, g)], 0
+        for s in range(0, len(x), BATCH):
+            g = _loss_and_grads(w, x[s : s + BATCH], y[s : s + BATCH])
+            w = [wi - LR * gi for wi, gi in zip(w, g)]
+            seen += len(x[s : s + BATCH])
+        trained.append(w)
+        examples.append(seen)
+    total = float(sum(examples))
+    deltas = [sum(n * (t[k] - body[k]) for n, t in zip(examples, trained)) / total for k in range(len(body))]
+    return [b + d for b, d in zip(body, deltas)], trained
+
+
+@pytest.mark.numeric
+@pytest.mark.parametrize('backend', ['engine', 'per_client'])
+def test_a_client_start_written_here_runs_on_every_backend_as_a_plain_loop(backend):
+    sgd = tff.learning.optimizers.build_sgdm(LR)
+    plan = client_plan.ClientPlan(
+        (client_plan.Phase((client_plan.GLOBAL,), 1, sgd),), personal_copy=True, global_start=WarmStart()
+    )
+    with backends.use(backend):
+        process = backends.build_classifier_process(
+            plan, keras_model, element_spec=SPEC, server_optimizer=tff.learning.optimizers.build_sgdm(1.0)
+        )
+    assert audit.audit_private_dataflow(process.next, private_parameter_index=2) == []
+    arrays = client_arrays()
+    state = process.initialize()
+    privates = [process.initial_private_state()] * len(arrays)
+    body = [np.asarray(w) for w in process.get_model_weights(state).trainable]
+    kept = [list(body)] * len(arrays)
+    for _ in range(2):
+        output = process.run_round(state, datasets(arrays), privates)
+        state, privates = output.state, list(output.private_states)
+        body, kept = warm_reference(body, kept, arrays)
+    assert [int(p.non_trainable[-1]) for p in privates] == [2] * len(arrays)  # Its extra counted both rounds.
+    for g, w in zip(process.get_model_weights(state).trainable, body):
+        tolerances.assert_reordered_close(g, w, depth=DEPTH, steps=STEPS)
+    for got, want in zip(privates, kept):  # The kept model: the one the client trained last.
+        for g, w in zip(got.trainable, want):
+            tolerances.assert_reordered_close(g, w, depth=DEPTH, steps=STEPS)
