@@ -11,11 +11,20 @@ uses the local iterate w_t; here the personal phase comes first and mixes with t
 is evaluated with), then w trains. alpha is projected onto [0, 1] at the end of the personal phase (the mixture
 clips it in between). The mixture is this module's `mixture`, a `client_plan.Personalization` that every backend
 (`fedpersonal.backends`) runs in one `ClientPlan`.
+
+PFLlib's variant (``system/flcore/clients/clientapfl.py``, the personalization benchmark's default;
+`pfllib_plan`): on every batch w takes an SGD step on its own loss, v one on its own loss (not the mixture's),
+and alpha ``alpha - lr * (<v' - w', alpha * g_v + (1 - alpha) * g_w> + 0.02 * alpha)`` clipped to [0, 1], with
+v', w' after their steps and g_v, g_w their gradients before them (`PfllibStep`, a step kind carrying v and alpha
+from round to round); after its epochs the client sets v to ``(1 - alpha) * w + alpha * v`` with its trained w, and
+predicts with v (`pfllib_personal_model`).
 """
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
+from collections.abc import Sequence
 from typing import Any
 
 import tensorflow as tf
@@ -24,6 +33,10 @@ import tensorflow_federated as tff
 from fedpersonal import backends
 from fedpersonal.core import client_plan
 from fedpersonal.core import process as process_lib
+from fedpersonal.core import step_kinds
+
+PAPER, PFLLIB = 'paper', 'pfllib'  # The variants (module docstring).
+VARIANTS = (PAPER, PFLLIB)
 
 
 def mixture(initial_alpha: float) -> client_plan.Personalization:
@@ -35,7 +48,7 @@ def mixture(initial_alpha: float) -> client_plan.Personalization:
     >>> mix = mixture(0.5)
     >>> [float(t) for t in mix.predicts_with([np.float32(2.0), np.float32(0.75)], [np.float32(0.0)])]
     [1.5]
-    >>> float(mix.finish([np.float32(2.0), np.float32(1.5)])[-1])
+    >>> float(mix.finish([np.float32(2.0), np.float32(1.5)], [np.float32(0.0)])[-1])
     1.0
     """
     if not 0.0 <= initial_alpha <= 1.0:
@@ -50,7 +63,8 @@ def mixture(initial_alpha: float) -> client_plan.Personalization:
         a = tf.clip_by_value(alpha, 0.0, 1.0)
         return [a * vi + (1.0 - a) * wi for vi, wi in zip(v, received)]
 
-    def finish(kept: list[Any]) -> list[Any]:
+    def finish(kept: list[Any], model: list[Any]) -> list[Any]:
+        del model
         return list(kept[:-1]) + [tf.clip_by_value(kept[-1], 0.0, 1.0)]
 
     return client_plan.Personalization(extras, predicts_with, finish)
@@ -70,6 +84,79 @@ def apfl_plan(
     )
     global_phase = client_plan.Phase((client_plan.GLOBAL,), client_epochs, client_optimizer, metrics_prefix='global')
     return client_plan.ClientPlan((personal, global_phase), personal_copy=True, personalization=mixture(initial_alpha))
+
+
+@dataclasses.dataclass(frozen=True)
+class PfllibStep:
+    """PFLlib's APFL step (a `step_kinds.StepKind`, module docstring): w's direction is its gradient (the phase's
+    optimizer: SGD of `learning_rate`), v (the carried copy, from the kept one) and alpha step as ``clientapfl.py``.
+    """
+
+    learning_rate: float
+    alpha_decay: float = 0.02
+    parts: int = dataclasses.field(default=1, init=False)
+    output_part: int = dataclasses.field(default=0, init=False)
+    carries_personal: bool = dataclasses.field(default=True, init=False)
+    carried_start: str = dataclasses.field(default=step_kinds.KEPT, init=False)
+
+    def check(self, trains: tuple[str, ...]) -> None:
+        """Raises ValueError unless the phase trains the global weights only (v is the personal copy)."""
+        if trains != (client_plan.GLOBAL,):
+            raise ValueError(f"PFLlib's APFL step trains the global weights only, got {trains!r}.")
+
+    def direction(
+        self,
+        weights: step_kinds.Weights,
+        carried: step_kinds.Weights,
+        parts: Sequence[Any],
+        derivatives: step_kinds.Derivatives,
+    ) -> step_kinds.Step:
+        """w's loss, output and gradient at the batch; v and alpha after their steps."""
+        (batch,) = parts
+        *v, alpha = carried
+        lr = self.learning_rate
+        loss, g_w, output = derivatives.gradient(weights, batch)
+        _, g_v, _ = derivatives.gradient(v, batch)
+        w_next = [w - lr * g for w, g in zip(weights, g_w)]
+        v_next = [x - lr * g for x, g in zip(v, g_v)]
+        mixed = [alpha * gv + (1.0 - alpha) * gw for gv, gw in zip(g_v, g_w)]
+        grad_alpha = tf.add_n([tf.reduce_sum((x - w) * m) for x, w, m in zip(v_next, w_next, mixed)])
+        alpha = tf.clip_by_value(alpha - lr * (grad_alpha + self.alpha_decay * alpha), 0.0, 1.0)
+        return step_kinds.Step(loss, output, v_next + [alpha], list(g_w))
+
+
+def pfllib_personal_model(initial_alpha: float) -> client_plan.Personalization:
+    """PFLlib's APFL personal model: the client keeps v and alpha (from `initial_alpha`), sets v to ``(1 - alpha) *
+    w + alpha * v`` with its trained w after its epochs, and predicts with v.
+
+    >>> import numpy as np
+    >>> model = pfllib_personal_model(1.0)
+    >>> [float(t) for t in model.finish([np.float32(2.0), np.float32(0.25)], [np.float32(6.0)])]
+    [5.0, 0.25]
+    """
+    if not 0.0 <= initial_alpha <= 1.0:
+        raise ValueError(f'APFL needs an initial alpha in [0, 1], got {initial_alpha}.')
+
+    def extras(global_trainable: list[Any]) -> list[Any]:
+        del global_trainable
+        return [tf.constant(initial_alpha, tf.float32)]
+
+    def predicts_with(kept: list[Any], received: list[Any]) -> list[Any]:
+        del received
+        return list(kept[:-1])
+
+    def finish(kept: list[Any], model: list[Any]) -> list[Any]:
+        *v, alpha = kept
+        return [(1.0 - alpha) * w + alpha * x for x, w in zip(v, model)] + [alpha]
+
+    return client_plan.Personalization(extras, predicts_with, finish)
+
+
+def pfllib_plan(*, client_epochs: int, learning_rate: float, initial_alpha: float) -> client_plan.ClientPlan:
+    """PFLlib's APFL client work: one phase of `PfllibStep`s (w by SGD of `learning_rate`), then v's mixture."""
+    sgd = tff.learning.optimizers.build_sgdm(learning_rate)
+    phase = client_plan.Phase((client_plan.GLOBAL,), client_epochs, sgd, step=PfllibStep(learning_rate))
+    return client_plan.ClientPlan((phase,), personal_copy=True, personalization=pfllib_personal_model(initial_alpha))
 
 
 def build_apfl(

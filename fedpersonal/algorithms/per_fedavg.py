@@ -42,6 +42,7 @@ class MetaStep:
     hessian_free: bool = False
     output_part: int = dataclasses.field(default=1, init=False)
     carries_personal: bool = dataclasses.field(default=False, init=False)
+    carried_start: str = dataclasses.field(default='received', init=False)
 
     def __post_init__(self):
         if not self.inner_learning_rate > 0:

@@ -47,6 +47,7 @@ class InnerProblem:
     parts: int = dataclasses.field(default=1, init=False)
     output_part: int = dataclasses.field(default=0, init=False)
     carries_personal: bool = dataclasses.field(default=True, init=False)
+    carried_start: str = dataclasses.field(default='received', init=False)
 
     def __post_init__(self):
         if not isinstance(self.steps, int) or self.steps < 1 or not self.learning_rate > 0 or self.lam < 0:

@@ -76,7 +76,8 @@ class ProximalPenalty:
         return 0.5 * self.strength * tf.add_n([tf.reduce_sum(tf.square(v - w)) for v, w in pairs])
 
 
-def _unchanged(values: list[Any]) -> list[Any]:
+def _unchanged(values: list[Any], model: list[Any]) -> list[Any]:
+    del model
     return values
 
 
@@ -88,7 +89,7 @@ class Personalization:
 
     The client keeps its copy's trainable weights followed by `extras` (trained with them); a phase that trains the
     personal copy runs the model at ``predicts_with(kept, received)`` and the gradient reaches the kept values
-    through it; after the phase its kept values are ``finish(kept)``; after training the client predicts with
+    through it; after the phase its kept values are ``finish(kept, model)``; after training the client predicts with
     ``predicts_with(kept, global weights)`` (`personalized_weights`). The functions take one client's values (the
     engine maps them over a group's clients) and use TF ops.
 
@@ -97,13 +98,14 @@ class Personalization:
         mixing weight), from the model's initial weights, once.
       predicts_with: ``(copy's trainable weights + extras, received global trainable weights) -> trainable
         weights`` the model runs with.
-      finish: ``copy's trainable weights + extras -> the same``, at the end of each phase that trains them (APFL
-        projects its mixing weight onto [0, 1]).
+      finish: ``(copy's trainable weights + extras, the model's global trainable weights) -> the former``, at the
+        end of each phase that trains them or whose step kind carries them (APFL projects its mixing weight onto
+        [0, 1]; PFLlib's APFL sets the copy to its mixture with the trained model).
     """
 
     extras: Callable[[list[Any]], list[Any]]
     predicts_with: Callable[[list[Any], list[Any]], list[Any]]
-    finish: Callable[[list[Any]], list[Any]] = _unchanged
+    finish: Callable[[list[Any], list[Any]], list[Any]] = _unchanged
 
 
 @dataclasses.dataclass(frozen=True)
@@ -253,8 +255,15 @@ class ClientPlan:
             raise ValueError('A phase trains the personal copy: the plan needs personal_copy=True.')
         if self.personalization is not None and not self.personal_copy:
             raise ValueError('ClientPlan.personalization needs personal_copy=True.')
-        if self.personalization is not None and (inner or self.global_start is not None):
-            raise ValueError('ClientPlan.personalization takes no step kind that carries values and no global_start.')
+        from_received = any(
+            p.step is not None and p.step.carries_personal and p.step.carried_start != step_kinds.KEPT
+            for p in self.phases
+        )
+        if self.personalization is not None and (from_received or self.global_start is not None):
+            raise ValueError(
+                'ClientPlan.personalization takes no global_start and no step kind whose carried copy starts at the '
+                'received weights.'
+            )
         global_phases = [i for i, p in enumerate(self.phases) if GLOBAL in p.trains]
         if len(global_phases) != 1:
             raise ValueError(f'A ClientPlan needs exactly one phase that trains the global weights, got {self.phases}.')

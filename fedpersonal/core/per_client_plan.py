@@ -125,6 +125,7 @@ def build_client_update(
             stepped = personal if PERSONAL in phase.trains else model
             phase_metrics = metrics[phase.metrics_prefix] if phase.reports_metrics else []
             personalized = personalization is not None and PERSONAL in phase.trains
+            carries = phase.step is not None and phase.step.carries_personal
             if personalized:
                 assert mapped_model is not None and personalization is not None
                 batch_loss = _personalized_batch_loss(
@@ -132,7 +133,7 @@ def build_client_update(
                 )
             elif phase.step is not None:
                 batch_loss = step_kinds.step_batch_loss(
-                    phase, model, variables, personal or scratch, loss_fn(), phase_metrics
+                    phase, model, variables, personal or scratch, loss_fn(), phase_metrics, extras=extras
                 )
             else:
                 batch_loss = client_work.model_batch_loss(stepped, loss_fn(), phase_metrics)
@@ -150,9 +151,14 @@ def build_client_update(
             previous = [steps.num_examples, steps.loss_sum]
             if i == plan.global_phase:
                 num_examples = steps.num_examples
-            if personalized:
-                assert personalization is not None
-                client_work.assign(variables, personalization.finish([v.read_value() for v in variables]))
+            if personalization is not None and (personalized or carries):  # Its kept values, once the phase ends.
+                kept_values = parts[PERSONAL] + extras
+                client_work.assign(
+                    kept_values,
+                    personalization.finish(
+                        [v.read_value() for v in kept_values], [w.read_value() for w in parts[GLOBAL]]
+                    ),
+                )
         delta, non_finite = client_work.weights_delta(received.trainable, uploaded)
         unfinalized: collections.OrderedDict = collections.OrderedDict()
         for prefix, metric_set in metrics.items():

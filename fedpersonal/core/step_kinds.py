@@ -31,6 +31,7 @@ from fedpersonal.core import client_work
 from fedpersonal.models import partially_local_model
 
 Weights = Sequence[tf.Tensor]
+RECEIVED, KEPT = 'received', 'kept'  # `StepKind.carried_start`.
 # (weights, part) -> (loss, gradient of the loss plus regularization, model output)
 GradientFn = Callable[[Weights, Any], tuple[tf.Tensor, list[tf.Tensor], Any]]
 # (weights, part, vector) -> the Hessian of the loss (plus regularization) at the weights, times the vector
@@ -63,7 +64,10 @@ class StepKind(Protocol):
       parts: Consecutive parts a batch is cut into (`part_bounds`); 1: the whole batch.
       output_part: The part whose model output `direction` returns (the examples the metrics count).
       carries_personal: Whether the step carries values from batch to batch: the plan's personal copy (its
-        trainable weights), starting each round at the received weights and kept as the client's personal copy.
+        trainable weights, then its `client_plan.Personalization`'s extras, if any), kept as the client's personal
+        copy.
+      carried_start: Where the carried values start each round: `RECEIVED` (the received weights; pFedMe's theta)
+        or `KEPT` (the client's kept personal copy and extras).
     """
 
     @property
@@ -74,6 +78,9 @@ class StepKind(Protocol):
 
     @property
     def carries_personal(self) -> bool: ...
+
+    @property
+    def carried_start(self) -> str: ...
 
     def check(self, trains: tuple[str, ...]) -> None:
         """Raises ValueError unless a phase that trains `trains` can take this step."""
@@ -170,17 +177,21 @@ def step_batch_loss(
     other: tff.learning.models.ReconstructionModel,
     loss: tf.keras.losses.Loss,
     metrics: Sequence[tf.keras.metrics.Metric] = (),
+    extras: Sequence[tf.Variable] = (),
 ) -> Callable[[Any], client_work.BatchLoss]:
     """The per-client backend's batch loss of `phase`'s step kind for `client_work.optimizer_steps` on `trained`
     (its variables of `model`, by `phase.trains`): its value is the step's loss (the metrics see the step's model
-    output), its gradient the step's direction. `other` is the plan's personal copy (a step that carries it: set
-    here to the received weights and carried from batch to batch) or a scratch instance of the model (where other
-    weights are evaluated; `model` itself is not changed)."""
+    output), its gradient the step's direction. `other` is the plan's personal copy (a step that carries it, with
+    the personalization's `extras` after its weights: set here to the received weights unless the step starts from
+    the kept ones, and carried from batch to batch) or a scratch instance of the model (where other weights are
+    evaluated; `model` itself is not changed)."""
     step: StepKind = phase.step
     if step.carries_personal:
-        client_work.assign_weights(client_work.global_weights(other), client_work.global_weights(model))
-        carried = list(other.global_trainable_variables)
-        derivatives = variable_derivatives(other, carried, loss)
+        if step.carried_start == RECEIVED:
+            client_work.assign_weights(client_work.global_weights(other), client_work.global_weights(model))
+        theta = list(other.global_trainable_variables)
+        carried = theta + list(extras)
+        derivatives = variable_derivatives(other, theta, loss)
     else:
         carried = []
         scratch_parts = {'global': other.global_trainable_variables, 'local': other.local_trainable_variables}

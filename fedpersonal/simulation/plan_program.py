@@ -20,6 +20,7 @@ import tensorflow_federated as tff
 
 from fedpersonal.core import client_plan
 from fedpersonal.core import client_start
+from fedpersonal.core import step_kinds
 from fedpersonal.models import partially_local_model
 from fedpersonal.simulation import client_loop
 from fedpersonal.simulation import functional
@@ -231,6 +232,9 @@ class PlanProgram:
             client_weight = group_lib.client_weights(self.client_weighting, examples)
             phase_metrics = metrics[phase.metrics_prefix] if phase.reports_metrics else ()
             if phase.step is not None:  # A step kind's (carried values: the personal copy's weights).
+                from_kept = phase.step.carries_personal and phase.step.carried_start == step_kinds.KEPT
+                if from_kept:
+                    assert personal is not None
                 weights, carried, phase_steps = step_kind_engine.step_kind_steps(
                     self.model,
                     phase.step,
@@ -240,9 +244,12 @@ class PlanProgram:
                     phase.optimizer,
                     loss,
                     metrics=phase_metrics,
+                    carried=list(personal.global_trainable) if from_kept and personal is not None else None,
                 )
                 if carried is not None:
-                    personal = functional.Parts(carried, weights.global_non_trainable, [], [])
+                    kept_statistics = personal.global_non_trainable if from_kept and personal is not None else None
+                    personal = functional.Parts(carried, kept_statistics or weights.global_non_trainable, [], [])
+                    personal = self._finish(personal, weights, group[name])
                 if i == plan.global_phase:
                     weight, steps = client_weight, phase_steps
                 continue
@@ -263,11 +270,7 @@ class PlanProgram:
                 keep_trained=self.keep_globals or i != plan.global_phase,
             )
             if personalized:  # Each client's `finish` once the phase ends, as the per-client backend.
-                assert personalization is not None
-                finished = lockstep.for_each_client(
-                    lambda values: personalization.finish(list(values)), list(stepped.global_trainable)
-                )
-                personal = stepped._replace(global_trainable=list(finished))
+                personal = self._finish(stepped, weights, group[name])
             elif client_plan.PERSONAL in parts:
                 personal = stepped
             else:
@@ -275,6 +278,20 @@ class PlanProgram:
             if i == plan.global_phase:
                 weight, steps = client_weight, phase_steps
         return _Trained(weights, personal, weight, steps)
+
+    def _finish(self, personal: functional.Parts, weights: functional.Parts, phase: Any) -> functional.Parts:
+        """Each client's kept values after the plan's `Personalization.finish` (of them and its model's weights)."""
+        finish = self.plan.personalization.finish if self.plan.personalization is not None else None
+        if finish is None:
+            return personal
+        clients = tf.shape(phase['mask'])[0]
+        model = [
+            lockstep.per_client(v, b, clients) for v, b in zip(weights.global_trainable, self.base.global_trainable)
+        ]
+        finished = lockstep.for_each_client(
+            lambda args: finish(list(args[0]), list(args[1])), (list(personal.global_trainable), model)
+        )
+        return personal._replace(global_trainable=list(finished))
 
     def _uploaded_bases(self) -> list[Any]:
         base = self.base

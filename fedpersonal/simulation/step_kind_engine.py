@@ -46,6 +46,7 @@ def step_kind_steps(
     loss: tf.keras.losses.Loss,
     *,
     metrics: Sequence[tf.keras.metrics.Metric] = (),
+    carried: Sequence[tf.Tensor] | None = None,
 ) -> tuple[functional.Parts, list[tf.Tensor] | None, lockstep.GroupSteps]:
     """One step of `step`'s kind per batch of `phase` for every client of a group, on the weights at `train` slots.
 
@@ -60,6 +61,8 @@ def step_kind_steps(
       optimizer: A TFF optimizer applied to each step's direction; its state starts fresh for every client.
       loss: The Keras loss.
       metrics: Keras metrics updated with each step's model output (`StepKind.direction`'s).
+      carried: A step that carries the personal copy from the kept one: each client's (``[clients, ...]``, the
+        copy's weights then the extras); None: from the received weights.
 
     Returns:
       ``(weights, carried, GroupSteps)``: the trained slots per client, the others as given; with a step that
@@ -72,7 +75,8 @@ def step_kind_steps(
     others = [(g, i) for g in range(4) for i in range(len(base[g])) if (g, i) not in train]
     frozen_per_client = [s for s in others if lockstep.is_per_client(weights[s[0]][s[1]], base[s[0]][s[1]])]
     inner = step.carries_personal
-    theta = list(trained) if inner else []  # Each client's carried copy starts at its received weights.
+    # Each client's carried copy starts at its received weights, or its kept copy.
+    theta = (list(carried) if carried is not None else list(trained)) if inner else []
     compact = not model.xla
     vectorize = getattr(model, 'vectorizes', True)
     pfor_loops = getattr(model, 'pfor_loops', False)

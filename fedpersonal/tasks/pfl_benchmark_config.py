@@ -155,6 +155,12 @@ class PflBenchmarkConfig(
         1, 'Epochs of the personal model per round (Ditto, APFL; PFLlib: plocal_epochs).'
     )
     apfl_alpha: float = parts.option(0.5, "APFL's initial mixing weight alpha.")
+    apfl_variant: str = parts.option(
+        'pfllib',
+        "APFL's client work: 'pfllib' (PFLlib's clientapfl.py: on every batch a step of w, one of v on its own loss "
+        'and one of alpha; then v set to its mixture with w, the model the client predicts with) or '
+        "'paper' (v and alpha on the mixture's loss, then w: fedpersonal.algorithms.apfl).",
+    )
     fedrep_head_epochs: int = parts.option(1, "FedRep's head epochs per round (PFLlib: plocal_epochs).")
     per_fedavg_trains_per_round: int = parts.option(
         2,
@@ -260,6 +266,8 @@ class PflBenchmarkConfig(
             )
         if not 0.0 <= self.apfl_alpha <= 1.0:
             raise errors.ConfigError(f'apfl_alpha must be in [0, 1], got {self.apfl_alpha}.')
+        if self.apfl_variant not in ('pfllib', 'paper'):
+            raise errors.ConfigError(f"apfl_variant must be 'pfllib' or 'paper', got {self.apfl_variant!r}.")
         if self.fedrep_head_epochs < 1:
             raise errors.ConfigError(f'fedrep_head_epochs must be >= 1, got {self.fedrep_head_epochs}.')
         if self.fedala_eta <= 0 or not 0 < self.fedala_rand_percent <= 100 or self.fedala_layer_idx < 0:

@@ -2,7 +2,8 @@
 the config, the layers of PFLlib's CNN that stay on the clients, and the model.
 
 * ``fedavg`` / ``fedprox``: the global model (FedProx's proximal term, `fedpersonal.algorithms.fedprox`);
-* ``ditto`` / ``apfl``: a personal copy of the model per client (APFL: mixed with the global one by alpha);
+* ``ditto`` / ``apfl``: a personal copy of the model per client (APFL: mixed with the global one by alpha; PFLlib's
+  variant by default, ``--apfl_variant=paper`` for the paper's, `fedpersonal.algorithms.apfl`);
 * ``fedper`` / ``fedrep``: the head (``fc``) local; ``lg_fedavg``: the body (``conv1``, ``conv2``, ``fc1``) local;
 * ``fedavg_ft`` / ``fedbabu``: FedAvg, and FedBABU (the head frozen at its initial values, only the body trained),
   each client fine-tuning its whole model on its train data for `finetune_epochs` epochs before every evaluation
@@ -95,6 +96,22 @@ def _per_fedavg(config: PflBenchmarkConfig, *, hessian_free: bool) -> client_pla
     )
 
 
+def _apfl(config: PflBenchmarkConfig) -> client_plan.ClientPlan:
+    if config.apfl_variant == apfl.PFLLIB:
+        return apfl.pfllib_plan(
+            client_epochs=config.client_epochs,
+            learning_rate=config.client_learning_rate,
+            initial_alpha=config.apfl_alpha,
+        )
+    return apfl.apfl_plan(
+        client_epochs=config.client_epochs,
+        personal_epochs=config.personal_epochs,
+        client_optimizer=sgd(config),
+        personal_optimizer=sgd(config),
+        initial_alpha=config.apfl_alpha,
+    )
+
+
 def _fedala(config: PflBenchmarkConfig) -> client_plan.ClientPlan:
     aggregation = fedala.AdaptiveLocalAggregation(
         layer_idx=config.fedala_layer_idx,
@@ -151,15 +168,7 @@ METHOD_SPECS: dict[str, Method] = {
             personal_optimizer=sgd(c),
         )
     ),
-    'apfl': Method(
-        lambda c: apfl.apfl_plan(
-            client_epochs=c.client_epochs,
-            personal_epochs=c.personal_epochs,
-            client_optimizer=sgd(c),
-            personal_optimizer=sgd(c),
-            initial_alpha=c.apfl_alpha,
-        )
-    ),
+    'apfl': Method(lambda c: _apfl(c)),
     'fedper': Method(
         lambda c: fedper.fedper_plan(client_epochs=c.client_epochs, client_optimizer=sgd(c)),
         image_classifiers.HEAD,

@@ -169,3 +169,59 @@ def test_personalized_models_fit_what_the_global_model_cannot():
     personalized = np.mean([accuracy(m, x, y) for m, (x, y) in zip(mixed, arrays)])
     shared = np.mean([accuracy([np.asarray(w) for w in weights.trainable], x, y) for x, y in arrays])
     assert personalized > 0.8 and personalized > shared + 0.3, (personalized, shared)
+
+
+# ------------------------------------------------------------------ PFLlib's variant (clientapfl.py), by hand
+def pfllib_reference_round(body, privates, arrays, batch=10, epochs=2):
+    trained, examples, new_privates = [], [], []
+    for (x, y), private in zip(arrays, privates):
+        v, alpha = [np.array(p) for p in private[:-1]], float(private[-1])
+        w, seen = [np.array(b) for b in body], 0
+        for _ in range(epochs):
+            for s in range(0, len(x), batch):
+                g_w = _loss_and_grads(w, x[s : s + batch], y[s : s + batch])
+                g_v = _loss_and_grads(v, x[s : s + batch], y[s : s + batch])
+                w = [wi - LR * gi for wi, gi in zip(w, g_w)]
+                v = [vi - LR * gi for vi, gi in zip(v, g_v)]
+                grad_alpha = sum(
+                    float(np.sum((vi - wi) * (alpha * gv + (1 - alpha) * gw))) for vi, wi, gv, gw in zip(v, w, g_v, g_w)
+                )
+                alpha = min(max(alpha - LR * (grad_alpha + 0.02 * alpha), 0.0), 1.0)
+                seen += len(x[s : s + batch])
+        v = [(1 - alpha) * wi + alpha * vi for vi, wi in zip(v, w)]
+        trained.append(w)
+        examples.append(seen)
+        new_privates.append(v + [np.float32(alpha)])
+    total = float(sum(examples))
+    new_body = [sum(n * t[k] for n, t in zip(examples, trained)) / total for k in range(len(body))]
+    return new_body, new_privates
+
+
+@pytest.mark.numeric
+@pytest.mark.parametrize('backend', ['engine', 'per_client'])
+def test_pfllib_variant_on_every_backend_equals_clientapfl_written_here(backend):
+    plan = apfl.pfllib_plan(client_epochs=2, learning_rate=LR, initial_alpha=0.5)
+    with backends.use(backend):
+        process = backends.build_classifier_process(
+            plan, model_fn, element_spec=SPEC, server_optimizer=tff.learning.optimizers.build_sgdm(1.0)
+        )
+    assert process.simulation == backend
+    assert audit.audit_private_dataflow(process.next, private_parameter_index=2) == []
+    arrays = client_arrays()
+    state = process.initialize()
+    privates = [process.initial_private_state()] * len(arrays)
+    body = [np.asarray(w) for w in process.get_model_weights(state).trainable]
+    expected = [list(body) + [np.float32(0.5)]] * len(arrays)
+    for _ in range(2):
+        output = process.run_round(state, datasets(arrays), privates)
+        state, privates = output.state, list(output.private_states)
+        body, expected = pfllib_reference_round(body, expected, arrays)
+    assert all(abs(float(p[-1]) - 0.5) > 1e-3 for p in expected)  # alpha moved for every client.
+    for got, want in zip(process.get_model_weights(state).trainable, body):
+        tolerances.assert_reordered_close(got, want, depth=DEPTH, steps=STEPS)
+    for got, want in zip(privates, expected):
+        for g, w in zip(got.trainable, want):
+            tolerances.assert_reordered_close(g, w, depth=PRIVATE_DEPTH, steps=STEPS)
+    # The client predicts with v (already its mixture), not a mixture of v with the global model.
+    predicting = client_plan.personalized_weights(plan, process.get_model_weights(state), privates[0]).trainable
+    assert all(np.array_equal(p, np.asarray(v)) for p, v in zip(predicting, privates[0].trainable[:-1]))

@@ -30,9 +30,7 @@ STEPS = 3 + (15 * 3 + 3) + (3 + 3)
 SPEC = collections.OrderedDict(x=tf.TensorSpec([None, DIM], tf.float32), y=tf.TensorSpec([None], tf.int32))
 # A threshold at which the clients' first weight learning settles after more than the minimum 11 epochs, or runs
 # to the cap (checked in the test).
-ALA = fedala.AdaptiveLocalAggregation(
-    eta=2.0, rand_percent=80, batch_size=10, threshold=0.02, max_epochs=15, seed=3
-)
+ALA = fedala.AdaptiveLocalAggregation(eta=2.0, rand_percent=80, batch_size=10, threshold=0.02, max_epochs=15, seed=3)
 
 
 def model_fn():

@@ -73,6 +73,7 @@ class NormalizedStep:
     parts: int = 1
     output_part: int = 0
     carries_personal: bool = False
+    carried_start: str = 'received'
 
     def check(self, trains):
         del trains
@@ -136,7 +137,7 @@ def offset_personalization():
     return client_plan.Personalization(
         extras=lambda weights: [tf.constant(1.5)],
         predicts_with=lambda kept, received: [w + kept[-1] * (v - w) for v, w in zip(kept[:-1], received)],
-        finish=lambda kept: list(kept[:-1]) + [tf.minimum(kept[-1], 1.6)],
+        finish=lambda kept, model: list(kept[:-1]) + [tf.minimum(kept[-1], 1.6)],
     )
 
 

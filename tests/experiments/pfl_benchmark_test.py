@@ -86,10 +86,12 @@ def _assert_accuracies(got, correct, total, ties=None):
         assert abs(got['mean_client_accuracy'] - np.mean(per_client)) <= np.mean(ties / total) + rounding, got
 
 
-@pytest.mark.parametrize('name', ['fedper', 'lg_fedavg', 'ditto', 'apfl', 'furl_head'])
+@pytest.mark.parametrize('name', ['fedper', 'lg_fedavg', 'ditto', 'apfl', 'apfl@paper', 'furl_head'])
 def test_each_client_is_evaluated_with_its_own_model(benchmark, name):
+    name, _, variant = name.partition('@')
     spec = pfl_benchmark_methods.METHOD_SPECS[name]
-    plan = spec.plan(benchmark.config)
+    config = dataclasses.replace(benchmark.config, apfl_variant=variant or benchmark.config.apfl_variant)
+    plan = spec.plan(config)
     with backends.use('engine'):
         process = backends.build_process(
             plan,
@@ -105,11 +107,13 @@ def test_each_client_is_evaluated_with_its_own_model(benchmark, name):
     privates = list(output.private_states)
     got = pfl_benchmark_evaluation.make_evaluation(benchmark, plan, spec.local_layers)(weights, privates)
 
-    if plan.personal:  # The personal model, by hand: APFL's mixture written here.
+    if plan.personal:  # The personal model, by hand: the paper's APFL mixture written here (PFLlib's: v itself).
         states = []
         for p in privates:
             values = [np.asarray(v) for v in p.trainable]
-            if plan.personalization is not None:
+            if name == 'apfl' and config.apfl_variant == 'pfllib':
+                values = values[:-1]
+            elif plan.personalization is not None:
                 *values, alpha = values
                 a = np.clip(alpha, 0, 1)
                 values = [a * v + (1 - a) * np.asarray(w) for v, w in zip(values, weights.trainable)]
