@@ -329,10 +329,7 @@ def run_fedpersonal(
         from fedpersonal.algorithms import fedala  # pylint: disable=g-import-not-at-top
 
         ala_starts = [
-            [
-                int(fedala.slice_bounds(plan.global_start, tf.constant(n, tf.int64), k)[0])
-                for k in range(rounds + 1)
-            ]
+            [int(fedala.slice_bounds(plan.global_start, tf.constant(n, tf.int64), k)[0]) for k in range(rounds + 1)]
             for n in keep
         ]
     xs = [data.x[rows] for rows in benchmark.train_rows]
