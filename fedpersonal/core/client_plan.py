@@ -32,6 +32,8 @@ from collections.abc import Callable
 from collections.abc import Sequence
 from typing import Any
 from typing import NamedTuple
+from typing import Protocol
+from typing import runtime_checkable
 
 import numpy as np
 import tensorflow as tf
@@ -50,6 +52,21 @@ KEPT, INITIAL, LEARNED = 'kept', 'initial', 'learned'
 LOCAL_STARTS = (KEPT, INITIAL, LEARNED)
 
 
+@runtime_checkable
+class Penalty(Protocol):
+    """A term added to every batch loss of a phase (not to the reported loss): a pure function of the phase's trained
+    weights by part and, if `uses_received`, the received global trainable weights (else it is given ``[]`` on the
+    engine). `part` names the part it reads, which the phase trains."""
+
+    @property
+    def part(self) -> str: ...
+
+    @property
+    def uses_received(self) -> bool: ...
+
+    def __call__(self, trained: dict[str, list[Any]], received: list[Any]) -> tf.Tensor: ...
+
+
 @dataclasses.dataclass(frozen=True)
 class NormPenalty:
     """``strength * sum ||v||^2`` over the trained weights of `part` (e.g. FURL's norm on its private parameters),
@@ -57,6 +74,7 @@ class NormPenalty:
 
     part: str
     strength: float
+    uses_received: bool = dataclasses.field(default=False, init=False)
 
     def __call__(self, trained: dict[str, list[Any]], received: list[Any]) -> tf.Tensor:
         del received
@@ -70,6 +88,7 @@ class ProximalPenalty:
 
     part: str
     strength: float
+    uses_received: bool = dataclasses.field(default=True, init=False)
 
     def __call__(self, trained: dict[str, list[Any]], received: list[Any]) -> tf.Tensor:
         pairs = zip(trained[self.part], received)
@@ -140,7 +159,7 @@ class Phase:
       epochs: Passes over the client's dataset (at least 1).
       optimizer: A `tff.learning.optimizers.Optimizer`; its state starts fresh in every phase.
       penalty: Optional term added to each batch loss (not to the reported one), a function of the phase's trained
-        weights by part and the received global weights: `NormPenalty`, `ProximalPenalty`.
+        weights by part and the received global weights: a `Penalty`, e.g. `NormPenalty`, `ProximalPenalty`.
       metrics_prefix: The phase's metrics are a set of their own, reported as ``<prefix>_<name>`` (e.g. Ditto's
         ``personal_accuracy``); None: the plan's shared set, reported by name.
       data: The part of the plan's `DataSplit` the phase trains on; None: the client's whole dataset.
@@ -157,7 +176,7 @@ class Phase:
     trains: tuple[str, ...]
     epochs: int
     optimizer: tff.learning.optimizers.Optimizer
-    penalty: NormPenalty | ProximalPenalty | None = None
+    penalty: Penalty | None = None
     metrics_prefix: str | None = None
     data: str | None = None
     reports_metrics: bool = True
@@ -182,6 +201,8 @@ class Phase:
             raise ValueError(f'A phase that trains the personal copy trains nothing else, got {self.trains!r}.')
         if not isinstance(self.epochs, int) or self.epochs < 1:
             raise ValueError(f'Phase.epochs must be an int >= 1, got {self.epochs!r}.')
+        if self.penalty is not None and not isinstance(self.penalty, Penalty):
+            raise ValueError(f'Phase.penalty must be a client_plan.Penalty, got {self.penalty!r}.')
         if self.penalty is not None and self.penalty.part not in self.trains:
             raise ValueError(f'Phase.penalty applies to {self.penalty.part!r}, which the phase does not train.')
         if self.step is not None:

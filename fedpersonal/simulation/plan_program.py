@@ -265,7 +265,7 @@ class PlanProgram:
                 loss,
                 metrics=phase_metrics,
                 penalty=_penalty(phase, parts, slots),
-                centre=received if isinstance(phase.penalty, client_plan.ProximalPenalty) else (),
+                centre=received if phase.penalty is not None and phase.penalty.uses_received else (),
                 delta_weights=client_weight if i == plan.global_phase else None,
                 keep_trained=self.keep_globals or i != plan.global_phase,
             )
@@ -360,7 +360,8 @@ def _penalty(phase: client_plan.Phase, parts: list[str], slots: dict[str, list[A
         starts = np.cumsum([0] + sizes)
         by_part = {part: values[starts[k] : starts[k + 1]] for k, part in enumerate(parts)}
         assert phase.penalty is not None
-        return phase.penalty(by_part, list(centre))
+        # The received weights are constants: a phase's trained values may start as the very same tensors.
+        return phase.penalty(by_part, [tf.stop_gradient(c) for c in centre])
 
     return penalty
 

@@ -268,3 +268,51 @@ def test_a_client_start_written_here_runs_on_every_backend_as_a_plain_loop(backe
     for got, want in zip(privates, kept):  # The kept model: the one the client trained last.
         for g, w in zip(got.trainable, want):
             tolerances.assert_reordered_close(g, w, depth=DEPTH, steps=STEPS)
+
+
+# ------------------------------------------------------------------ a penalty of the test's own
+@dataclasses.dataclass(frozen=True)
+class Alignment:
+    """``strength * sum <v, w>`` of the trained global weights v and the received ones w: pulls v against w."""
+
+    strength: float = 0.5
+    part: str = client_plan.GLOBAL
+    uses_received: bool = True
+
+    def __call__(self, trained, received):
+        return self.strength * tf.add_n([tf.reduce_sum(v * w) for v, w in zip(trained[self.part], received)])
+
+
+def aligned_reference(body, arrays):
+    trained, examples = [], []
+    for x, y in arrays:
+        w, seen = [np.array(b) for b in body], 0
+        for s in range(0, len(x), BATCH):
+            g = _loss_and_grads(w, x[s : s + BATCH], y[s : s + BATCH])
+            w = [wi - LR * (gi + 0.5 * bi) for wi, gi, bi in zip(w, g, body)]
+            seen += len(x[s : s + BATCH])
+        trained.append(w)
+        examples.append(seen)
+    total = float(sum(examples))
+    return [sum(n * t[k] for n, t in zip(examples, trained)) / total for k in range(len(body))]
+
+
+@pytest.mark.numeric
+@pytest.mark.parametrize('backend', ['engine', 'per_client'])
+def test_a_penalty_written_here_runs_on_every_backend_as_a_plain_loop(backend):
+    sgd = tff.learning.optimizers.build_sgdm(LR)
+    plan = client_plan.ClientPlan((client_plan.Phase((client_plan.GLOBAL,), 1, sgd, penalty=Alignment()),))
+    with backends.use(backend):
+        process = backends.build_process(
+            plan, model_fn, loss_fn=loss_fn, server_optimizer=tff.learning.optimizers.build_sgdm(1.0)
+        )
+    arrays = client_arrays()
+    state = process.initialize()
+    body = [np.asarray(w) for w in process.get_model_weights(state).trainable]
+    for _ in range(2):
+        state = process.run_round(state, datasets(arrays), [process.initial_private_state()] * len(arrays)).state
+        body = aligned_reference(body, arrays)
+    for g, w in zip(process.get_model_weights(state).trainable, body):
+        tolerances.assert_reordered_close(g, w, depth=DEPTH, steps=STEPS)
+    with pytest.raises(ValueError, match='Penalty'):
+        client_plan.Phase((client_plan.GLOBAL,), 1, sgd, penalty=lambda trained, received: 0.0)
