@@ -59,9 +59,23 @@ def mixture(initial_alpha: float) -> client_plan.Personalization:
         return [tf.constant(initial_alpha, tf.float32)]
 
     def predicts_with(kept: list[Any], received: list[Any]) -> list[Any]:
-        *v, alpha = kept
-        a = tf.clip_by_value(alpha, 0.0, 1.0)
-        return [a * vi + (1.0 - a) * wi for vi, wi in zip(v, received)]
+        *v, alpha = [tf.convert_to_tensor(t) for t in kept]
+        received = [tf.convert_to_tensor(w) for w in received]
+
+        # The gradient g at the mixture reaches v as ``a * g`` and alpha as ``sum <v - w, g>`` (zero where alpha is
+        # clipped), the difference taken first: autodiff of the mixture would subtract two large sums instead.
+        @tf.custom_gradient
+        def mix(raw_alpha, *values):
+            a = tf.clip_by_value(raw_alpha, 0.0, 1.0)
+            inside = tf.cast(tf.logical_and(raw_alpha >= 0.0, raw_alpha <= 1.0), raw_alpha.dtype)
+
+            def grad(*upstream):
+                d_alpha = inside * tf.add_n([tf.reduce_sum((x - w) * g) for x, w, g in zip(values, received, upstream)])
+                return [d_alpha] + [a * g for g in upstream]
+
+            return [a * x + (1.0 - a) * w for x, w in zip(values, received)], grad
+
+        return list(mix(alpha, *v))
 
     def finish(kept: list[Any], model: list[Any]) -> list[Any]:
         del model
