@@ -3,12 +3,13 @@
   python benchmarks/pfllib_crosscheck.py --pfllib_dir ~/.cache/fedpersonal-benchmarks/PFLlib \
       [--methods fedavg,fedprox,...] [--partitions pathological,dirichlet] [--exact_rounds 2] [--exact_clients 4] \
       [--exact_train_rows 100] [--pfllib_venv DIR] [--data_dir DIR] [--overrides fedprox_mu=1.0,...] \
+      [--mode exact|statistical] [--statistical_rounds 8] [--seeds 0,1] [--parallel_sides] \
       [--crosscheck_output docs/results/pfllib_crosscheck.json]
 
 (PFLlib's checkout, outside the repository: ``git clone https://github.com/TsingZ0/PFLlib``; rows record its
 ``git rev-parse HEAD``.)
 
-Exact mode (the only mode so far): for each method and partition, both libraries train the same clients from the
+Exact mode (``--mode exact``, the default): for each method and partition, both libraries train the same clients from the
 same initial weights on the same batches in the same order for ``--exact_rounds`` rounds; the final weights and
 the accuracies are compared.
 
@@ -35,11 +36,26 @@ the accuracies are compared.
 Methods: `METHODS` (FedAvg, FedProx, Per-FedAvg, Ditto, FedPer, FedRep, LG-FedAvg, pFedMe, FedALA, FedBABU,
 FedRoD, APFL), each with fedpersonal's hyperparameters on both sides (e.g. PFLlib's FedProx ``mu`` = the config's
 ``fedprox_mu``; ``--overrides`` sets other values on both sides). Not here: FedBN (no benchmark row: the CNN has no
-batch normalization), SCAFFOLD, MOON, FedAMP, FedDBE (not benchmark methods yet), and the statistical mode. The
+batch normalization), SCAFFOLD, MOON, FedAMP, FedDBE (not benchmark methods yet). The
 verdict is on the weights alone: FedBABU's accuracies differ with equal weights because fedpersonal fine-tunes
 before every evaluation and PFLlib only once after training (``serverbabu.py``). With 100 train rows and 2 rounds
 the accuracies are coarse (on the pathological partition FedAvg, FedProx, Per-FedAvg and FedALA give the same
 per-client accuracies although their weights differ), so equal weights, not accuracies, are the check.
+
+Statistical mode (``--mode statistical``): no shared trajectory; each library trains as it does, and the curves are
+compared. For each seed of ``--seeds`` and method: every one of the 20 clients with all its train and test rows
+(the partition checked against PFLlib's own code as above), ``--statistical_rounds`` rounds, both sides from the
+same initial weights (``fedavg_cnn(seed)``, exported to PFLlib: one source of variance less), the same
+hyperparameters (the config's, mapped as in exact mode). fedpersonal's order is the benchmark's (each client's rows
+permuted by the seed, the same every epoch); PFLlib keeps its own ``DataLoader(shuffle=True)`` (a new order every
+epoch) and its own FedALA slice starts, its torch, ``random`` and numpy seeded with the seed after the clients are
+built (``clientbase.py:18`` seeds torch with 0 in every client's ``__init__``). Each side evaluates after every
+round as it does: fedpersonal the benchmark's evaluation, PFLlib its server's ``evaluate()`` (the same
+test-metrics calls exact mode records). ``--parallel_sides`` runs PFLlib's process beside fedpersonal's (one thread
+each). The verdict is on the final accuracies (`statistical_verdict`): ``equal`` when the means over seeds differ
+by no more than the larger range over seeds of either side; with a single seed on a side, by no more than 1
+percentage point (a one-seed rule, which says nothing of the seeds' spread); else ``explained`` (a reason checked
+in PFLlib's code, ``statistical_explanation``) or ``unexplained``.
 
 Row (``--output``, one per method and partition, replacing earlier rows of the same method, partition and mode):
 ``method``, ``partition``, ``mode`` (``exact``), ``rounds``, ``max_abs_weight_diff`` (the largest difference of the
@@ -47,6 +63,12 @@ global weights and of every client's predicting weights after the rounds), ``acc
 ``accuracy_pfllib`` (test accuracy over all clients' test rows after the rounds, as each library evaluates),
 ``verdict`` (`verdict`: ``equal`` within 1e-3; else ``explained`` with ``explanation``, PFLlib's file:line and why
 the two differ; ``unexplained`` is a difference nobody has explained: a suspected bug), ``pfllib_commit``.
+Statistical rows (``mode`` ``statistical``): ``max_abs_weight_diff`` is null (no shared weight trajectory), the
+accuracies are the final ones of the mean curves over seeds, the verdict as above; then ``curve_fedpersonal`` and
+``curve_pfllib`` (mean accuracy after rounds 1..rounds), ``max_curve_gap``, the seeds and each seed's curves,
+``verdict_rule`` and ``verdict_bound``, each side's hyperparameters (fedpersonal's config fields, PFLlib's args)
+and ``seconds_per_round`` (medians: fedpersonal's training and evaluation; PFLlib's whole round, its evaluation
+included; with parallel sides both shared the 2 cores).
 """
 
 from __future__ import annotations

@@ -10,7 +10,7 @@ initial weights in PyTorch's layout, the algorithm and its arguments), then:
 * builds ``args`` from the argparse block of PFLlib's ``system/main.py`` (its defaults, parsed from the file), then
   the workload's values (clients, rounds, device ``cpu``, the method's hyperparameters), and the model as
   ``main.py`` does (``FedAvgCNN``, split into ``BaseHeadSplit(base, head)`` for the methods ``main.py`` splits);
-* patches, in this process only, ``Client.load_train_data`` to the same ``DataLoader(..., drop_last=True)`` with
+* exact mode (no ``shuffle`` in the workload) patches, in this process only, ``Client.load_train_data`` to the same ``DataLoader(..., drop_last=True)`` with
   ``shuffle=False``: every epoch then reads the rows in the file's order, which is fedpersonal's batch order;
   FedALA's random slice start (``utils/ALA.py``'s ``random.randint``) to fedpersonal's seeded start for that
   client's k-th aggregation (the workload's ``ala_starts``);
@@ -18,6 +18,11 @@ initial weights in PyTorch's layout, the algorithm and its arguments), then:
   next round's ``select_clients`` / ``send_models`` snapshot the server's global model and each client's
   predicting model (the attribute the workload names), the server's own evaluation of that round runs (its
   accuracy is the row's), and the clients' next ``train`` stops the run.
+
+Statistical mode (the workload's ``shuffle`` and ``seed``): no patch, PFLlib's own shuffling and FedALA slices, its
+torch, ``random`` and numpy seeded after the clients are built; the run stops the same way, after the evaluation of
+round ``rounds``. The result's ``curve`` is the accuracy after 0..rounds rounds and ``round_seconds`` each round's
+wall time (either mode).
 
 With ``--partition_labels`` (the pooled labels, ``.npy``) and ``--partition`` (``pat`` or ``dir``), it only draws
 PFLlib's own partition with its ``dataset/utils/dataset_utils.py`` (`pfllib_partition`) into ``--result`` (npz of
