@@ -3,12 +3,13 @@
   python benchmarks/pfllib_crosscheck.py --pfllib_dir ~/.cache/fedpersonal-benchmarks/PFLlib \
       [--methods fedavg,fedprox,...] [--partitions pathological,dirichlet] [--exact_rounds 2] [--exact_clients 4] \
       [--exact_train_rows 100] [--pfllib_venv DIR] [--data_dir DIR] [--overrides fedprox_mu=1.0,...] \
+      [--mode exact|statistical] [--statistical_rounds 8] [--seeds 0,1] [--parallel_sides] \
       [--crosscheck_output docs/results/pfllib_crosscheck.json]
 
 (PFLlib's checkout, outside the repository: ``git clone https://github.com/TsingZ0/PFLlib``; rows record its
 ``git rev-parse HEAD``.)
 
-Exact mode (the only mode so far): for each method and partition, both libraries train the same clients from the
+Exact mode (``--mode exact``, the default): for each method and partition, both libraries train the same clients from the
 same initial weights on the same batches in the same order for ``--exact_rounds`` rounds; the final weights and
 the accuracies are compared.
 
@@ -35,11 +36,26 @@ the accuracies are compared.
 Methods: `METHODS` (FedAvg, FedProx, Per-FedAvg, Ditto, FedPer, FedRep, LG-FedAvg, pFedMe, FedALA, FedBABU,
 FedRoD, APFL), each with fedpersonal's hyperparameters on both sides (e.g. PFLlib's FedProx ``mu`` = the config's
 ``fedprox_mu``; ``--overrides`` sets other values on both sides). Not here: FedBN (no benchmark row: the CNN has no
-batch normalization), SCAFFOLD, MOON, FedAMP, FedDBE (not benchmark methods yet), and the statistical mode. The
+batch normalization), SCAFFOLD, MOON, FedAMP, FedDBE (not benchmark methods yet). The
 verdict is on the weights alone: FedBABU's accuracies differ with equal weights because fedpersonal fine-tunes
 before every evaluation and PFLlib only once after training (``serverbabu.py``). With 100 train rows and 2 rounds
 the accuracies are coarse (on the pathological partition FedAvg, FedProx, Per-FedAvg and FedALA give the same
 per-client accuracies although their weights differ), so equal weights, not accuracies, are the check.
+
+Statistical mode (``--mode statistical``): no shared trajectory; each library trains as it does, and the curves are
+compared. For each seed of ``--seeds`` and method: every one of the 20 clients with all its train and test rows
+(the partition checked against PFLlib's own code as above), ``--statistical_rounds`` rounds, both sides from the
+same initial weights (``fedavg_cnn(seed)``, exported to PFLlib: one source of variance less), the same
+hyperparameters (the config's, mapped as in exact mode). fedpersonal's order is the benchmark's (each client's rows
+permuted by the seed, the same every epoch); PFLlib keeps its own ``DataLoader(shuffle=True)`` (a new order every
+epoch) and its own FedALA slice starts, its torch, ``random`` and numpy seeded with the seed after the clients are
+built (``clientbase.py:18`` seeds torch with 0 in every client's ``__init__``). Each side evaluates after every
+round as it does: fedpersonal the benchmark's evaluation, PFLlib its server's ``evaluate()`` (the same
+test-metrics calls exact mode records). ``--parallel_sides`` runs PFLlib's process beside fedpersonal's (one thread
+each). The verdict is on the final accuracies (`statistical_verdict`): ``equal`` when the means over seeds differ
+by no more than the larger range over seeds of either side; with a single seed on a side, by no more than 1
+percentage point (a one-seed rule, which says nothing of the seeds' spread); else ``explained`` (a reason checked
+in PFLlib's code, ``statistical_explanation``) or ``unexplained``.
 
 Row (``--output``, one per method and partition, replacing earlier rows of the same method, partition and mode):
 ``method``, ``partition``, ``mode`` (``exact``), ``rounds``, ``max_abs_weight_diff`` (the largest difference of the
@@ -47,6 +63,12 @@ global weights and of every client's predicting weights after the rounds), ``acc
 ``accuracy_pfllib`` (test accuracy over all clients' test rows after the rounds, as each library evaluates),
 ``verdict`` (`verdict`: ``equal`` within 1e-3; else ``explained`` with ``explanation``, PFLlib's file:line and why
 the two differ; ``unexplained`` is a difference nobody has explained: a suspected bug), ``pfllib_commit``.
+Statistical rows (``mode`` ``statistical``): ``max_abs_weight_diff`` is null (no shared weight trajectory), the
+accuracies are the final ones of the mean curves over seeds, the verdict as above; then ``curve_fedpersonal`` and
+``curve_pfllib`` (mean accuracy after rounds 1..rounds), ``max_curve_gap``, the seeds and each seed's curves,
+``verdict_rule`` and ``verdict_bound``, each side's hyperparameters (fedpersonal's config fields, PFLlib's args)
+and ``seconds_per_round`` (medians: fedpersonal's training and evaluation; PFLlib's whole round, its evaluation
+included; with parallel sides both shared the 2 cores).
 """
 
 from __future__ import annotations
@@ -70,8 +92,10 @@ import peer_speed  # noqa: E402  A sibling module (its venv builder; its flags a
 from pfllib_crosscheck_lib import _REPO  # noqa: E402
 from pfllib_crosscheck_lib import LAYERS  # noqa: E402
 from pfllib_crosscheck_lib import METHODS  # noqa: E402
+from pfllib_crosscheck_lib import config_fields  # noqa: E402
 from pfllib_crosscheck_lib import keras_to_torch  # noqa: E402
 from pfllib_crosscheck_lib import make_row  # noqa: E402
+from pfllib_crosscheck_lib import make_statistical_row  # noqa: E402
 from pfllib_crosscheck_lib import max_abs_diff  # noqa: E402
 from pfllib_crosscheck_lib import merge_rows  # noqa: E402
 from pfllib_crosscheck_lib import run_fedpersonal  # noqa: E402
@@ -81,6 +105,12 @@ from pfllib_crosscheck_lib import torch_to_keras  # noqa: E402
 _PFLLIB_DIR = flags.DEFINE_string('pfllib_dir', None, 'A checkout of github.com/TsingZ0/PFLlib (never copied here).')
 _METHODS = flags.DEFINE_list('methods', list(METHODS), f'Methods, of {list(METHODS)}.')
 _PARTITIONS = flags.DEFINE_list('partitions', ['pathological', 'dirichlet'], 'Partitions (pathological, dirichlet).')
+_MODE = flags.DEFINE_enum('mode', 'exact', ['exact', 'statistical'], 'Exact or statistical mode (the docstring).')
+_STATISTICAL_ROUNDS = flags.DEFINE_integer('statistical_rounds', 8, 'Rounds of statistical mode.')
+_SEEDS = flags.DEFINE_list('seeds', ['0'], 'Statistical mode: seeds, each run by both sides (a row: all seeds).')
+_PARALLEL = flags.DEFINE_bool(
+    'parallel_sides', False, "Statistical mode: PFLlib's side runs beside fedpersonal's (one thread each)."
+)
 _EXACT_ROUNDS = flags.DEFINE_integer('exact_rounds', 2, 'Rounds of exact mode.')
 _EXACT_CLIENTS = flags.DEFINE_integer('exact_clients', 4, 'Exact mode: the first N clients of the partition.')
 _EXACT_TRAIN_ROWS = flags.DEFINE_integer(
@@ -136,27 +166,62 @@ def check_partition(partition: str, labels: np.ndarray, train: list, test: list,
     return len(train)
 
 
-def run_pfllib(method: str, ours: dict[str, Any], rounds: int, work_dir: str) -> dict[str, Any]:
-    """PFLlib's run of `method` on `ours`' clients, order and initial weights; its result with weights in Keras'
-    layout."""
-    spec = METHODS[method]
-    config = ours['config']
-    xs, ys = ours['train']
-    txs, tys = ours['test']
+def pfllib_args(method: str, config: Any) -> dict[str, Any]:
+    """PFLlib's ``args`` of `method` set to fedpersonal's config values."""
+    return dict(
+        batch_size=config.batch_size,
+        local_learning_rate=config.client_learning_rate,
+        local_epochs=config.client_epochs,
+        **METHODS[method].args(config),
+    )
+
+
+def launch_pfllib(method: str, arrays: dict[str, np.ndarray], run_spec: dict[str, Any], work_dir: str, tag: str = ''):
+    """Writes the workload and starts the row script in PFLlib's venv; `wait_pfllib` reads its result."""
+    name = f'{method}{tag}'
+    workload = os.path.join(work_dir, f'{name}.npz')
+    np.savez(workload, spec=json.dumps(run_spec), **arrays)
+    result = os.path.join(work_dir, f'{name}.json')
+    log = os.path.join(work_dir, f'{name}.log')
+    cmd = [pfllib_python(), os.path.join(_HERE, 'pfllib_crosscheck_row.py'), f'--workload={workload}']
+    cmd += [f'--pfllib_dir={_PFLLIB_DIR.value}', f'--result={result}']
+    out = open(log, 'w')  # noqa: SIM115  Closed by wait_pfllib.  pylint: disable=consider-using-with
+    env = peer_speed._env(1)  # pylint: disable=protected-access
+    return subprocess.Popen(cmd, stdout=out, stderr=out, env=env), out, workload, result, log
+
+
+def wait_pfllib(handle) -> dict[str, Any]:
+    """The row script's JSON result (raises with its log's end if it failed)."""
+    proc, out, workload, result, log = handle
+    rc = proc.wait()
+    out.close()
+    os.remove(workload)
+    if rc or not os.path.exists(result):
+        with open(log, errors='replace') as f:
+            raise RuntimeError(f'PFLlib row exited with {rc}: {f.read()[-3000:]}')
+    with open(result) as f:
+        return json.load(f)
+
+
+def client_arrays(xs, ys, txs, tys) -> dict[str, np.ndarray]:
+    """The clients' rows in PyTorch's layout (NCHW), as the workload holds them."""
     arrays: dict[str, np.ndarray] = {}
     for c in range(len(xs)):
         arrays[f'train_x_{c}'] = np.ascontiguousarray(xs[c].transpose(0, 3, 1, 2), np.float32)
         arrays[f'train_y_{c}'] = ys[c].astype(np.int64)
         arrays[f'test_x_{c}'] = np.ascontiguousarray(txs[c].transpose(0, 3, 1, 2), np.float32)
         arrays[f'test_y_{c}'] = tys[c].astype(np.int64)
+    return arrays
+
+
+def run_pfllib(method: str, ours: dict[str, Any], rounds: int, work_dir: str) -> dict[str, Any]:
+    """PFLlib's run of `method` on `ours`' clients, order and initial weights; its result with weights in Keras'
+    layout."""
+    spec = METHODS[method]
+    xs, ys = ours['train']
+    arrays = client_arrays(xs, ys, *ours['test'])
     torch_weights = keras_to_torch(ours['initial'])
     arrays.update({f'w{i}': w for i, w in enumerate(torch_weights)})
-    args = dict(
-        batch_size=config.batch_size,
-        local_learning_rate=config.client_learning_rate,
-        local_epochs=config.client_epochs,
-        **spec.args(config),
-    )
     run_spec = dict(
         num_clients=len(xs),
         rounds=rounds,
@@ -165,22 +230,12 @@ def run_pfllib(method: str, ours: dict[str, Any], rounds: int, work_dir: str) ->
         server_module=spec.server_module,
         server_class=spec.server_class,
         client_model=spec.client_model,
-        args=args,
+        args=pfllib_args(method, ours['config']),
         ala_starts=ours['ala_starts'],
     )
-    workload = os.path.join(work_dir, f'{method}.npz')
-    np.savez(workload, spec=json.dumps(run_spec), **arrays)
-    result = os.path.join(work_dir, f'{method}.json')
-    log = os.path.join(work_dir, f'{method}.log')
-    cmd = [pfllib_python(), os.path.join(_HERE, 'pfllib_crosscheck_row.py'), f'--workload={workload}']
-    cmd += [f'--pfllib_dir={_PFLLIB_DIR.value}', f'--result={result}']
-    with open(log, 'w') as out:
-        rc = subprocess.run(cmd, stdout=out, stderr=out, env=peer_speed._env(1)).returncode  # pylint: disable=protected-access
-    if rc or not os.path.exists(result):
-        with open(log, errors='replace') as f:
-            raise RuntimeError(f'PFLlib row exited with {rc}: {f.read()[-3000:]}')
-    with open(result) as f:
-        row = json.load(f)
+    handle = launch_pfllib(method, arrays, run_spec, work_dir)
+    row = wait_pfllib(handle)
+    result = handle[3]
     with np.load(result + '.npz') as z:
         num_global = len([k for k in z.files if k.startswith('global_')])  # FedPer's server: the base; LG: the head.
         row['global_weights'] = torch_to_keras([z[f'global_{i}'] for i in range(num_global)])
@@ -188,6 +243,32 @@ def run_pfllib(method: str, ours: dict[str, Any], rounds: int, work_dir: str) ->
         row['clients'] = [torch_to_keras([z[f'client{c}_{i}'] for i in range(count(c))]) for c in range(len(xs))]
         row['before'] = [torch_to_keras([z[f'before{c}_{i}'] for i in range(8)]) for c in range(len(xs))]
     return row
+
+
+def launch_statistical(method: str, ready: dict[str, Any], rounds: int, seed: int, work_dir: str):
+    """Starts PFLlib's statistical run of `method`: every client's full rows in PFLlib's partition order, the same
+    Keras initial weights, fedpersonal's hyperparameters, PFLlib's own shuffling seeded by `seed`."""
+    spec = METHODS[method]
+    x, y = ready['pooled']
+    train, test = ready['partition_rows']
+    arrays = client_arrays([x[r] for r in train], [y[r] for r in train], [x[r] for r in test], [y[r] for r in test])
+    torch_weights = keras_to_torch(ready['initial'])
+    arrays.update({f'w{i}': w for i, w in enumerate(torch_weights)})
+    run_spec = dict(
+        num_clients=len(train),
+        rounds=rounds,
+        num_weights=len(torch_weights),
+        head_split=spec.head_split,
+        server_module=spec.server_module,
+        server_class=spec.server_class,
+        client_model=spec.client_model,
+        args=pfllib_args(method, ready['config']),
+        ala_starts=None,  # FedALA: PFLlib's own random slice starts.
+        shuffle=True,
+        seed=seed,
+        save_weights=False,
+    )
+    return launch_pfllib(method, arrays, run_spec, work_dir, tag=f'_statistical_seed{seed}')
 
 
 def compare(method: str, partition: str, ours: dict[str, Any], theirs: dict[str, Any], rounds: int, commit: str):
@@ -222,6 +303,75 @@ def compare(method: str, partition: str, ours: dict[str, Any], theirs: dict[str,
     return row, detail
 
 
+def write_rows(rows: list[dict[str, Any]]) -> None:
+    """Merges `rows` into ``--crosscheck_output`` (replacing rows of the same method, partition and mode)."""
+    old = []
+    if os.path.exists(_CROSSCHECK_OUTPUT.value):
+        with open(_CROSSCHECK_OUTPUT.value) as f:
+            old = json.load(f)
+    with open(_CROSSCHECK_OUTPUT.value, 'w') as f:
+        json.dump(merge_rows(old, rows), f, indent=1)
+        f.write('\n')
+
+
+def statistical_row(method: str, partition: str, commit: str, checked: dict[str, int], work_dir: str):
+    """Both sides' runs of `method` for every seed of ``--seeds``; the row."""
+    rounds = _STATISTICAL_ROUNDS.value
+    curves_ours, curves_theirs, seconds = {}, {}, dict(fedpersonal_train=[], fedpersonal_eval=[], pfllib=[])
+    hyper_ours = hyper_theirs = None
+    for seed in [int(x) for x in _SEEDS.value]:
+        handle: list = []
+
+        def on_ready(ready, seed=seed, handle=handle):
+            if partition not in checked:  # Raises unless PFLlib's own code draws the same partition.
+                checked[partition] = check_partition(partition, *ready['full_partition'], work_dir)
+                print(f"{partition}: PFLlib's dataset_utils draws the same {checked[partition]} clients", flush=True)
+            if _PARALLEL.value:
+                handle.append(launch_statistical(method, ready, rounds, seed, work_dir))
+            else:
+                handle.append(ready)
+
+        started = time.time()
+        ours = run_fedpersonal(
+            method, partition, None, None, rounds, _DATA_DIR.value, _OVERRIDES.value, seed, True, on_ready
+        )
+        print(f'fedpersonal {method} seed {seed}: {ours["curve"]} ({time.time() - started:.0f} s)', flush=True)
+        if not _PARALLEL.value:
+            ready = handle.pop()
+            handle.append(launch_statistical(method, ready, rounds, seed, work_dir))
+        started = time.time()
+        theirs = wait_pfllib(handle[0])
+        print(f'PFLlib {method} seed {seed}: {theirs["curve"]} (waited {time.time() - started:.0f} s)', flush=True)
+        curves_ours[seed], curves_theirs[seed] = ours['curve'], theirs['curve'][1:]  # [0]: before training.
+        seconds['fedpersonal_train'] += ours['round_seconds']
+        seconds['fedpersonal_eval'] += ours['eval_seconds']
+        seconds['pfllib'] += theirs['round_seconds']
+        config = ours['config']
+        hyper_theirs = pfllib_args(method, config)
+        hyper_ours = dict(
+            batch_size=config.batch_size,
+            client_learning_rate=config.client_learning_rate,
+            client_epochs=config.client_epochs,
+            **config_fields(METHODS[method].args, config),
+        )
+    per_round = {k: float(np.median(v)) for k, v in seconds.items()}
+    per_round['parallel_sides'] = float(_PARALLEL.value)
+    row = make_statistical_row(
+        method,
+        partition,
+        rounds,
+        curves_ours,
+        curves_theirs,
+        hyper_ours,
+        hyper_theirs,
+        commit,
+        METHODS[method].statistical_explanation,
+        per_round,
+    )
+    print(json.dumps(row), flush=True)
+    return row
+
+
 def main(argv: Sequence[str]) -> None:
     del argv
     if not _PFLLIB_DIR.value:
@@ -235,6 +385,13 @@ def main(argv: Sequence[str]) -> None:
     rows = []
     checked: dict[str, int] = {}
     work_dir = tempfile.mkdtemp(prefix='pfllib_crosscheck_')
+    if _MODE.value == 'statistical':
+        for partition in _PARTITIONS.value:
+            for method in _METHODS.value:
+                if method not in METHODS:
+                    raise app.UsageError(f'unknown method {method!r}; known: {list(METHODS)}')
+                write_rows([statistical_row(method, partition, commit, checked, work_dir)])
+        return
     for partition in _PARTITIONS.value:
         for method in _METHODS.value:
             if method not in METHODS:
@@ -257,13 +414,7 @@ def main(argv: Sequence[str]) -> None:
             print(json.dumps(row), flush=True)
             print(f'  details: {json.dumps(detail)}  ({time.time() - started:.0f} s)', flush=True)
             rows.append(row)
-            old = []
-            if os.path.exists(_CROSSCHECK_OUTPUT.value):
-                with open(_CROSSCHECK_OUTPUT.value) as f:
-                    old = json.load(f)
-            with open(_CROSSCHECK_OUTPUT.value, 'w') as f:
-                json.dump(merge_rows(old, [row]), f, indent=1)
-                f.write('\n')
+            write_rows([row])
 
 
 if __name__ == '__main__':

@@ -44,6 +44,7 @@ class PfllibMethod:
     client_model: str = 'model'
     args: Any = lambda config: {}
     explanation: str | None = None
+    statistical_explanation: str | None = None  # Why statistical mode's accuracies differ beyond its rule.
 
 
 METHODS: dict[str, PfllibMethod] = {
@@ -218,6 +219,106 @@ def full_weights(global_weights: Sequence[np.ndarray], local_weights: Sequence[n
     return out
 
 
+STATISTICAL_ONE_SEED_TOLERANCE = 0.01  # One seed per side: final accuracies within 1 percentage point.
+
+
+def statistical_verdict(
+    finals_fedpersonal: Sequence[float], finals_pfllib: Sequence[float], explanation: str | None
+) -> tuple[str, str | None, float, str]:
+    """Statistical mode's verdict on the final accuracies of each side's seeds: ``equal`` when the means differ by
+    no more than the spread over seeds (the larger of the two sides' ranges, max - min), or, unless both sides ran
+    at least two seeds, by no more than `STATISTICAL_ONE_SEED_TOLERANCE` (a one-seed rule: it says nothing of the
+    spread); else ``explained`` with `explanation` or ``unexplained``. Returns the verdict, the explanation, the
+    bound used and the rule's name. A NaN accuracy is never equal."""
+    ours, theirs = np.asarray(finals_fedpersonal, np.float64), np.asarray(finals_pfllib, np.float64)
+    if not ours.size or not theirs.size:
+        raise ValueError('a side has no seed')
+    if ours.size >= 2 and theirs.size >= 2:
+        bound, rule = float(max(np.ptp(ours), np.ptp(theirs))), 'seed spread'
+    else:
+        bound, rule = STATISTICAL_ONE_SEED_TOLERANCE, 'one-seed rule (1 point)'
+    gap = abs(float(ours.mean()) - float(theirs.mean()))
+    if gap <= bound + 1e-12:  # False for NaN.
+        return 'equal', None, bound, rule
+    return ('explained', explanation, bound, rule) if explanation else ('unexplained', None, bound, rule)
+
+
+def mean_curve(curves: Sequence[Sequence[float]]) -> list[float]:
+    """The mean over seeds of equally long per-round accuracy curves (raises on unequal lengths)."""
+    if len({len(c) for c in curves}) != 1:
+        raise ValueError(f'curves of lengths {[len(c) for c in curves]}')
+    return [float(x) for x in np.mean(np.asarray(curves, np.float64), axis=0)]
+
+
+def config_fields(args_of: Any, config: Any) -> dict[str, Any]:
+    """The config fields `args_of` (a method's `PfllibMethod.args`) reads, with their values: the method's own
+    hyperparameters on fedpersonal's side, under fedpersonal's names."""
+    read: dict[str, Any] = {}
+
+    class Recorder:
+        def __getattr__(self, name):
+            read[name] = getattr(config, name)
+            return read[name]
+
+    args_of(Recorder())
+    return read
+
+
+def make_statistical_row(
+    method: str,
+    partition: str,
+    rounds: int,
+    curves_fedpersonal: dict[int, Sequence[float]],
+    curves_pfllib: dict[int, Sequence[float]],
+    hyperparameters_fedpersonal: dict[str, Any],
+    hyperparameters_pfllib: dict[str, Any],
+    commit: str,
+    explanation: str | None = None,
+    seconds_per_round: dict[str, float] | None = None,
+) -> dict[str, Any]:
+    """A statistical-mode row: `ROW_KEYS` (``max_abs_weight_diff`` None: the two sides share no weight trajectory;
+    the accuracies the final ones of the mean curves over seeds), ``explanation`` when explained, then the mean
+    curves (``curve_fedpersonal``, ``curve_pfllib``: the accuracy after rounds 1..rounds), each seed's curve, the
+    largest gap of the mean curves, the rule of the verdict and its bound, and each side's hyperparameters."""
+    for side, curves in (('fedpersonal', curves_fedpersonal), ('pfllib', curves_pfllib)):
+        if any(len(c) != rounds for c in curves.values()):
+            raise ValueError(f'{side}: a curve is not {rounds} rounds long')
+    ours, theirs = mean_curve(list(curves_fedpersonal.values())), mean_curve(list(curves_pfllib.values()))
+    kind, reason, bound, rule = statistical_verdict(
+        [c[-1] for c in curves_fedpersonal.values()], [c[-1] for c in curves_pfllib.values()], explanation
+    )
+    rnd = lambda xs: [round(float(x), 6) for x in xs]
+    row = dict(
+        method=method,
+        partition=partition,
+        mode='statistical',
+        rounds=int(rounds),
+        max_abs_weight_diff=None,
+        accuracy_fedpersonal=round(ours[-1], 6),
+        accuracy_pfllib=round(theirs[-1], 6),
+        verdict=kind,
+        pfllib_commit=commit,
+    )
+    if reason:
+        row['explanation'] = reason
+    row.update(
+        curve_fedpersonal=rnd(ours),
+        curve_pfllib=rnd(theirs),
+        max_curve_gap=round(max(abs(a - b) for a, b in zip(ours, theirs)), 6),
+        seeds_fedpersonal=sorted(int(k) for k in curves_fedpersonal),
+        seeds_pfllib=sorted(int(k) for k in curves_pfllib),
+        curves_by_seed_fedpersonal={str(k): rnd(c) for k, c in sorted(curves_fedpersonal.items())},
+        curves_by_seed_pfllib={str(k): rnd(c) for k, c in sorted(curves_pfllib.items())},
+        verdict_rule=rule,
+        verdict_bound=round(bound, 6),
+        hyperparameters_fedpersonal=dict(hyperparameters_fedpersonal),
+        hyperparameters_pfllib=dict(hyperparameters_pfllib),
+    )
+    if seconds_per_round:
+        row['seconds_per_round'] = {k: round(float(v), 1) for k, v in seconds_per_round.items()}
+    return row
+
+
 def exact_train_rows(rows: int, limit: int, batch_size: int) -> int:
     """A client's rows in exact mode: at most `limit`, a multiple of two batches (no batch dropped on either side;
     Per-FedAvg's double batches full)."""
@@ -239,14 +340,21 @@ def parse_overrides(items: Sequence[str], config: Any) -> dict[str, Any]:
 def run_fedpersonal(
     method: str,
     partition: str,
-    clients: int,
-    train_rows: int,
+    clients: int | None,
+    train_rows: int | None,
     rounds: int,
     data_dir: str | None,
     overrides: Sequence[str] = (),
+    seed: int = 0,
+    every_round: bool = False,
+    on_ready: Any = None,
 ):
-    """Trains `method` on the reduced partition; returns the config, the clients' arrays in training order, the
-    initial and final weights (Keras layout) and the accuracies."""
+    """Trains `method` on the reduced partition (`clients` None: all clients, all their train rows; statistical
+    mode); returns the config, the clients' arrays in training order, the initial and final weights (Keras layout)
+    and the accuracies. `every_round`: the benchmark's evaluation after every round (``curve``, statistical mode),
+    the last one the final accuracy; training and evaluation seconds of each round in ``round_seconds`` and
+    ``eval_seconds``. `on_ready`, if given, is called before the first round with the config, the initial weights,
+    the pooled arrays and the partition's rows (e.g. to start PFLlib's side beside this one)."""
     import tensorflow as tf  # pylint: disable=g-import-not-at-top
 
     from fedpersonal.core import client_plan  # pylint: disable=g-import-not-at-top
@@ -258,20 +366,29 @@ def run_fedpersonal(
     from fedpersonal.tasks.pfl_benchmark_methods import METHOD_SPECS  # pylint: disable=g-import-not-at-top
 
     config = PflBenchmarkConfig(
-        partition=partition, configurations=(method,), seeds=(0,), data_dir=data_dir, state_store='memory'
+        partition=partition, configurations=(method,), seeds=(seed,), data_dir=data_dir, state_store='memory'
     )
-    config = dataclasses.replace(config, **parse_overrides(overrides, config))
+    config = dataclasses.replace(config, seed=seed, **parse_overrides(overrides, config))
     tf.random.set_seed(config.seed)
     full = pfl_benchmark.load_data(config)
     part = full.partition
-    keep = [exact_train_rows(r.size, train_rows, config.batch_size) for r in part.train[:clients]]
-    if min(keep) < 2 * config.batch_size:
-        raise ValueError(f'a client of the first {clients} has fewer than {2 * config.batch_size} train rows: {keep}')
-    reduced = pfllib.PfllibPartition(
-        [r[:k] for r, k in zip(part.train, keep)], list(part.test[:clients]), part.label_counts[:clients], part.settings
-    )
-    data = pfllib.PfllibImageData(full.name, full.x, full.y, reduced, full.num_classes)
-    config = dataclasses.replace(config, num_clients=clients)
+    if clients is None:  # Statistical mode: every client, every train row.
+        keep = [r.size for r in part.train]
+        data = full
+    else:
+        keep = [exact_train_rows(r.size, train_rows, config.batch_size) for r in part.train[:clients]]
+        if min(keep) < 2 * config.batch_size:
+            raise ValueError(
+                f'a client of the first {clients} has fewer than {2 * config.batch_size} train rows: {keep}'
+            )
+        reduced = pfllib.PfllibPartition(
+            [r[:k] for r, k in zip(part.train, keep)],
+            list(part.test[:clients]),
+            part.label_counts[:clients],
+            part.settings,
+        )
+        data = pfllib.PfllibImageData(full.name, full.x, full.y, reduced, full.num_classes)
+        config = dataclasses.replace(config, num_clients=clients)
     benchmark = evaluation.Benchmark(config, data)
     spec = METHOD_SPECS[method]
     initial = image_classifiers.fedavg_cnn(data.x.shape[1:], data.num_classes, seed=config.seed).get_weights()
@@ -285,15 +402,16 @@ def run_fedpersonal(
     if max_abs_diff(start, shared) != 0.0:  # The exported weights are the ones fedpersonal starts from.
         raise AssertionError('the process does not start from fedavg_cnn(seed) weights')
     private = [process.initial_private_state() for _ in ids] if plan.stateful else None
-    started = time.time()
-    for _ in range(rounds):
-        datasets = [benchmark.train_dataset(benchmark.train[c]) for c in ids]
-        out = process.run_round(state, datasets, private, client_ids=ids)
-        state = out.state
-        if plan.stateful:
-            private = list(out.private_states)
-    seconds = time.time() - started
-    weights = process.get_model_weights(state)
+    if on_ready is not None:
+        on_ready(
+            dict(
+                config=config,
+                initial=initial,
+                pooled=(data.x, data.y),
+                partition_rows=(part.train, part.test),
+                full_partition=(full.y, part.train, part.test),
+            )
+        )
     per_client: dict[str, Any] = {}
     original = evaluation._accuracies  # pylint: disable=protected-access
 
@@ -302,11 +420,31 @@ def run_fedpersonal(
         return original(result)
 
     evaluation._accuracies = capture  # pylint: disable=protected-access
+    curve, round_seconds, eval_seconds = [], [], []
     try:
         evaluate = evaluation.make_evaluation(
             benchmark, plan, spec.local_layers, finetune=spec.finetune, adapts=spec.adapts, phased_model=phased_model
         )
-        metrics = evaluate(weights, private) if plan.stateful else evaluate(weights)
+        started = time.time()
+        for _ in range(rounds):
+            tick = time.time()
+            datasets = [benchmark.train_dataset(benchmark.train[c]) for c in ids]
+            out = process.run_round(state, datasets, private, client_ids=ids)
+            state = out.state
+            if plan.stateful:
+                private = list(out.private_states)
+            round_seconds.append(time.time() - tick)
+            if every_round:
+                tick = time.time()
+                weights = process.get_model_weights(state)
+                metrics = evaluate(weights, private) if plan.stateful else evaluate(weights)
+                curve.append(float(metrics['accuracy']))
+                eval_seconds.append(time.time() - tick)
+                print(f'  fedpersonal {method} seed {seed} round {len(curve)}: {curve[-1]:.4f}', flush=True)
+        seconds = time.time() - started
+        weights = process.get_model_weights(state)
+        if not every_round:
+            metrics = evaluate(weights, private) if plan.stateful else evaluate(weights)
     finally:
         evaluation._accuracies = original  # pylint: disable=protected-access
     global_trainable = [np.asarray(w) for w in weights.trainable]
@@ -350,4 +488,9 @@ def run_fedpersonal(
         ala_starts=ala_starts,
         trained_local=trained_local,
         seconds=seconds,
+        curve=curve,
+        round_seconds=round_seconds,
+        eval_seconds=eval_seconds,
+        pooled=(data.x, data.y),  # Statistical mode: PFLlib's clients are written in its partition's order.
+        partition_rows=(part.train, part.test),
     )

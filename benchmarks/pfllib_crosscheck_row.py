@@ -10,7 +10,7 @@ initial weights in PyTorch's layout, the algorithm and its arguments), then:
 * builds ``args`` from the argparse block of PFLlib's ``system/main.py`` (its defaults, parsed from the file), then
   the workload's values (clients, rounds, device ``cpu``, the method's hyperparameters), and the model as
   ``main.py`` does (``FedAvgCNN``, split into ``BaseHeadSplit(base, head)`` for the methods ``main.py`` splits);
-* patches, in this process only, ``Client.load_train_data`` to the same ``DataLoader(..., drop_last=True)`` with
+* exact mode (no ``shuffle`` in the workload) patches, in this process only, ``Client.load_train_data`` to the same ``DataLoader(..., drop_last=True)`` with
   ``shuffle=False``: every epoch then reads the rows in the file's order, which is fedpersonal's batch order;
   FedALA's random slice start (``utils/ALA.py``'s ``random.randint``) to fedpersonal's seeded start for that
   client's k-th aggregation (the workload's ``ala_starts``);
@@ -18,6 +18,11 @@ initial weights in PyTorch's layout, the algorithm and its arguments), then:
   next round's ``select_clients`` / ``send_models`` snapshot the server's global model and each client's
   predicting model (the attribute the workload names), the server's own evaluation of that round runs (its
   accuracy is the row's), and the clients' next ``train`` stops the run.
+
+Statistical mode (the workload's ``shuffle`` and ``seed``): no patch, PFLlib's own shuffling and FedALA slices, its
+torch, ``random`` and numpy seeded after the clients are built; the run stops the same way, after the evaluation of
+round ``rounds``. The result's ``curve`` is the accuracy after 0..rounds rounds and ``round_seconds`` each round's
+wall time (either mode).
 
 With ``--partition_labels`` (the pooled labels, ``.npy``) and ``--partition`` (``pat`` or ``dir``), it only draws
 PFLlib's own partition with its ``dataset/utils/dataset_utils.py`` (`pfllib_partition`) into ``--result`` (npz of
@@ -39,6 +44,7 @@ import shutil
 import sys
 import tempfile
 import textwrap
+import time
 
 import numpy as np
 
@@ -129,7 +135,8 @@ def main() -> None:
         train_data = read_client_data(self.dataset, self.id, is_train=True, few_shot=self.few_shot)
         return DataLoader(train_data, batch_size, drop_last=True, shuffle=False)
 
-    clientbase.Client.load_train_data = load_train_data
+    if not spec.get('shuffle'):  # Exact mode; statistical mode keeps PFLlib's own shuffling.
+        clientbase.Client.load_train_data = load_train_data
 
     if spec.get('ala_starts'):  # FedALA: W's random slice starts where fedpersonal's start (its seeded draws).
         from utils import ALA as ala_module  # pylint: disable=g-import-not-at-top
@@ -170,10 +177,18 @@ def main() -> None:
     args.model = model
     module = __import__(f'flcore.servers.{spec["server_module"]}', fromlist=[spec['server_class']])
     server = getattr(module, spec['server_class'])(args, 0)
+    if 'seed' in spec:  # Statistical mode: after clientbase.py:18's torch.manual_seed(0) in every client's __init__.
+        import random  # pylint: disable=g-import-not-at-top
+
+        torch.manual_seed(int(spec['seed']))
+        random.seed(int(spec['seed']))
+        np.random.seed(int(spec['seed']))
 
     calls = {'select': 0}
     snapshot: dict = {}
     last_stats: dict = {}
+    by_round: dict = {}  # select call -> (correct, num) of its round's last evaluation: the state after call-1 rounds.
+    select_times: list = []
 
     def params(m):  # A module's parameters, or a list of tensors (pFedMe's personalized_params).
         return [p.detach().numpy().copy() for p in (m if isinstance(m, list) else m.parameters())]
@@ -185,6 +200,7 @@ def main() -> None:
 
     def select_clients():
         calls['select'] += 1
+        select_times.append(time.time())
         selected = original_select()
         if calls['select'] == rounds + 1:  # Round `rounds` (0-based): the state after `rounds` rounds.
             snapshot['global'] = params(server.global_model)
@@ -211,6 +227,7 @@ def main() -> None:
             def recorded(*a, _original=original, **k):
                 out = _original(*a, **k)
                 last_stats['ids'], last_stats['num'], last_stats['correct'] = out[0], out[1], out[2]
+                by_round[calls['select']] = float(sum(out[2]) / sum(out[1]))
                 return out
 
             setattr(server, name, recorded)
@@ -223,7 +240,8 @@ def main() -> None:
     for c in range(num_clients):
         arrays.update({f'client{c}_{i}': w for i, w in enumerate(snapshot[f'client{c}'])})
         arrays.update({f'before{c}_{i}': w for i, w in enumerate(snapshot[f'before{c}'])})
-    np.savez(args_in.result + '.npz', **arrays)
+    if spec.get('save_weights', True):
+        np.savez(args_in.result + '.npz', **arrays)
     os.chdir(os.path.dirname(scratch))
     shutil.rmtree(scratch)
     versions = {'torch': torch.__version__}
@@ -237,6 +255,10 @@ def main() -> None:
                 client_ids=[int(i) for i in last_stats['ids']],
                 client_test=[int(n) for n in last_stats['num']],
                 client_correct=[float(n) for n in last_stats['correct']],
+                # The accuracy after 0, 1, ..., rounds rounds (the recorded evaluations, pFedMe's too).
+                curve=[by_round.get(k + 1) for k in range(rounds + 1)],
+                # Wall seconds of each round (training, then the next round's sending and evaluation).
+                round_seconds=[b - a for a, b in zip(select_times[:-1], select_times[1:])],
                 versions=versions,
             ),
             f,

@@ -148,3 +148,58 @@ def test_parse_overrides_types_by_field():
         crosscheck.parse_overrides(['unknown=1'], Config())
     with pytest.raises(ValueError, match='name=value'):
         crosscheck.parse_overrides(['fedprox_mu'], Config())
+
+
+def test_statistical_verdict_one_seed_rule():
+    """One seed per side: equal within 1 point, not beyond (the rule can fail)."""
+    assert crosscheck.statistical_verdict([0.80], [0.809], None)[:2] == ('equal', None)
+    kind, reason, bound, rule = crosscheck.statistical_verdict([0.80], [0.82], None)
+    assert (kind, reason, bound) == ('unexplained', None, 0.01) and rule.startswith('one-seed')
+    assert crosscheck.statistical_verdict([0.80], [0.82], 'why')[:2] == ('explained', 'why')
+    assert crosscheck.statistical_verdict([math.nan], [0.8], None)[0] == 'unexplained'
+    with pytest.raises(ValueError):
+        crosscheck.statistical_verdict([], [0.8], None)
+
+
+def test_statistical_verdict_seed_spread():
+    """Two or more seeds on both sides: the means within the larger range over seeds."""
+    kind, _, bound, rule = crosscheck.statistical_verdict([0.70, 0.80], [0.78, 0.79], None)
+    assert kind == 'equal' and rule == 'seed spread' and bound == pytest.approx(0.10)
+    # Tight seeds: a 2-point gap of the means is beyond a 0.2-point spread (and beyond the one-seed rule too).
+    assert crosscheck.statistical_verdict([0.800, 0.802], [0.821, 0.822], None)[0] == 'unexplained'
+    # Tight seeds, a 0.5-point gap: the one-seed rule would call it equal, the spread does not.
+    assert crosscheck.statistical_verdict([0.800, 0.801], [0.805, 0.806], None)[0] == 'unexplained'
+    # Seeds on one side only: the one-seed rule.
+    assert crosscheck.statistical_verdict([0.70, 0.80], [0.745], None)[2:] == (0.01, 'one-seed rule (1 point)')
+
+
+def test_statistical_row():
+    ours = {0: [0.5, 0.6, 0.7], 1: [0.5, 0.62, 0.72]}
+    theirs = {0: [0.55, 0.66, 0.705], 1: [0.55, 0.64, 0.715]}
+    row = crosscheck.make_statistical_row('fedavg', 'pathological', 3, ours, theirs, {'a': 1}, {'b': 2}, 'abc')
+    assert tuple(row)[: len(crosscheck.ROW_KEYS)] == crosscheck.ROW_KEYS
+    assert row['mode'] == 'statistical' and row['max_abs_weight_diff'] is None
+    assert row['accuracy_fedpersonal'] == pytest.approx(0.71) and row['accuracy_pfllib'] == pytest.approx(0.71)
+    assert row['curve_fedpersonal'] == pytest.approx([0.5, 0.61, 0.71])
+    assert row['max_curve_gap'] == pytest.approx(0.05)
+    assert row['verdict'] == 'equal' and row['seeds_pfllib'] == [0, 1]
+    assert row['curves_by_seed_pfllib']['1'] == [0.55, 0.64, 0.715]
+    assert 'explanation' not in row
+    far = {0: [0.5, 0.6, 0.6]}
+    row = crosscheck.make_statistical_row('apfl', 'p', 3, {0: ours[0]}, far, {}, {}, 'c', explanation='clientapfl')
+    assert row['verdict'] == 'explained' and row['explanation'] == 'clientapfl'
+    assert row['verdict_rule'].startswith('one-seed')
+    with pytest.raises(ValueError, match='3 rounds'):
+        crosscheck.make_statistical_row('x', 'p', 3, {0: [0.5]}, far, {}, {}, 'c')
+    # Statistical rows sit beside exact rows of the same method and partition.
+    exact = crosscheck.make_row('fedavg', 'pathological', 2, 0.0, 0.5, 0.5, 'c')
+    assert len(crosscheck.merge_rows([exact], [dict(row, method='fedavg', partition='pathological')])) == 2
+
+
+def test_config_fields_records_what_a_method_reads():
+    class Config:
+        pfedme_lambda, pfedme_k, pfedme_personal_learning_rate, fedprox_mu = 15.0, 5, 0.01, 0.01
+
+    fields = crosscheck.config_fields(crosscheck.METHODS['pfedme'].args, Config())
+    assert fields == {'pfedme_lambda': 15.0, 'pfedme_k': 5, 'pfedme_personal_learning_rate': 0.01}
+    assert crosscheck.config_fields(crosscheck.METHODS['fedavg'].args, Config()) == {}
