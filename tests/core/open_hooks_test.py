@@ -18,6 +18,8 @@ from fedpersonal.core import client_start
 from fedpersonal.core import step_kinds
 from fedpersonal.privacy import audit
 from tests import tolerances
+from tests.algorithms.apfl_test import _loss_and_grads
+from tests.algorithms.apfl_test import model_fn as keras_model
 from tests.algorithms.fedper_fedrep_test import client_arrays
 from tests.algorithms.fedper_fedrep_test import datasets
 
@@ -34,17 +36,6 @@ STEPS = 2 * 4 * 2
 SPEC = collections.OrderedDict(x=tf.TensorSpec([None, DIM], tf.float32), y=tf.TensorSpec([None], tf.int32))
 
 
-def keras_model():
-    init = tf.keras.initializers.GlorotUniform
-    return tf.keras.Sequential(
-        [
-            tf.keras.Input([DIM]),
-            tf.keras.layers.Dense(HIDDEN, 'relu', kernel_initializer=init(seed=1)),
-            tf.keras.layers.Dense(NUM_CLASSES, kernel_initializer=init(seed=2)),
-        ]
-    )
-
-
 def loss_fn():
     return tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True)
 
@@ -54,14 +45,20 @@ def model_fn():
     return models.from_keras_model(model, input_spec=SPEC, global_layers=model.layers, local_layers=[])
 
 
-def _loss_and_grads(weights, x, y):
-    weights = [tf.constant(w) for w in weights]
-    with tf.GradientTape() as tape:
-        tape.watch(weights)
-        w1, b1, w2, b2 = weights
-        logits = tf.matmul(tf.nn.relu(tf.matmul(x, w1) + b1), w2) + b2
-        loss = tf.reduce_mean(tf.nn.sparse_softmax_cross_entropy_with_logits(labels=y, logits=logits))
-    return [g.numpy() for g in tape.gradient(loss, weights)]
+def sgd_reference(body, arrays, direction):
+    """FedAvg's round written here: each client's SGD steps of LR along ``direction(gradient, body)`` from `body`,
+    the examples-weighted mean of the trained weights."""
+    trained, examples = [], []
+    for x, y in arrays:
+        w, seen = [np.array(b) for b in body], 0
+        for s in range(0, len(x), BATCH):
+            g = _loss_and_grads(w, x[s : s + BATCH], y[s : s + BATCH])
+            w = [wi - LR * di for wi, di in zip(w, direction(g, body))]
+            seen += len(x[s : s + BATCH])
+        trained.append(w)
+        examples.append(seen)
+    total = float(sum(examples))
+    return [sum(n * t[k] for n, t in zip(examples, trained)) / total for k in range(len(body))]
 
 
 # ------------------------------------------------------------------ a step kind of the test's own
@@ -85,18 +82,11 @@ class NormalizedStep:
 
 
 def normalized_reference(body, arrays):
-    trained, examples = [], []
-    for x, y in arrays:
-        w, seen = [np.array(b) for b in body], 0
-        for s in range(0, len(x), BATCH):
-            g = _loss_and_grads(w, x[s : s + BATCH], y[s : s + BATCH])
-            norm = np.sqrt(sum(float(np.sum(np.square(gi, dtype=np.float64))) for gi in g)) + 1e-3
-            w = [wi - LR * gi / norm for wi, gi in zip(w, g)]
-            seen += len(x[s : s + BATCH])
-        trained.append(w)
-        examples.append(seen)
-    total = float(sum(examples))
-    return [sum(n * t[k] for n, t in zip(examples, trained)) / total for k in range(len(body))]
+    def direction(g, body):
+        norm = np.sqrt(sum(float(np.sum(np.square(gi, dtype=np.float64))) for gi in g)) + 1e-3
+        return [gi / norm for gi in g]
+
+    return sgd_reference(body, arrays, direction)
 
 
 @pytest.mark.numeric
@@ -284,17 +274,7 @@ class Alignment:
 
 
 def aligned_reference(body, arrays):
-    trained, examples = [], []
-    for x, y in arrays:
-        w, seen = [np.array(b) for b in body], 0
-        for s in range(0, len(x), BATCH):
-            g = _loss_and_grads(w, x[s : s + BATCH], y[s : s + BATCH])
-            w = [wi - LR * (gi + 0.5 * bi) for wi, gi, bi in zip(w, g, body)]
-            seen += len(x[s : s + BATCH])
-        trained.append(w)
-        examples.append(seen)
-    total = float(sum(examples))
-    return [sum(n * t[k] for n, t in zip(examples, trained)) / total for k in range(len(body))]
+    return sgd_reference(body, arrays, lambda g, body: [gi + 0.5 * bi for gi, bi in zip(g, body)])
 
 
 @pytest.mark.numeric
