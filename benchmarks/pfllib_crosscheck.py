@@ -214,24 +214,35 @@ def client_arrays(xs, ys, txs, tys) -> dict[str, np.ndarray]:
     return arrays
 
 
-def run_pfllib(method: str, ours: dict[str, Any], rounds: int, work_dir: str) -> dict[str, Any]:
-    """PFLlib's run of `method` on `ours`' clients, order and initial weights; its result with weights in Keras'
-    layout."""
+def _pfllib_inputs(
+    method: str, rows: tuple[Any, Any, Any, Any], initial: Any, config: Any, rounds: int, **extra: Any
+) -> tuple[dict[str, Any], dict[str, Any]]:
+    """The arrays PFLlib's row script reads (the clients' train and test rows `rows`, the `initial` Keras weights in
+    PyTorch's layout) and its run spec (the method's PFLlib classes, `config`'s hyperparameters, `extra`)."""
     spec = METHODS[method]
-    xs, ys = ours['train']
-    arrays = client_arrays(xs, ys, *ours['test'])
-    torch_weights = keras_to_torch(ours['initial'])
+    arrays = client_arrays(*rows)
+    torch_weights = keras_to_torch(initial)
     arrays.update({f'w{i}': w for i, w in enumerate(torch_weights)})
     run_spec = dict(
-        num_clients=len(xs),
+        num_clients=len(rows[0]),
         rounds=rounds,
         num_weights=len(torch_weights),
         head_split=spec.head_split,
         server_module=spec.server_module,
         server_class=spec.server_class,
         client_model=spec.client_model,
-        args=pfllib_args(method, ours['config']),
-        ala_starts=ours['ala_starts'],
+        args=pfllib_args(method, config),
+        **extra,
+    )
+    return arrays, run_spec
+
+
+def run_pfllib(method: str, ours: dict[str, Any], rounds: int, work_dir: str) -> dict[str, Any]:
+    """PFLlib's run of `method` on `ours`' clients, order and initial weights; its result with weights in Keras'
+    layout."""
+    xs, ys = ours['train']
+    arrays, run_spec = _pfllib_inputs(
+        method, (xs, ys, *ours['test']), ours['initial'], ours['config'], rounds, ala_starts=ours['ala_starts']
     )
     handle = launch_pfllib(method, arrays, run_spec, work_dir)
     row = wait_pfllib(handle)
@@ -248,21 +259,15 @@ def run_pfllib(method: str, ours: dict[str, Any], rounds: int, work_dir: str) ->
 def launch_statistical(method: str, ready: dict[str, Any], rounds: int, seed: int, work_dir: str):
     """Starts PFLlib's statistical run of `method`: every client's full rows in PFLlib's partition order, the same
     Keras initial weights, fedpersonal's hyperparameters, PFLlib's own shuffling seeded by `seed`."""
-    spec = METHODS[method]
     x, y = ready['pooled']
     train, test = ready['partition_rows']
-    arrays = client_arrays([x[r] for r in train], [y[r] for r in train], [x[r] for r in test], [y[r] for r in test])
-    torch_weights = keras_to_torch(ready['initial'])
-    arrays.update({f'w{i}': w for i, w in enumerate(torch_weights)})
-    run_spec = dict(
-        num_clients=len(train),
-        rounds=rounds,
-        num_weights=len(torch_weights),
-        head_split=spec.head_split,
-        server_module=spec.server_module,
-        server_class=spec.server_class,
-        client_model=spec.client_model,
-        args=pfllib_args(method, ready['config']),
+    rows = ([x[r] for r in train], [y[r] for r in train], [x[r] for r in test], [y[r] for r in test])
+    arrays, run_spec = _pfllib_inputs(
+        method,
+        rows,
+        ready['initial'],
+        ready['config'],
+        rounds,
         ala_starts=None,  # FedALA: PFLlib's own random slice starts.
         shuffle=True,
         seed=seed,
