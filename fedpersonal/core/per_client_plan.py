@@ -61,9 +61,10 @@ def build_client_update(
             personalization = plan.personalization
             extras: list[tf.Variable] = []
             mapped_model = None
-            if personalization is not None:  # The model runs at `predicts_with` of the copy and its extras.
+            if personalization is not None:  # The copy's extras; a phase training it runs at `predicts_with`.
                 extras = [tf.Variable(e) for e in personalization.extras(list(model.global_trainable_variables))]
-                mapped_model = client_work.construct(model_fn)
+                if any(PERSONAL in p.trains for p in plan.phases):
+                    mapped_model = client_work.construct(model_fn)
             needs_scratch = personal is None and any(p.step for p in plan.phases)  # `MetaStep`s trial weights.
             scratch = client_work.construct(model_fn) if needs_scratch else None
             metrics = {}
