@@ -1,7 +1,9 @@
 """A user's Keras model by import path (the benchmark binary's ``--model=module:function``), checked up front.
 
 `load_factory` imports ``module`` and takes its ``function``; `build` calls it with those of ``input_shape``,
-``num_classes`` and ``seed`` its signature accepts (all of them with ``**kwargs``) and checks what it returns: a
+``num_classes`` and ``seed`` its signature accepts (all of them with ``**kwargs``; one that takes no ``seed`` is
+called with Python's, NumPy's and TF's global seeds set to it, then restored, so that its unseeded initializers give
+the same weights on every call: same seed, same numbers) and checks what it returns: a
 ``tf.keras.Model`` taking the images (``[batch, H, W, C]``) and giving ``[batch, num_classes]`` logits. `head_layer`
 is the model's last layer, which methods with a local head keep on the clients: it must be a ``Dense`` layer. Every
 problem is a `ConfigError` naming the flag, not a stack trace from inside Keras.
@@ -19,11 +21,15 @@ fedpersonal.errors.ConfigError: --model=...: the model outputs shape [None, 10];
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import inspect
+import random
 from collections.abc import Callable
+from collections.abc import Iterator
 from typing import Any
 
+import numpy as np
 import tensorflow as tf
 
 from fedpersonal import errors
@@ -77,6 +83,21 @@ def _arguments(factory: Callable[..., Any], offered: dict[str, Any], spec: str, 
     return {k: v for k, v in offered.items() if k in parameters}
 
 
+@contextlib.contextmanager
+def _global_seeds(seed: int) -> Iterator[None]:
+    """Python's, NumPy's and TF's global random state seeded with `seed` (as `tf.keras.utils.set_random_seed`) inside
+    the block, and put back after it."""
+    python_state, numpy_state = random.getstate(), np.random.get_state()
+    tf_seed, _ = tf.compat.v1.get_seed(None)
+    tf.keras.utils.set_random_seed(seed)
+    try:
+        yield
+    finally:
+        random.setstate(python_state)
+        np.random.set_state(numpy_state)
+        tf.random.set_seed(tf_seed)
+
+
 @tf.autograph.experimental.do_not_convert  # Called in a model_fn traced by TFF: the user's Python, as is.
 def build(
     spec: str,
@@ -93,7 +114,8 @@ def build(
       spec: ``'module:function'``.
       input_shape: One image's shape.
       num_classes: Passed to the factory (if it takes it).
-      seed: Passed to the factory (if it takes it), to give the same initial weights each call.
+      seed: Passed to the factory if it takes it, else the global seeds while it runs: the same initial weights
+        each call.
       expected_classes: The logits the data needs (default `num_classes`).
       flag: The flag named by the errors.
 
@@ -103,8 +125,10 @@ def build(
     """
     factory = load_factory(spec, flag)
     kwargs = _arguments(factory, dict(input_shape=tuple(input_shape), num_classes=num_classes, seed=seed), spec, flag)
+    seeded = contextlib.nullcontext() if 'seed' in kwargs else _global_seeds(seed)
     try:
-        model = factory(**kwargs)
+        with seeded:
+            model = factory(**kwargs)
     except Exception as error:  # The user's code: any error while building the model.
         raise errors.ConfigError(
             f'{flag}={spec}: calling it with {kwargs} failed ({type(error).__name__}: {error}).'

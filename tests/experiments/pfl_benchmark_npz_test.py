@@ -290,3 +290,25 @@ def test_help_lists_the_new_flags():
     for flag in ('--data_path', '--model', 'npz'):
         assert flag in help_text
     assert 'module:function' in help_text and 'mypackage.models:small_cnn' in help_text
+
+
+def test_a_factory_without_a_seed_gives_the_same_weights_every_call_and_leaves_the_global_seeds(user_module):
+    """`tiny` takes no seed: it is built under the run's seed (same seed, same numbers; a run's initial weights come
+    from one such call in each process), and the caller's Python, NumPy and TF random streams are as before."""
+    del user_module
+    import random  # pylint: disable=g-import-not-at-top
+
+    def weights(seed):
+        return [w.copy() for w in keras_factory.build('usermodels:tiny', (8, 8, 1), 10, seed=seed).get_weights()]
+
+    random.seed(3)
+    np.random.seed(3)
+    tf.random.set_seed(3)
+    expected = (random.random(), np.random.random(), float(tf.random.uniform([])))
+    random.seed(3)
+    np.random.seed(3)
+    tf.random.set_seed(3)
+    first, again, other = weights(0), weights(0), weights(1)
+    assert (random.random(), np.random.random(), float(tf.random.uniform([]))) == expected
+    assert all(np.array_equal(a, b) for a, b in zip(first, again))
+    assert not np.array_equal(first[0], other[0])
