@@ -22,6 +22,8 @@ if [ "${FEDPERSONAL_DATA_INSTALL:-0}" = 1 ] && [ ! -d "$FASHION_MNIST" ] && comm
 fi
 bash scripts/lint.sh
 if [ -x scripts/check_build.sh ]; then bash scripts/check_build.sh; fi
+# The cores this process may use, counted before OMP_NUM_THREADS=1 below (GNU nproc reports OMP_NUM_THREADS).
+WORKERS="${FP_TEST_WORKERS:-$(($(OMP_NUM_THREADS='' OMP_THREAD_LIMIT='' nproc) + 1))}"
 if [ "${FP_TEST_WORKERS:-auto}" != 0 ]; then
   # One compute thread per process (TF, TFF's worker_binary, OpenBLAS): with a pytest worker per core, the default
   # thread pools oversubscribe the cores and spin against each other (a numpy ALS fit took 45 s instead of 1 s, and
@@ -29,7 +31,7 @@ if [ "${FP_TEST_WORKERS:-auto}" != 0 ]; then
   # (Inter-op threads stay at their default: a single one can deadlock graphs with blocking ops; it gained nothing.)
   export TF_NUM_INTRAOP_THREADS=1 OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1
 fi
-WORKERS="${FP_TEST_WORKERS:-$(($(nproc) + 1))}"
+echo "[test] pytest workers: $WORKERS"
 python -m pytest tests -q -rs -p no:warnings --durations=15 -n "$WORKERS" "$@"
 # The numeric equivalences (marked `numeric`: engine vs per-client, workers vs local, against TFF or a plain loop)
 # again with oneDNN's SSE4.1 kernels, which neither kind of machine the project runs on picks by itself (AVX-512
