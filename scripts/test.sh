@@ -3,10 +3,13 @@
 # (scripts/lint.sh: ruff check, ruff format --check, mypy fedpersonal), checks the BUILD files, runs pytest.
 # pytest runs one worker process per core plus one (pytest-xdist; FP_TEST_WORKERS overrides, 0 runs in this process):
 # with one per core the cores idle about a fifth of the time (user CPU 42.8 of 52.2 core-minutes) while tests wait on
-# process starts (binaries, notebook kernels, Ray and TFF workers), which the extra worker fills. On 2026-12-06 (Intel, 2 cores, at 16ea668, in the tree, nothing else running) pytest took 26.1 min
-# with 2 workers and 23.5 min with 3 (user CPU 42.8 min: at 2 cores no scheduling gets pytest under 21.4 min); on
-# 2026-11-26 829 s with 3 against 916 s with 2. The time is mostly TF and TFF tracing and the process starts of
-# binaries and Ray workers (3.4 s to import TF and TFF), not rounds: above the 20 minutes issue 62 asks for.
+# process starts (binaries, notebook kernels, Ray and TFF workers), which the extra worker fills. On 2026-12-06
+# (Intel, 2 cores, nothing else running): in the tree at 16ea668 pytest took 26.1 min with 2 workers, 23.5 min with 3;
+# `CI=true bash .ci/run` from clean clones 36.5 min with 2 (f1f616a; pytest 30.5) and 35.8 min with 3 (e70f98e; pytest
+# 30.0, the SSE41 pass 4.1), on a slower hour (user CPU 61 min); on 2026-11-26 829 s with 3 against 916 s with 2. At 2
+# cores no scheduling gets pytest under user CPU / 2 (21.4 min in the tree): the time is mostly TF and TFF tracing and
+# the process starts of binaries and Ray workers (3.4 s to import TF and TFF), not rounds: above the 20 minutes issue
+# 62 asks for.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 source scripts/env.sh
