@@ -5,6 +5,7 @@ labelled by the file's stem; every bad file, flag or model gets a clear message 
 import json
 import math
 import os
+import random
 import re
 import subprocess
 import sys
@@ -296,7 +297,6 @@ def test_a_factory_without_a_seed_gives_the_same_weights_every_call_and_leaves_t
     """`tiny` takes no seed: it is built under the run's seed (same seed, same numbers; a run's initial weights come
     from one such call in each process), and the caller's Python, NumPy and TF random streams are as before."""
     del user_module
-    import random  # pylint: disable=g-import-not-at-top
 
     def weights(seed):
         return [w.copy() for w in keras_factory.build('usermodels:tiny', (8, 8, 1), 10, seed=seed).get_weights()]
