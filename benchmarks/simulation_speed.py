@@ -26,8 +26,13 @@ timed round includes them.
 
 ``--quick`` (2 timed rounds of ``QUICK_WORKLOADS``: ``mf`` and the cheapest other workload, ``furl``, unless
 ``--workloads``) takes ~4 minutes on 2 cores. Writes ``--output`` (``command``, ``machine``, ``flop_rate_gflops``,
-``rows``, ``skipped``) and prints a Markdown table; rows of workloads not run this time are kept from the file
-(each with the ``earlier_run`` that measured it), so ``--workloads=peers`` adds or refreshes those rows alone.
+``rows``, ``skipped``, ``mf_engine_vs_limit``) and prints a Markdown table; rows not run this time (other workloads,
+or other rows of a workload under ``--rows``) are kept from the file (each with the ``earlier_run`` that measured it),
+so ``--workloads=peers`` adds or refreshes those rows alone. ``machine`` names the CPU model, its widest instruction
+set (``cpu_isa``) and oneDNN's settings (``ONEDNN_MAX_CPU_ISA``, ``TF_ENABLE_ONEDNN_OPTS``: set them to emulate
+another kind of machine). ``mf_engine_vs_limit`` keeps one entry per such kind of machine: the ``mf`` engine row's
+s/round over the limit's, e.g. from ``--workloads=mf --rows=engine,limit`` run once as is and once under
+``ONEDNN_MAX_CPU_ISA=AVX2``.
 
 The ``peers`` workload (issue 43 item 5) runs `benchmarks/peer_speed.py` with `PEER_ARGS` (one intra-op thread
 for TensorFlow and PyTorch alike; ``--peer_args`` replaces them): FedAvg rounds of the engine beside pfl-research
@@ -343,15 +348,29 @@ def markdown(rows: list[dict[str, Any]]) -> str:
     return '\n'.join(lines)
 
 
+def _cpu_isa(flags: set[str]) -> str:
+    """The widest vector instruction set among the CPU's `flags` (/proc/cpuinfo's), as oneDNN names its levels."""
+    return next((isa for flag, isa in _ISA_LEVELS if flag in flags), 'unknown')
+
+
+_ISA_LEVELS = (('avx512f', 'AVX512_CORE'), ('avx2', 'AVX2'), ('avx', 'AVX'), ('sse4_1', 'SSE41'))
+
+
 def _machine() -> dict[str, Any]:
     with open('/proc/cpuinfo') as f:
-        model = next((line.split(':', 1)[1].strip() for line in f if line.startswith('model name')), '')
+        lines = f.read().splitlines()
+    model = next((line.split(':', 1)[1].strip() for line in lines if line.startswith('model name')), '')
+    flags = next((set(line.split(':', 1)[1].split()) for line in lines if line.startswith('flags')), set())
     versions = {p: importlib.metadata.version(p) for p in ('tensorflow', 'tensorflow-federated', 'numpy')}
     git = lambda *a: subprocess.run(['git', *a], cwd=_REPO, capture_output=True, text=True).stdout.strip()
     dirty = bool(git('status', '--porcelain', '--untracked-files=no'))  # Uncommitted changes were measured too.
     return dict(
         cpus=os.cpu_count(),
         cpu_model=model,
+        cpu_isa=_cpu_isa(flags),
+        # oneDNN picks its kernels by instruction set; these emulate another machine (README, Reproducibility).
+        onednn_max_cpu_isa=os.environ.get('ONEDNN_MAX_CPU_ISA', 'default'),
+        tf_enable_onednn_opts=os.environ.get('TF_ENABLE_ONEDNN_OPTS', 'default'),
         platform=platform.platform(),
         commit=git('rev-parse', 'HEAD'),
         commit_dirty=dirty,
@@ -373,18 +392,60 @@ def run_peers(work_dir: str, workload: str = PEERS) -> list[dict[str, Any]]:
     return [dict(row, workload=workload, peer_run=run) for row in report['rows']]
 
 
-def _earlier(path: str, names: list[str]) -> tuple[list[dict[str, Any]], dict[str, str], list[dict[str, Any]]]:
-    """The rows, workload descriptions and skips of `path` (an earlier report) of workloads not in `names`; each
-    row names the run that measured it (``earlier_run``)."""
+def _earlier(
+    path: str, names: list[str], measured: set[tuple[str, str]]
+) -> tuple[list[dict[str, Any]], dict[str, str], list[dict[str, Any]], list[dict[str, Any]]]:
+    """The rows, workload descriptions and skips of `path` (an earlier report) of workloads not in `names`, and the
+    rows of workloads in `names` that this run did not measure (`measured`: (workload, row) pairs; ``--rows``);
+    each row names the run that measured it (``earlier_run``). Also the earlier `MF_VS_LIMIT` entries."""
     if not os.path.exists(path):
-        return [], {}, []
+        return [], {}, [], []
     with open(path) as f:
         earlier = json.load(f)
     run = dict(command=earlier.get('command'), commit=earlier.get('machine', {}).get('commit'))
     kept = lambda workload: workload not in names
-    rows = [dict(r, earlier_run=r.get('earlier_run', run)) for r in earlier.get('rows', []) if kept(r['workload'])]
+    rows = [
+        dict(r, earlier_run=r.get('earlier_run', run))
+        for r in earlier.get('rows', [])
+        if kept(r['workload']) or (r['workload'] in WORKLOADS and (r['workload'], r.get('name')) not in measured)
+    ]
     workloads = {w: d for w, d in earlier.get('workloads', {}).items() if kept(w)}
-    return rows, workloads, [s for s in earlier.get('skipped', []) if kept(s['workload'])]
+    skipped = [s for s in earlier.get('skipped', []) if kept(s['workload'])]
+    return rows, workloads, skipped, earlier.get(MF_VS_LIMIT, [])
+
+
+MF_VS_LIMIT = 'mf_engine_vs_limit'  # The MF round against the hand-written limit, one entry per kind of machine.
+_MACHINE_KIND = ('cpu_model', 'cpu_isa', 'onednn_max_cpu_isa', 'tf_enable_onednn_opts')
+
+
+def mf_vs_limit(
+    rows: list[dict[str, Any]], machine: dict[str, Any], earlier: list[dict[str, Any]]
+) -> list[dict[str, Any]]:
+    """`earlier`'s entries with this run's, if it measured the ``mf`` workload's engine and limit rows: the engine's
+    s/round over the limit's on this kind of machine (CPU model, instruction set, oneDNN's settings), replacing an
+    earlier entry of the same kind.
+
+    >>> machine = dict(cpu_model='x', cpu_isa='AVX2', onednn_max_cpu_isa='default', tf_enable_onednn_opts='default',
+    ...                commit='c')
+    >>> rows = [dict(workload='mf', name='engine', seconds_per_round=0.03),
+    ...         dict(workload='mf', name='limit', seconds_per_round=0.01)]
+    >>> [e['engine_over_limit'] for e in mf_vs_limit(rows, machine, [dict(machine, engine_over_limit=9.0)])]
+    [3.0]
+    """
+    by_name = {r['name']: r for r in rows if r.get('workload') == 'mf' and 'error' not in r and 'earlier_run' not in r}
+    if 'engine' not in by_name or 'limit' not in by_name:
+        return earlier
+    engine, limit = by_name['engine']['seconds_per_round'], by_name['limit']['seconds_per_round']
+    entry = {k: machine[k] for k in _MACHINE_KIND} | dict(
+        commit=machine['commit'],
+        date=time.strftime('%Y-%m-%d'),
+        rounds=by_name['engine'].get('rounds'),
+        engine_s=engine,
+        limit_s=limit,
+        engine_over_limit=engine / limit,
+    )
+    same = lambda e: all(e.get(k) == entry[k] for k in _MACHINE_KIND)
+    return [e for e in earlier if not same(e)] + [entry]
 
 
 def main() -> None:
@@ -425,9 +486,12 @@ def main() -> None:
             rows += workload_rows
     command = 'python ' + ' '.join(shlex.quote(a) for a in [os.path.relpath(sys.argv[0], _REPO)] + sys.argv[1:])
     output = os.path.join(_REPO, _OUTPUT.value)  # Relative to the repository; an absolute path stays as is.
-    earlier_rows, descriptions, earlier_skipped = _earlier(output, names)
+    measured = {(r['workload'], r['name']) for r in rows if 'name' in r}
+    earlier_rows, descriptions, earlier_skipped, earlier_mf = _earlier(output, names, measured)
+    machine = _machine()
+    report = dict(command=command, machine=machine, flop_rate_gflops=gflops, rounds=rounds, rows=rows + earlier_rows)
+    report[MF_VS_LIMIT] = mf_vs_limit(rows, machine, earlier_mf)
     rows += earlier_rows
-    report = dict(command=command, machine=_machine(), flop_rate_gflops=gflops, rounds=rounds, rows=rows)
     descriptions |= {n: WORKLOADS[n].description if n in WORKLOADS else 'benchmarks/peer_speed.py' for n in names}
     report.update(skipped=skipped + earlier_skipped, workloads=descriptions, wall_s=time.time() - started)
     report.update(load_average_before=load_before, load_average_after=os.getloadavg())
