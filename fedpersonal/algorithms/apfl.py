@@ -177,7 +177,7 @@ def build_apfl(
     model_fn: Callable[[], tf.keras.Model],
     *,
     element_spec: Any,
-    initial_alpha: float = 0.25,
+    initial_alpha: float = 0.5,
     client_epochs: int = 1,
     personal_epochs: int = 1,
     client_optimizer: tff.learning.optimizers.Optimizer,
@@ -189,7 +189,8 @@ def build_apfl(
     Args:
       model_fn: No-arg function returning a new Keras classifier (logits) on `element_spec['x']`.
       element_spec: The client datasets' element spec, with ``x`` and ``y`` (integer labels).
-      initial_alpha: Every client's mixing weight before its first round.
+      initial_alpha: Every client's mixing weight before its first round (default the benchmark's
+        ``--apfl_alpha``).
       client_epochs: Local epochs of the global model per round.
       personal_epochs: Epochs of the personal model and alpha per round.
       client_optimizer: The global model's local optimizer (fresh state every round).

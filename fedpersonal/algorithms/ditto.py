@@ -79,8 +79,8 @@ def build_ditto(
     lam: float = 0.1,
     client_epochs: int = 1,
     personal_epochs: int = 1,
-    client_optimizer: tff.learning.optimizers.Optimizer = tff.learning.optimizers.build_adam(learning_rate=1e-3),
-    personal_optimizer: tff.learning.optimizers.Optimizer = tff.learning.optimizers.build_sgdm(learning_rate=0.05),
+    client_optimizer: tff.learning.optimizers.Optimizer = tff.learning.optimizers.build_sgdm(learning_rate=0.005),
+    personal_optimizer: tff.learning.optimizers.Optimizer = tff.learning.optimizers.build_sgdm(learning_rate=0.005),
     server_optimizer: tff.learning.optimizers.Optimizer = tff.learning.optimizers.build_sgdm(learning_rate=1.0),
     simulation: str | None = None,
     group_size: int | None = None,
@@ -91,6 +91,9 @@ def build_ditto(
       model_fn: No-arg function returning a new Keras classifier (logits) on `element_spec['x']`.
       element_spec: `OrderedDict(x=..., y=[None] int)` of the client datasets.
       lam: Ditto's lambda (the proximal weight; 0 gives independent local models).
+
+      The defaults are the personalization benchmark's (`fedpersonal.tasks.pfl_benchmark_config`: PFLlib's SGD
+      learning rate 0.005 for both models, lambda 0.1, one epoch each).
       client_epochs: Local epochs of the global model (FedAvg) per round.
       personal_epochs: Epochs of the personal model per round.
       client_optimizer: For the global model's local training (fresh state every round).

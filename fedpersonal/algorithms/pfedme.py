@@ -111,12 +111,12 @@ def build_pfedme(
     model_fn: Callable[[], tf.keras.Model],
     *,
     element_spec: object,
-    lam: float = 15.0,
+    lam: float = 1.0,
     inner_steps: int = 5,
     personal_learning_rate: float = 0.01,
     learning_rate: float = 0.005,
     client_epochs: int = 1,
-    mu: float = 0.0,
+    mu: float = 0.001,
     server_optimizer: tff.learning.optimizers.Optimizer,
 ) -> process_lib.PersonalizedProcess:
     """Builds pFedMe on the context's backend, for a Keras classifier (logits).
@@ -124,12 +124,13 @@ def build_pfedme(
     Args:
       model_fn: No-arg function returning a new Keras classifier (logits) on `element_spec['x']`.
       element_spec: The client datasets' element spec, with ``x`` and ``y`` (integer labels).
-      lam: The proximal weight lambda (the paper: 15; PFLlib's default 1).
+      lam: The proximal weight lambda (the paper: 15; PFLlib's default 1). The defaults are the personalization
+        benchmark's (`fedpersonal.tasks.pfl_benchmark_config`, PFLlib's).
       inner_steps: K, theta's steps per batch.
       personal_learning_rate: theta's learning rate.
       learning_rate: w's learning rate (its step is ``lr * lam * (w - theta)``).
       client_epochs: Passes over the client's data per round.
-      mu: theta's weight decay (PFLlib's pFedMeOptimizer: 0.001).
+      mu: theta's weight decay (PFLlib's pFedMeOptimizer: 0.001; 0: the paper's).
       server_optimizer: Applied to the averaged update (SGD of learning rate beta).
 
     Returns:
