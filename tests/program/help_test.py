@@ -26,6 +26,7 @@ BINARIES = {
         '--total_rounds',
         '--vocab_sizes: Vocabulary sizes (one table per size).',
     ),
+    'pfl_benchmark': ('output/pfl_benchmark', '--total_rounds', "--apfl_alpha: APFL's initial mixing weight alpha."),
 }
 
 OUTPUT_DIR_HELP = (
@@ -39,6 +40,7 @@ CONFIG_MODULES = (
     'fedpersonal.tasks.hpfl_user_modeling_config',
     'fedpersonal.tasks.movielens_mf_config',
     'fedpersonal.tasks.next_word_prediction_config',
+    'fedpersonal.tasks.pfl_benchmark_config',
 )
 
 
