@@ -80,6 +80,13 @@ METHODS: dict[str, PfllibMethod] = {
             'model is the global one (its client weights equal its global weights exactly here), not theta. '
             "fedpersonal predicts with the client's last theta (the paper's). The global weights agree."
         ),
+        statistical_explanation=(
+            "As exact mode found (clientpFedMe.py:81 evaluates personalized_params, the model's own parameters, "
+            'which set_parameters at lines 76-77 overwrote with the received global model): PFLlib scores the '
+            "global model, whose accuracy under the pathological split rises as FedAvg's does (about 0.6 after 8 "
+            "rounds), fedpersonal each client's personalized theta (the paper's); the curves measure different "
+            'models.'
+        ),
     ),
     'fedala': PfllibMethod(
         'serverala',
