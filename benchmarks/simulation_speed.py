@@ -348,12 +348,12 @@ def markdown(rows: list[dict[str, Any]]) -> str:
     return '\n'.join(lines)
 
 
+_ISA_LEVELS = (('avx512f', 'AVX512_CORE'), ('avx2', 'AVX2'), ('avx', 'AVX'), ('sse4_1', 'SSE41'))
+
+
 def _cpu_isa(flags: set[str]) -> str:
     """The widest vector instruction set among the CPU's `flags` (/proc/cpuinfo's), as oneDNN names its levels."""
     return next((isa for flag, isa in _ISA_LEVELS if flag in flags), 'unknown')
-
-
-_ISA_LEVELS = (('avx512f', 'AVX512_CORE'), ('avx2', 'AVX2'), ('avx', 'AVX'), ('sse4_1', 'SSE41'))
 
 
 def _machine() -> dict[str, Any]:
@@ -489,9 +489,10 @@ def main() -> None:
     measured = {(r['workload'], r['name']) for r in rows if 'name' in r}
     earlier_rows, descriptions, earlier_skipped, earlier_mf = _earlier(output, names, measured)
     machine = _machine()
-    report = dict(command=command, machine=machine, flop_rate_gflops=gflops, rounds=rounds, rows=rows + earlier_rows)
-    report[MF_VS_LIMIT] = mf_vs_limit(rows, machine, earlier_mf)
+    mf_entries = mf_vs_limit(rows, machine, earlier_mf)  # From this run's rows only.
     rows += earlier_rows
+    report = dict(command=command, machine=machine, flop_rate_gflops=gflops, rounds=rounds, rows=rows)
+    report[MF_VS_LIMIT] = mf_entries
     descriptions |= {n: WORKLOADS[n].description if n in WORKLOADS else 'benchmarks/peer_speed.py' for n in names}
     report.update(skipped=skipped + earlier_skipped, workloads=descriptions, wall_s=time.time() - started)
     report.update(load_average_before=load_before, load_average_after=os.getloadavg())

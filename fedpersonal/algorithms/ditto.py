@@ -87,13 +87,13 @@ def build_ditto(
 ) -> process_lib.PersonalizedProcess:
     """Builds Ditto as an iterative process with personal models as CLIENTS-placed private state.
 
+    The defaults are the personalization benchmark's (`fedpersonal.tasks.pfl_benchmark_config`: PFLlib's SGD
+    learning rate 0.005 for both models, lambda 0.1, one epoch each).
+
     Args:
       model_fn: No-arg function returning a new Keras classifier (logits) on `element_spec['x']`.
       element_spec: `OrderedDict(x=..., y=[None] int)` of the client datasets.
       lam: Ditto's lambda (the proximal weight; 0 gives independent local models).
-
-      The defaults are the personalization benchmark's (`fedpersonal.tasks.pfl_benchmark_config`: PFLlib's SGD
-      learning rate 0.005 for both models, lambda 0.1, one epoch each).
       client_epochs: Local epochs of the global model (FedAvg) per round.
       personal_epochs: Epochs of the personal model per round.
       client_optimizer: For the global model's local training (fresh state every round).

@@ -86,6 +86,8 @@ class InnerProblem:
         return step_kinds.Step(loss, output, list(theta), direction)
 
 
+PFLLIB_WEIGHT_DECAY = 0.001  # theta's weight decay in PFLlib's pFedMeOptimizer (the paper has none).
+
 # Up to this many inner steps run unrolled (the engine ran them faster than a `tf.while_loop`, vectorized over
 # clients); more steps loop, keeping the program small.
 _UNROLLED_STEPS = 10
@@ -116,7 +118,7 @@ def build_pfedme(
     personal_learning_rate: float = 0.01,
     learning_rate: float = 0.005,
     client_epochs: int = 1,
-    mu: float = 0.001,
+    mu: float = PFLLIB_WEIGHT_DECAY,
     server_optimizer: tff.learning.optimizers.Optimizer,
 ) -> process_lib.PersonalizedProcess:
     """Builds pFedMe on the context's backend, for a Keras classifier (logits).

@@ -218,7 +218,7 @@ METHOD_SPECS: dict[str, Method] = {
             personal_learning_rate=c.pfedme_personal_learning_rate,
             learning_rate=c.client_learning_rate,
             client_epochs=c.client_epochs,
-            mu=0.001,
+            mu=pfedme.PFLLIB_WEIGHT_DECAY,
         )
     ),
     'fedala': Method(_fedala),
