@@ -34,7 +34,7 @@ the accuracies are compared.
   accuracy (see the row script).
 
 Methods: `METHODS` (FedAvg, FedProx, Per-FedAvg, Ditto, FedPer, FedRep, LG-FedAvg, pFedMe, FedALA, FedBABU,
-FedRoD, APFL), each with fedpersonal's hyperparameters on both sides (e.g. PFLlib's FedProx ``mu`` = the config's
+FedRoD, APFL, SCAFFOLD), each with fedpersonal's hyperparameters on both sides (e.g. PFLlib's FedProx ``mu`` = the config's
 ``fedprox_mu``; ``--overrides`` sets other values on both sides). Not here: FedBN (no benchmark row: the CNN has no
 batch normalization), SCAFFOLD, MOON, FedAMP, FedDBE (not benchmark methods yet). The
 verdict is on the weights alone: FedBABU's accuracies differ with equal weights because fedpersonal fine-tunes

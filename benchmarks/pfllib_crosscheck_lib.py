@@ -104,6 +104,7 @@ METHODS: dict[str, PfllibMethod] = {
         'serverbabu', 'FedBABU', head_split=True, args=lambda c: {'fine_tuning_epochs': c.finetune_epochs}
     ),
     'fedrod': PfllibMethod('serverrod', 'FedROD', head_split=True, client_model='model,head'),
+    'scaffold': PfllibMethod('serverscaffold', 'SCAFFOLD', args=lambda c: {'server_learning_rate': 1.0}),
     'apfl': PfllibMethod(
         'serverapfl',
         'APFL',
@@ -403,7 +404,7 @@ def run_fedpersonal(
     process = pfl_benchmark.build_method_process(benchmark, method, plan, phased_model)
     ids = benchmark.client_ids
     state = process.initialize()
-    start = [np.asarray(w) for w in process.get_model_weights(state).trainable]
+    start = [np.asarray(w) for w in client_plan.model_weights(plan, process.get_model_weights(state)).trainable]
     global_layers = LAYERS if phased_model is not None else [x for x in LAYERS if x not in spec.local_layers]
     shared = [w for layer, i in zip(LAYERS, range(0, 8, 2)) if layer in global_layers for w in initial[i : i + 2]]
     if max_abs_diff(start, shared) != 0.0:  # The exported weights are the ones fedpersonal starts from.
@@ -454,7 +455,8 @@ def run_fedpersonal(
             metrics = evaluate(weights, private) if plan.stateful else evaluate(weights)
     finally:
         evaluation._accuracies = original  # pylint: disable=protected-access
-    global_trainable = [np.asarray(w) for w in weights.trainable]
+    # The model's (SCAFFOLD's server holds c after them); `personalized_weights` reads the server's weights.
+    global_trainable = [np.asarray(w) for w in client_plan.model_weights(plan, weights).trainable]
     clients_weights, trained_local = [], []
     for p in private or [None] * len(ids):
         if p is not None and plan.global_start is not None:  # FedALA: v, the trained local model (then W).

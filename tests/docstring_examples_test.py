@@ -2,8 +2,11 @@
 
 import doctest
 import importlib
+import pkgutil
 
 import pytest
+
+from fedpersonal import algorithms
 
 MODULES = (
     'fedpersonal',
@@ -53,7 +56,17 @@ MODULES = (
 )
 
 
-@pytest.mark.parametrize('name', MODULES)
+def _algorithm_modules_with_examples() -> list[str]:
+    """Every algorithm module whose docstrings have an example (a new algorithm's are run with no edit here)."""
+    names = []
+    for info in pkgutil.walk_packages(algorithms.__path__, 'fedpersonal.algorithms.'):
+        module = importlib.import_module(info.name)
+        if any(t.examples for t in doctest.DocTestFinder(exclude_empty=True).find(module)):
+            names.append(info.name)
+    return names
+
+
+@pytest.mark.parametrize('name', sorted(set(MODULES) | set(_algorithm_modules_with_examples())))
 def test_docstring_examples_run(name):
     module = importlib.import_module(name)
     finder = doctest.DocTestFinder(exclude_empty=True)

@@ -41,6 +41,7 @@ import tensorflow_federated as tff
 
 from fedpersonal.core import client_start
 from fedpersonal.core import client_work
+from fedpersonal.core import shared_values
 from fedpersonal.core import step_kinds
 
 ModelWeights = tff.learning.models.ModelWeights
@@ -234,6 +235,11 @@ class ClientPlan:
     personal copy is the model the client trained last, followed by the start's extras, and the global phase starts
     where the start's own math puts it instead of at the received weights.
 
+    `shared` (a `fedpersonal.core.shared_values.SharedValues`, e.g. SCAFFOLD's control variates): the server keeps
+    values after its global trainable weights and each client keeps values after its local trainable weights,
+    both shaped as the global trainable weights; they offset every gradient of the global phase and are updated
+    after it (`fedpersonal.core.shared_values`).
+
     Example:
 
     >>> import tensorflow_federated as tff
@@ -251,11 +257,14 @@ class ClientPlan:
     counts_participations: bool = False
     counts_labels: bool = False
     global_start: client_start.ClientStart | None = None
+    shared: shared_values.SharedValues | None = None
 
     def __post_init__(self):
         if self.model_losses:
             _check_model_loss_plan(self)
             return
+        if self.shared is not None:
+            _check_shared(self)
         if self.counts_participations or self.counts_labels:
             raise ValueError('counts_participations and counts_labels need phases with model-defined losses.')
         if self.global_start is not None:
@@ -321,6 +330,8 @@ def _check_model_loss_plan(plan: ClientPlan) -> None:
         raise ValueError("A plan's phases either all use the Keras loss or all name a model-defined Phase.loss.")
     if plan.personal_copy or plan.personalization is not None or plan.local_start != KEPT or plan.global_start:
         raise ValueError("A plan with model-defined losses keeps the model's local weights (no personal copy).")
+    if plan.shared is not None:
+        raise ValueError('A plan with model-defined losses takes no shared values.')
     if plan.split is not None or any(p.data is not None or not p.reports_metrics for p in plan.phases):
         raise ValueError('The phases of a plan with model-defined losses train on the whole dataset and report.')
     if plan.counts_labels and not any(p.epochs for p in plan.phases):
@@ -330,6 +341,22 @@ def _check_model_loss_plan(plan: ClientPlan) -> None:
         raise ValueError(
             f'The phases of a plan with model-defined losses need distinct metrics prefixes, got {prefixes}.'
         )
+
+
+def _check_shared(plan: ClientPlan) -> None:
+    """Shared values (`ClientPlan.shared`) need the model's local weights kept (no personal copy, start or
+    personalization) and a global phase of plain steps without a penalty."""
+    if not isinstance(plan.shared, shared_values.SharedValues):
+        raise ValueError(f'ClientPlan.shared must be a shared_values.SharedValues, got {plan.shared!r}.')
+    if plan.personal_copy or plan.personalization is not None or plan.global_start is not None:
+        raise ValueError('ClientPlan.shared takes no personal copy, personalization or global_start.')
+    if plan.local_start != KEPT:
+        raise ValueError(
+            f"ClientPlan.shared keeps values on the clients: local_start must be 'kept', got {plan.local_start!r}."
+        )
+    phase = next((p for p in plan.phases if GLOBAL in p.trains), None)
+    if phase is not None and (phase.penalty is not None or phase.step is not None):
+        raise ValueError('With ClientPlan.shared the global phase takes no penalty and no step kind.')
 
 
 def prefixed(prefix: str | None, values: collections.OrderedDict) -> collections.OrderedDict:
@@ -346,10 +373,19 @@ class Initial(NamedTuple):
     element_type: tff.Type
 
 
-def server_weights(model: tff.learning.models.ReconstructionModel, local_start: str = KEPT) -> Any:
+def server_weights(
+    model: tff.learning.models.ReconstructionModel,
+    local_start: str = KEPT,
+    shared: shared_values.SharedValues | None = None,
+) -> Any:
     """The weights (`ModelWeights`) the server holds and broadcasts: the model's global weights, with
-    ``local_start='learned'`` followed in the trainable ones by the default of its local trainable weights."""
+    ``local_start='learned'`` followed in the trainable ones by the default of its local trainable weights, with
+    `shared` by its initial shared values."""
     weights = client_work.global_weights(model)
+    if shared is not None:
+        values, _ = shared.initial(list(weights.trainable))
+        shared_values.check_shapes(values, weights.trainable, 'shared')
+        return ModelWeights(list(weights.trainable) + list(values), weights.non_trainable)
     if local_start != LEARNED:
         return weights
     return ModelWeights(list(weights.trainable) + list(model.local_trainable_variables), weights.non_trainable)
@@ -363,18 +399,20 @@ def initial_weights(
     local_start: str = KEPT,
     stateful: bool = True,
     global_start: client_start.ClientStart | None = None,
+    shared: shared_values.SharedValues | None = None,
 ) -> Initial:
     """`Initial` of the partially local model `model_fn` builds; with `personal`, the private state is a copy of
     its global weights (with `personalization`, its extras after the trainable weights; with `global_start`, its
-    extras after the trainable and the non-trainable ones); the global weights are `server_weights` for `local_start`. Calls `model_fn` once (twice if `stateful`),
-    as TFF's builders count their calls."""
+    extras after the trainable and the non-trainable ones); with `shared`, the local weights are followed in the
+    trainable ones by the kept values; the global weights are `server_weights` for `local_start` and `shared`.
+    Calls `model_fn` once (twice if `stateful`), as TFF's builders count their calls."""
     input_specs = []
 
     @tff.tensorflow.computation
     def initial_global():
         model = model_fn()
         input_specs.append(model.input_spec)
-        return server_weights(model, local_start)
+        return server_weights(model, local_start, shared)
 
     initial_local = None
     if stateful:
@@ -382,6 +420,12 @@ def initial_weights(
         @tff.tensorflow.computation
         def initial_local():
             model = model_fn()
+            if not personal and shared is not None:
+                local = client_work.local_weights(model)
+                globals_ = list(model.global_trainable_variables)
+                _, kept = shared.initial(globals_)
+                shared_values.check_shapes(kept, globals_, 'kept')
+                return ModelWeights(list(local.trainable) + list(kept), local.non_trainable)
             if not personal:
                 return client_work.local_weights(model)
             weights = client_work.global_weights(model)
@@ -408,7 +452,23 @@ def plan_initial_weights(plan: ClientPlan, model_fn: Callable[[], tff.learning.m
         local_start=plan.local_start,
         stateful=plan.stateful,
         global_start=plan.global_start,
+        shared=plan.shared,
     )
+
+
+def model_weights(plan: ClientPlan, server_weights: Any) -> Any:
+    """The model's global weights among the server's: without the shared values that follow them
+    (`ClientPlan.shared`, as many as the model's global trainable tensors).
+
+    >>> import numpy as np
+    >>> plan = ClientPlan((Phase(('global',), 1, tff.learning.optimizers.build_sgdm(0.1)),))
+    >>> model_weights(plan, ModelWeights([np.zeros(2)], [])).trainable
+    [array([0., 0.])]
+    """
+    if plan.shared is None:
+        return server_weights
+    trainable = list(server_weights.trainable)
+    return ModelWeights(trainable[: len(trainable) // 2], list(server_weights.non_trainable))
 
 
 def personalized_weights(plan: ClientPlan, global_weights: Any, private_state: Any) -> tff.learning.models.ModelWeights:
@@ -417,8 +477,9 @@ def personalized_weights(plan: ClientPlan, global_weights: Any, private_state: A
     With a personal copy (Ditto), the copy; with the plan's `Personalization` (APFL), its ``predicts_with`` of the
     copy's values and the global weights (the copy's non-trainable weights); with a `global_start` (FedALA), its
     ``predicts_with`` (the start of its next round, without learning further); else the client's
-    local weights, which it predicts with beside `global_weights`. Evaluate the first three with a model whose
-    variables are all local and no global weights, the last with the training model.
+    local weights, which it predicts with beside `global_weights` (with `ClientPlan.shared`, its local weights
+    without the kept values; `global_weights` the server's, its shared values after the model's). Evaluate the
+    first three with a model whose variables are all local and no global weights, the last with the training model.
 
     >>> import numpy as np
     >>> sgd = tff.learning.optimizers.build_sgdm(0.1)
@@ -437,6 +498,8 @@ def personalized_weights(plan: ClientPlan, global_weights: Any, private_state: A
         )
         started = plan.global_start.predicts_with(list(global_weights.trainable), kept, extras)
         return ModelWeights([np.asarray(v) for v in started.trainable], [np.asarray(v) for v in started.non_trainable])
+    if plan.shared is not None:  # Its kept values follow its local weights.
+        trainable = trainable[: len(trainable) - len(global_weights.trainable) // 2]
     if plan.personalization is not None:
         received = [np.asarray(w) for w in global_weights.trainable]
         trainable = [np.asarray(v) for v in plan.personalization.predicts_with(trainable, received)]

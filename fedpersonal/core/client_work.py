@@ -187,6 +187,7 @@ class StepsResult(NamedTuple):
     num_examples: tf.Tensor  # Same dtype as BatchLoss.num_examples.
     loss_sum: tf.Tensor  # sum of batch loss x batch size (float32).
     stats: Any  # Summed BatchLoss.stats.
+    num_steps: Any = None  # int32: the optimizer steps taken (`optimizer_steps`'s; None where not counted).
 
 
 @tf.autograph.experimental.do_not_convert  # Construction code (see `construct`).
@@ -243,14 +244,17 @@ def optimizer_steps(
     variables = list(variables)
     if not variables or epochs < 1:
         return StepsResult(
-            tf.zeros([], count_dtype), tf.constant(0.0), tf.nest.map_structure(tf.zeros_like, zero_stats)
+            tf.zeros([], count_dtype),
+            tf.constant(0.0),
+            tf.nest.map_structure(tf.zeros_like, zero_stats),
+            tf.constant(0),
         )
     if epochs > 1:
         dataset = dataset.repeat(epochs)
     assigns = not isinstance(optimizer, keras_optimizer.KerasOptimizer)  # A Keras optimizer updates in place.
 
     def step(carry, batch):
-        num_examples, loss_sum, stats, optimizer_state = carry
+        num_examples, loss_sum, stats, optimizer_state, num_steps = carry
         with tf.GradientTape() as tape:
             result = batch_loss(batch)
             total = result.loss + penalty() if penalty is not None else result.loss
@@ -261,14 +265,14 @@ def optimizer_steps(
         n = tf.cast(result.num_examples, num_examples.dtype)
         batch_stats = after_step(batch) if after_step is not None else result.stats
         stats = tf.nest.map_structure(lambda a, b: a + b, stats, batch_stats)
-        return num_examples + n, loss_sum + result.loss * tf.cast(n, tf.float32), stats, optimizer_state
+        return num_examples + n, loss_sum + result.loss * tf.cast(n, tf.float32), stats, optimizer_state, num_steps + 1
 
     specs = tuple(tf.TensorSpec(v.shape, v.dtype) for v in variables)
     zero_stats = tf.nest.map_structure(lambda z: tf.zeros([], tf.float32) + z, zero_stats)
-    num_examples, loss_sum, stats, _ = dataset.reduce(
-        (tf.zeros([], count_dtype), tf.constant(0.0), zero_stats, optimizer.initialize(specs)), step
+    num_examples, loss_sum, stats, _, num_steps = dataset.reduce(
+        (tf.zeros([], count_dtype), tf.constant(0.0), zero_stats, optimizer.initialize(specs), tf.constant(0)), step
     )
-    return StepsResult(num_examples, loss_sum, stats)
+    return StepsResult(num_examples, loss_sum, stats, num_steps)
 
 
 class PaddedBatches(NamedTuple):

@@ -20,6 +20,7 @@ from fedpersonal.core import client_start
 from fedpersonal.core import client_work
 from fedpersonal.core import compose
 from fedpersonal.core import process as process_lib
+from fedpersonal.core import shared_values
 from fedpersonal.core import step_kinds
 from fedpersonal.core.client_plan import GLOBAL
 from fedpersonal.core.client_plan import LEARNED
@@ -78,6 +79,10 @@ def build_client_update(
             trained = [[v for part in phase.trains for v in parts[part]] for phase in plan.phases]
             trained = [t + extras if PERSONAL in phase.trains else t for t, phase in zip(trained, plan.phases)]
             optimizers = [client_work.prepare_optimizer(p.optimizer, v) for p, v in zip(plan.phases, trained)]
+            kept_shared: list[tf.Variable] = []
+            if plan.shared is not None:  # The client's kept values (e.g. SCAFFOLD's control variate).
+                _, made_kept = plan.shared.initial(list(model.global_trainable_variables))
+                kept_shared = [tf.Variable(v) for v in made_kept]
             if begin is not None:  # The start's extras (e.g. FedALA's W and its count of aggregations).
                 made = begin.extras(client_work.global_weights(model))
                 extras_kept = ModelWeights(
@@ -115,11 +120,20 @@ def build_client_update(
         elif plan.stateful:
             client_work.assign_weights(client_work.local_weights(model), private)
             kept = client_work.local_weights(model)
+            if plan.shared is not None:  # Its kept values follow the local trainable weights.
+                client_work.assign(kept_shared, private.trainable[len(parts[LOCAL]) :])
+                kept = ModelWeights(list(kept.trainable) + kept_shared, kept.non_trainable)
         elif plan.local_start == LEARNED:  # The default follows the global weights; 'initial': as the model made them.
             client_work.assign(parts[LOCAL], received.trainable[len(parts[GLOBAL]) :])
         uploaded = parts[GLOBAL] + (parts[LOCAL] if plan.local_start == LEARNED else [])
         split, split_names = (plan.split.dataset_fn(dataset), plan.split.names) if plan.split is not None else ((), ())
         received_trainable = [tf.identity(w) for w in received.trainable[: len(parts[GLOBAL])]]
+        shared: list[Any] = []
+        offsets: list[Any] = []
+        shared_upload: list[Any] = []
+        if plan.shared is not None:  # The server's values follow the global weights; the offsets are constants.
+            shared = list(received.trainable[len(parts[GLOBAL]) :])
+            offsets = [tf.identity(o) for o in plan.shared.offset(shared, [v.read_value() for v in kept_shared])]
         num_examples = tf.constant(0)
         previous: list[tf.Tensor] = []
         for i, (phase, variables, optimizer) in enumerate(zip(plan.phases, trained, optimizers)):
@@ -143,6 +157,8 @@ def build_client_update(
             if phase.penalty is not None:
                 by_part = {part: parts[part] for part in phase.trains}
                 penalty = functools.partial(phase.penalty, by_part, received_trainable)
+            if offsets and i == plan.global_phase:
+                penalty = functools.partial(shared_values.linear_term, parts[GLOBAL], offsets)
             # In order: phases that train disjoint variables have no automatic control dependency, and the order in
             # which they open the dataset decides which shuffle each sees (a reshuffling dataset's k-th iteration).
             with tf.control_dependencies(previous):
@@ -152,6 +168,16 @@ def build_client_update(
             previous = [steps.num_examples, steps.loss_sum]
             if i == plan.global_phase:
                 num_examples = steps.num_examples
+                if plan.shared is not None:  # The uploaded shared values and the new kept ones.
+                    assert steps.num_steps is not None
+                    shared_upload, new_kept = plan.shared.finish(
+                        received_trainable,
+                        [v.read_value() for v in parts[GLOBAL]],
+                        shared,
+                        [v.read_value() for v in kept_shared],
+                        steps.num_steps,
+                    )
+                    client_work.assign(kept_shared, new_kept)
             if personalization is not None and (personalized or carries):  # Its kept values, once the phase ends.
                 kept_values = parts[PERSONAL] + extras
                 client_work.assign(
@@ -160,7 +186,7 @@ def build_client_update(
                         [v.read_value() for v in kept_values], [w.read_value() for w in parts[GLOBAL]]
                     ),
                 )
-        delta, non_finite = client_work.weights_delta(received.trainable, uploaded)
+        delta, non_finite = client_work.weights_delta(received.trainable, uploaded + list(shared_upload))
         unfinalized: collections.OrderedDict = collections.OrderedDict()
         for prefix, metric_set in metrics.items():
             unfinalized.update(prefixed(prefix, client_work.read_metrics(metric_set)))

@@ -20,6 +20,7 @@ import tensorflow_federated as tff
 
 from fedpersonal.core import client_plan
 from fedpersonal.core import client_start
+from fedpersonal.core import shared_values
 from fedpersonal.core import step_kinds
 from fedpersonal.models import partially_local_model
 from fedpersonal.simulation import client_loop
@@ -33,12 +34,16 @@ START = 'start'  # The packed phase a plan's `global_start` reads: the client's 
 
 class _Start(NamedTuple):
     """Where a group's clients start: the received globals, the model's weights, the personal copy (with its
-    extras; None without one) and, with a `global_start`, its new extras per client."""
+    extras; None without one), with a `global_start` its new extras per client, and with `shared` values the
+    received ones, each client's kept ones and its gradient offsets."""
 
     received: list[Any]
     weights: functional.Parts
     personal: functional.Parts | None
     extras: tff.learning.models.ModelWeights | None
+    shared: list[Any] = []
+    kept: list[Any] = []
+    offsets: list[Any] = []
 
 
 class _Trained(NamedTuple):
@@ -87,6 +92,7 @@ class PlanProgram:
         self.keep_globals = (
             dp_clip is not None
             or self.learned
+            or plan.shared is not None  # `SharedValues.finish` reads each client's trained globals.
             or plan.global_start is not None  # The trained model is the client's own.
             or any(client_plan.PERSONAL not in p.trains for p in plan.phases[plan.global_phase + 1 :])
         )
@@ -113,10 +119,12 @@ class PlanProgram:
         def train(uploaded_start, non_trainable, group, private_trainable, private_non_trainable):
             start = self.start(uploaded_start, non_trainable, group, private_trainable, private_non_trainable, loss)
             trained = self.phases(start, group, strategy, loss, metrics)
-            result, finite, clients = self.upload(uploaded_start, trained)
+            finished = self._shared_finish(start, trained, group) if self.plan.shared is not None else ([], [])
+            result, finite, clients = self.upload(uploaded_start, trained, finished[0])
             if not self.plan.stateful:
                 return result, ()
-            return result, self.kept(start, trained, finite, clients, private_trainable, private_non_trainable)
+            kept = self.kept(start, trained, finite, clients, private_trainable, private_non_trainable, finished[1])
+            return result, kept
 
         return train
 
@@ -135,6 +143,14 @@ class PlanProgram:
             # With a `Personalization`, its extras follow the copy's trainable weights.
             personal = functional.Parts(private_trainable, private_non_trainable, [], [])
             return _Start(received, functional.Parts(received, non_trainable, [], []), personal, None)
+        if plan.stateful and plan.shared is not None:  # Its kept values follow its local trainable weights.
+            num_local = len(base.local_trainable)
+            local, kept = list(private_trainable[:num_local]), list(private_trainable[num_local:])
+            shared = list(uploaded_start[num_global:])
+            values = plan.shared
+            offsets = lockstep.for_each_client(lambda own: list(values.offset(shared, list(own))), kept)
+            weights = functional.Parts(received, non_trainable, local, private_non_trainable)
+            return _Start(received, weights, None, None, shared, kept, list(offsets))
         if plan.stateful:
             weights = functional.Parts(received, non_trainable, private_trainable, private_non_trainable)
             return _Start(received, weights, None, None)
@@ -264,8 +280,14 @@ class PlanProgram:
                 phase.optimizer,
                 loss,
                 metrics=phase_metrics,
-                penalty=_penalty(phase, parts, slots),
-                centre=received if phase.penalty is not None and phase.penalty.uses_received else (),
+                penalty=_linear_term if start.offsets and i == plan.global_phase else _penalty(phase, parts, slots),
+                centre=(
+                    start.offsets
+                    if start.offsets and i == plan.global_phase
+                    else received
+                    if phase.penalty is not None and phase.penalty.uses_received
+                    else ()
+                ),
                 delta_weights=client_weight if i == plan.global_phase else None,
                 keep_trained=self.keep_globals or i != plan.global_phase,
             )
@@ -293,20 +315,47 @@ class PlanProgram:
         )
         return personal._replace(global_trainable=list(finished))
 
+    def _shared_finish(self, start: _Start, trained: _Trained, group: Any) -> tuple[list[Any], list[Any]]:
+        """Each client's uploaded shared values and new kept ones (`SharedValues.finish`), from its trained
+        globals and its count of steps in the global phase (batches with a real example)."""
+        shared, plan = self.plan.shared, self.plan
+        assert shared is not None
+        mask = group[self.names[plan.global_phase]]['mask']
+        steps = tf.reduce_sum(tf.cast(tf.reduce_any(mask > 0, axis=2), tf.int32), axis=1)
+        clients = tf.shape(mask)[0]
+        model = [
+            lockstep.per_client(v, b, clients)
+            for v, b in zip(trained.weights.global_trainable, self.base.global_trainable)
+        ]
+
+        def finish(args):
+            uploaded, kept = shared.finish(list(start.received), list(args[0]), start.shared, list(args[1]), args[2])
+            return list(uploaded), list(kept)
+
+        uploaded, kept = lockstep.for_each_client(finish, (model, list(start.kept), steps))
+        return list(uploaded), list(kept)
+
     def _uploaded_bases(self) -> list[Any]:
         base = self.base
         return list(base.global_trainable) + (list(base.local_trainable) if self.learned else [])
 
-    def upload(self, uploaded_start: Any, trained: _Trained) -> tuple[Any, Any, Any]:
-        """The group's update (its clients' weighted sum and weight), each client's finiteness (None: all
-        finite, or not known per client) and the number of clients."""
+    def upload(
+        self, uploaded_start: Any, trained: _Trained, shared_uploads: Sequence[Any] = ()
+    ) -> tuple[Any, Any, Any]:
+        """The group's update (its clients' weighted sum and weight; with `shared` values, each client's uploaded
+        ones after its globals), each client's finiteness (None: all finite, or not known per client) and the
+        number of clients."""
         weights, weight, steps = trained.weights, trained.client_weight, trained.steps
         clients = tf.shape(weight)[0]
         values = list(weights.global_trainable) + (list(weights.local_trainable) if self.learned else [])
         per_client = [lockstep.per_client(v, b, clients) for v, b in zip(values, self._uploaded_bases())]
+        per_client += list(shared_uploads)
         if self.dp_clip is not None:
             result = group_lib.clipped_sum_update(uploaded_start, per_client, weight, self.dp_clip)
             return result, group_lib.client_finite(uploaded_start, per_client), clients
+        if self.plan.shared is not None:  # Each client's finiteness decides what it keeps.
+            finite = group_lib.client_finite(uploaded_start, per_client)
+            return group_lib.weighted_update(uploaded_start, per_client, weight), finite, clients
         if steps is not None and len(steps.weighted_deltas) >= len(per_client):  # Trained first in their phase.
             # As trained: globals the client loop returned shared have only their weighted sum.
             result, finite = group_lib.update_after_steps(uploaded_start, values, weight, steps)
@@ -315,9 +364,17 @@ class PlanProgram:
         return group_lib.weighted_update(uploaded_start, per_client, weight), None, clients
 
     def kept(
-        self, start: _Start, trained: _Trained, finite: Any, clients: Any, private_trainable, private_non_trainable
+        self,
+        start: _Start,
+        trained: _Trained,
+        finite: Any,
+        clients: Any,
+        private_trainable,
+        private_non_trainable,
+        shared_kept: Sequence[Any] = (),
     ) -> tff.learning.models.ModelWeights:
-        """Each client's new private state (its previous one where its update was not finite)."""
+        """Each client's new private state (its previous one where its update was not finite; with `shared`
+        values, its new kept ones after its local weights)."""
         plan, base, weights = self.plan, self.base, trained.weights
         keep = lambda new, old: tf.where(
             tf.reshape(finite, [-1] + [1] * (new.shape.rank - 1)), new, tf.cast(old, new.dtype)
@@ -338,7 +395,10 @@ class PlanProgram:
             new_trainable, new_non_trainable = trained.personal.global_trainable, trained.personal.global_non_trainable
             base_non_trainable = base.global_non_trainable
         else:
-            new_trainable, new_non_trainable = weights.local_trainable, weights.local_non_trainable
+            new_trainable, new_non_trainable = (
+                list(weights.local_trainable) + list(shared_kept),
+                weights.local_non_trainable,
+            )
             base_non_trainable = base.local_non_trainable
         return tff.learning.models.ModelWeights(
             trainable=[keep(n, o) for n, o in zip(new_trainable, private_trainable)],
@@ -364,6 +424,11 @@ def _penalty(phase: client_plan.Phase, parts: list[str], slots: dict[str, list[A
         return phase.penalty(by_part, [tf.stop_gradient(c) for c in centre])
 
     return penalty
+
+
+def _linear_term(values: list[tf.Tensor], centre: Any) -> tf.Tensor:
+    """`shared_values.linear_term` of the global phase's first trained values (the globals) and the offsets."""
+    return shared_values.linear_term(values[: len(centre)], centre)
 
 
 class _Personalized:

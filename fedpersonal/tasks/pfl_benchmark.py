@@ -187,6 +187,7 @@ def build_method_process(benchmark: Benchmark, name: str, plan: Any, phased_mode
             model_fn_for(benchmark.data, config.seed, () if plan.personal else spec.local_layers, config.model),
             loss_fn=loss_fn,
             metrics_fn=metrics_fn,
+            client_weighting=spec.client_weighting,
             **common_parts,
         )
     input_checks.check_num_classes(process, benchmark.data.num_classes, source=f'{benchmark.data.name} data')

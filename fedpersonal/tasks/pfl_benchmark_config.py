@@ -43,6 +43,8 @@ METHODS = (
     'fedala',
     'fedrod',
 )
+# Rows beyond the leaderboard's 16, run when named (--configurations).
+EXTRA_METHODS = ('scaffold',)
 METHOD_NAMES = {
     'fedavg': 'FedAvg',
     'fedprox': 'FedProx',
@@ -61,6 +63,7 @@ METHOD_NAMES = {
     'pfedme': 'pFedMe',
     'fedala': 'FedALA',
     'fedrod': 'FedRoD',
+    'scaffold': 'SCAFFOLD',
 }
 
 
@@ -123,7 +126,8 @@ class PflBenchmarkConfig(
     synthetic_examples: int = parts.option(4000, 'Synthetic data: pooled images.')
     configurations: tuple[str, ...] = parts.option(
         METHODS,
-        f'Rows (methods) to run, a subset of {METHODS} (MovieLens: of {MOVIELENS_METHODS}, all by default); may change when a run resumes (finished runs are read '
+        f'Rows (methods) to run, a subset of {METHODS + EXTRA_METHODS} (default: the first {len(METHODS)}; MovieLens: of '
+        f'{MOVIELENS_METHODS}, all by default); may change when a run resumes (finished runs are read '
         'back, the others run).',
         aliases=('methods',),
         may_change_on_resume=True,
@@ -210,7 +214,7 @@ class PflBenchmarkConfig(
         for field, allowed in (('dataset', DATASETS), ('partition', PARTITIONS)):
             if getattr(self, field) not in allowed:
                 raise errors.ConfigError(f'{field} must be one of {allowed}, got {getattr(self, field)!r}.')
-        methods = MOVIELENS_METHODS if self.dataset in MOVIELENS_DATASETS else METHODS
+        methods = MOVIELENS_METHODS if self.dataset in MOVIELENS_DATASETS else METHODS + EXTRA_METHODS
         if methods is MOVIELENS_METHODS and self.configurations == METHODS:  # The default: every MovieLens method.
             object.__setattr__(self, 'configurations', MOVIELENS_METHODS)
         unknown = [m for m in self.configurations if m not in methods]

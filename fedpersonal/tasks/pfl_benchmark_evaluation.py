@@ -147,6 +147,7 @@ def make_evaluation(
 
     def client_evaluation(weights: Any, private_states: list[Any]) -> dict[str, float]:
         states = [client_plan.personalized_weights(plan, weights, p) for p in private_states]
+        weights = client_plan.model_weights(plan, weights)  # Without the server's shared values (SCAFFOLD's c).
         if tune is not None:
             full = [ModelWeights(list(weights.trainable) + list(s.trainable), []) for s in states]
             train = [benchmark.train_dataset(benchmark.train[c]) for c in benchmark.client_ids]

@@ -22,6 +22,8 @@ the config, the layers of PFLlib's CNN that stay on the clients, and the model.
   (PFLlib evaluates after one more epoch of W's learning);
 * ``fedrod``: the body and a generic head (balanced softmax) global, a personal head local
   (`fedpersonal.algorithms.fedrod`); evaluated with the sum of both heads' logits.
+* ``scaffold`` (not one of the leaderboard's 16 rows, run when named): the global model, every local step corrected
+  by the control variates (`fedpersonal.algorithms.scaffold`), the uniform mean over clients as PFLlib's.
 
 The model is PFLlib's CNN (`image_classifiers.fedavg_cnn`) or the user's ``--model`` factory
 (`fedpersonal.models.keras_factory`): the head (`image_classifiers.HEAD`) is the model's last layer (PFLlib's ``fc``),
@@ -54,6 +56,7 @@ from fedpersonal.algorithms import fedrod
 from fedpersonal.algorithms import furl
 from fedpersonal.algorithms import per_fedavg
 from fedpersonal.algorithms import pfedme
+from fedpersonal.algorithms import scaffold
 from fedpersonal.core import client_plan
 from fedpersonal.data import dataset_split
 from fedpersonal.data import pfllib
@@ -72,6 +75,8 @@ class Method:
     adapts: bool = False  # Evaluated after one local step (`per_fedavg.adapt`).
     # A plan with model-defined losses (FedRoD): its model, from the data and the seed.
     phased_model: Callable[[pfllib.PfllibImageData, int, str | None], Callable[[], Any]] | None = None
+    # How the server weighs the clients' updates (SCAFFOLD, as PFLlib's: the uniform mean).
+    client_weighting: Any = tff.learning.ClientWeighting.NUM_EXAMPLES
 
 
 def sgd(config: PflBenchmarkConfig) -> tff.learning.optimizers.Optimizer:
@@ -226,6 +231,10 @@ METHOD_SPECS: dict[str, Method] = {
         lambda c: fedrod.fedrod_plan(client_epochs=c.client_epochs, client_optimizer=sgd(c)),
         image_classifiers.HEAD,
         phased_model=fedrod_model_fn,
+    ),
+    'scaffold': Method(
+        lambda c: scaffold.scaffold_plan(client_learning_rate=c.client_learning_rate, client_epochs=c.client_epochs),
+        client_weighting=tff.learning.ClientWeighting.UNIFORM,
     ),
 }
 

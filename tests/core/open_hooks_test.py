@@ -1,7 +1,8 @@
 """An algorithm brings its own math and no backend changes: a step kind (`step_kinds.StepKind`), a personal model
-(`client_plan.Personalization`) and a client start (`client_start.ClientStart`) defined here, in the test, run on
-both backends, and each backend equals a plain eager loop written here. (The library's own Per-FedAvg, pFedMe,
-APFL and FedALA are such objects, in their modules.)"""
+(`client_plan.Personalization`), a client start (`client_start.ClientStart`), a penalty (`client_plan.Penalty`) and
+shared values (`shared_values.SharedValues`) defined here, in the test, run on both backends, and each backend
+equals a plain eager loop written here. (The library's own Per-FedAvg, pFedMe, APFL, FedALA and SCAFFOLD are such
+objects, in their modules.)"""
 
 import collections
 import dataclasses
@@ -296,3 +297,78 @@ def test_a_penalty_written_here_runs_on_every_backend_as_a_plain_loop(backend):
         tolerances.assert_reordered_close(g, w, depth=DEPTH, steps=STEPS)
     with pytest.raises(ValueError, match='Penalty'):
         client_plan.Phase((client_plan.GLOBAL,), 1, sgd, penalty=lambda trained, received: 0.0)
+
+
+# ------------------------------------------------------------------ shared values of the test's own
+@dataclasses.dataclass(frozen=True)
+class LocalMomentum:
+    """A server momentum m applied inside the clients' steps: every gradient gets ``beta * m``; a client keeps its
+    round's mean step direction d = (x - y) / (K LR) and uploads ``m + (1 - beta) (d - m)``, so that the server's
+    m becomes ``beta m + (1 - beta) mean(d)`` (SGD at learning rate 1 on the examples-weighted mean)."""
+
+    beta: float = 0.5
+
+    def initial(self, weights):
+        return [tf.zeros_like(w) for w in weights], [tf.zeros_like(w) for w in weights]
+
+    def offset(self, shared, kept):
+        del kept
+        return [self.beta * m for m in shared]
+
+    def finish(self, received, trained, shared, kept, steps):
+        del kept
+        d = [(x - y) / (tf.cast(steps, tf.float32) * LR) for x, y in zip(received, trained)]
+        return [m + (1 - self.beta) * (di - m) for m, di in zip(shared, d)], d
+
+
+def momentum_reference(body, m, arrays, beta=0.5):
+    """LocalMomentum's round written here: SGD along ``g + beta m``, then the examples-weighted means."""
+    trained, examples, directions = [], [], []
+    for x, y in arrays:
+        w, seen, steps = [np.array(b) for b in body], 0, 0
+        for s in range(0, len(x), BATCH):
+            g = _loss_and_grads(w, x[s : s + BATCH], y[s : s + BATCH])
+            w = [wi - LR * (gi + beta * mi) for wi, gi, mi in zip(w, g, m)]
+            seen, steps = seen + len(x[s : s + BATCH]), steps + 1
+        trained.append(w)
+        examples.append(seen)
+        directions.append([(b - wi) / (steps * LR) for b, wi in zip(body, w)])
+    mean = lambda values, k: sum(n * v[k] for n, v in zip(examples, values)) / float(sum(examples))
+    body = [mean(trained, k) for k in range(len(body))]
+    m = [mi + (1 - beta) * (mean(directions, k) - mi) for k, mi in enumerate(m)]
+    return body, m, directions
+
+
+@pytest.mark.numeric
+@pytest.mark.parametrize('backend', ['engine', 'per_client'])
+def test_shared_values_written_here_run_on_every_backend_as_a_plain_loop(backend):
+    sgd = tff.learning.optimizers.build_sgdm(LR)
+    plan = client_plan.ClientPlan((client_plan.Phase((client_plan.GLOBAL,), 1, sgd),), shared=LocalMomentum())
+    with backends.use(backend):
+        process = backends.build_process(
+            plan, model_fn, loss_fn=loss_fn, server_optimizer=tff.learning.optimizers.build_sgdm(1.0)
+        )
+    arrays = client_arrays()
+    state = process.initialize()
+    privates = [process.initial_private_state()] * len(arrays)
+    server = [np.asarray(w) for w in process.get_model_weights(state).trainable]
+    n = len(server) // 2
+    body, m, directions = server[:n], server[n:], None
+    for _ in range(2):
+        output = process.run_round(state, datasets(arrays), privates)
+        state, privates = output.state, list(output.private_states)
+        body, m, directions = momentum_reference(body, m, arrays)
+    got = process.get_model_weights(state).trainable
+    assert max(float(np.max(np.abs(v))) for v in m) > 1e-2  # The momentum moved: the offsets were not zero.
+    # m and d carry the weights' rounding divided by K LR (K >= 2 steps: client_arrays' 17 examples); round 2's
+    # K' <= 4 steps add beta K' LR times that to the weights: at most (1 + 0.5 * 4 / 2) = 2 times the weights' own
+    # rounding (twice the steps' bound).
+    for g, w in zip(got[:n], body):
+        tolerances.assert_reordered_close(g, w, depth=DEPTH, steps=2 * STEPS)
+    for g, w in zip(got[n:], m):
+        tolerances.assert_reordered_close(g, w, depth=DEPTH, steps=2 * STEPS, scale=1.0 / (2 * LR))
+    for private, want in zip(privates, directions):
+        for g, w in zip(private.trainable, want):
+            tolerances.assert_reordered_close(g, w, depth=DEPTH, steps=2 * STEPS, scale=1.0 / (2 * LR))
+    with pytest.raises(ValueError, match='SharedValues'):
+        client_plan.ClientPlan((client_plan.Phase((client_plan.GLOBAL,), 1, sgd),), shared=object())
