@@ -1,8 +1,6 @@
 """SCAFFOLD on both backends equals a plain loop written here (two rounds: the control variates correct the second
 round's steps), its c_i stays on the clients, and the correction matters."""
 
-import collections
-
 import numpy as np
 import pytest
 import tensorflow as tf
@@ -14,23 +12,12 @@ from fedpersonal.privacy import audit
 from tests import tolerances
 from tests.algorithms.fedper_fedrep_test import client_arrays
 from tests.algorithms.fedper_fedrep_test import datasets
+from tests.algorithms.fedprox_lg_fedavg_test import DEPTH  # The same model's rounding depth.
+from tests.algorithms.fedprox_lg_fedavg_test import SPEC
+from tests.algorithms.fedprox_lg_fedavg_test import keras_fn
 
-NUM_CLASSES, DIM, HIDDEN, LR, EPOCHS, ROUNDS = 3, 6, 8, 0.1, 2, 2
+LR, EPOCHS, ROUNDS = 0.1, 2, 2
 SERVER_LR, PARTICIPATION = 0.5, 0.8
-# As fedprox_lg_fedavg_test: the forward fan-ins, the backward fan-outs, the batch's sum and the mean over 4 clients.
-DEPTH = DIM + HIDDEN + NUM_CLASSES + HIDDEN + 10 + 4
-SPEC = collections.OrderedDict(x=tf.TensorSpec([None, DIM], tf.float32), y=tf.TensorSpec([None], tf.int32))
-
-
-def keras_fn():
-    init = tf.keras.initializers.GlorotUniform
-    return tf.keras.Sequential(
-        [
-            tf.keras.Input([DIM]),
-            tf.keras.layers.Dense(HIDDEN, 'relu', kernel_initializer=init(seed=1)),
-            tf.keras.layers.Dense(NUM_CLASSES, kernel_initializer=init(seed=2)),
-        ]
-    )
 
 
 def build(backend, **kwargs):
