@@ -111,6 +111,38 @@ def test_scaffold_equals_a_plain_loop(backend):
     assert _max_diff(uncorrected, x) > 10 * weight_bound
 
 
+@pytest.mark.numeric
+@pytest.mark.parametrize('backend', ['engine', 'per_client'])
+def test_a_non_finite_client_is_left_out_and_keeps_its_control_variate(backend):
+    """Round 2 with one client's features NaN (``non_finite='ignore'``): x and c move by the other clients' mean,
+    as the plain loop over them, and that client keeps its c_i from round 1."""
+    arrays = client_arrays(seed=7)
+    process = build(backend)
+    state = process.initialize()
+    server = [np.asarray(w) for w in process.get_model_weights(state).trainable]
+    x, c, kept = server[:4], server[4:], [[np.zeros_like(w) for w in server[:4]]] * len(arrays)
+    output = process.run_round(state, datasets(arrays), [process.initial_private_state()] * len(arrays))
+    x, c, kept = reference_round(x, c, kept, arrays)
+    broken = list(arrays)
+    broken[1] = (np.full_like(arrays[1][0], np.nan), arrays[1][1])
+    second = process.run_round(output.state, datasets(broken), list(output.private_states), non_finite='ignore')
+    finite = [0, 2, 3]
+    x, c, new_kept = reference_round(x, c, [kept[i] for i in finite], [arrays[i] for i in finite])
+    ours = [np.asarray(w) for w in process.get_model_weights(second.state).trainable]
+    steps = ROUNDS * EPOCHS * 4  # As test_scaffold_equals_a_plain_loop's bound.
+    weight_bound = 3.0**ROUNDS * tolerances.reorder_bound(depth=DEPTH, scale=1.0, steps=steps)
+    np.testing.assert_allclose(_flat(ours[:4]), _flat(x), rtol=0, atol=weight_bound)
+    np.testing.assert_allclose(_flat(ours[4:]), _flat(c), rtol=0, atol=weight_bound / (4 * LR))
+    privates = list(second.private_states)
+    np.testing.assert_array_equal(_flat(privates[1].trainable), _flat(output.private_states[1].trainable))
+    for i, want in zip(finite, new_kept):
+        np.testing.assert_allclose(_flat(privates[i].trainable), _flat(want), rtol=0, atol=weight_bound / (4 * LR))
+
+
+def _flat(values):
+    return np.concatenate([np.ravel(np.asarray(v)) for v in values])
+
+
 @pytest.mark.parametrize('backend', ['engine', 'per_client'])
 def test_scaffold_keeps_each_control_variate_on_its_client(backend):
     process = build(backend)
