@@ -71,6 +71,7 @@ def _max_diff(a, b):
 def test_scaffold_equals_a_plain_loop(backend):
     arrays = client_arrays(seed=6)
     process = build(backend)
+    assert process.simulation == backend  # The context chose the backend.
     state = process.initialize()
     privates = [process.initial_private_state()] * len(arrays)
     server = [np.asarray(w) for w in process.get_model_weights(state).trainable]
