@@ -9,9 +9,9 @@ the latter. The client's c_i never leaves it; what it uploads about it is the ch
 
 As PFLlib (``serverscaffold.py``, ``clientscaffold.py``: the uniform mean over clients, its server learning rate on
 x only, K counted as its batches times its epochs). The math is one `fedpersonal.core.shared_values.SharedValues`,
-`ControlVariates`, defined here and called by every backend: c rides the model's update (the server's SGD at
-learning rate 1 takes the mean of the uploads, so each client uploads ``c + scale * (c_i+ - c_i)`` with
-``scale = participation / server_learning_rate``) and c_i follows the client's local weights.
+`ControlVariates`, defined here and called by every backend: c rides the model's update (the server's SGD of
+learning rate eta moves it by eta times the mean of ``upload - c``, so each client uploads
+``c + scale * (c_i+ - c_i)`` with ``scale = participation / eta``) and c_i follows the client's local weights.
 """
 
 from __future__ import annotations
