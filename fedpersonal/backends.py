@@ -318,6 +318,7 @@ def build_classifier_process(
     *,
     element_spec: Any,
     server_optimizer: tff.learning.optimizers.Optimizer,
+    client_weighting: Any = tff.learning.ClientWeighting.NUM_EXAMPLES,
     group_size: int | None = None,
     name: str = 'plan',
 ) -> process_lib.PersonalizedProcess:
@@ -329,6 +330,7 @@ def build_classifier_process(
       keras_model_fn: No-arg function returning a new Keras classifier on `element_spec['x']`.
       element_spec: The client datasets' element spec, with ``x`` and ``y`` (integer labels).
       server_optimizer: Applied to the aggregated update.
+      client_weighting: How the update is weighted (default: by the examples the global phase trained).
       group_size: Engine only: the most clients per compiled group.
       name: The algorithm's name, for the log line of a fallback.
 
@@ -347,6 +349,7 @@ def build_classifier_process(
         loss_fn=lambda: tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True),
         metrics_fn=lambda: [tf.keras.metrics.SparseCategoricalAccuracy(name='accuracy')],
         server_optimizer=server_optimizer,
+        client_weighting=client_weighting,
         group_size=group_size,
         name=name,
     )

@@ -41,6 +41,7 @@ import tensorflow_federated as tff
 
 from fedpersonal.core import client_start
 from fedpersonal.core import client_work
+from fedpersonal.core import reference_terms
 from fedpersonal.core import shared_values
 from fedpersonal.core import step_kinds
 
@@ -240,6 +241,11 @@ class ClientPlan:
     both shaped as the global trainable weights; they offset every gradient of the global phase and are updated
     after it (`fedpersonal.core.shared_values`).
 
+    `reference` (a `fedpersonal.core.reference_terms.ReferenceTerm`, e.g. MOON's model-contrastive loss): each
+    client keeps weights shaped as the global trainable weights after its local trainable weights; every batch loss
+    of the global phase gets a term of the batch's representations at the trained, the received and the kept
+    weights, and the kept weights are updated after the phase (`fedpersonal.core.reference_terms`).
+
     Example:
 
     >>> import tensorflow_federated as tff
@@ -258,6 +264,7 @@ class ClientPlan:
     counts_labels: bool = False
     global_start: client_start.ClientStart | None = None
     shared: shared_values.SharedValues | None = None
+    reference: reference_terms.ReferenceTerm | None = None
 
     def __post_init__(self):
         if self.model_losses:
@@ -265,6 +272,8 @@ class ClientPlan:
             return
         if self.shared is not None:
             _check_shared(self)
+        if self.reference is not None:
+            _check_reference(self)
         if self.counts_participations or self.counts_labels:
             raise ValueError('counts_participations and counts_labels need phases with model-defined losses.')
         if self.global_start is not None:
@@ -330,8 +339,8 @@ def _check_model_loss_plan(plan: ClientPlan) -> None:
         raise ValueError("A plan's phases either all use the Keras loss or all name a model-defined Phase.loss.")
     if plan.personal_copy or plan.personalization is not None or plan.local_start != KEPT or plan.global_start:
         raise ValueError("A plan with model-defined losses keeps the model's local weights (no personal copy).")
-    if plan.shared is not None:
-        raise ValueError('A plan with model-defined losses takes no shared values.')
+    if plan.shared is not None or plan.reference is not None:
+        raise ValueError('A plan with model-defined losses takes no shared values and no reference term.')
     if plan.split is not None or any(p.data is not None or not p.reports_metrics for p in plan.phases):
         raise ValueError('The phases of a plan with model-defined losses train on the whole dataset and report.')
     if plan.counts_labels and not any(p.epochs for p in plan.phases):
@@ -357,6 +366,35 @@ def _check_shared(plan: ClientPlan) -> None:
     phase = next((p for p in plan.phases if GLOBAL in p.trains), None)
     if phase is not None and (phase.penalty is not None or phase.step is not None):
         raise ValueError('With ClientPlan.shared the global phase takes no penalty and no step kind.')
+
+
+def _check_reference(plan: ClientPlan) -> None:
+    """A reference term (`ClientPlan.reference`) keeps weights beside the model's local weights (no personal copy,
+    start, personalization or shared values) and adds to a global phase of plain steps without a penalty."""
+    if not isinstance(plan.reference, reference_terms.ReferenceTerm):
+        raise ValueError(f'ClientPlan.reference must be a reference_terms.ReferenceTerm, got {plan.reference!r}.')
+    if plan.personal_copy or plan.personalization is not None or plan.global_start is not None or plan.shared:
+        raise ValueError('ClientPlan.reference takes no personal copy, personalization, global_start or shared values.')
+    if plan.local_start != KEPT:
+        raise ValueError(
+            f"ClientPlan.reference keeps weights on the clients: local_start must be 'kept', got {plan.local_start!r}."
+        )
+    phase = next((p for p in plan.phases if GLOBAL in p.trains), None)
+    if phase is not None and (phase.penalty is not None or phase.step is not None):
+        raise ValueError('With ClientPlan.reference the global phase takes no penalty and no step kind.')
+
+
+def kept_values(plan: ClientPlan, weights: list[Any]) -> list[Any]:
+    """The values a client keeps after its local trainable weights at first (`ClientPlan.shared`'s kept ones,
+    `ClientPlan.reference`'s weights; none without either), from the model's initial global trainable `weights`."""
+    if plan.shared is not None:
+        _, kept = plan.shared.initial(weights)
+    elif plan.reference is not None:
+        kept = plan.reference.initial(weights)
+    else:
+        return []
+    shared_values.check_shapes(kept, weights, 'kept')
+    return list(kept)
 
 
 def prefixed(prefix: str | None, values: collections.OrderedDict) -> collections.OrderedDict:
@@ -400,11 +438,13 @@ def initial_weights(
     stateful: bool = True,
     global_start: client_start.ClientStart | None = None,
     shared: shared_values.SharedValues | None = None,
+    kept: Callable[[list[Any]], list[Any]] | None = None,
 ) -> Initial:
     """`Initial` of the partially local model `model_fn` builds; with `personal`, the private state is a copy of
     its global weights (with `personalization`, its extras after the trainable weights; with `global_start`, its
-    extras after the trainable and the non-trainable ones); with `shared`, the local weights are followed in the
-    trainable ones by the kept values; the global weights are `server_weights` for `local_start` and `shared`.
+    extras after the trainable and the non-trainable ones); with `kept` (``global trainable weights -> values``,
+    `kept_values`), the local weights are followed in the trainable ones by the kept values; the global weights are
+    `server_weights` for `local_start` and `shared`.
     Calls `model_fn` once (twice if `stateful`), as TFF's builders count their calls."""
     input_specs = []
 
@@ -420,12 +460,10 @@ def initial_weights(
         @tff.tensorflow.computation
         def initial_local():
             model = model_fn()
-            if not personal and shared is not None:
+            if not personal and kept is not None:
                 local = client_work.local_weights(model)
-                globals_ = list(model.global_trainable_variables)
-                _, kept = shared.initial(globals_)
-                shared_values.check_shapes(kept, globals_, 'kept')
-                return ModelWeights(list(local.trainable) + list(kept), local.non_trainable)
+                values = kept(list(model.global_trainable_variables))
+                return ModelWeights(list(local.trainable) + list(values), local.non_trainable)
             if not personal:
                 return client_work.local_weights(model)
             weights = client_work.global_weights(model)
@@ -453,6 +491,7 @@ def plan_initial_weights(plan: ClientPlan, model_fn: Callable[[], tff.learning.m
         stateful=plan.stateful,
         global_start=plan.global_start,
         shared=plan.shared,
+        kept=(lambda w: kept_values(plan, w)) if plan.shared is not None or plan.reference is not None else None,
     )
 
 
@@ -500,6 +539,8 @@ def personalized_weights(plan: ClientPlan, global_weights: Any, private_state: A
         return ModelWeights([np.asarray(v) for v in started.trainable], [np.asarray(v) for v in started.non_trainable])
     if plan.shared is not None:  # Its kept values follow its local weights.
         trainable = trainable[: len(trainable) - len(global_weights.trainable) // 2]
+    if plan.reference is not None:  # Its kept weights follow its local weights.
+        trainable = trainable[: len(trainable) - len(global_weights.trainable)]
     if plan.personalization is not None:
         received = [np.asarray(w) for w in global_weights.trainable]
         trainable = [np.asarray(v) for v in plan.personalization.predicts_with(trainable, received)]

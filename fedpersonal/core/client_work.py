@@ -215,6 +215,7 @@ def optimizer_steps(
     *,
     epochs: int = 1,
     penalty: Callable[[], tf.Tensor] | None = None,
+    batch_term: Callable[[Any], tf.Tensor] | None = None,
     count_dtype: tf.DType = tf.int32,
     zero_stats: Any = (),
     after_step: Callable[[Any], Any] | None = None,
@@ -222,8 +223,8 @@ def optimizer_steps(
     """One optimizer step per batch of `dataset` (repeated `epochs` times) on `variables`; the loop of every algorithm.
 
     Only `variables` change; everything else `batch_loss` reads is constant. The optimizer state starts fresh.
-    The minimized loss of a batch is ``batch_loss(batch).loss + penalty()``; the reported `loss_sum` excludes
-    the penalty. Must be called inside a `tf.function`.
+    The minimized loss of a batch is ``batch_loss(batch).loss + penalty() + batch_term(batch)``; the reported
+    `loss_sum` excludes the last two. Must be called inside a `tf.function`.
 
     Args:
       variables: The variables to train (the others stay frozen).
@@ -232,6 +233,8 @@ def optimizer_steps(
       batch_loss: ``batch -> BatchLoss``, computed under the gradient tape.
       epochs: Passes over `dataset` (0: no step).
       penalty: Optional no-arg function of the variables added to every batch loss (e.g. `proximal_term`).
+      batch_term: Optional function of the batch (and the variables) added to every batch loss (e.g. a
+        `fedpersonal.core.reference_terms.ReferenceTerm`'s).
       count_dtype: The dtype of the example count (int32, or float32 where counts are averaged).
       zero_stats: The initial value (structure) of the summed `BatchLoss.stats`, e.g.
         ``OrderedDict(correct=0.0)``; float32 scalars.
@@ -258,6 +261,8 @@ def optimizer_steps(
         with tf.GradientTape() as tape:
             result = batch_loss(batch)
             total = result.loss + penalty() if penalty is not None else result.loss
+            if batch_term is not None:
+                total += batch_term(batch)
         gradients = tape.gradient(total, variables)
         optimizer_state, updated = optimizer.next(optimizer_state, tuple(variables), tuple(gradients))
         if assigns:

@@ -20,6 +20,7 @@ from fedpersonal.core import client_start
 from fedpersonal.core import client_work
 from fedpersonal.core import compose
 from fedpersonal.core import process as process_lib
+from fedpersonal.core import reference_terms
 from fedpersonal.core import shared_values
 from fedpersonal.core import step_kinds
 from fedpersonal.core.client_plan import GLOBAL
@@ -79,10 +80,13 @@ def build_client_update(
             trained = [[v for part in phase.trains for v in parts[part]] for phase in plan.phases]
             trained = [t + extras if PERSONAL in phase.trains else t for t, phase in zip(trained, plan.phases)]
             optimizers = [client_work.prepare_optimizer(p.optimizer, v) for p, v in zip(plan.phases, trained)]
+            # The client's kept values (SCAFFOLD's control variate, MOON's previous model), assigned from its
+            # private state: initialized as zeros, not from the model's variables, whose initialization TFF may order
+            # after theirs.
             kept_shared: list[tf.Variable] = []
-            if plan.shared is not None:  # The client's kept values (e.g. SCAFFOLD's control variate).
-                _, made_kept = plan.shared.initial(list(model.global_trainable_variables))
-                kept_shared = [tf.Variable(v) for v in made_kept]
+            if plan.shared is not None or plan.reference is not None:
+                kept_shared = [tf.Variable(tf.zeros(v.shape, v.dtype)) for v in model.global_trainable_variables]
+            references = _reference_models(plan, model, model_fn)
             if begin is not None:  # The start's extras (e.g. FedALA's W and its count of aggregations).
                 made = begin.extras(client_work.global_weights(model))
                 extras_kept = ModelWeights(
@@ -120,7 +124,7 @@ def build_client_update(
         elif plan.stateful:
             client_work.assign_weights(client_work.local_weights(model), private)
             kept = client_work.local_weights(model)
-            if plan.shared is not None:  # Its kept values follow the local trainable weights.
+            if kept_shared:  # Its kept values follow the local trainable weights.
                 client_work.assign(kept_shared, private.trainable[len(parts[LOCAL]) :])
                 kept = ModelWeights(list(kept.trainable) + kept_shared, kept.non_trainable)
         elif plan.local_start == LEARNED:  # The default follows the global weights; 'initial': as the model made them.
@@ -134,6 +138,11 @@ def build_client_update(
         if plan.shared is not None:  # The server's values follow the global weights; the offsets are constants.
             shared = list(received.trainable[len(parts[GLOBAL]) :])
             offsets = [tf.identity(o) for o in plan.shared.offset(shared, [v.read_value() for v in kept_shared])]
+        term = None
+        if references:  # The representations at the received and the kept weights are constants.
+            client_work.assign(references[0].global_trainable_variables, received_trainable)
+            client_work.assign(references[1].global_trainable_variables, [v.read_value() for v in kept_shared])
+            term = _reference_term(plan, model, references)
         num_examples = tf.constant(0)
         previous: list[tf.Tensor] = []
         for i, (phase, variables, optimizer) in enumerate(zip(plan.phases, trained, optimizers)):
@@ -163,7 +172,13 @@ def build_client_update(
             # which they open the dataset decides which shuffle each sees (a reshuffling dataset's k-th iteration).
             with tf.control_dependencies(previous):
                 steps = client_work.optimizer_steps(
-                    variables, data, optimizer, batch_loss, epochs=phase.epochs, penalty=penalty
+                    variables,
+                    data,
+                    optimizer,
+                    batch_loss,
+                    epochs=phase.epochs,
+                    penalty=penalty,
+                    batch_term=term if i == plan.global_phase else None,
                 )
             previous = [steps.num_examples, steps.loss_sum]
             if i == plan.global_phase:
@@ -178,6 +193,11 @@ def build_client_update(
                         steps.num_steps,
                     )
                     client_work.assign(kept_shared, new_kept)
+                if plan.reference is not None:  # The new kept weights.
+                    trained_now = [v.read_value() for v in parts[GLOBAL]]
+                    kept_now = [v.read_value() for v in kept_shared]
+                    with tf.control_dependencies(trained_now + kept_now):
+                        client_work.assign(kept_shared, plan.reference.finish(trained_now, kept_now))
             if personalization is not None and (personalized or carries):  # Its kept values, once the phase ends.
                 kept_values = parts[PERSONAL] + extras
                 client_work.assign(
@@ -213,6 +233,41 @@ def build_client_update(
         return work(received, dataset, private)
 
     return client_update
+
+
+def _reference_models(plan: ClientPlan, model: Any, model_fn: Callable[[], Any]) -> tuple[Any, ...]:
+    """With a `ClientPlan.reference`, two more models (at the received and at the kept weights); call in
+    `tf.init_scope`. The model's weights must all be global and trainable: the representations run at weight lists."""
+    if plan.reference is None:
+        return ()
+    others = [
+        model.global_non_trainable_variables,
+        model.local_trainable_variables,
+        model.local_non_trainable_variables,
+    ]
+    if any(others) or partially_local_model.keras_model_of(model) is None:
+        raise ValueError(
+            'ClientPlan.reference needs a Keras model whose weights are all global and trainable, got '
+            f'{[len(v) for v in others]} global non-trainable, local trainable and local non-trainable weights.'
+        )
+    return client_work.construct(model_fn), client_work.construct(model_fn)
+
+
+def _reference_term(plan: ClientPlan, model: Any, references: tuple[Any, ...]) -> Callable[[Any], tf.Tensor]:
+    """The plan's `ReferenceTerm` of a batch: the mean over its examples of ``per_example`` of its representations
+    by `model` (its variables, trained) and by the two `references` (the received and the kept weights)."""
+    reference = plan.reference
+    assert reference is not None
+    keras = [partially_local_model.keras_model_of(m) for m in (model, *references)]
+
+    def term(batch: Any) -> tf.Tensor:
+        x, _ = partially_local_model.split_batch(batch)
+        features, received, kept = [reference.represent(k, x) for k in keras]
+        return reference_terms.batch_mean(
+            reference.per_example(features, tf.stop_gradient(received), tf.stop_gradient(kept))
+        )
+
+    return term
 
 
 def _personalized_batch_loss(

@@ -51,7 +51,8 @@ from fedpersonal.models import partially_local_model
 from fedpersonal.simulation import functional
 
 Slot = functional.Slot  # (group, index) of a weight in `functional.Parts`.
-Penalty = Callable[[list[tf.Tensor], list[tf.Tensor]], tf.Tensor]  # (trained, centre) -> scalar
+# (trained, centre, one client's batch, its example mask) -> scalar
+Penalty = Callable[[list[tf.Tensor], list[tf.Tensor], Any, tf.Tensor], tf.Tensor]
 # (one client's weights, batch, example mask, step input) -> (batch loss, {slot: updated stateful weight})
 ClientLoss = Callable[[functional.Parts, Any, tf.Tensor, Any], tuple[tf.Tensor, dict[Slot, tf.Tensor]]]
 # (one client's weights after the step, batch, example mask, step input) -> scalar statistics to sum
@@ -211,8 +212,8 @@ def lockstep_steps(
       loss: The Keras loss (a batch's loss is its mean over the batch's real examples), or None with
         `client_loss`.
       metrics: Keras metrics updated with every batch's labels and pre-step predictions (group sums).
-      penalty: Optional ``(trained, centre) -> scalar`` added to each client's batch loss (e.g. Ditto's
-        proximal term), with `centre` per-client or shared tensors.
+      penalty: Optional ``(trained, centre, batch, mask) -> scalar`` added to each client's batch loss (e.g.
+        Ditto's proximal term), with `centre` per-client or shared tensors (the client's).
       delta_weights: Optional per-client weights ``[clients]`` known before training (e.g. example counts);
         see `GroupSteps.weighted_deltas`.
       client_loss: Instead of `loss`: ``(weights, batch, mask, step input) -> (batch loss, updates)`` for one
@@ -427,7 +428,7 @@ def client_gradients(
             batch_loss = masked_loss(loss, y, predictions, mask)
             total = batch_loss + regularization
         if penalty is not None:
-            total += penalty(values, centre)
+            total += penalty(values, centre, batch, mask)
         total *= tf.cast(n > 0, total.dtype)
     gradients = tape.gradient(total, values, unconnected_gradients=tf.UnconnectedGradients.ZERO)
     return batch_loss, n, predictions, gradients, updates

@@ -18,8 +18,10 @@ import numpy as np
 import tensorflow as tf
 import tensorflow_federated as tff
 
+from fedpersonal import errors
 from fedpersonal.core import client_plan
 from fedpersonal.core import client_start
+from fedpersonal.core import reference_terms
 from fedpersonal.core import shared_values
 from fedpersonal.core import step_kinds
 from fedpersonal.models import partially_local_model
@@ -34,8 +36,9 @@ START = 'start'  # The packed phase a plan's `global_start` reads: the client's 
 
 class _Start(NamedTuple):
     """Where a group's clients start: the received globals, the model's weights, the personal copy (with its
-    extras; None without one), with a `global_start` its new extras per client, and with `shared` values the
-    received ones, each client's kept ones and its gradient offsets."""
+    extras; None without one), with a `global_start` its new extras per client, with `shared` values the
+    received ones, each client's kept ones and its gradient offsets, and with a `reference` term each client's kept
+    weights."""
 
     received: list[Any]
     weights: functional.Parts
@@ -70,6 +73,14 @@ class PlanProgram:
         }
         self.slots[client_plan.PERSONAL] = self.slots[client_plan.GLOBAL]  # Of the personal copy's own weights.
         self.names = tuple(f'phase_{i}' for i in range(len(plan.phases)))
+        if plan.reference is not None and (
+            base.global_non_trainable or base.local_trainable or base.local_non_trainable
+        ):
+            raise errors.ConfigError(
+                'ClientPlan.reference needs a Keras model whose weights are all global and trainable, got '
+                f'{[len(base[g]) for g in range(1, 4)]} global non-trainable, local trainable and local non-trainable '
+                'weights.'
+            )
         self.extras: list[np.ndarray] = []
         if plan.personalization is not None:  # The extras' initial values, for their slots' shapes and types.
             with tf.init_scope():
@@ -93,6 +104,7 @@ class PlanProgram:
             dp_clip is not None
             or self.learned
             or plan.shared is not None  # `SharedValues.finish` reads each client's trained globals.
+            or plan.reference is not None  # So does `ReferenceTerm.finish`.
             or plan.global_start is not None  # The trained model is the client's own.
             or any(client_plan.PERSONAL not in p.trains for p in plan.phases[plan.global_phase + 1 :])
         )
@@ -119,7 +131,11 @@ class PlanProgram:
         def train(uploaded_start, non_trainable, group, private_trainable, private_non_trainable):
             start = self.start(uploaded_start, non_trainable, group, private_trainable, private_non_trainable, loss)
             trained = self.phases(start, group, strategy, loss, metrics)
-            finished = self._shared_finish(start, trained, group) if self.plan.shared is not None else ([], [])
+            finished: tuple[list[Any], list[Any]] = ([], [])
+            if self.plan.shared is not None:
+                finished = self._shared_finish(start, trained, group)
+            elif self.plan.reference is not None:
+                finished = ([], self._reference_finish(start, trained))
             result, finite, clients = self.upload(uploaded_start, trained, finished[0])
             if not self.plan.stateful:
                 return result, ()
@@ -143,13 +159,16 @@ class PlanProgram:
             # With a `Personalization`, its extras follow the copy's trainable weights.
             personal = functional.Parts(private_trainable, private_non_trainable, [], [])
             return _Start(received, functional.Parts(received, non_trainable, [], []), personal, None)
-        if plan.stateful and plan.shared is not None:  # Its kept values follow its local trainable weights.
+        if plan.stateful and (plan.shared is not None or plan.reference is not None):  # Kept after the locals.
             num_local = len(base.local_trainable)
             local, kept = list(private_trainable[:num_local]), list(private_trainable[num_local:])
+            weights = functional.Parts(received, non_trainable, local, private_non_trainable)
+            if plan.reference is not None:
+                return _Start(received, weights, None, None, [], kept)
             shared = list(uploaded_start[num_global:])
             values = plan.shared
+            assert values is not None
             offsets = lockstep.for_each_client(lambda own: list(values.offset(shared, list(own))), kept)
-            weights = functional.Parts(received, non_trainable, local, private_non_trainable)
             return _Start(received, weights, None, None, shared, kept, list(offsets))
         if plan.stateful:
             weights = functional.Parts(received, non_trainable, private_trainable, private_non_trainable)
@@ -271,6 +290,11 @@ class PlanProgram:
                 continue
             start_weights = personal if client_plan.PERSONAL in parts else weights
             assert start_weights is not None  # A plan that trains the personal copy keeps one.
+            penalty, centre = _penalty(phase, parts, slots), received if _uses_received(phase) else ()
+            if i == plan.global_phase and start.offsets:
+                penalty, centre = _linear_term, start.offsets
+            elif i == plan.global_phase and plan.reference is not None:
+                penalty, centre = self._reference_penalty(received), list(start.kept)
             stepped, phase_steps = client_loop.phase_steps(
                 strategy,
                 stepped_model,
@@ -280,14 +304,8 @@ class PlanProgram:
                 phase.optimizer,
                 loss,
                 metrics=phase_metrics,
-                penalty=_linear_term if start.offsets and i == plan.global_phase else _penalty(phase, parts, slots),
-                centre=(
-                    start.offsets
-                    if start.offsets and i == plan.global_phase
-                    else received
-                    if phase.penalty is not None and phase.penalty.uses_received
-                    else ()
-                ),
+                penalty=penalty,
+                centre=centre,
                 delta_weights=client_weight if i == plan.global_phase else None,
                 keep_trained=self.keep_globals or i != plan.global_phase,
             )
@@ -334,6 +352,39 @@ class PlanProgram:
 
         uploaded, kept = lockstep.for_each_client(finish, (model, list(start.kept), steps))
         return list(uploaded), list(kept)
+
+    def _reference_penalty(self, received: list[Any]) -> lockstep.Penalty:
+        """The plan's `ReferenceTerm` as a penalty of the trained values (the globals first) and the centre (the
+        client's kept weights, as the globals' first slots), at the `received` weights: the mean over the batch's
+        real examples."""
+        reference, model, num_global = self.plan.reference, self.model, self.num_global
+        assert reference is not None
+
+        def represent(weights: list[Any], x: Any) -> tf.Tensor:
+            rebuilt = model.rebuild(functional.Parts(list(weights), [], [], [])).model
+            return reference.represent(partially_local_model.keras_model_of(rebuilt) or rebuilt, x)
+
+        def penalty(values: list[tf.Tensor], centre: Any, batch: Any, mask: tf.Tensor) -> tf.Tensor:
+            x, _ = partially_local_model.split_batch(batch)
+            constants = [[tf.stop_gradient(c) for c in weights] for weights in (received, centre)]
+            features = [represent(w, x) for w in (values[:num_global], *constants)]
+            return reference_terms.batch_mean(reference.per_example(*features), mask)
+
+        return penalty
+
+    def _reference_finish(self, start: _Start, trained: _Trained) -> list[Any]:
+        """Each client's new kept weights (`ReferenceTerm.finish` of its trained globals and its kept weights)."""
+        reference = self.plan.reference
+        assert reference is not None
+        clients = tf.shape(start.kept[0])[0]
+        model = [
+            lockstep.per_client(v, b, clients)
+            for v, b in zip(trained.weights.global_trainable, self.base.global_trainable)
+        ]
+        kept = lockstep.for_each_client(
+            lambda args: list(reference.finish(list(args[0]), list(args[1]))), (model, list(start.kept))
+        )
+        return list(kept)
 
     def _uploaded_bases(self) -> list[Any]:
         base = self.base
@@ -416,7 +467,8 @@ def _penalty(phase: client_plan.Phase, parts: list[str], slots: dict[str, list[A
         return None
     sizes = [len(slots[part]) for part in parts]
 
-    def penalty(values: list[tf.Tensor], centre: Any) -> tf.Tensor:
+    def penalty(values: list[tf.Tensor], centre: Any, batch: Any, mask: tf.Tensor) -> tf.Tensor:
+        del batch, mask
         starts = np.cumsum([0] + sizes)
         by_part = {part: values[starts[k] : starts[k + 1]] for k, part in enumerate(parts)}
         assert phase.penalty is not None
@@ -426,8 +478,13 @@ def _penalty(phase: client_plan.Phase, parts: list[str], slots: dict[str, list[A
     return penalty
 
 
-def _linear_term(values: list[tf.Tensor], centre: Any) -> tf.Tensor:
+def _uses_received(phase: client_plan.Phase) -> bool:
+    return phase.penalty is not None and phase.penalty.uses_received
+
+
+def _linear_term(values: list[tf.Tensor], centre: Any, batch: Any, mask: tf.Tensor) -> tf.Tensor:
     """`shared_values.linear_term` of the global phase's first trained values (the globals) and the offsets."""
+    del batch, mask
     return shared_values.linear_term(values[: len(centre)], centre)
 
 
