@@ -16,7 +16,6 @@ learning rate eta moves it by eta times the mean of ``upload - c``, so each clie
 
 from __future__ import annotations
 
-import collections
 import dataclasses
 from collections.abc import Callable
 from typing import Any
@@ -25,7 +24,6 @@ import tensorflow as tf
 import tensorflow_federated as tff
 
 from fedpersonal import backends
-from fedpersonal import models
 from fedpersonal.core import client_plan
 from fedpersonal.core import process as process_lib
 
@@ -107,6 +105,7 @@ def build_scaffold(
 
     Example:
 
+    >>> import collections
     >>> spec = collections.OrderedDict(x=tf.TensorSpec([None, 4], tf.float32), y=tf.TensorSpec([None], tf.int32))
     >>> process = build_scaffold(lambda: tf.keras.Sequential([tf.keras.Input([4]), tf.keras.layers.Dense(3)]),
     ...     element_spec=spec, client_learning_rate=0.1)
@@ -125,17 +124,10 @@ def build_scaffold(
         client_epochs=client_epochs,
         scale=participation / server_learning_rate,
     )
-    spec = collections.OrderedDict(x=element_spec['x'], y=element_spec['y'])
-
-    def partially_local_fn() -> tff.learning.models.ReconstructionModel:
-        keras_model = model_fn()
-        return models.from_keras_model(keras_model, input_spec=spec, global_variables=keras_model.variables)
-
-    return backends.build_process(
+    return backends.build_classifier_process(
         plan,
-        partially_local_fn,
-        loss_fn=lambda: tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True),
-        metrics_fn=lambda: [tf.keras.metrics.SparseCategoricalAccuracy(name='accuracy')],
+        model_fn,
+        element_spec=element_spec,
         server_optimizer=tff.learning.optimizers.build_sgdm(server_learning_rate),
         client_weighting=tff.learning.ClientWeighting.UNIFORM,
         group_size=group_size,

@@ -44,7 +44,7 @@ METHODS = (
     'fedrod',
 )
 # Rows beyond the leaderboard's 16, run when named (--configurations).
-EXTRA_METHODS = ('scaffold',)
+EXTRA_METHODS = ('scaffold', 'moon')
 METHOD_NAMES = {
     'fedavg': 'FedAvg',
     'fedprox': 'FedProx',
@@ -64,6 +64,7 @@ METHOD_NAMES = {
     'fedala': 'FedALA',
     'fedrod': 'FedRoD',
     'scaffold': 'SCAFFOLD',
+    'moon': 'MOON',
 }
 
 
@@ -180,6 +181,10 @@ class PflBenchmarkConfig(
     pfedme_personal_learning_rate: float = parts.option(
         0.01, "pFedMe's theta learning rate (PFLlib's --p_learning_rate)."
     )
+    moon_mu: float = parts.option(
+        1.0, "MOON's weight of the model-contrastive loss (the paper's 1 for CIFAR-100; PFLlib's --mu default 0)."
+    )
+    moon_tau: float = parts.option(0.5, "MOON's temperature (the paper's 0.5; PFLlib's --tau default 1).")
     num_latent_factors: int = parts.option(50, 'MovieLens: embedding dimension.')
     max_examples_per_client: int | None = parts.option(
         300, "MovieLens: ratings kept per user, the earliest ('none': all)."
@@ -272,6 +277,8 @@ class PflBenchmarkConfig(
             raise errors.ConfigError(f'apfl_alpha must be in [0, 1], got {self.apfl_alpha}.')
         if self.apfl_variant not in ('pfllib', 'paper'):
             raise errors.ConfigError(f"apfl_variant must be 'pfllib' or 'paper', got {self.apfl_variant!r}.")
+        if self.moon_mu < 0 or self.moon_tau <= 0:
+            raise errors.ConfigError(f'moon_mu must be >= 0 and moon_tau > 0, got {self.moon_mu}, {self.moon_tau}.')
         if self.fedrep_head_epochs < 1:
             raise errors.ConfigError(f'fedrep_head_epochs must be >= 1, got {self.fedrep_head_epochs}.')
         if self.fedala_eta <= 0 or not 0 < self.fedala_rand_percent <= 100 or self.fedala_layer_idx < 0:

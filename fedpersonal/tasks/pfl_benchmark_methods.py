@@ -23,7 +23,9 @@ the config, the layers of PFLlib's CNN that stay on the clients, and the model.
 * ``fedrod``: the body and a generic head (balanced softmax) global, a personal head local
   (`fedpersonal.algorithms.fedrod`); evaluated with the sum of both heads' logits.
 * ``scaffold`` (not one of the leaderboard's 16 rows, run when named): the global model, every local step corrected
-  by the control variates (`fedpersonal.algorithms.scaffold`), the uniform mean over clients as PFLlib's.
+  by the control variates (`fedpersonal.algorithms.scaffold`), the uniform mean over clients as PFLlib's;
+* ``moon`` (run when named): the global model, each client's batches with the model-contrastive loss against the
+  global and its previous model (`fedpersonal.algorithms.moon`; ``--moon_mu``, ``--moon_tau``).
 
 The model is PFLlib's CNN (`image_classifiers.fedavg_cnn`) or the user's ``--model`` factory
 (`fedpersonal.models.keras_factory`): the head (`image_classifiers.HEAD`) is the model's last layer (PFLlib's ``fc``),
@@ -54,6 +56,7 @@ from fedpersonal.algorithms import fedprox
 from fedpersonal.algorithms import fedrep
 from fedpersonal.algorithms import fedrod
 from fedpersonal.algorithms import furl
+from fedpersonal.algorithms import moon
 from fedpersonal.algorithms import per_fedavg
 from fedpersonal.algorithms import pfedme
 from fedpersonal.algorithms import scaffold
@@ -235,6 +238,9 @@ METHOD_SPECS: dict[str, Method] = {
     'scaffold': Method(
         lambda c: scaffold.scaffold_plan(client_learning_rate=c.client_learning_rate, client_epochs=c.client_epochs),
         client_weighting=tff.learning.ClientWeighting.UNIFORM,
+    ),
+    'moon': Method(
+        lambda c: moon.moon_plan(client_optimizer=sgd(c), client_epochs=c.client_epochs, mu=c.moon_mu, tau=c.moon_tau)
     ),
 }
 
