@@ -105,6 +105,7 @@ METHODS: dict[str, PfllibMethod] = {
     ),
     'fedrod': PfllibMethod('serverrod', 'FedROD', head_split=True, client_model='model,head'),
     'scaffold': PfllibMethod('serverscaffold', 'SCAFFOLD', args=lambda c: {'server_learning_rate': 1.0}),
+    'moon': PfllibMethod('servermoon', 'MOON', head_split=True, args=lambda c: {'mu': c.moon_mu, 'tau': c.moon_tau}),
     'apfl': PfllibMethod(
         'serverapfl',
         'APFL',
