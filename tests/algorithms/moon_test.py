@@ -189,3 +189,22 @@ def test_the_benchmark_refuses_a_nonsense_temperature():
 
     with pytest.raises(errors.ConfigError, match='moon_tau'):
         pfl_benchmark_config.PflBenchmarkConfig(dataset='synthetic', moon_tau=0.0)
+
+
+@pytest.mark.parametrize('backend', ['engine', 'per_client'])
+def test_moon_refuses_a_model_with_weights_that_are_not_global_and_trainable(backend):
+    """The representations run at weight lists: a batch norm's moving statistics (non-trainable) are refused with a
+    message, not a trace from inside TF."""
+
+    def with_batch_norm():
+        return tf.keras.Sequential(
+            [
+                tf.keras.Input([6]),
+                tf.keras.layers.Dense(8),
+                tf.keras.layers.BatchNormalization(),
+                tf.keras.layers.Dense(3),
+            ]
+        )
+
+    with pytest.raises(ValueError, match='all global and trainable'), backends.use(backend):
+        moon.build_moon(with_batch_norm, element_spec=SPEC, client_optimizer=tff.learning.optimizers.build_sgdm(LR))
