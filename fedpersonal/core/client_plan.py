@@ -271,9 +271,9 @@ class ClientPlan:
             _check_model_loss_plan(self)
             return
         if self.shared is not None:
-            _check_shared(self)
+            _check_kept_hook(self, 'shared', shared_values.SharedValues)
         if self.reference is not None:
-            _check_reference(self)
+            _check_kept_hook(self, 'reference', reference_terms.ReferenceTerm)
         if self.counts_participations or self.counts_labels:
             raise ValueError('counts_participations and counts_labels need phases with model-defined losses.')
         if self.global_start is not None:
@@ -352,36 +352,24 @@ def _check_model_loss_plan(plan: ClientPlan) -> None:
         )
 
 
-def _check_shared(plan: ClientPlan) -> None:
-    """Shared values (`ClientPlan.shared`) need the model's local weights kept (no personal copy, start or
-    personalization) and a global phase of plain steps without a penalty."""
-    if not isinstance(plan.shared, shared_values.SharedValues):
-        raise ValueError(f'ClientPlan.shared must be a shared_values.SharedValues, got {plan.shared!r}.')
-    if plan.personal_copy or plan.personalization is not None or plan.global_start is not None:
-        raise ValueError('ClientPlan.shared takes no personal copy, personalization or global_start.')
+def _check_kept_hook(plan: ClientPlan, name: str, kind: type) -> None:
+    """A hook whose values clients keep after the model's local weights (`ClientPlan.shared`,
+    `ClientPlan.reference`): it needs those weights kept (no personal copy, start, personalization or other such
+    hook) and a global phase of plain steps without a penalty."""
+    if not isinstance(getattr(plan, name), kind):
+        raise ValueError(f'ClientPlan.{name} must be a {kind.__module__}.{kind.__name__}, got {getattr(plan, name)!r}.')
+    both = plan.shared is not None and plan.reference is not None
+    if plan.personal_copy or plan.personalization is not None or plan.global_start is not None or both:
+        raise ValueError(
+            f'ClientPlan.{name} takes no personal copy, personalization, global_start or other kept values.'
+        )
     if plan.local_start != KEPT:
         raise ValueError(
-            f"ClientPlan.shared keeps values on the clients: local_start must be 'kept', got {plan.local_start!r}."
+            f"ClientPlan.{name} keeps values on the clients: local_start must be 'kept', got {plan.local_start!r}."
         )
     phase = next((p for p in plan.phases if GLOBAL in p.trains), None)
     if phase is not None and (phase.penalty is not None or phase.step is not None):
-        raise ValueError('With ClientPlan.shared the global phase takes no penalty and no step kind.')
-
-
-def _check_reference(plan: ClientPlan) -> None:
-    """A reference term (`ClientPlan.reference`) keeps weights beside the model's local weights (no personal copy,
-    start, personalization or shared values) and adds to a global phase of plain steps without a penalty."""
-    if not isinstance(plan.reference, reference_terms.ReferenceTerm):
-        raise ValueError(f'ClientPlan.reference must be a reference_terms.ReferenceTerm, got {plan.reference!r}.')
-    if plan.personal_copy or plan.personalization is not None or plan.global_start is not None or plan.shared:
-        raise ValueError('ClientPlan.reference takes no personal copy, personalization, global_start or shared values.')
-    if plan.local_start != KEPT:
-        raise ValueError(
-            f"ClientPlan.reference keeps weights on the clients: local_start must be 'kept', got {plan.local_start!r}."
-        )
-    phase = next((p for p in plan.phases if GLOBAL in p.trains), None)
-    if phase is not None and (phase.penalty is not None or phase.step is not None):
-        raise ValueError('With ClientPlan.reference the global phase takes no penalty and no step kind.')
+        raise ValueError(f'With ClientPlan.{name} the global phase takes no penalty and no step kind.')
 
 
 def kept_values(plan: ClientPlan, weights: list[Any]) -> list[Any]:

@@ -14,6 +14,8 @@ import tensorflow_federated as tff
 
 from fedpersonal import backends
 from fedpersonal import models
+from fedpersonal.algorithms import moon
+from fedpersonal.algorithms import scaffold
 from fedpersonal.core import client_plan
 from fedpersonal.core import client_start
 from fedpersonal.core import step_kinds
@@ -372,3 +374,21 @@ def test_shared_values_written_here_run_on_every_backend_as_a_plain_loop(backend
             tolerances.assert_reordered_close(g, w, depth=DEPTH, steps=2 * STEPS, scale=1.0 / (2 * LR))
     with pytest.raises(ValueError, match='SharedValues'):
         client_plan.ClientPlan((client_plan.Phase((client_plan.GLOBAL,), 1, sgd),), shared=object())
+
+
+@pytest.mark.parametrize('hook', ['shared', 'reference'])
+def test_a_kept_values_hook_refuses_a_plan_it_cannot_run_in(hook):
+    """`ClientPlan.shared` and `ClientPlan.reference` keep values after the local weights: a personal copy, the
+    other hook or a penalty on the global phase is refused by name."""
+    sgd = tff.learning.optimizers.build_sgdm(0.1)
+    values = {'shared': scaffold.ControlVariates(0.1), 'reference': moon.Contrast(1.0, 0.5)}
+    global_phase = client_plan.Phase(('global',), 1, sgd)
+    with pytest.raises(ValueError, match=f'ClientPlan.{hook} takes no personal copy'):
+        client_plan.ClientPlan((global_phase,), personal_copy=True, **{hook: values[hook]})
+    with pytest.raises(ValueError, match='other kept values'):
+        client_plan.ClientPlan((global_phase,), **values)
+    penalized = client_plan.Phase(('global',), 1, sgd, penalty=client_plan.NormPenalty('global', 0.1))
+    with pytest.raises(ValueError, match=f'With ClientPlan.{hook} the global phase takes no penalty'):
+        client_plan.ClientPlan((penalized,), **{hook: values[hook]})
+    with pytest.raises(ValueError, match=f'ClientPlan.{hook} must be a'):
+        client_plan.ClientPlan((global_phase,), **{hook: object()})
