@@ -165,27 +165,31 @@ def client_loop_steps(
     learning_rate = lockstep.plain_sgd_learning_rate(optimizer)
     num_steps = phase['mask'].shape[1]
     unrolled = model.xla and num_steps is not None and num_steps <= UNROLL_STEPS
-    slice_of = lambda value, c, per_client: value[c] if per_client else value
+    slice_of = lambda value, c, per_client: lockstep.at(value, c) if per_client else value
 
     def array(dtype: tf.DType) -> tf.TensorArray:
         return tf.TensorArray(dtype, size=clients, element_shape=None)
 
     def client(c, sums, out):
         start = [slice_of(weights[g][i], c, not shared) for (g, i), shared in zip(train, shared_start)]
-        parts = lockstep.replace_slots(weights, frozen_own, [weights[g][i][c] for g, i in frozen_own])
+        parts = lockstep.replace_slots(weights, frozen_own, [lockstep.at(weights[g][i], c) for g, i in frozen_own])
         carried = [slice_of(weights[g][i], c, own((g, i))) for g, i in stateful]
         client_centre = list(centre)
         for k in centre_own:
-            client_centre[k] = centre[k][c]
+            client_centre[k] = lockstep.at(centre[k], c)
         state = (
             optimizer.initialize(tuple(tf.TensorSpec(v.shape, v.dtype) for v in start)) if learning_rate is None else ()
         )
         stats = tf.nest.map_structure(tf.constant, zero_stats)
 
         def step(t, values, state, carried, num_examples, loss_sum, stats):
-            batch = tf.nest.map_structure(lambda a: a[c, t], phase['batch'])
-            mask = phase['mask'][c, t]
-            extra = tf.nest.map_structure(lambda a: a[c, t], step_inputs) if step_inputs is not None else ()
+            batch = tf.nest.map_structure(lambda a: lockstep.at(lockstep.at(a, c), t), phase['batch'])
+            mask = lockstep.at(lockstep.at(phase['mask'], c), t)
+            extra = (
+                tf.nest.map_structure(lambda a: lockstep.at(lockstep.at(a, c), t), step_inputs)
+                if step_inputs is not None
+                else ()
+            )
             now = lockstep.replace_slots(lockstep.replace_slots(parts, stateful, carried), train, values)
             batch_loss, n, predictions, gradients, updates = lockstep.client_gradients(
                 model, now, values, batch, mask, extra, loss, client_loss, penalty, client_centre, bool(stateful)
@@ -210,16 +214,16 @@ def client_loop_steps(
         loop = (tf.constant(0), start, state, carried, tf.constant(0.0), tf.constant(0.0), stats)
         if unrolled:  # A client's few steps written out: XLA keeps the weights in place from step to step.
             for t in range(num_steps):
-                active = t < phase['steps'][c]
+                active = t < lockstep.at(phase['steps'], c)
                 keep = lambda new, old, active=active: tf.where(active, new, old)
                 loop = (loop[0] + 1,) + tf.nest.map_structure(keep, step(t, *loop[1:])[1:], loop[1:])
         else:
-            loop = tf.while_loop(lambda t, *_: t < phase['steps'][c], step, loop)
+            loop = tf.while_loop(lambda t, *_: t < lockstep.at(phase['steps'], c), step, loop)
         _, values, _, carried, num_examples, loss_sum, stats = loop
         deltas = [s - v for s, v in zip(start, values)]
         finite = tf.reduce_all([tf.reduce_all(tf.math.is_finite(d)) for d in deltas])
         if delta_weights is not None:
-            weight = tf.where(finite, delta_weights[c], 0.0)
+            weight = tf.where(finite, lockstep.at(delta_weights, c), 0.0)
             added = iter(tf.where(finite, weight * d, tf.zeros_like(d)) for d, a in zip(deltas, accumulate) if a)
             sums = [s + next(added) for s in sums]
         written = [v for v, k in zip(values, kept) if k] + carried + [num_examples, loss_sum, finite]

@@ -338,14 +338,14 @@ def _per_client_metrics(metrics, loss, labels, predictions, mask, batch_loss, nu
     def body(c, unfinalized, finalized):
         for metric in metrics:
             metric.reset_state()
-        client = lambda t: t[c]
+        client = lambda t: lockstep.at(t, c)
         lockstep.update_metrics(
             metrics,
             tf.nest.map_structure(client, labels),
             tf.nest.map_structure(client, predictions),
-            mask[c],
+            lockstep.at(mask, c),
             loss,
-            batch_loss[c],
+            lockstep.at(batch_loss, c),
         )
         unfinalized = [a.write(c, v.read_value()) for a, v in zip(unfinalized, variables)]
         finalized = [a.write(c, tf.cast(m.result(), tf.float32)) for a, m in zip(finalized, metrics)]

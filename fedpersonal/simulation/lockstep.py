@@ -109,6 +109,18 @@ def per_client(value: tf.Tensor, base: Any, clients: tf.Tensor) -> tf.Tensor:
     return tf.broadcast_to(value[tf.newaxis], tf.concat([[clients], tf.shape(value)], 0))
 
 
+def at(value: tf.Tensor, index: tf.Tensor, axis: int = 0) -> tf.Tensor:
+    """`value`'s slice at a loop counter `index` along `axis` (a client's values, every client's batch at a step).
+
+    A gather, not ``value[index]`` or ``value[:, index]``: TF 2.14 lowers a strided slice at a loop-dependent
+    index into XLA either as a plain dynamic slice or as a dynamic-size one (pad and set-dimension-size), one or the
+    other from one trace of the same function to the next in a process, and the compiled reductions downstream then
+    differ in the last bit (a run's reported loss changed with the same seed on an AVX2 machine). A gather has one
+    lowering (tests/simulation/step_slice_test.py).
+    """
+    return tf.gather(value, index, axis=axis)
+
+
 def replace_slots(parts: functional.Parts, slots: Sequence[Slot], values: Sequence[Any]) -> functional.Parts:
     """`parts` with the weights at `slots` replaced by `values`."""
     groups = [list(g) for g in parts]
@@ -317,9 +329,9 @@ def lockstep_steps(
             # Shaped like `steps`, so a group of statically known size keeps its static shape through the loop.
             return put(tf.cast(tf.zeros_like(phase['steps']) + fill, part.dtype), part)
 
-        batch = tf.nest.map_structure(lambda a: take(a[:, t]), phase['batch'])
-        mask = take(phase['mask'][:, t])
-        extra = tf.nest.map_structure(lambda a: take(a[:, t]), step_inputs) if step_inputs is not None else ()
+        batch = tf.nest.map_structure(lambda a: take(at(a, t, axis=1)), phase['batch'])
+        mask = take(at(phase['mask'], t, axis=1))
+        extra = tf.nest.map_structure(lambda a: take(at(a, t, axis=1)), step_inputs) if step_inputs is not None else ()
         frozen = [take(weights[g][i]) for g, i in frozen_per_client]
         centre_values = [take(centre[k]) for k in centre_per_client]
         stepped = [take(v) for v in values]

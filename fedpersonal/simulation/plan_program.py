@@ -208,10 +208,10 @@ class PlanProgram:
             return value, gradients, statistics
 
         def client(c, out):
-            mask = flat(phase['mask'][c])
+            mask = flat(lockstep.at(phase['mask'], c))
             order = tf.argsort(-mask, stable=True)  # Its real examples first, in their order.
-            batch = tf.nest.map_structure(lambda a: tf.gather(flat(a[c]), order), phase['batch'])
-            at = lambda tensors: [t[c] for t in tensors]
+            batch = tf.nest.map_structure(lambda a: tf.gather(flat(lockstep.at(a, c)), order), phase['batch'])
+            at = lambda tensors: [lockstep.at(t, c) for t in tensors]
             kept = tff.learning.models.ModelWeights(
                 at(private_trainable[:num_trainable]), at(private_non_trainable[:num_non_trainable])
             )

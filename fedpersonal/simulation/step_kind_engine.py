@@ -119,8 +119,8 @@ def step_kind_steps(
         take = lambda value: value if index is None else tf.gather(value, index)
         put = lambda full, part: part if index is None else tf.tensor_scatter_nd_update(full, index[:, None], part)
         expand = lambda part: put(tf.zeros_like(phase['steps'], part.dtype), part)
-        batch = tf.nest.map_structure(lambda a: take(a[:, t]), phase['batch'])
-        mask = take(phase['mask'][:, t])
+        batch = tf.nest.map_structure(lambda a: take(lockstep.at(a, t, axis=1)), phase['batch'])
+        mask = take(lockstep.at(phase['mask'], t, axis=1))
         frozen = [take(weights[g][i]) for g, i in frozen_per_client]
         stepped, stepped_theta = [take(v) for v in values], [take(v) for v in theta]
         value, n, labels, predictions, seen, direction, new_theta = lockstep.for_each_client(
