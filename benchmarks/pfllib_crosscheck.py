@@ -34,9 +34,9 @@ the accuracies are compared.
   accuracy (see the row script).
 
 Methods: `METHODS` (FedAvg, FedProx, Per-FedAvg, Ditto, FedPer, FedRep, LG-FedAvg, pFedMe, FedALA, FedBABU,
-FedRoD, APFL, SCAFFOLD, MOON), each with fedpersonal's hyperparameters on both sides (e.g. PFLlib's FedProx ``mu`` = the
+FedRoD, APFL, SCAFFOLD, MOON, FedDBE), each with fedpersonal's hyperparameters on both sides (e.g. PFLlib's FedProx ``mu`` = the
 config's ``fedprox_mu``; ``--overrides`` sets other values on both sides). Not here: FedBN (no benchmark row: the CNN
-has no batch normalization), FedAMP, FedDBE (not benchmark methods yet). The
+has no batch normalization), FedAMP (not a benchmark method yet). The
 verdict is on the weights alone: FedBABU's accuracies differ with equal weights because fedpersonal fine-tunes
 before every evaluation and PFLlib only once after training (``serverbabu.py``). With 100 train rows and 2 rounds
 the accuracies are coarse (on the pathological partition FedAvg, FedProx, Per-FedAvg and FedALA give the same

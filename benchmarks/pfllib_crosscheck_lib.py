@@ -106,6 +106,18 @@ METHODS: dict[str, PfllibMethod] = {
     'fedrod': PfllibMethod('serverrod', 'FedROD', head_split=True, client_model='model,head'),
     'scaffold': PfllibMethod('serverscaffold', 'SCAFFOLD', args=lambda c: {'server_learning_rate': 1.0}),
     'moon': PfllibMethod('servermoon', 'MOON', head_split=True, args=lambda c: {'mu': c.moon_mu, 'tau': c.moon_tau}),
+    # FedDBE's client: its model, then its representation bias (client_mean); the mean regularizer's weight is
+    # main.py's default 0, as fedpersonal's FedDBE (its PRBM alone).
+    'feddbe': PfllibMethod(
+        'serverdbe',
+        'FedDBE',
+        head_split=True,
+        client_model='model,client_mean',
+        args=lambda c: {
+            'kl_weight': 0.0,
+            'momentum': 0.1,
+        },
+    ),
     'apfl': PfllibMethod(
         'serverapfl',
         'APFL',
@@ -218,14 +230,16 @@ def merge_rows(old: list[dict[str, Any]], new: list[dict[str, Any]]) -> list[dic
 
 
 def full_weights(global_weights: Sequence[np.ndarray], local_weights: Sequence[np.ndarray], local_layers) -> list:
-    """A client's whole model (`LAYERS` order, kernel then bias) from the global and the local layers' weights."""
+    """A client's whole model (`LAYERS` order, kernel then bias) from the global and the local layers' weights,
+    then the weights of a method's own local layers, which the CNN lacks (FedDBE's representation bias)."""
     glob, loc, out = list(global_weights), list(local_weights), []
     for layer in LAYERS:
         source = loc if local_layers == 'all' or layer in local_layers else glob
         out += [source.pop(0), source.pop(0)]
-    if glob or loc:
+    own_layers = local_layers != 'all' and any(layer not in LAYERS for layer in local_layers)
+    if glob or (loc and not own_layers):
         raise ValueError(f'{len(glob)} global and {len(loc)} local weights left over')
-    return out
+    return out + loc
 
 
 STATISTICAL_ONE_SEED_TOLERANCE = 0.01  # One seed per side: final accuracies within 1 percentage point.
@@ -432,7 +446,13 @@ def run_fedpersonal(
     curve, round_seconds, eval_seconds = [], [], []
     try:
         evaluate = evaluation.make_evaluation(
-            benchmark, plan, spec.local_layers, finetune=spec.finetune, adapts=spec.adapts, phased_model=phased_model
+            benchmark,
+            plan,
+            spec.local_layers,
+            finetune=spec.finetune,
+            adapts=spec.adapts,
+            phased_model=phased_model,
+            transform=spec.keras_transform,
         )
         started = time.time()
         for _ in range(rounds):

@@ -190,8 +190,9 @@ def main() -> None:
     by_round: dict = {}  # select call -> (correct, num) of its round's last evaluation: the state after call-1 rounds.
     select_times: list = []
 
-    def params(m):  # A module's parameters, or a list of tensors (pFedMe's personalized_params).
-        return [p.detach().numpy().copy() for p in (m if isinstance(m, list) else m.parameters())]
+    def params(m):  # A module's parameters, a list of tensors (pFedMe's personalized_params) or one (FedDBE's).
+        tensors = m if isinstance(m, list) else [m] if isinstance(m, torch.Tensor) else m.parameters()
+        return [p.detach().numpy().copy() for p in tensors]
 
     def stop(*unused_args, **unused_kwargs):
         raise StopRun()

@@ -184,7 +184,13 @@ def build_method_process(benchmark: Benchmark, name: str, plan: Any, phased_mode
         process = backends.build_process(
             plan,
             # A personal copy is of a model whose weights are all global; its evaluation model has them all local.
-            model_fn_for(benchmark.data, config.seed, () if plan.personal else spec.local_layers, config.model),
+            model_fn_for(
+                benchmark.data,
+                config.seed,
+                () if plan.personal else spec.local_layers,
+                config.model,
+                spec.keras_transform,
+            ),
             loss_fn=loss_fn,
             metrics_fn=metrics_fn,
             client_weighting=spec.client_weighting,
@@ -209,7 +215,13 @@ def run_method(benchmark: Benchmark, outputs: program.ExperimentOutputs, name: s
     plan, phased_model = method_parts(benchmark, name)
     process = build_method_process(benchmark, name, plan, phased_model)
     evaluate = make_evaluation(
-        benchmark, plan, spec.local_layers, finetune=spec.finetune, adapts=spec.adapts, phased_model=phased_model
+        benchmark,
+        plan,
+        spec.local_layers,
+        finetune=spec.finetune,
+        adapts=spec.adapts,
+        phased_model=phased_model,
+        transform=spec.keras_transform,
     )
     common: dict[str, Any] = dict(
         outputs=outputs,

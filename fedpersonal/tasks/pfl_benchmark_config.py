@@ -44,7 +44,7 @@ METHODS = (
     'fedrod',
 )
 # Rows beyond the leaderboard's 16, run when named (--configurations).
-EXTRA_METHODS = ('scaffold', 'moon')
+EXTRA_METHODS = ('scaffold', 'moon', 'feddbe')
 METHOD_NAMES = {
     'fedavg': 'FedAvg',
     'fedprox': 'FedProx',
@@ -65,6 +65,7 @@ METHOD_NAMES = {
     'fedrod': 'FedRoD',
     'scaffold': 'SCAFFOLD',
     'moon': 'MOON',
+    'feddbe': 'FedDBE',
 }
 
 

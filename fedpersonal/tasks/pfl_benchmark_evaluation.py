@@ -82,13 +82,15 @@ def make_evaluation(
     finetune: bool = False,
     adapts: bool = False,
     phased_model: Callable[[], Any] | None = None,
+    transform: Callable[[Any], Any] | None = None,
 ) -> Callable[..., dict[str, float]]:
     """``(global weights, every client's private state) -> metrics`` on every client's test data, each client with
     the model it predicts with (first fine-tuned on its train data with `finetune`): accuracy over all test
     examples, the mean and the worst client's accuracy. A stateless plan (FedRecon): ``global weights -> metrics``
     by ReconEval on each client's test data. `adapts`: each client predicts with the global model after one SGD
     step on its `Benchmark.adaptation_batch`. `phased_model`: the model of a plan with model-defined losses (FedRoD's),
-    which predicts with its `fedrod.prediction_model_fn`."""
+    which predicts with its `fedrod.prediction_model_fn`. `transform`: the method's layers around the Keras model
+    (`pfl_benchmark_methods.Method.keras_transform`)."""
     config = benchmark.config
     if plan.model_losses:
         if phased_model is None:
@@ -125,8 +127,10 @@ def make_evaluation(
         )
     # A personal or fine-tuned model is evaluated as a model whose weights are all the client's own.
     own = plan.personal or finetune or adapts
-    model_fn = methods.model_fn_for(benchmark.data, config.seed, 'all' if own else local_layers, config.model)
-    global_model_fn = methods.model_fn_for(benchmark.data, config.seed, (), config.model)
+    model_fn = methods.model_fn_for(
+        benchmark.data, config.seed, 'all' if own else local_layers, config.model, transform
+    )
+    global_model_fn = methods.model_fn_for(benchmark.data, config.seed, (), config.model, transform)
     evaluate = evaluation.build_private_state_eval(
         model_fn, loss_fn=methods.loss_fn, metrics_fn=methods.metrics_fn, simulation=config.simulation
     )

@@ -25,7 +25,9 @@ the config, the layers of PFLlib's CNN that stay on the clients, and the model.
 * ``scaffold`` (not one of the leaderboard's 16 rows, run when named): the global model, every local step corrected
   by the control variates (`fedpersonal.algorithms.scaffold`), the uniform mean over clients as PFLlib's;
 * ``moon`` (run when named): the global model, each client's batches with the model-contrastive loss against the
-  global and its previous model (`fedpersonal.algorithms.moon`; ``--moon_mu``, ``--moon_tau``).
+  global and its previous model (`fedpersonal.algorithms.moon`; ``--moon_mu``, ``--moon_tau``);
+* ``feddbe`` (run when named): the global model with a representation bias per client between body and head,
+  local (`fedpersonal.algorithms.feddbe`: its PRBM; PFLlib's default weight of its mean regularizer, 0).
 
 The model is PFLlib's CNN (`image_classifiers.fedavg_cnn`) or the user's ``--model`` factory
 (`fedpersonal.models.keras_factory`): the head (`image_classifiers.HEAD`) is the model's last layer (PFLlib's ``fc``),
@@ -51,6 +53,7 @@ from fedpersonal.algorithms import ditto
 from fedpersonal.algorithms import fed_recon
 from fedpersonal.algorithms import fedala
 from fedpersonal.algorithms import fedbabu
+from fedpersonal.algorithms import feddbe
 from fedpersonal.algorithms import fedper
 from fedpersonal.algorithms import fedprox
 from fedpersonal.algorithms import fedrep
@@ -80,6 +83,8 @@ class Method:
     phased_model: Callable[[pfllib.PfllibImageData, int, str | None], Callable[[], Any]] | None = None
     # How the server weighs the clients' updates (SCAFFOLD, as PFLlib's: the uniform mean).
     client_weighting: Any = tff.learning.ClientWeighting.NUM_EXAMPLES
+    # The method's own layers around the benchmark's Keras model (FedDBE's representation bias).
+    keras_transform: Callable[[tf.keras.Model], tf.keras.Model] | None = None
 
 
 def sgd(config: PflBenchmarkConfig) -> tff.learning.optimizers.Optimizer:
@@ -242,6 +247,11 @@ METHOD_SPECS: dict[str, Method] = {
     'moon': Method(
         lambda c: moon.moon_plan(client_optimizer=sgd(c), client_epochs=c.client_epochs, mu=c.moon_mu, tau=c.moon_tau)
     ),
+    'feddbe': Method(
+        lambda c: feddbe.feddbe_plan(client_epochs=c.client_epochs, client_optimizer=sgd(c)),
+        (feddbe.LAYER_NAME,),
+        keras_transform=feddbe.with_representation_bias,
+    ),
 }
 
 
@@ -263,14 +273,20 @@ def element_spec(data: pfllib.PfllibImageData) -> collections.OrderedDict:
 
 
 def model_fn_for(
-    data: pfllib.PfllibImageData, seed: int, local_layers: tuple[str, ...] | str, model: str | None = None
+    data: pfllib.PfllibImageData,
+    seed: int,
+    local_layers: tuple[str, ...] | str,
+    model: str | None = None,
+    transform: Callable[[tf.keras.Model], tf.keras.Model] | None = None,
 ) -> Callable[[], Any]:
-    """A partially local model (PFLlib's CNN, or factory `model`, see `keras_model`): `local_layers` (see
-    `local_layer_names`) on the clients, the others global."""
+    """A partially local model (PFLlib's CNN, or factory `model`, see `keras_model`; `transform` of it, a method's
+    `Method.keras_transform`): `local_layers` (see `local_layer_names`) on the clients, the others global."""
     spec = element_spec(data)
 
     def model_fn():
         built = keras_model(data, seed, model)
+        if transform is not None:
+            built = transform(built)
         layers = [layer for layer in built.layers if layer.weights]
         names = local_layer_names(built, local_layers)
         local = [layer for layer in layers if layer.name in names]

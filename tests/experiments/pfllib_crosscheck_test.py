@@ -102,6 +102,11 @@ def test_full_weights_places_local_layers():
     assert [int(w[0]) for w in merged] == [0, 1, 2, 3, 4, 5, 7, 8]
     with pytest.raises(ValueError, match='left over'):
         crosscheck.full_weights(g + local, local, ('fc',))
+    # A method's own local layer (FedDBE's representation bias) follows the whole CNN.
+    merged = crosscheck.full_weights(g + local, [np.full(1, 9)], ('representation_bias',))
+    assert [int(w[0]) for w in merged] == [0, 1, 2, 3, 4, 5, 10, 11, 9]
+    with pytest.raises(ValueError, match='left over'):
+        crosscheck.full_weights(g, local + [np.full(1, 9)], ('fc',))
 
 
 def test_rows_and_verdicts():
