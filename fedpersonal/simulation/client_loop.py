@@ -213,8 +213,9 @@ def client_loop_steps(
 
         loop = (tf.constant(0), start, state, carried, tf.constant(0.0), tf.constant(0.0), stats)
         if unrolled:  # A client's few steps written out: XLA keeps the weights in place from step to step.
+            client_steps = lockstep.at(phase['steps'], c)
             for t in range(num_steps):
-                active = t < lockstep.at(phase['steps'], c)
+                active = t < client_steps
                 keep = lambda new, old, active=active: tf.where(active, new, old)
                 loop = (loop[0] + 1,) + tf.nest.map_structure(keep, step(t, *loop[1:])[1:], loop[1:])
         else:
