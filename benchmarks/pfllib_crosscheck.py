@@ -22,7 +22,8 @@ the accuracies are compared.
   ``generate_FashionMNIST.py noniid - pat`` / ``- dir`` bit for bit), reduced to the first ``--exact_clients``
   clients and, of each, the first ``--exact_train_rows`` train rows (rounded down to a multiple of two batches, so
   that no batch is dropped and Per-FedAvg's double batches fill) and all its test rows. Its batch order is the
-  benchmark's (each client's rows permuted by the seed, the same order every epoch).
+  benchmark's fixed one (``epoch_order='fixed'``: each client's rows permuted by the seed, the same order every
+  epoch).
 * PFLlib: `benchmarks/pfllib_crosscheck_row.py` in a virtual environment of its own (``--pfllib_venv``, built on
   first use from ``--pfllib_requirements`` by `peer_speed`'s builder), PFLlib's own ``system/`` classes from
   ``--pfllib_dir`` (a checkout of github.com/TsingZ0/PFLlib; its commit is recorded in every row). The harness
@@ -46,8 +47,9 @@ Statistical mode (``--mode statistical``): no shared trajectory; each library tr
 compared. For each seed of ``--seeds`` and method: every one of the 20 clients with all its train and test rows
 (the partition checked against PFLlib's own code as above), ``--statistical_rounds`` rounds, both sides from the
 same initial weights (``fedavg_cnn(seed)``, exported to PFLlib: one source of variance less), the same
-hyperparameters (the config's, mapped as in exact mode). fedpersonal's order is the benchmark's (each client's rows
-permuted by the seed, the same every epoch); PFLlib keeps its own ``DataLoader(shuffle=True)`` (a new order every
+hyperparameters (the config's, mapped as in exact mode). fedpersonal's order is the benchmark's (``epoch_order``:
+by default a new one every round, drawn from the seed and the round; ``--overrides epoch_order=fixed``: the seed's,
+every round; the row records which); PFLlib keeps its own ``DataLoader(shuffle=True)`` (a new order every
 epoch) and its own FedALA slice starts, its torch, ``random`` and numpy seeded with the seed after the clients are
 built (``clientbase.py:18`` seeds torch with 0 in every client's ``__init__``). Each side evaluates after every
 round as it does: fedpersonal the benchmark's evaluation, PFLlib its server's ``evaluate()`` (the same
@@ -357,6 +359,7 @@ def statistical_row(method: str, partition: str, commit: str, checked: dict[str,
             batch_size=config.batch_size,
             client_learning_rate=config.client_learning_rate,
             client_epochs=config.client_epochs,
+            epoch_order=config.epoch_order,
             **config_fields(METHODS[method].args, config),
         )
     per_round = {k: float(np.median(v)) for k, v in seconds.items()}

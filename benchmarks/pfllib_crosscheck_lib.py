@@ -392,6 +392,8 @@ def run_fedpersonal(
         partition=partition, configurations=(method,), seeds=(seed,), data_dir=data_dir, state_store='memory'
     )
     config = dataclasses.replace(config, seed=seed, **parse_overrides(overrides, config))
+    if clients is not None:  # Exact mode: PFLlib's side reads the rows in the order they are written, every epoch.
+        config = dataclasses.replace(config, epoch_order='fixed')
     tf.random.set_seed(config.seed)
     full = pfl_benchmark.load_data(config)
     part = full.partition
@@ -455,10 +457,14 @@ def run_fedpersonal(
             transform=spec.keras_transform,
         )
         started = time.time()
-        for _ in range(rounds):
+        for round_num in range(1, rounds + 1):
             tick = time.time()
-            datasets = [benchmark.train_dataset(benchmark.train[c]) for c in ids]
-            out = process.run_round(state, datasets, private, client_ids=ids)
+            if config.epoch_order == 'reshuffled':  # A new order every round, packed afresh (no ids, no cache).
+                datasets = [benchmark.round_train_dataset(c, round_num) for c in ids]
+                out = process.run_round(state, datasets, private)
+            else:
+                datasets = [benchmark.train_dataset(benchmark.train[c]) for c in ids]
+                out = process.run_round(state, datasets, private, client_ids=ids)
             state = out.state
             if plan.stateful:
                 private = list(out.private_states)

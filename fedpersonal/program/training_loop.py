@@ -187,6 +187,7 @@ def run_learning_process(
     total_rounds: int,
     outputs: outputs_lib.ExperimentOutputs,
     dataset_fn: Callable[[Any], Any] | None = None,
+    round_dataset_fn: Callable[[str, Any, int], Any] | None = None,
     clients_per_round: int | None = None,
     seed: int = 0,
     evaluation_fn: EvaluationFn | None = None,
@@ -219,6 +220,10 @@ def run_learning_process(
       total_rounds: Rounds to run in total (including resumed ones).
       outputs: Where metrics and checkpoints go.
       dataset_fn: Maps a client's raw dataset (or input) to what ``next`` takes (default: as is).
+      round_dataset_fn: For inputs that change every round (e.g. a new order of a client's examples each round):
+        ``(client_id, input after dataset_fn, round number) -> the round's input``. The round's clients are then
+        read afresh every round (no client is packed once for all rounds, none prefetched); engine workers, which
+        load their clients by id, cannot run them.
       clients_per_round: Clients sampled per round (sampled participation only).
       seed: Client-sampling seed.
       evaluation_fn: Optional ``model_weights -> metrics`` (e.g. ReconEval on validation clients).
@@ -348,27 +353,35 @@ def run_learning_process(
     prepare = dataset_fn or (lambda value: value)
     validated: set[str] = set()
 
-    def make_input(client_id: str) -> Any:  # A client's input to the round, validated on first use.
+    def make_input(client_id: str, round_num: int) -> Any:  # A client's input to a round, validated on first use.
         raw = inputs[client_id] if every_client else client_data.create_tf_dataset_for_client(client_id)
         value = prepare(raw)
+        if round_dataset_fn is not None:
+            value = round_dataset_fn(client_id, value, round_num)
         if validate_fn is not None and client_id not in validated:
             validate_fn(client_id, value)
             validated.add(client_id)
         return value
 
-    def run_clients(state: Any, participants: Sequence[str], private: list[Any] | None) -> Any:
+    def run_clients(state: Any, participants: Sequence[str], private: list[Any] | None, round_num: int) -> Any:
         run_round = getattr(process, 'run_round', None)  # A PersonalizedProcess packs for its engine.
-        round_inputs: Sequence[Any] = LazyDatasets(list(participants), make_input)
+        round_inputs: Sequence[Any] = LazyDatasets(
+            list(participants), functools.partial(make_input, round_num=round_num)
+        )
         extra = () if private is None else (private,)
         if run_round is not None:  # The loop decides on a non-finite loss itself (`non_finite_clients`).
-            return run_round(state, round_inputs, *extra, client_ids=list(participants), non_finite='ignore')
+            # Inputs that change every round are packed afresh: without ids the engine keeps none between rounds.
+            ids = list(participants) if round_dataset_fn is None else None
+            return run_round(state, round_inputs, *extra, client_ids=ids, non_finite='ignore')
         return process.next(state, list(round_inputs), *extra)
 
-    def _non_finite_clients(state: Any, participants: Sequence[str], private: list[Any] | None) -> list[str]:
+    def _non_finite_clients(
+        state: Any, participants: Sequence[str], private: list[Any] | None, round_num: int
+    ) -> list[str]:
         """The participants whose training loss is non-finite when each runs alone from `state`."""
         culprits = []
         for i, client_id in enumerate(participants):
-            alone = run_clients(state, [client_id], None if private is None else [private[i]])
+            alone = run_clients(state, [client_id], None if private is None else [private[i]], round_num)
             if non_finite_losses(_train_metrics(alone.metrics, train_metrics_fn)):
                 culprits.append(client_id)
         return culprits
@@ -385,7 +398,7 @@ def run_learning_process(
     # Sampling is deterministic, so the next round's clients are known: a process whose backend supports it reads
     # their data on a background thread while this round computes (`PersonalizedProcess.prefetch`; results are
     # unchanged). Every-client rounds read the same clients every round: nothing to prefetch.
-    prefetch = None if every_client else getattr(process, 'prefetch', None)
+    prefetch = None if every_client or round_dataset_fn is not None else getattr(process, 'prefetch', None)
     history = []
     train_seconds: list[float] = []
     evaluation_seconds: list[float] = []
@@ -405,10 +418,10 @@ def run_learning_process(
             if prefetch is not None:
                 # This round's clients first (cached already but for the first round, or evicted ones): the round
                 # packs each as soon as it is read, then the next round's are read while this one computes.
-                prefetch(LazyDatasets(participants, make_input), participants)
+                prefetch(LazyDatasets(participants, functools.partial(make_input, round_num=round_num)), participants)
                 if round_num < last_round:
                     upcoming = sampled_participants(round_num + 1)[1]
-                    prefetch(LazyDatasets(upcoming, make_input), upcoming)
+                    prefetch(LazyDatasets(upcoming, functools.partial(make_input, round_num=round_num + 1)), upcoming)
         if not participants:  # Every sampled client dropped out: nothing to aggregate, the state stays.
             logging.warning(
                 '[%s] round %d: every sampled client dropped out; the round changes nothing', name, round_num
@@ -422,7 +435,7 @@ def run_learning_process(
             if client_state_store is None
             else [unflatten_private_state(s, template) for s in client_state_store.get(participants)]
         )
-        result = run_clients(state, participants, private)
+        result = run_clients(state, participants, private, round_num)
         strategy = getattr(process, 'engine_strategy', None)
         if strategy is not None and strategy != recorded_strategy:
             outputs.write_json(ENGINE_STRATEGY_FILE, {'engine_strategy': strategy, 'from_round': round_num})
@@ -430,7 +443,7 @@ def run_learning_process(
         train = _train_metrics(result.metrics, train_metrics_fn)
         bad_losses = non_finite_losses(train)
         if bad_losses:
-            culprits = _non_finite_clients(state, participants, private)
+            culprits = _non_finite_clients(state, participants, private, round_num)
             if non_finite_clients == 'stop':
                 losses = ', '.join(f'{k}={v}' for k, v in bad_losses.items())
                 raise NonFiniteLossError(

@@ -20,9 +20,10 @@ and the worst client's accuracy. Every `rounds_per_eval` rounds and after the la
 the last round, the best one so far (PFLlib's leaderboard number is that best, taken on test) and the slope of
 the last 10% of rounds.
 
-Where this differs from PFLlib: a client's batches come in the same order every round (its train rows in the
-seed's order; PFLlib reshuffles every epoch). As PFLlib, a last partial train batch is dropped: the dropped rows
-are counted, logged once and recorded in every row of results.json (``dropped_train_rows`` of ``train_rows``,
+A client's train rows come in a new order every round (``epoch_order='reshuffled'``, drawn from the seed and the
+round, `Benchmark.round_train_dataset`; PFLlib's DataLoader draws one every epoch, which differs with
+``client_epochs`` > 1) or in the seed's order every round (``'fixed'``). As PFLlib, a last partial train batch is
+dropped: the dropped rows are counted, logged once and recorded in every row of results.json (``dropped_train_rows`` of ``train_rows``,
 ``clients_with_dropped_rows``). Unlike PFLlib, a partition leaving a client fewer train rows than a batch (it would
 never train, yet be scored) is refused, naming the clients (`pfllib.TooFewTrainRowsError`): the same rule as for a
 client without train rows.
@@ -209,6 +210,16 @@ def worker_setup(config: PflBenchmarkConfig, name: str) -> engine_workers.Worker
     return engine_workers.WorkerSetup(process, lambda cid: benchmark.train_dataset(benchmark.train[cid]))
 
 
+def check_epoch_order(config: PflBenchmarkConfig) -> None:
+    """Raises errors.ConfigError for engine workers (`engine_workers.request`) with a new order every round: each
+    worker loads a client's data by id, the same every round."""
+    if config.epoch_order == 'reshuffled' and engine_workers.request() is not None:
+        raise errors.ConfigError(
+            "--engine_workers: the workers load each client's data by id, the same every round; "
+            '--epoch_order=reshuffled draws a new order every round. Pass --epoch_order=fixed.'
+        )
+
+
 def run_method(benchmark: Benchmark, outputs: program.ExperimentOutputs, name: str) -> dict[str, Any]:
     """Trains one method on every client every round; its row (accuracy at the last round, best, slope, clients)."""
     config, spec = benchmark.config, METHOD_SPECS[name]
@@ -226,10 +237,14 @@ def run_method(benchmark: Benchmark, outputs: program.ExperimentOutputs, name: s
     common: dict[str, Any] = dict(
         outputs=outputs,
         client_data=benchmark.train,
-        dataset_fn=benchmark.train_dataset,
         evaluation_name='test',
         name=f'{name} seed {config.seed}',
     )
+    if config.epoch_order == 'reshuffled':  # A new order of each client's rows every round.
+        check_epoch_order(config)
+        common['round_dataset_fn'] = lambda client_id, _, round_num: benchmark.round_train_dataset(client_id, round_num)
+    else:
+        common['dataset_fn'] = benchmark.train_dataset
     # With --engine_workers, every worker builds this process and reads its clients itself (the same recipe).
     with engine_workers.serve(functools.partial(worker_setup, config, name), process, METHOD_NAMES[name]):
         if not plan.stateful:  # FedRecon: nothing kept on the clients.
@@ -308,6 +323,7 @@ def run(config: PflBenchmarkConfig) -> dict[str, Any]:
         partition, metric = data.partition, pfl_benchmark_movielens.METRIC
         make_benchmark, run_one = pfl_benchmark_movielens.MovieLensBenchmark, pfl_benchmark_movielens.run_method
     else:
+        check_epoch_order(config)
         data = load_data(config)
         partition, metric, make_benchmark, run_one = config.partition, 'accuracy', Benchmark, run_method
         model = check_model(config, data)
@@ -322,14 +338,15 @@ def run(config: PflBenchmarkConfig) -> dict[str, Any]:
     if config.dataset not in MOVIELENS_DATASETS:
         dropped = pfllib.partial_batches([r.size for r in data.partition.train], config.batch_size)
         logging.info(
-            '%d of %d train rows (%.1f%%) of %d of %d clients are in a last partial batch of %d and are never trained '
-            'on (as PFLlib drop_last); every row of results.json records them',
+            '%d of %d train rows (%.1f%%) of %d of %d clients are in a last partial batch of %d, dropped (as PFLlib '
+            'drop_last) %s; every row of results.json records them',
             dropped['dropped_train_rows'],
             dropped['train_rows'],
             100.0 * dropped['dropped_train_rows'] / max(dropped['train_rows'], 1),
             dropped['clients_with_dropped_rows'],
             len(data.client_ids),
             config.batch_size,
+            'rows of a new order every round' if config.epoch_order == 'reshuffled' else 'and never trained on',
         )
     runs: dict[Run, dict[str, Any]] = {}
     chosen: dict[str, float] = {}

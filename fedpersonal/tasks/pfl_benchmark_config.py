@@ -24,6 +24,7 @@ NPZ = 'npz'  # A user's own images: `fedpersonal.data.npz_images` (--data_path).
 # The MovieLens block (`fedpersonal.tasks.pfl_benchmark_movielens`): matrix factorization, its own methods.
 MOVIELENS_DATASETS = ('movielens', 'movielens_synthetic')
 MOVIELENS_METHODS = ('fedavg', 'fedavg_ft', 'fed_recon', 'fedper', 'furl', 'ditto')
+EPOCH_ORDERS = ('reshuffled', 'fixed')
 PARTITIONS = ('pathological', 'dirichlet', 'iid')  # Those of `fedpersonal.data.pfllib.SETTINGS`.
 METHODS = (
     'fedavg',
@@ -147,6 +148,14 @@ class PflBenchmarkConfig(
         10, "Client batch size (PFLlib: 10); a client's last partial train batch is dropped (see --num_clients)."
     )
     rounds_per_eval: int = 5
+    epoch_order: str = parts.option(
+        'reshuffled',
+        "The order of a client's train examples: 'reshuffled', a new one every round, drawn from the seed and the "
+        "round (PFLlib's DataLoader(shuffle=True) draws one every epoch; with --client_epochs > 1 the epochs of a "
+        "round share it here), so the last partial batch dropped differs between rounds; 'fixed', the seed's order "
+        "every round (docs/RESULTS.md's tables ran with it; the cross-check's exact mode needs it). Engine workers "
+        "(--engine_workers) need 'fixed'.",
+    )
     client_learning_rate: float = parts.option(0.005, 'SGD learning rate of every local model (PFLlib: 0.005).')
     client_learning_rates: tuple[float, ...] = parts.option(
         (),
@@ -287,6 +296,8 @@ class PflBenchmarkConfig(
         if self.fedala_threshold < 0 or self.fedala_max_epochs <= self.fedala_num_pre_loss:
             raise errors.ConfigError('fedala_threshold must be >= 0 and fedala_max_epochs > fedala_num_pre_loss.')
         self._check_npz_and_model()
+        if self.epoch_order not in EPOCH_ORDERS:
+            raise errors.ConfigError(f'epoch_order must be one of {EPOCH_ORDERS}, got {self.epoch_order!r}.')
         if self.state_store not in ('sqlite', 'memory'):
             raise errors.ConfigError(f"state_store must be 'sqlite' or 'memory', got {self.state_store!r}.")
 

@@ -56,6 +56,16 @@ class Benchmark:
         `pfllib.partial_batches`."""
         return dataset.batch(self.config.batch_size, drop_remainder=True)
 
+    def round_train_dataset(self, client_id: str, round_num: int) -> tf.data.Dataset:
+        """A client's train batches in round `round_num` with ``epoch_order='reshuffled'``: its train rows in an
+        order of their own, drawn from ``(config.seed, round_num, client)`` (as PFLlib's ``DataLoader(shuffle=True)``
+        draws one every epoch), a last partial batch dropped (a different one every round)."""
+        index = self.client_ids.index(client_id)
+        rng = np.random.default_rng([self.config.seed, round_num, index])
+        rows = rng.permutation(self.train_rows[index])
+        rows_data = collections.OrderedDict(x=self.data.x[rows], y=self.data.y[rows])
+        return self.train_dataset(tf.data.Dataset.from_tensor_slices(rows_data))
+
     def adaptation_batch(self, client_id: str) -> Any | None:
         """The batch a client adapts on before evaluation (Per-FedAvg): its first train batch, all of its examples
         if it has fewer than a batch (PFLlib's dropped last batch would leave it none), None without any."""

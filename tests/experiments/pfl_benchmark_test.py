@@ -6,6 +6,7 @@ over its seeds (against a hand computation), a rerun runs only the (method, seed
 sets the initial weights and each client's train order, and bad flags get a clear error."""
 
 import copy
+import csv
 import dataclasses
 import json
 import math
@@ -290,8 +291,8 @@ def test_the_other_rows_learn_on_the_per_client_backend_as_the_binary_runs_them(
         output_dir=str(tmp_path),
     )
     rows = {row['method']: row for row in pfl_benchmark.run(config)['rows']}
-    for name in ('fedrep', 'lg_fedavg', 'fedavg_ft', 'furl_head'):
-        assert rows[name]['accuracy'] > rows['fedavg']['accuracy'] + 0.2, rows
+    for name in ('fedrep', 'lg_fedavg', 'fedavg_ft', 'furl_head'):  # FedAvg about 0.8 at round 4, they near 1.
+        assert rows[name]['accuracy'] > rows['fedavg']['accuracy'] + 0.15, rows
     for name in ('fedavg', 'fedprox'):  # Rising from round 2 to round 4, well above chance (0.1).
         (_, first, _), (_, last, _) = rows[name]['curve']
         assert last > first and last > 0.25, rows[name]
@@ -328,6 +329,7 @@ def test_a_diverged_evaluation_is_never_the_best():
         (dict(apfl_alpha=1.5), 'apfl_alpha must be in [0, 1]'),
         (dict(per_fedavg_trains_per_round=0), 'per_fedavg_trains_per_round must be >= 1, got 0'),
         (dict(engine_strategy='fastest'), 'engine_strategy must be one of'),
+        (dict(epoch_order='random'), "epoch_order must be one of ('reshuffled', 'fixed'), got 'random'"),
         (dict(seeds=(0, 0)), 'seeds must be distinct non-negative integers, got [0, 0]'),
         (dict(seeds=(1, 2), seed=5), '--seed=5 is not one of --seeds=[1, 2]'),
     ],
@@ -417,3 +419,66 @@ def test_a_seed_sets_each_clients_train_order_and_the_partition_stays(benchmark)
         pfl_benchmark_methods.model_fn_for(benchmark.data, seed, ())().keras_model.weights[0].numpy() for seed in (0, 1)
     ]
     assert not np.array_equal(*weights)
+
+
+def test_a_reshuffled_client_reads_a_new_order_of_its_rows_every_round(benchmark):
+    """``epoch_order='reshuffled'``: round r's batches are the client's train rows permuted by (seed, r, client), the
+    last partial batch dropped, so the dropped rows change from round to round; the same round gives the same
+    batches (a resumed run trains as an uninterrupted one)."""
+    size = 7  # 180 rows a client here: a partial last batch of 5.
+    benchmark = pfl_benchmark_evaluation.Benchmark(
+        dataclasses.replace(benchmark.config, batch_size=size), benchmark.data
+    )
+
+    def rows_of(client, round_num):
+        ys = [b['y'] for b in benchmark.round_train_dataset(benchmark.client_ids[client], round_num)]
+        xs = [b['x'] for b in benchmark.round_train_dataset(benchmark.client_ids[client], round_num)]
+        assert all(len(y) == size for y in ys)
+        x = np.concatenate(xs).reshape(sum(map(len, ys)), -1)
+        pooled = benchmark.data.x[benchmark.train_rows[client]].reshape(len(benchmark.train_rows[client]), -1)
+        # Each trained example is one of the client's rows (its position there): a permutation, none repeated.
+        found = [int(np.flatnonzero((pooled == row).all(axis=1))[0]) for row in x]
+        assert len(set(found)) == len(found) == len(benchmark.train_rows[client]) // size * size
+        return found
+
+    client = next(i for i, rows in enumerate(benchmark.train_rows) if len(rows) % size)  # One with a partial batch.
+    first, second = rows_of(client, 1), rows_of(client, 2)
+    assert first != second and rows_of(client, 1) == first
+    assert set(range(len(benchmark.train_rows[client]))) - set(first) != set(
+        range(len(benchmark.train_rows[client]))
+    ) - set(second)
+
+
+def test_reshuffled_rounds_train_on_each_rounds_order_on_both_backends(tmp_path):
+    """The binary's default order, a new one every round, on the engine (clients packed afresh every round) and on
+    TFF's per-client backend: every round's training loss agrees to float32 rounding (the bound); round 2's differs
+    from a run in the fixed order by more than five bounds, so neither backend trains round 2 on round 1's order."""
+    base = dict(SMALL, synthetic_examples=600, configurations=('fedavg',), total_rounds=2)
+    losses = {}
+    for name, extra in (
+        ('engine', {}),
+        ('per_client', dict(simulation='per_client')),
+        ('fixed', dict(simulation='per_client', epoch_order='fixed')),
+    ):
+        out = tmp_path / name
+        pfl_benchmark.run(pfl_benchmark.PflBenchmarkConfig(**base, **extra, rounds_per_eval=2, output_dir=str(out)))
+        with open(out / 'fedavg' / 'seed0' / 'metrics.csv') as f:
+            rows = list(csv.DictReader(f))
+        losses[name] = [float(r['train/loss']) for r in rows if r.get('train/loss')]
+    assert len(losses['engine']) == 2
+    # As engine_workers_test's bound: PFLlib's CNN's sums forward and backward, a batch of 10, the mean over 5
+    # clients; a client's (at most 600 / 5 / 10) batches a round, 2 rounds.
+    bound = dict(depth=2 * (25 + 800 + 1024 + 512 + 10) + 10 + 5, steps=2 * 12)
+    tolerances.assert_reordered_close(losses['engine'], losses['per_client'], **bound)
+    gap = abs(losses['per_client'][1] - losses['fixed'][1])
+    assert gap > 5 * tolerances.reorder_bound(scale=tolerances.magnitude(losses['fixed']), **bound), losses
+
+
+def test_engine_workers_need_a_fixed_order(tmp_path):
+    """They load each client by id, the same data every round: refused before any worker starts."""
+    from fedpersonal.runtime import engine_workers
+
+    config = pfl_benchmark.PflBenchmarkConfig(**SMALL, configurations=('fedavg',), output_dir=str(tmp_path))
+    refused = pytest.raises(errors.ConfigError, match='Pass --epoch_order=fixed')
+    with engine_workers.requested(engine_workers.Request(2)), refused:
+        pfl_benchmark.run(config)

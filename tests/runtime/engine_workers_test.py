@@ -437,6 +437,7 @@ def test_pfl_benchmark_methods_on_engine_workers_equal_this_process(tmp_path):
         **{**pfl_benchmark_test.SMALL, 'synthetic_examples': 600},  # Half the rows: the rounds' time, not the paths.
         configurations=('ditto', 'per_fedavg', 'fedala'),
         per_fedavg_trains_per_round=1,  # Equal either way; one pass keeps the test's time.
+        epoch_order='fixed',  # Workers load each client by id, the same data every round.
         total_rounds=2,
         rounds_per_eval=1,
         group_size=2,
@@ -509,6 +510,7 @@ def test_a_method_engine_workers_cannot_run_is_refused_by_name_before_any_worker
         total_rounds=1,
         output_dir=str(tmp_path),
         simulation='per_client',
+        epoch_order='fixed',
     )
     expected = '--engine_workers: FedAvg runs on the per_client backend.*run it without --engine_workers'
     request = engine_workers.Request(2)
