@@ -363,3 +363,54 @@ def test_runs_and_resumes_under_a_running_event_loop_as_in_a_notebook(tmp_path):
     loop_state, loop_history, loop_latest, *_ = asyncio.run(in_a_kernel())
     assert len(loop_history) == 2 and float(loop_state) == float(state)
     _assert_same_states(loop_latest, latest)
+
+
+class _RecordingBackend:
+    """The per-client backend, recording each round's client ids and inputs and every prefetch."""
+
+    name = 'recording'
+
+    def __init__(self):
+        self.rounds, self.prefetched = [], []
+
+    def run_round(self, process, state, client_data, private_states, *, client_ids):
+        inputs = [float(x) for x in client_data]
+        self.rounds.append((client_ids, inputs))
+        return process.run_next(state, inputs, private_states)
+
+    def prefetch(self, client_data, client_ids, check=None):
+        del check
+        self.prefetched.append(list(client_ids))
+
+
+@pytest.mark.parametrize('by_round', [False, True])
+def test_inputs_of_each_round_are_read_afresh_without_ids_or_prefetch(tmp_path, by_round):
+    """``round_dataset_fn(client_id, input, round)`` gives each round's input: the process then gets no client ids
+    (so an engine packs every round afresh) and no prefetch; without it, ids and the next round's prefetch."""
+    process, backend = build_process(), _RecordingBackend()
+    process.backend = backend
+    client_data = tff.simulation.datasets.TestClientData({c: [x] for c, x in INPUTS.items()})
+    round_fn = (lambda client_id, x, round_num: x + 100.0 * round_num) if by_round else None
+    with _store(tmp_path / 'states.sqlite') as store:
+        program.run_learning_process(
+            process,
+            client_data=client_data,
+            dataset_fn=lambda dataset: next(iter(dataset)).numpy(),
+            round_dataset_fn=round_fn,
+            clients_per_round=2,
+            seed=1,
+            total_rounds=3,
+            outputs=program.ExperimentOutputs(str(tmp_path), 'run'),
+            client_state_store=store,
+            name='run',
+        )
+    assert len(backend.rounds) == 3
+    for round_num, (ids, inputs) in enumerate(backend.rounds, start=1):
+        sampled = program.sample_clients(client_data.client_ids, 2, round_num, 1)
+        want = [float(INPUTS[c]) + (100.0 * round_num if by_round else 0.0) for c in sampled]
+        assert inputs == want
+        assert ids == (None if by_round else sampled)
+    if by_round:
+        assert backend.prefetched == []
+    else:  # Each round's clients, then the next round's.
+        assert backend.prefetched[:2] == [program.sample_clients(client_data.client_ids, 2, r, 1) for r in (1, 2)]
