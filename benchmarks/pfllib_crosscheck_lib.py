@@ -447,15 +447,7 @@ def run_fedpersonal(
     evaluation._accuracies = capture  # pylint: disable=protected-access
     curve, round_seconds, eval_seconds = [], [], []
     try:
-        evaluate = evaluation.make_evaluation(
-            benchmark,
-            plan,
-            spec.local_layers,
-            finetune=spec.finetune,
-            adapts=spec.adapts,
-            phased_model=phased_model,
-            transform=spec.keras_transform,
-        )
+        evaluate = pfl_benchmark.method_evaluation(benchmark, method, plan, phased_model)
         started = time.time()
         for round_num in range(1, rounds + 1):
             tick = time.time()

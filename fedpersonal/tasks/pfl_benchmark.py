@@ -210,6 +210,21 @@ def worker_setup(config: PflBenchmarkConfig, name: str) -> engine_workers.Worker
     return engine_workers.WorkerSetup(process, lambda cid: benchmark.train_dataset(benchmark.train[cid]))
 
 
+def method_evaluation(benchmark: Benchmark, name: str, plan: Any, phased_model: Any) -> Callable[..., dict[str, float]]:
+    """Method `name`'s evaluation (`make_evaluation` with its `Method`'s layers and settings), from its
+    `method_parts`."""
+    spec = METHOD_SPECS[name]
+    return make_evaluation(
+        benchmark,
+        plan,
+        spec.local_layers,
+        finetune=spec.finetune,
+        adapts=spec.adapts,
+        phased_model=phased_model,
+        transform=spec.keras_transform,
+    )
+
+
 def check_epoch_order(config: PflBenchmarkConfig) -> None:
     """Raises errors.ConfigError for engine workers (`engine_workers.request`) with a new order every round: each
     worker loads a client's data by id, the same every round."""
@@ -222,18 +237,10 @@ def check_epoch_order(config: PflBenchmarkConfig) -> None:
 
 def run_method(benchmark: Benchmark, outputs: program.ExperimentOutputs, name: str) -> dict[str, Any]:
     """Trains one method on every client every round; its row (accuracy at the last round, best, slope, clients)."""
-    config, spec = benchmark.config, METHOD_SPECS[name]
+    config = benchmark.config
     plan, phased_model = method_parts(benchmark, name)
     process = build_method_process(benchmark, name, plan, phased_model)
-    evaluate = make_evaluation(
-        benchmark,
-        plan,
-        spec.local_layers,
-        finetune=spec.finetune,
-        adapts=spec.adapts,
-        phased_model=phased_model,
-        transform=spec.keras_transform,
-    )
+    evaluate = method_evaluation(benchmark, name, plan, phased_model)
     common: dict[str, Any] = dict(
         outputs=outputs,
         client_data=benchmark.train,
