@@ -31,6 +31,7 @@ import tensorflow as tf
 import tensorflow_federated as tff
 
 from fedpersonal import backends
+from fedpersonal import registry
 from fedpersonal.core import client_plan
 from fedpersonal.core import process as process_lib
 from fedpersonal.core import step_kinds
@@ -214,3 +215,36 @@ def build_apfl(
         server_optimizer=server_optimizer,
         name='APFL',
     )
+
+
+@dataclasses.dataclass(frozen=True)
+class BenchmarkOptions:
+    """APFL's options in the benchmark binary (`fedpersonal.registry`)."""
+
+    alpha: float = registry.option(0.5, "APFL's initial mixing weight alpha.", minimum=0.0, maximum=1.0)
+    variant: str = registry.option(
+        'pfllib',
+        "APFL's client work: 'pfllib' (PFLlib's clientapfl.py: on every batch a step of w, one of v on its own loss "
+        'and one of alpha; then v set to its mixture with w, the model the client predicts with) or '
+        "'paper' (v and alpha on the mixture's loss, then w: fedpersonal.algorithms.apfl).",
+        choices=('pfllib', 'paper'),
+    )
+
+
+def _benchmark_plan(settings: registry.Settings, options: BenchmarkOptions) -> client_plan.ClientPlan:
+    if options.variant == PFLLIB:
+        return pfllib_plan(
+            client_epochs=settings.client_epochs,
+            learning_rate=settings.client_learning_rate,
+            initial_alpha=options.alpha,
+        )
+    return apfl_plan(
+        client_epochs=settings.client_epochs,
+        personal_epochs=settings.personal_epochs,
+        client_optimizer=settings.sgd(),
+        personal_optimizer=settings.sgd(),
+        initial_alpha=options.alpha,
+    )
+
+
+BENCHMARK_ROWS = (registry.Row('apfl', 'APFL', _benchmark_plan, leaderboard=4),)

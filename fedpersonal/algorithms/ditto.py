@@ -19,6 +19,7 @@ its ``*_num_examples``.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 from typing import Any
 
@@ -26,6 +27,7 @@ import tensorflow as tf
 import tensorflow_federated as tff
 
 from fedpersonal import backends
+from fedpersonal import registry
 from fedpersonal.core import client_plan
 from fedpersonal.core import client_work
 from fedpersonal.core import process as process_lib
@@ -137,3 +139,23 @@ def build_ditto(
             group_size=group_size,
             name='Ditto',
         )
+
+
+@dataclasses.dataclass(frozen=True)
+class BenchmarkOptions:
+    """Ditto's options in the benchmark binary (`fedpersonal.registry`)."""
+
+    lambda_: float = registry.option(0.1, "Ditto's lambda (PFLlib's --mu).", minimum=0.0)
+
+
+def _benchmark_plan(settings: registry.Settings, options: BenchmarkOptions) -> client_plan.ClientPlan:
+    return ditto_plan(
+        lam=options.lambda_,
+        client_epochs=settings.client_epochs,
+        personal_epochs=settings.personal_epochs,
+        client_optimizer=settings.sgd(),
+        personal_optimizer=settings.sgd(),
+    )
+
+
+BENCHMARK_ROWS = (registry.Row('ditto', 'Ditto', _benchmark_plan, leaderboard=3),)

@@ -16,7 +16,10 @@ from typing import Any
 import tensorflow as tf
 import tensorflow_federated as tff
 
+from fedpersonal import registry
 from fedpersonal.algorithms import fed_recon
+from fedpersonal.algorithms import fedprox
+from fedpersonal.core import client_plan
 from fedpersonal.core import process as process_lib
 from fedpersonal.data import dataset_split
 from fedpersonal.models import partially_local_model
@@ -97,3 +100,15 @@ def build_fed_avg(
         group_size=group_size,
         measure_communication=measure_communication,
     )
+
+
+def _benchmark_plan(settings: registry.Settings, options: None) -> client_plan.ClientPlan:
+    """FedAvg in the benchmark: FedProx's plan with no proximal term (`fedprox.fedprox_plan`)."""
+    return fedprox.fedprox_plan(mu=0.0, client_epochs=settings.client_epochs, client_optimizer=settings.sgd())
+
+
+BENCHMARK_ROWS = (
+    registry.Row('fedavg', 'FedAvg', _benchmark_plan, leaderboard=1),
+    # Each client fine-tunes its whole model before evaluation (FedBABU's fine-tuning, `fedbabu.finetune_plan`).
+    registry.Row('fedavg_ft', 'FedAvg+FT', _benchmark_plan, leaderboard=8, finetune=True),
+)

@@ -34,6 +34,7 @@ import tensorflow as tf
 import tensorflow_federated as tff
 
 from fedpersonal import backends
+from fedpersonal import registry
 from fedpersonal.core import client_plan
 from fedpersonal.core import eval_plan
 from fedpersonal.core import process as process_lib
@@ -301,3 +302,12 @@ def build_fed_recon(
             measure_communication=measure_communication,
             name='FedRecon',
         )
+
+
+def _benchmark_plan(settings: registry.Settings, options: None) -> client_plan.ClientPlan:
+    # The head reconstructed on each client's support half every round (stateless).
+    split = dataset_split_lib.ReconstructionSplit()
+    return fed_recon_plan(client_optimizer=settings.sgd(), reconstruction_optimizer=settings.sgd(), dataset_split=split)
+
+
+BENCHMARK_ROWS = (registry.Row('fed_recon', 'FedRecon', _benchmark_plan, leaderboard=10, local_layers=registry.HEAD),)

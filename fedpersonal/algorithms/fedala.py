@@ -30,6 +30,8 @@ import tensorflow as tf
 import tensorflow_federated as tff
 
 from fedpersonal import backends
+from fedpersonal import errors
+from fedpersonal import registry
 from fedpersonal.core import client_plan
 from fedpersonal.core import client_start
 from fedpersonal.core import process as process_lib
@@ -255,3 +257,50 @@ def build_fedala(
     return backends.build_classifier_process(
         plan, model_fn, element_spec=element_spec, server_optimizer=server_optimizer, name='FedALA'
     )
+
+
+@dataclasses.dataclass(frozen=True)
+class BenchmarkOptions:
+    """FedALA's options in the benchmark binary (`fedpersonal.registry`): PFLlib's defaults (system/main.py: eta,
+    rand_percent, layer_idx; system/utils/ALA.py: threshold, num_pre_loss); the cap on W's first learning is ours."""
+
+    eta: float = registry.option(1.0, "FedALA's learning rate of the aggregation weights W (PFLlib's --eta).", above=0)
+    rand_percent: int = registry.option(
+        80,
+        "FedALA: the share (%) of a client's train data W learns on (PFLlib's --rand_percent).",
+        above=0,
+        maximum=100,
+    )
+    layer_idx: int = registry.option(
+        2,
+        "FedALA: the last trainable tensors aggregated element-wise, 0 all (PFLlib's --layer_idx; 2: the head).",
+        minimum=0,
+    )
+    threshold: float = registry.option(
+        0.1,
+        "FedALA: W first learns until the std of its last losses is below this (PFLlib's ALA threshold).",
+        minimum=0,
+    )
+    num_pre_loss: int = registry.option(10, 'FedALA: how many last losses that std is over (PFLlib: 10).', minimum=1)
+    max_epochs: int = registry.option(100, "FedALA: the most epochs of W's first learning (PFLlib: no limit).")
+
+    def __post_init__(self):
+        if self.max_epochs <= self.num_pre_loss:
+            raise errors.ConfigError(f'max_epochs ({self.max_epochs}) must be > num_pre_loss ({self.num_pre_loss}).')
+
+
+def _benchmark_plan(settings: registry.Settings, options: BenchmarkOptions) -> client_plan.ClientPlan:
+    aggregation = AdaptiveLocalAggregation(
+        layer_idx=options.layer_idx,
+        eta=options.eta,
+        rand_percent=options.rand_percent,
+        batch_size=settings.batch_size,
+        threshold=options.threshold,
+        num_pre_loss=options.num_pre_loss,
+        max_epochs=options.max_epochs,
+        seed=settings.seed,
+    )
+    return fedala_plan(client_epochs=settings.client_epochs, client_optimizer=settings.sgd(), aggregation=aggregation)
+
+
+BENCHMARK_ROWS = (registry.Row('fedala', 'FedALA', _benchmark_plan, leaderboard=15),)

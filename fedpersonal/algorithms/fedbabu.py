@@ -14,11 +14,13 @@ evaluation-time fine-tuning (also FedAvg + fine-tuning's): a plan over a model w
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 from typing import Unpack
 
 import tensorflow_federated as tff
 
+from fedpersonal import registry
 from fedpersonal.algorithms import fedper
 from fedpersonal.core import client_plan
 from fedpersonal.core import process as process_lib
@@ -51,3 +53,14 @@ def build_fedbabu(
       A stateless `PersonalizedProcess` (nothing is kept on the clients; the head is the model's initial one).
     """
     return fedper.build_with_plan(fedbabu_plan, model_fn, name='FedBABU', **options)
+
+
+def _benchmark_plan(settings: registry.Settings, options: None) -> client_plan.ClientPlan:
+    # The head kept (not 'initial'): no phase trains it, so it is every client's initial one, as the evaluation reads.
+    plan = fedbabu_plan(client_epochs=settings.client_epochs, client_optimizer=settings.sgd())
+    return dataclasses.replace(plan, local_start=client_plan.KEPT)
+
+
+BENCHMARK_ROWS = (
+    registry.Row('fedbabu', 'FedBABU', _benchmark_plan, leaderboard=9, local_layers=registry.HEAD, finetune=True),
+)

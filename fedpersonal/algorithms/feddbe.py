@@ -25,6 +25,7 @@ import tensorflow_federated as tff
 
 from fedpersonal import backends
 from fedpersonal import models
+from fedpersonal import registry
 from fedpersonal.algorithms import fedper
 from fedpersonal.core import client_plan
 from fedpersonal.core import process as process_lib
@@ -123,3 +124,19 @@ def build_feddbe(
         group_size=group_size,
         name='FedDBE',
     )
+
+
+def _benchmark_plan(settings: registry.Settings, options: None) -> client_plan.ClientPlan:
+    return feddbe_plan(client_epochs=settings.client_epochs, client_optimizer=settings.sgd())
+
+
+# The representation bias local; PFLlib's default weight of the mean regularizer, 0.
+BENCHMARK_ROWS = (
+    registry.Row(
+        'feddbe',
+        'FedDBE',
+        _benchmark_plan,
+        local_layers=(LAYER_NAME,),
+        keras_transform=with_representation_bias,
+    ),
+)

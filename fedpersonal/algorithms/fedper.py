@@ -20,6 +20,7 @@ from typing import Unpack
 import tensorflow_federated as tff
 
 from fedpersonal import backends
+from fedpersonal import registry
 from fedpersonal.core import client_plan
 from fedpersonal.core import client_work
 from fedpersonal.core import process as process_lib
@@ -91,3 +92,10 @@ def build_with_plan(
         model_aggregator=model_aggregator,
         name=name,
     )
+
+
+def _benchmark_plan(settings: registry.Settings, options: None) -> client_plan.ClientPlan:
+    return fedper_plan(client_epochs=settings.client_epochs, client_optimizer=settings.sgd())
+
+
+BENCHMARK_ROWS = (registry.Row('fedper', 'FedPer', _benchmark_plan, leaderboard=5, local_layers=registry.HEAD),)

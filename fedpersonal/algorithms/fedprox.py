@@ -10,6 +10,7 @@ against a plain loop.) The client work is one phase of a `ClientPlan`, run by ev
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 from typing import Any
 
@@ -17,6 +18,7 @@ import tensorflow as tf
 import tensorflow_federated as tff
 
 from fedpersonal import backends
+from fedpersonal import registry
 from fedpersonal.core import client_plan
 from fedpersonal.core import process as process_lib
 
@@ -75,3 +77,17 @@ def build_fedprox(
         group_size=group_size,
         name='FedProx',
     )
+
+
+@dataclasses.dataclass(frozen=True)
+class BenchmarkOptions:
+    """FedProx's options in the benchmark binary (`fedpersonal.registry`)."""
+
+    mu: float = registry.option(0.01, "FedProx's proximal weight mu.", minimum=0.0)
+
+
+def _benchmark_plan(settings: registry.Settings, options: BenchmarkOptions) -> client_plan.ClientPlan:
+    return fedprox_plan(mu=options.mu, client_epochs=settings.client_epochs, client_optimizer=settings.sgd())
+
+
+BENCHMARK_ROWS = (registry.Row('fedprox', 'FedProx', _benchmark_plan, leaderboard=2),)

@@ -11,12 +11,14 @@ The client work is two phases of a `ClientPlan`, run by every backend (`fedperso
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 from typing import Any
 
 import tensorflow_federated as tff
 
 from fedpersonal import backends
+from fedpersonal import registry
 from fedpersonal.core import client_plan
 from fedpersonal.core import client_work
 from fedpersonal.core import process as process_lib
@@ -81,3 +83,22 @@ def build_fedrep(
         model_aggregator=model_aggregator,
         name='FedRep',
     )
+
+
+@dataclasses.dataclass(frozen=True)
+class BenchmarkOptions:
+    """FedRep's options in the benchmark binary (`fedpersonal.registry`)."""
+
+    head_epochs: int = registry.option(1, "FedRep's head epochs per round (PFLlib: plocal_epochs).", minimum=1)
+
+
+def _benchmark_plan(settings: registry.Settings, options: BenchmarkOptions) -> client_plan.ClientPlan:
+    return fedrep_plan(
+        head_epochs=options.head_epochs,
+        body_epochs=settings.client_epochs,
+        head_optimizer=settings.sgd(),
+        body_optimizer=settings.sgd(),
+    )
+
+
+BENCHMARK_ROWS = (registry.Row('fedrep', 'FedRep', _benchmark_plan, leaderboard=6, local_layers=registry.HEAD),)

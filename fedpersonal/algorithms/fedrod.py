@@ -25,6 +25,7 @@ import tensorflow_federated as tff
 
 from fedpersonal import backends
 from fedpersonal import models
+from fedpersonal import registry
 from fedpersonal.core import client_plan
 from fedpersonal.core import process as process_lib
 
@@ -180,3 +181,15 @@ def build_fedrod(
         element_spec=element_spec,
         name='FedRoD',
     )
+
+
+def _benchmark_plan(settings: registry.Settings, options: None) -> client_plan.ClientPlan:
+    return fedrod_plan(client_epochs=settings.client_epochs, client_optimizer=settings.sgd())
+
+
+# The body and the generic head global, the personal head (a copy of the model's last layer) local.
+BENCHMARK_ROWS = (
+    registry.Row(
+        'fedrod', 'FedRoD', _benchmark_plan, leaderboard=16, local_layers=registry.HEAD, phased_model=FedRodModel
+    ),
+)

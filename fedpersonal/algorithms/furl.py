@@ -31,6 +31,7 @@ The process is a stateful `fedpersonal.core.PersonalizedProcess` (a
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 from typing import Any
 from typing import TypeAlias
@@ -39,6 +40,7 @@ import tensorflow as tf
 import tensorflow_federated as tff
 
 from fedpersonal import backends
+from fedpersonal import registry
 from fedpersonal.core import client_plan
 from fedpersonal.core import compose
 from fedpersonal.core import process as process_lib
@@ -131,3 +133,24 @@ def build_furl(
             group_size=group_size,
             name='FURL',
         )
+
+
+@dataclasses.dataclass(frozen=True)
+class BenchmarkOptions:
+    """FURL's options in the benchmark binary (`fedpersonal.registry`)."""
+
+    private_norm: float = registry.option(
+        1e-3, "FURL-head: the norm penalty on the private head's weights.", minimum=0.0
+    )
+
+
+def _benchmark_plan(settings: registry.Settings, options: BenchmarkOptions) -> client_plan.ClientPlan:
+    return furl_plan(
+        client_epochs=settings.client_epochs,
+        client_optimizer=settings.sgd(),
+        private_norm_regularization=options.private_norm,
+    )
+
+
+# A persistent private head with FURL's norm penalty.
+BENCHMARK_ROWS = (registry.Row('furl_head', 'FURL-head', _benchmark_plan, leaderboard=11, local_layers=registry.HEAD),)

@@ -16,7 +16,9 @@ from typing import Unpack
 
 import tensorflow_federated as tff
 
+from fedpersonal import registry
 from fedpersonal.algorithms import fedper
+from fedpersonal.core import client_plan
 from fedpersonal.core import process as process_lib
 
 
@@ -34,3 +36,10 @@ def build_lg_fedavg(
       A stateful `PersonalizedProcess` whose private state is the client's representation layers.
     """
     return fedper.build_with_plan(fedper.fedper_plan, model_fn, name='LG-FedAvg', **options)
+
+
+def _benchmark_plan(settings: registry.Settings, options: None) -> client_plan.ClientPlan:
+    return fedper.fedper_plan(client_epochs=settings.client_epochs, client_optimizer=settings.sgd())
+
+
+BENCHMARK_ROWS = (registry.Row('lg_fedavg', 'LG-FedAvg', _benchmark_plan, leaderboard=7, local_layers=registry.BODY),)

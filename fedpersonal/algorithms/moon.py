@@ -22,6 +22,7 @@ import tensorflow as tf
 import tensorflow_federated as tff
 
 from fedpersonal import backends
+from fedpersonal import registry
 from fedpersonal.core import client_plan
 from fedpersonal.core import process as process_lib
 
@@ -133,3 +134,24 @@ def build_moon(
         group_size=group_size,
         name='MOON',
     )
+
+
+@dataclasses.dataclass(frozen=True)
+class BenchmarkOptions:
+    """MOON's options in the benchmark binary (`fedpersonal.registry`)."""
+
+    mu: float = registry.option(
+        1.0,
+        "MOON's weight of the model-contrastive loss (the paper's 1 for CIFAR-100; PFLlib's --mu default 0).",
+        minimum=0.0,
+    )
+    tau: float = registry.option(0.5, "MOON's temperature (the paper's 0.5; PFLlib's --tau default 1).", above=0.0)
+
+
+def _benchmark_plan(settings: registry.Settings, options: BenchmarkOptions) -> client_plan.ClientPlan:
+    return moon_plan(
+        client_optimizer=settings.sgd(), client_epochs=settings.client_epochs, mu=options.mu, tau=options.tau
+    )
+
+
+BENCHMARK_ROWS = (registry.Row('moon', 'MOON', _benchmark_plan),)

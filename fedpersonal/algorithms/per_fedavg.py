@@ -17,6 +17,7 @@ per-client one and the grouped engine) calls its `MetaStep.direction` (`fedperso
 from __future__ import annotations
 
 import dataclasses
+import functools
 from collections.abc import Callable
 from collections.abc import Sequence
 from typing import Any
@@ -26,6 +27,7 @@ import tensorflow as tf
 import tensorflow_federated as tff
 
 from fedpersonal import backends
+from fedpersonal import registry
 from fedpersonal.core import client_plan
 from fedpersonal.core import client_work
 from fedpersonal.core import process as process_lib
@@ -166,3 +168,46 @@ def build_per_fedavg(
     return backends.build_process(
         plan, model_fn, loss_fn=loss_fn, metrics_fn=metrics_fn, server_optimizer=server_optimizer, name='Per-FedAvg'
     )
+
+
+@dataclasses.dataclass(frozen=True)
+class BenchmarkOptions:
+    """Per-FedAvg's options in the benchmark binary (`fedpersonal.registry`)."""
+
+    trains_per_round: int = registry.option(
+        2,
+        'Per-FedAvg (both variants): local passes of --client_epochs each per round (PFLlib: 2, its server calls '
+        "a Per-FedAvg client's train() twice a round, serverperavg.py; its other methods once).",
+        minimum=1,
+    )
+
+
+def _benchmark_plan(
+    settings: registry.Settings, options: BenchmarkOptions, *, hessian_free: bool
+) -> client_plan.ClientPlan:
+    return per_fedavg_plan(
+        batch_size=settings.batch_size,
+        inner_learning_rate=settings.client_learning_rate,
+        outer_optimizer=settings.sgd(),  # PFLlib: beta = the learning rate.
+        client_epochs=settings.client_epochs * options.trains_per_round,
+        hessian_free=hessian_free,
+    )
+
+
+# Evaluated after one SGD step on the client's first train batch (PFLlib's evaluate_one_step takes a random one).
+BENCHMARK_ROWS = (
+    registry.Row(
+        'per_fedavg',
+        'Per-FedAvg',
+        functools.partial(_benchmark_plan, hessian_free=False),
+        leaderboard=12,
+        adapts=True,
+    ),
+    registry.Row(
+        'per_fedavg_hf',
+        'Per-FedAvg (HF)',
+        functools.partial(_benchmark_plan, hessian_free=True),
+        leaderboard=13,
+        adapts=True,
+    ),
+)

@@ -29,6 +29,7 @@ import tensorflow as tf
 import tensorflow_federated as tff
 
 from fedpersonal import backends
+from fedpersonal import registry
 from fedpersonal.core import client_plan
 from fedpersonal.core import process as process_lib
 from fedpersonal.core import step_kinds
@@ -149,3 +150,28 @@ def build_pfedme(
     return backends.build_classifier_process(
         plan, model_fn, element_spec=element_spec, server_optimizer=server_optimizer, name='pFedMe'
     )
+
+
+@dataclasses.dataclass(frozen=True)
+class BenchmarkOptions:
+    """pFedMe's options in the benchmark binary (`fedpersonal.registry`)."""
+
+    lambda_: float = registry.option(1.0, "pFedMe's lambda (PFLlib's --lamda default; the paper: 15).", minimum=0.0)
+    k: int = registry.option(5, "pFedMe's inner steps K per batch (PFLlib's default).", minimum=1)
+    personal_learning_rate: float = registry.option(
+        0.01, "pFedMe's theta learning rate (PFLlib's --p_learning_rate).", above=0.0
+    )
+
+
+def _benchmark_plan(settings: registry.Settings, options: BenchmarkOptions) -> client_plan.ClientPlan:
+    return pfedme_plan(
+        lam=options.lambda_,
+        inner_steps=options.k,
+        personal_learning_rate=options.personal_learning_rate,
+        learning_rate=settings.client_learning_rate,
+        client_epochs=settings.client_epochs,
+        mu=PFLLIB_WEIGHT_DECAY,
+    )
+
+
+BENCHMARK_ROWS = (registry.Row('pfedme', 'pFedMe', _benchmark_plan, leaderboard=14),)

@@ -24,6 +24,7 @@ import tensorflow as tf
 import tensorflow_federated as tff
 
 from fedpersonal import backends
+from fedpersonal import registry
 from fedpersonal.core import client_plan
 from fedpersonal.core import process as process_lib
 
@@ -133,3 +134,11 @@ def build_scaffold(
         group_size=group_size,
         name='SCAFFOLD',
     )
+
+
+def _benchmark_plan(settings: registry.Settings, options: None) -> client_plan.ClientPlan:
+    return scaffold_plan(client_learning_rate=settings.client_learning_rate, client_epochs=settings.client_epochs)
+
+
+# The uniform mean over clients, as PFLlib's.
+BENCHMARK_ROWS = (registry.Row('scaffold', 'SCAFFOLD', _benchmark_plan, uniform_weighting=True),)

@@ -15,8 +15,10 @@ from __future__ import annotations
 
 import dataclasses
 import os
+from typing import Any
 
 from fedpersonal import errors
+from fedpersonal import registry
 from fedpersonal.program import config_parts as parts
 
 DATASETS = ('fashion_mnist', 'mnist', 'synthetic', 'npz', 'movielens', 'movielens_synthetic')
@@ -26,51 +28,15 @@ MOVIELENS_DATASETS = ('movielens', 'movielens_synthetic')
 MOVIELENS_METHODS = ('fedavg', 'fedavg_ft', 'fed_recon', 'fedper', 'furl', 'ditto')
 EPOCH_ORDERS = ('reshuffled', 'fixed')
 PARTITIONS = ('pathological', 'dirichlet', 'iid')  # Those of `fedpersonal.data.pfllib.SETTINGS`.
-METHODS = (
-    'fedavg',
-    'fedprox',
-    'ditto',
-    'apfl',
-    'fedper',
-    'fedrep',
-    'lg_fedavg',
-    'fedavg_ft',
-    'fedbabu',
-    'fed_recon',
-    'furl_head',
-    'per_fedavg',
-    'per_fedavg_hf',
-    'pfedme',
-    'fedala',
-    'fedrod',
-)
-# Rows beyond the leaderboard's 16, run when named (--configurations).
-EXTRA_METHODS = ('scaffold', 'moon', 'feddbe')
-METHOD_NAMES = {
-    'fedavg': 'FedAvg',
-    'fedprox': 'FedProx',
-    'ditto': 'Ditto',
-    'apfl': 'APFL',
-    'fedper': 'FedPer',
-    'fedrep': 'FedRep',
-    'lg_fedavg': 'LG-FedAvg',
-    'fedavg_ft': 'FedAvg+FT',
-    'fedbabu': 'FedBABU',
-    'fed_recon': 'FedRecon',
-    'furl_head': 'FURL-head',
-    'furl': 'FURL',
-    'per_fedavg': 'Per-FedAvg',
-    'per_fedavg_hf': 'Per-FedAvg (HF)',
-    'pfedme': 'pFedMe',
-    'fedala': 'FedALA',
-    'fedrod': 'FedRoD',
-    'scaffold': 'SCAFFOLD',
-    'moon': 'MOON',
-    'feddbe': 'FedDBE',
-}
+# Every algorithm module's rows and options (`fedpersonal.registry`, read from their source: no TensorFlow).
+DECLARATIONS = registry.declarations()
+# PFLlib's leaderboard rows, run by default, and the rows beyond them, run when named (--configurations).
+METHODS, EXTRA_METHODS, _ROW_NAMES = registry.row_names(DECLARATIONS)
+METHOD_NAMES = {**_ROW_NAMES, 'furl': 'FURL'}  # FURL: the MovieLens block's.
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
+@registry.add_option_fields(DECLARATIONS)  # --<module>_<option> of every algorithm module, e.g. --fedprox_mu.
 class PflBenchmarkConfig(
     parts.OutputConfig,
     parts.DataConfig,
@@ -164,37 +130,12 @@ class PflBenchmarkConfig(
         '--client_learning_rate). May change when a run resumes (finished runs are read back).',
         may_change_on_resume=True,
     )
-    fedprox_mu: float = parts.option(0.01, "FedProx's proximal weight mu.")
-    ditto_lambda: float = parts.option(0.1, "Ditto's lambda (PFLlib's --mu).")
     personal_epochs: int = parts.option(
         1, 'Epochs of the personal model per round (Ditto, APFL; PFLlib: plocal_epochs).'
-    )
-    apfl_alpha: float = parts.option(0.5, "APFL's initial mixing weight alpha.")
-    apfl_variant: str = parts.option(
-        'pfllib',
-        "APFL's client work: 'pfllib' (PFLlib's clientapfl.py: on every batch a step of w, one of v on its own loss "
-        'and one of alpha; then v set to its mixture with w, the model the client predicts with) or '
-        "'paper' (v and alpha on the mixture's loss, then w: fedpersonal.algorithms.apfl).",
-    )
-    fedrep_head_epochs: int = parts.option(1, "FedRep's head epochs per round (PFLlib: plocal_epochs).")
-    per_fedavg_trains_per_round: int = parts.option(
-        2,
-        'Per-FedAvg (both variants): local passes of --client_epochs each per round (PFLlib: 2, its server calls '
-        "a Per-FedAvg client's train() twice a round, serverperavg.py; its other methods once).",
     )
     finetune_epochs: int = parts.option(
         5, 'Epochs each client fine-tunes the whole model on its train data before evaluation (FedBABU, FedAvg+FT).'
     )
-    furl_private_norm: float = parts.option(1e-3, "FURL-head: the norm penalty on the private head's weights.")
-    pfedme_lambda: float = parts.option(1.0, "pFedMe's lambda (PFLlib's --lamda default; the paper: 15).")
-    pfedme_k: int = parts.option(5, "pFedMe's inner steps K per batch (PFLlib's default).")
-    pfedme_personal_learning_rate: float = parts.option(
-        0.01, "pFedMe's theta learning rate (PFLlib's --p_learning_rate)."
-    )
-    moon_mu: float = parts.option(
-        1.0, "MOON's weight of the model-contrastive loss (the paper's 1 for CIFAR-100; PFLlib's --mu default 0)."
-    )
-    moon_tau: float = parts.option(0.5, "MOON's temperature (the paper's 0.5; PFLlib's --tau default 1).")
     num_latent_factors: int = parts.option(50, 'MovieLens: embedding dimension.')
     max_examples_per_client: int | None = parts.option(
         300, "MovieLens: ratings kept per user, the earliest ('none': all)."
@@ -204,20 +145,6 @@ class PflBenchmarkConfig(
     )
     synthetic_users: int = parts.option(943, 'movielens_synthetic: users (clients).')
     synthetic_items: int = parts.option(1682, 'movielens_synthetic: items.')
-    # FedALA: PFLlib's defaults (system/main.py: eta, rand_percent, layer_idx; system/utils/ALA.py: threshold,
-    # num_pre_loss); the cap on the first weight learning is ours (PFLlib has none).
-    fedala_eta: float = parts.option(1.0, "FedALA's learning rate of the aggregation weights W (PFLlib's --eta).")
-    fedala_rand_percent: int = parts.option(
-        80, "FedALA: the share (%) of a client's train data W learns on (PFLlib's --rand_percent)."
-    )
-    fedala_layer_idx: int = parts.option(
-        2, "FedALA: the last trainable tensors aggregated element-wise, 0 all (PFLlib's --layer_idx; 2: the head)."
-    )
-    fedala_threshold: float = parts.option(
-        0.1, "FedALA: W first learns until the std of its last losses is below this (PFLlib's ALA threshold)."
-    )
-    fedala_num_pre_loss: int = parts.option(10, 'FedALA: how many last losses that std is over (PFLlib: 10).')
-    fedala_max_epochs: int = parts.option(100, "FedALA: the most epochs of W's first learning (PFLlib: no limit).")
     state_store: str = parts.option(
         'sqlite',
         "Where each client's private state lives between rounds: 'sqlite' (in the run's output directory, so an "
@@ -258,48 +185,35 @@ class PflBenchmarkConfig(
             raise errors.ConfigError(f'--seed={self.seed} is not one of --seeds={list(self.seeds)}; pass --seeds.')
         if self.dataset == 'mnist' and not self.data_dir and self.tfds_data_dir is None:
             raise errors.ConfigError("dataset 'mnist' needs --data_dir (or --tfds_data_dir).")
-        if self.furl_private_norm < 0:
-            raise errors.ConfigError(f'furl_private_norm must be >= 0, got {self.furl_private_norm}.')
         for name in (
             'num_clients',
             'class_per_client',
             'synthetic_examples',
             'personal_epochs',
-            'pfedme_k',
             'finetune_epochs',
             'num_latent_factors',
             'synthetic_users',
             'synthetic_items',
-            'fedala_num_pre_loss',
-            'per_fedavg_trains_per_round',
         ):
             if getattr(self, name) < 1:
                 raise errors.ConfigError(f'{name} must be >= 1, got {getattr(self, name)}.')
         if not 0.0 < self.train_ratio < 1.0:
             raise errors.ConfigError(f'train_ratio must be in (0, 1), got {self.train_ratio}.')
-        if self.dirichlet_alpha <= 0 or min(self.fedprox_mu, self.ditto_lambda, self.pfedme_lambda) < 0:
-            raise errors.ConfigError('dirichlet_alpha must be > 0, fedprox_mu, ditto_lambda and pfedme_lambda >= 0.')
-        if self.pfedme_personal_learning_rate <= 0:
-            raise errors.ConfigError(
-                f'pfedme_personal_learning_rate must be > 0, got {self.pfedme_personal_learning_rate}.'
-            )
-        if not 0.0 <= self.apfl_alpha <= 1.0:
-            raise errors.ConfigError(f'apfl_alpha must be in [0, 1], got {self.apfl_alpha}.')
-        if self.apfl_variant not in ('pfllib', 'paper'):
-            raise errors.ConfigError(f"apfl_variant must be 'pfllib' or 'paper', got {self.apfl_variant!r}.")
-        if self.moon_mu < 0 or self.moon_tau <= 0:
-            raise errors.ConfigError(f'moon_mu must be >= 0 and moon_tau > 0, got {self.moon_mu}, {self.moon_tau}.')
-        if self.fedrep_head_epochs < 1:
-            raise errors.ConfigError(f'fedrep_head_epochs must be >= 1, got {self.fedrep_head_epochs}.')
-        if self.fedala_eta <= 0 or not 0 < self.fedala_rand_percent <= 100 or self.fedala_layer_idx < 0:
-            raise errors.ConfigError('fedala_eta must be > 0, fedala_rand_percent in (0, 100], fedala_layer_idx >= 0.')
-        if self.fedala_threshold < 0 or self.fedala_max_epochs <= self.fedala_num_pre_loss:
-            raise errors.ConfigError('fedala_threshold must be >= 0 and fedala_max_epochs > fedala_num_pre_loss.')
+        if self.dirichlet_alpha <= 0:
+            raise errors.ConfigError(f'dirichlet_alpha must be > 0, got {self.dirichlet_alpha}.')
+        for declaration in DECLARATIONS:  # Each algorithm's options, checked by its own BenchmarkOptions.
+            registry.options_from(declaration, self)
         self._check_npz_and_model()
         if self.epoch_order not in EPOCH_ORDERS:
             raise errors.ConfigError(f'epoch_order must be one of {EPOCH_ORDERS}, got {self.epoch_order!r}.')
         if self.state_store not in ('sqlite', 'memory'):
             raise errors.ConfigError(f"state_store must be 'sqlite' or 'memory', got {self.state_store!r}.")
+
+    def algorithm_option(self, flag: str) -> Any:
+        """The value of an algorithm module's option by its flag's name (e.g. ``'ditto_lambda'``; `registry`)."""
+        if flag not in {d.flag(f.name) for d in DECLARATIONS for f in d.fields()}:
+            raise KeyError(f'{flag} is no algorithm option of the benchmark.')
+        return getattr(self, flag)
 
     def _check_npz_and_model(self) -> None:
         """--data_path goes with --dataset=npz, --model with the image datasets; --model is 'module:function'."""

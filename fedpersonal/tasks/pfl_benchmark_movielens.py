@@ -185,11 +185,11 @@ def plan_for(name: str, benchmark: MovieLensBenchmark) -> client_plan.ClientPlan
         return furl.furl_plan(
             client_epochs=config.client_epochs,
             client_optimizer=client,
-            private_norm_regularization=config.furl_private_norm,
+            private_norm_regularization=config.algorithm_option('furl_private_norm'),
         )
     if name == 'ditto':
         return ditto.ditto_plan(
-            lam=config.ditto_lambda,
+            lam=config.algorithm_option('ditto_lambda'),
             client_epochs=config.client_epochs,
             personal_epochs=config.personal_epochs,
             client_optimizer=client,

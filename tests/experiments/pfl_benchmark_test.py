@@ -130,7 +130,7 @@ def test_each_client_is_evaluated_with_its_own_model(benchmark, name):
 def test_fedrod_clients_predict_with_the_sum_of_both_heads(benchmark):
     spec = pfl_benchmark_methods.METHOD_SPECS['fedrod']
     plan = spec.plan(benchmark.config)
-    model_fn = pfl_benchmark_methods.fedrod_model_fn(benchmark.data, 0)
+    model_fn = spec.phased_model(benchmark.data, 0)
     with backends.use('engine'):
         process = backends.build_process(
             plan,
@@ -326,7 +326,7 @@ def test_a_diverged_evaluation_is_never_the_best():
     [
         (dict(partition='stripes'), 'partition must be one of'),
         (dict(configurations=('fedavg', 'fedsgd')), "unknown: ['fedsgd']"),
-        (dict(apfl_alpha=1.5), 'apfl_alpha must be in [0, 1]'),
+        (dict(apfl_alpha=1.5), '--apfl_alpha must be <= 1.0, got 1.5.'),
         (dict(per_fedavg_trains_per_round=0), 'per_fedavg_trains_per_round must be >= 1, got 0'),
         (dict(engine_strategy='fastest'), 'engine_strategy must be one of'),
         (dict(epoch_order='random'), "epoch_order must be one of ('reshuffled', 'fixed'), got 'random'"),
