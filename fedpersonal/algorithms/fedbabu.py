@@ -18,6 +18,7 @@ import dataclasses
 from collections.abc import Callable
 from typing import Unpack
 
+import tensorflow as tf
 import tensorflow_federated as tff
 
 from fedpersonal import registry
@@ -39,13 +40,14 @@ def finetune_plan(*, epochs: int, optimizer: tff.learning.optimizers.Optimizer) 
 
 
 def build_fedbabu(
-    model_fn: Callable[[], tff.learning.models.ReconstructionModel], **options: Unpack[fedper.Options]
+    model_fn: Callable[[], tf.keras.Model | tff.learning.models.ReconstructionModel], **options: Unpack[fedper.Options]
 ) -> process_lib.PersonalizedProcess:
     """Builds FedBABU's federated training on the context's backend.
 
     Args:
-      model_fn: No-arg function returning a new partially local model: global body, local head (its initializers
-        seeded, so that every client's head starts the same).
+      model_fn: No-arg function returning a new Keras classifier (with ``element_spec``; its head, the last layer
+        with weights, local unless ``local_layers`` names others) or a partially local model (global body, local
+        head); its initializers seeded, so that every client's head starts the same.
       **options: FedPer's (`fedpersonal.algorithms.fedper.Options`; ``loss_fn``, ``client_optimizer`` (the
         body's) and ``server_optimizer`` required).
 

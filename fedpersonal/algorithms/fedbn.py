@@ -27,6 +27,18 @@ def batch_norm_layers(keras_model: tf.keras.Model) -> list[tf.keras.layers.Layer
     return [layer for layer in keras_model.submodules if isinstance(layer, tf.keras.layers.BatchNormalization)]
 
 
+def local_batch_norm_layers(keras_model: tf.keras.Model) -> list[tf.keras.layers.Layer]:
+    """FedBN's local layers: the model's batch normalization layers.
+
+    Raises:
+      ValueError: The Keras model has no batch normalization layer (FedBN would be FedAvg).
+    """
+    local = batch_norm_layers(keras_model)
+    if not local:
+        raise ValueError(f'FedBN needs a model with BatchNormalization layers; {keras_model.name} has none.')
+    return local
+
+
 def fedbn_model_fn(
     keras_model_fn: Callable[[], tf.keras.Model], *, input_spec: Any
 ) -> Callable[[], tff.learning.models.ReconstructionModel]:
@@ -38,9 +50,7 @@ def fedbn_model_fn(
 
     def model_fn() -> tff.learning.models.ReconstructionModel:
         keras_model = keras_model_fn()
-        local = batch_norm_layers(keras_model)
-        if not local:
-            raise ValueError(f'FedBN needs a model with BatchNormalization layers; {keras_model.name} has none.')
+        local = local_batch_norm_layers(keras_model)
         local_ids = {id(v) for layer in local for v in layer.weights}
         shared = [v for v in keras_model.weights if id(v) not in local_ids]
         return models.from_keras_model(keras_model, input_spec=input_spec, global_variables=shared, local_layers=local)
@@ -49,13 +59,14 @@ def fedbn_model_fn(
 
 
 def build_fedbn(
-    model_fn: Callable[[], tff.learning.models.ReconstructionModel], **options: Unpack[fedper.Options]
+    model_fn: Callable[[], tf.keras.Model | tff.learning.models.ReconstructionModel], **options: Unpack[fedper.Options]
 ) -> process_lib.PersonalizedProcess:
     """Builds FedBN on the context's backend.
 
     Args:
-      model_fn: No-arg function returning a new partially local model whose local layers are its batch
-        normalization layers (`fedbn_model_fn`).
+      model_fn: No-arg function returning a new Keras classifier (with ``element_spec``; its batch normalization
+        layers local unless ``local_layers`` names others) or a partially local model whose local layers are its
+        batch normalization layers (`fedbn_model_fn`).
       **options: FedPer's (`fedpersonal.algorithms.fedper.Options`; ``loss_fn``, ``client_optimizer`` and
         ``server_optimizer`` required).
 
@@ -63,4 +74,6 @@ def build_fedbn(
       A stateful `PersonalizedProcess` whose private state is the client's batch normalization weights
       (trainable: scale and offset; non-trainable: moving mean and variance).
     """
-    return fedper.build_with_plan(fedper.fedper_plan, model_fn, name='FedBN', **options)
+    return fedper.build_with_plan(
+        fedper.fedper_plan, model_fn, name='FedBN', default_local=local_batch_norm_layers, **options
+    )

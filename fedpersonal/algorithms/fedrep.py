@@ -13,12 +13,15 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable
+from collections.abc import Sequence
 from typing import Any
 
+import tensorflow as tf
 import tensorflow_federated as tff
 
 from fedpersonal import backends
 from fedpersonal import registry
+from fedpersonal.algorithms import fedper
 from fedpersonal.core import client_plan
 from fedpersonal.core import client_work
 from fedpersonal.core import process as process_lib
@@ -41,7 +44,7 @@ def fedrep_plan(
 
 
 def build_fedrep(
-    model_fn: Callable[[], tff.learning.models.ReconstructionModel],
+    model_fn: Callable[[], tf.keras.Model | tff.learning.models.ReconstructionModel],
     *,
     loss_fn: client_work.LossFn,
     metrics_fn: client_work.MetricsFn | None = None,
@@ -51,11 +54,15 @@ def build_fedrep(
     head_epochs: int = 10,
     body_epochs: int = 1,
     model_aggregator: Any = None,
+    element_spec: Any = None,
+    local_layers: Sequence[str] | None = None,
 ) -> process_lib.PersonalizedProcess:
     """Builds FedRep on the context's backend.
 
     Args:
-      model_fn: No-arg function returning a new partially local model: global body, local head.
+      model_fn: No-arg function returning a new Keras classifier (with `element_spec`; its head, the last layer
+        with weights, local unless `local_layers` names others) or a partially local model (global body, local
+        head).
       loss_fn: No-arg function returning the Keras loss.
       metrics_fn: Optional no-arg function returning Keras metrics (updated in both phases).
       head_optimizer: The head's local optimizer (fresh state every round).
@@ -64,6 +71,8 @@ def build_fedrep(
       head_epochs: Epochs of the head per round (the paper's tau = 10 by default).
       body_epochs: Epochs of the body per round (the paper: 1).
       model_aggregator: A weighted `tff.aggregators` factory for the body update (default: example-weighted mean).
+      element_spec: The client datasets' element spec when `model_fn` returns a Keras classifier.
+      local_layers: With `element_spec`: the names of the Keras model's layers kept on the clients (the head).
 
     Returns:
       A stateful `PersonalizedProcess` whose private state is the client's head.
@@ -76,7 +85,7 @@ def build_fedrep(
     )
     return backends.build_process(
         plan,
-        model_fn,
+        fedper.partially_local(model_fn, element_spec, local_layers),
         loss_fn=loss_fn,
         metrics_fn=metrics_fn,
         server_optimizer=server_optimizer,

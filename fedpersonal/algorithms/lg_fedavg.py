@@ -14,6 +14,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Unpack
 
+import tensorflow as tf
 import tensorflow_federated as tff
 
 from fedpersonal import registry
@@ -23,19 +24,23 @@ from fedpersonal.core import process as process_lib
 
 
 def build_lg_fedavg(
-    model_fn: Callable[[], tff.learning.models.ReconstructionModel], **options: Unpack[fedper.Options]
+    model_fn: Callable[[], tf.keras.Model | tff.learning.models.ReconstructionModel], **options: Unpack[fedper.Options]
 ) -> process_lib.PersonalizedProcess:
     """Builds LG-FedAvg on the context's backend.
 
     Args:
-      model_fn: No-arg function returning a new partially local model: local representation layers, global top.
+      model_fn: No-arg function returning a new Keras classifier (with ``element_spec``; every layer with weights
+        but the last local, unless ``local_layers`` names others) or a partially local model (local representation
+        layers, global top).
       **options: FedPer's (`fedpersonal.algorithms.fedper.Options`; ``loss_fn``, ``client_optimizer`` and
         ``server_optimizer`` required).
 
     Returns:
       A stateful `PersonalizedProcess` whose private state is the client's representation layers.
     """
-    return fedper.build_with_plan(fedper.fedper_plan, model_fn, name='LG-FedAvg', **options)
+    return fedper.build_with_plan(
+        fedper.fedper_plan, model_fn, name='LG-FedAvg', default_local=fedper.body_layers, **options
+    )
 
 
 def _benchmark_plan(settings: registry.Settings, options: None) -> client_plan.ClientPlan:

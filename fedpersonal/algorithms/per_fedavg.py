@@ -28,6 +28,7 @@ import tensorflow_federated as tff
 
 from fedpersonal import backends
 from fedpersonal import registry
+from fedpersonal.algorithms import fedper
 from fedpersonal.core import client_plan
 from fedpersonal.core import client_work
 from fedpersonal.core import process as process_lib
@@ -131,7 +132,7 @@ def adapt(
 
 
 def build_per_fedavg(
-    model_fn: Callable[[], tff.learning.models.ReconstructionModel],
+    model_fn: Callable[[], tf.keras.Model | tff.learning.models.ReconstructionModel],
     *,
     loss_fn: client_work.LossFn,
     metrics_fn: client_work.MetricsFn | None = None,
@@ -141,11 +142,13 @@ def build_per_fedavg(
     server_optimizer: tff.learning.optimizers.Optimizer,
     client_epochs: int = 1,
     hessian_free: bool = False,
+    element_spec: Any = None,
 ) -> process_lib.PersonalizedProcess:
     """Builds Per-FedAvg on the context's backend.
 
     Args:
-      model_fn: No-arg function returning a new model (`fedpersonal.models.from_keras_model`, all layers global).
+      model_fn: No-arg function returning a new Keras classifier (with `element_spec`; every layer global) or a
+        partially local model (`fedpersonal.models.from_keras_model`, all layers global).
       loss_fn: No-arg function returning the Keras loss.
       metrics_fn: Optional no-arg function returning Keras metrics (of the second parts at the trial weights).
       batch_size: The size of each part of a meta step's batch (PFLlib: the batch size).
@@ -154,6 +157,7 @@ def build_per_fedavg(
       server_optimizer: Applied to the averaged update.
       client_epochs: Passes over the client's data per round.
       hessian_free: The Hessian-free variant (three parts per batch) instead of the first-order one.
+      element_spec: The client datasets' element spec when `model_fn` returns a Keras classifier.
 
     Returns:
       A `PersonalizedProcess` (its private state is the model's local weights, none for an all-global model).
@@ -166,7 +170,12 @@ def build_per_fedavg(
         hessian_free=hessian_free,
     )
     return backends.build_process(
-        plan, model_fn, loss_fn=loss_fn, metrics_fn=metrics_fn, server_optimizer=server_optimizer, name='Per-FedAvg'
+        plan,
+        fedper.partially_local(model_fn, element_spec, None, fedper.no_layers),
+        loss_fn=loss_fn,
+        metrics_fn=metrics_fn,
+        server_optimizer=server_optimizer,
+        name='Per-FedAvg',
     )
 
 
