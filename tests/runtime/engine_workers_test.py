@@ -23,6 +23,11 @@ from tests import tolerances
 from tests.algorithms import furl_test
 from tests.simulation import communication_engine_test as mf_setup
 
+# Imported here, before any test runs, as the engine workers import it in fresh processes: its silos' tf.data
+# shuffles combine their seeds with the TF global seed of the moment they are built, which a test run earlier in
+# this process may have set (the PFL benchmark binary run here sets it).
+from tests.simulation import hpfl_engine_test as silos  # isort: skip
+
 pytest.importorskip('ray')
 
 
@@ -185,7 +190,6 @@ def test_furl_private_states_on_engine_workers_come_back_to_their_own_clients():
 
 
 def _hpfl_setup(method):
-    from tests.simulation import hpfl_engine_test as silos  # pylint: disable=g-import-not-at-top
 
     process = hpfl.build_method(
         method,
@@ -203,7 +207,6 @@ def test_hpfl_silos_on_engine_workers_equal_the_local_engine():
     """The silo engine (HPFL: a server step over every silo's upload, then a second client phase on its result) on
     two workers, the silos shared out differently in the two rounds: the local engine's weights, server state,
     metrics and every silo's private state."""
-    from tests.simulation import hpfl_engine_test as silos  # pylint: disable=g-import-not-at-top
 
     recipe = functools.partial(_hpfl_setup, 'hpfl')
     with runtime.LocalRuntime():
@@ -293,7 +296,6 @@ def test_what_an_engine_worker_sends_from_a_silo_is_audited():
     only such outputs are its centre masks (they depend on the private tables' sizes alone: the known, documented
     declassification that `process.next`'s audit finds too, tests/algorithms/hpfl_test.py)."""
     from fedpersonal.simulation import silo_engine  # pylint: disable=g-import-not-at-top
-    from tests.simulation import hpfl_engine_test as silos  # pylint: disable=g-import-not-at-top
 
     private = silos.hpfl.initial_client_states(silos.DATA, silos.CONFIG)[0]
     for method in ('hpfl_k', 'hpfl'):
