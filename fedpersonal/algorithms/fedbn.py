@@ -17,7 +17,6 @@ from typing import Unpack
 import tensorflow as tf
 import tensorflow_federated as tff
 
-from fedpersonal import models
 from fedpersonal.algorithms import fedper
 from fedpersonal.core import process as process_lib
 
@@ -48,14 +47,7 @@ def fedbn_model_fn(
       ValueError: The Keras model has no batch normalization layer (FedBN would be FedAvg).
     """
 
-    def model_fn() -> tff.learning.models.ReconstructionModel:
-        keras_model = keras_model_fn()
-        local = local_batch_norm_layers(keras_model)
-        local_ids = {id(v) for layer in local for v in layer.weights}
-        shared = [v for v in keras_model.weights if id(v) not in local_ids]
-        return models.from_keras_model(keras_model, input_spec=input_spec, global_variables=shared, local_layers=local)
-
-    return model_fn
+    return fedper.keras_model_fn(keras_model_fn, element_spec=input_spec, default_local=local_batch_norm_layers)
 
 
 def build_fedbn(

@@ -16,7 +16,6 @@ is not implemented here. The math is FedPer's plan on a model with one more loca
 
 from __future__ import annotations
 
-import collections
 from collections.abc import Callable
 from typing import Any
 
@@ -24,7 +23,6 @@ import tensorflow as tf
 import tensorflow_federated as tff
 
 from fedpersonal import backends
-from fedpersonal import models
 from fedpersonal import registry
 from fedpersonal.algorithms import fedper
 from fedpersonal.core import client_plan
@@ -72,16 +70,9 @@ def partially_local_model_fn(
     keras_model_fn: Callable[[], tf.keras.Model], element_spec: Any
 ) -> Callable[[], tff.learning.models.ReconstructionModel]:
     """The partially local model of FedDBE: `keras_model_fn`'s model with the bias, the bias its one local layer."""
-    spec = collections.OrderedDict(x=element_spec['x'], y=element_spec['y'])
-
-    def model_fn() -> tff.learning.models.ReconstructionModel:
-        keras_model = with_representation_bias(keras_model_fn())
-        layers = [layer for layer in keras_model.layers if layer.weights]
-        local = [layer for layer in layers if layer.name == LAYER_NAME]
-        shared = [layer for layer in layers if layer.name != LAYER_NAME]
-        return models.from_keras_model(keras_model, input_spec=spec, global_layers=shared, local_layers=local)
-
-    return model_fn
+    return fedper.keras_model_fn(
+        lambda: with_representation_bias(keras_model_fn()), element_spec=element_spec, local_layers=[LAYER_NAME]
+    )
 
 
 def build_feddbe(
@@ -109,6 +100,7 @@ def build_feddbe(
 
     Example:
 
+    >>> import collections
     >>> spec = collections.OrderedDict(x=tf.TensorSpec([None, 4], tf.float32), y=tf.TensorSpec([None], tf.int32))
     >>> process = build_feddbe(lambda: tf.keras.Sequential([tf.keras.Input([4]), tf.keras.layers.Dense(5),
     ...     tf.keras.layers.Dense(3)]), element_spec=spec, client_optimizer=tff.learning.optimizers.build_sgdm(0.1))

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import collections
 from collections.abc import Callable
+from collections.abc import Mapping
 from collections.abc import Sequence
 from typing import Any
 from typing import Required
@@ -89,11 +90,18 @@ def keras_model_fn(
     """The partially local model of a Keras classifier: the layers named `local_layers` (default:
     ``default_local(model)``, the head) kept on the clients, every other weight global.
 
+    `element_spec` is the client datasets' spec with ``x`` and ``y``, or an ``(x, y)`` pair of specs.
+
     Raises (when called):
       TypeError: `model_fn` returns no Keras model.
       ValueError: A name in `local_layers` is no layer of the model, or those layers hold no weights.
     """
-    spec = collections.OrderedDict(x=element_spec['x'], y=element_spec['y'])
+    # A mapping may hold more than the model's input and label; an (x, y) pair is taken as it is.
+    spec = (
+        collections.OrderedDict(x=element_spec['x'], y=element_spec['y'])
+        if isinstance(element_spec, Mapping)
+        else element_spec
+    )
 
     def wrapped() -> tff.learning.models.ReconstructionModel:
         keras_model = model_fn()
