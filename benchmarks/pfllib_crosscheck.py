@@ -100,6 +100,7 @@ from pfllib_crosscheck_lib import make_row  # noqa: E402
 from pfllib_crosscheck_lib import make_statistical_row  # noqa: E402
 from pfllib_crosscheck_lib import max_abs_diff  # noqa: E402
 from pfllib_crosscheck_lib import merge_rows  # noqa: E402
+from pfllib_crosscheck_lib import method_options  # noqa: E402
 from pfllib_crosscheck_lib import run_fedpersonal  # noqa: E402
 from pfllib_crosscheck_lib import torch_to_keras  # noqa: E402
 
@@ -360,8 +361,9 @@ def statistical_row(method: str, partition: str, commit: str, checked: dict[str,
             client_learning_rate=config.client_learning_rate,
             client_epochs=config.client_epochs,
             epoch_order=config.epoch_order,
-            **config_fields(METHODS[method].args, config),
         )
+        hyper_ours.update(config_fields(METHODS[method].args, config))
+        hyper_ours.update(method_options(method, config))
     per_round = {k: float(np.median(v)) for k, v in seconds.items()}
     per_round['parallel_sides'] = float(_PARALLEL.value)
     row = make_statistical_row(

@@ -287,6 +287,17 @@ def config_fields(args_of: Any, config: Any) -> dict[str, Any]:
     return read
 
 
+def method_options(method: str, config: Any) -> dict[str, Any]:
+    """Every option flag of the algorithm module that declares row `method` (`fedpersonal.registry`), with
+    `config`'s values: what fedpersonal ran with, also the options PFLlib has no argument for (``apfl_variant``)."""
+    from fedpersonal import registry  # pylint: disable=g-import-not-at-top
+
+    for declaration in registry.declarations():
+        if any(name == method for name, _, _ in declaration.rows):
+            return {declaration.flag(f.name): getattr(config, declaration.flag(f.name)) for f in declaration.fields()}
+    raise ValueError(f'no algorithm module declares a row {method!r}')
+
+
 def make_statistical_row(
     method: str,
     partition: str,

@@ -208,3 +208,14 @@ def test_config_fields_records_what_a_method_reads():
     fields = crosscheck.config_fields(crosscheck.METHODS['pfedme'].args, Config())
     assert fields == {'pfedme_lambda': 15.0, 'pfedme_k': 5, 'pfedme_personal_learning_rate': 0.01}
     assert crosscheck.config_fields(crosscheck.METHODS['fedavg'].args, Config()) == {}
+
+
+def test_method_options_records_every_option_of_the_rows_module():
+    class Config:
+        apfl_alpha, apfl_variant, fedprox_mu = 0.5, 'pfllib', 0.01
+
+    # The variant, which PFLlib's arguments do not read, is recorded too.
+    assert crosscheck.method_options('apfl', Config()) == {'apfl_alpha': 0.5, 'apfl_variant': 'pfllib'}
+    assert crosscheck.method_options('fedavg', Config()) == {}  # fed_avg declares no options.
+    with pytest.raises(ValueError, match="no algorithm module declares a row 'no_such_row'"):
+        crosscheck.method_options('no_such_row', Config())
