@@ -77,6 +77,7 @@ class Settings:
       batch_size: The clients' batch size.
       seed: The run's seed.
       personal_epochs: Epochs of a personal model per round (Ditto, APFL).
+      num_clients: The clients a round samples, at most (FedAMP's table rows).
     """
 
     client_epochs: int
@@ -84,6 +85,7 @@ class Settings:
     batch_size: int
     seed: int
     personal_epochs: int
+    num_clients: int
 
     def sgd(self) -> Any:
         """A fresh TFF SGD optimizer at ``client_learning_rate`` (PFLlib's clients' optimizer)."""

@@ -78,7 +78,9 @@ def test_the_benchmark_rows_are_the_modules_declarations_in_the_leaderboards_ord
         'fedala',
         'fedrod',
     )
-    assert pfl_benchmark_config.EXTRA_METHODS == ('feddbe', 'moon', 'scaffold')
+    # Rows run when named: every module's that declares no leaderboard position, by name (a new one adds to them).
+    extras = pfl_benchmark_config.EXTRA_METHODS
+    assert {'fedamp', 'feddbe', 'moon', 'scaffold'} <= set(extras) and list(extras) == sorted(extras)
     assert pfl_benchmark_config.METHOD_NAMES['per_fedavg_hf'] == 'Per-FedAvg (HF)'
     modules = {d.module for d in pfl_benchmark_config.DECLARATIONS}
     assert {'fedprox', 'per_fedavg', 'moon', 'feddbe'} <= modules and 'fedbn' not in modules
@@ -168,7 +170,9 @@ def test_a_new_module_brings_its_rows_options_flags_and_checks(tmp_path):
 
     # At run time the module is imported and its row builds a plan from the benchmark's settings.
     (row, _, options_class) = registry.load_rows((declaration,))['newalg']
-    settings = registry.Settings(client_epochs=2, client_learning_rate=0.1, batch_size=5, seed=0, personal_epochs=1)
+    settings = registry.Settings(
+        client_epochs=2, client_learning_rate=0.1, batch_size=5, seed=0, personal_epochs=1, num_clients=4
+    )
     plan = row.plan(settings, registry.options_from(declaration, config, options_class))
     assert plan.phases[0].epochs == 2 and plan.phases[0].penalty.strength == 0.5
     assert row.local_layers == registry.HEAD

@@ -42,6 +42,7 @@ import tensorflow_federated as tff
 from fedpersonal.core import client_start
 from fedpersonal.core import client_work
 from fedpersonal.core import reference_terms
+from fedpersonal.core import server_table
 from fedpersonal.core import shared_values
 from fedpersonal.core import step_kinds
 
@@ -246,6 +247,11 @@ class ClientPlan:
     of the global phase gets a term of the batch's representations at the trained, the received and the kept
     weights, and the kept weights are updated after the phase (`fedpersonal.core.reference_terms`).
 
+    `table` (a `fedpersonal.core.server_table.ServerTable`, e.g. FedAMP's attention-weighted centres): the server
+    keeps the round's uploaded models as rows instead of their mean; each client keeps the model it trained last
+    (``personal_copy=True``), trains it in the one phase, with the phase's penalty centred at its own centre from
+    the table, and uploads it (`fedpersonal.core.server_table`).
+
     Example:
 
     >>> import tensorflow_federated as tff
@@ -265,11 +271,14 @@ class ClientPlan:
     global_start: client_start.ClientStart | None = None
     shared: shared_values.SharedValues | None = None
     reference: reference_terms.ReferenceTerm | None = None
+    table: server_table.ServerTable | None = None
 
     def __post_init__(self):
         if self.model_losses:
             _check_model_loss_plan(self)
             return
+        if self.table is not None:
+            _check_table(self)
         if self.shared is not None:
             _check_kept_hook(self, 'shared', shared_values.SharedValues)
         if self.reference is not None:
@@ -339,8 +348,8 @@ def _check_model_loss_plan(plan: ClientPlan) -> None:
         raise ValueError("A plan's phases either all use the Keras loss or all name a model-defined Phase.loss.")
     if plan.personal_copy or plan.personalization is not None or plan.local_start != KEPT or plan.global_start:
         raise ValueError("A plan with model-defined losses keeps the model's local weights (no personal copy).")
-    if plan.shared is not None or plan.reference is not None:
-        raise ValueError('A plan with model-defined losses takes no shared values and no reference term.')
+    if plan.shared is not None or plan.reference is not None or plan.table is not None:
+        raise ValueError('A plan with model-defined losses takes no shared values, reference term or table.')
     if plan.split is not None or any(p.data is not None or not p.reports_metrics for p in plan.phases):
         raise ValueError('The phases of a plan with model-defined losses train on the whole dataset and report.')
     if plan.counts_labels and not any(p.epochs for p in plan.phases):
@@ -370,6 +379,24 @@ def _check_kept_hook(plan: ClientPlan, name: str, kind: type) -> None:
     phase = next((p for p in plan.phases if GLOBAL in p.trains), None)
     if phase is not None and (phase.penalty is not None or phase.step is not None):
         raise ValueError(f'With ClientPlan.{name} the global phase takes no penalty and no step kind.')
+
+
+def _check_table(plan: ClientPlan) -> None:
+    """A plan with a `ClientPlan.table`: the client keeps its model (``personal_copy``) and trains it in one phase
+    of plain steps; nothing else is kept or started."""
+    table = plan.table
+    if not isinstance(table, server_table.ServerTable):
+        raise ValueError(f'ClientPlan.table must be a server_table.ServerTable, got {table!r}.')
+    if not isinstance(table.capacity, int) or table.capacity < 1:
+        raise ValueError(f'ClientPlan.table.capacity must be an int >= 1, got {table.capacity!r}.')
+    others = (plan.personalization, plan.global_start, plan.shared, plan.reference, plan.split)
+    if not plan.personal_copy or any(o is not None for o in others) or plan.local_start != KEPT:
+        raise ValueError(
+            'ClientPlan.table: the client keeps its own model (personal_copy=True) and nothing else (no '
+            'personalization, global_start, shared values, reference term or split).'
+        )
+    if len(plan.phases) != 1 or plan.phases[0].trains != (GLOBAL,) or plan.phases[0].step is not None:
+        raise ValueError(f"ClientPlan.table needs one phase training ('global',) with plain steps, got {plan.phases}.")
 
 
 def kept_values(plan: ClientPlan, weights: list[Any]) -> list[Any]:
@@ -427,12 +454,13 @@ def initial_weights(
     global_start: client_start.ClientStart | None = None,
     shared: shared_values.SharedValues | None = None,
     kept: Callable[[list[Any]], list[Any]] | None = None,
+    table: server_table.ServerTable | None = None,
 ) -> Initial:
     """`Initial` of the partially local model `model_fn` builds; with `personal`, the private state is a copy of
     its global weights (with `personalization`, its extras after the trainable weights; with `global_start`, its
     extras after the trainable and the non-trainable ones); with `kept` (``global trainable weights -> values``,
     `kept_values`), the local weights are followed in the trainable ones by the kept values; the global weights are
-    `server_weights` for `local_start` and `shared`.
+    `server_weights` for `local_start` and `shared`, or with `table` its empty table (`server_table.empty`).
     Calls `model_fn` once (twice if `stateful`), as TFF's builders count their calls."""
     input_specs = []
 
@@ -440,6 +468,10 @@ def initial_weights(
     def initial_global():
         model = model_fn()
         input_specs.append(model.input_spec)
+        if table is not None:
+            if model.local_trainable_variables or model.local_non_trainable_variables:
+                raise ValueError('ClientPlan.table needs a model whose weights are all global (the client keeps it).')
+            return server_table.empty(list(model.global_trainable_variables), table.capacity)
         return server_weights(model, local_start, shared)
 
     initial_local = None
@@ -480,18 +512,22 @@ def plan_initial_weights(plan: ClientPlan, model_fn: Callable[[], tff.learning.m
         global_start=plan.global_start,
         shared=plan.shared,
         kept=(lambda w: kept_values(plan, w)) if plan.shared is not None or plan.reference is not None else None,
+        table=plan.table,
     )
 
 
 def model_weights(plan: ClientPlan, server_weights: Any) -> Any:
     """The model's global weights among the server's: without the shared values that follow them
-    (`ClientPlan.shared`, as many as the model's global trainable tensors).
+    (`ClientPlan.shared`, as many as the model's global trainable tensors); with a `ClientPlan.table`, none (the
+    server holds no model).
 
     >>> import numpy as np
     >>> plan = ClientPlan((Phase(('global',), 1, tff.learning.optimizers.build_sgdm(0.1)),))
     >>> model_weights(plan, ModelWeights([np.zeros(2)], [])).trainable
     [array([0., 0.])]
     """
+    if plan.table is not None:
+        return ModelWeights([], [])
     if plan.shared is None:
         return server_weights
     trainable = list(server_weights.trainable)

@@ -21,6 +21,7 @@ from fedpersonal.core import client_work
 from fedpersonal.core import compose
 from fedpersonal.core import process as process_lib
 from fedpersonal.core import reference_terms
+from fedpersonal.core import server_table
 from fedpersonal.core import shared_values
 from fedpersonal.core import step_kinds
 from fedpersonal.core.client_plan import GLOBAL
@@ -59,7 +60,9 @@ def build_client_update(
         with tf.init_scope():
             model = client_work.construct(model_fn)
             begin = plan.global_start
-            personal = client_work.construct(model_fn) if plan.personal and begin is None else None
+            table = plan.table  # Its model is the one it trained last, as with a start.
+            own_model = begin is not None or table is not None
+            personal = client_work.construct(model_fn) if plan.personal and not own_model else None
             personalization = plan.personalization
             extras: list[tf.Variable] = []
             mapped_model = None
@@ -92,7 +95,14 @@ def build_client_update(
                 extras_kept = ModelWeights(
                     [tf.Variable(v) for v in made.trainable], [tf.Variable(v) for v in made.non_trainable]
                 )
-        client_work.assign_weights(client_work.global_weights(model), received)
+        if table is None:
+            client_work.assign_weights(client_work.global_weights(model), received)
+            received_trainable = [tf.identity(w) for w in received.trainable[: len(parts[GLOBAL])]]
+        else:  # Trains the model it kept, and its penalty is centred at its centre from the table.
+            client_work.assign_weights(client_work.global_weights(model), private)
+            kept = client_work.global_weights(model)
+            centre = table.centre(list(received.trainable), received.non_trainable[0], list(private.trainable))
+            received_trainable = [tf.identity(c) for c in centre]
         if begin is not None:
             kept_model, kept_extras = client_start.split_private(
                 private, len(parts[GLOBAL]), len(model.global_non_trainable_variables)
@@ -121,7 +131,7 @@ def build_client_update(
         elif personal is not None:
             client_work.assign_weights(client_work.global_weights(personal), private)
             kept = client_work.global_weights(personal)
-        elif plan.stateful:
+        elif plan.stateful and table is None:
             client_work.assign_weights(client_work.local_weights(model), private)
             kept = client_work.local_weights(model)
             if kept_shared:  # Its kept values follow the local trainable weights.
@@ -131,7 +141,6 @@ def build_client_update(
             client_work.assign(parts[LOCAL], received.trainable[len(parts[GLOBAL]) :])
         uploaded = parts[GLOBAL] + (parts[LOCAL] if plan.local_start == LEARNED else [])
         split, split_names = (plan.split.dataset_fn(dataset), plan.split.names) if plan.split is not None else ((), ())
-        received_trainable = [tf.identity(w) for w in received.trainable[: len(parts[GLOBAL])]]
         shared: list[Any] = []
         offsets: list[Any] = []
         shared_upload: list[Any] = []
@@ -206,12 +215,19 @@ def build_client_update(
                         [v.read_value() for v in kept_values], [w.read_value() for w in parts[GLOBAL]]
                     ),
                 )
-        delta, non_finite = client_work.weights_delta(received.trainable, uploaded + list(shared_upload))
         unfinalized: collections.OrderedDict = collections.OrderedDict()
         for prefix, metric_set in metrics.items():
             unfinalized.update(prefixed(prefix, client_work.read_metrics(metric_set)))
-        weight = client_work.client_weight(client_weighting, num_examples, unfinalized, non_finite)
-        result = tff.learning.templates.ClientResult(update=delta, update_weight=weight)
+        result: Any
+        if table is not None:  # Its trained model, one row, unless not finite or trained on nothing.
+            _, non_finite = client_work.weights_delta(private.trainable, uploaded)
+            rows = [v.read_value()[tf.newaxis] for v in uploaded]
+            valid = tf.logical_and(tf.equal(non_finite, 0), tf.greater(num_examples, 0))
+            result = server_table.Rows(rows, tf.cast(valid, tf.float32)[tf.newaxis])
+        else:
+            delta, non_finite = client_work.weights_delta(received.trainable, uploaded + list(shared_upload))
+            weight = client_work.client_weight(client_weighting, num_examples, unfinalized, non_finite)
+            result = tff.learning.templates.ClientResult(update=delta, update_weight=weight)
         if not plan.stateful:
             return result, unfinalized
         return result, unfinalized, client_work.keep_previous_if_non_finite(non_finite, private, kept)
@@ -356,14 +372,21 @@ def build_per_client_process(
     stateless one's process is TFF's `LearningProcess`, kept as `process.learning_process`)."""
     initial = plan_initial_weights(plan, model_fn)
     finalizers: collections.OrderedDict = collections.OrderedDict()
+    client_update = build_client_update(
+        plan, model_fn, loss_fn, metrics_fn, finalizers, client_weighting, initial=initial
+    )
+    step = None
+    if plan.table is not None:  # The rows replace the table: no aggregator, no server optimizer.
+        if model_aggregator is not None:
+            raise ValueError('ClientPlan.table keeps the uploads as rows: it takes no model_aggregator.')
+        step = server_table.server_step(initial.global_weights.type_signature.result)
     return compose.compose_personalized_process(
         initial_global_weights=initial.global_weights,
         initial_private_state=initial.local_weights,
-        client_update=build_client_update(
-            plan, model_fn, loss_fn, metrics_fn, finalizers, client_weighting, initial=initial
-        ),
+        client_update=client_update,
         aggregate_metrics=compose.keras_metrics(finalizers, metrics_aggregator),
         server_optimizer=server_optimizer,
-        model_aggregator=compose.weighted_aggregator(model_aggregator, client_weighting),
+        model_aggregator=None if step else compose.weighted_aggregator(model_aggregator, client_weighting),
         model_distributor=model_distributor,
+        server_step=step,
     )

@@ -47,6 +47,7 @@ import tensorflow_federated as tff
 from absl import logging
 
 from fedpersonal.core import process as process_lib
+from fedpersonal.core import server_table
 from fedpersonal.core.compose import apply_update as apply_update
 from fedpersonal.simulation import packing
 from fedpersonal.simulation.packing import group_clients as group_clients
@@ -124,6 +125,8 @@ class GroupRoundRunner:
         runs on one core: e.g. a compiled loop over clients; never with an `aggregation`, whose DP noise and
         denominator depend on the number of groups). Several: the fastest on the first rounds runs the rest
         (`StrategyChoice`; not bit-reproducible). Default: each group work whole.
+      table: The group work uploads rows (`fedpersonal.core.server_table.Rows`: a plan with a server table), which
+        replace the server's weights in the clients' order (`server_table.from_rows`); no mean, no optimizer.
     """
 
     worker_program = 'groups'  # What engine workers run of it (`fedpersonal.runtime.worker_actor`).
@@ -136,7 +139,9 @@ class GroupRoundRunner:
         measure_communication: bool = False,
         aggregation: tff.templates.AggregationProcess | None = None,
         runs: Sequence[tuple[str, int]] | None = None,
+        table: bool = False,
     ):
+        self._table = table
         works = dict(group_work) if isinstance(group_work, Mapping) else {'': group_work}
         copies = {name: list(w) if isinstance(w, Sequence) else [w] for name, w in works.items()}
         self._works = {name: w[0] for name, w in copies.items()}
@@ -242,13 +247,20 @@ class GroupRoundRunner:
         else:
             outputs = [run(k) for k in range(len(pieces))]
         by_slot: dict[int, Any] = {}
+        rows_by_slot: dict[int, Any] = {}
         for piece, slots, (result, metrics, *private) in zip(pieces, order, outputs):
             if stacked is not None:
                 by_slot.update(zip(slots.tolist(), unstack(private[0], group_clients(piece))))
+            if self._table:
+                rows_by_slot.update(zip(slots.tolist(), _rows(result, group_clients(piece))))
             results.append(result)
             metric_sums = metrics if metric_sums is None else tf.nest.map_structure(tf.add, metric_sums, metrics)
         new_private = [by_slot[k] for k in sorted(by_slot)]
         self.choice.record(strategy, time.perf_counter() - started)
+        if self._table:
+            assert private_states is not None  # A table's plan is stateful.
+            rows = [rows_by_slot[k] for k in sorted(rows_by_slot)][: len(private_states)]
+            return self._table_output(state, rows, metric_sums, new_private[: len(private_states)])
         if self._aggregation is None:
             server = self._server_step(
                 state.finalizer,
@@ -290,13 +302,18 @@ class GroupRoundRunner:
             result, metrics, *new = (
                 self._works[name](*args) if stacked is None else self._works[name](*args, stacked[g])
             )
-            outputs.append((list(result.update), tf.cast(result.update_weight, tf.float32)))
             metric_sums = metrics if metric_sums is None else tf.nest.map_structure(tf.add, metric_sums, metrics)
             if stacked is not None:
                 private += unstack(new[0], group_clients(group))
+            if self._table:
+                outputs += _rows(result, group_clients(group))
+            else:
+                outputs.append((list(result.update), tf.cast(result.update_weight, tf.float32)))
         self.choice.record(self.choice.next(), time.perf_counter() - started)
         partial: dict[str, Any] = {'metrics': process_lib.as_numpy(metric_sums)}
-        if self._aggregation is not None:
+        if self._table:
+            partial['rows'] = outputs[: len(private_states)] if private_states is not None else outputs
+        elif self._aggregation is not None:
             partial['results'] = [(process_lib.as_numpy(u), np.float32(process_lib.as_numpy(w))) for u, w in outputs]
         else:  # Summed in one compiled program, as the local round's server step sums the groups.
             update, weight = self._weighted_sum([u for u, _ in outputs], [w for _, w in outputs])
@@ -328,6 +345,8 @@ class GroupRoundRunner:
         """The round's output from every share's merged partial aggregate (`share`, `merge`): the server step,
         as a local round's, on the shares' summed updates (equal to a local round to float reassociation)."""
         model_weights = _as_tensors(state.global_model_weights)
+        if self._table:
+            return self._table_output(state, partial['rows'], partial['metrics'], private_states)
         if self._aggregation is None:
             aggregated = (
                 state.aggregator,
@@ -339,6 +358,27 @@ class GroupRoundRunner:
             aggregated = self._aggregate(state, model_weights, partial['results'])
             sample = partial['results'][0][0]
         return self._output(state, model_weights, aggregated, partial['metrics'], sample, num_clients, private_states)
+
+    def _table_output(
+        self, state: Any, rows: Sequence[tuple[list[Any], Any]], metric_sums: Any, private_states: Any
+    ) -> process_lib.ProcessOutput:
+        """The round's output with a server table: the clients' rows, in order, replace the server's weights."""
+        stacked = server_table.Rows(
+            [np.stack([values[k] for values, _ in rows]) for k in range(len(rows[0][0]))],
+            np.stack([valid for _, valid in rows]),
+        )
+        weights, measurements = server_table.from_rows(_as_tensors(state.global_model_weights), stacked)
+        new_state = state._replace(
+            global_model_weights=tff.learning.models.ModelWeights(
+                process_lib.as_numpy(list(weights.trainable)), process_lib.as_numpy(list(weights.non_trainable))
+            )
+        )
+        metrics = collections.OrderedDict(
+            distributor=(),
+            client_work=collections.OrderedDict(train=self._finalize_metrics(metric_sums)),
+            table=process_lib.as_numpy(measurements),
+        )
+        return process_lib.ProcessOutput(new_state, metrics, list(private_states))
 
     def _aggregate(self, state: Any, model_weights: Any, results: Sequence[tuple[Any, Any]]) -> tuple:
         assert self._aggregation is not None
@@ -390,7 +430,9 @@ def merge(a: dict, b: dict) -> dict:
     """Two shares' partial aggregates (`GroupRoundRunner.share`, without their private states) as one: sums
     added, per-group results concatenated in order (a tree of these is the round's merge)."""
     merged: dict[str, Any] = {'metrics': tf.nest.map_structure(np.add, a['metrics'], b['metrics'])}
-    if 'results' in a:
+    if 'rows' in a:
+        merged['rows'] = list(a['rows']) + list(b['rows'])
+    elif 'results' in a:
         merged['results'] = list(a['results']) + list(b['results'])
     else:
         merged['update'] = [np.add(x, y, dtype=np.asarray(x).dtype) for x, y in zip(a['update'], b['update'])]
@@ -399,6 +441,12 @@ def merge(a: dict, b: dict) -> dict:
 
 
 _MEAN_METRICS = collections.OrderedDict(mean_value=(), mean_weight=())
+
+
+def _rows(result: Any, clients: int) -> list[tuple[list[np.ndarray], np.float32]]:
+    """A group's uploaded rows (`server_table.Rows`) as ``(values, valid)`` per client, in order (numpy)."""
+    values, valid = [np.asarray(v) for v in result.values], np.asarray(result.valid)
+    return [([v[c] for v in values], np.float32(valid[c])) for c in range(clients)]
 
 
 def run_name(work: str, parts: int) -> str:

@@ -24,6 +24,7 @@ from fedpersonal.core import client_plan
 from fedpersonal.core import client_work
 from fedpersonal.core import compose
 from fedpersonal.core import process as process_lib
+from fedpersonal.core import server_table
 from fedpersonal.simulation import client_loop
 from fedpersonal.simulation import driver
 from fedpersonal.simulation import functional
@@ -50,6 +51,8 @@ def unsupported(
             lockstep.check_optimizer(phase.optimizer, f'the optimizer of phase {i}')
         if plan.model_losses and model_aggregator is not None:  # `model_loss_engine` aggregates by the mean.
             raise errors.ConfigError('The engine runs a plan with model-defined losses with the default aggregator.')
+        if plan.table is not None and model_aggregator is not None:
+            raise errors.ConfigError('A plan with a server table keeps the uploads as rows: no model_aggregator.')
         group_lib.check_aggregator(model_aggregator, fixed_clip_dp=True)
         group_lib.client_weights(client_weighting, tf.zeros([1]))
         simulation_options.check_engine_parts(
@@ -206,6 +209,9 @@ def build_engine_process(
 
     # A slot is a group: under a fixed DP clip its record is the sum of up to group_size clipped updates.
     aggregator = compose.weighted_aggregator(group_lib.slot_aggregator(model_aggregator, group_size), client_weighting)
+    table_step = server_table.server_step(weights_type) if plan.table is not None else None
+    if table_step is not None and measure_communication:
+        raise errors.ConfigError('measure_communication is only supported with the mean aggregator.')
     parts = simulation_options.parallel_parts()
     runs = client_loop.runs(strategy, model, parts=parts, splittable=dp_clip is None)
     if len(runs) == 1:
@@ -219,13 +225,15 @@ def build_engine_process(
         measure_communication=measure_communication,
         aggregation=None if dp_clip is None else aggregator.create(weights_type.trainable, tff.TensorType(np.float32)),
         runs=runs,
+        table=table_step is not None,
     )
     return compose.compose_personalized_process(
         initial_global_weights=initial.global_weights,
         initial_private_state=initial.local_weights,
         client_update=client_update,
-        model_aggregator=aggregator,
+        model_aggregator=None if table_step else aggregator,
         server_optimizer=server_optimizer,
+        server_step=table_step,
         aggregate_metrics=compose.keras_metrics(finalizers, tff.learning.metrics.sum_then_finalize),
         backend=round_backend.EngineBackend(packer, runner, stacks_private_states=group_private_type is not None),
     )

@@ -22,6 +22,7 @@ from fedpersonal import errors
 from fedpersonal.core import client_plan
 from fedpersonal.core import client_start
 from fedpersonal.core import reference_terms
+from fedpersonal.core import server_table
 from fedpersonal.core import shared_values
 from fedpersonal.core import step_kinds
 from fedpersonal.models import partially_local_model
@@ -106,6 +107,7 @@ class PlanProgram:
             or plan.shared is not None  # `SharedValues.finish` reads each client's trained globals.
             or plan.reference is not None  # So does `ReferenceTerm.finish`.
             or plan.global_start is not None  # The trained model is the client's own.
+            or plan.table is not None  # So it is with a table: its upload and its private state.
             or any(client_plan.PERSONAL not in p.trains for p in plan.phases[plan.global_phase + 1 :])
         )
         # A plan of one phase training the shared globals by plain steps, whose weighted deltas are all that leaves
@@ -136,7 +138,7 @@ class PlanProgram:
                 finished = self._shared_finish(start, trained, group)
             elif self.plan.reference is not None:
                 finished = ([], self._reference_finish(start, trained))
-            result, finite, clients = self.upload(uploaded_start, trained, finished[0])
+            result, finite, clients = self.upload(uploaded_start, trained, finished[0], group)
             if not self.plan.stateful:
                 return result, ()
             kept = self.kept(start, trained, finite, clients, private_trainable, private_non_trainable, finished[1])
@@ -147,6 +149,13 @@ class PlanProgram:
     def start(self, uploaded_start, non_trainable, group, private_trainable, private_non_trainable, loss) -> _Start:
         """Each client's start (the received globals; the private state as the plan keeps it)."""
         plan, base, num_global = self.plan, self.base, self.num_global
+        if plan.table is not None:  # Each client trains its kept model; its penalty's centre is its own.
+            table, rows, filled = plan.table, list(uploaded_start), non_trainable[0]
+            centres = lockstep.for_each_client(
+                lambda own: list(table.centre(rows, filled, list(own))), private_trainable
+            )
+            weights = functional.Parts(list(private_trainable), list(private_non_trainable), [], [])
+            return _Start(list(centres), weights, None, None)
         received = uploaded_start[:num_global]  # With a learned local default, it follows the globals.
         if plan.global_start is not None:  # The global phase starts where the plan's start puts each client.
             started = self._started(received, private_trainable, private_non_trainable, group[START], loss)
@@ -391,7 +400,7 @@ class PlanProgram:
         return list(base.global_trainable) + (list(base.local_trainable) if self.learned else [])
 
     def upload(
-        self, uploaded_start: Any, trained: _Trained, shared_uploads: Sequence[Any] = ()
+        self, uploaded_start: Any, trained: _Trained, shared_uploads: Sequence[Any] = (), group: Any = None
     ) -> tuple[Any, Any, Any]:
         """The group's update (its clients' weighted sum and weight; with `shared` values, each client's uploaded
         ones after its globals), each client's finiteness (None: all finite, or not known per client) and the
@@ -401,6 +410,11 @@ class PlanProgram:
         values = list(weights.global_trainable) + (list(weights.local_trainable) if self.learned else [])
         per_client = [lockstep.per_client(v, b, clients) for v, b in zip(values, self._uploaded_bases())]
         per_client += list(shared_uploads)
+        if self.plan.table is not None:  # Each client's trained model is a row, unless not finite or untrained.
+            finite = group_lib.client_finite([tf.zeros_like(b) for b in self.base.global_trainable], per_client)
+            examples = tf.reduce_sum(group[self.names[self.plan.global_phase]]['mask'], axis=[1, 2])
+            valid = tf.cast(tf.logical_and(finite, examples > 0), tf.float32)
+            return server_table.Rows(per_client, valid), finite, clients
         if self.dp_clip is not None:
             result = group_lib.clipped_sum_update(uploaded_start, per_client, weight, self.dp_clip)
             return result, group_lib.client_finite(uploaded_start, per_client), clients
@@ -433,7 +447,12 @@ class PlanProgram:
         new_trainable: Sequence[Any]
         new_non_trainable: Sequence[Any]
         base_non_trainable: Sequence[Any]
-        if plan.global_start is not None:  # The trained model and the start's new extras.
+        if plan.table is not None:  # The trained model.
+            new_trainable = [
+                lockstep.per_client(v, b, clients) for v, b in zip(weights.global_trainable, base.global_trainable)
+            ]
+            new_non_trainable, base_non_trainable = weights.global_non_trainable, base.global_non_trainable
+        elif plan.global_start is not None:  # The trained model and the start's new extras.
             assert start.extras is not None and self.start_extras is not None
             new_trainable = [
                 lockstep.per_client(v, b, clients) for v, b in zip(weights.global_trainable, self._uploaded_bases())

@@ -88,6 +88,7 @@ def settings(config: PflBenchmarkConfig) -> registry.Settings:
         batch_size=config.batch_size,
         seed=config.seed,
         personal_epochs=config.personal_epochs,
+        num_clients=config.num_clients,
     )
 
 

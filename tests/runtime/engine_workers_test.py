@@ -189,6 +189,46 @@ def test_furl_private_states_on_engine_workers_come_back_to_their_own_clients():
     assert _max_diff(local_private[0], local_private[3]) > 1e-4
 
 
+def _fedamp_setup():
+    from tests.algorithms import fedamp_test  # pylint: disable=g-import-not-at-top
+
+    arrays = fedamp_test.client_arrays(seed=12)
+    process = fedamp_test.build('engine', group_size=2)
+    return engine_workers.WorkerSetup(process, lambda cid: fedamp_test.datasets([arrays[int(cid)]])[0])
+
+
+def _fedamp_rounds(setup):
+    process, rounds = setup.process, ([0, 1, 2, 3], [3, 1, 2])  # Groups of two: shares of one group each.
+    state, private = process.initialize(), {c: process.initial_private_state() for c in range(4)}
+    for clients in rounds:
+        ids = [str(c) for c in clients]
+        datasets = process_lib.LazyDatasets(ids, setup.dataset_fn)
+        output = process.run_round(state, datasets, [private[c] for c in clients], client_ids=ids)
+        state = output.state
+        private.update(zip(clients, output.private_states))
+    return process.get_model_weights(state), private, output.metrics
+
+
+def test_fedamp_table_on_engine_workers_equals_the_local_engine():
+    """A server table (FedAMP's): the workers' rows come back in the clients' order, and the table, models and
+    metrics equal the local engine's (the same group programs; only the metrics' sum reassociates)."""
+    from tests.algorithms import fedamp_test  # pylint: disable=g-import-not-at-top
+
+    with runtime.LocalRuntime():
+        local_table, local_private, local_metrics = _fedamp_rounds(_fedamp_setup())
+        setup = _fedamp_setup()
+        with engine_workers.EngineWorkers(_fedamp_setup, workers=2) as workers:
+            table, private, metrics = _fedamp_rounds(setup)
+            assert workers.last_timings['workers'] == 2  # Both workers had a share of the last round.
+    np.testing.assert_array_equal(table.non_trainable[0], [1.0, 1.0, 1.0, 0.0])
+    assert metrics['table'] == local_metrics['table']
+    _assert_reassociated(table, local_table, depth=fedamp_test.DEPTH, steps=fedamp_test.STEPS)
+    for client in range(4):
+        _assert_reassociated(private[client], local_private[client], depth=fedamp_test.DEPTH, steps=fedamp_test.STEPS)
+    _assert_reassociated(metrics['client_work'], local_metrics['client_work'], depth=5 * 10, steps=1)
+    assert _max_diff(local_private[0].trainable, local_private[3].trainable) > 1e-3  # A mix-up would show.
+
+
 def _hpfl_setup(method):
 
     process = hpfl.build_method(
