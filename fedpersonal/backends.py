@@ -180,7 +180,8 @@ def build_process(
 
     Returns:
       A stateful `PersonalizedProcess`; with a sparse categorical cross-entropy its `input_check` refuses labels
-      outside the model's outputs (`fedpersonal.core.input_checks.label_check`).
+      outside the model's outputs (`fedpersonal.core.input_checks.label_check`); with a `ClientPlan.table` its
+      `max_clients` is the table's capacity.
 
     Raises:
       ValueError: Arguments the plan does not take (a Keras loss for model-defined losses, or none for the Keras
@@ -203,6 +204,8 @@ def build_process(
     )
     if loss_fn is not None:
         process.input_check = input_checks.label_check(model_fn, loss_fn)
+    if plan.table is not None:  # Its server keeps at most so many rows a round.
+        process.max_clients = plan.table.capacity
     return process
 
 

@@ -103,8 +103,9 @@ def build_fedamp(
       model_fn: No-arg function returning a new Keras classifier on `element_spec['x']`.
       element_spec: The client datasets' element spec, with ``x`` and ``y`` (integer labels).
       client_optimizer: The clients' TFF optimizer (PFLlib's SGD).
-      clients_per_round: The most clients a round samples: the rows of the server's table (more uploads are
-        dropped and counted in ``metrics['table']['rows_dropped']``).
+      clients_per_round: The most clients a round samples: the rows of the server's table (`run_round` refuses a
+        round of more clients; ``next`` called directly drops the extra uploads and counts them in
+        ``metrics['table']['rows_dropped']``).
       client_epochs: Local epochs per round.
       alpha: alpha_k, the attention's scale and the proximal term's divisor.
       sigma: The attention function's sigma.

@@ -150,6 +150,8 @@ class PersonalizedProcess(tff.templates.IterativeProcess):
         (every round without ids): a `fedpersonal.core.input_checks.LabelCheck` (integer labels in ``[0, the
         model's outputs)``, set by `fedpersonal.backends.build_process` for a sparse categorical cross-entropy), or
         None (nothing checked).
+      max_clients: The most clients `run_round` takes in a round (a server that keeps each upload, e.g. FedAMP's
+        table of `fedpersonal.core.server_table`, has room for so many), or None (no limit).
     """
 
     def __init__(
@@ -194,6 +196,7 @@ class PersonalizedProcess(tff.templates.IterativeProcess):
         self.parts = dict(parts or {})
         self.backend: RoundBackend = backend if backend is not None else PER_CLIENT
         self.input_check: input_checks.LabelCheck | None = None
+        self.max_clients: int | None = None
         self._checked_clients: set[str] = set()
         self._secure: bool | None = None
 
@@ -262,10 +265,16 @@ class PersonalizedProcess(tff.templates.IterativeProcess):
         Raises:
           LabelRangeError: A client's labels are not integers in ``[0, the model's outputs)``.
           NonFiniteLossError: A loss metric of the round is not finite and `non_finite` is ``'stop'``.
-          ConfigError: An unknown `non_finite`.
+          ConfigError: An unknown `non_finite`, or more clients than `max_clients`.
         """
         if non_finite not in non_finite_lib.ROUND_MODES:
             raise errors.ConfigError(f'non_finite must be one of {non_finite_lib.ROUND_MODES}, got {non_finite!r}.')
+        if self.max_clients is not None and len(client_data) > self.max_clients:
+            raise errors.ConfigError(
+                f'This process keeps each client upload of a round and has room for {self.max_clients} (e.g. '
+                f"FedAMP's clients_per_round); the round has {len(client_data)} clients: sample at most "
+                f'{self.max_clients}, or build it for more.'
+            )
         if self.input_check is not None and not getattr(self.backend, 'checks_inputs', False):
             self._check_datasets(self.input_check, client_data, client_ids)
         output = self.backend.run_round(self, state, client_data, private_states, client_ids=client_ids)

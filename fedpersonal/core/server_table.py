@@ -8,9 +8,11 @@ and ``filled`` (float32 ``[capacity]``, 1 for a row holding an upload; the fille
 broadcasts them; each client computes ``ServerTable.centre(rows, filled, kept)`` from them and the model it trained
 last (its private state), trains from that model, with the phase's penalty centred at the centre instead of at
 received weights, keeps the trained model and uploads it as a row (`Rows`). The server's new table is the round's
-rows, in the clients' order (a client whose model is not finite, or that has no examples, uploads none; rows beyond
-`capacity` are dropped and counted in the round's ``table`` metrics). Nothing is averaged; TFF's
-``federated_aggregate`` concatenates the rows (`server_step`), and the engine the same `append`.
+rows, in the clients' order (a client whose model is not finite, or that has no examples, uploads none). Nothing is
+averaged: TFF's ``federated_aggregate`` concatenates the rows (`server_step`), and the engine the same `append`.
+`fedpersonal.backends.build_process` sets the process's ``max_clients`` to `ServerTable.capacity`, so ``run_round``
+refuses a round of more clients; ``next`` called directly drops the rows beyond it and counts them in the round's
+``table`` metrics.
 """
 
 from __future__ import annotations
@@ -24,6 +26,8 @@ from typing import runtime_checkable
 import numpy as np
 import tensorflow as tf
 import tensorflow_federated as tff
+
+from fedpersonal.core import compose
 
 
 @runtime_checkable
@@ -81,8 +85,6 @@ def from_rows(weights: tff.learning.models.ModelWeights, rows: Rows) -> tuple[An
 def server_step(weights_type: Any) -> Any:
     """The `fedpersonal.core.compose.ServerStep` that replaces the table (`weights_type`: the server's weights) by
     the clients' rows (TFF's ``federated_aggregate`` concatenating them, in the clients' order)."""
-    from fedpersonal.core import compose  # pylint: disable=g-import-not-at-top
-
     zero_type = tff.StructType([(None, weights_type.trainable), (None, weights_type.non_trainable[0])])
     accumulator_type = tff.StructType([(None, zero_type), (None, tff.TensorType(np.int32))])
 

@@ -220,6 +220,16 @@ def test_fedamp_keeps_each_model_on_its_client(backend):
     assert process.next.type_signature.result.private_states.placement is tff.CLIENTS
 
 
+@pytest.mark.parametrize('backend', ['engine', 'per_client'])
+def test_a_round_of_more_clients_than_the_table_holds_is_refused_naming_both(backend):
+    from fedpersonal import errors
+
+    arrays = client_arrays(seed=13, sizes=(5, 6, 7, 8, 9))
+    process = build(backend)
+    with pytest.raises(errors.ConfigError, match='room for 4.*has 5 clients'):
+        process.run_round(process.initialize(), datasets(arrays), [process.initial_private_state()] * 5)
+
+
 def test_fedamp_rejects_nonsense():
     with pytest.raises(ValueError, match='variant'):
         fedamp.fedamp_plan(capacity=2, client_optimizer=tff.learning.optimizers.build_sgdm(LR), variant='other')
