@@ -35,9 +35,11 @@ the accuracies are compared.
   accuracy (see the row script).
 
 Methods: `METHODS` (FedAvg, FedProx, Per-FedAvg, Ditto, FedPer, FedRep, LG-FedAvg, pFedMe, FedALA, FedBABU,
-FedRoD, APFL, SCAFFOLD, MOON, FedDBE), each with fedpersonal's hyperparameters on both sides (e.g. PFLlib's FedProx ``mu`` = the
-config's ``fedprox_mu``; ``--overrides`` sets other values on both sides). Not here: FedBN (no benchmark row: the CNN
-has no batch normalization), FedAMP (not a benchmark method yet). The
+FedRoD, APFL, SCAFFOLD, MOON, FedDBE, FedAMP), each with fedpersonal's hyperparameters on both sides (e.g. PFLlib's
+FedProx ``mu`` = the config's ``fedprox_mu``; FedAMP's ``alphaK``, ``sigma``, ``lamda`` = ``fedamp_alpha``,
+``fedamp_sigma``, ``fedamp_lamda``; ``--overrides`` sets other values on both sides). FedAMP has no global model
+(fedpersonal's server keeps a table of the clients' models, PFLlib's ``serveramp.py`` never aggregates): its clients'
+own models are compared. Not here: FedBN (no benchmark row: the CNN has no batch normalization). The
 verdict is on the weights alone: FedBABU's accuracies differ with equal weights because fedpersonal fine-tunes
 before every evaluation and PFLlib only once after training (``serverbabu.py``). With 100 train rows and 2 rounds
 the accuracies are coarse (on the pathological partition FedAvg, FedProx, Per-FedAvg and FedALA give the same
@@ -61,7 +63,8 @@ in PFLlib's code, ``statistical_explanation``) or ``unexplained``.
 
 Row (``--output``, one per method and partition, replacing earlier rows of the same method, partition and mode):
 ``method``, ``partition``, ``mode`` (``exact``), ``rounds``, ``max_abs_weight_diff`` (the largest difference of the
-global weights and of every client's predicting weights after the rounds), ``accuracy_fedpersonal`` and
+global weights and of every client's predicting weights after the rounds; FedAMP's: the clients' alone,
+`weight_diffs`), ``accuracy_fedpersonal`` and
 ``accuracy_pfllib`` (test accuracy over all clients' test rows after the rounds, as each library evaluates),
 ``verdict`` (`verdict`: ``equal`` within 1e-3; else ``explained`` with ``explanation``, PFLlib's file:line and why
 the two differ; ``unexplained`` is a difference nobody has explained: a suspected bug), ``pfllib_commit``.
@@ -92,7 +95,6 @@ _HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, _HERE)
 import peer_speed  # noqa: E402  A sibling module (its venv builder; its flags are defined, unused here).
 from pfllib_crosscheck_lib import _REPO  # noqa: E402
-from pfllib_crosscheck_lib import LAYERS  # noqa: E402
 from pfllib_crosscheck_lib import METHODS  # noqa: E402
 from pfllib_crosscheck_lib import config_fields  # noqa: E402
 from pfllib_crosscheck_lib import keras_to_torch  # noqa: E402
@@ -103,6 +105,7 @@ from pfllib_crosscheck_lib import merge_rows  # noqa: E402
 from pfllib_crosscheck_lib import method_options  # noqa: E402
 from pfllib_crosscheck_lib import run_fedpersonal  # noqa: E402
 from pfllib_crosscheck_lib import torch_to_keras  # noqa: E402
+from pfllib_crosscheck_lib import weight_diffs  # noqa: E402
 
 # ----------------------------------------------------------------------------------------- PFLlib side
 _PFLLIB_DIR = flags.DEFINE_string('pfllib_dir', None, 'A checkout of github.com/TsingZ0/PFLlib (never copied here).')
@@ -281,16 +284,9 @@ def launch_statistical(method: str, ready: dict[str, Any], rounds: int, seed: in
 
 def compare(method: str, partition: str, ours: dict[str, Any], theirs: dict[str, Any], rounds: int, commit: str):
     """The row, and details printed beside it."""
-    glob = ours['global_weights']
-    their_global = theirs['global_weights']
-    if len(their_global) == 2 * len(LAYERS):  # PFLlib's server holds a whole model: its global layers compared.
-        their_global = [
-            w for layer, pair in zip(LAYERS, zip(their_global[::2], their_global[1::2]))
-            if layer in ours['global_layers'] for w in pair
-        ]  # fmt: skip
-    diffs = {'global': max_abs_diff(glob, their_global)}
-    for c, (a, b) in enumerate(zip(ours['clients'], theirs['clients'])):
-        diffs[f'client{c}'] = max_abs_diff(a, b)
+    diffs = weight_diffs(  # FedAMP (no global layers): the clients' own models alone.
+        ours['global_weights'], ours['global_layers'], theirs['global_weights'], ours['clients'], theirs['clients']
+    )
     diff = max(diffs.values()) if not any(np.isnan(list(diffs.values()))) else float('nan')
     if ours['trained_local']:  # FedALA: the clients' trained local models, before either side's next start.
         detail_local = [max_abs_diff(a, b) for a, b in zip(ours['trained_local'], theirs['before'])]

@@ -118,6 +118,15 @@ METHODS: dict[str, PfllibMethod] = {
             'momentum': 0.1,
         },
     ),
+    # FedAMP: no global model (fedpersonal's server keeps the last round's uploads as rows, PFLlib's serveramp.py
+    # never aggregates its global_model); each client's own model is PFLlib's `model`, compared alone. The
+    # benchmark's default variant 'pfllib' trains on the loss alone, as clientamp.py:189-191, whose proximal term
+    # reads `.data` (no gradient).
+    'fedamp': PfllibMethod(
+        'serveramp',
+        'FedAMP',
+        args=lambda c: {'alphaK': c.fedamp_alpha, 'sigma': c.fedamp_sigma, 'lamda': c.fedamp_lamda},
+    ),
     'apfl': PfllibMethod(
         'serverapfl',
         'APFL',
@@ -183,6 +192,34 @@ def max_abs_diff(a: Sequence[np.ndarray], b: Sequence[np.ndarray]) -> float:
             raise ValueError(f'shapes {x.shape} and {y.shape}')
         diff = max(diff, float(np.max(np.abs(x - y))) if x.size else 0.0)
     return diff
+
+
+def weight_diffs(
+    global_weights: Sequence[np.ndarray],
+    global_layers: Sequence[str],
+    their_global: Sequence[np.ndarray],
+    clients: Sequence[Sequence[np.ndarray]],
+    their_clients: Sequence[Sequence[np.ndarray]],
+) -> dict[str, float]:
+    """The largest absolute difference of the global weights (``'global'``) and of each client's predicting weights
+    (``'client<c>'``), fedpersonal's beside PFLlib's (Keras layout). A PFLlib server holding a whole model (FedPer's,
+    LG-FedAvg's, ...) is compared on fedpersonal's `global_layers` alone; with no global layers (FedAMP: the server
+    keeps a table of the clients' models, no global model) the clients' own models alone."""
+    diffs = {}
+    if global_layers:
+        if len(their_global) == 2 * len(LAYERS):  # PFLlib's server holds a whole model: its global layers compared.
+            their_global = [
+                w for layer, pair in zip(LAYERS, zip(their_global[::2], their_global[1::2]))
+                if layer in global_layers for w in pair
+            ]  # fmt: skip
+        diffs['global'] = max_abs_diff(global_weights, their_global)
+    elif len(global_weights):
+        raise ValueError(f'{len(global_weights)} global weights of no global layer')
+    if len(clients) != len(their_clients):
+        raise ValueError(f'{len(clients)} clients beside {len(their_clients)}')
+    for c, (a, b) in enumerate(zip(clients, their_clients)):
+        diffs[f'client{c}'] = max_abs_diff(a, b)
+    return diffs
 
 
 def verdict(diff: float, explanation: str | None) -> tuple[str, str | None]:
@@ -432,9 +469,13 @@ def run_fedpersonal(
     process = pfl_benchmark.build_method_process(benchmark, method, plan, phased_model)
     ids = benchmark.client_ids
     state = process.initialize()
-    start = [np.asarray(w) for w in client_plan.model_weights(plan, process.get_model_weights(state)).trainable]
-    global_layers = LAYERS if phased_model is not None else [x for x in LAYERS if x not in spec.local_layers]
-    shared = [w for layer, i in zip(LAYERS, range(0, 8, 2)) if layer in global_layers for w in initial[i : i + 2]]
+    if plan.table is not None:  # FedAMP: no global model (the server keeps rows); each client starts from its own.
+        start = [np.asarray(w) for w in process.initial_private_state().trainable]
+        global_layers, shared = [], initial
+    else:
+        start = [np.asarray(w) for w in client_plan.model_weights(plan, process.get_model_weights(state)).trainable]
+        global_layers = LAYERS if phased_model is not None else [x for x in LAYERS if x not in spec.local_layers]
+        shared = [w for layer, i in zip(LAYERS, range(0, 8, 2)) if layer in global_layers for w in initial[i : i + 2]]
     if max_abs_diff(start, shared) != 0.0:  # The exported weights are the ones fedpersonal starts from.
         raise AssertionError('the process does not start from fedavg_cnn(seed) weights')
     private = [process.initial_private_state() for _ in ids] if plan.stateful else None
@@ -518,7 +559,7 @@ def run_fedpersonal(
         train=(xs, ys),
         test=([data.x[r] for r in test_rows], [data.y[r] for r in test_rows]),
         global_weights=global_trainable,
-        global_layers=list(global_layers),  # FedRoD: the whole model (its generic head) is global.
+        global_layers=list(global_layers),  # FedRoD: the whole model (its generic head) is global; FedAMP: none.
         clients=clients_weights,
         accuracy=float(metrics['accuracy']),
         client_accuracy=per_client.get('accuracy'),

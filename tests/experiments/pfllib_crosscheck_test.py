@@ -109,6 +109,23 @@ def test_full_weights_places_local_layers():
         crosscheck.full_weights(g, local + [np.full(1, 9)], ('fc',))
 
 
+def test_weight_diffs_compare_global_layers_or_the_clients_alone():
+    keras = _keras_cnn()
+    moved = [w + 0.5 for w in keras]
+    clients, their_clients = [keras, keras], [keras, [w + 0.25 for w in keras]]
+    # A server holding the whole model beside fedpersonal's base (FedPer): the base's layers compared.
+    diffs = crosscheck.weight_diffs(keras[:6], ('conv1', 'conv2', 'fc1'), keras[:6] + moved[6:], clients, their_clients)
+    assert diffs == pytest.approx({'global': 0.0, 'client0': 0.0, 'client1': 0.25}, abs=1e-6)
+    assert crosscheck.weight_diffs(keras, crosscheck.LAYERS, moved, clients, clients)['global'] == pytest.approx(0.5)
+    # FedAMP: no global model on fedpersonal's side (PFLlib's server keeps its initial one): the clients alone.
+    diffs = crosscheck.weight_diffs([], [], moved, clients, their_clients)
+    assert diffs == pytest.approx({'client0': 0.0, 'client1': 0.25}, abs=1e-6)
+    with pytest.raises(ValueError, match='no global layer'):
+        crosscheck.weight_diffs(keras, [], moved, clients, clients)
+    with pytest.raises(ValueError, match='2 clients beside 1'):
+        crosscheck.weight_diffs([], [], [], clients, clients[:1])
+
+
 def test_rows_and_verdicts():
     row = crosscheck.make_row('fedavg', 'pathological', 2, 3e-8, 0.5, 0.5, 'abc')
     assert tuple(row) == crosscheck.ROW_KEYS
@@ -204,10 +221,15 @@ def test_statistical_row():
 def test_config_fields_records_what_a_method_reads():
     class Config:
         pfedme_lambda, pfedme_k, pfedme_personal_learning_rate, fedprox_mu = 15.0, 5, 0.01, 0.01
+        fedamp_alpha, fedamp_sigma, fedamp_lamda, fedamp_variant = 1.0, 2.0, 3.0, 'pfllib'
 
     fields = crosscheck.config_fields(crosscheck.METHODS['pfedme'].args, Config())
     assert fields == {'pfedme_lambda': 15.0, 'pfedme_k': 5, 'pfedme_personal_learning_rate': 0.01}
     assert crosscheck.config_fields(crosscheck.METHODS['fedavg'].args, Config()) == {}
+    # FedAMP's PFLlib arguments (alphaK, sigma, lamda); its variant is no argument of PFLlib's.
+    assert crosscheck.METHODS['fedamp'].args(Config()) == {'alphaK': 1.0, 'sigma': 2.0, 'lamda': 3.0}
+    fields = crosscheck.config_fields(crosscheck.METHODS['fedamp'].args, Config())
+    assert fields == {'fedamp_alpha': 1.0, 'fedamp_sigma': 2.0, 'fedamp_lamda': 3.0}
 
 
 def test_method_options_records_every_option_of_the_rows_module():
