@@ -537,10 +537,10 @@ def model_weights(plan: ClientPlan, server_weights: Any) -> Any:
 def personalized_weights(plan: ClientPlan, global_weights: Any, private_state: Any) -> tff.learning.models.ModelWeights:
     """The weights a client predicts with after its rounds, as numpy arrays.
 
-    With a personal copy (Ditto), the copy; with the plan's `Personalization` (APFL), its ``predicts_with`` of the
-    copy's values and the global weights (the copy's non-trainable weights); with a `global_start` (FedALA), its
-    ``predicts_with`` (the start of its next round, without learning further); else the client's
-    local weights, which it predicts with beside `global_weights` (with `ClientPlan.shared`, its local weights
+    With a personal copy (Ditto; with a `table`, FedAMP's: the client's own model), the copy; with the plan's
+    `Personalization` (APFL), its ``predicts_with`` of the copy's values and the global weights (the copy's
+    non-trainable weights); with a `global_start` (FedALA), its ``predicts_with`` (the start of its next round,
+    without learning further); else the client's local weights, which it predicts with beside `global_weights` (with `ClientPlan.shared`, its local weights
     without the kept values; `global_weights` the server's, its shared values after the model's). Evaluate the
     first three with a model whose variables are all local and no global weights, the last with the training model.
 
