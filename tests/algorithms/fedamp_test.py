@@ -194,6 +194,7 @@ def test_a_non_finite_client_uploads_no_row_and_keeps_its_model(backend):
         np.testing.assert_allclose(_flat(output.private_states[i].trainable), _flat(new_models[i]), rtol=0, atol=BOUND)
 
 
+@pytest.mark.numeric
 def test_the_centre_is_pfllibs_combination():
     """`AttentionCentre.centre` (``w_i + sum_j xi_j (w_j - w_i)`` over the filled rows, its own row among them)
     equals PFLlib's formula (its own row left out), in float64, to float32 rounding."""
