@@ -15,7 +15,10 @@ training), ``'paper'`` (the default of `build_fedamp`) the paper's.
 
 The math is one `fedpersonal.core.server_table.ServerTable`, `AttentionCentre`, defined here and called by every
 backend: the server keeps the round's uploads as rows, each client computes its centre from them and its kept model,
-``u_i = w_i + sum_j xi_ij (w_j - w_i)`` over the rows (its own row, if there, adds 0: it is w_i).
+``u_i = w_i + sum_j xi_ij (w_j - w_i)`` over the rows (its own row, if there, adds 0: it is w_i). The numbers are
+the paper's server's, but every client receives the rows: TFF's server sends all clients one value, and the
+simulation's ``next`` broadcasts the table. A deployment would compute ``u_i`` on the server (which holds each
+client's last upload) so that no client sees another's model.
 """
 
 from __future__ import annotations
