@@ -386,7 +386,7 @@ def build_per_client_process(
         client_update=client_update,
         aggregate_metrics=compose.keras_metrics(finalizers, metrics_aggregator),
         server_optimizer=server_optimizer,
-        model_aggregator=None if step else compose.weighted_aggregator(model_aggregator, client_weighting),
+        model_aggregator=compose.weighted_aggregator(model_aggregator, client_weighting),
         model_distributor=model_distributor,
         server_step=step,
     )

@@ -252,7 +252,7 @@ class GroupRoundRunner:
             if stacked is not None:
                 by_slot.update(zip(slots.tolist(), unstack(private[0], group_clients(piece))))
             if self._table:
-                rows_by_slot.update(zip(slots.tolist(), _rows(result, group_clients(piece))))
+                rows_by_slot.update(zip(slots.tolist(), unstack(result, group_clients(piece))))
             results.append(result)
             metric_sums = metrics if metric_sums is None else tf.nest.map_structure(tf.add, metric_sums, metrics)
         new_private = [by_slot[k] for k in sorted(by_slot)]
@@ -306,7 +306,7 @@ class GroupRoundRunner:
             if stacked is not None:
                 private += unstack(new[0], group_clients(group))
             if self._table:
-                outputs += _rows(result, group_clients(group))
+                outputs += unstack(result, group_clients(group))
             else:
                 outputs.append((list(result.update), tf.cast(result.update_weight, tf.float32)))
         self.choice.record(self.choice.next(), time.perf_counter() - started)
@@ -360,13 +360,11 @@ class GroupRoundRunner:
         return self._output(state, model_weights, aggregated, partial['metrics'], sample, num_clients, private_states)
 
     def _table_output(
-        self, state: Any, rows: Sequence[tuple[list[Any], Any]], metric_sums: Any, private_states: Any
+        self, state: Any, rows: Sequence[Any], metric_sums: Any, private_states: Any
     ) -> process_lib.ProcessOutput:
-        """The round's output with a server table: the clients' rows, in order, replace the server's weights."""
-        stacked = server_table.Rows(
-            [np.stack([values[k] for values, _ in rows]) for k in range(len(rows[0][0]))],
-            np.stack([valid for _, valid in rows]),
-        )
+        """The round's output with a server table: the clients' rows (one `server_table.Rows` each), in order,
+        replace the server's weights."""
+        stacked = tf.nest.map_structure(lambda *values: np.stack(values), *rows)
         weights, measurements = server_table.from_rows(_as_tensors(state.global_model_weights), stacked)
         new_state = state._replace(
             global_model_weights=tff.learning.models.ModelWeights(
@@ -441,12 +439,6 @@ def merge(a: dict, b: dict) -> dict:
 
 
 _MEAN_METRICS = collections.OrderedDict(mean_value=(), mean_weight=())
-
-
-def _rows(result: Any, clients: int) -> list[tuple[list[np.ndarray], np.float32]]:
-    """A group's uploaded rows (`server_table.Rows`) as ``(values, valid)`` per client, in order (numpy)."""
-    values, valid = [np.asarray(v) for v in result.values], np.asarray(result.valid)
-    return [([v[c] for v in values], np.float32(valid[c])) for c in range(clients)]
 
 
 def run_name(work: str, parts: int) -> str:

@@ -231,7 +231,7 @@ def build_engine_process(
         initial_global_weights=initial.global_weights,
         initial_private_state=initial.local_weights,
         client_update=client_update,
-        model_aggregator=None if table_step else aggregator,
+        model_aggregator=aggregator,
         server_optimizer=server_optimizer,
         server_step=table_step,
         aggregate_metrics=compose.keras_metrics(finalizers, tff.learning.metrics.sum_then_finalize),
